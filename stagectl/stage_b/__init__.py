@@ -1,0 +1,1 @@
+"""stagectl.stage_b."""
