@@ -1,0 +1,201 @@
+"""The tiny tokenizer recipe and the token -> bytes table shared with the detection parser.
+
+`build_tiny_tokenizer` trains a small byte-level BPE (Qwen2's normaliser and pre-tokeniser) on the
+built-in corpus, wraps it in transformers' `Qwen2Tokenizer` (the class real Qwen-VL checkpoints
+load as, so a saved tiny tokenizer reloads exactly), then adds the Qwen special tokens and the
+1000 coordinate tokens. Ids are laid out as: trained byte-level vocab, then special tokens, then
+`<|coord_0|>`..`<|coord_999|>`; the build is deterministic.
+
+`token_bytes_table` gives, for every token id, the exact bytes the token stands for. It works for
+any byte-level BPE tokenizer (this one, real Qwen ones): ordinary tokens are mapped back through
+the ByteLevel unicode alphabet, added tokens are their content in UTF-8.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from functools import cache
+
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+from stagectl.models.corpus import corpus
+
+NUM_COORD_BINS = 1000
+BPE_VOCAB_SIZE = 1024
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+# Same names and order as the Qwen2-VL / Qwen2.5-VL tokenizers.
+SPECIAL_TOKENS = (
+    ENDOFTEXT,
+    IM_START,
+    IM_END,
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    VISION_START,
+    VISION_END,
+    "<|vision_pad|>",
+    IMAGE_PAD,
+    VIDEO_PAD,
+)
+# Qwen2's pre-tokenisation regex: digits split one by one, punctuation runs kept together.
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
+    r"""\s+(?!\S)|\s+"""
+)
+_COORD_RE = re.compile(r"<\|coord_\d+\|>")
+
+# Qwen2-VL's chat template (vision placeholders inside user content lists).
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def coord_token(bin_index: int) -> str:
+    """The coordinate token text for a norm-1000 bin (0..999)."""
+    if not 0 <= bin_index < NUM_COORD_BINS:
+        raise ValueError(f"coordinate bin {bin_index} is outside 0..{NUM_COORD_BINS - 1}")
+    return f"<|coord_{bin_index}|>"
+
+
+def _training_fragments() -> Iterator[str]:
+    # Coordinate tokens are added tokens: at encode time they cut the text, so train on the pieces
+    # between them rather than letting BPE learn merges for "<|coord_" that would never be used.
+    for line in corpus():
+        yield from (piece for piece in _COORD_RE.split(line) if piece)
+
+
+def train_tiny_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train the byte-level BPE on the built-in corpus; returns (vocab, merges). Deterministic."""
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(_training_fragments(), trainer=trainer)
+    merges = json.loads(bpe.to_str())["model"]["merges"]
+    return bpe.get_vocab(with_added_tokens=False), [(a, b) for a, b in merges]
+
+
+_train_tiny_bpe_once = cache(train_tiny_bpe)
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Train (once per process) and return the tiny Qwen-style tokenizer; same ids on every build."""
+    vocab, merges = _train_tiny_bpe_once()
+    tokenizer = Qwen2Tokenizer(
+        vocab=dict(vocab),
+        merges=list(merges),  # type: ignore[arg-type]  # tokenizers' BPE takes (left, right) pairs
+        unk_token=None,  # type: ignore[arg-type]  # byte-level: nothing is unknown (as in real Qwen)
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        clean_up_tokenization_spaces=False,
+        model_max_length=32768,
+        extra_special_tokens={"image_token": IMAGE_PAD, "video_token": VIDEO_PAD},
+    )
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    coord_tokens = [coord_token(i) for i in range(NUM_COORD_BINS)]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in coord_tokens])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: the printable stand-in character -> the byte it encodes."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    byte_values = list(printable)
+    chars = list(printable)
+    for b in range(256):
+        if b not in printable:  # unprintable bytes are shifted to 256, 257, ... in byte order
+            byte_values.append(b)
+            chars.append(256 + len(chars) - len(printable))
+    return {chr(c): b for b, c in zip(byte_values, chars, strict=True)}
+
+
+def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None) -> list[bytes]:
+    """`table[id]` = the exact bytes token `id` decodes to, for every id of a byte-level BPE tokenizer.
+
+    `vocab_size` pads the table with `b""` up to the model's embedding size (which may exceed the
+    tokenizer's length); ids with no token (holes) also map to `b""`.
+    """
+    added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+    token_of_id = {i: t for t, i in tokenizer.get_vocab().items()}
+    unicode_to_byte = _unicode_to_byte()
+    size = max(len(tokenizer), vocab_size or 0)
+    table: list[bytes] = []
+    for token_id in range(len(tokenizer)):
+        if token_id in added:
+            table.append(added[token_id].encode("utf-8"))
+        elif token_id in token_of_id:
+            table.append(bytes(unicode_to_byte[ch] for ch in token_of_id[token_id]))
+        else:
+            table.append(b"")
+    table.extend(b"" for _ in range(size - len(table)))
+    return table
+
+
+def coord_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Ids of `<|coord_0|>`..`<|coord_999|>` in bin order; `ValueError` if any is not a single token."""
+    vocab = tokenizer.get_vocab()
+    missing = [i for i in range(NUM_COORD_BINS) if coord_token(i) not in vocab]
+    if missing:
+        first = coord_token(missing[0])
+        raise ValueError(f"tokenizer lacks {len(missing)} coordinate tokens (first missing: {first})")
+    return [vocab[coord_token(i)] for i in range(NUM_COORD_BINS)]
+
+
+def add_coord_tokens(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Add any missing coordinate tokens (not special, so they survive decode); returns how many."""
+    return tokenizer.add_tokens(
+        [AddedToken(coord_token(i), special=False, normalized=False) for i in range(NUM_COORD_BINS)]
+    )
+
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "NUM_COORD_BINS",
+    "SPECIAL_TOKENS",
+    "add_coord_tokens",
+    "build_tiny_tokenizer",
+    "coord_token",
+    "coord_token_ids",
+    "token_bytes_table",
+    "train_tiny_bpe",
+]
