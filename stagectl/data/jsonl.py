@@ -1,0 +1,238 @@
+"""Loading a detection data set from JSONL, with every bad line reported as `file:line: what is wrong`.
+
+One line is one sample:
+
+    {"images": ["img/0001.png"], "width": 640, "height": 480,
+     "objects": [{"desc": "red circle", "bbox_2d": [x1, y1, x2, y2]}, ...]}
+
+Image paths are relative to `image_root` (default: the JSONL file's directory) unless absolute; they
+come back absolute, and every image must exist (a cheap stat, the file is not opened). `width` and
+`height` are the pixel size of the image the boxes refer to. Blank lines are skipped; no other field
+is allowed.
+
+Boxes are read as `box_format`:
+- `"norm1000"` (the default, and what `stagectl demo-data` writes): integers 0..999 (DESIGN.md section 5);
+- `"pixel"`: numbers with `0 <= x <= width`, `0 <= y <= height` (corners on the 0..W-1 axis; a right or
+  bottom edge equal to `width`/`height`, the exclusive-edge habit, is accepted and clamps to bin 999);
+- `"auto"`: decided once for the whole file: pixel if any coordinate is fractional or above 999,
+  norm-1000 if some box only fits its image read as bins, and an error asking for an explicit
+  `box_format` when every box fits both readings.
+
+Errors are collected, not stopped at: the whole file is checked (one problem reported per line), then
+one `DataError` lists the first `MAX_REPORTED_ERRORS` problems in line order and counts the rest, so a
+user fixes a broken file in one pass rather than one line per run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from stagectl.data.sample import MAX_BIN, DetectionSample, DetObject, pixel_box_to_bins
+
+BoxFormat = Literal["pixel", "norm1000", "auto"]
+
+MAX_REPORTED_ERRORS = 20
+SAMPLE_FIELDS = ("images", "width", "height", "objects")
+OBJECT_FIELDS = ("desc", "bbox_2d")
+
+
+class DataError(ValueError):
+    """A data set that cannot be used. `errors` holds one `file:line: what is wrong` entry per bad line
+    (at most `MAX_REPORTED_ERRORS`); `num_errors` counts all of them."""
+
+    def __init__(self, errors: list[str], num_errors: int | None = None) -> None:
+        self.errors = list(errors)
+        self.num_errors = len(errors) if num_errors is None else num_errors
+        message = "\n".join(self.errors)
+        if self.num_errors > len(self.errors):
+            message += f"\n... and {self.num_errors - len(self.errors)} more bad lines"
+        super().__init__(message)
+
+
+class _LineError(Exception):
+    """A problem with one line; turned into a `file:line:` entry by the loader."""
+
+
+@dataclass(frozen=True)
+class _RawObject:
+    desc: str
+    box: tuple[float, float, float, float]  # as written in the file, format not yet known
+
+
+@dataclass(frozen=True)
+class _RawSample:
+    line_no: int
+    images: list[str]  # absolute
+    width: int
+    height: int
+    objects: list[_RawObject]
+
+
+def load_jsonl_dataset(
+    path: str | os.PathLike[str],
+    image_root: str | os.PathLike[str] | None = None,
+    *,
+    box_format: BoxFormat = "norm1000",
+) -> list[DetectionSample]:
+    """Read and validate a detection JSONL file; boxes come back in norm-1000 bins."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError([f"{path}: no such file"])
+    root = Path(image_root) if image_root is not None else path.parent
+    root = Path(os.path.abspath(root))
+    errors: list[tuple[int, str]] = []  # (line number, full message); 0 for file-level problems
+    raws: list[_RawSample] = []
+    seen_images: dict[str, bool] = {}
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                raws.append(_parse_line(line, line_no, root, seen_images))
+            except _LineError as exc:
+                errors.append((line_no, f"{path}:{line_no}: {exc}"))
+    if not raws and not errors:
+        raise DataError([f"{path}: no samples"])
+
+    samples: list[DetectionSample] = []
+    try:
+        resolved = _detect_box_format(raws) if box_format == "auto" else box_format
+    except _LineError as exc:
+        errors.append((0, f"{path}: {exc}"))
+    else:
+        for raw in raws:
+            try:
+                samples.append(_to_sample(raw, resolved))
+            except _LineError as exc:
+                errors.append((raw.line_no, f"{path}:{raw.line_no}: {exc}"))
+    if errors:
+        errors.sort(key=lambda item: item[0])
+        messages = [message for _, message in errors[:MAX_REPORTED_ERRORS]]
+        raise DataError(messages, num_errors=len(errors))
+    return samples
+
+
+def _parse_line(line: str, line_no: int, root: Path, seen_images: dict[str, bool]) -> _RawSample:
+    """Check one line's structure (everything that does not depend on the box format)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise _LineError(f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise _LineError(f"a line must be a JSON object, got {type(record).__name__}")
+    _check_fields(record, SAMPLE_FIELDS, where="")
+
+    width = _positive_int(record["width"], "width")
+    height = _positive_int(record["height"], "height")
+    images = _image_paths(record["images"], root, seen_images)
+
+    objects_field = record["objects"]
+    if not isinstance(objects_field, list):
+        raise _LineError(f"objects must be a list, got {type(objects_field).__name__}")
+    objects = [_parse_object(item, index) for index, item in enumerate(objects_field)]
+    return _RawSample(line_no=line_no, images=images, width=width, height=height, objects=objects)
+
+
+def _check_fields(record: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    for name in allowed:
+        if name not in record:
+            raise _LineError(f"{where}missing field {name!r}")
+    for name in record:
+        if name not in allowed:
+            raise _LineError(f"{where}unknown field {name!r} (allowed: {', '.join(allowed)})")
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _LineError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _image_paths(value: Any, root: Path, seen_images: dict[str, bool]) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise _LineError(f"images must be a non-empty list of paths, got {value!r}")
+    paths: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise _LineError(f"images must hold non-empty path strings, got {item!r}")
+        full = os.path.abspath(os.path.join(root, item))  # an absolute `item` replaces `root`
+        if full not in seen_images:
+            seen_images[full] = os.path.isfile(full)
+        if not seen_images[full]:
+            raise _LineError(f"image not found: {full}")
+        paths.append(full)
+    return paths
+
+
+def _parse_object(item: Any, index: int) -> _RawObject:
+    where = f"objects[{index}]: "
+    if not isinstance(item, dict):
+        raise _LineError(f"{where}must be an object with desc and bbox_2d, got {item!r}")
+    _check_fields(item, OBJECT_FIELDS, where=where)
+    desc = item["desc"]
+    if not isinstance(desc, str) or not desc.strip():
+        raise _LineError(f"{where}desc must be a non-empty string, got {desc!r}")
+    box = item["bbox_2d"]
+    if not isinstance(box, list) or len(box) != 4 or not all(_is_number(v) for v in box):
+        raise _LineError(f"{where}bbox_2d must be 4 numbers [x1, y1, x2, y2], got {box!r}")
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if x2 < x1:
+        raise _LineError(f"{where}bbox_2d {box} has x2 < x1")
+    if y2 < y1:
+        raise _LineError(f"{where}bbox_2d {box} has y2 < y1")
+    return _RawObject(desc=desc, box=(x1, y1, x2, y2))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fits_bins(box: tuple[float, float, float, float]) -> bool:
+    return all(v.is_integer() and 0 <= v <= MAX_BIN for v in box)
+
+
+def _fits_pixels(box: tuple[float, float, float, float], width: int, height: int) -> bool:
+    x1, y1, x2, y2 = box
+    return x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height
+
+
+def _detect_box_format(raws: list[_RawSample]) -> Literal["pixel", "norm1000"]:
+    """The `auto` rule: one format for the whole file, or an error when the file cannot tell."""
+    boxes = [(obj.box, raw) for raw in raws for obj in raw.objects]
+    if not boxes:
+        return "norm1000"  # nothing to convert
+    if any(not _fits_bins(box) for box, _ in boxes):
+        return "pixel"
+    if any(not _fits_pixels(box, raw.width, raw.height) for box, raw in boxes):
+        return "norm1000"
+    raise _LineError(
+        "box_format 'auto' cannot tell pixel boxes from norm-1000 boxes (every box fits both); "
+        "pass box_format='pixel' or 'norm1000'"
+    )
+
+
+def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
+    objects: list[DetObject] = []
+    for index, obj in enumerate(raw.objects):
+        shown = [int(v) if v.is_integer() else v for v in obj.box]
+        if box_format == "norm1000":
+            if not _fits_bins(obj.box):
+                raise _LineError(
+                    f"objects[{index}]: bbox_2d {shown} is outside the image: "
+                    f"norm-1000 boxes are integers in 0..{MAX_BIN}"
+                )
+            x1, y1, x2, y2 = (int(v) for v in obj.box)
+            bins = (x1, y1, x2, y2)
+        else:
+            if not _fits_pixels(obj.box, raw.width, raw.height):
+                raise _LineError(
+                    f"objects[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image"
+                )
+            bins = pixel_box_to_bins(obj.box, raw.width, raw.height)
+        objects.append(DetObject(desc=obj.desc, bbox_2d=bins))
+    return DetectionSample(images=raw.images, width=raw.width, height=raw.height, objects=objects)

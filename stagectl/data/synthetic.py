@@ -1,0 +1,223 @@
+"""The synthetic shapes data set: 1..max_objects coloured shapes per image with exact boxes (DESIGN.md s. 9).
+
+Each image is a plain dark background with non-overlapping circles, squares and triangles in red,
+green, blue or yellow; the desc is "<colour> <shape>". Shapes are drawn without anti-aliasing and never
+touch (a 2-pixel gap between their placement boxes), so every object is fully visible and its box is
+*measured* from the drawn pixels: the tightest box around exactly that shape's pixels.
+
+Everything is a pure function of `(seed, split, index, image_size, max_objects)`: sample `i` uses its
+own `random.Random` seeded by a string, so it is the same on every machine and Python run, independent
+of `num_samples`. The `eval` split uses a different stream of the same seed, so train and eval never
+share a scene by construction.
+
+`generate_synthetic` always writes to a directory (the learner and the rollout server both need image
+paths): `images/<split>_NNNNNN.png`, `<split>.jsonl` (norm-1000 boxes, image paths relative to the
+directory) and `<split>.manifest.json` (the parameters, written last, marks a complete split). A call
+whose manifest already matches loads the existing files instead of drawing again; every file is
+written to a temporary name and renamed, so ranks generating the same cache directory at once are safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from PIL import Image, ImageDraw
+
+from stagectl.data.jsonl import load_jsonl_dataset
+from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
+
+Split = Literal["train", "eval"]
+
+GENERATOR_VERSION = 1  # bump when drawing changes, so cached data sets are regenerated
+SHAPES = ("circle", "square", "triangle")
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (50, 90, 230),
+    "yellow": (235, 205, 35),
+}
+BACKGROUND = (32, 32, 32)
+MIN_IMAGE_SIZE = 28
+MIN_SIDE_FRACTION = 0.15  # shape side as a fraction of the image side
+MAX_SIDE_FRACTION = 0.35
+GAP_PX = 2  # free pixels between two shapes' placement boxes
+PLACEMENT_TRIES = 100
+
+
+@dataclass(frozen=True)
+class PlacedShape:
+    """A shape to draw: kind, colour name and the inclusive pixel square it is drawn in."""
+
+    kind: str
+    color: str
+    x0: int
+    y0: int
+    side: int
+
+
+def plan_scene(rng: random.Random, image_size: int, max_objects: int) -> list[PlacedShape]:
+    """Pick 1..max_objects shapes and non-overlapping places for them (a shape that finds no free place
+    in `PLACEMENT_TRIES` tries is left out, so a crowded scene may hold fewer)."""
+    min_side = max(4, round(MIN_SIDE_FRACTION * image_size))
+    max_side = max(min_side, round(MAX_SIDE_FRACTION * image_size))
+    placed: list[PlacedShape] = []
+    for _ in range(rng.randint(1, max_objects)):
+        kind = rng.choice(SHAPES)
+        color = rng.choice(list(COLORS))
+        side = rng.randint(min_side, max_side)
+        for _ in range(PLACEMENT_TRIES):
+            x0 = rng.randint(0, image_size - side)
+            y0 = rng.randint(0, image_size - side)
+            if not any(_too_close(x0, y0, side, other) for other in placed):
+                placed.append(PlacedShape(kind=kind, color=color, x0=x0, y0=y0, side=side))
+                break
+    return placed
+
+
+def _too_close(x0: int, y0: int, side: int, other: PlacedShape) -> bool:
+    """Whether two placement squares come within `GAP_PX` of each other."""
+    apart_x = x0 + side + GAP_PX <= other.x0 or other.x0 + other.side + GAP_PX <= x0
+    apart_y = y0 + side + GAP_PX <= other.y0 or other.y0 + other.side + GAP_PX <= y0
+    return not (apart_x or apart_y)
+
+
+def render_scene(shapes: list[PlacedShape], image_size: int) -> tuple[Image.Image, list[DetObject]]:
+    """Draw the shapes; each object's box is the tight box of its own drawn pixels, in norm-1000 bins.
+    Objects come sorted top-to-bottom, then left-to-right."""
+    image = Image.new("RGB", (image_size, image_size), BACKGROUND)
+    measured: list[tuple[tuple[int, int, int, int], str]] = []
+    for shape in shapes:
+        mask = Image.new("L", (image_size, image_size), 0)
+        _draw_shape(ImageDraw.Draw(mask), shape)
+        image.paste(COLORS[shape.color], mask=mask)
+        left, top, right, bottom = mask.getbbox() or (0, 0, 1, 1)  # a shape always draws pixels
+        measured.append(((left, top, right - 1, bottom - 1), f"{shape.color} {shape.kind}"))
+    measured.sort(key=lambda item: (item[0][1], item[0][0]))
+    objects = [
+        DetObject(desc=desc, bbox_2d=pixel_box_to_bins(box, image_size, image_size)) for box, desc in measured
+    ]
+    return image, objects
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, shape: PlacedShape) -> None:
+    x0, y0 = shape.x0, shape.y0
+    x1, y1 = x0 + shape.side - 1, y0 + shape.side - 1  # inclusive corners
+    if shape.kind == "circle":
+        draw.ellipse((x0, y0, x1, y1), fill=255)
+    elif shape.kind == "square":
+        draw.rectangle((x0, y0, x1, y1), fill=255)
+    elif shape.kind == "triangle":
+        draw.polygon([(x0, y1), (x1, y1), ((x0 + x1) / 2, y0)], fill=255)
+    else:
+        raise AssertionError(f"unknown shape kind {shape.kind!r}")
+
+
+def synthetic_scene(
+    seed: int, split: Split, index: int, image_size: int = 112, max_objects: int = 4
+) -> tuple[Image.Image, list[DetObject]]:
+    """Sample `index` of a synthetic split, in memory."""
+    rng = random.Random(f"stagectl-synthetic/v{GENERATOR_VERSION}/{split}/{seed}/{index}")
+    return render_scene(plan_scene(rng, image_size, max_objects), image_size)
+
+
+def synthetic_params(
+    num_samples: int, seed: int, image_size: int = 112, max_objects: int = 4, split: Split = "train"
+) -> dict[str, Any]:
+    """The parameters that fully determine a split (checked, and recorded in its manifest)."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
+    if image_size < MIN_IMAGE_SIZE:
+        raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels, got {image_size}")
+    if not 1 <= max_objects <= 8:
+        raise ValueError(f"max_objects must be in 1..8, got {max_objects}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "num_samples": num_samples,
+        "seed": seed,
+        "image_size": image_size,
+        "max_objects": max_objects,
+        "split": split,
+    }
+
+
+def default_synthetic_dir(params: dict[str, Any]) -> Path:
+    """`$STAGECTL_CACHE_DIR/data/synthetic-<hash of params>` (cache root defaults to ~/.cache/stagectl)."""
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    return _cache_root() / "data" / f"synthetic-{digest}"
+
+
+def _cache_root() -> Path:
+    # Private copy: no shared cache-dir helper existed when this was written.
+    if os.environ.get("STAGECTL_CACHE_DIR"):
+        return Path(os.environ["STAGECTL_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "stagectl"
+
+
+def generate_synthetic(
+    num_samples: int,
+    seed: int,
+    out_dir: str | os.PathLike[str] | None = None,
+    image_size: int = 112,
+    *,
+    max_objects: int = 4,
+    split: Split = "train",
+) -> list[DetectionSample]:
+    """Write (or reuse) a synthetic split under `out_dir` (default: a cache dir keyed by the parameters)
+    and return its samples with absolute image paths."""
+    params = synthetic_params(num_samples, seed, image_size, max_objects, split)
+    out = Path(os.path.abspath(out_dir)) if out_dir is not None else default_synthetic_dir(params)
+    jsonl_path = out / f"{split}.jsonl"
+    manifest_path = out / f"{split}.manifest.json"
+    if jsonl_path.is_file() and _read_manifest(manifest_path) == params:
+        return load_jsonl_dataset(jsonl_path, box_format="norm1000")
+
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    samples: list[DetectionSample] = []
+    lines: list[str] = []
+    for index in range(num_samples):
+        image, objects = synthetic_scene(seed, split, index, image_size, max_objects)
+        relative = f"images/{split}_{index:06d}.png"
+        _atomic_save_png(image, out / relative)
+        sample = DetectionSample(
+            images=[str(out / relative)], width=image_size, height=image_size, objects=objects
+        )
+        samples.append(sample)
+        lines.append(json.dumps({**sample.to_json_dict(), "images": [relative]}))
+    _atomic_write_text(jsonl_path, "".join(line + "\n" for line in lines))
+    _atomic_write_text(manifest_path, json.dumps(params, sort_keys=True, indent=2) + "\n")
+    return samples
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None  # a damaged manifest means "not generated": draw again
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _atomic_save_png(image: Image.Image, path: Path) -> None:
+    tmp = _temporary_name(path)
+    image.save(tmp, format="PNG")
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = _temporary_name(path)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,176 @@
+"""load_jsonl_dataset: good lines load (pixel and norm-1000 boxes); every bad line is `file:line: ...`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stagectl.data.jsonl import MAX_REPORTED_ERRORS, DataError, load_jsonl_dataset
+from stagectl.data.sample import DetectionSample, DetObject
+
+
+def _record(**overrides: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "images": ["img/a.png"],
+        "width": 112,
+        "height": 56,
+        "objects": [{"desc": "red circle", "bbox_2d": [10, 5, 40, 30]}],
+    }
+    record.update(overrides)
+    return record
+
+
+def _write(tmp_path: Path, lines: list[Any]) -> Path:
+    """Write one JSONL line per item (dicts are dumped, strings written raw) plus the images they use."""
+    (tmp_path / "img").mkdir(exist_ok=True)
+    for name in ("a.png", "b.png"):
+        (tmp_path / "img" / name).write_bytes(b"not decoded")  # the loader only stats images
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def test_pixel_boxes_load_as_bins_with_absolute_paths(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_record(), "", _record(images=["img/b.png"], objects=[])])
+    samples = load_jsonl_dataset(path, box_format="pixel")
+    assert samples == [
+        DetectionSample(
+            images=[str(tmp_path / "img" / "a.png")],
+            width=112,
+            height=56,
+            objects=[DetObject("red circle", (90, 91, 360, 545))],  # 999*x/111, 999*y/55 rounded
+        ),
+        DetectionSample(images=[str(tmp_path / "img" / "b.png")], width=112, height=56, objects=[]),
+    ]
+
+
+def test_norm1000_boxes_load_unchanged(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_record(objects=[{"desc": "blue square", "bbox_2d": [0, 100, 999, 999]}])])
+    (sample,) = load_jsonl_dataset(path)  # norm1000 is the default
+    assert sample.objects == [DetObject("blue square", (0, 100, 999, 999))]
+
+
+def test_pixel_box_may_touch_the_exclusive_edge(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_record(objects=[{"desc": "x", "bbox_2d": [0, 0, 112, 56]}])])
+    (sample,) = load_jsonl_dataset(path, box_format="pixel")
+    assert sample.objects[0].bbox_2d == (0, 0, 999, 999)
+
+
+def test_image_root_and_absolute_paths(tmp_path: Path) -> None:
+    root = tmp_path / "elsewhere"
+    root.mkdir()
+    (root / "c.png").write_bytes(b"x")
+    absolute = tmp_path / "img" / "a.png"
+    path = _write(tmp_path, [_record(images=["c.png", str(absolute)])])
+    (sample,) = load_jsonl_dataset(path, image_root=root)
+    assert sample.images == [str(root / "c.png"), str(absolute)]
+
+
+def test_auto_detects_pixel_and_norm1000(tmp_path: Path) -> None:
+    pixel = _write(tmp_path, [_record(objects=[{"desc": "x", "bbox_2d": [0.5, 0, 20, 20]}])])
+    # 999 * 0.5 / 111 == 4.5 -> 4: Python's round, half to even, as in stagectl.detection.coords
+    assert load_jsonl_dataset(pixel, box_format="auto")[0].objects[0].bbox_2d == (4, 0, 180, 363)
+    bins = _write(tmp_path, [_record(objects=[{"desc": "x", "bbox_2d": [0, 0, 500, 500]}])])
+    assert load_jsonl_dataset(bins, box_format="auto")[0].objects[0].bbox_2d == (0, 0, 500, 500)
+
+
+def test_auto_refuses_to_guess(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_record()])  # [10, 5, 40, 30] fits both readings
+    with pytest.raises(DataError, match="pass box_format='pixel' or 'norm1000'"):
+        load_jsonl_dataset(path, box_format="auto")
+
+
+_GOOD_OBJECT = {"desc": "red circle", "bbox_2d": [10, 5, 40, 30]}
+
+BAD_LINES: list[tuple[str, Any, str]] = [
+    ("malformed JSON", '{"images": ["img/a.png"], "width": 112', "malformed JSON"),
+    ("not an object", "[1, 2, 3]", "must be a JSON object"),
+    ("missing field", {k: v for k, v in _record().items() if k != "height"}, "missing field 'height'"),
+    ("extra field", _record(label="x"), "unknown field 'label'"),
+    ("missing object field", _record(objects=[{"desc": "x"}]), "objects[0]: missing field 'bbox_2d'"),
+    ("extra object field", _record(objects=[{**_GOOD_OBJECT, "score": 1}]), "unknown field 'score'"),
+    ("box of 3 numbers", _record(objects=[{"desc": "x", "bbox_2d": [1, 2, 3]}]), "must be 4 numbers"),
+    ("box with a string", _record(objects=[{"desc": "x", "bbox_2d": [1, 2, "3", 4]}]), "must be 4 numbers"),
+    ("box with a bool", _record(objects=[{"desc": "x", "bbox_2d": [1, 2, True, 4]}]), "must be 4 numbers"),
+    (
+        "box with NaN",
+        '{"images": ["img/a.png"], "width": 9, "height": 9, '
+        '"objects": [{"desc": "x", "bbox_2d": [1, 2, NaN, 4]}]}',
+        "must be 4 numbers",
+    ),
+    ("x2 < x1", _record(objects=[{"desc": "x", "bbox_2d": [40, 5, 10, 30]}]), "x2 < x1"),
+    ("y2 < y1", _record(objects=[{"desc": "x", "bbox_2d": [10, 30, 40, 5]}]), "y2 < y1"),
+    (
+        "box outside",
+        _record(objects=[{"desc": "x", "bbox_2d": [10, 5, 113, 30]}]),
+        "outside the 112x56 image",
+    ),
+    (
+        "negative box",
+        _record(objects=[{"desc": "x", "bbox_2d": [-1, 5, 10, 30]}]),
+        "outside the 112x56 image",
+    ),
+    ("empty desc", _record(objects=[{"desc": "  ", "bbox_2d": [1, 2, 3, 4]}]), "desc must be a non-empty"),
+    (
+        "desc not a string",
+        _record(objects=[{"desc": 3, "bbox_2d": [1, 2, 3, 4]}]),
+        "desc must be a non-empty",
+    ),
+    ("missing image", _record(images=["img/nope.png"]), "image not found: "),
+    ("no images", _record(images=[]), "images must be a non-empty list"),
+    ("zero width", _record(width=0), "width must be a positive integer"),
+    ("float height", _record(height=5.5), "height must be a positive integer"),
+    ("objects not a list", _record(objects={"a": 1}), "objects must be a list"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"), [case[1:] for case in BAD_LINES], ids=[c[0] for c in BAD_LINES]
+)
+def test_bad_line_reports_file_and_line(tmp_path: Path, line: Any, expected: str) -> None:
+    path = _write(tmp_path, [_record(), line])
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path, box_format="pixel")
+    assert str(info.value).startswith(f"{path}:2: ")
+    assert expected in str(info.value)
+    assert info.value.num_errors == 1
+    assert isinstance(info.value, ValueError)
+
+
+def test_norm1000_box_out_of_range(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_record(objects=[{"desc": "x", "bbox_2d": [0, 0, 1000, 10]}])])
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path)
+    assert str(info.value).startswith(f"{path}:1: objects[0]: bbox_2d [0, 0, 1000, 10] is outside the image")
+
+
+def test_norm1000_box_must_be_integers(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_record(objects=[{"desc": "x", "bbox_2d": [0, 0, 10.5, 10]}])])
+    with pytest.raises(DataError, match=r"integers in 0\.\.999"):
+        load_jsonl_dataset(path)
+
+
+def test_all_bad_lines_are_collected_in_order_and_capped(tmp_path: Path) -> None:
+    bad = _record(width=-1)
+    path = _write(tmp_path, [_record(), bad, "{", *[bad] * 30])
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path, box_format="pixel")
+    error = info.value
+    assert error.num_errors == 32
+    assert len(error.errors) == MAX_REPORTED_ERRORS
+    assert error.errors[0].startswith(f"{path}:2: width")
+    assert error.errors[1].startswith(f"{path}:3: malformed JSON")
+    assert error.errors[-1].startswith(f"{path}:{MAX_REPORTED_ERRORS + 1}: ")
+    assert str(error).endswith(f"... and {32 - MAX_REPORTED_ERRORS} more bad lines")
+
+
+def test_missing_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        load_jsonl_dataset(tmp_path / "absent.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(DataError, match="no samples"):
+        load_jsonl_dataset(empty)

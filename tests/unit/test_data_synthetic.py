@@ -1,0 +1,130 @@
+"""The synthetic shapes data set: deterministic, idempotent, and its boxes are exactly tight."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from stagectl.data.jsonl import load_jsonl_dataset
+from stagectl.data.sample import DetectionSample
+from stagectl.data.synthetic import (
+    BACKGROUND,
+    COLORS,
+    SHAPES,
+    default_synthetic_dir,
+    generate_synthetic,
+    synthetic_params,
+)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _pixel_box(sample: DetectionSample, index: int) -> tuple[int, int, int, int]:
+    x1, y1, x2, y2 = (round(v) for v in sample.pixel_boxes()[index])
+    return x1, y1, x2, y2
+
+
+def test_same_seed_writes_identical_files(tmp_path: Path) -> None:
+    first = generate_synthetic(20, seed=7, out_dir=tmp_path / "a")
+    second = generate_synthetic(20, seed=7, out_dir=tmp_path / "b")
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    assert [s.objects for s in first] == [s.objects for s in second]
+    other = generate_synthetic(20, seed=8, out_dir=tmp_path / "c")
+    assert [s.objects for s in other] != [s.objects for s in first]
+
+
+def test_sample_i_does_not_depend_on_num_samples(tmp_path: Path) -> None:
+    small = generate_synthetic(5, seed=3, out_dir=tmp_path / "a")
+    large = generate_synthetic(12, seed=3, out_dir=tmp_path / "b")
+    assert [s.objects for s in small] == [s.objects for s in large[:5]]
+
+
+def test_eval_split_is_a_different_stream(tmp_path: Path) -> None:
+    train = generate_synthetic(20, seed=1, out_dir=tmp_path)
+    held_out = generate_synthetic(20, seed=1, out_dir=tmp_path, split="eval")
+    assert [s.objects for s in train] != [s.objects for s in held_out]
+    assert (tmp_path / "train.jsonl").is_file() and (tmp_path / "eval.jsonl").is_file()
+    assert load_jsonl_dataset(tmp_path / "eval.jsonl") == held_out
+
+
+def test_written_jsonl_loads_back_to_the_returned_samples(tmp_path: Path) -> None:
+    samples = generate_synthetic(10, seed=0, out_dir=tmp_path)
+    assert load_jsonl_dataset(tmp_path / "train.jsonl", box_format="norm1000") == samples
+    assert all(Path(s.images[0]).is_absolute() and Path(s.images[0]).is_file() for s in samples)
+    assert "images/train_000000.png" in (tmp_path / "train.jsonl").read_text()  # relative in the file
+
+
+def test_second_call_reuses_the_files_and_changed_params_redraw(tmp_path: Path) -> None:
+    first = generate_synthetic(6, seed=0, out_dir=tmp_path)
+    image = tmp_path / "images" / "train_000000.png"
+    image.write_bytes(b"marker")  # survives only if the second call draws nothing
+    assert generate_synthetic(6, seed=0, out_dir=tmp_path) == first
+    assert image.read_bytes() == b"marker"
+    changed = generate_synthetic(6, seed=1, out_dir=tmp_path)
+    assert changed != first
+    assert image.read_bytes().startswith(b"\x89PNG")
+    assert load_jsonl_dataset(tmp_path / "train.jsonl") == changed
+
+
+def test_default_directory_is_under_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGECTL_CACHE_DIR", str(tmp_path))
+    samples = generate_synthetic(3, seed=5, image_size=56)
+    expected = default_synthetic_dir(synthetic_params(3, 5, 56))
+    assert expected.parent == tmp_path / "data" and expected.name.startswith("synthetic-")
+    assert Path(samples[0].images[0]).parent.parent == expected
+    assert default_synthetic_dir(synthetic_params(3, 6, 56)) != expected
+
+
+@pytest.mark.parametrize("image_size", [112, 84])
+def test_boxes_are_tight_and_descs_match_the_pixels(tmp_path: Path, image_size: int) -> None:
+    samples = generate_synthetic(40, seed=11, out_dir=tmp_path, image_size=image_size)
+    background = np.array(BACKGROUND)
+    for sample in samples:
+        assert (sample.width, sample.height) == (image_size, image_size)
+        assert 1 <= len(sample.objects) <= 4
+        pixels = np.asarray(Image.open(sample.images[0]).convert("RGB")).astype(int)  # [H, W, 3]
+        covered = np.zeros(pixels.shape[:2], dtype=bool)
+        for index, obj in enumerate(sample.objects):
+            color_name, shape = obj.desc.split(" ")
+            assert color_name in COLORS and shape in SHAPES
+            x1, y1, x2, y2 = _pixel_box(sample, index)
+            assert not covered[y1 : y2 + 1, x1 : x2 + 1].any(), "boxes overlap"
+            covered[y1 : y2 + 1, x1 : x2 + 1] = True
+            crop = pixels[y1 : y2 + 1, x1 : x2 + 1]
+            is_shape = (crop == np.array(COLORS[color_name])).all(axis=-1)
+            is_background = (crop == background).all(axis=-1)
+            assert (is_shape | is_background).all(), "a box holds a pixel of another colour"
+            # Tight: every edge row and column of the box holds a pixel of the shape.
+            assert is_shape[0].any() and is_shape[-1].any() and is_shape[:, 0].any() and is_shape[:, -1].any()
+        assert (pixels[~covered] == background).all(), "a shape pixel lies outside every box"
+
+
+def test_objects_are_sorted_and_varied(tmp_path: Path) -> None:
+    samples = generate_synthetic(60, seed=2, out_dir=tmp_path)
+    for sample in samples:
+        keys = [(obj.bbox_2d[1], obj.bbox_2d[0]) for obj in sample.objects]
+        assert keys == sorted(keys)
+    descs = {obj.desc for sample in samples for obj in sample.objects}
+    assert descs == {f"{c} {s}" for c, s in itertools.product(COLORS, SHAPES)}
+    assert {len(sample.objects) for sample in samples} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_samples": 0}, "num_samples"),
+        ({"image_size": 20}, "image_size"),
+        ({"max_objects": 0}, "max_objects"),
+        ({"split": "test"}, "split"),
+    ],
+)
+def test_bad_parameters(tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"num_samples": 2, "seed": 0, "out_dir": tmp_path, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate_synthetic(**args)  # type: ignore[arg-type]
