@@ -1,1 +1,25 @@
-"""stagectl.config."""
+"""The one config model of stagectl (pydantic only: importing this never imports torch)."""
+
+from stagectl.config.loader import (
+    REMOVED_KEYS,
+    ConfigError,
+    apply_override,
+    effective_world_size,
+    load_config,
+    to_plain,
+)
+from stagectl.config.root import Problem, Resolved, StagectlConfig, resolve_config, uses_server_rollouts
+
+__all__ = [
+    "REMOVED_KEYS",
+    "ConfigError",
+    "Problem",
+    "Resolved",
+    "StagectlConfig",
+    "apply_override",
+    "effective_world_size",
+    "load_config",
+    "resolve_config",
+    "to_plain",
+    "uses_server_rollouts",
+]

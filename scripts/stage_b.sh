@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Thin wrapper around `stagectl stage-b`:
+#   gpus=0,1,2,3 config=path/to.yaml bash scripts/stage_b.sh [extra args]
+# One device -> one process; several -> single-node torchrun with CUDA_VISIBLE_DEVICES from the list.
+set -euo pipefail
+: "${config:?set config=path/to/stage_b.yaml}"
+args=("$config")
+if [[ -n "${gpus:-}" ]]; then
+  args+=(--gpus "$gpus")
+fi
+exec stagectl stage-b "${args[@]}" "$@"

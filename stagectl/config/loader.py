@@ -1,0 +1,250 @@
+"""`load_config`: YAML -> `--set` overrides -> validation -> `StagectlConfig`, or a `ConfigError`
+listing every problem as a dotted key path plus what to do."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from stagectl.config.root import Problem, StagectlConfig, run_validators
+
+# Keys that existed once and were removed or renamed: their presence fails with migration guidance
+# instead of a generic "unknown key".
+REMOVED_KEYS: dict[str, str] = {
+    "stage2_ab.schedule.pattern": (
+        "removed: the channel schedule is now a ratio; replace the pattern with "
+        "stage2_ab.schedule.b_ratio (the fraction of Channel-B optimizer steps, e.g. 0.25)"
+    ),
+    "custom.extra.rollout_matching.rollout_buffer": (
+        "removed: the rollout buffer is replaced by the async prefetcher; delete it and use "
+        "stage2_ab.channel_b.mode: async with stage2_ab.channel_b.async.{queue_limit, prefetch_target_packs}"
+    ),
+}
+
+
+class ConfigError(ValueError):
+    """Every problem of a config, each as `dotted.key.path: what is wrong and what to do`."""
+
+    def __init__(self, problems: Sequence[Problem], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        head = f"invalid config {source}" if source else "invalid config"
+        lines = [f"{head} ({len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}):"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    overrides: Iterable[str] = (),
+    world_size: int | None = None,
+) -> StagectlConfig:
+    """Read YAML (or start empty when `path` is None), apply `key=value` overrides, validate.
+
+    The world size used by the cross-section rules is `world_size` if given, else `$WORLD_SIZE`,
+    else `launch.nproc_per_node x launch.nnodes`.
+    """
+    source = str(path) if path is not None else "<overrides>"
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    problems: list[Problem] = []
+    for override in overrides:
+        try:
+            apply_override(raw, override)
+        except ValueError as exc:
+            problems.append(Problem(_override_key(override), str(exc)))
+    problems += _pop_removed_keys(raw)
+    cfg, schema_problems = _validate_schema(raw)
+    problems += schema_problems
+    if cfg is not None:
+        bad_paths = {p.path for p in schema_problems}
+        cross = run_validators(cfg, _world_size(cfg, world_size, problems))
+        problems += [p for p in cross if p.path not in bad_paths]
+    if problems:
+        raise ConfigError(problems, source)
+    assert cfg is not None
+    return cfg
+
+
+def _validate_schema(raw: dict[str, Any]) -> tuple[StagectlConfig | None, list[Problem]]:
+    """Validate; on schema errors, drop the offending keys and retry so the cross-section rules can
+    still run on the rest and every problem is reported in one go."""
+    problems: list[Problem] = []
+    attempt = copy.deepcopy(raw)
+    for _ in range(4):
+        try:
+            return StagectlConfig.model_validate(attempt), problems
+        except ValidationError as exc:
+            new = _pydantic_problems(exc)
+            problems += [p for p in new if p not in problems]
+            if not any(_delete_path(attempt, err["loc"]) for err in exc.errors()):
+                break
+    return None, problems
+
+
+def _child(node: Any, part: int | str) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and part < len(node):
+        return node[part]
+    return None
+
+
+def _delete_path(raw: Any, loc: tuple[int | str, ...]) -> bool:
+    node = raw
+    for part in loc[:-1]:
+        node = _child(node, part)
+        if node is None:
+            return False
+    if isinstance(node, dict) and loc and loc[-1] in node:
+        del node[loc[-1]]
+        return True
+    return False
+
+
+def effective_world_size(cfg: StagectlConfig, world_size: int | None = None) -> int:
+    """The world size the config runs with (explicit > $WORLD_SIZE > launch section)."""
+    return _world_size(cfg, world_size, [])
+
+
+def _world_size(cfg: StagectlConfig, explicit: int | None, problems: list[Problem]) -> int:
+    if explicit is not None:
+        return explicit
+    env = os.environ.get("WORLD_SIZE")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            problems.append(Problem("WORLD_SIZE", f"environment variable is not an integer: {env!r}"))
+    return cfg.launch.nproc_per_node * cfg.launch.nnodes
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem("<file>", f"config file not found: {path}")], str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem("<file>", f"cannot read {path}: {exc}")], str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([Problem("<yaml>", f"not valid YAML{where}: {problem}")], str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Problem("<root>", f"the top level must be a mapping of sections, got {type(data).__name__}")],
+            str(path),
+        )
+    return data
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].strip() or "<override>"
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Apply `a.b.c=value` to the raw mapping; the value is parsed as YAML (`1e-5`, `true`, `[1, 2]`)."""
+    if "=" not in override:
+        raise ValueError(f"override {override!r} must look like key.path=value")
+    key, _, text = override.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValueError(f"override key {key!r} has an empty segment")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    node: dict[str, Any] = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"cannot set {key}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _pop_removed_keys(raw: dict[str, Any]) -> list[Problem]:
+    problems = []
+    for dotted, message in REMOVED_KEYS.items():
+        *parents, leaf = dotted.split(".")
+        node: Any = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            del node[leaf]
+            problems.append(Problem(dotted, message))
+    return problems
+
+
+def _pydantic_problems(exc: ValidationError) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        path = ".".join(loc) or "<root>"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            message = "unknown key; remove it" + _did_you_mean(loc)
+        elif kind == "missing":
+            message = "required; set it"
+        elif kind == "literal_error":
+            message = f"{err['msg'].lower()}; got {err.get('input')!r}"
+        elif kind == "value_error":
+            message = str(err["msg"]).removeprefix("Value error, ")
+        else:
+            message = f"{err['msg']}; got {_short(err.get('input'))}"
+        problems.append(Problem(path, message))
+    return problems
+
+
+def _did_you_mean(loc: list[str]) -> str:
+    """Suggest the closest valid key of the section the unknown key sits in."""
+    model: type[BaseModel] | None = StagectlConfig
+    for part in loc[:-1]:
+        if model is None:
+            return ""
+        model = _submodel(model, part)
+    if model is None:
+        return ""
+    names = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(names))})"
+
+
+def _submodel(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            for candidate in _model_types(field.annotation):
+                return candidate
+    return None
+
+
+def _model_types(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in getattr(annotation, "__args__", ()):
+        out += _model_types(arg)
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def to_plain(cfg: StagectlConfig) -> Mapping[str, Any]:
+    """The resolved config as plain JSON-able data (aliases as in YAML)."""
+    return cfg.model_dump(mode="json", by_alias=True)

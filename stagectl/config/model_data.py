@@ -1,0 +1,67 @@
+"""`model` and `data` sections: what to load and what to train on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from stagectl.config.base import StrictModel
+
+
+class ModelConfig(StrictModel):
+    name_or_path: str = "builtin:tiny-qwen2.5-vl"
+    """A local checkpoint directory, or a built-in tiny model: `builtin:tiny-qwen2.5-vl`,
+    `builtin:tiny-qwen2-vl`, `builtin:tiny-qwen3-vl` (built offline on first use, then cached)."""
+    torch_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype. Use bfloat16 on GPUs; float32 on CPU."""
+    device_map: str | None = None
+    """Hugging Face device map for single-process inference (`auto`); under torchrun every rank
+    loads the full model on its own device and this is ignored."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    """Attention kernel; None lets transformers choose (sdpa on CPU)."""
+
+
+class SyntheticDataConfig(StrictModel):
+    num_samples: int = Field(256, ge=1)
+    """Number of synthetic shape images to draw."""
+    seed: int = 0
+    """Seed of the drawing; the same seed always gives the same images and boxes."""
+    image_size: int = Field(112, ge=28, le=2048)
+    """Side of the square images in pixels (a multiple of 28 suits the Qwen-VL patching)."""
+    max_objects: int = Field(4, ge=1, le=8)
+    """Most shapes per image (each image draws 1..max_objects)."""
+
+
+class EvalDataConfig(StrictModel):
+    jsonl: Path | None = None
+    """Held-out JSONL split (same format as `data.train_jsonl`)."""
+    image_root: Path | None = None
+    """Directory that image paths in `jsonl` are relative to (default: the JSONL's directory)."""
+    synthetic: SyntheticDataConfig | None = None
+    """Held-out synthetic split (use a seed different from training)."""
+    every_steps: int = Field(0, ge=0)
+    """Run a greedy-rollout eval every N optimizer steps (0 = only at the end)."""
+    max_samples: int = Field(64, ge=1)
+    """Evaluate on at most this many samples."""
+
+
+class DataConfig(StrictModel):
+    train_jsonl: Path | None = None
+    """Training JSONL: one `{images, width, height, objects: [{desc, bbox_2d}]}` per line."""
+    image_root: Path | None = None
+    """Directory that image paths in `train_jsonl` are relative to (default: the JSONL's directory)."""
+    box_format: Literal["norm1000", "pixel", "auto"] = "norm1000"
+    """How `bbox_2d` values are written: `norm1000` bins (integers 0..999), `pixel`, or `auto`
+    (decided once per file; a file whose boxes fit both readings is refused)."""
+    synthetic: SyntheticDataConfig | None = None
+    """Draw the synthetic shapes data set instead of reading `train_jsonl`."""
+    eval: EvalDataConfig | None = None
+    """Optional held-out split evaluated with greedy rollouts (precision/recall/F1 at IoU 0.5)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if (self.train_jsonl is None) == (self.synthetic is None):
+            raise ValueError("set exactly one of data.train_jsonl or data.synthetic")
+        return self

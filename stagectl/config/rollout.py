@@ -1,0 +1,129 @@
+"""`custom.extra.rollout_matching` (how the learner gets rollouts) and `rollout_server` (how the server runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from stagectl.config.base import StrictModel
+
+
+class DecodingConfig(StrictModel):
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; 0 decodes greedily."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling; 0 disables it."""
+
+
+class ServerEndpoint(StrictModel):
+    base_url: str
+    """e.g. `http://127.0.0.1:8000`."""
+
+
+class VllmServerConfig(StrictModel):
+    servers: list[ServerEndpoint] = Field(default_factory=list)
+    """Rollout servers; requests are spread over them in contiguous chunks."""
+    timeout_s: float = Field(120.0, gt=0)
+    """How long to wait for `/health/` at start."""
+    infer_timeout_s: float | None = 600.0
+    """Read timeout of one `/infer/` call; null or <= 0 means no read timeout."""
+    auth_token_env: str | None = None
+    """Environment variable holding the bearer token for weight/admin endpoints."""
+
+
+class VllmSyncConfig(StrictModel):
+    mode: Literal["full", "adapter"] = "full"
+    """Weight sync mode. stagectl implements `full` (every parameter); `adapter` is rejected."""
+    transport: Literal["http", "disk"] = "http"
+    """`http`: chunked safetensors over `/update_weights/`; `disk`: a snapshot loaded by path."""
+    chunk_mb: float = Field(64.0, gt=0, le=1024)
+    """Size of one http weight chunk in MiB."""
+    disk_dir: Path | None = None
+    """Where `disk` snapshots are written (default: `{output_dir}/weight_sync`)."""
+
+
+class VllmConfig(StrictModel):
+    mode: Literal["server", "colocate"] = "server"
+    """`server`: rollouts come from rollout servers (section 6 protocol). `colocate` is not supported:
+    use `rollout_backend: hf` for in-process rollouts."""
+    server: VllmServerConfig = Field(default_factory=VllmServerConfig)
+    """Where the rollout servers are."""
+    sync: VllmSyncConfig = Field(default_factory=VllmSyncConfig)
+    """How learner weights reach the servers."""
+
+
+class RolloutMatchingConfig(StrictModel):
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    """`hf`: the learner generates with its own model (one process). `vllm`: a rollout server."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Longest rollout in tokens."""
+    decoding: DecodingConfig = Field(default_factory=DecodingConfig)
+    """Sampling parameters of Channel-B rollouts."""
+    repetition_penalty: float = Field(1.0, gt=0)
+    """Repetition penalty of rollouts (1.0 = off)."""
+    iou_gate: float = Field(0.3, ge=0, le=1)
+    """Prediction/GT pairs with IoU below this cannot match."""
+    fp_cost: float = Field(1.0, ge=0)
+    """Cost of leaving a prediction unmatched."""
+    fn_cost: float = Field(1.0, ge=0)
+    """Cost of leaving a GT object unmatched."""
+    decode_batch_size: int = Field(8, ge=1)
+    """Default rollout chunk size when `stage2_ab.channel_b.rollout_decode_batch_size` is unset."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """Server-mode rollouts (`rollout_backend: vllm`)."""
+
+
+class CustomExtraConfig(StrictModel):
+    rollout_matching: RolloutMatchingConfig = Field(default_factory=RolloutMatchingConfig)
+    """Rollout generation and matching."""
+
+
+class CustomConfig(StrictModel):
+    trainer_variant: Literal["stage2_ab_training"] = "stage2_ab_training"
+    """The trainer; Stage-2 AB is the only one."""
+    extra: CustomExtraConfig = Field(default_factory=CustomExtraConfig)
+    """Trainer-specific settings."""
+
+
+class VllmEngineArgs(StrictModel):
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallel degree inside one server."""
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Fraction of GPU memory vLLM may take."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Context length cap (prompt + rollout)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (faster start, slower decode)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine dtype."""
+
+
+class RolloutServerConfig(StrictModel):
+    host: str = "127.0.0.1"
+    """Bind address; anything beyond loopback requires `auth_token_env`."""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port; 0 picks a free one (printed at start)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: transformers with a batching worker (runs anywhere); `vllm`: the vllm extra."""
+    max_batch_size: int = Field(8, ge=1)
+    """Most requests grouped into one generate call (hf engine)."""
+    batch_wait_ms: float = Field(10.0, ge=0)
+    """How long the hf batching worker waits to fill a batch."""
+    max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    """Larger request bodies get 413."""
+    max_weight_chunk_bytes: int = Field(512 * 1024 * 1024, ge=1024)
+    """Larger weight chunks get 413."""
+    image_roots: list[Path] = Field(default_factory=list)
+    """Image paths in requests must resolve under one of these (inline data URLs are always allowed)."""
+    auth_token_env: str | None = None
+    """Environment variable holding the bearer token for weight/admin endpoints."""
+    embedded: bool = False
+    """`train-ab` starts this server as a child process on a free loopback port and stops it at exit."""
+    slow_infer_ms: float = Field(0.0, ge=0)
+    """Testing aid: add this delay to every /infer/ call (to exercise skip-to-A paths)."""
+    vllm: VllmEngineArgs = Field(default_factory=VllmEngineArgs)
+    """vLLM engine arguments (engine `vllm`)."""

@@ -1,0 +1,68 @@
+"""`stage2_ab` section: the channel schedule, Channel-B mode and loss weights."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from stagectl.config.base import StrictModel
+
+
+class ScheduleConfig(StrictModel):
+    b_ratio: float | str | None = None
+    """Fraction of optimizer steps that are Channel-B: a number in [0, 1] or a fraction text like
+    `1/3` (0.0 = Channel-A only, 1.0 = Channel-B only). Required. Evaluated exactly (as a fraction)."""
+
+    @field_validator("b_ratio")
+    @classmethod
+    def _check_ratio(cls, value: float | str | None) -> float | str | None:
+        if value is None:
+            return None
+        from stagectl.schedule import as_fraction  # pure, light
+
+        ratio = as_fraction(value)
+        if not 0 <= ratio <= 1:
+            raise ValueError(f"b_ratio must be in [0, 1] (0.0 = A only, 1.0 = B only), got {value}")
+        return value
+
+
+class AsyncConfig(StrictModel):
+    queue_limit: int = Field(8, ge=1)
+    """Ready packs kept per rank; the oldest is dropped when full."""
+    version_window: int = Field(1, ge=0)
+    """Packs with `ver < current_ver - version_window` are stale: dropped, never trained."""
+    prefetch_target_packs: int = Field(4, ge=1)
+    """The prefetcher stops requesting rollouts while queued + in-flight packs reach this."""
+    sync_every_steps: int = Field(1, ge=1)
+    """Push full weights to the rollout servers every N optimizer steps (`ver += 1`)."""
+    max_consecutive_failures: int = Field(3, ge=1)
+    """The prefetcher's error reaches the learner after this many consecutive failed rollouts."""
+
+
+class ChannelBConfig(StrictModel):
+    mode: Literal["step", "async"] = "step"
+    """`step`: rollouts inside the optimizer step (one learner rank). `async`: per-rank prefetcher."""
+    rollouts_per_step: int | None = Field(None, ge=1)
+    """Raw rollouts per B step (default per_device_train_batch_size x world_size x GAS)."""
+    rollout_decode_batch_size: int | None = Field(None, ge=1)
+    """Samples per generate call / rollout request (default `rollout_matching.decode_batch_size`)."""
+    enable_pipeline: bool = False
+    """Step mode with server rollouts: a producer thread overlaps rollout with learning in the step."""
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    """Async-mode queue and sync settings."""
+
+
+class Stage2ABConfig(StrictModel):
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    """Which optimizer steps are Channel-B."""
+    channel_b: ChannelBConfig = Field(default_factory=ChannelBConfig)
+    """Channel-B rollout mode."""
+    desc_ce_weight: float = Field(1.0, ge=0)
+    """CE weight of desc tokens in the Channel-B FN tail (Channel-A desc tokens use 1.0)."""
+    bbox_smoothl1_weight: float = Field(1.0, ge=0)
+    """Weight of SmoothL1 between the expected box and the GT box (both in [0, 1])."""
+    bbox_ciou_weight: float = Field(1.0, ge=0)
+    """Weight of (1 - CIoU) between the expected box and the GT box."""
+    coord_ce_weight: float = Field(0.0, ge=0)
+    """Weight of CE on coordinate tokens (0 = geometry loss only)."""

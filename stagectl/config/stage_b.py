@@ -1,0 +1,77 @@
+"""Stage-B sections (top-level keys `mission`, `tickets`, `guidance`, `output`, `sampler`, `runner`,
+`reflection`, `selection`, `manual_review`): the training-free guidance loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from stagectl.config.base import StrictModel
+
+
+class GuidanceConfig(StrictModel):
+    path: Path
+    """Starting guidance JSON of the mission (copied into the run directory, never edited in place)."""
+    retention: int = Field(10, ge=1)
+    """Timestamped snapshots kept per mission."""
+    reset_on_rerun: bool = False
+    """Start again from `path` when the run directory already has guidance (else continue from it)."""
+
+
+class OutputConfig(StrictModel):
+    root: Path = Path("runs/stage_b")
+    """Artifacts go to `{root}/{run_name}/{mission}/` (rank 0 only)."""
+    run_name: str = "default"
+    """Run name under `root`."""
+
+
+class SamplerEntry(StrictModel):
+    temperature: float = Field(0.7, ge=0)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(0.9, gt=0, le=1)
+    """Nucleus mass."""
+    max_new_tokens: int = Field(128, ge=1)
+    """Longest candidate."""
+    seed: int = 0
+    """Base seed of this grid entry."""
+
+
+class SamplerConfig(StrictModel):
+    grid: list[SamplerEntry] = Field(default_factory=lambda: [SamplerEntry()], min_length=1)
+    """Decoding settings; every entry yields `samples_per_decode` candidates per ticket."""
+    samples_per_decode: int = Field(1, ge=1)
+    """Candidates per grid entry."""
+
+
+class RunnerConfig(StrictModel):
+    epochs: int = Field(1, ge=1)
+    """Passes over the tickets."""
+    per_rank_rollout_batch_size: int = Field(4, ge=1)
+    """Tickets per rank per global batch (global batch = this x world size)."""
+    logging_steps: int = Field(1, ge=1)
+    """Global batches per metrics row."""
+    engine: Literal["model", "server"] = "model"
+    """`model`: each rank loads `model` on its own device; `server`: use the rollout server client."""
+
+
+class ReflectionConfig(StrictModel):
+    batch_size: int = Field(4, ge=1)
+    """Reflect once this many disagreeing tickets have accumulated globally (rank 0)."""
+    max_operations: int = Field(3, ge=1)
+    """Most guidance operations accepted from one reflection."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Longest reflection answer."""
+    temperature: float = Field(0.0, ge=0)
+    """Reflection sampling temperature (0 = greedy)."""
+
+
+class SelectionConfig(StrictModel):
+    tie_break: Literal["fail"] = "fail"
+    """Ties between pass and fail votes go to fail."""
+
+
+class ManualReviewConfig(StrictModel):
+    min_vote_strength: float = Field(0.0, ge=0, le=1)
+    """Tickets whose winning vote share is below this go to need_review_queue.jsonl."""

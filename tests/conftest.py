@@ -1,0 +1,32 @@
+"""Test tiers: markers follow the directory, `gpu` skips without CUDA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TIERS = {"integration": "integration", "vllm": "vllm", "gpu": "gpu", "faults": "integration"}
+
+# Keep the tiny-model cache inside the test session's reach but shared across tests (built once).
+os.environ.setdefault("STAGECTL_CACHE_DIR", str(Path.home() / ".cache" / "stagectl"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = _cuda_available()
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for directory, marker in TIERS.items():
+            if directory in parts:
+                item.add_marker(getattr(pytest.mark, marker))
+        if "gpu" in parts and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

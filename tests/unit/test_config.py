@@ -1,0 +1,251 @@
+"""The config model: fail-fast rules (each with its guidance), unknown keys, overrides, world size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stagectl.config import ConfigError, StagectlConfig, apply_override, load_config, resolve_config
+
+BASE = {
+    "data": {"synthetic": {"num_samples": 8}},
+    "stage2_ab": {"schedule": {"b_ratio": 0.25}},
+}
+ASYNC = {
+    "data": {"synthetic": {"num_samples": 8}},
+    "custom": {
+        "extra": {
+            "rollout_matching": {
+                "rollout_backend": "vllm",
+                "vllm": {"mode": "server", "server": {"servers": [{"base_url": "http://127.0.0.1:8000"}]}},
+            }
+        }
+    },
+    "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "async"}},
+}
+
+
+def write(tmp_path: Path, data: dict, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def problems_of(tmp_path: Path, data: dict, *overrides: str, world_size: int | None = None) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, data), overrides, world_size=world_size)
+    return {p.path: p.message for p in info.value.problems}
+
+
+def test_valid_config_loads(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, BASE))
+    assert isinstance(cfg, StagectlConfig)
+    assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio == 0.25
+    assert cfg.packing_length == cfg.global_max_length
+
+
+def test_pattern_removed_names_b_ratio(tmp_path: Path) -> None:
+    data = {**BASE, "stage2_ab": {"schedule": {"pattern": ["A", "B"], "b_ratio": 0.5}}}
+    probs = problems_of(tmp_path, data)
+    assert "stage2_ab.schedule.b_ratio" in probs["stage2_ab.schedule.pattern"]
+
+
+def test_b_ratio_missing(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, {"data": BASE["data"], "stage2_ab": {"schedule": {}}})
+    msg = probs["stage2_ab.schedule.b_ratio"]
+    assert "0.0 = A only" in msg and "1.0 = B only" in msg
+
+
+def test_b_ratio_missing_when_section_absent(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, {"data": BASE["data"], "custom": {"trainer_variant": "stage2_ab_training"}})
+    assert "stage2_ab.schedule.b_ratio" in probs
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, "3/2"])
+def test_b_ratio_out_of_range(tmp_path: Path, ratio: object) -> None:
+    probs = problems_of(tmp_path, {**BASE, "stage2_ab": {"schedule": {"b_ratio": ratio}}})
+    assert "[0, 1]" in probs["stage2_ab.schedule.b_ratio"]
+
+
+def test_b_ratio_fraction_text(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, {**BASE, "stage2_ab": {"schedule": {"b_ratio": "1/3"}}}))
+    assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio == "1/3"
+
+
+@pytest.mark.parametrize("source", ["arg", "env", "launch"])
+def test_step_mode_multi_rank_fails_with_async_guidance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    data = dict(BASE)
+    kwargs: dict = {}
+    if source == "arg":
+        kwargs["world_size"] = 2
+    elif source == "env":
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    else:
+        data = {**BASE, "launch": {"nproc_per_node": 2}}
+    probs = problems_of(tmp_path, data, **kwargs)
+    assert "stage2_ab.channel_b.mode: async" in probs["stage2_ab.channel_b.mode"]
+
+
+def test_step_mode_multi_rank_allowed_for_a_only(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.0}}}), world_size=4)
+    assert resolve_config(cfg, 4).world_size == 4
+
+
+def test_async_requires_server_rollouts(tmp_path: Path) -> None:
+    data = {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "async"}}}
+    probs = problems_of(tmp_path, data)
+    assert "rollout_backend: vllm" in probs["custom.extra.rollout_matching.rollout_backend"]
+
+
+def test_async_requires_full_sync(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, "custom.extra.rollout_matching.vllm.sync.mode=adapter")
+    assert "sync.mode: full" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
+
+
+def test_async_requires_server_mode(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, "custom.extra.rollout_matching.vllm.mode=colocate")
+    assert "vllm.mode: server" in probs["custom.extra.rollout_matching.vllm.mode"]
+
+
+def test_async_valid(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, ASYNC), world_size=2)
+    assert cfg.stage2_ab is not None and cfg.stage2_ab.channel_b.async_.queue_limit == 8
+
+
+def test_pipeline_requires_server_rollouts(tmp_path: Path) -> None:
+    data = {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": {"enable_pipeline": True}}}
+    probs = problems_of(tmp_path, data)
+    assert "vllm.mode: server" in probs["stage2_ab.channel_b.enable_pipeline"]
+
+
+def test_rollout_buffer_removed(tmp_path: Path) -> None:
+    data = {**BASE, "custom": {"extra": {"rollout_matching": {"rollout_buffer": {"size": 4}}}}}
+    probs = problems_of(tmp_path, data)
+    assert "async" in probs["custom.extra.rollout_matching.rollout_buffer"]
+
+
+def test_queue_limit_below_gas(tmp_path: Path) -> None:
+    probs = problems_of(
+        tmp_path,
+        ASYNC,
+        "training.gradient_accumulation_steps=4",
+        "stage2_ab.channel_b.async.queue_limit=2",
+        "stage2_ab.channel_b.async.prefetch_target_packs=2",
+    )
+    assert "queue_limit >= 4" in probs["stage2_ab.channel_b.async.queue_limit"]
+
+
+def test_prefetch_target_above_queue_limit(tmp_path: Path) -> None:
+    probs = problems_of(
+        tmp_path,
+        ASYNC,
+        "stage2_ab.channel_b.async.queue_limit=4",
+        "stage2_ab.channel_b.async.prefetch_target_packs=6",
+    )
+    assert "prefetch_target_packs <= queue_limit" in probs["stage2_ab.channel_b.async.prefetch_target_packs"]
+
+
+def test_unknown_keys_have_dotted_paths_and_suggestions(tmp_path: Path) -> None:
+    data = {**BASE, "training": {"lerning_rate": 1e-4}, "bogus_section": {}}
+    probs = problems_of(tmp_path, data)
+    assert "did you mean 'learning_rate'" in probs["training.lerning_rate"]
+    assert "unknown key" in probs["bogus_section"]
+
+
+def test_every_problem_reported_at_once(tmp_path: Path) -> None:
+    data = {
+        **ASYNC,
+        "training": {"lerning_rate": 1, "max_steps": 0, "gradient_accumulation_steps": 4},
+        "model": {"torch_dtype": "fp8"},
+    }
+    probs = problems_of(tmp_path, data, "stage2_ab.channel_b.async.queue_limit=2")
+    assert {
+        "training.lerning_rate",
+        "training.max_steps",
+        "model.torch_dtype",
+        "stage2_ab.channel_b.async.queue_limit",
+    } <= set(probs)
+
+
+def test_overrides_apply_and_parse_yaml_values(tmp_path: Path) -> None:
+    cfg = load_config(
+        write(tmp_path, BASE),
+        ["training.learning_rate=1e-5", "training.packing=false", "stage2_ab.channel_b.rollouts_per_step=3"],
+    )
+    assert cfg.training.learning_rate == 1e-5
+    assert cfg.training.packing is False
+    assert cfg.stage2_ab is not None and cfg.stage2_ab.channel_b.rollouts_per_step == 3
+
+
+def test_override_errors_are_reported(tmp_path: Path) -> None:
+    probs = problems_of(
+        tmp_path, {**BASE, "training": {"max_steps": 5}}, "training.learning_rate", "training.max_steps.x=3"
+    )
+    assert "key.path=value" in probs["training.learning_rate"]
+    assert "not a section" in probs["training.max_steps.x"]
+
+
+def test_apply_override_creates_sections() -> None:
+    raw: dict = {}
+    apply_override(raw, "a.b.c=[1, 2]")
+    assert raw == {"a": {"b": {"c": [1, 2]}}}
+
+
+def test_effective_batch_size_derives_gas(tmp_path: Path) -> None:
+    data = {**BASE, "training": {"per_device_train_batch_size": 2, "effective_batch_size": 8}}
+    cfg = load_config(write(tmp_path, data))
+    resolved = resolve_config(cfg, 1)
+    assert resolved.gradient_accumulation_steps == 4
+    assert resolved.rollouts_per_step == 8
+
+
+def test_effective_batch_size_inconsistent(tmp_path: Path) -> None:
+    data = {
+        **BASE,
+        "training": {
+            "per_device_train_batch_size": 2,
+            "effective_batch_size": 8,
+            "gradient_accumulation_steps": 3,
+        },
+    }
+    assert "training.effective_batch_size" in problems_of(tmp_path, data)
+
+
+def test_server_beyond_loopback_needs_token(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, {"rollout_server": {"host": "0.0.0.0"}})
+    assert "bearer token" in probs["rollout_server.auth_token_env"]
+
+
+def test_server_rollouts_need_a_server(tmp_path: Path) -> None:
+    data = {**BASE, "custom": {"extra": {"rollout_matching": {"rollout_backend": "vllm"}}}}
+    assert (
+        "embedded: true" in problems_of(tmp_path, data)["custom.extra.rollout_matching.vllm.server.servers"]
+    )
+
+
+def test_yaml_syntax_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("training:\n  max_steps: [1,\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load_config(path)
+
+
+def test_top_level_not_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_config(path)
+
+
+def test_data_needs_exactly_one_source(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, {**BASE, "data": {}})
+    assert any("exactly one of data.train_jsonl or data.synthetic" in m for m in probs.values())
+
+
+def test_stage_b_required_keys(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, {"mission": "m"})
+    assert {"tickets", "guidance.path"} <= set(probs)
