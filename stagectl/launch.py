@@ -1,0 +1,55 @@
+"""Process launch: the torchrun argv (visible, logged) and the embedded rollout-server child."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+LAUNCHED_ENV = "STAGECTL_LAUNCHED"
+
+
+def inside_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free right now on `host` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_argv(
+    command_args: Sequence[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    master_port: int | None = None,
+    rdzv_endpoint: str | None = None,
+) -> list[str]:
+    """`python -m torch.distributed.run ... -m stagectl <command_args>`.
+
+    Single node: `--standalone` rendezvous on a free (or the given) loopback port. Many nodes: a
+    c10d rendezvous at `rdzv_endpoint` (run the same command on every node).
+    """
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise ValueError("launch.nnodes > 1 needs launch.rdzv_endpoint (host:port of the rendezvous)")
+        argv += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}"]
+    else:
+        port = master_port or free_port()
+        argv += ["--nnodes=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}"]
+    return [*argv, "-m", "stagectl", *command_args]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a re-launched child: marks it launched so it never re-launches itself."""
+    env = dict(os.environ)
+    env[LAUNCHED_ENV] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if extra:
+        env.update(extra)
+    return env

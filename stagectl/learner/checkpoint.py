@@ -1,0 +1,155 @@
+"""Checkpoints: written whole or not at all (temp dir + rename), loaded back for an exact resume.
+
+Layout of `{output_dir}/checkpoint-{step}/`:
+  model/              Hugging Face format (`from_pretrained` loads it), tokenizer + image processor
+  optimizer.pt        AdamW state            scheduler.pt   LR scheduler state
+  rng.pt              torch/python/numpy RNG state of every rank (index = rank)
+  trainer_state.json  global_step, data stream positions, policy version, counters
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    global_step: int
+    data_state: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "python": _jsonable(random.getstate()),
+        "numpy": _jsonable(np.random.get_state()),
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    model: Any,
+    save_tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rng_states: list[dict[str, Any]],
+    trainer_state: TrainerState,
+    total_limit: int | None = None,
+) -> Path:
+    """Write `checkpoint-{step}` atomically: everything goes to a temp dir that is renamed at the end,
+    so a crash leaves either the whole checkpoint or none (plus a `.tmp-*` dir that the next save removes)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
+    for stale in output_dir.glob(".tmp-checkpoint-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    save_tokenizer(tmp / "model")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_states, tmp / "rng.pt")
+    state = {
+        "global_step": trainer_state.global_step,
+        "data_state": trainer_state.data_state,
+        "extra": trainer_state.extra,
+    }
+    (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(output_dir)
+    if total_limit is not None:
+        for old in list_checkpoints(output_dir)[:-total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints in `output_dir`, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for child in output_dir.iterdir():
+        match = CHECKPOINT_RE.match(child.name)
+        if match and (child / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_resume(resume: Path | str | None, output_dir: Path) -> Path | None:
+    """`latest` -> newest checkpoint in `output_dir` (None when there is none); a path -> checked dir."""
+    if resume is None:
+        return None
+    if str(resume) == "latest":
+        found = list_checkpoints(output_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not (path / TRAINER_STATE).is_file():
+        raise FileNotFoundError(
+            f"training.resume_from_checkpoint: {path} is not a complete checkpoint (no {TRAINER_STATE})"
+        )
+    return path
+
+
+def load_trainer_state(path: Path) -> TrainerState:
+    raw = json.loads((path / TRAINER_STATE).read_text())
+    return TrainerState(global_step=int(raw["global_step"]), data_state=raw["data_state"], extra=raw["extra"])
+
+
+def load_optimizer_state(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+
+
+def load_rng_states(path: Path) -> list[dict[str, Any]]:
+    return list(torch.load(path / "rng.pt", weights_only=True))
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

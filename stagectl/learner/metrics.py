@@ -1,0 +1,116 @@
+"""Rank-0 metrics: one JSON row per optimizer step in `{output_dir}/metrics.jsonl`, optional
+TensorBoard, and a rich progress bar on the console."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsWriter:
+    """Appends rows to metrics.jsonl (flushed every row, so a crash loses nothing already logged)."""
+
+    def __init__(self, output_dir: Path, *, tensorboard: bool = False, resume_step: int = 0) -> None:
+        self.path = output_dir / METRICS_FILE
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step and self.path.exists():
+            _truncate_after(self.path, resume_step)
+        self._handle = self.path.open("a", encoding="utf-8")
+        self._tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise ValueError(
+                    "training.report_to: tensorboard needs the tensorboard package: "
+                    "pip install 'stagectl[tensorboard]'"
+                ) from exc
+            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+
+    def write(self, row: dict[str, Any]) -> None:
+        clean = {k: _finite(v) for k, v in row.items()}
+        self._handle.write(json.dumps(clean) + "\n")
+        self._handle.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
+                    self._tb.add_scalar(key, value, global_step=int(row["step"]))
+
+    def close(self) -> None:
+        self._handle.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """On resume, drop rows of steps >= `step` (they are about to be re-run)."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line).get("step", -1) < step:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line from a crash
+    path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+
+
+class ProgressBar:
+    """A rich progress bar with the latest loss / kind / F1; plain lines when not a terminal."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.total = total_steps
+        self.console = Console(stderr=True)
+        self._progress: Progress | None = None
+        if enabled and self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]train-ab"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self._task = self._progress.add_task("steps", total=total_steps, completed=start_step, info="")
+            self._progress.start()
+
+    def update(self, step: int, row: dict[str, Any], log: bool) -> None:
+        if not self.enabled:
+            return
+        info = f"{row['kind']} loss={row['loss']:.4f}"
+        if "rollout/f1" in row:
+            info += f" f1={row['rollout/f1']:.3f}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step + 1, info=info)
+        elif log:
+            print(
+                f"step {step + 1}/{self.total} {info} ({row['time/step_s']:.2f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,115 @@
+"""The learner loss: weighted CE, expectation decoding, SmoothL1 + CIoU, coordinate CE."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from stagectl.learner.loss import LossWeights, complete_iou, compute_loss
+
+V = 1100
+COORD_IDS = torch.arange(100, 1100)  # <|coord_k|> has id 100 + k
+
+
+def peaked_logits(length: int, peaks: dict[int, int]) -> torch.Tensor:
+    """Logits [L, V]; at position p the distribution is (almost) one-hot on token id peaks[p]."""
+    logits = torch.zeros(length, V)
+    for pos, token_id in peaks.items():
+        logits[pos, token_id] = 50.0
+    return logits
+
+
+def test_weighted_ce_matches_manual() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, V)
+    ids = torch.tensor([5, 7, 9, 11, 13, 15])
+    w = torch.tensor([0.0, 1.0, 0.0, 0.5, 1.0, 1.0])
+    terms = compute_loss(
+        logits,
+        ids,
+        w,
+        torch.zeros(0, 4, dtype=torch.long),
+        torch.zeros(0, 4, dtype=torch.long),
+        COORD_IDS,
+        LossWeights(),
+    )
+    ce_all = F.cross_entropy(logits[:-1], ids[1:], reduction="none")
+    expected = (ce_all * w[1:]).sum() / 4  # 4 tokens with weight > 0
+    torch.testing.assert_close(terms.ce, expected)
+    assert terms.num_ce_tokens == 4 and terms.num_boxes == 0
+    assert float(terms.bbox_smoothl1) == 0.0 and float(terms.bbox_ciou) == 0.0
+
+
+def test_geometry_zero_when_expected_box_equals_gt() -> None:
+    gt = [100, 200, 600, 800]
+    positions = torch.tensor([[2, 3, 4, 5]])
+    # logits at position p-1 predict the slot at p
+    logits = peaked_logits(7, {1: 100 + gt[0], 2: 100 + gt[1], 3: 100 + gt[2], 4: 100 + gt[3]})
+    ids = torch.tensor([1, 2, *(100 + b for b in gt), 3])
+    terms = compute_loss(
+        logits, ids, torch.zeros(7), positions, torch.tensor([gt]), COORD_IDS, LossWeights(coord_ce=1.0)
+    )
+    assert float(terms.bbox_smoothl1) < 1e-6
+    assert float(terms.bbox_ciou) < 1e-4
+    assert float(terms.coord_ce) < 1e-4
+    assert terms.num_boxes == 1
+
+
+def test_geometry_positive_and_differentiable_when_wrong() -> None:
+    gt = torch.tensor([[100, 200, 600, 800]])
+    logits = torch.zeros(7, V, requires_grad=True)
+    positions = torch.tensor([[2, 3, 4, 5]])
+    terms = compute_loss(
+        logits, torch.zeros(7, dtype=torch.long), torch.zeros(7), positions, gt, COORD_IDS, LossWeights()
+    )
+    # uniform softmax -> expected bin 499.5 for every corner: a degenerate box far from GT
+    assert float(terms.bbox_smoothl1) > 0.05 and float(terms.bbox_ciou) > 0.5
+    terms.total.backward()
+    assert logits.grad is not None
+    coord_grad = logits.grad[1:5, 100:1100]
+    assert torch.isfinite(coord_grad).all() and coord_grad.abs().sum() > 0
+    assert float(terms.coord_ce) == 0.0  # off unless weighted
+
+
+def test_ciou_stable_with_swapped_corners() -> None:
+    pred = torch.tensor([[0.6, 0.8, 0.1, 0.2]], requires_grad=True)  # x2 < x1, y2 < y1
+    gt = torch.tensor([[0.1, 0.2, 0.6, 0.8]])
+    ciou = complete_iou(pred, gt)
+    torch.testing.assert_close(ciou, torch.ones(1), atol=1e-5, rtol=0)
+    ciou.sum().backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+
+
+def test_ciou_degenerate_boxes_finite() -> None:
+    pred = torch.tensor([[0.5, 0.5, 0.5, 0.5]], requires_grad=True)
+    gt = torch.tensor([[0.1, 0.1, 0.2, 0.2]])
+    ciou = complete_iou(pred, gt)
+    assert torch.isfinite(ciou).all() and float(ciou) < 0
+    ciou.sum().backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+
+
+def test_ciou_penalises_distance_beyond_iou() -> None:
+    gt = torch.tensor([[0.0, 0.0, 0.1, 0.1]])
+    near = complete_iou(torch.tensor([[0.2, 0.0, 0.3, 0.1]]), gt)
+    far = complete_iou(torch.tensor([[0.8, 0.0, 0.9, 0.1]]), gt)
+    assert float(near) > float(far)  # both IoU 0, the farther one is worse
+
+
+def test_weights_scale_terms() -> None:
+    gt = torch.tensor([[100, 200, 600, 800]])
+    logits = torch.zeros(7, V)
+    positions = torch.tensor([[2, 3, 4, 5]])
+    ids = torch.zeros(7, dtype=torch.long)
+    ones = torch.ones(7)
+    base = compute_loss(logits, ids, ones, positions, gt, COORD_IDS, LossWeights(1.0, 1.0, 0.0))
+    heavy = compute_loss(logits, ids, ones, positions, gt, COORD_IDS, LossWeights(2.0, 3.0, 1.0))
+    expected = base.ce + 2 * base.bbox_smoothl1 + 3 * base.bbox_ciou + heavy.coord_ce
+    torch.testing.assert_close(heavy.total, expected)
+    assert set(base.as_floats()) == {
+        "loss",
+        "loss/ce",
+        "loss/bbox_smoothl1",
+        "loss/bbox_ciou",
+        "loss/coord_ce",
+    }
