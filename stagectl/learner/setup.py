@@ -1,0 +1,139 @@
+"""Everything a learner run needs before its first step: world, model, data, samplers, optimizer,
+resume state, metrics sink. Kept apart from the loop so the loop reads top to bottom."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from stagectl.config import StagectlConfig, resolve_config, to_plain
+from stagectl.config.root import Resolved
+from stagectl.data.jsonl import load_jsonl_dataset
+from stagectl.data.sample import DetectionSample
+from stagectl.data.sampler import ShardedSampler
+from stagectl.data.synthetic import generate_synthetic
+from stagectl.detection.vocab import TokenVocab
+from stagectl.dist import World, device_for, init_distributed
+from stagectl.learner import checkpoint as ckpt
+from stagectl.learner.optim import build_optimizer
+from stagectl.learner.segments import SampleEncoder
+from stagectl.models.loading import ModelBundle, load_bundle
+
+
+@dataclass
+class LearnerState:
+    cfg: StagectlConfig
+    resolved: Resolved
+    world: World
+    device: torch.device
+    bundle: ModelBundle
+    ddp_model: Any  # DistributedDataParallel or the model itself
+    encoder: SampleEncoder
+    a_sampler: ShardedSampler
+    b_sampler: ShardedSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    coord_token_ids: torch.Tensor  # (1000,)
+    start_step: int
+    resumed_from: Path | None
+    extra_state: dict[str, Any]
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Fail before training when the run directory cannot be written."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"training.output_dir: cannot write to {output_dir}: {exc.strerror or exc}"
+        ) from None
+
+
+def load_train_samples(cfg: StagectlConfig) -> list[DetectionSample]:
+    data = cfg.data
+    if data is None:
+        raise ValueError("data: required for train-ab; set data.synthetic or data.train_jsonl")
+    if data.synthetic is not None:
+        syn = data.synthetic
+        return generate_synthetic(
+            syn.num_samples, syn.seed, image_size=syn.image_size, max_objects=syn.max_objects
+        )
+    assert data.train_jsonl is not None
+    return load_jsonl_dataset(data.train_jsonl, data.image_root, box_format=data.box_format)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
+    resolved = resolve_config(cfg, world.world_size)
+    out = cfg.training.output_dir
+    if world.is_main:
+        check_output_dir(out)
+    init_distributed(world, cfg.launch.dist_timeout_s)
+    device = device_for(world)
+    seed_everything(cfg.training.seed)
+    resume = ckpt.resolve_resume(cfg.training.resume_from_checkpoint, out)
+    # every rank loads the same weights: the base model, or the checkpoint's on resume
+    source = str(resume / "model") if resume else cfg.model.name_or_path
+    bundle = load_bundle(source, torch_dtype=cfg.model.torch_dtype, device=str(device))
+    bundle.model.train()
+    bundle.model.config.use_cache = False
+    samples = load_train_samples(cfg)
+    vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
+    encoder = SampleEncoder(bundle=bundle, samples=samples, vocab=vocab)
+    seed = cfg.training.seed
+    a_sampler = ShardedSampler(
+        len(samples), rank=world.rank, world_size=world.world_size, seed=seed, stream="A"
+    )
+    b_sampler = ShardedSampler(
+        len(samples), rank=world.rank, world_size=world.world_size, seed=seed, stream="B"
+    )
+    ddp_model: Any = bundle.model
+    if world.distributed:
+        ddp_model = torch.nn.parallel.DistributedDataParallel(
+            bundle.model, device_ids=[world.local_rank] if device.type == "cuda" else None
+        )
+    optimizer, scheduler = build_optimizer(bundle.model, cfg.training)
+    start_step, extra = 0, {}
+    if resume is not None:
+        state = ckpt.load_trainer_state(resume)
+        ckpt.load_optimizer_state(resume, optimizer, scheduler)
+        rng_states = ckpt.load_rng_states(resume)
+        if len(rng_states) == world.world_size:
+            ckpt.restore_rng(rng_states[world.rank])
+        start_step = state.global_step
+        a_sampler.num_consumed = int(state.data_state["a_consumed"])
+        b_sampler.num_consumed = int(state.data_state["b_consumed"])
+        extra = state.extra
+    if world.is_main:
+        (out / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    return LearnerState(
+        cfg=cfg,
+        resolved=resolved,
+        world=world,
+        device=device,
+        bundle=bundle,
+        ddp_model=ddp_model,
+        encoder=encoder,
+        a_sampler=a_sampler,
+        b_sampler=b_sampler,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        coord_token_ids=torch.tensor(bundle.coord_token_ids, dtype=torch.long, device=device),
+        start_step=start_step,
+        resumed_from=resume,
+        extra_state=extra,
+    )
