@@ -1,0 +1,504 @@
+"""Strict, token-aligned parse of one rollout into predicted objects and a reusable prefix.
+
+`parse_rollout(response_token_ids, vocab_or_table_or_tokenizer) -> RolloutParse`. It never raises on
+model output (any sequence of ints; ids outside the vocabulary read as a byte that breaks the JSON).
+
+Rules (DESIGN.md section 5):
+- The response is cut at the first end-of-turn (or `<|endoftext|>`): a hard stop.
+- The token bytes are joined and scanned once as JSON. Leading whitespace is allowed; anything else
+  before the opening `{` (or no `{` at all) is an invalid rollout: prefix `{`, zero objects,
+  `stop_reason == "no_open_brace"`.
+- The top level is a JSON object. Each complete entry is judged on its own: it is kept when the key
+  is `object_N` (N >= 1, no leading zeros, not seen before) and the value is exactly
+  `{"desc": non-blank string, "bbox_2d": [4 coordinate strings]}` (either key order) with
+  x1 <= x2 and y1 <= y2. A coordinate string is `"` + ONE coordinate token + `"`: the same text spelled
+  with ordinary tokens, or a number, is not a coordinate. Anything else is dropped with one reason
+  (`DROP_REASONS`, checked in that order), never repaired. Kept objects keep appearance order.
+- Scanning stops at the top-level `}` ("closed"), at the end of the tokens ("end_of_input", which
+  sets `truncated`) or at the first byte that cannot continue valid JSON ("syntax_error"). Text after
+  the last complete entry, if any, counts as one dropped entry with reason "truncated" or
+  "syntax_error". Text after the closing `}` is ignored.
+
+The prefix. `prefix_token_ids` is the response cut right after the value of the last complete entry
+(kept or dropped), or right after the opening `{` when there is none; whitespace before `{` stays.
+It stays in token space: the tokens before the cut are kept as generated, and a token that straddles
+the cut (a fused `}}`, `},`, `"]},`) is replaced by the re-encoding of its bytes before the cut
+(`TokenVocab.encode_bytes`). Appending `append_fragment(...)` (`, "object_K": {...}}` or `}`) to the
+prefix therefore gives valid JSON.
+
+Dropped entries are MASKED, not excluded: a complete but invalid entry stays in the prefix as
+generated (it is valid JSON, so the prefix still is) and is listed in `dropped_objects` with its
+token span, which the target builder masks out. Its `object_N` index still counts in
+`max_object_index`, so appended keys never collide with it.
+
+Token spans: every entry owns the bytes from the end of the previous entry (or the `{`) to the end
+of its value, so the separating `, ` belongs to the entry after it. `token_span` is the half-open
+range of prefix tokens overlapping those bytes; a fused token at a boundary overlaps both neighbours.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from stagectl.detection.coords import Box
+from stagectl.detection.vocab import TokenVocab, as_vocab
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+TokenSpan = tuple[int, int]  # [start, end) token indices into prefix_token_ids
+
+STOP_CLOSED = "closed"
+STOP_END_OF_INPUT = "end_of_input"
+STOP_SYNTAX_ERROR = "syntax_error"
+STOP_NO_OPEN_BRACE = "no_open_brace"
+
+# Why a complete entry was dropped; checked in this order, the first that applies is counted.
+DROP_REASONS = (
+    "bad_key",  # the key is not object_N (N >= 1, no leading zeros)
+    "duplicate_key",  # object_N repeated at the top level, or a key repeated inside the value
+    "not_a_dict",  # the value is not a JSON object
+    "nested_dict",  # a value inside the entry is itself an object
+    "poly",  # a `poly` key (polygons are not supported)
+    "extra_keys",  # keys other than desc and bbox_2d
+    "missing_desc",
+    "desc_not_string",
+    "empty_desc",  # empty or whitespace only
+    "missing_bbox",
+    "bbox_not_list",
+    "bbox_arity",  # not exactly 4 values
+    "non_coord_value",  # a value that is not one quoted coordinate token
+    "bad_box_order",  # x2 < x1 or y2 < y1
+)
+# The unfinished text after the last complete entry.
+UNFINISHED_REASONS = ("truncated", "syntax_error")
+
+_OBJECT_KEY = re.compile(r"object_([1-9][0-9]*)")
+_MAX_DEPTH = 16  # nesting deeper than this inside an entry reads as a syntax error (keeps recursion bounded)
+_WS = b" \t\n\r"
+_UNKNOWN_TOKEN_BYTES = b"\x00"  # ids outside the vocabulary: a byte no JSON may contain
+
+# One JSON lexeme after optional whitespace: punctuation | complete string | number | literal.
+_STRING = rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
+_LEXEME = re.compile(
+    rb"[ \t\n\r]*(?:([{}\[\]:,])|(" + _STRING + rb")|(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+    rb"|(true|false|null))"
+)
+# A lexeme cut off by the end of the input (so the stop is "end_of_input", not a syntax error).
+_PARTIAL_LEXEME = re.compile(
+    rb'(?:"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*(?:\\(?:u[0-9a-fA-F]{0,3})?)?'
+    rb"|-?[0-9]*\.?[0-9]*(?:[eE][+-]?[0-9]*)?|t(?:r(?:u)?)?|f(?:a(?:l(?:s)?)?)?|n(?:u(?:l)?)?)\Z"
+)
+_STRING_KIND, _NUMBER_KIND, _LITERAL_KIND = 2, 3, 4  # regex group numbers; punctuation: the byte itself
+_LBRACE, _RBRACE, _LBRACKET, _RBRACKET, _COLON, _COMMA = b"{}[]:,"
+
+
+@dataclass(frozen=True)
+class ParsedObject:
+    """A kept object. Positions index `prefix_token_ids` (and the response: coordinate tokens are never
+    re-encoded)."""
+
+    key_index: int  # N of object_N
+    desc: str
+    bbox_2d: Box  # (x1, y1, x2, y2) bins
+    coord_positions: tuple[int, int, int, int]  # token index of each coordinate slot
+    token_span: TokenSpan  # the whole entry, leading separator included
+    desc_token_span: TokenSpan  # tokens overlapping the desc text (between its quotes)
+
+
+@dataclass(frozen=True)
+class DroppedObject:
+    """A complete but invalid entry; it stays in the prefix and is masked by the target builder."""
+
+    reason: str  # one of DROP_REASONS
+    key_index: int | None  # N when the key is object_N
+    token_span: TokenSpan
+
+
+@dataclass(frozen=True)
+class RolloutParse:
+    prefix_token_ids: list[int]
+    valid_objects: list[ParsedObject]
+    dropped_objects: list[DroppedObject]  # complete invalid entries inside the prefix
+    dropped_by_reason: dict[str, int]  # dropped_objects by reason + the unfinished tail (UNFINISHED_REASONS)
+    max_object_index: int  # largest object_N among complete entries (kept or dropped); 0 if none
+    num_prefix_entries: int  # complete entries in the prefix (kept + dropped)
+    truncated: bool  # the input ended before the top-level object closed
+    stop_reason: str  # STOP_CLOSED | STOP_END_OF_INPUT | STOP_SYNTAX_ERROR | STOP_NO_OPEN_BRACE
+    num_response_tokens: int  # tokens scanned: the response up to (excluding) the first stop token
+    stop_token_seen: bool  # the response contained an end-of-turn / stop token
+    dropped_total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dropped_total", sum(self.dropped_by_reason.values()))
+
+    @property
+    def prefix_has_entries(self) -> bool:
+        return self.num_prefix_entries > 0
+
+    @property
+    def invalid_rollout(self) -> bool:
+        return self.stop_reason == STOP_NO_OPEN_BRACE
+
+
+# ---------------------------------------------------------------------------------------------------
+# JSON values over the joined token bytes.
+
+
+class _Incomplete(Exception):
+    """The input ended inside a value."""
+
+
+class _Invalid(Exception):
+    """The next byte cannot continue valid JSON."""
+
+
+@dataclass(slots=True)
+class _Str:
+    start: int  # byte offsets of the content, quotes excluded
+    end: int
+
+
+@dataclass(slots=True)
+class _Coord:
+    start: int  # byte offsets of the content (the coordinate token), quotes excluded
+    end: int
+    bin: int
+    token_pos: int
+
+
+@dataclass(slots=True)
+class _Dict:
+    items: list[tuple[_Str, _Node]]
+
+
+@dataclass(slots=True)
+class _List:
+    items: list[_Node]
+
+
+class _Scalar:
+    """A number, true, false or null."""
+
+
+_SCALAR = _Scalar()
+_Node = _Str | _Coord | _Dict | _List | _Scalar
+
+
+class _Scanner:
+    def __init__(self, buf: bytes, coord_at: dict[int, tuple[int, int, int]]) -> None:
+        self.buf = buf
+        self.coord_at = coord_at  # byte offset -> (token index, bin, end offset) of a coordinate token
+        self.pos = 0
+
+    def lex(self) -> tuple[int, int, int]:
+        """Next lexeme as (kind, start, end); advances `pos`."""
+        match = _LEXEME.match(self.buf, self.pos)
+        if match is None:
+            rest = self.pos
+            while rest < len(self.buf) and self.buf[rest] in _WS:
+                rest += 1
+            if rest == len(self.buf) or _PARTIAL_LEXEME.match(self.buf, rest):
+                raise _Incomplete
+            raise _Invalid
+        self.pos = match.end()
+        kind = match.lastindex
+        assert kind is not None
+        if kind == 1:
+            return self.buf[match.start(1)], match.start(1), match.end()
+        return kind, match.start(kind), match.end()
+
+    def string(self, start: int, end: int) -> _Str | _Coord:
+        """The string lexeme buf[start:end] (quotes included): a coordinate if its content is exactly one
+        coordinate token, else a string whose bytes must be UTF-8."""
+        coord = self.coord_at.get(start + 1)
+        if coord is not None and coord[2] == end - 1:
+            return _Coord(start + 1, end - 1, coord[1], coord[0])
+        try:
+            self.buf[start + 1 : end - 1].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Invalid from None
+        return _Str(start + 1, end - 1)
+
+    def key(self) -> _Str:
+        kind, start, end = self.lex()
+        if kind != _STRING_KIND:
+            raise _Invalid
+        node = self.string(start, end)
+        return _Str(node.start, node.end)  # a coordinate token used as a key is plain text
+
+    def colon(self) -> None:
+        if self.lex()[0] != _COLON:
+            raise _Invalid
+
+    def value(self, depth: int) -> _Node:
+        kind, start, end = self.lex()
+        if kind == _STRING_KIND:
+            return self.string(start, end)
+        if kind in (_NUMBER_KIND, _LITERAL_KIND):
+            return _SCALAR
+        if depth >= _MAX_DEPTH or kind not in (_LBRACE, _LBRACKET):
+            raise _Invalid
+        if kind == _LBRACE:
+            items: list[tuple[_Str, _Node]] = []
+            if self.closes(_RBRACE):
+                return _Dict(items)
+            while True:
+                key = self.key()
+                self.colon()
+                items.append((key, self.value(depth + 1)))
+                if self.separator(_RBRACE):
+                    return _Dict(items)
+        elements: list[_Node] = []
+        if self.closes(_RBRACKET):
+            return _List(elements)
+        while True:
+            elements.append(self.value(depth + 1))
+            if self.separator(_RBRACKET):
+                return _List(elements)
+
+    def closes(self, closer: int) -> bool:
+        """Consume `closer` if it comes next (an empty container)."""
+        saved = self.pos
+        if self.lex()[0] == closer:
+            return True
+        self.pos = saved
+        return False
+
+    def separator(self, closer: int) -> bool:
+        """After an item: True at `closer`, False at `,`, else invalid."""
+        kind = self.lex()[0]
+        if kind == closer:
+            return True
+        if kind != _COMMA:
+            raise _Invalid
+        return False
+
+
+def _text(buf: bytes, node: _Str) -> str:
+    raw = buf[node.start : node.end]
+    if b"\\" not in raw:
+        return raw.decode("utf-8")  # validated by _Scanner.string
+    decoded = json.loads('"' + raw.decode("utf-8") + '"')
+    assert isinstance(decoded, str)
+    return decoded
+
+
+# ---------------------------------------------------------------------------------------------------
+# Judging one complete entry.
+
+
+@dataclass(slots=True)
+class _Entry:
+    region: tuple[int, int]  # bytes owned: end of the previous entry (or `{`) .. end of the value
+    key_index: int | None
+    reason: str | None  # None when kept
+    desc: str = ""
+    desc_bytes: tuple[int, int] = (0, 0)
+    bins: tuple[int, ...] = ()
+    coord_positions: tuple[int, ...] = ()
+
+
+def _judge(buf: bytes, key: _Str, value: _Node, seen_keys: set[str], region: tuple[int, int]) -> _Entry:
+    key_text = _text(buf, key)
+    key_match = _OBJECT_KEY.fullmatch(key_text)
+    key_index = int(key_match.group(1)) if key_match else None
+    duplicate = key_text in seen_keys
+    seen_keys.add(key_text)
+
+    def drop(reason: str) -> _Entry:
+        return _Entry(region=region, key_index=key_index, reason=reason)
+
+    if key_index is None:
+        return drop("bad_key")
+    if duplicate:
+        return drop("duplicate_key")
+    if not isinstance(value, _Dict):
+        return drop("not_a_dict")
+    fields = {_text(buf, k): v for k, v in value.items}
+    if len(fields) != len(value.items):
+        return drop("duplicate_key")
+    if any(isinstance(v, _Dict) for v in fields.values()):
+        return drop("nested_dict")
+    if "poly" in fields:
+        return drop("poly")
+    if fields.keys() - {"desc", "bbox_2d"}:
+        return drop("extra_keys")
+    desc = fields.get("desc")
+    if desc is None:
+        return drop("missing_desc")
+    if isinstance(desc, _Coord):  # the text of one coordinate token is still a string
+        desc = _Str(desc.start, desc.end)
+    if not isinstance(desc, _Str):
+        return drop("desc_not_string")
+    desc_text = _text(buf, desc)
+    if not desc_text.strip():
+        return drop("empty_desc")
+    bbox = fields.get("bbox_2d")
+    if bbox is None:
+        return drop("missing_bbox")
+    if not isinstance(bbox, _List):
+        return drop("bbox_not_list")
+    if len(bbox.items) != 4:
+        return drop("bbox_arity")
+    coords = [c for c in bbox.items if isinstance(c, _Coord)]
+    if len(coords) != 4:
+        return drop("non_coord_value")
+    x1, y1, x2, y2 = (c.bin for c in coords)
+    if x2 < x1 or y2 < y1:
+        return drop("bad_box_order")
+    return _Entry(
+        region=region,
+        key_index=key_index,
+        reason=None,
+        desc=desc_text,
+        desc_bytes=(desc.start, desc.end),
+        bins=(x1, y1, x2, y2),
+        coord_positions=tuple(c.token_pos for c in coords),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The rollout.
+
+
+def _cut_at_stop(ids: list[int], stop_ids: frozenset[int]) -> tuple[list[int], bool]:
+    first = len(ids)
+    for stop_id in stop_ids:
+        try:
+            first = min(first, ids.index(stop_id, 0, first))
+        except ValueError:
+            continue
+    return ids[:first], first < len(ids)
+
+
+def _token_bytes(ids: list[int], vocab: TokenVocab) -> list[bytes]:
+    table = vocab.token_bytes
+    if ids and (min(ids) < 0 or max(ids) >= len(table)):
+        return [table[i] if 0 <= i < len(table) else _UNKNOWN_TOKEN_BYTES for i in ids]
+    return list(map(table.__getitem__, ids))
+
+
+def _span(starts: Sequence[int], start: int, end: int) -> TokenSpan:
+    """Tokens overlapping bytes [start, end), given token start offsets (`starts[-1]` = total bytes)."""
+    if start >= end:
+        return (0, 0)
+    return (bisect_right(starts, start) - 1, bisect_left(starts, end))
+
+
+def parse_rollout(
+    response_token_ids: Sequence[int], vocab: TokenVocab | Sequence[bytes] | PreTrainedTokenizerBase
+) -> RolloutParse:
+    """Parse one response (generated ids, prompt excluded) strictly; see the module docstring."""
+    vocab = as_vocab(vocab)
+    ids, stop_seen = _cut_at_stop(list(map(int, response_token_ids)), vocab.stop_ids)
+    pieces = _token_bytes(ids, vocab)
+    buf = b"".join(pieces)
+    starts = list(accumulate(map(len, pieces), initial=0))  # [T + 1] byte offset of each token
+
+    open_at = 0
+    while open_at < len(buf) and buf[open_at] in _WS:
+        open_at += 1
+    if open_at == len(buf) or buf[open_at] != _LBRACE:
+        return RolloutParse(
+            prefix_token_ids=vocab.encode_bytes(b"{"),
+            valid_objects=[],
+            dropped_objects=[],
+            dropped_by_reason={},
+            max_object_index=0,
+            num_prefix_entries=0,
+            truncated=False,
+            stop_reason=STOP_NO_OPEN_BRACE,
+            num_response_tokens=len(ids),
+            stop_token_seen=stop_seen,
+        )
+
+    bin_of_id = vocab.coords.bin_of_id
+    coord_at = {
+        starts[k]: (k, bin_of_id[token_id], starts[k + 1])
+        for k, token_id in enumerate(ids)
+        if token_id in bin_of_id
+    }
+    scanner = _Scanner(buf, coord_at)
+    scanner.pos = open_at + 1
+    boundary = open_at + 1  # end of the last complete entry, or just after `{`
+    entries: list[_Entry] = []
+    seen_keys: set[str] = set()
+    while True:
+        try:
+            if scanner.closes(_RBRACE):
+                stop_reason = STOP_CLOSED
+                break
+            if entries and scanner.lex()[0] != _COMMA:
+                raise _Invalid
+            key = scanner.key()
+            scanner.colon()
+            value = scanner.value(1)
+        except _Incomplete:
+            stop_reason = STOP_END_OF_INPUT
+            break
+        except _Invalid:
+            stop_reason = STOP_SYNTAX_ERROR
+            break
+        entries.append(_judge(buf, key, value, seen_keys, (boundary, scanner.pos)))
+        boundary = scanner.pos
+
+    dropped_by_reason: dict[str, int] = {}
+    for entry in entries:
+        if entry.reason is not None:
+            dropped_by_reason[entry.reason] = dropped_by_reason.get(entry.reason, 0) + 1
+    if stop_reason != STOP_CLOSED:
+        tail = buf[boundary:].lstrip(_WS)
+        if entries and tail.startswith(b","):
+            tail = tail[1:].lstrip(_WS)
+        if tail:
+            reason = "truncated" if stop_reason == STOP_END_OF_INPUT else "syntax_error"
+            dropped_by_reason[reason] = dropped_by_reason.get(reason, 0) + 1
+
+    # Prefix: whole tokens before the cut, then the re-encoded head of a token straddling it.
+    num_whole = bisect_right(starts, boundary) - 1
+    prefix_ids = ids[:num_whole]
+    prefix_starts = starts[: num_whole + 1]
+    if starts[num_whole] < boundary:
+        for token_id in vocab.encode_bytes(buf[starts[num_whole] : boundary]):
+            prefix_ids.append(token_id)
+            prefix_starts.append(prefix_starts[-1] + len(vocab.token_bytes[token_id]))
+
+    valid: list[ParsedObject] = []
+    dropped: list[DroppedObject] = []
+    for entry in entries:
+        token_span = _span(prefix_starts, *entry.region)
+        if entry.reason is not None:
+            dropped.append(DroppedObject(entry.reason, entry.key_index, token_span))
+            continue
+        assert entry.key_index is not None
+        x1, y1, x2, y2 = entry.bins
+        p1, p2, p3, p4 = entry.coord_positions
+        valid.append(
+            ParsedObject(
+                key_index=entry.key_index,
+                desc=entry.desc,
+                bbox_2d=(x1, y1, x2, y2),
+                coord_positions=(p1, p2, p3, p4),
+                token_span=token_span,
+                desc_token_span=_span(prefix_starts, *entry.desc_bytes),
+            )
+        )
+    return RolloutParse(
+        prefix_token_ids=prefix_ids,
+        valid_objects=valid,
+        dropped_objects=dropped,
+        dropped_by_reason=dropped_by_reason,
+        max_object_index=max((e.key_index for e in entries if e.key_index is not None), default=0),
+        num_prefix_entries=len(entries),
+        truncated=stop_reason == STOP_END_OF_INPUT,
+        stop_reason=stop_reason,
+        num_response_tokens=len(ids),
+        stop_token_seen=stop_seen,
+    )
