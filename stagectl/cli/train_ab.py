@@ -73,7 +73,7 @@ def _train(cfg: object) -> None:
     try:
         trainer = Trainer(cfg)
     except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail(str(exc) or type(exc).__name__)
     step = trainer.run()
     if trainer.stopped_by_signal is not None:
         typer.echo(f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True)

@@ -23,7 +23,7 @@ from stagectl.dist import World, device_for, init_distributed
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner.optim import build_optimizer
 from stagectl.learner.segments import SampleEncoder
-from stagectl.models.loading import ModelBundle, load_bundle
+from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 
 
 @dataclass
@@ -82,16 +82,21 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     out = cfg.training.output_dir
     if world.is_main:
         check_output_dir(out)
-    init_distributed(world, cfg.launch.dist_timeout_s)
-    device = device_for(world)
-    seed_everything(cfg.training.seed)
+    # cheap checks first, so a bad path fails in seconds and before any process group starts
+    samples = load_train_samples(cfg)
     resume = ckpt.resolve_resume(cfg.training.resume_from_checkpoint, out)
     # every rank loads the same weights: the base model, or the checkpoint's on resume
     source = str(resume / "model") if resume else cfg.model.name_or_path
+    try:
+        resolve_model_path(source)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ValueError(f"model.name_or_path: {exc}") from None
+    init_distributed(world, cfg.launch.dist_timeout_s)
+    device = device_for(world)
+    seed_everything(cfg.training.seed)
     bundle = load_bundle(source, torch_dtype=cfg.model.torch_dtype, device=str(device))
     bundle.model.train()
     bundle.model.config.use_cache = False
-    samples = load_train_samples(cfg)
     vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
     encoder = SampleEncoder(bundle=bundle, samples=samples, vocab=vocab)
     seed = cfg.training.seed

@@ -1,0 +1,67 @@
+"""Shared helpers for integration tests: run the real CLI as a subprocess, write tiny configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_cli(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("WORLD_SIZE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "stagectl", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=full_env,
+        timeout=timeout,
+    )
+
+
+def tiny_train_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
+    """A small, fast Stage-2 AB config on synthetic shapes; `sections` deep-merge over it."""
+    cfg: dict[str, Any] = {
+        "model": {"name_or_path": "builtin:tiny-qwen2.5-vl"},
+        "data": {"synthetic": {"num_samples": 32, "seed": 0, "image_size": 112, "max_objects": 2}},
+        "global_max_length": 1024,
+        "training": {
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 1,
+            "learning_rate": 1e-3,
+            "max_steps": 2,
+            "output_dir": str(tmp_path / "run"),
+        },
+        "custom": {"extra": {"rollout_matching": {"rollout_backend": "hf", "max_new_tokens": 24}}},
+        "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "step"}},
+    }
+    return deep_merge(cfg, sections)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_config(path: Path, cfg: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

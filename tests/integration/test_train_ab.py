@@ -1,0 +1,184 @@
+"""`stagectl train-ab` end to end: the real CLI in a subprocess, the tiny Qwen2.5-VL, CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stagectl.schedule import channel_for_step
+from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
+
+
+@pytest.fixture(scope="module")
+def gas4_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[dict]]:
+    """Step mode, GAS=4, b_ratio 0.5, 8 rollouts per B step in generate calls of 2, checkpoint every 2."""
+    tmp = tmp_path_factory.mktemp("gas4")
+    cfg = tiny_train_config(
+        tmp,
+        training={
+            "gradient_accumulation_steps": 4,
+            "per_device_train_batch_size": 1,
+            "max_steps": 4,
+            "save_steps": 2,
+        },
+        stage2_ab={"channel_b": {"rollouts_per_step": 8, "rollout_decode_batch_size": 2}},
+    )
+    config = write_config(tmp / "cfg.yaml", cfg)
+    result = run_cli("train-ab", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, tmp / "run", read_metrics(tmp / "run")
+
+
+def test_one_row_per_step_and_kind_follows_schedule(gas4_run: tuple) -> None:
+    _, _, rows = gas4_run
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["kind"] for r in rows] == [channel_for_step(s, 0.5) for s in range(4)] == ["A", "B", "A", "B"]
+    for r in rows:
+        for key in ("lr", "loss", "loss/ce", "loss/bbox_smoothl1", "loss/bbox_ciou", "tokens", "time/step_s"):
+            assert key in r
+        assert r["packing/n_packs"] >= r["packing/lower_bound"] >= 1
+
+
+def test_exactly_one_optimizer_update_per_step(gas4_run: tuple) -> None:
+    _, run_dir, rows = gas4_run
+    assert [r["optimizer_updates"] for r in rows] == [1, 2, 3, 4]
+    state = json.loads((run_dir / "final_state.json").read_text())
+    assert state["num_updates"] == 4 and state["global_step"] == 4
+
+
+def test_b_loop_runs_once_on_last_micro_step(gas4_run: tuple) -> None:
+    _, _, rows = gas4_run
+    b_rows = [r for r in rows if r["kind"] == "B"]
+    assert b_rows
+    for r in b_rows:
+        assert r["rollout/b_loop_micro_step"] == 3  # GAS - 1
+        assert r["rollout/n_samples"] == 8
+        assert r["rollout/num_generate_calls"] == 4  # 8 rollouts, 2 per generate call
+        for key in (
+            "rollout/precision",
+            "rollout/recall",
+            "rollout/f1",
+            "rollout/n_valid",
+            "rollout/n_dropped",
+        ):
+            assert key in r
+        assert "rollout/parse_truncated_rate" in r and r["time/rollout_s"] > 0
+    a_rows = [r for r in rows if r["kind"] == "A"]
+    assert all("rollout/f1" not in r for r in a_rows)
+    assert all(r["num_backward"] == 4 for r in a_rows)  # one pack per micro-step
+
+
+def test_rollouts_pack_into_fewer_packs(gas4_run: tuple) -> None:
+    _, _, rows = gas4_run
+    for r in (r for r in rows if r["kind"] == "B"):
+        assert r["packing/n_segments"] == 8
+        assert r["packing/n_packs"] < 8
+        assert r["num_backward"] == r["packing/n_packs"]  # one forward/backward per pack
+
+
+def test_checkpoint_is_loadable_hf_format(gas4_run: tuple) -> None:
+    _, run_dir, _ = gas4_run
+    from transformers import AutoConfig
+
+    for step in (2, 4):
+        ckpt = run_dir / f"checkpoint-{step}"
+        assert (ckpt / "model" / "model.safetensors").is_file()
+        assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == step
+        assert AutoConfig.from_pretrained(ckpt / "model").model_type == "qwen2_5_vl"
+    assert not list(run_dir.glob(".tmp-checkpoint-*"))
+    assert (run_dir / "config.yaml").is_file()
+
+
+def test_resume_reproduces_the_uninterrupted_run(gas4_run: tuple, tmp_path: Path) -> None:
+    config, run_dir, rows = gas4_run
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(run_dir / "checkpoint-2", resumed_dir / "checkpoint-2")
+    result = run_cli(
+        "train-ab",
+        str(config),
+        "--set",
+        f"training.output_dir={resumed_dir}",
+        "--set",
+        "training.resume_from_checkpoint=latest",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = read_metrics(resumed_dir)
+    assert [r["step"] for r in resumed] == [2, 3]
+    assert [r["kind"] for r in resumed] == [r["kind"] for r in rows[2:]]
+    assert resumed[-1]["optimizer_updates"] == rows[-1]["optimizer_updates"] == 4
+    for got, want in zip(resumed, rows[2:], strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
+        assert got.get("rollout/seed") == want.get("rollout/seed")
+
+
+def test_two_ranks_a_only_end_with_identical_weights(tmp_path: Path) -> None:
+    cfg = tiny_train_config(tmp_path, stage2_ab={"schedule": {"b_ratio": 0.0}}, training={"max_steps": 2})
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), "--nproc", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "launching: " in result.stderr and "torch.distributed.run" in result.stderr
+    digests = json.loads((tmp_path / "run" / "final_state.json").read_text())["rank_weight_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["kind"] for r in rows] == ["A", "A"]
+    assert rows[0]["packing/n_segments"] == 4  # 2 per rank, summed over ranks
+
+
+def test_step_mode_with_two_ranks_fails_before_launch(tmp_path: Path) -> None:
+    cfg = tiny_train_config(tmp_path)
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), "--nproc", "2")
+    assert result.returncode == 1
+    assert "stage2_ab.channel_b.mode: async" in result.stderr
+    assert "launching:" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_data_line_one_line_error(tmp_path: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (112, 112)).save(tmp_path / "a.png")
+    lines = [
+        {
+            "images": ["a.png"],
+            "width": 112,
+            "height": 112,
+            "objects": [{"desc": "red circle", "bbox_2d": [1, 2, 3, 4]}],
+        },
+        {
+            "images": ["a.png"],
+            "width": 112,
+            "height": 112,
+            "objects": [{"desc": "red circle", "bbox_2d": [5, 6, 7]}],
+        },
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    cfg = tiny_train_config(tmp_path, data={"train_jsonl": str(data)})
+    cfg["data"].pop("synthetic")
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    assert result.returncode == 1
+    assert f"{data}:2:" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_image_one_line_error(tmp_path: Path) -> None:
+    line = {"images": ["nope.png"], "width": 112, "height": 112, "objects": []}
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps(line) + "\n")
+    cfg = tiny_train_config(tmp_path, data={"train_jsonl": str(data)})
+    cfg["data"].pop("synthetic")
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    assert result.returncode == 1
+    assert f"{data}:1:" in result.stderr and "nope.png" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_model_dir_one_line_error(tmp_path: Path) -> None:
+    cfg = tiny_train_config(tmp_path, model={"name_or_path": str(tmp_path / "no_such_model")})
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    assert result.returncode == 1
+    assert "model.name_or_path" in result.stderr and "no_such_model" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
