@@ -52,14 +52,16 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every box in `a` [N, 4] with every box in `b` [M, 4] -> [N, M]."""
     area_a = (a[:, 2] - a[:, 0]).clip(min=0) * (a[:, 3] - a[:, 1]).clip(min=0)  # [N]
     area_b = (b[:, 2] - b[:, 0]).clip(min=0) * (b[:, 3] - b[:, 1]).clip(min=0)  # [M]
-    top_left = np.maximum(a[:, None, :2], b[None, :, :2])  # [N, M, 2]
-    bottom_right = np.minimum(a[:, None, 2:], b[None, :, 2:])  # [N, M, 2]
-    wh = (bottom_right - top_left).clip(min=0)  # [N, M, 2]
-    inter = wh[..., 0] * wh[..., 1]  # [N, M]
+    inter_w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])  # [N, M]
+    inter_h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])  # [N, M]
+    inter = inter_w.clip(min=0) * inter_h.clip(min=0)  # [N, M]
     union = area_a[:, None] + area_b[None, :] - inter  # [N, M]
-    identical = (a[:, None, :] == b[None, :, :]).all(axis=-1)  # [N, M]
-    safe_union = np.where(union > 0, union, 1.0)
-    return np.where(union > 0, inter / safe_union, identical.astype(np.float64))
+    empty = union <= 0  # both boxes have zero area
+    iou = inter / np.where(empty, 1.0, union)
+    if empty.any():
+        rows, cols = np.nonzero(empty)
+        iou[rows, cols] = (a[rows] == b[cols]).all(axis=1)  # identical degenerate boxes match perfectly
+    return iou
 
 
 def augmented_cost(iou: np.ndarray, *, iou_gate: float, fp_cost: float, fn_cost: float) -> np.ndarray:
@@ -122,12 +124,15 @@ def _lowest_duplicates_first(
 ) -> list[tuple[int, int]]:
     """Among identical boxes on one side (0: preds, 1: GT), hand the matches to the lowest indices.
     Identical boxes have identical cost rows (columns), so the total cost does not change."""
-    members_of_box: dict[tuple[float, ...], list[int]] = {}
-    for index, box in enumerate(boxes.tolist()):
-        members_of_box.setdefault(tuple(box), []).append(index)  # ascending indices
+    _, group_of, group_sizes = np.unique(boxes, axis=0, return_inverse=True, return_counts=True)
+    if group_sizes.max() == 1:
+        return pairs
+    members_of_group: dict[int, list[int]] = {}
+    for index, group in enumerate(group_of.reshape(-1).tolist()):
+        members_of_group.setdefault(group, []).append(index)  # ascending indices
     partner = {pair[side]: pair[1 - side] for pair in pairs}
     out = []
-    for members in members_of_box.values():
+    for members in members_of_group.values():
         partners = sorted(partner[m] for m in members if m in partner)
         out += [(m, p) if side == 0 else (p, m) for m, p in zip(members, partners, strict=False)]
     return sorted(out)

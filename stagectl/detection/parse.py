@@ -38,7 +38,6 @@ range of prefix tokens overlapping those bytes; a fused token at a boundary over
 
 from __future__ import annotations
 
-import json
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
@@ -47,6 +46,23 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from stagectl.detection.coords import Box
+from stagectl.detection.json_scan import (
+    COMMA,
+    FAST_FIRST_ENTRY,
+    FAST_NEXT_ENTRY,
+    LBRACE,
+    RBRACE,
+    WS,
+    CoordNode,
+    DictNode,
+    Incomplete,
+    Invalid,
+    ListNode,
+    Node,
+    Scanner,
+    StrNode,
+    decode_string,
+)
 from stagectl.detection.vocab import TokenVocab, as_vocab
 
 if TYPE_CHECKING:
@@ -80,23 +96,7 @@ DROP_REASONS = (
 UNFINISHED_REASONS = ("truncated", "syntax_error")
 
 _OBJECT_KEY = re.compile(r"object_([1-9][0-9]*)")
-_MAX_DEPTH = 16  # nesting deeper than this inside an entry reads as a syntax error (keeps recursion bounded)
-_WS = b" \t\n\r"
 _UNKNOWN_TOKEN_BYTES = b"\x00"  # ids outside the vocabulary: a byte no JSON may contain
-
-# One JSON lexeme after optional whitespace: punctuation | complete string | number | literal.
-_STRING = rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
-_LEXEME = re.compile(
-    rb"[ \t\n\r]*(?:([{}\[\]:,])|(" + _STRING + rb")|(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
-    rb"|(true|false|null))"
-)
-# A lexeme cut off by the end of the input (so the stop is "end_of_input", not a syntax error).
-_PARTIAL_LEXEME = re.compile(
-    rb'(?:"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*(?:\\(?:u[0-9a-fA-F]{0,3})?)?'
-    rb"|-?[0-9]*\.?[0-9]*(?:[eE][+-]?[0-9]*)?|t(?:r(?:u)?)?|f(?:a(?:l(?:s)?)?)?|n(?:u(?:l)?)?)\Z"
-)
-_STRING_KIND, _NUMBER_KIND, _LITERAL_KIND = 2, 3, 4  # regex group numbers; punctuation: the byte itself
-_LBRACE, _RBRACE, _LBRACKET, _RBRACKET, _COLON, _COMMA = b"{}[]:,"
 
 
 @dataclass(frozen=True)
@@ -148,149 +148,6 @@ class RolloutParse:
 
 
 # ---------------------------------------------------------------------------------------------------
-# JSON values over the joined token bytes.
-
-
-class _Incomplete(Exception):
-    """The input ended inside a value."""
-
-
-class _Invalid(Exception):
-    """The next byte cannot continue valid JSON."""
-
-
-@dataclass(slots=True)
-class _Str:
-    start: int  # byte offsets of the content, quotes excluded
-    end: int
-
-
-@dataclass(slots=True)
-class _Coord:
-    start: int  # byte offsets of the content (the coordinate token), quotes excluded
-    end: int
-    bin: int
-    token_pos: int
-
-
-@dataclass(slots=True)
-class _Dict:
-    items: list[tuple[_Str, _Node]]
-
-
-@dataclass(slots=True)
-class _List:
-    items: list[_Node]
-
-
-class _Scalar:
-    """A number, true, false or null."""
-
-
-_SCALAR = _Scalar()
-_Node = _Str | _Coord | _Dict | _List | _Scalar
-
-
-class _Scanner:
-    def __init__(self, buf: bytes, coord_at: dict[int, tuple[int, int, int]]) -> None:
-        self.buf = buf
-        self.coord_at = coord_at  # byte offset -> (token index, bin, end offset) of a coordinate token
-        self.pos = 0
-
-    def lex(self) -> tuple[int, int, int]:
-        """Next lexeme as (kind, start, end); advances `pos`."""
-        match = _LEXEME.match(self.buf, self.pos)
-        if match is None:
-            rest = self.pos
-            while rest < len(self.buf) and self.buf[rest] in _WS:
-                rest += 1
-            if rest == len(self.buf) or _PARTIAL_LEXEME.match(self.buf, rest):
-                raise _Incomplete
-            raise _Invalid
-        self.pos = match.end()
-        kind = match.lastindex
-        assert kind is not None
-        if kind == 1:
-            return self.buf[match.start(1)], match.start(1), match.end()
-        return kind, match.start(kind), match.end()
-
-    def string(self, start: int, end: int) -> _Str | _Coord:
-        """The string lexeme buf[start:end] (quotes included): a coordinate if its content is exactly one
-        coordinate token, else a string whose bytes must be UTF-8."""
-        coord = self.coord_at.get(start + 1)
-        if coord is not None and coord[2] == end - 1:
-            return _Coord(start + 1, end - 1, coord[1], coord[0])
-        try:
-            self.buf[start + 1 : end - 1].decode("utf-8")
-        except UnicodeDecodeError:
-            raise _Invalid from None
-        return _Str(start + 1, end - 1)
-
-    def key(self) -> _Str:
-        kind, start, end = self.lex()
-        if kind != _STRING_KIND:
-            raise _Invalid
-        node = self.string(start, end)
-        return _Str(node.start, node.end)  # a coordinate token used as a key is plain text
-
-    def colon(self) -> None:
-        if self.lex()[0] != _COLON:
-            raise _Invalid
-
-    def value(self, depth: int) -> _Node:
-        kind, start, end = self.lex()
-        if kind == _STRING_KIND:
-            return self.string(start, end)
-        if kind in (_NUMBER_KIND, _LITERAL_KIND):
-            return _SCALAR
-        if depth >= _MAX_DEPTH or kind not in (_LBRACE, _LBRACKET):
-            raise _Invalid
-        if kind == _LBRACE:
-            items: list[tuple[_Str, _Node]] = []
-            if self.closes(_RBRACE):
-                return _Dict(items)
-            while True:
-                key = self.key()
-                self.colon()
-                items.append((key, self.value(depth + 1)))
-                if self.separator(_RBRACE):
-                    return _Dict(items)
-        elements: list[_Node] = []
-        if self.closes(_RBRACKET):
-            return _List(elements)
-        while True:
-            elements.append(self.value(depth + 1))
-            if self.separator(_RBRACKET):
-                return _List(elements)
-
-    def closes(self, closer: int) -> bool:
-        """Consume `closer` if it comes next (an empty container)."""
-        saved = self.pos
-        if self.lex()[0] == closer:
-            return True
-        self.pos = saved
-        return False
-
-    def separator(self, closer: int) -> bool:
-        """After an item: True at `closer`, False at `,`, else invalid."""
-        kind = self.lex()[0]
-        if kind == closer:
-            return True
-        if kind != _COMMA:
-            raise _Invalid
-        return False
-
-
-def _text(buf: bytes, node: _Str) -> str:
-    raw = buf[node.start : node.end]
-    if b"\\" not in raw:
-        return raw.decode("utf-8")  # validated by _Scanner.string
-    decoded = json.loads('"' + raw.decode("utf-8") + '"')
-    assert isinstance(decoded, str)
-    return decoded
-
-
-# ---------------------------------------------------------------------------------------------------
 # Judging one complete entry.
 
 
@@ -305,8 +162,8 @@ class _Entry:
     coord_positions: tuple[int, ...] = ()
 
 
-def _judge(buf: bytes, key: _Str, value: _Node, seen_keys: set[str], region: tuple[int, int]) -> _Entry:
-    key_text = _text(buf, key)
+def _judge(buf: bytes, key: StrNode, value: Node, seen_keys: set[str], region: tuple[int, int]) -> _Entry:
+    key_text = decode_string(buf, key.start, key.end)
     key_match = _OBJECT_KEY.fullmatch(key_text)
     key_index = int(key_match.group(1)) if key_match else None
     duplicate = key_text in seen_keys
@@ -319,12 +176,12 @@ def _judge(buf: bytes, key: _Str, value: _Node, seen_keys: set[str], region: tup
         return drop("bad_key")
     if duplicate:
         return drop("duplicate_key")
-    if not isinstance(value, _Dict):
+    if not isinstance(value, DictNode):
         return drop("not_a_dict")
-    fields = {_text(buf, k): v for k, v in value.items}
+    fields = {decode_string(buf, k.start, k.end): v for k, v in value.items}
     if len(fields) != len(value.items):
         return drop("duplicate_key")
-    if any(isinstance(v, _Dict) for v in fields.values()):
+    if any(isinstance(v, DictNode) for v in fields.values()):
         return drop("nested_dict")
     if "poly" in fields:
         return drop("poly")
@@ -333,21 +190,21 @@ def _judge(buf: bytes, key: _Str, value: _Node, seen_keys: set[str], region: tup
     desc = fields.get("desc")
     if desc is None:
         return drop("missing_desc")
-    if isinstance(desc, _Coord):  # the text of one coordinate token is still a string
-        desc = _Str(desc.start, desc.end)
-    if not isinstance(desc, _Str):
+    if isinstance(desc, CoordNode):  # the text of one coordinate token is still a string
+        desc = StrNode(desc.start, desc.end)
+    if not isinstance(desc, StrNode):
         return drop("desc_not_string")
-    desc_text = _text(buf, desc)
+    desc_text = decode_string(buf, desc.start, desc.end)
     if not desc_text.strip():
         return drop("empty_desc")
     bbox = fields.get("bbox_2d")
     if bbox is None:
         return drop("missing_bbox")
-    if not isinstance(bbox, _List):
+    if not isinstance(bbox, ListNode):
         return drop("bbox_not_list")
     if len(bbox.items) != 4:
         return drop("bbox_arity")
-    coords = [c for c in bbox.items if isinstance(c, _Coord)]
+    coords = [c for c in bbox.items if isinstance(c, CoordNode)]
     if len(coords) != 4:
         return drop("non_coord_value")
     x1, y1, x2, y2 = (c.bin for c in coords)
@@ -392,20 +249,94 @@ def _span(starts: Sequence[int], start: int, end: int) -> TokenSpan:
     return (bisect_right(starts, start) - 1, bisect_left(starts, end))
 
 
+def _fast_entry(
+    match: re.Match[bytes], buf: bytes, coord_at: dict[int, tuple[int, int, int]], seen_keys: set[str]
+) -> _Entry | None:
+    """A kept entry from a canonical-shape match, or None when any rule needs the full scanner."""
+    key_text = "object_" + match.group(1).decode("ascii")
+    if key_text in seen_keys:
+        return None
+    positions, bins = [], []
+    for group in (3, 4, 5, 6):
+        coord = coord_at.get(match.start(group))
+        if coord is None or coord[2] != match.end(group):
+            return None  # coordinate text spelled by ordinary tokens
+        positions.append(coord[0])
+        bins.append(coord[1])
+    x1, y1, x2, y2 = bins
+    if x2 < x1 or y2 < y1:
+        return None
+    desc_start, desc_end = match.start(2) + 1, match.end(2) - 1
+    try:
+        desc = decode_string(buf, desc_start, desc_end)
+    except UnicodeDecodeError:
+        return None
+    if not desc.strip():
+        return None
+    seen_keys.add(key_text)
+    return _Entry(
+        region=(match.start(), match.end()),  # from the end of the previous entry: the match starts there
+        key_index=int(match.group(1)),
+        reason=None,
+        desc=desc,
+        desc_bytes=(desc_start, desc_end),
+        bins=(x1, y1, x2, y2),
+        coord_positions=tuple(positions),
+    )
+
+
+def _scan_entries(
+    buf: bytes, coord_at: dict[int, tuple[int, int, int]], open_at: int, fast: bool
+) -> tuple[list[_Entry], int, str]:
+    """Judge the top-level entries after the `{` at `open_at`: (entries, end of the last one, stop reason).
+
+    Each entry first tries the one-regex canonical shape (`fast`); anything else goes through the
+    scanner, which gives the same verdict for canonical entries (tested) and judges the rest."""
+    scanner = Scanner(buf, coord_at, pos=open_at + 1)
+    boundary = open_at + 1  # end of the last complete entry, or just after `{`
+    entries: list[_Entry] = []
+    seen_keys: set[str] = set()
+    while True:
+        if fast:
+            match = (FAST_NEXT_ENTRY if entries else FAST_FIRST_ENTRY).match(buf, boundary)
+            entry = _fast_entry(match, buf, coord_at, seen_keys) if match else None
+            if entry is not None:
+                entries.append(entry)
+                boundary = scanner.pos = entry.region[1]
+                continue
+        try:
+            if scanner.closes(RBRACE):
+                return entries, boundary, STOP_CLOSED
+            if entries and scanner.lex()[0] != COMMA:
+                raise Invalid
+            key = scanner.key()
+            scanner.colon()
+            value = scanner.value()
+        except Incomplete:
+            return entries, boundary, STOP_END_OF_INPUT
+        except Invalid:
+            return entries, boundary, STOP_SYNTAX_ERROR
+        entries.append(_judge(buf, key, value, seen_keys, (boundary, scanner.pos)))
+        boundary = scanner.pos
+
+
 def parse_rollout(
     response_token_ids: Sequence[int], vocab: TokenVocab | Sequence[bytes] | PreTrainedTokenizerBase
 ) -> RolloutParse:
     """Parse one response (generated ids, prompt excluded) strictly; see the module docstring."""
-    vocab = as_vocab(vocab)
+    return _parse(response_token_ids, as_vocab(vocab), fast=True)
+
+
+def _parse(response_token_ids: Sequence[int], vocab: TokenVocab, fast: bool) -> RolloutParse:
     ids, stop_seen = _cut_at_stop(list(map(int, response_token_ids)), vocab.stop_ids)
     pieces = _token_bytes(ids, vocab)
     buf = b"".join(pieces)
     starts = list(accumulate(map(len, pieces), initial=0))  # [T + 1] byte offset of each token
 
     open_at = 0
-    while open_at < len(buf) and buf[open_at] in _WS:
+    while open_at < len(buf) and buf[open_at] in WS:
         open_at += 1
-    if open_at == len(buf) or buf[open_at] != _LBRACE:
+    if open_at == len(buf) or buf[open_at] != LBRACE:
         return RolloutParse(
             prefix_token_ids=vocab.encode_bytes(b"{"),
             valid_objects=[],
@@ -425,38 +356,16 @@ def parse_rollout(
         for k, token_id in enumerate(ids)
         if token_id in bin_of_id
     }
-    scanner = _Scanner(buf, coord_at)
-    scanner.pos = open_at + 1
-    boundary = open_at + 1  # end of the last complete entry, or just after `{`
-    entries: list[_Entry] = []
-    seen_keys: set[str] = set()
-    while True:
-        try:
-            if scanner.closes(_RBRACE):
-                stop_reason = STOP_CLOSED
-                break
-            if entries and scanner.lex()[0] != _COMMA:
-                raise _Invalid
-            key = scanner.key()
-            scanner.colon()
-            value = scanner.value(1)
-        except _Incomplete:
-            stop_reason = STOP_END_OF_INPUT
-            break
-        except _Invalid:
-            stop_reason = STOP_SYNTAX_ERROR
-            break
-        entries.append(_judge(buf, key, value, seen_keys, (boundary, scanner.pos)))
-        boundary = scanner.pos
+    entries, boundary, stop_reason = _scan_entries(buf, coord_at, open_at, fast)
 
     dropped_by_reason: dict[str, int] = {}
     for entry in entries:
         if entry.reason is not None:
             dropped_by_reason[entry.reason] = dropped_by_reason.get(entry.reason, 0) + 1
     if stop_reason != STOP_CLOSED:
-        tail = buf[boundary:].lstrip(_WS)
+        tail = buf[boundary:].lstrip(WS)
         if entries and tail.startswith(b","):
-            tail = tail[1:].lstrip(_WS)
+            tail = tail[1:].lstrip(WS)
         if tail:
             reason = "truncated" if stop_reason == STOP_END_OF_INPUT else "syntax_error"
             dropped_by_reason[reason] = dropped_by_reason.get(reason, 0) + 1

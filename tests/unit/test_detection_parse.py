@@ -14,6 +14,7 @@ from stagectl.detection.parse import (
     STOP_NO_OPEN_BRACE,
     STOP_SYNTAX_ERROR,
     RolloutParse,
+    _parse,
     parse_rollout,
 )
 from stagectl.detection.serialize import append_fragment, serialize_objects, sort_objects
@@ -39,7 +40,9 @@ VALID = '{"desc": "red square", "bbox_2d": [' + coords(10, 20, 30, 40) + "]}"
 
 def parse_text(text: str, tok: ToyTokenizer = CHAR) -> tuple[list[int], RolloutParse]:
     ids = tok.encode(text)
-    return ids, parse_rollout(ids, tok.vocab)
+    result = parse_rollout(ids, tok.vocab)
+    assert result == _parse(ids, tok.vocab, fast=False)  # the canonical-entry fast path changes nothing
+    return ids, result
 
 
 def prefix_text(result: RolloutParse, tok: ToyTokenizer = CHAR) -> str:

@@ -8,7 +8,13 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stagectl.detection.parse import STOP_END_OF_INPUT, UNFINISHED_REASONS, RolloutParse, parse_rollout
+from stagectl.detection.parse import (
+    STOP_END_OF_INPUT,
+    UNFINISHED_REASONS,
+    RolloutParse,
+    _parse,
+    parse_rollout,
+)
 from stagectl.detection.serialize import append_fragment, serialize_objects
 from stagectl.detection.vocab import TokenVocab
 from stagectl.models.tokenizer import build_tiny_tokenizer
@@ -19,6 +25,14 @@ VOCAB = TokenVocab.from_tokenizer(TOKENIZER)
 FUSED = toy_tokenizer(['"]}}', '"]},', '"]}', "}}", "},", ' "', '{"', '":', '",', "object_", "desc"])
 JSONISH = FUSED.ids(*'{}[]:, "x\\', '"]}}', '"]},', "},", ' "', '{"', '":', "object_", "desc", "<|coord_1|>")
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def parse_checked(ids: list[int], vocab: TokenVocab) -> RolloutParse:
+    """parse_rollout, checked against the scanner-only path (no canonical-entry fast path)."""
+    result = parse_rollout(ids, vocab)
+    assert result == _parse(ids, vocab, fast=False)
+    check_invariants(result, vocab)
+    return result
 
 
 def check_invariants(result: RolloutParse, vocab: TokenVocab) -> None:
@@ -54,13 +68,13 @@ def check_invariants(result: RolloutParse, vocab: TokenVocab) -> None:
 @SETTINGS
 @given(st.lists(st.integers(min_value=-3, max_value=len(VOCAB.token_bytes) + 3), max_size=120))
 def test_random_token_ids_never_raise(ids: list[int]) -> None:
-    check_invariants(parse_rollout(ids, VOCAB), VOCAB)
+    parse_checked(ids, VOCAB)
 
 
 @SETTINGS
 @given(st.lists(st.sampled_from(JSONISH), max_size=150))
 def test_random_json_like_tokens_never_raise(ids: list[int]) -> None:
-    check_invariants(parse_rollout([FUSED.encode("{")[0], *ids], FUSED.vocab), FUSED.vocab)
+    parse_checked([FUSED.encode("{")[0], *ids], FUSED.vocab)
 
 
 MUTATION = st.tuples(
@@ -90,4 +104,4 @@ def test_mutated_valid_outputs_never_raise(seed: int, mutations: list[tuple[str,
             ids[at], ids[at + 1] = ids[at + 1], ids[at]
         elif op == "truncate":
             ids = ids[:at]
-    check_invariants(parse_rollout(ids, VOCAB), VOCAB)
+    parse_checked(ids, VOCAB)

@@ -1,0 +1,1 @@
+"""Benchmarks. Each module runs alone (`python -m bench.bench_matching`) and exposes `run() -> dict`."""
