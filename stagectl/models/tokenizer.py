@@ -116,8 +116,11 @@ def train_tiny_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
 _train_tiny_bpe_once = cache(train_tiny_bpe)
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Train (once per process) and return the tiny Qwen-style tokenizer; same ids on every build."""
+def build_tiny_tokenizer(*, with_coord_tokens: bool = True) -> PreTrainedTokenizerFast:
+    """Train (once per process) and return the tiny Qwen-style tokenizer; same ids on every build.
+
+    `with_coord_tokens=False` leaves out the coordinate tokens, like a stock Qwen tokenizer.
+    """
     vocab, merges = _train_tiny_bpe_once()
     tokenizer = Qwen2Tokenizer(
         vocab=dict(vocab),
@@ -130,8 +133,8 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         extra_special_tokens={"image_token": IMAGE_PAD, "video_token": VIDEO_PAD},
     )
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    coord_tokens = [coord_token(i) for i in range(NUM_COORD_BINS)]
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in coord_tokens])
+    if with_coord_tokens:
+        add_coord_tokens(tokenizer)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -171,6 +174,14 @@ def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None
     return table
 
 
+def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    """The id of one whole token (special or added); `ValueError` if the tokenizer does not have it."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int) or found == tokenizer.unk_token_id:
+        raise ValueError(f"tokenizer has no token {token!r}")
+    return found
+
+
 def coord_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Ids of `<|coord_0|>`..`<|coord_999|>` in bin order; `ValueError` if any is not a single token."""
     vocab = tokenizer.get_vocab()
@@ -197,5 +208,6 @@ __all__ = [
     "coord_token",
     "coord_token_ids",
     "token_bytes_table",
+    "token_id",
     "train_tiny_bpe",
 ]

@@ -1,0 +1,156 @@
+"""Pure packing math: pack_segments validity, determinism, quality vs bounds and the exact optimum."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stagectl.packing import (
+    CoordGroup,
+    Segment,
+    collate_padded,
+    pack_segments,
+    packing_lower_bound,
+    packing_stats,
+)
+
+
+def optimal_num_packs(lengths: list[int], packing_length: int) -> int:
+    """Exact bin packing by DP over subsets: best[mask] = (packs used, fill of the open pack)."""
+    n = len(lengths)
+    best = [(n + 1, 0)] * (1 << n)
+    best[0] = (1, 0)
+    for mask in range(1 << n):
+        packs, fill = best[mask]
+        for i in range(n):
+            if mask >> i & 1:
+                continue
+            nxt = (
+                (packs, fill + lengths[i]) if fill + lengths[i] <= packing_length else (packs + 1, lengths[i])
+            )
+            best[mask | 1 << i] = min(best[mask | 1 << i], nxt)
+    return best[-1][0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    packing_length=st.integers(1, 300),
+    data=st.data(),
+)
+def test_packs_are_valid_and_deterministic(packing_length: int, data: st.DataObject) -> None:
+    lengths = data.draw(st.lists(st.integers(1, packing_length), max_size=40))
+    packs = pack_segments(lengths, packing_length)
+    flat = [i for pack in packs for i in pack]
+    assert sorted(flat) == list(range(len(lengths)))  # every segment exactly once
+    assert all(sum(lengths[i] for i in pack) <= packing_length for pack in packs)
+    assert all(pack == sorted(pack) for pack in packs)
+    assert [pack[0] for pack in packs] == sorted(pack[0] for pack in packs)
+    assert len(packs) >= packing_lower_bound(lengths, packing_length)
+    assert pack_segments(list(lengths), packing_length) == packs
+
+
+def test_matches_the_exact_optimum_on_random_small_inputs() -> None:
+    rng = random.Random(0)
+    num_optimal = 0
+    for trial in range(150):
+        packing_length = rng.choice([100, 512, 1000])
+        low = 1 if trial % 2 else packing_length // 5  # half the trials: only big items (hard case)
+        lengths = [rng.randint(low, packing_length) for _ in range(rng.randint(1, 11))]
+        opt = optimal_num_packs(lengths, packing_length)
+        got = len(pack_segments(lengths, packing_length))
+        assert opt <= got <= opt + 1
+        num_optimal += got == opt
+    assert num_optimal >= 145
+
+
+def test_reaches_the_lower_bound_when_segments_are_small() -> None:
+    rng = random.Random(1)
+    hits = 0
+    for _ in range(200):
+        lengths = [rng.randint(1, 512) for _ in range(rng.randint(1, 80))]
+        hits += len(pack_segments(lengths, 2048)) == packing_lower_bound(lengths, 2048)
+    assert hits >= 195
+
+
+def test_no_worse_than_the_binpacking_package() -> None:
+    binpacking = pytest.importorskip("binpacking")
+    rng = random.Random(2)
+    for _ in range(100):
+        lengths = [rng.randint(1, 1024) for _ in range(rng.randint(1, 60))]
+        assert len(pack_segments(lengths, 1024)) <= len(binpacking.to_constant_volume(lengths, 1024))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "packing_length", "expected"),
+    [
+        ([], 10, 0),
+        ([10], 10, 1),
+        ([6, 6, 6], 10, 3),  # three items longer than L/2
+        ([5, 5, 5, 5], 10, 2),
+        ([1, 1, 1], 10, 1),
+        ([4, 4, 4, 4, 4], 10, 2),  # ceil(20/10)
+    ],
+)
+def test_lower_bound(lengths: list[int], packing_length: int, expected: int) -> None:
+    assert packing_lower_bound(lengths, packing_length) == expected
+
+
+def test_known_packing_and_stats() -> None:
+    lengths = [7, 3, 5, 5, 2, 8]
+    packs = pack_segments(lengths, 10)
+    assert packs == [[0, 1], [2, 3], [4, 5]]
+    stats = packing_stats(lengths, packs, 10)
+    assert (stats.num_packs, stats.lower_bound, stats.num_segments, stats.num_tokens) == (3, 3, 6, 30)
+    assert stats.fill == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([3, 11, 2], "segment 1 has length 11 > packing_length 10"),
+        ([3, 0], "segment 1 has length 0"),
+    ],
+)
+def test_bad_lengths_name_the_segment(lengths: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        pack_segments(lengths, 10)
+
+
+def _segment(ids: list[int], weights: list[float] | None = None) -> Segment:
+    return Segment(
+        input_ids=ids,
+        ce_weights=weights if weights is not None else [0.0] + [1.0] * (len(ids) - 1),
+        mm_token_type_ids=[0] * len(ids),
+        pixel_values=None,
+        image_grid_thw=None,
+    )
+
+
+def test_segment_validation() -> None:
+    with pytest.raises(ValueError, match="ce_weights 2"):
+        _segment([1, 2, 3], [0.0, 1.0])
+    with pytest.raises(ValueError, match=r"ce_weights\[0\] must be 0"):
+        _segment([1, 2], [1.0, 1.0])
+    with pytest.raises(ValueError, match="outside"):
+        Segment([1, 2, 3], [0.0, 1, 1], [0, 0, 0], None, None, [CoordGroup((0, 1, 2, 2), (1, 2, 3, 4))])
+
+
+def test_collate_padded_shapes_and_offsets() -> None:
+    a = _segment([5, 6, 7, 8, 9])
+    a.coord_groups.append(CoordGroup((1, 2, 3, 4), (10, 20, 30, 40)))
+    b = _segment([5, 6, 7])
+    b.coord_groups.append(CoordGroup((1, 1, 2, 2), (1, 2, 3, 4)))
+    batch = collate_padded([a, b], pad_token_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]]
+    assert batch.attention_mask is not None
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert batch.ce_weights.tolist() == [[0, 1, 1, 1, 1], [0, 1, 1, 0, 0]]
+    # Positions index the flattened (B * L) axis: segment b starts at 5.
+    assert batch.coord_positions.tolist() == [[1, 2, 3, 4], [6, 6, 7, 7]]
+    assert batch.coord_targets.dtype == torch.long
+    assert "position_ids" not in batch.model_inputs()
+    assert batch.num_tokens == 8
