@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -54,7 +55,7 @@ def run(repeats: int = 30, seed: int = 0) -> dict[str, dict[str, object]]:
         pred, gt = _instance(rng, n)
         cost = augmented_cost(pairwise_iou(pred, gt), iou_gate=0.3, fp_cost=1.0, fn_cost=1.0)  # [2n, 2n]
         ours_ms, raw_ms = _interleaved_times_ms(
-            lambda p=pred, g=gt: hungarian_match(p, g), lambda c=cost: linear_sum_assignment(c), repeats
+            partial(hungarian_match, pred, gt), partial(linear_sum_assignment, cost), repeats
         )
         ours, raw = _summary(ours_ms), _summary(raw_ms)
         results[f"n={n}"] = {

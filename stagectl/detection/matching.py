@@ -124,15 +124,15 @@ def _lowest_duplicates_first(
 ) -> list[tuple[int, int]]:
     """Among identical boxes on one side (0: preds, 1: GT), hand the matches to the lowest indices.
     Identical boxes have identical cost rows (columns), so the total cost does not change."""
-    _, group_of, group_sizes = np.unique(boxes, axis=0, return_inverse=True, return_counts=True)
-    if group_sizes.max() == 1:
+    rows = [tuple(box) for box in boxes.tolist()]
+    if len(set(rows)) == len(rows):
         return pairs
-    members_of_group: dict[int, list[int]] = {}
-    for index, group in enumerate(group_of.reshape(-1).tolist()):
-        members_of_group.setdefault(group, []).append(index)  # ascending indices
+    members_of_box: dict[tuple[float, ...], list[int]] = {}
+    for index, box in enumerate(rows):
+        members_of_box.setdefault(box, []).append(index)  # ascending indices
     partner = {pair[side]: pair[1 - side] for pair in pairs}
     out = []
-    for members in members_of_group.values():
+    for members in members_of_box.values():
         partners = sorted(partner[m] for m in members if m in partner)
         out += [(m, p) if side == 0 else (p, m) for m, p in zip(members, partners, strict=False)]
     return sorted(out)

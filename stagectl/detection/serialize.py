@@ -13,6 +13,7 @@ The `*_with_desc_spans` variants also return, for each object, the UTF-8 byte sp
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
@@ -46,7 +47,7 @@ def _entry(index: int, obj: BoxedObject) -> tuple[str, str, str]:
     if not obj.desc:
         raise ValueError("desc must be a non-empty string")
     quoted_desc = json.dumps(obj.desc, ensure_ascii=False)
-    coords = ", ".join(f'"{coord_token(int(b))}"' for b in obj.bbox_2d)
+    coords = ", ".join(f'"{coord_token(operator.index(b))}"' for b in obj.bbox_2d)  # bins are integers
     return f'"object_{index}": {{"desc": "', quoted_desc[1:-1], f'", "bbox_2d": [{coords}]}}'
 
 
