@@ -31,6 +31,10 @@ generated (it is valid JSON, so the prefix still is) and is listed in `dropped_o
 token span, which the target builder masks out. Its `object_N` index still counts in
 `max_object_index`, so appended keys never collide with it.
 
+Speed: the token bytes are joined once and scanned with regexes; a canonical entry is matched by one
+regex (`json_scan.FAST_*_ENTRY`) and only anything else goes through the lexeme scanner, which gives
+the same result for canonical entries (`_parse(..., fast=False)`, compared in the tests).
+
 Token spans: every entry owns the bytes from the end of the previous entry (or the `{`) to the end
 of its value, so the separating `, ` belongs to the entry after it. `token_span` is the half-open
 range of prefix tokens overlapping those bytes; a fused token at a boundary overlaps both neighbours.
