@@ -28,9 +28,9 @@ $(VLLM_VENV)/.installed: scripts/setup_vllm_env.sh
 
 vllm-env: $(VLLM_VENV)/.installed
 
-# The main job (until the learner lands: validate the tiny Stage-2 AB config).
+# The main job: Stage-2 AB training of the tiny Qwen2.5-VL on synthetic shapes (CPU, a few minutes).
 train: install
-	$(VENV)/bin/stagectl validate-config examples/tiny/train_ab.yaml
+	$(VENV)/bin/stagectl train-ab examples/tiny/train_ab.yaml
 
 lint: install-dev
 	$(VENV)/bin/ruff check stagectl tests bench

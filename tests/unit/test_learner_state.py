@@ -1,0 +1,113 @@
+"""Checkpoint atomicity and resume resolution, the LR schedule, the metrics writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagectl.config.training import TrainingConfig
+from stagectl.learner import checkpoint as ckpt
+from stagectl.learner.metrics import MetricsWriter
+from stagectl.learner.optim import build_optimizer, lr_factor
+
+
+class TinySaver(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def save_pretrained(self, path: Path, safe_serialization: bool = True) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), path / "weights.pt")
+
+
+def save(out: Path, step: int, total_limit: int | None = None) -> Path:
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
+    return ckpt.save_checkpoint(
+        out,
+        step,
+        model=model,
+        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rng_states=[ckpt.rng_state()],
+        trainer_state=ckpt.TrainerState(
+            step, {"a_consumed": 3 * step, "b_consumed": step}, {"num_updates": step}
+        ),
+        total_limit=total_limit,
+    )
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    path = save(tmp_path, 4)
+    assert path == tmp_path / "checkpoint-4"
+    state = ckpt.load_trainer_state(path)
+    assert state.global_step == 4 and state.data_state == {"a_consumed": 12, "b_consumed": 4}
+    rng = ckpt.load_rng_states(path)
+    ckpt.restore_rng(rng[0])
+    first = torch.rand(3)
+    ckpt.restore_rng(rng[0])
+    assert torch.equal(first, torch.rand(3))
+
+
+def test_partial_checkpoint_is_ignored_and_cleaned(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    torn = tmp_path / ".tmp-checkpoint-4-999"
+    torn.mkdir()
+    (torn / "optimizer.pt").write_bytes(b"half")
+    incomplete = tmp_path / "checkpoint-6"
+    incomplete.mkdir()  # no trainer_state.json: not a checkpoint
+    assert ckpt.list_checkpoints(tmp_path) == [tmp_path / "checkpoint-2"]
+    assert ckpt.resolve_resume("latest", tmp_path) == tmp_path / "checkpoint-2"
+    save(tmp_path, 4)
+    assert not torn.exists()
+
+
+def test_total_limit_keeps_newest(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        save(tmp_path, step, total_limit=2)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_resume_errors(tmp_path: Path) -> None:
+    assert ckpt.resolve_resume(None, tmp_path) is None
+    assert ckpt.resolve_resume("latest", tmp_path / "empty") is None
+    with pytest.raises(FileNotFoundError, match="resume_from_checkpoint"):
+        ckpt.resolve_resume(tmp_path / "missing", tmp_path)
+
+
+def test_lr_warmup_then_cosine() -> None:
+    cfg = TrainingConfig(max_steps=12, warmup_steps=2, lr_scheduler_type="cosine", min_lr_ratio=0.1)
+    factors = [lr_factor(s, cfg) for s in range(12)]
+    assert factors[0] == pytest.approx(0.5) and factors[1] == pytest.approx(1.0)
+    assert factors[2] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[2:], factors[3:], strict=False))
+    assert lr_factor(12, cfg) == pytest.approx(0.1)
+    assert lr_factor(5, TrainingConfig(max_steps=12, lr_scheduler_type="constant")) == 1.0
+
+
+def test_metrics_rows_and_resume_truncation(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path)
+    for step in range(4):
+        writer.write({"step": step, "kind": "A", "loss": float(step), "bad": float("nan")})
+    writer.close()
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 4, "kin')  # torn line from a crash
+    resumed = MetricsWriter(tmp_path, resume_step=2)
+    resumed.write({"step": 2, "kind": "B", "loss": 9.0})
+    resumed.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["bad"] is None and rows[2]["kind"] == "B"
+
+
+def test_metrics_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    writer = MetricsWriter(tmp_path, tensorboard=True)
+    writer.write({"step": 0, "kind": "A", "loss": 1.5})
+    writer.close()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
