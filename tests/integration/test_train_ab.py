@@ -182,3 +182,42 @@ def test_missing_model_dir_one_line_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "model.name_or_path" in result.stderr and "no_such_model" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.integration.helpers import ROOT
+
+    cfg = tiny_train_config(tmp_path, training={"max_steps": 200}, stage2_ab={"schedule": {"b_ratio": 0.0}})
+    config = write_config(tmp_path / "cfg.yaml", cfg)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stagectl", "train-ab", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no metrics row in time"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "stopped by signal" in stderr
+    rows = read_metrics(tmp_path / "run")
+    assert 1 <= len(rows) < 200
+    state = json.loads((tmp_path / "run" / f"checkpoint-{len(rows)}" / "trainer_state.json").read_text())
+    assert state["global_step"] == len(rows)
