@@ -67,7 +67,9 @@ def run(sizes: Sequence[int] = (512, 2048), repeats: int = 5, seed: int = 0) -> 
             lengths = lengths_for(mix, n, rng)
             bound = packing_lower_bound(lengths, PACKING_LENGTH)
             packers = list(PACKERS.items())
-            times = interleaved_times_s([lambda p=p: p(lengths, PACKING_LENGTH) for _, p in packers], repeats)
+            times = interleaved_times_s(
+                [lambda p=p, ls=lengths: p(ls, PACKING_LENGTH) for _, p in packers], repeats
+            )
             row: dict[str, object] = {"mix": mix, "num_items": n, "lower_bound": bound}
             for (name, packer), t in zip(packers, times, strict=True):
                 packs = packer(lengths, PACKING_LENGTH)
