@@ -11,6 +11,9 @@ TIERS = {"integration": "integration", "vllm": "vllm", "gpu": "gpu", "faults": "
 
 # Keep the tiny-model cache inside the test session's reach but shared across tests (built once).
 os.environ.setdefault("STAGECTL_CACHE_DIR", str(Path.home() / ".cache" / "stagectl"))
+# One intra-op thread per process: the tiny model gains nothing from more on 2 cores, and test
+# subprocesses (servers, torchrun ranks) would otherwise oversubscribe the machine badly.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -76,5 +76,7 @@ def _train(cfg: object) -> None:
         fail(str(exc) or type(exc).__name__)
     step = trainer.run()
     if trainer.stopped_by_signal is not None:
-        typer.echo(f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True)
+        typer.echo(
+            f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True
+        )
     typer.echo(f"train-ab: done, {step} optimizer steps; run dir {cfg.training.output_dir}", err=True)
