@@ -86,7 +86,7 @@ def test_lr_warmup_then_cosine() -> None:
     factors = [lr_factor(s, cfg) for s in range(12)]
     assert factors[0] == pytest.approx(0.5) and factors[1] == pytest.approx(1.0)
     assert factors[2] == pytest.approx(1.0)
-    assert all(a >= b for a, b in itertools.pairwise(factors))
+    assert all(a >= b for a, b in itertools.pairwise(factors[2:]))
     assert lr_factor(12, cfg) == pytest.approx(0.1)
     assert lr_factor(5, TrainingConfig(max_steps=12, lr_scheduler_type="constant")) == 1.0
 
