@@ -1,0 +1,78 @@
+"""The sync fence between rollout calls and weight sync.
+
+Rollout HTTP calls enter a shared section (`with fence.call():`) that blocks while a sync is pending;
+a sync (`with fence.sync():`) blocks new calls and waits for in-flight ones to finish, so the server
+never answers a request with half-updated weights from the learner's point of view. Only the HTTP
+call itself is fenced, never a section that makes further fenced calls: nesting is refused, which is
+what makes a deadlock between a sync and the prefetcher impossible.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class SyncFence:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._sync_pending = False
+        self._local = threading.local()
+        self.num_calls = 0
+        self.num_syncs = 0
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        if getattr(self._local, "inside", False):
+            raise RuntimeError("nested fenced call: only the HTTP call itself may be fenced")
+        with self._cond:
+            while self._sync_pending:
+                self._cond.wait()
+            self._in_flight += 1
+            self.num_calls += 1
+        self._local.inside = True
+        try:
+            yield
+        finally:
+            self._local.inside = False
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def sync(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Pause new calls, wait for in-flight ones (TimeoutError after `timeout_s`), run the body."""
+        if getattr(self._local, "inside", False):
+            raise RuntimeError("sync from inside a fenced call would wait for itself")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._sync_pending:  # one sync at a time
+                self._cond.wait()
+            self._sync_pending = True
+            try:
+                while self._in_flight:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(
+                            f"{self._in_flight} rollout call(s) still in flight after {timeout_s}s"
+                        )
+                    self._cond.wait(remaining)
+            except BaseException:
+                self._sync_pending = False
+                self._cond.notify_all()
+                raise
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sync_pending = False
+                self.num_syncs += 1
+                self._cond.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
