@@ -1,4 +1,4 @@
-"""`stagectl rollout-server`."""
+"""`stagectl rollout-server [CONFIG] [--model M] [--engine hf|vllm] [--host H] [--port P] [--set k=v ...]`."""
 
 from __future__ import annotations
 
@@ -6,11 +6,43 @@ from pathlib import Path
 
 import typer
 
-from stagectl.cli.common import not_implemented
+from stagectl.cli.common import fail
 
 
 def command(
-    config: Path = typer.Argument(..., help="Path to the YAML config."),
+    config: Path | None = typer.Argument(None, help="YAML config (model + rollout_server sections)."),
+    model: str | None = typer.Option(None, "--model", help="Checkpoint dir or builtin:tiny-qwen2.5-vl."),
+    engine: str | None = typer.Option(None, "--engine", help="hf (default) or vllm."),
+    host: str | None = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", help="Port; 0 picks a free one (printed at start)."),
+    weights_dirs: list[Path] = typer.Option(
+        [], "--weights-dir", help="Directory that disk weight syncs may load snapshots from (repeatable)."
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a key: --set rollout_server.max_batch_size=4"
+    ),
 ) -> None:
-    """Not implemented yet."""
-    not_implemented("rollout-server")
+    """Serve rollouts over HTTP (swift-rollout compatible /infer/, plus weight sync)."""
+    from stagectl.config import ConfigError, load_config
+
+    sets = list(overrides)
+    for key, value in (
+        ("model.name_or_path", model),
+        ("rollout_server.engine", engine),
+        ("rollout_server.host", host),
+        ("rollout_server.port", port),
+    ):
+        if value is not None:
+            sets.append(f"{key}={value}")
+    try:
+        cfg = load_config(config, sets)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+
+    from stagectl.rollout.serving import run_server
+
+    try:
+        run_server(cfg, weight_dirs=weights_dirs)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))

@@ -1,0 +1,212 @@
+"""The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check,
+the request-size limit and the structured access log. Endpoints are in `protocol.py`."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stagectl.rollout.paths import PathRefused
+from stagectl.rollout.protocol import (
+    AbortBody,
+    ChunkResponse,
+    CommitBody,
+    DiskSyncBody,
+    HealthResponse,
+    InferBody,
+    InferResponse,
+    StatsResponse,
+    SyncResponse,
+    VersionResponse,
+    WorldSizeResponse,
+)
+from stagectl.rollout.service import BadRequest, RolloutService
+from stagectl.rollout.weights import WeightSyncError
+
+access_log = logging.getLogger("stagectl.rollout.access")
+WEIGHT_CHUNK_PATH = "/update_weights/"
+
+router = APIRouter()
+
+
+def _service(request: Request) -> RolloutService:
+    service = request.app.state.service
+    assert isinstance(service, RolloutService)
+    return service
+
+
+def require_token(request: Request) -> None:
+    """Weight and admin endpoints: `Authorization: Bearer <token>` when the server has a token."""
+    expected = _service(request).settings.auth_token
+    if expected is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+@router.get("/health/")
+def health() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get("/get_world_size/")
+def get_world_size() -> WorldSizeResponse:
+    return WorldSizeResponse(world_size=1)
+
+
+@router.get("/version/")
+def version(request: Request) -> VersionResponse:
+    return _service(request).version()
+
+
+@router.get("/stats/")
+def stats(request: Request) -> StatsResponse:
+    return _service(request).stats()
+
+
+@router.post("/infer/")
+def infer(body: InferBody, request: Request) -> list[InferResponse]:
+    # A plain `def`: FastAPI runs it on its thread pool, so concurrent calls reach the batching worker together.
+    return _service(request).infer(body)
+
+
+@router.post(WEIGHT_CHUNK_PATH, dependencies=[Depends(require_token)])
+async def update_weights(
+    request: Request,
+    sync_id: str = Query(min_length=1, max_length=128),
+    chunk_index: int = Query(ge=0),
+    sha256: str = Query(pattern=r"^[0-9a-fA-F]{64}$"),
+    version: int = Query(ge=0),
+) -> ChunkResponse:
+    data = await request.body()
+    num = await run_in_threadpool(_service(request).add_chunk, sync_id, chunk_index, sha256, version, data)
+    return ChunkResponse(sync_id=sync_id, chunk_index=chunk_index, num_tensors=num)
+
+
+@router.post("/update_weights/commit/", dependencies=[Depends(require_token)])
+def commit(body: CommitBody, request: Request) -> SyncResponse:
+    return _service(request).commit(body.sync_id, body.version, body.num_chunks)
+
+
+@router.post("/update_weights/abort/", dependencies=[Depends(require_token)])
+def abort(body: AbortBody, request: Request) -> dict[str, bool]:
+    return {"aborted": _service(request).sync.abort(body.sync_id)}
+
+
+@router.post("/update_weights/from_disk/", dependencies=[Depends(require_token)])
+def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
+    return _service(request).load_from_disk(body.path, body.version)
+
+
+def _bad_request(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=400)
+
+
+def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"field": ".".join(str(p) for p in err["loc"] if p != "body") or "<body>", "message": err["msg"]}
+        for err in exc.errors()
+    ]
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
+
+
+class BodyLimit:
+    """413 for bodies above the limit of their path (declared Content-Length, or counted while streaming)."""
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            response = JSONResponse({"detail": f"request body of {int(declared)} bytes exceeds {limit}"}, 413)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise HTTPException(413, f"request body exceeds {limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class AccessLog:
+    """One JSON line per request on the `stagectl.rollout.access` logger."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            client = scope.get("client")
+            entry: dict[str, Any] = {
+                "event": "access",
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": status,
+                "ms": round((time.perf_counter() - start) * 1000, 2),
+                "client": f"{client[0]}:{client[1]}" if client else None,
+            }
+            access_log.info(json.dumps(entry))
+
+
+def build_app(service: RolloutService) -> FastAPI:
+    """The ASGI app; closes the service (stops the engine) at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.close()
+
+    app = FastAPI(title="stagectl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.include_router(router)
+    for error in (BadRequest, PathRefused, WeightSyncError):
+        app.add_exception_handler(error, _bad_request)
+    app.add_exception_handler(RequestValidationError, _unprocessable)
+    settings = service.settings
+
+    def limit_for(path: str) -> int:
+        return settings.max_weight_chunk_bytes if path == WEIGHT_CHUNK_PATH else settings.max_request_bytes
+
+    app.add_middleware(BodyLimit, limit_for=limit_for)
+    app.add_middleware(AccessLog)
+    return app

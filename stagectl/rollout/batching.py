@@ -1,0 +1,156 @@
+"""The batching worker: one thread that groups concurrent requests into batches for one generate call.
+
+Callers `submit` items and get futures. The worker takes the oldest pending item, waits up to
+`batch_wait_ms` for more items with the same key (equal sampling parameters) until it has
+`max_batch_size`, runs `run_batch` on them and resolves their futures; an error in `run_batch`
+fails exactly that batch's futures. `take_batch` is the pure grouping rule.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def take_batch(keys: Sequence[Hashable], max_batch_size: int) -> list[int]:
+    """Indices of the next batch: the oldest item plus the following items with its key, in order,
+    at most `max_batch_size`. Items of other keys keep their place for later batches."""
+    if not keys:
+        return []
+    first = keys[0]
+    return [i for i, key in enumerate(keys) if key == first][:max_batch_size]
+
+
+@dataclass
+class _Pending(Generic[T, R]):
+    item: T
+    key: Hashable
+    future: Future[R]
+
+
+_STOP = object()
+
+
+class BatchingWorker(Generic[T, R]):
+    """Runs `run_batch(items) -> results` (same length, same order) on one background thread."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[T]], list[R]],
+        key: Callable[[T], Hashable],
+        *,
+        max_batch_size: int,
+        batch_wait_ms: float,
+        name: str = "batching-worker",
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._run_batch = run_batch
+        self._key = key
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self._queue: queue.Queue[_Pending[T, R] | object] = queue.Queue()
+        self._histogram: Counter[int] = Counter()
+        self._histogram_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, items: Sequence[T]) -> list[Future[R]]:
+        """Queue `items` together (they are seen by the worker at once, so they can share a batch)."""
+        if self._closed:
+            raise RuntimeError("the batching worker is closed")
+        pending = [_Pending(item, self._key(item), Future[R]()) for item in items]
+        for p in pending:
+            self._queue.put(p)
+        return [p.future for p in pending]
+
+    def run(self, items: Sequence[T]) -> list[R]:
+        """Submit and wait for every result (re-raises the batch's error)."""
+        return [future.result() for future in self.submit(items)]
+
+    def batch_sizes(self) -> dict[int, int]:
+        with self._histogram_lock:
+            return dict(self._histogram)
+
+    def close(self) -> None:
+        """Refuse new items, finish everything queued so far, stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        pending: list[_Pending[T, R]] = []
+        while True:
+            if not pending:
+                got = self._queue.get()
+                if got is _STOP:
+                    break
+                assert isinstance(got, _Pending)
+                pending.append(got)
+            stopping = self._fill(pending)
+            chosen = set(take_batch([p.key for p in pending], self.max_batch_size))
+            batch = [p for i, p in enumerate(pending) if i in chosen]
+            pending = [p for i, p in enumerate(pending) if i not in chosen]
+            self._execute(batch)
+            if stopping:
+                break
+        self._fail_rest(pending)
+
+    def _fill(self, pending: list[_Pending[T, R]]) -> bool:
+        """Move queued items into `pending` until the oldest item's batch is full or the wait is over.
+        Returns True when a stop was requested (the current batch still runs)."""
+        deadline = time.monotonic() + self.batch_wait_s
+        first_key = pending[0].key
+        while sum(p.key == first_key for p in pending) < self.max_batch_size:
+            try:
+                got = self._queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    got = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if got is _STOP:
+                return True
+            assert isinstance(got, _Pending)
+            pending.append(got)
+        return False
+
+    def _execute(self, batch: list[_Pending[T, R]]) -> None:
+        with self._histogram_lock:
+            self._histogram[len(batch)] += 1
+        try:
+            results = self._run_batch([p.item for p in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
+        except Exception as exc:  # handed to every waiting caller, which re-raises it
+            for p in batch:
+                p.future.set_exception(exc)
+            return
+        for p, result in zip(batch, results, strict=True):
+            p.future.set_result(result)
+
+    def _fail_rest(self, pending: list[_Pending[T, R]]) -> None:
+        while True:
+            try:
+                got = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(got, _Pending):
+                pending.append(got)
+        for p in pending:
+            p.future.set_exception(RuntimeError("the engine was closed before this request ran"))

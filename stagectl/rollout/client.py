@@ -1,0 +1,443 @@
+"""`RolloutClient`: the learner's side of the rollout-server protocol (httpx).
+
+- `wait_healthy()` polls `/health/` on every server until `timeout_s`.
+- `infer(requests, config)` spreads the requests over the servers in contiguous chunks (in parallel)
+  and reassembles the responses in order. A failed call (connection error, timeout, 5xx) is retried
+  once on a fresh connection, then the chunk is split in halves recursively down to single requests.
+  Each piece is sent with `seed + offset`, so every request keeps seed `config.seed + its index`
+  however the chunk was cut (see `protocol.py`). 4xx answers are the caller's mistake: raised at once.
+- `push_weights(state_dict, version)` (rank 0) runs a full sync on every server: `http` streams
+  safetensors chunks and commits only after every server staged every chunk; `disk` writes one
+  snapshot and has each server load it. A failure aborts the sync everywhere and raises.
+
+Every retry, split and failure is counted (`counters()`) and logged. The client is thread-safe: a
+prefetcher thread may call `infer` while the main thread pushes weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import httpx
+import torch
+from pydantic import TypeAdapter, ValidationError
+from safetensors.torch import save_file
+
+from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.models.generate import Generation
+from stagectl.rollout.protocol import (
+    IMAGE_TAG,
+    InferBody,
+    InferRequest,
+    InferResponse,
+    Message,
+    RequestConfig,
+    SyncResponse,
+    VersionResponse,
+)
+from stagectl.rollout.weights import encode_chunks
+
+log = logging.getLogger("stagectl.rollout.client")
+Transport = Literal["http", "disk"]
+T = TypeVar("T")
+_RESPONSES = TypeAdapter(list[InferResponse])
+MIB = 1024 * 1024
+
+
+class RolloutRequestError(ValueError):
+    """The server refused a request as malformed or not allowed (4xx): retrying cannot help."""
+
+
+class RolloutServerError(RuntimeError):
+    """A server failed a request even after the retry and the splits down to a single request."""
+
+
+class WeightPushError(RuntimeError):
+    """A weight sync failed; every server still serves its previous version."""
+
+
+class _Retryable(Exception):
+    """Internal: a failure worth a retry (connection trouble, timeout, 5xx)."""
+
+
+@dataclass(frozen=True)
+class PushReport:
+    version: int
+    transport: Transport
+    num_bytes: int
+    num_chunks: int
+    seconds: float
+
+
+def detection_request(image_paths: Sequence[str | Path], instruction: str) -> InferRequest:
+    """The swift-style request for one detection prompt: `<image>` per image, then the instruction.
+    Paths are made absolute (the server resolves them against its `image_roots`)."""
+    content = IMAGE_TAG * len(image_paths) + instruction
+    return InferRequest(
+        messages=[Message(role="user", content=content)],
+        images=[str(Path(p).expanduser().absolute()) for p in image_paths],
+    )
+
+
+def request_config(rm: RolloutMatchingConfig, seed: int | None) -> RequestConfig:
+    """Channel-B sampling settings as a request config (token ids always returned)."""
+    return RequestConfig(
+        max_tokens=rm.max_new_tokens,
+        temperature=rm.decoding.temperature,
+        top_p=rm.decoding.top_p,
+        top_k=rm.decoding.top_k,
+        repetition_penalty=rm.repetition_penalty,
+        seed=seed,
+        return_details=True,
+    )
+
+
+def to_generation(response: InferResponse) -> Generation:
+    """The learner's view of one response: generated token ids and why generation ended."""
+    choice = response.choices[0]
+    if choice.token_ids is None:
+        raise ValueError("the response has no token_ids: send request_config.return_details=true")
+    return Generation(
+        token_ids=list(choice.token_ids),
+        finish_reason="length" if choice.finish_reason == "length" else "stop",
+    )
+
+
+def contiguous_parts(n: int, num_parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of `num_parts` contiguous parts of `n` items, sizes differing by at most one,
+    larger parts first; empty parts are left out."""
+    base, extra = divmod(n, num_parts)
+    parts, start = [], 0
+    for k in range(num_parts):
+        size = base + (1 if k < extra else 0)
+        if size:
+            parts.append((start, start + size))
+        start += size
+    return parts
+
+
+def _shifted(config: RequestConfig, offset: int) -> RequestConfig:
+    if config.seed is None or offset == 0:
+        return config
+    return config.model_copy(update={"seed": config.seed + offset})
+
+
+class RolloutClient:
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        *,
+        timeout_s: float = 120.0,
+        infer_timeout_s: float | None = 600.0,
+        auth_token: str | None = None,
+        transport: Transport = "http",
+        chunk_bytes: int = 64 * MIB,
+        disk_dir: str | Path | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if not base_urls:
+            raise ValueError("RolloutClient needs at least one server base URL")
+        self.base_urls = [url.rstrip("/") for url in base_urls]
+        self.timeout_s = timeout_s
+        read_timeout = infer_timeout_s if infer_timeout_s is not None and infer_timeout_s > 0 else None
+        self._timeout = httpx.Timeout(connect_timeout_s, read=read_timeout, write=read_timeout, pool=None)
+        self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
+        self.transport: Transport = transport
+        self.chunk_bytes = chunk_bytes
+        self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self._clients = [self._new_http() for _ in self.base_urls]
+        # Enough threads for an `infer` (one per server) and a `push_weights` running at the same time.
+        self._pool = ThreadPoolExecutor(
+            max_workers=2 * len(self.base_urls), thread_name_prefix="rollout-client"
+        )
+        self._lock = threading.Lock()
+        self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0, "weight_pushes": 0}
+        self.last_push: PushReport | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        rm: RolloutMatchingConfig,
+        *,
+        base_urls: Sequence[str] | None = None,
+        disk_dir: str | Path | None = None,
+    ) -> RolloutClient:
+        """From `custom.extra.rollout_matching`; `base_urls` overrides `vllm.server.servers` (an embedded
+        server's address), `disk_dir` is the default of `vllm.sync.disk_dir` (`{output_dir}/weight_sync`)."""
+        server, sync = rm.vllm.server, rm.vllm.sync
+        if sync.mode != "full":
+            raise ValueError(
+                f"custom.extra.rollout_matching.vllm.sync.mode: {sync.mode!r} is not supported; use full"
+            )
+        urls = list(base_urls) if base_urls is not None else [s.base_url for s in server.servers]
+        token = None
+        if server.auth_token_env is not None:
+            token = os.environ.get(server.auth_token_env, "").strip()
+            if not token:
+                raise ValueError(
+                    f"custom.extra.rollout_matching.vllm.server.auth_token_env names ${server.auth_token_env}, "
+                    "which is unset or empty"
+                )
+        return cls(
+            urls,
+            timeout_s=server.timeout_s,
+            infer_timeout_s=server.infer_timeout_s,
+            auth_token=token,
+            transport=sync.transport,
+            chunk_bytes=int(sync.chunk_mb * MIB),
+            disk_dir=sync.disk_dir if sync.disk_dir is not None else disk_dir,
+        )
+
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client(timeout=self._timeout, headers=self._headers)
+
+    # --- counters --------------------------------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative counts for metrics: infer_calls (HTTP calls), retries, splits, failed_calls, weight_pushes."""
+        with self._lock:
+            return dict(self._counts)
+
+    # --- health and metadata ---------------------------------------------------------------------
+
+    def wait_healthy(self, timeout_s: float | None = None) -> None:
+        """Block until every server answers `/health/` with 200; `TimeoutError` names those that did not."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        pending = set(range(len(self.base_urls)))
+        last_error: dict[int, str] = {}
+        while pending:
+            for k in sorted(pending):
+                try:
+                    response = self._clients[k].get(f"{self.base_urls[k]}/health/", timeout=5.0)
+                except httpx.HTTPError as exc:
+                    last_error[k] = f"{type(exc).__name__}: {exc}"
+                    continue
+                if response.status_code == 200:
+                    pending.discard(k)
+                else:
+                    last_error[k] = f"HTTP {response.status_code}"
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                down = ", ".join(
+                    f"{self.base_urls[k]} ({last_error.get(k, 'no answer')})" for k in sorted(pending)
+                )
+                raise TimeoutError(
+                    f"rollout servers not healthy after {timeout_s or self.timeout_s:g} s: {down}"
+                )
+            time.sleep(0.25)
+
+    def versions(self) -> list[VersionResponse]:
+        return [VersionResponse.model_validate(self._get(k, "/version/")) for k in range(len(self.base_urls))]
+
+    def world_size(self) -> int:
+        return sum(int(self._get(k, "/get_world_size/")["world_size"]) for k in range(len(self.base_urls)))
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [self._get(k, "/stats/") for k in range(len(self.base_urls))]
+
+    def _get(self, k: int, path: str) -> Any:
+        response = self._clients[k].get(f"{self.base_urls[k]}{path}")
+        _raise_for_status(response, self.base_urls[k], path)
+        return response.json()
+
+    # --- inference -------------------------------------------------------------------------------
+
+    def infer(self, requests: Sequence[InferRequest], config: RequestConfig) -> list[InferResponse]:
+        """One response per request, in order (request i sampled with `config.seed + i`)."""
+        if not requests:
+            return []
+        parts = contiguous_parts(len(requests), len(self.base_urls))
+        if len(parts) == 1:
+            return self._infer_chunk(0, list(requests), config, 0)
+        futures = [
+            self._pool.submit(self._infer_chunk, k, list(requests[start:stop]), config, start)
+            for k, (start, stop) in enumerate(parts)
+        ]
+        out: list[InferResponse] = []
+        for future in futures:
+            out += future.result()
+        return out
+
+    def _infer_chunk(
+        self, k: int, requests: list[InferRequest], config: RequestConfig, offset: int
+    ) -> list[InferResponse]:
+        body = InferBody(infer_requests=requests, request_config=_shifted(config, offset))
+        where = f"{self.base_urls[k]} requests [{offset}, {offset + len(requests)}) seed={body.request_config.seed}"
+        try:
+            return self._post_infer(k, body, fresh=False)
+        except _Retryable as first:
+            self._count("retries")
+            log.warning("rollout %s failed (%s); retrying on a fresh connection", where, first)
+        try:
+            return self._post_infer(k, body, fresh=True)
+        except _Retryable as second:
+            if len(requests) == 1:
+                self._count("failed_calls")
+                raise RolloutServerError(f"rollout {where} failed twice: {second}") from None
+            self._count("splits")
+            log.warning("rollout %s failed again (%s); splitting it in halves", where, second)
+        mid = len(requests) // 2
+        return self._infer_chunk(k, requests[:mid], config, offset) + self._infer_chunk(
+            k, requests[mid:], config, offset + mid
+        )
+
+    def _post_infer(self, k: int, body: InferBody, *, fresh: bool) -> list[InferResponse]:
+        url = f"{self.base_urls[k]}/infer/"
+        payload = body.model_dump(mode="json")
+        self._count("infer_calls")
+        try:
+            if fresh:
+                with self._new_http() as http:
+                    response = http.post(url, json=payload)
+            else:
+                response = self._clients[k].post(url, json=payload)
+        except httpx.HTTPError as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500 or response.status_code in (408, 429):
+            raise _Retryable(f"HTTP {response.status_code}: {_detail(response)}")
+        _raise_for_status(response, self.base_urls[k], "/infer/")
+        try:
+            results = _RESPONSES.validate_json(response.content)
+        except ValidationError as exc:
+            raise RolloutServerError(f"{url} answered with an unexpected body: {exc}") from None
+        if len(results) != len(body.infer_requests):
+            raise RolloutServerError(
+                f"{url} answered {len(results)} items for {len(body.infer_requests)} requests"
+            )
+        return results
+
+    # --- weights ---------------------------------------------------------------------------------
+
+    def push_weights(
+        self, state_dict: Mapping[str, torch.Tensor], version: int, transport: Transport | None = None
+    ) -> PushReport:
+        """Full sync of `state_dict` (every tensor the servers' models have, same names/shapes/dtypes)
+        to every server as `version`; raises `WeightPushError` (old weights keep serving) on failure."""
+        chosen = transport or self.transport
+        start = time.perf_counter()
+        if chosen == "http":
+            num_bytes, num_chunks = self._push_http(state_dict, version)
+        else:
+            num_bytes, num_chunks = self._push_disk(state_dict, version), 1
+        report = PushReport(version, chosen, num_bytes, num_chunks, time.perf_counter() - start)
+        self._count("weight_pushes")
+        self.last_push = report
+        log.info(
+            "weights version %d pushed over %s: %.1f MB in %.2f s",
+            version,
+            chosen,
+            num_bytes / 1e6,
+            report.seconds,
+        )
+        return report
+
+    def _push_http(self, state_dict: Mapping[str, torch.Tensor], version: int) -> tuple[int, int]:
+        sync_id = uuid.uuid4().hex
+        num_bytes = num_chunks = 0
+        try:
+            for chunk in encode_chunks(state_dict, self.chunk_bytes):
+                params = {
+                    "sync_id": sync_id,
+                    "chunk_index": chunk.index,
+                    "sha256": chunk.sha256,
+                    "version": version,
+                }
+                self._on_every_server(partial(self._post_chunk, params=params, data=chunk.data))
+                num_bytes += len(chunk.data)
+                num_chunks += 1
+            commit = {"sync_id": sync_id, "version": version, "num_chunks": num_chunks}
+            responses = self._on_every_server(lambda k: self._post(k, "/update_weights/commit/", json=commit))
+        except WeightPushError:
+            self._on_every_server(lambda k: self._abort(k, sync_id))
+            raise
+        _check_versions(responses, version)
+        return num_bytes, num_chunks
+
+    def _push_disk(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+        if self.disk_dir is None:
+            raise ValueError("disk weight sync needs custom.extra.rollout_matching.vllm.sync.disk_dir")
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        path = (self.disk_dir / f"weights_v{version}.safetensors").absolute()
+        tmp = path.with_suffix(".tmp")
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)  # servers never see a half-written snapshot
+        try:
+            body = {"path": str(path), "version": version}
+            responses = self._on_every_server(
+                lambda k: self._post(k, "/update_weights/from_disk/", json=body)
+            )
+            _check_versions(responses, version)
+        finally:
+            path.unlink(missing_ok=True)
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _on_every_server(self, call: Callable[[int], T]) -> list[T]:
+        futures = [self._pool.submit(call, k) for k in range(len(self.base_urls))]
+        return [future.result() for future in futures]
+
+    def _post(self, k: int, path: str, **kwargs: Any) -> Any:
+        url = f"{self.base_urls[k]}{path}"
+        try:
+            response = self._clients[k].post(url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise WeightPushError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise WeightPushError(f"{url}: HTTP {response.status_code}: {_detail(response)}")
+        return response.json()
+
+    def _post_chunk(self, k: int, *, params: dict[str, Any], data: bytes) -> Any:
+        headers = {"Content-Type": "application/octet-stream"}
+        return self._post(k, "/update_weights/", params=params, content=data, headers=headers)
+
+    def _abort(self, k: int, sync_id: str) -> None:
+        try:
+            self._clients[k].post(f"{self.base_urls[k]}/update_weights/abort/", json={"sync_id": sync_id})
+        except httpx.HTTPError as exc:  # the server discards a stale staging on the next sync anyway
+            log.warning("could not abort weight sync %s on %s: %s", sync_id, self.base_urls[k], exc)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for http in self._clients:
+            http.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_versions(responses: Sequence[Any], version: int) -> None:
+    for response in responses:
+        reported = SyncResponse.model_validate(response).version
+        if reported != version:
+            raise WeightPushError(f"a server reports version {reported} after a sync to {version}")
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    return str(body.get("detail", body)) if isinstance(body, dict) else str(body)[:500]
+
+
+def _raise_for_status(response: httpx.Response, base_url: str, path: str) -> None:
+    if response.status_code >= 400:
+        raise RolloutRequestError(f"{base_url}{path}: HTTP {response.status_code}: {_detail(response)}")

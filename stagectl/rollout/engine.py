@@ -1,0 +1,93 @@
+"""The engine `Protocol` behind the rollout server, and the plain data it takes and returns.
+
+An engine turns normalised requests (template-ready messages + decoded images + sampling
+parameters + a seed) into results, and swaps its weights atomically. Implementations: `hf`
+(`engines.hf`, transformers with a batching worker), `fake` (`engines.fake`, a deterministic echo
+for tests) and `vllm` (the `vllm` extra). The server owns everything else: HTTP, limits, image
+paths, weight staging and verification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Everything that must be equal for two requests to share one generate call (the seed need not)."""
+
+    max_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    messages: list[dict[str, Any]]  # chat-template messages (`prompts.normalize_messages`)
+    images: list[Image.Image]  # decoded RGB images, in placeholder order
+    params: SamplingParams
+    seed: int | None  # None: the engine draws a fresh one
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated ids; ends with the stop id / the token completing a stop string
+    text: str  # decoded `token_ids` (special tokens skipped), cut before a stop string
+    finish_reason: FinishReason
+    version: int  # the weight version that generated it
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the prefix: "float32", "bfloat16", ...
+
+    @property
+    def num_elements(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+class Engine(Protocol):
+    """What the server needs from an inference engine. Every method is safe to call from any thread."""
+
+    name: str  # "hf", "vllm", "fake"
+    model_name: str  # what /version/ reports
+
+    @property
+    def version(self) -> int:
+        """Version of the weights serving now (0 at start, then the version of each applied sync)."""
+        ...
+
+    def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        """One result per request, in order; blocks until all are done."""
+        ...
+
+    def weight_specs(self) -> dict[str, TensorSpec]:
+        """Name -> shape/dtype of every tensor a full sync must provide."""
+        ...
+
+    def apply_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Swap in `weights` (already verified against `weight_specs`) and set `version`, atomically
+        with respect to generation: no request ever sees half-updated weights."""
+        ...
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Histogram of generate batch sizes so far."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,95 @@
+"""Start `stagectl rollout-server` as a child process and find its address (embedded servers, tests).
+
+The child prints `rollout-server: listening on URL` once its socket listens; a reader thread drains
+the child's merged stdout/stderr (so it never blocks on a full pipe), keeps the last lines for error
+messages, and hands the URL over. `stop()` sends SIGTERM (graceful) and kills after a grace period.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from stagectl.rollout.protocol import LISTENING_PREFIX
+
+
+class ServerProcess:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        """`args` are the arguments after `stagectl rollout-server`; output also goes to `log_path`."""
+        self.args = [sys.executable, "-m", "stagectl", "rollout-server", *args]
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self._log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            cwd=cwd,
+        )
+        self._reader = threading.Thread(target=self._read, name="rollout-server-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.tail.append(line.rstrip("\n"))
+            if self._log is not None:
+                self._log.write(line)
+                self._log.flush()
+            if self.url is None and line.startswith(LISTENING_PREFIX):
+                self.url = line[len(LISTENING_PREFIX) :].strip()
+                self._ready.set()
+        self._ready.set()  # the child exited (or closed stdout) without listening
+
+    def wait_listening(self, timeout_s: float = 120.0) -> str:
+        """The server's base URL; `RuntimeError` with the child's last output if it never listens."""
+        if not self._ready.wait(timeout_s) or self.url is None:
+            self.stop()
+            output = "\n".join(self.tail)
+            raise RuntimeError(f"rollout-server did not start (exit code {self.proc.poll()}):\n{output}")
+        return self.url
+
+    def stop(self, grace_s: float = 20.0) -> int:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=5)
+        if self._log is not None:
+            self._log.close()
+        return int(self.proc.returncode)
+
+
+def start_server_process(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_path: str | Path | None = None,
+    timeout_s: float = 120.0,
+) -> ServerProcess:
+    """Start the child and wait until it listens (`.url` holds its base URL)."""
+    server = ServerProcess(args, env=env, cwd=cwd, log_path=log_path)
+    server.wait_listening(timeout_s)
+    return server

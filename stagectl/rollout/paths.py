@@ -1,0 +1,73 @@
+"""Where the server may read files: request images under `image_roots`, weight snapshots under the
+weight directories. Inline `data:image/...;base64,` images are decoded here too.
+
+A path is refused before anything is read when it is a URL, contains `..`, or resolves (symlinks
+followed) outside every allowed root, so a symlink inside a root cannot point out of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from PIL import Image, UnidentifiedImageError
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[^,;]+=[^,;]*)*;base64,", re.ASCII)
+
+
+class PathRefused(ValueError):
+    """A request named a file the server must not read (HTTP 400)."""
+
+
+def resolve_under_roots(raw: str, roots: Sequence[Path], *, what: str, roots_key: str) -> Path:
+    """The resolved path of `raw` if it lies under one of `roots`; `PathRefused` otherwise."""
+    if _SCHEME.match(raw):
+        raise PathRefused(f"{what} {raw[:80]!r}: URLs are not fetched; send a path or an inline data: URL")
+    path = Path(raw).expanduser()
+    if ".." in path.parts:
+        raise PathRefused(f"{what} {raw!r}: '..' is not allowed in paths")
+    if not roots:
+        raise PathRefused(f"{what} {raw!r}: the server allows no {what} paths ({roots_key} is empty)")
+    resolved = path.resolve()
+    for root in roots:
+        if resolved.is_relative_to(root.expanduser().resolve()):
+            return resolved
+    allowed = ", ".join(str(r) for r in roots)
+    raise PathRefused(f"{what} {raw!r} resolves outside {roots_key} ({allowed})")
+
+
+def decode_data_url(url: str) -> Image.Image:
+    """An inline `data:image/...;base64,...` image as RGB."""
+    match = _DATA_URL.match(url)
+    if match is None:
+        raise PathRefused("inline images must be base64 data URLs: data:image/png;base64,...")
+    try:
+        raw = base64.b64decode(url[match.end() :], validate=True)
+    except binascii.Error as exc:
+        raise PathRefused(f"inline image: invalid base64 ({exc})") from None
+    return _decode(io.BytesIO(raw), "inline image")
+
+
+def load_image(ref: str, roots: Sequence[Path]) -> Image.Image:
+    """A request image (path under `roots` or data URL) as RGB; `PathRefused` for anything else."""
+    if ref.startswith("data:"):
+        return decode_data_url(ref)
+    path = resolve_under_roots(ref, roots, what="image", roots_key="rollout_server.image_roots")
+    if not path.is_file():
+        raise PathRefused(f"image {ref!r}: no such file")
+    with path.open("rb") as handle:
+        return _decode(handle, f"image {ref!r}")
+
+
+def _decode(handle: BinaryIO, what: str) -> Image.Image:
+    try:
+        with Image.open(handle) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise PathRefused(f"{what}: not a readable image ({exc})") from None

@@ -1,0 +1,162 @@
+"""The wire contract of the rollout server, shared by the server (`rollout.app`) and the client.
+
+Inference follows the `swift rollout` contract, so the learner can also be pointed at a swift
+server: `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a list of
+`InferResponse`. stagectl's own server adds `GET /version/`, `GET /stats/` and the weight endpoints:
+
+- `POST /update_weights/?sync_id=&chunk_index=&sha256=&version=` with a raw safetensors body
+  (one chunk, `application/octet-stream`); chunks are sent in order 0, 1, 2, ...
+- `POST /update_weights/commit/` with `CommitBody`; `POST /update_weights/abort/` with `AbortBody`.
+- `POST /update_weights/from_disk/` with `DiskSyncBody` (a snapshot under an allowed directory).
+
+Seeds: request `i` of one `/infer/` call is sampled with `request_config.seed + i` (when a seed is
+given), so a request keeps its seed when the client retries or splits a chunk (it sends each half
+with the seed shifted by the half's offset) and a rollout is reproducible from the logged base seed.
+
+Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); responses tolerate extra
+fields because a swift server sends more than stagectl reads. No pickle anywhere: JSON and
+safetensors only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+IMAGE_TAG = "<image>"
+LISTENING_PREFIX = "rollout-server: listening on "  # + base URL, printed once the socket listens
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentItem(_Request):
+    """One part of a multimodal message: `{"type": "image"}` (the next entry of `images`) or text."""
+
+    type: Literal["text", "image"]
+    text: str | None = None
+
+
+class Message(_Request):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentItem]
+    """A string (each `<image>` tag takes the next entry of `images`, as in swift) or a list of items."""
+
+
+class InferRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+    images: list[str] = Field(default_factory=list)
+    """Image paths (under the server's `image_roots`) or inline `data:image/...;base64,` URLs, in order."""
+
+
+class RequestConfig(_Request):
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    """0 decodes greedily."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = None
+    """None, 0 or -1 disable top-k."""
+    repetition_penalty: float = Field(1.0, gt=0)
+    seed: int | None = Field(None, ge=0)
+    """Base seed: request i of the call samples with seed + i."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings; the text is cut before the first one, token ids end with the token completing it."""
+    return_details: bool = False
+    """Return `prompt_token_ids` and `choices[0].token_ids` (the learner always asks for them)."""
+    n: int = Field(1, ge=1, le=1)
+    """Completions per request: stagectl's server generates exactly one."""
+    stream: Literal[False] = False
+
+
+class InferBody(_Request):
+    infer_requests: list[InferRequest]
+    request_config: RequestConfig = Field(default_factory=RequestConfig)
+
+
+class ChatMessage(_Response):
+    role: str = "assistant"
+    content: str
+
+
+class Choice(_Response):
+    index: int = 0
+    message: ChatMessage
+    finish_reason: str | None = None
+    """`stop` (a stop token or string ended it) or `length` (max_tokens reached)."""
+    token_ids: list[int] | None = None
+
+
+class Usage(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class InferResponse(_Response):
+    model: str = ""
+    choices: list[Choice] = Field(min_length=1)
+    usage: Usage = Field(default_factory=Usage)
+    prompt_token_ids: list[int] | None = None
+    version: int | None = None
+    """stagectl's server: the weight version that generated this response (absent from swift)."""
+
+
+class HealthResponse(_Response):
+    status: str = "ok"
+
+
+class WorldSizeResponse(_Response):
+    world_size: int
+
+
+class VersionResponse(_Response):
+    version: int
+    model: str
+    engine: str = ""
+
+
+class CommitBody(_Request):
+    sync_id: str = Field(min_length=1, max_length=128)
+    version: int = Field(ge=0)
+    """Target version; must be above the serving version."""
+    num_chunks: int = Field(ge=1)
+
+
+class AbortBody(_Request):
+    sync_id: str = Field(min_length=1, max_length=128)
+
+
+class DiskSyncBody(_Request):
+    path: str
+    """A `.safetensors` snapshot under one of the server's weight directories."""
+    version: int = Field(ge=0)
+
+
+class ChunkResponse(_Response):
+    sync_id: str
+    chunk_index: int
+    num_tensors: int
+
+
+class SyncResponse(_Response):
+    version: int
+    num_tensors: int
+    num_bytes: int
+    apply_s: float
+    """Seconds the swap held the generation lock."""
+
+
+class StatsResponse(_Response):
+    version: int
+    num_requests: int
+    num_batches: int
+    batch_sizes: dict[str, int]
+    """Histogram of generate batch sizes: `{"1": 3, "8": 2}` (keys are sizes as strings, JSON style)."""
+    num_syncs: int
+    num_failed_syncs: int

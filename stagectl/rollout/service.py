@@ -1,0 +1,130 @@
+"""What the rollout server does, without HTTP: validate and load request inputs, call the engine,
+shape swift-style responses, run weight syncs, count. `rollout.app` maps HTTP onto these methods."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stagectl.rollout.engine import Engine, EngineRequest, EngineResult, SamplingParams
+from stagectl.rollout.paths import load_image
+from stagectl.rollout.protocol import (
+    ChatMessage,
+    Choice,
+    InferBody,
+    InferResponse,
+    RequestConfig,
+    StatsResponse,
+    SyncResponse,
+    Usage,
+    VersionResponse,
+)
+from stagectl.rollout.sync import WeightSync
+from stagectl.rollout.text import normalize_messages
+
+
+class BadRequest(ValueError):
+    """The request is well-formed JSON but cannot be served as asked (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    image_roots: Sequence[Path] = ()
+    weight_dirs: Sequence[Path] = ()
+    auth_token: str | None = None  # None: weight/admin endpoints are open (loopback only)
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_weight_chunk_bytes: int = 512 * 1024 * 1024
+    slow_infer_ms: float = 0.0
+
+
+def sampling_params(config: RequestConfig) -> SamplingParams:
+    top_k = config.top_k if config.top_k is not None and config.top_k > 0 else 0
+    return SamplingParams(
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=top_k,
+        repetition_penalty=config.repetition_penalty,
+        stop=tuple(config.stop),
+    )
+
+
+class RolloutService:
+    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.sync = WeightSync(engine, settings.weight_dirs)
+        self.num_requests = 0
+        self._count_lock = threading.Lock()
+
+    def infer(self, body: InferBody) -> list[InferResponse]:
+        if not body.infer_requests:
+            return []
+        config = body.request_config
+        params = sampling_params(config)
+        requests = []
+        for i, item in enumerate(body.infer_requests):
+            try:
+                images = [load_image(ref, self.settings.image_roots) for ref in item.images]
+                messages = normalize_messages(item.messages, len(images))
+            except ValueError as exc:
+                raise BadRequest(f"infer_requests[{i}]: {exc}") from None
+            seed = None if config.seed is None else config.seed + i
+            requests.append(EngineRequest(messages, images, params, seed))
+        if self.settings.slow_infer_ms > 0:
+            time.sleep(self.settings.slow_infer_ms / 1000.0)
+        results = self.engine.generate(requests)
+        with self._count_lock:
+            self.num_requests += len(requests)
+        return [self._response(result, config.return_details) for result in results]
+
+    def _response(self, result: EngineResult, details: bool) -> InferResponse:
+        return InferResponse(
+            model=self.engine.model_name,
+            choices=[
+                Choice(
+                    index=0,
+                    message=ChatMessage(role="assistant", content=result.text),
+                    finish_reason=result.finish_reason,
+                    token_ids=result.token_ids if details else None,
+                )
+            ],
+            usage=Usage(
+                prompt_tokens=len(result.prompt_token_ids),
+                completion_tokens=len(result.token_ids),
+                total_tokens=len(result.prompt_token_ids) + len(result.token_ids),
+            ),
+            prompt_token_ids=result.prompt_token_ids if details else None,
+            version=result.version,
+        )
+
+    def version(self) -> VersionResponse:
+        return VersionResponse(
+            version=self.engine.version, model=self.engine.model_name, engine=self.engine.name
+        )
+
+    def stats(self) -> StatsResponse:
+        histogram = self.engine.batch_sizes()
+        return StatsResponse(
+            version=self.engine.version,
+            num_requests=self.num_requests,
+            num_batches=sum(histogram.values()),
+            batch_sizes={str(size): count for size, count in sorted(histogram.items())},
+            num_syncs=self.sync.num_syncs,
+            num_failed_syncs=self.sync.num_failed_syncs,
+        )
+
+    def add_chunk(self, sync_id: str, chunk_index: int, sha256: str, version: int, data: bytes) -> int:
+        return self.sync.add_chunk(sync_id, chunk_index, sha256, version, data)
+
+    def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
+        return self.sync.commit(sync_id, version, num_chunks)
+
+    def load_from_disk(self, path: str, version: int) -> SyncResponse:
+        return self.sync.load_from_disk(path, version)
+
+    def close(self) -> None:
+        self.engine.close()

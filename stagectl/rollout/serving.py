@@ -1,0 +1,147 @@
+"""Running the rollout server: config -> engine + service + app, bind, print the address, serve.
+
+`run_server` is what `stagectl rollout-server` calls: it binds the socket itself (port 0 picks a free
+one), prints `rollout-server: listening on http://HOST:PORT` on stdout for a parent process to read,
+then runs uvicorn, which shuts down gracefully on SIGTERM/SIGINT (in-flight requests finish, then the
+engine stops). `ThreadedServer` runs an app in a background thread (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from stagectl.config import StagectlConfig
+from stagectl.config.rollout import RolloutServerConfig
+from stagectl.config.root import LOOPBACK_HOSTS
+from stagectl.rollout.app import build_app
+from stagectl.rollout.engine import Engine
+from stagectl.rollout.protocol import LISTENING_PREFIX
+from stagectl.rollout.service import RolloutService, ServerSettings
+
+GRACEFUL_SHUTDOWN_S = 30
+
+
+def read_token(env_name: str | None, key: str) -> str | None:
+    """The bearer token held by environment variable `env_name` (None when no variable is configured)."""
+    if env_name is None:
+        return None
+    token = os.environ.get(env_name, "").strip()
+    if not token:
+        raise ValueError(f"{key} names ${env_name}, which is unset or empty; export the token there")
+    return token
+
+
+def server_settings(rs: RolloutServerConfig, weight_dirs: Sequence[Path] = ()) -> ServerSettings:
+    token = read_token(rs.auth_token_env, "rollout_server.auth_token_env")
+    if rs.host not in LOOPBACK_HOSTS and token is None:
+        raise ValueError(
+            f"rollout_server.host {rs.host!r} is beyond loopback: set rollout_server.auth_token_env "
+            "(a bearer token protects the weight endpoints) or bind 127.0.0.1"
+        )
+    return ServerSettings(
+        image_roots=list(rs.image_roots),
+        weight_dirs=list(weight_dirs),
+        auth_token=token,
+        max_request_bytes=rs.max_request_bytes,
+        max_weight_chunk_bytes=rs.max_weight_chunk_bytes,
+        slow_infer_ms=rs.slow_infer_ms,
+    )
+
+
+def build_engine(cfg: StagectlConfig) -> Engine:
+    rs = cfg.rollout_server
+    if rs.engine == "hf":
+        import torch
+
+        from stagectl.models.loading import load_bundle
+        from stagectl.rollout.engines.hf import HFEngine
+
+        bundle = load_bundle(
+            cfg.model.name_or_path,
+            torch_dtype=cfg.model.torch_dtype,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            attn_implementation=cfg.model.attn_implementation,
+        )
+        return HFEngine(
+            bundle,
+            model_name=cfg.model.name_or_path,
+            max_batch_size=rs.max_batch_size,
+            batch_wait_ms=rs.batch_wait_ms,
+        )
+    raise ValueError("rollout_server.engine: vllm is not available in this build yet; use engine: hf")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; connections queue in its backlog until uvicorn accepts them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        log_level="info",
+        access_log=False,  # our AccessLog middleware writes one JSON line per request
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    return uvicorn.Server(config)
+
+
+def run_server(cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = ()) -> None:
+    """Load the engine, bind, print the address, serve until SIGTERM/SIGINT."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    rs = cfg.rollout_server
+    settings = server_settings(rs, weight_dirs)  # fail on a bad token setup before loading the model
+    sock = bind_socket(rs.host, rs.port)
+    service = RolloutService(build_engine(cfg), settings)
+    print(f"{LISTENING_PREFIX}{url_of(sock)}", flush=True)
+    _uvicorn_server(build_app(service)).run(sockets=[sock])
+
+
+class ThreadedServer:
+    """Serve `app` on a background thread at 127.0.0.1 (a free port unless given); `stop()` shuts it down."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._sock = bind_socket(host, port)
+        self.url = url_of(self._sock)
+        self._server = _uvicorn_server(app)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="rollout-server", daemon=True
+        )
+
+    def start(self, timeout_s: float = 30.0) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the threaded rollout server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=GRACEFUL_SHUTDOWN_S + 5)
+        self._sock.close()

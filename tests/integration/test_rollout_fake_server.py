@@ -1,0 +1,390 @@
+"""The real rollout server app (FastAPI + uvicorn on 127.0.0.1, in a thread) over the fake echo engine:
+the swift-style contract, bad input, auth, weight sync (http and disk), client retries/splits, batching."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from PIL import Image
+
+from stagectl.rollout.app import build_app
+from stagectl.rollout.client import (
+    RolloutClient,
+    RolloutRequestError,
+    RolloutServerError,
+    WeightPushError,
+    detection_request,
+)
+from stagectl.rollout.engines.fake import FakeEngine, default_weights
+from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
+from stagectl.rollout.service import RolloutService, ServerSettings
+from stagectl.rollout.serving import ThreadedServer
+from stagectl.rollout.weights import encode_chunks
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+KIB = 1024
+
+
+@dataclass
+class Served:
+    url: str
+    engine: FakeEngine
+    root: Path
+    outside: Path
+    weights_dir: Path
+
+
+def _serve(engine: FakeEngine, settings: ServerSettings) -> ThreadedServer:
+    return ThreadedServer(build_app(RolloutService(engine, settings))).start()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    base = tmp_path_factory.mktemp("fake_server")
+    root, outside, weights_dir = base / "images", base / "outside", base / "weights"
+    for d in (root, outside, weights_dir):
+        d.mkdir()
+    Image.new("RGB", (8, 6)).save(root / "a.png")
+    Image.new("RGB", (4, 4)).save(outside / "secret.png")
+    (root / "link.png").symlink_to(outside / "secret.png")
+    engine = FakeEngine(
+        default_weights(num_mib=1, block_mib=1), max_batch_size=8, batch_wait_ms=20, step_delay_ms=20
+    )
+    settings = ServerSettings(
+        image_roots=[root],
+        weight_dirs=[weights_dir],
+        auth_token=TOKEN,
+        max_request_bytes=64 * KIB,
+        max_weight_chunk_bytes=256 * KIB,
+    )
+    server = _serve(engine, settings)
+    yield Served(server.url, engine, root, outside, weights_dir)
+    server.stop()
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[RolloutClient]:
+    with RolloutClient(
+        [served.url], auth_token=TOKEN, chunk_bytes=128 * KIB, disk_dir=served.weights_dir
+    ) as c:
+        yield c
+
+
+def _text(i: int) -> InferRequest:
+    return InferRequest(messages=[Message(role="user", content=f"hello {i}")])
+
+
+def _contents(responses: list) -> list[str]:
+    return [r.choices[0].message.content for r in responses]
+
+
+def _weights(served: Served, w0: float) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for name, spec in served.engine.weight_specs().items():
+        state[name] = torch.full(spec.shape, w0 if name == "w0" else 0.5)
+    return state
+
+
+def test_health_world_size_version(served: Served) -> None:
+    assert httpx.get(f"{served.url}/health/").status_code == 200
+    assert httpx.get(f"{served.url}/get_world_size/").json() == {"world_size": 1}
+    version = httpx.get(f"{served.url}/version/").json()
+    assert version["model"] == "fake-echo" and version["engine"] == "fake" and version["version"] >= 0
+
+
+def test_infer_in_order_with_per_request_seeds(served: Served, client: RolloutClient) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (5, 7)).save(buffer, format="PNG")
+    inline = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    requests = [
+        detection_request([served.root / "a.png"], "find 0"),
+        InferRequest(messages=[Message(role="user", content="<image>find 1")], images=[inline]),
+        _text(2),
+    ]
+    out = client.infer(requests, RequestConfig(seed=40, max_tokens=200, return_details=True))
+    contents = _contents(out)
+    assert [c.split(" seed=")[0] for c in contents] == ["echo find 0", "echo find 1", "echo hello 2"]
+    assert [c.split(" seed=")[1].split()[0] for c in contents] == ["40", "41", "42"]  # base seed + index
+    prompt = bytes(out[0].prompt_token_ids or []).decode()
+    assert "<image 8x6>find 0" in prompt  # the image was read from the root
+    assert "<image 5x7>" in bytes(out[1].prompt_token_ids or []).decode()
+    assert bytes(out[2].choices[0].token_ids or []).decode() == contents[2]
+    assert out[0].usage.prompt_tokens == len(out[0].prompt_token_ids or [])
+
+
+def test_max_tokens_and_stop_strings(client: RolloutClient) -> None:
+    (short,) = client.infer([_text(0)], RequestConfig(max_tokens=4, return_details=True))
+    assert short.choices[0].message.content == "echo" and short.choices[0].finish_reason == "length"
+    (stopped,) = client.infer([_text(0)], RequestConfig(stop=[" seed"], return_details=True))
+    assert stopped.choices[0].message.content == "echo hello 0"
+    assert stopped.choices[0].finish_reason == "stop"
+    assert bytes(stopped.choices[0].token_ids or []).decode() == "echo hello 0 seed"
+
+
+def test_details_are_optional(client: RolloutClient) -> None:
+    (out,) = client.infer([_text(0)], RequestConfig())
+    assert out.prompt_token_ids is None and out.choices[0].token_ids is None
+
+
+def test_empty_request_list(served: Served, client: RolloutClient) -> None:
+    response = httpx.post(f"{served.url}/infer/", json={"infer_requests": []})
+    assert response.status_code == 200 and response.json() == []
+    assert client.infer([], RequestConfig()) == []
+
+
+def test_body_above_limit_is_413(served: Served) -> None:
+    big = {"infer_requests": [{"messages": [{"role": "user", "content": "x" * (80 * KIB)}]}]}
+    response = httpx.post(f"{served.url}/infer/", json=big)
+    assert response.status_code == 413
+    assert "exceeds" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("outside/secret.png", "resolves outside rollout_server.image_roots"),
+        ("images/link.png", "resolves outside rollout_server.image_roots"),
+        ("images/../outside/secret.png", "'..' is not allowed"),
+        ("https://example.com/a.png", "URLs are not fetched"),
+    ],
+)
+def test_images_outside_roots_are_400(served: Served, path: str, error: str) -> None:
+    ref = path if path.startswith("https") else str(served.root.parent / path)
+    body = {"infer_requests": [{"messages": [{"role": "user", "content": "<image>x"}], "images": [ref]}]}
+    response = httpx.post(f"{served.url}/infer/", json=body)
+    assert response.status_code == 400
+    assert error in response.json()["detail"]
+    assert "infer_requests[0]" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"infer_requests": [{"images": []}]}, "infer_requests.0.messages: Field required"),
+        ({}, "infer_requests: Field required"),
+        ({"infer_requests": [], "request_config": {"max_tokens": 0}}, "request_config.max_tokens"),
+        (
+            {"infer_requests": [], "request_config": {"temprature": 1}},
+            "request_config.temprature: Extra inputs",
+        ),
+    ],
+)
+def test_missing_or_bad_fields_are_422_naming_them(served: Served, body: dict, field: str) -> None:
+    response = httpx.post(f"{served.url}/infer/", json=body)
+    assert response.status_code == 422
+    assert field in response.json()["detail"]
+
+
+def test_malformed_json_is_422(served: Served) -> None:
+    response = httpx.post(
+        f"{served.url}/infer/", content=b'{"infer_requests": [', headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert "JSON" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}]
+)
+def test_weight_endpoints_need_the_token(served: Served, headers: dict[str, str]) -> None:
+    for path, kwargs in [
+        ("/update_weights/?sync_id=x&chunk_index=0&sha256=" + "0" * 64 + "&version=99", {"content": b"x"}),
+        ("/update_weights/commit/", {"json": {"sync_id": "x", "version": 99, "num_chunks": 1}}),
+        ("/update_weights/abort/", {"json": {"sync_id": "x"}}),
+        ("/update_weights/from_disk/", {"json": {"path": "/tmp/x.safetensors", "version": 99}}),
+    ]:
+        response = httpx.post(f"{served.url}{path}", headers=headers, **kwargs)
+        assert response.status_code == 401, path
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+def _version(served: Served) -> int:
+    return int(httpx.get(f"{served.url}/version/").json()["version"])
+
+
+def test_http_push_swaps_weights_and_advances_version(served: Served, client: RolloutClient) -> None:
+    before = _version(served)
+    report = client.push_weights(_weights(served, 0.25), before + 1)
+    assert report.num_chunks > 1  # the 1 MiB block was split over 128 KiB chunks
+    assert _version(served) == before + 1
+    (out,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
+    assert f"ver={before + 1} w=4" in out.choices[0].message.content  # 16 x 0.25
+    assert out.version == before + 1
+    assert torch.equal(served.engine.weights["block0"], torch.full((256, 1024), 0.5))
+
+
+def test_sync_killed_half_way_keeps_the_old_weights(served: Served, client: RolloutClient) -> None:
+    before = _version(served)
+    (old,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
+    chunks = list(encode_chunks(_weights(served, 9.0), 128 * KIB))
+    assert len(chunks) > 3
+    for chunk in chunks[:2]:  # the "learner" dies after two chunks
+        params = {
+            "sync_id": "dead",
+            "chunk_index": chunk.index,
+            "sha256": chunk.sha256,
+            "version": before + 1,
+        }
+        assert httpx.post(
+            f"{served.url}/update_weights/", params=params, content=chunk.data, headers=AUTH
+        ).is_success
+    assert _version(served) == before
+    (now,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
+    assert now.choices[0].message.content == old.choices[0].message.content
+    # committing the partial sync is refused; a new sync supersedes it and works
+    commit = {"sync_id": "dead", "version": before + 1, "num_chunks": len(chunks)}
+    response = httpx.post(f"{served.url}/update_weights/commit/", json=commit, headers=AUTH)
+    assert response.status_code == 400 and "2 arrived" in response.json()["detail"]
+    assert _version(served) == before
+    client.push_weights(_weights(served, 1.0), before + 1)
+    assert _version(served) == before + 1
+
+
+def test_bad_checksum_is_rejected(served: Served) -> None:
+    before = _version(served)
+    failed = httpx.get(f"{served.url}/stats/").json()["num_failed_syncs"]
+    (chunk, *_rest) = encode_chunks(_weights(served, 5.0), 128 * KIB)
+    params = {"sync_id": "bad", "chunk_index": 0, "sha256": "a" * 64, "version": before + 1}
+    response = httpx.post(f"{served.url}/update_weights/", params=params, content=chunk.data, headers=AUTH)
+    assert response.status_code == 400
+    assert (
+        "sha256 mismatch" in response.json()["detail"]
+        and f"still serving version {before}" in response.json()["detail"]
+    )
+    commit = {"sync_id": "bad", "version": before + 1, "num_chunks": 1}
+    response = httpx.post(f"{served.url}/update_weights/commit/", json=commit, headers=AUTH)
+    assert response.status_code == 400 and "unknown weight sync" in response.json()["detail"]
+    assert _version(served) == before
+    assert httpx.get(f"{served.url}/stats/").json()["num_failed_syncs"] == failed + 1
+
+
+def test_mismatched_or_stale_syncs_are_rejected(served: Served, client: RolloutClient) -> None:
+    before = _version(served)
+    wrong_shape = {**_weights(served, 1.0), "w0": torch.zeros(3, 3)}
+    with pytest.raises(WeightPushError, match=r"w0: shape \[3, 3\], the serving model has \[4, 4\]"):
+        client.push_weights(wrong_shape, before + 1)
+    missing = {"w0": torch.zeros(4, 4)}
+    with pytest.raises(WeightPushError, match="incomplete full sync: 1 tensors missing"):
+        client.push_weights(missing, before + 1)
+    with pytest.raises(WeightPushError, match="not above the serving version"):
+        client.push_weights(_weights(served, 1.0), before)
+    assert _version(served) == before
+
+
+def test_chunk_above_limit_is_413(served: Served) -> None:
+    big_chunks = RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=4 * 1024 * KIB)
+    with big_chunks, pytest.raises(WeightPushError, match="HTTP 413"):
+        big_chunks.push_weights(_weights(served, 1.0), _version(served) + 1)
+
+
+def test_disk_push(served: Served, client: RolloutClient) -> None:
+    before = _version(served)
+    report = client.push_weights(_weights(served, 0.5), before + 1, transport="disk")
+    assert report.transport == "disk" and _version(served) == before + 1
+    assert list(served.weights_dir.iterdir()) == []  # the snapshot is removed after the commit
+    (out,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
+    assert "w=8" in out.choices[0].message.content
+    outside = served.outside / "w.safetensors"
+    body = {"path": str(outside), "version": before + 5}
+    response = httpx.post(f"{served.url}/update_weights/from_disk/", json=body, headers=AUTH)
+    assert response.status_code == 400 and "resolves outside --weights-dir" in response.json()["detail"]
+
+
+def test_concurrent_clients_are_batched(served: Served) -> None:
+    stats_before = httpx.get(f"{served.url}/stats/").json()
+    results: dict[int, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def one_client(k: int) -> None:
+        try:
+            with RolloutClient([served.url]) as c:
+                requests = [_text(10 * k + j) for j in range(4)]
+                results[k] = _contents(c.infer(requests, RequestConfig(seed=100 * k, max_tokens=200)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one_client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k in range(8):
+        assert [c.split(" ver=")[0] for c in results[k]] == [
+            f"echo hello {10 * k + j} seed={100 * k + j}" for j in range(4)
+        ]
+    stats = httpx.get(f"{served.url}/stats/").json()
+    assert stats["num_requests"] - stats_before["num_requests"] == 32
+    new_batches = {
+        int(size): count - stats_before["batch_sizes"].get(size, 0)
+        for size, count in stats["batch_sizes"].items()
+    }
+    assert max(size for size, count in new_batches.items() if count > 0) > 4  # several clients per batch
+    assert max(new_batches) <= 8
+
+
+def test_client_retries_then_splits(served: Served, client: RolloutClient) -> None:
+    requests = [_text(j) for j in range(4)]
+    served.engine.fail_next_batches = 1
+    out = client.infer(requests, RequestConfig(seed=7, max_tokens=200))
+    assert client.counters()["retries"] == 1 and client.counters()["splits"] == 0
+    assert [c.split(" ver=")[0] for c in _contents(out)] == [f"echo hello {j} seed={7 + j}" for j in range(4)]
+    served.engine.fail_next_batches = 2  # the call and its retry fail: split into [0, 2) and [2, 4)
+    out = client.infer(requests, RequestConfig(seed=7, max_tokens=200))
+    assert client.counters()["retries"] == 2 and client.counters()["splits"] == 1
+    assert [c.split(" ver=")[0] for c in _contents(out)] == [f"echo hello {j} seed={7 + j}" for j in range(4)]
+    served.engine.fail_next_batches = 2
+    with pytest.raises(RolloutServerError, match=r"requests \[0, 1\) seed=7 failed twice"):
+        client.infer(requests[:1], RequestConfig(seed=7))
+    assert client.counters()["failed_calls"] == 1
+
+
+def test_client_does_not_retry_refusals(served: Served, client: RolloutClient) -> None:
+    bad = InferRequest(
+        messages=[Message(role="user", content="<image>x")], images=[str(served.outside / "secret.png")]
+    )
+    with pytest.raises(RolloutRequestError, match="HTTP 400"):
+        client.infer([bad], RequestConfig())
+    assert client.counters()["retries"] == 0
+
+
+def test_requests_spread_over_servers_in_order(served: Served) -> None:
+    second = FakeEngine(max_batch_size=8, batch_wait_ms=0)
+    server = _serve(second, ServerSettings())
+    try:
+        with RolloutClient([served.url, server.url]) as c:
+            out = c.infer([_text(j) for j in range(5)], RequestConfig(seed=0, max_tokens=200))
+            stats = c.stats()
+    finally:
+        server.stop()
+    assert [c.split(" ver=")[0] for c in _contents(out)] == [f"echo hello {j} seed={j}" for j in range(5)]
+    assert stats[1]["num_requests"] == 2  # the second server got the last contiguous part
+    assert [r.choices[0].message.content.endswith("w=0") for r in out][3:] == [True, True]
+
+
+def test_infer_timeout(served: Served) -> None:
+    slow = FakeEngine(batch_wait_ms=0)
+    server = _serve(slow, ServerSettings(slow_infer_ms=400))
+    try:
+        with RolloutClient([server.url], infer_timeout_s=0.1) as impatient:
+            with pytest.raises(RolloutServerError, match="ReadTimeout"):
+                impatient.infer([_text(0)], RequestConfig())
+            assert impatient.counters()["retries"] == 1
+        with RolloutClient([server.url], infer_timeout_s=0) as patient:  # <= 0: no read timeout
+            assert len(patient.infer([_text(0)], RequestConfig())) == 1
+    finally:
+        server.stop()
+
+
+def test_wait_healthy_times_out_naming_the_server() -> None:
+    with RolloutClient(["http://127.0.0.1:9"]) as c, pytest.raises(TimeoutError, match=r"127\.0\.0\.1:9"):
+        c.wait_healthy(timeout_s=0.3)
