@@ -1,16 +1,99 @@
-"""`stagectl stage-b`."""
+"""`stagectl stage-b CONFIG [--gpus 0,1,2,3 | --nproc N] [--set key=value ...]`."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import typer
 
-from stagectl.cli.common import not_implemented
+from stagectl.cli.common import fail
+
+
+def parse_gpus(text: str) -> list[str]:
+    """`0,1,3` -> ["0", "1", "3"]; `ValueError` for anything but distinct non-negative integers."""
+    devices = [part.strip() for part in text.split(",")]
+    if not devices or not all(d.isdigit() for d in devices):
+        raise ValueError(
+            f"--gpus must be a comma-separated list of device numbers like 0,1,2,3, got {text!r}"
+        )
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"--gpus lists a device twice: {text!r}")
+    return devices
 
 
 def command(
-    config: Path = typer.Argument(..., help="Path to the YAML config."),
+    config: Path = typer.Argument(..., help="YAML config."),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="Devices, e.g. 0,1,2,3: one process per device (CUDA_VISIBLE_DEVICES)."
+    ),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=1, help="Processes; > 1 re-launches under torchrun (CPU ranks use gloo)."
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set runner.epochs=2"),
 ) -> None:
-    """Not implemented yet."""
-    not_implemented("stage-b")
+    """Run the Stage-B guidance loop (re-launches itself under single-node torchrun for > 1 process)."""
+    from stagectl.config import ConfigError, effective_world_size, load_config
+    from stagectl.launch import inside_torchrun
+
+    devices: list[str] = []
+    if gpus is not None:
+        try:
+            devices = parse_gpus(gpus)
+        except ValueError as exc:
+            fail(str(exc))
+        if nproc is not None and nproc != len(devices):
+            fail(f"--nproc {nproc} disagrees with --gpus {gpus} ({len(devices)} devices); give one of them")
+    num_procs = len(devices) or nproc
+    sets = list(overrides)
+    if num_procs is not None:
+        sets.append(f"launch.nproc_per_node={num_procs}")
+    try:
+        cfg = load_config(config, sets, world_size=None if inside_torchrun() else num_procs)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    if cfg.mission is None:
+        fail(f"{config}: not a Stage-B config; set mission, tickets and guidance.path")
+    if cfg.launch.nnodes != 1:
+        fail("stage-b runs on one node; set launch.nnodes: 1")
+    if cfg.runner.engine == "server":
+        fail("runner.engine: server is not implemented yet; use runner.engine: model", code=2)
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
+    if effective_world_size(cfg) > 1 and not inside_torchrun():
+        raise typer.Exit(_relaunch(config, sets, cfg.launch.nproc_per_node, cfg.launch.master_port))
+    _run(cfg)
+
+
+def _relaunch(config: Path, sets: list[str], nproc: int, master_port: int | None) -> int:
+    from stagectl.launch import child_env, torchrun_argv
+
+    args = ["stage-b", str(config), *(a for s in sets for a in ("--set", s))]
+    argv = torchrun_argv(args, nproc_per_node=nproc, master_port=master_port)
+    typer.echo(f"launching: {shlex.join(argv)}", err=True)
+    return subprocess.call(argv, env=child_env())
+
+
+def _run(cfg: object) -> None:
+    from stagectl.config import StagectlConfig
+    from stagectl.stage_b.runner import run_all
+
+    assert isinstance(cfg, StagectlConfig)
+    try:
+        summary = run_all(cfg)
+    except ValueError as exc:
+        if os.environ.get("RANK", "0") != "0":
+            raise typer.Exit(1) from None  # rank 0 reports the same error
+        fail(str(exc))
+    if summary is None:  # a non-zero rank
+        return
+    accuracy = "n/a" if summary.accuracy is None else f"{summary.accuracy:.3f}"
+    typer.echo(
+        f"stage-b: done, {summary.num_judged} tickets judged in {summary.num_batches} global batches, "
+        f"accuracy {accuracy}, {summary.num_reflections} reflections, guidance step {summary.guidance_step}; "
+        f"run dir {summary.run_dir}",
+        err=True,
+    )

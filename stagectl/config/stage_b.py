@@ -45,6 +45,13 @@ class SamplerConfig(StrictModel):
     """Candidates per grid entry."""
 
 
+class TestEngineConfig(StrictModel):
+    fail_on_rank: int | None = Field(None, ge=0)
+    """Fault injection: this rank raises inside its rollout (tests of fail-fast); null = never."""
+    fail_at_batch: int = Field(0, ge=0)
+    """Global batch index (counted over the whole run, from 0) at which `fail_on_rank` raises."""
+
+
 class RunnerConfig(StrictModel):
     epochs: int = Field(1, ge=1)
     """Passes over the tickets."""
@@ -52,8 +59,14 @@ class RunnerConfig(StrictModel):
     """Tickets per rank per global batch (global batch = this x world size)."""
     logging_steps: int = Field(1, ge=1)
     """Global batches per metrics row."""
-    engine: Literal["model", "server"] = "model"
-    """`model`: each rank loads `model` on its own device; `server`: use the rollout server client."""
+    seed: int = 0
+    """Seed of the per-epoch ticket shuffle (rank 0) and of the rollout seeds."""
+    engine: Literal["model", "server", "test"] = "model"
+    """`model`: each rank loads `model` on its own device; `server`: the rollout server client (not
+    implemented yet); `test`: a deterministic rule engine without a model (tests and dry runs; see
+    `stagectl.stage_b.engine_test`)."""
+    test_engine: TestEngineConfig = Field(default_factory=TestEngineConfig)
+    """Knobs of `engine: test` (ignored by the other engines)."""
 
 
 class ReflectionConfig(StrictModel):

@@ -1,0 +1,66 @@
+"""The Stage-B engine interface: what the loop asks of a model, as a `Protocol`, plus its plain data.
+
+Implementations: `engine_hf.HFEngine` (each rank's own copy of the model), `engine_test.TestEngine`
+(a deterministic rule engine without a model, for tests and dry runs). A rollout-server-backed
+engine plugs in here later: it only needs `messages` from the requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from stagectl.stage_b.guidance import Guidance
+from stagectl.stage_b.prompts import Message, ReflectionRecord
+from stagectl.stage_b.tickets import Ticket
+
+if TYPE_CHECKING:
+    from stagectl.dist import World  # dist imports torch; this module stays import-light
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """One decode of a grid entry: every request of a `judge` call is sampled with these settings."""
+
+    temperature: float  # 0 = greedy
+    top_p: float
+    max_new_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    ticket: Ticket
+    guidance: Guidance  # the snapshot rank 0 broadcast for this global batch
+    messages: list[Message]  # the rendered rollout prompt (guidance + summaries, no label)
+    batch_index: int  # global batch index over the whole run (for logs and fault injection)
+
+
+@dataclass(frozen=True)
+class ReflectRequest:
+    guidance: Guidance
+    records: list[ReflectionRecord]
+    messages: list[Message]  # the rendered reflection prompt
+
+
+class Engine(Protocol):
+    def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
+        """One answer text per request, in request order."""
+        ...
+
+    def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
+        """The model's answer to the reflection prompt (expected: strict JSON operations)."""
+        ...
+
+
+def rank_device(world: World, cuda_available: bool) -> str:
+    """Every rank holds the whole model on its own device: `cuda:{local_rank}`, or the CPU."""
+    return f"cuda:{world.local_rank}" if cuda_available else "cpu"
+
+
+def candidate_seed(run_seed: int, entry_seed: int, sample_index: int, epoch: int, batch_index: int) -> int:
+    """Seed of one decode: a stable function of its coordinates, independent of rank and world size."""
+    text = f"{run_seed}:{entry_seed}:{sample_index}:{epoch}:{batch_index}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")

@@ -1,0 +1,89 @@
+"""Guidance on disk (rank 0 only): `guidance.json` plus `snapshots/`, written crash-safely.
+
+Every save first writes a timestamped snapshot of the new version, then replaces `guidance.json`
+atomically (temporary file in the same directory, fsync, `os.replace`), then prunes the snapshots to
+`guidance.retention`. A crash at any point leaves a complete `guidance.json`: the old one or the new.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from stagectl.stage_b.guidance import Guidance, parse_guidance
+
+GUIDANCE_FILE = "guidance.json"
+SNAPSHOT_DIR = "snapshots"
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def read_guidance_file(path: Path) -> Guidance:
+    """Load and check one guidance JSON file; `ValueError` naming the file otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"guidance file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read guidance {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    try:
+        return parse_guidance(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that readers see either the old or the new content."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    done = False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        done = True
+    finally:
+        if not done:
+            tmp.unlink(missing_ok=True)
+
+
+class GuidanceStore:
+    def __init__(self, directory: Path, retention: int) -> None:
+        self.directory = directory
+        self.retention = retention
+        self.path = directory / GUIDANCE_FILE
+        self.snapshot_dir = directory / SNAPSHOT_DIR
+
+    def load(self) -> Guidance | None:
+        """The run's current guidance, or None when the run has none yet."""
+        return read_guidance_file(self.path) if self.path.exists() else None
+
+    def save(self, guidance: Guidance) -> Path:
+        """Snapshot, then replace `guidance.json`; returns the snapshot path."""
+        text = json.dumps(guidance.to_json(), ensure_ascii=False, indent=2) + "\n"
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        snapshot = self.snapshot_dir / f"guidance-{stamp}-step{guidance.step:06d}.json"
+        atomic_write_text(snapshot, text)
+        atomic_write_text(self.path, text)
+        self._prune()
+        return snapshot
+
+    def snapshots(self) -> list[Path]:
+        """Oldest first (the names start with the UTC time)."""
+        if not self.snapshot_dir.is_dir():
+            return []
+        return sorted(self.snapshot_dir.glob("guidance-*.json"))
+
+    def _prune(self) -> None:
+        for old in self.snapshots()[: -self.retention]:
+            old.unlink(missing_ok=True)
