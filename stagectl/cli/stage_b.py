@@ -59,8 +59,6 @@ def command(
         fail(f"{config}: not a Stage-B config; set mission, tickets and guidance.path")
     if cfg.launch.nnodes != 1:
         fail("stage-b runs on one node; set launch.nnodes: 1")
-    if cfg.runner.engine == "server":
-        fail("runner.engine: server is not implemented yet; use runner.engine: model", code=2)
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():

@@ -52,6 +52,18 @@ class TestEngineConfig(StrictModel):
     """Global batch index (counted over the whole run, from 0) at which `fail_on_rank` raises."""
 
 
+class StageBServerConfig(StrictModel):
+    base_urls: list[str] = Field(default_factory=list)
+    """Rollout servers (`stagectl rollout-server`) for `runner.engine: server`, e.g. `http://127.0.0.1:8000`;
+    every rank spreads its requests over all of them."""
+    auth_token_env: str | None = None
+    """Environment variable holding the servers' bearer token (null: no token)."""
+    infer_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for one `/infer/` call."""
+    wait_healthy_s: float = Field(120.0, gt=0)
+    """How long to wait at start for every server to answer `/health/`."""
+
+
 class RunnerConfig(StrictModel):
     epochs: int = Field(1, ge=1)
     """Passes over the tickets."""
@@ -62,9 +74,11 @@ class RunnerConfig(StrictModel):
     seed: int = 0
     """Seed of the per-epoch ticket shuffle (rank 0) and of the rollout seeds."""
     engine: Literal["model", "server", "test"] = "model"
-    """`model`: each rank loads `model` on its own device; `server`: the rollout server client (not
-    implemented yet); `test`: a deterministic rule engine without a model (tests and dry runs; see
-    `stagectl.stage_b.engine_test`)."""
+    """`model`: each rank loads `model` on its own device; `server`: rollouts from the rollout servers of
+    `runner.server` (no model in the Stage-B processes); `test`: a deterministic rule engine without a
+    model (tests and dry runs; see `stagectl.stage_b.engine_test`)."""
+    server: StageBServerConfig = Field(default_factory=StageBServerConfig)
+    """Where `engine: server` sends its requests (ignored by the other engines)."""
     test_engine: TestEngineConfig = Field(default_factory=TestEngineConfig)
     """Knobs of `engine: test` (ignored by the other engines)."""
 

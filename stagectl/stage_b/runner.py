@@ -99,7 +99,11 @@ def build_engine(cfg: StagectlConfig, world: dist.World) -> Engine:
         knobs = cfg.runner.test_engine
         return TestEngine(world.rank, knobs.fail_on_rank, knobs.fail_at_batch)
     if cfg.runner.engine == "server":
-        raise ValueError("runner.engine: server is not implemented yet; use runner.engine: model")
+        from stagectl.stage_b.engine_server import connect_server_engine
+
+        server_engine, note = connect_server_engine(cfg.runner.server)
+        log(f"rank {world.rank}: {note}")
+        return server_engine
     from stagectl.stage_b.engine_hf import load_hf_engine
 
     engine, note = load_hf_engine(cfg, world)

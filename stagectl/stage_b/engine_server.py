@@ -1,0 +1,59 @@
+"""`runner.engine: server`: rollouts from running rollout servers through `rollout.client.RolloutClient`.
+
+The Stage-B processes hold no model. Each `judge` call is one `infer` over the rank's shard (the client
+spreads it over the servers, retries and splits); request i is sampled with `spec.seed + i`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from stagectl.config.stage_b import StageBServerConfig
+from stagectl.rollout.client import RolloutClient
+from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
+from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest
+from stagectl.stage_b.prompts import Message as ChatMessage
+
+
+class ServerEngine:
+    def __init__(self, client: RolloutClient) -> None:
+        self.client = client
+
+    def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
+        return self._infer([r.messages for r in requests], spec)
+
+    def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
+        return self._infer([request.messages], spec)[0]
+
+    def _infer(self, conversations: Sequence[list[ChatMessage]], spec: DecodeSpec) -> list[str]:
+        requests = [
+            InferRequest(messages=[Message(role=m["role"], content=m["content"]) for m in messages])  # type: ignore[arg-type]
+            for messages in conversations
+        ]
+        config = RequestConfig(
+            max_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed
+        )
+        return [response.choices[0].message.content for response in self.client.infer(requests, config)]
+
+
+def connect_server_engine(server: StageBServerConfig) -> tuple[ServerEngine, str]:
+    """A client of `runner.server.base_urls`, once every server answers `/health/`."""
+    if not server.base_urls:
+        raise ValueError(
+            "runner.server.base_urls: runner.engine: server needs at least one rollout server URL"
+        )
+    token = None
+    if server.auth_token_env is not None:
+        token = os.environ.get(server.auth_token_env, "").strip()
+        if not token:
+            raise ValueError(
+                f"runner.server.auth_token_env names ${server.auth_token_env}, which is unset or empty"
+            )
+    client = RolloutClient(server.base_urls, infer_timeout_s=server.infer_timeout_s, auth_token=token)
+    try:
+        client.wait_healthy(server.wait_healthy_s)
+    except TimeoutError as exc:
+        client.close()
+        raise ValueError(f"runner.server.base_urls: {exc}") from None
+    return ServerEngine(client), f"rollouts from {', '.join(server.base_urls)}"
