@@ -178,6 +178,7 @@ class AccessLog:
         finally:
             client = scope.get("client")
             entry: dict[str, Any] = {
+                "ts": round(time.time(), 3),
                 "event": "access",
                 "method": scope["method"],
                 "path": scope["path"],

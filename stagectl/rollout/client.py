@@ -156,7 +156,7 @@ class RolloutClient:
         self.chunk_bytes = chunk_bytes
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         self._clients = [self._new_http() for _ in self.base_urls]
-        # Enough threads for an `infer` (one per server) and a `push_weights` running at the same time.
+        # Enough threads for an `infer` (one per server) and a `push_weights` (one per server + read-ahead) at once.
         self._pool = ThreadPoolExecutor(
             max_workers=2 * len(self.base_urls), thread_name_prefix="rollout-client"
         )
@@ -349,8 +349,12 @@ class RolloutClient:
     def _push_http(self, state_dict: Mapping[str, torch.Tensor], version: int) -> tuple[int, int]:
         sync_id = uuid.uuid4().hex
         num_bytes = num_chunks = 0
+        chunks = encode_chunks(state_dict, self.chunk_bytes)
         try:
-            for chunk in encode_chunks(state_dict, self.chunk_bytes):
+            # Read ahead: chunk k + 1 is serialised and hashed while chunk k is on the wire.
+            upcoming = self._pool.submit(next, chunks, None)
+            while (chunk := upcoming.result()) is not None:
+                upcoming = self._pool.submit(next, chunks, None)
                 params = {
                     "sync_id": sync_id,
                     "chunk_index": chunk.index,

@@ -19,23 +19,28 @@ from pathlib import Path
 from stagectl.rollout.protocol import LISTENING_PREFIX
 
 
+def rollout_server_argv(args: Sequence[str]) -> list[str]:
+    """`python -m stagectl rollout-server ARGS...` with this interpreter."""
+    return [sys.executable, "-m", "stagectl", "rollout-server", *args]
+
+
 class ServerProcess:
     def __init__(
         self,
-        args: Sequence[str],
+        argv: Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
         log_path: str | Path | None = None,
     ) -> None:
-        """`args` are the arguments after `stagectl rollout-server`; output also goes to `log_path`."""
-        self.args = [sys.executable, "-m", "stagectl", "rollout-server", *args]
+        """Run `argv` (a process that prints the listening line); its output also goes to `log_path`."""
+        self.argv = list(argv)
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self.url: str | None = None
         self._ready = threading.Event()
         self._log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self.proc = subprocess.Popen(
-            self.args,
+            self.argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -67,7 +72,8 @@ class ServerProcess:
         return self.url
 
     def stop(self, grace_s: float = 20.0) -> int:
-        """SIGTERM, wait up to `grace_s`, then SIGKILL; returns the exit code."""
+        """SIGTERM, wait up to `grace_s`, then SIGKILL; returns the exit code (-SIGTERM after a graceful
+        shutdown: uvicorn re-raises the signal once in-flight requests finished and the engine closed)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -89,7 +95,7 @@ def start_server_process(
     log_path: str | Path | None = None,
     timeout_s: float = 120.0,
 ) -> ServerProcess:
-    """Start the child and wait until it listens (`.url` holds its base URL)."""
-    server = ServerProcess(args, env=env, cwd=cwd, log_path=log_path)
+    """Start `stagectl rollout-server ARGS` and wait until it listens (`.url` holds its base URL)."""
+    server = ServerProcess(rollout_server_argv(args), env=env, cwd=cwd, log_path=log_path)
     server.wait_listening(timeout_s)
     return server

@@ -116,9 +116,13 @@ def run_server(cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = ()) -> None
     rs = cfg.rollout_server
     settings = server_settings(rs, weight_dirs)  # fail on a bad token setup before loading the model
     sock = bind_socket(rs.host, rs.port)
-    service = RolloutService(build_engine(cfg), settings)
+    serve(build_app(RolloutService(build_engine(cfg), settings)), sock)
+
+
+def serve(app: FastAPI, sock: socket.socket) -> None:
+    """Print the listening line for `sock`, then serve `app` on it until SIGTERM/SIGINT."""
     print(f"{LISTENING_PREFIX}{url_of(sock)}", flush=True)
-    _uvicorn_server(build_app(service)).run(sockets=[sock])
+    _uvicorn_server(app).run(sockets=[sock])
 
 
 class ThreadedServer:
