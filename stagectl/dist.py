@@ -85,6 +85,25 @@ def gather_objects(obj: T) -> list[T] | None:
     return out
 
 
+def all_gather_objects(obj: T) -> list[T]:
+    """Every rank's `obj` on every rank (in rank order)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_ints(values: list[int], op: str) -> list[int]:
+    """Element-wise `min`, `max` or `sum` of an integer vector over all ranks."""
+    if not _active():
+        return list(values)
+    ops = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
+    tensor = torch.tensor(values, dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(tensor, op=ops[op])
+    return [int(v) for v in tensor.tolist()]
+
+
 def all_reduce_int(value: int, op: str) -> int:
     """`min`, `max` or `sum` of an integer over all ranks."""
     if not _active():

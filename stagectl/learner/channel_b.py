@@ -19,6 +19,8 @@ from stagectl.packing import Segment
 class RolloutSource(Protocol):
     """Where Channel-B rollouts come from: the learner's own model (hf) or a rollout server."""
 
+    num_calls: int  # generate calls (hf) or /infer/ calls (server) made so far
+
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
         """One generation per sample index, in order, sampled with `seed`."""
         ...
@@ -70,6 +72,48 @@ class RolloutStats:
         }
 
 
+def build_b_segment(
+    index: int,
+    generation: Generation,
+    encoder: SampleEncoder,
+    rm: RolloutMatchingConfig,
+    *,
+    desc_ce_weight: float,
+    packing_length: int,
+) -> tuple[Segment | None, RolloutStats]:
+    """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted)."""
+    gt = encoder.samples[index].objects
+    parse = parse_rollout(generation.token_ids, encoder.vocab)
+    match = hungarian_match(
+        [obj.bbox_2d for obj in parse.valid_objects],
+        [obj.bbox_2d for obj in gt],
+        iou_gate=rm.iou_gate,
+        fp_cost=rm.fp_cost,
+        fn_cost=rm.fn_cost,
+    )
+    counters = sample_counters(parse, match, len(gt))
+    stats = RolloutStats(
+        n_samples=1,
+        n_gt=counters.n_gt,
+        n_valid=counters.n_valid_pred,
+        n_dropped=counters.n_dropped,
+        n_matched=counters.n_matched,
+        n_fp=counters.n_fp,
+        n_fn=counters.n_fn,
+        n_truncated=int(parse.truncated),
+        n_invalid=int(parse.invalid_rollout),
+        n_rollout_tokens=len(generation.token_ids),
+    )
+    target = build_channel_b_segment(
+        parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, desc_ce_weight=desc_ce_weight
+    )
+    segment = to_segment(encoder.prompt(index), target)
+    if len(segment) > packing_length:
+        stats.n_too_long = 1
+        return None, stats
+    return segment, stats
+
+
 def build_b_segments(
     indices: Sequence[int],
     generations: Sequence[Generation],
@@ -79,40 +123,14 @@ def build_b_segments(
     desc_ce_weight: float,
     packing_length: int,
 ) -> tuple[list[Segment], RolloutStats]:
-    """One Channel-B segment per rollout (too-long ones are dropped and counted)."""
+    """One Channel-B segment per rollout (too-long ones are dropped and counted), plus summed stats."""
     segments: list[Segment] = []
-    stats = RolloutStats()
+    total = RolloutStats()
     for index, generation in zip(indices, generations, strict=True):
-        gt = encoder.samples[index].objects
-        parse = parse_rollout(generation.token_ids, encoder.vocab)
-        match = hungarian_match(
-            [obj.bbox_2d for obj in parse.valid_objects],
-            [obj.bbox_2d for obj in gt],
-            iou_gate=rm.iou_gate,
-            fp_cost=rm.fp_cost,
-            fn_cost=rm.fn_cost,
+        segment, stats = build_b_segment(
+            index, generation, encoder, rm, desc_ce_weight=desc_ce_weight, packing_length=packing_length
         )
-        counters = sample_counters(parse, match, len(gt))
-        stats.add(
-            RolloutStats(
-                n_samples=1,
-                n_gt=counters.n_gt,
-                n_valid=counters.n_valid_pred,
-                n_dropped=counters.n_dropped,
-                n_matched=counters.n_matched,
-                n_fp=counters.n_fp,
-                n_fn=counters.n_fn,
-                n_truncated=int(parse.truncated),
-                n_invalid=int(parse.invalid_rollout),
-                n_rollout_tokens=len(generation.token_ids),
-            )
-        )
-        target = build_channel_b_segment(
-            parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, desc_ce_weight=desc_ce_weight
-        )
-        segment = to_segment(encoder.prompt(index), target)
-        if len(segment) > packing_length:
-            stats.n_too_long += 1
-            continue
-        segments.append(segment)
-    return segments, stats
+        total.add(stats)
+        if segment is not None:
+            segments.append(segment)
+    return segments, total

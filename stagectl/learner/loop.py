@@ -1,15 +1,16 @@
 """The optimizer-step driver of `stagectl train-ab`: setup -> step ... -> close.
 
-Per optimizer step `s`: rank 0 decides the channel from the schedule and broadcasts it; the kind is
-fixed for the whole accumulation window; Channel-A runs one pack per micro-step, Channel-B (step
-mode) buffers raw samples and runs the rollout -> targets -> packs loop on the last micro-step;
-then exactly one optimizer update, and rank 0 appends one metrics row.
+Per optimizer step `s`: rank 0 decides the channel (schedule, and in async mode the feasibility gate)
+and broadcasts it; the kind is fixed for the whole accumulation window; Channel-A runs one pack per
+micro-step, Channel-B runs the step-mode loop or pops one ready pack per micro-step (async); then
+exactly one optimizer update, an async weight sync when due, and rank 0 appends one metrics row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import time
 from types import FrameType
@@ -18,21 +19,34 @@ from typing import Any
 import torch
 
 from stagectl import dist
-from stagectl.config import StagectlConfig
+from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.learner import checkpoint as ckpt
-from stagectl.learner.channel_b import build_b_segments
+from stagectl.learner.channel_a import run_channel_a
+from stagectl.learner.channel_b import RolloutStats
+from stagectl.learner.channel_b_async import AsyncChannelB
+from stagectl.learner.channel_b_step import StepModeB, StepWeightSync
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
-from stagectl.learner.packs import StepAccumulator, make_packs, run_packs
+from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.rollout_hf import HFRollouts
+from stagectl.learner.rollout_server import ServerRollouts
 from stagectl.learner.setup import LearnerState, build_learner
+from stagectl.prefetch.fence import SyncFence
+from stagectl.rollout.client import RolloutClient
 from stagectl.schedule import channel_for_step
 
+ROLLOUT_URLS_ENV = "STAGECTL_ROLLOUT_URLS"  # set by train-ab for an embedded server (comma-separated)
 
-def rollout_seed(seed: int, step: int) -> int:
-    """Seed of step `step`'s rollouts: a stable function of (training seed, step)."""
-    digest = hashlib.sha256(f"{seed}:{step}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
+
+def make_client(cfg: StagectlConfig) -> RolloutClient:
+    """The rollout client for server-mode rollouts, once every server answers /health/."""
+    env_urls = os.environ.get(ROLLOUT_URLS_ENV)
+    urls = [u for u in env_urls.split(",") if u] if env_urls else None
+    client = RolloutClient.from_config(
+        cfg.custom.extra.rollout_matching, base_urls=urls, disk_dir=cfg.training.output_dir / "weight_sync"
+    )
+    client.wait_healthy()
+    return client
 
 
 class Trainer:
@@ -40,30 +54,62 @@ class Trainer:
         self.cfg = cfg
         self.world = dist.read_world()
         self.state: LearnerState = build_learner(cfg, self.world)
+        st = self.state
         s2 = cfg.stage2_ab
         assert s2 is not None and s2.schedule.b_ratio is not None  # validated by the config
         self.b_ratio = s2.schedule.b_ratio
-        self.loss_weights = LossWeights(s2.bbox_smoothl1_weight, s2.bbox_ciou_weight, s2.coord_ce_weight)
-        self.desc_ce_weight = s2.desc_ce_weight
-        self.gas = self.state.resolved.gradient_accumulation_steps
-        self.rollouts = HFRollouts(
-            self.state.bundle.model,
-            self.state.encoder,
-            cfg.custom.extra.rollout_matching,
-            self.state.resolved.rollout_decode_batch_size,
+        self.gas = st.resolved.gradient_accumulation_steps
+        self.runner = PackRunner(
+            ddp_model=st.ddp_model,
+            base_model=st.bundle.model,
+            loss_weights=LossWeights(s2.bbox_smoothl1_weight, s2.bbox_ciou_weight, s2.coord_ce_weight),
+            coord_token_ids=st.coord_token_ids,
+            packing_length=cfg.packing_length,
+            device=st.device,
         )
-        self.num_updates = int(self.state.extra_state.get("num_updates", 0))
+        self.num_updates = int(st.extra_state.get("num_updates", 0))
+        self.client: RolloutClient | None = None
+        self.async_b: AsyncChannelB | None = None
+        self.step_b: StepModeB | None = None
+        self._setup_channel_b()
         self.metrics = (
             MetricsWriter(
                 cfg.training.output_dir,
                 tensorboard="tensorboard" in cfg.training.report_to,
-                resume_step=self.state.start_step,
+                resume_step=st.start_step,
             )
             if self.world.is_main
             else None
         )
-        self.progress = ProgressBar(cfg.training.max_steps, self.state.start_step, enabled=self.world.is_main)
+        self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
         self._stop_signal: int | None = None
+
+    def _setup_channel_b(self) -> None:
+        cfg, st = self.cfg, self.state
+        assert cfg.stage2_ab is not None
+        rm = cfg.custom.extra.rollout_matching
+        chunk = st.resolved.rollout_decode_batch_size
+        if cfg.stage2_ab.channel_b.mode == "async":
+            self.client = make_client(cfg)
+            server_ver = max(v.version for v in self.client.versions()) if self.world.is_main else 0
+            server_ver = dist.broadcast_object(server_ver)
+            self.async_b = AsyncChannelB(cfg, st, self.client, ver=server_ver)
+            if server_ver != 0 or self.num_updates:  # not a fresh server on the base weights
+                self.async_b.sync_weights()
+            return
+        if uses_server_rollouts(cfg):
+            self.client = make_client(cfg)
+            source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence())
+            self.step_b = StepModeB(
+                cfg,
+                st,
+                self.runner,
+                source,
+                weight_sync=StepWeightSync(self.client, self.num_updates),
+                pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
+            )
+        else:
+            self.step_b = StepModeB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
 
     # ------------------------------------------------------------------ run
 
@@ -73,6 +119,8 @@ class Trainer:
         cfg = self.cfg.training
         step = self.state.start_step
         try:
+            if self.async_b is not None:
+                self.async_b.start()
             while step < cfg.max_steps:
                 row = self.train_step(step)
                 step += 1
@@ -104,75 +152,60 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
-        # rank 0 decides, every rank follows (the schedule is pure, but one decider rules out drift)
-        kind: str = dist.broadcast_object(channel_for_step(step, self.b_ratio) if self.world.is_main else "")
         acc = StepAccumulator()
         extra: dict[str, Any] = {}
-        if kind == "A":
-            self._channel_a(acc)
-        else:
-            extra = self._channel_b_step(step, acc)
-        grad_norm = self._optimizer_update()
-        return self._row(step, kind, acc, extra, grad_norm, time.perf_counter() - started)
-
-    def _channel_a(self, acc: StepAccumulator) -> None:
-        st = self.state
-        per_device = self.cfg.training.per_device_train_batch_size
-        for micro in range(self.gas):
-            segments = [st.encoder.channel_a_segment(i) for i in st.a_sampler.take(per_device)]
-            packs = make_packs(segments, self.cfg.packing_length)
-            self._run(packs, segments_in_step=per_device * self.gas, acc=acc, sync_last=micro == self.gas - 1)
-
-    def _channel_b_step(self, step: int, acc: StepAccumulator) -> dict[str, Any]:
-        """Step mode: buffer raw samples over the first GAS-1 micro-steps, run the whole B loop on the
-        last one (rollout in chunks -> segments -> a variable number of packs), one update after."""
-        st = self.state
-        budget = st.resolved.rollouts_per_step
-        buffered: list[int] = []
-        extra: dict[str, Any] = {}
-        for micro in range(self.gas):
-            share = budget // self.gas + (1 if micro < budget % self.gas else 0)
-            buffered += st.b_sampler.take(share)
-            if micro < self.gas - 1:
-                continue
-            seed = rollout_seed(self.cfg.training.seed, step)
-            calls_before = self.rollouts.num_generate_calls
-            t0 = time.perf_counter()
-            generations = self.rollouts.rollout(buffered, seed)
-            rollout_s = time.perf_counter() - t0
-            segments, stats = build_b_segments(
-                buffered,
-                generations,
-                st.encoder,
-                self.cfg.custom.extra.rollout_matching,
-                desc_ce_weight=self.desc_ce_weight,
-                packing_length=self.cfg.packing_length,
+        # rank 0 decides, every rank follows (the schedule is pure, but one decider rules out drift)
+        wants_b = bool(
+            dist.broadcast_object(
+                channel_for_step(step, self.b_ratio) == "B" if self.world.is_main else False
             )
-            packs = make_packs(segments, self.cfg.packing_length) if segments else []
-            self._run(packs, segments_in_step=max(1, len(segments)), acc=acc, sync_last=True)
-            extra = {
-                **stats.metrics(),
-                "rollout/seed": seed,
-                "rollout/num_generate_calls": self.rollouts.num_generate_calls - calls_before,
-                "rollout/b_loop_micro_step": micro,
-                "time/rollout_s": rollout_s,
-            }
-        return extra
-
-    def _run(self, packs: list, *, segments_in_step: int, acc: StepAccumulator, sync_last: bool) -> None:
-        st = self.state
-        run_packs(
-            st.ddp_model,
-            packs,
-            base_model=st.bundle.model,
-            segments_in_step=segments_in_step,
-            loss_weights=self.loss_weights,
-            coord_token_ids=st.coord_token_ids,
-            packing_length=self.cfg.packing_length,
-            acc=acc,
-            sync_last=sync_last,
-            device=st.device,
         )
+        if self.async_b is not None:
+            kind, extra = self._async_step(step, wants_b, acc)
+        elif wants_b:
+            assert self.step_b is not None
+            kind = "B"
+            extra = self.step_b.run(step, self.gas, self.num_updates, acc)
+        else:
+            kind = "A"
+            run_channel_a(self.state, self.runner, self.gas, acc)
+        grad_norm = self._optimizer_update()
+        if self.async_b is not None and self.num_updates % self.async_b.acfg.sync_every_steps == 0:
+            synced, sync_s = self.async_b.sync_weights()
+            extra["time/weight_sync_s"] = sync_s
+            extra["stage2_ab/async/synced"] = int(synced)
+        if self.async_b is not None:
+            extra.update(self.async_b.metrics())
+        return self._row(step, kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started)
+
+    def _async_step(self, step: int, wants_b: bool, acc: StepAccumulator) -> tuple[str, dict[str, Any]]:
+        ab = self.async_b
+        assert ab is not None
+        t0 = time.perf_counter()
+        ab.check_errors()
+        kind, ver = ab.decide(wants_b, self.gas)
+        extra: dict[str, Any] = {
+            "stage2_ab/async/policy_wants_b": int(wants_b),
+            "stage2_ab/async/b_step_skipped_due_to_queue": int(wants_b and kind == "A"),
+            "time/wait_s": time.perf_counter() - t0,
+        }
+        if kind == "A":
+            run_channel_a(self.state, self.runner, self.gas, acc)
+            return "A", extra
+        assert ver is not None
+        packs = ab.pop_packs(ver, self.gas)
+        total = sum(p.num_segments for p in packs)
+        stats = RolloutStats()
+        for micro, pack in enumerate(packs):  # exactly one forward/backward per micro-step
+            stats.add(pack.stats)
+            self.runner.run_batch(
+                pack.batch, scale=pack.num_segments / total, sync=micro == self.gas - 1, acc=acc
+            )
+        summed = RolloutStats.from_list(dist.all_reduce_floats(stats.as_list()))
+        extra.update(summed.metrics())
+        extra["stage2_ab/async/ver_lag"] = ab.ver - ver
+        extra["stage2_ab/async/ver_trained"] = ver
+        return "B", extra
 
     def _optimizer_update(self) -> float:
         st = self.state
@@ -193,6 +226,7 @@ class Trainer:
         self,
         step: int,
         kind: str,
+        wants_b: bool,
         acc: StepAccumulator,
         extra: dict[str, Any],
         grad_norm: float,
@@ -209,7 +243,7 @@ class Trainer:
         row: dict[str, Any] = {
             "step": step,
             "kind": kind,
-            "policy_wants_b": kind == "B",
+            "policy_wants_b": wants_b,
             "lr": st.scheduler.get_last_lr()[0],
             **terms,
             "grad_norm": grad_norm,
@@ -226,6 +260,8 @@ class Trainer:
             "packing/n_segments": n_segments,
         }
         row.update(extra)
+        if self.client is not None:
+            row.update({f"rollout_client/{k}": v for k, v in self.client.counters().items()})
         return row
 
     # ------------------------------------------------------------------ checkpoints and close
@@ -240,6 +276,9 @@ class Trainer:
                 st.bundle.tokenizer.save_pretrained(path)
                 st.bundle.image_processor.save_pretrained(path)
 
+            extra: dict[str, Any] = {"num_updates": self.num_updates}
+            if self.async_b is not None:
+                extra["ver"] = self.async_b.ver
             ckpt.save_checkpoint(
                 self.cfg.training.output_dir,
                 step,
@@ -254,7 +293,7 @@ class Trainer:
                         "a_consumed": st.a_sampler.num_consumed,
                         "b_consumed": st.b_sampler.num_consumed,
                     },
-                    extra={"num_updates": self.num_updates},
+                    extra=extra,
                 ),
                 total_limit=self.cfg.training.save_total_limit,
             )
@@ -269,6 +308,10 @@ class Trainer:
             (self.cfg.training.output_dir / "final_state.json").write_text(json.dumps(summary, indent=2))
 
     def close(self) -> None:
+        if self.async_b is not None:
+            self.async_b.close()
+        elif self.client is not None:
+            self.client.close()
         self.progress.close()
         if self.metrics is not None:
             self.metrics.close()

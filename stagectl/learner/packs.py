@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from stagectl.learner.loss import LossWeights, compute_loss
-from stagectl.packing import PackedBatch, Segment, collate_pack, pack_segments, packing_stats
+from stagectl.packing import PackedBatch, Segment, collate_pack, pack_segments, packing_lower_bound
 
 
 @dataclass
@@ -41,55 +41,53 @@ def make_packs(segments: Sequence[Segment], packing_length: int) -> list[list[Se
     return [[segments[i] for i in group] for group in groups]
 
 
-def run_packs(
-    ddp_model: Any,
-    packs: Sequence[Sequence[Segment]],
-    *,
-    base_model: Any,
-    segments_in_step: int,
-    loss_weights: LossWeights,
-    coord_token_ids: torch.Tensor,
-    packing_length: int,
-    acc: StepAccumulator,
-    sync_last: bool,
-    device: torch.device,
-) -> None:
-    """One forward/backward per pack. `sync_last`: the final backward all-reduces gradients."""
-    lengths = [len(s) for pack in packs for s in pack]
-    stats = packing_stats(lengths, _index_groups([len(p) for p in packs]), packing_length) if packs else None
-    for k, pack in enumerate(packs):
-        batch: PackedBatch = collate_pack(pack, base_model).to(device)
-        sync = sync_last and k == len(packs) - 1
-        context = (
-            contextlib.nullcontext() if sync or not hasattr(ddp_model, "no_sync") else ddp_model.no_sync()
-        )
+@dataclass
+class PackRunner:
+    ddp_model: Any  # DistributedDataParallel or the bare model
+    base_model: Any
+    loss_weights: LossWeights
+    coord_token_ids: torch.Tensor  # (1000,)
+    packing_length: int
+    device: torch.device
+
+    def run_packs(
+        self,
+        packs: Sequence[Sequence[Segment]],
+        *,
+        segments_in_step: int,
+        acc: StepAccumulator,
+        sync_last: bool,
+    ) -> None:
+        """Collate and run each pack (one forward/backward per pack); `sync_last`: the last backward
+        all-reduces gradients."""
+        for k, pack in enumerate(packs):
+            batch = collate_pack(pack, self.base_model)
+            self.run_batch(
+                batch, scale=len(pack) / segments_in_step, sync=sync_last and k == len(packs) - 1, acc=acc
+            )
+        lengths = [len(s) for pack in packs for s in pack]
+        acc.lower_bound += packing_lower_bound(lengths, self.packing_length) if lengths else 0
+
+    def run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
+        """One forward/backward of an already collated pack, loss scaled by `scale`."""
+        batch = batch.to(self.device)
+        no_sync = getattr(self.ddp_model, "no_sync", None)
+        context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         with context:
-            logits = ddp_model(**batch.model_inputs()).logits  # (1, L, V)
+            logits = self.ddp_model(**batch.model_inputs()).logits  # (1, L, V)
             terms = compute_loss(
                 logits.reshape(-1, logits.shape[-1]),
                 batch.input_ids.reshape(-1),
                 batch.ce_weights.reshape(-1),
                 batch.coord_positions,
                 batch.coord_targets,
-                coord_token_ids,
-                loss_weights,
+                self.coord_token_ids,
+                self.loss_weights,
             )
-            scale = len(pack) / segments_in_step
             (terms.total * scale).backward()
         acc.add_terms(terms.as_floats(), scale)
         acc.num_backward += 1
-    if stats is not None:
-        acc.num_packs += stats.num_packs
-        acc.num_segments += stats.num_segments
-        acc.num_tokens += stats.num_tokens
-        acc.lower_bound += stats.lower_bound
-        acc.capacity_tokens += stats.num_packs * packing_length
-
-
-def _index_groups(sizes: Sequence[int]) -> list[list[int]]:
-    """[2, 3] -> [[0, 1], [2, 3, 4]]: pack membership over the flattened segment list."""
-    groups, start = [], 0
-    for size in sizes:
-        groups.append(list(range(start, start + size)))
-        start += size
-    return groups
+        acc.num_packs += 1
+        acc.num_segments += len(batch.segment_lengths)
+        acc.num_tokens += batch.num_tokens
+        acc.capacity_tokens += self.packing_length

@@ -26,7 +26,7 @@ class HFRollouts:
             top_k=rm.decoding.top_k,
             repetition_penalty=rm.repetition_penalty,
         )
-        self.num_generate_calls = 0
+        self.num_calls = 0
         tokenizer = encoder.bundle.tokenizer
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
@@ -46,7 +46,7 @@ class HFRollouts:
                     pad_token_id=self.pad_token_id,
                     seed=seed + chunk_index,
                 )
-                self.num_generate_calls += 1
+                self.num_calls += 1
             return out
         finally:
             self.model.train(was_training)
