@@ -34,18 +34,34 @@ from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save_file
 
 from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.models.generate import Generation
 from stagectl.rollout.protocol import (
-    IMAGE_TAG,
     InferBody,
     InferRequest,
     InferResponse,
-    Message,
     RequestConfig,
     SyncResponse,
     VersionResponse,
 )
+from stagectl.rollout.requests import (
+    contiguous_parts,
+    detection_request,
+    request_config,
+    to_generation,
+    with_seed_offset,
+)
 from stagectl.rollout.weights import encode_chunks
+
+__all__ = [  # the request helpers are re-exported: callers need one import for the whole client side
+    "PushReport",
+    "RolloutClient",
+    "RolloutRequestError",
+    "RolloutServerError",
+    "WeightPushError",
+    "contiguous_parts",
+    "detection_request",
+    "request_config",
+    "to_generation",
+]
 
 log = logging.getLogger("stagectl.rollout.client")
 Transport = Literal["http", "disk"]
@@ -77,59 +93,6 @@ class PushReport:
     num_bytes: int
     num_chunks: int
     seconds: float
-
-
-def detection_request(image_paths: Sequence[str | Path], instruction: str) -> InferRequest:
-    """The swift-style request for one detection prompt: `<image>` per image, then the instruction.
-    Paths are made absolute (the server resolves them against its `image_roots`)."""
-    content = IMAGE_TAG * len(image_paths) + instruction
-    return InferRequest(
-        messages=[Message(role="user", content=content)],
-        images=[str(Path(p).expanduser().absolute()) for p in image_paths],
-    )
-
-
-def request_config(rm: RolloutMatchingConfig, seed: int | None) -> RequestConfig:
-    """Channel-B sampling settings as a request config (token ids always returned)."""
-    return RequestConfig(
-        max_tokens=rm.max_new_tokens,
-        temperature=rm.decoding.temperature,
-        top_p=rm.decoding.top_p,
-        top_k=rm.decoding.top_k,
-        repetition_penalty=rm.repetition_penalty,
-        seed=seed,
-        return_details=True,
-    )
-
-
-def to_generation(response: InferResponse) -> Generation:
-    """The learner's view of one response: generated token ids and why generation ended."""
-    choice = response.choices[0]
-    if choice.token_ids is None:
-        raise ValueError("the response has no token_ids: send request_config.return_details=true")
-    return Generation(
-        token_ids=list(choice.token_ids),
-        finish_reason="length" if choice.finish_reason == "length" else "stop",
-    )
-
-
-def contiguous_parts(n: int, num_parts: int) -> list[tuple[int, int]]:
-    """[start, stop) of `num_parts` contiguous parts of `n` items, sizes differing by at most one,
-    larger parts first; empty parts are left out."""
-    base, extra = divmod(n, num_parts)
-    parts, start = [], 0
-    for k in range(num_parts):
-        size = base + (1 if k < extra else 0)
-        if size:
-            parts.append((start, start + size))
-        start += size
-    return parts
-
-
-def _shifted(config: RequestConfig, offset: int) -> RequestConfig:
-    if config.seed is None or offset == 0:
-        return config
-    return config.model_copy(update={"seed": config.seed + offset})
 
 
 class RolloutClient:
@@ -276,7 +239,7 @@ class RolloutClient:
     def _infer_chunk(
         self, k: int, requests: list[InferRequest], config: RequestConfig, offset: int
     ) -> list[InferResponse]:
-        body = InferBody(infer_requests=requests, request_config=_shifted(config, offset))
+        body = InferBody(infer_requests=requests, request_config=with_seed_offset(config, offset))
         where = f"{self.base_urls[k]} requests [{offset}, {offset + len(requests)}) seed={body.request_config.seed}"
         try:
             return self._post_infer(k, body, fresh=False)
@@ -298,7 +261,7 @@ class RolloutClient:
 
     def _post_infer(self, k: int, body: InferBody, *, fresh: bool) -> list[InferResponse]:
         url = f"{self.base_urls[k]}/infer/"
-        payload = body.model_dump(mode="json")
+        payload = body.model_dump(mode="json", exclude_none=True)  # swift reads `{"type": "image"}` items
         self._count("infer_calls")
         try:
             if fresh:

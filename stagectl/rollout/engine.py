@@ -74,7 +74,8 @@ class Engine(Protocol):
         ...
 
     def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        """One result per request, in order; blocks until all are done."""
+        """One result per request, in order; blocks until all are done. `ValueError`: an input it cannot
+        encode (the server answers 400); any other error is a server failure (500, the client retries)."""
         ...
 
     def weight_specs(self) -> dict[str, TensorSpec]:

@@ -76,7 +76,10 @@ class RolloutService:
             requests.append(EngineRequest(messages, images, params, seed))
         if self.settings.slow_infer_ms > 0:
             time.sleep(self.settings.slow_infer_ms / 1000.0)
-        results = self.engine.generate(requests)
+        try:
+            results = self.engine.generate(requests)
+        except ValueError as exc:  # raised while encoding this call's inputs (e.g. an extreme aspect ratio)
+            raise BadRequest(f"cannot encode the request: {exc}") from None
         with self._count_lock:
             self.num_requests += len(requests)
         return [self._response(result, config.return_details) for result in results]

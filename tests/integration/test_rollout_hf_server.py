@@ -4,6 +4,8 @@ from a model trained a few steps, a killed sync, a bad checksum, a wrong token, 
 
 from __future__ import annotations
 
+import base64
+import io
 import signal
 import threading
 from collections.abc import Iterator
@@ -213,6 +215,15 @@ def test_killed_sync_bad_checksum_and_wrong_token_keep_the_old_weights(
     assert client.versions()[0].version == version
     (after,) = client.infer([served.request(2)], GREEDY)
     assert after.choices[0].token_ids == before.choices[0].token_ids
+
+
+def test_unencodable_image_is_400(served: Served) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (3000, 10)).save(buffer, format="PNG")
+    inline = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    body = {"infer_requests": [{"messages": [{"role": "user", "content": "<image>x"}], "images": [inline]}]}
+    response = httpx.post(f"{served.url}/infer/", json=body)
+    assert response.status_code == 400 and "aspect ratio" in response.json()["detail"]
 
 
 def test_beyond_loopback_needs_a_token() -> None:

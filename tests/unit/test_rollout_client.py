@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 
 from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.rollout.client import (
-    RolloutClient,
+from stagectl.rollout.client import RolloutClient
+from stagectl.rollout.protocol import InferResponse, RequestConfig
+from stagectl.rollout.requests import (
     contiguous_parts,
     detection_request,
     request_config,
     to_generation,
+    with_seed_offset,
 )
-from stagectl.rollout.protocol import InferResponse
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,13 @@ def test_contiguous_parts(n: int, parts: int, expected: list[tuple[int, int]]) -
     got = contiguous_parts(n, parts)
     assert got == expected
     assert sum(stop - start for start, stop in got) == n
+
+
+def test_seed_offset_keeps_per_request_seeds() -> None:
+    config = RequestConfig(seed=100, max_tokens=5)
+    assert with_seed_offset(config, 3).seed == 103 and with_seed_offset(config, 3).max_tokens == 5
+    assert with_seed_offset(config, 0) is config
+    assert with_seed_offset(RequestConfig(), 3).seed is None
 
 
 def test_detection_request_is_swift_style(tmp_path: Path) -> None:

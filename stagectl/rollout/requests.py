@@ -1,0 +1,65 @@
+"""Pure helpers around the wire models: building detection requests and request configs, reading
+token ids out of responses, and the chunk arithmetic of the client (contiguous parts, seed offsets)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.models.generate import Generation
+from stagectl.rollout.protocol import IMAGE_TAG, InferRequest, InferResponse, Message, RequestConfig
+
+
+def detection_request(image_paths: Sequence[str | Path], instruction: str) -> InferRequest:
+    """The swift-style request for one detection prompt: `<image>` per image, then the instruction.
+    Paths are made absolute (the server resolves them against its `image_roots`)."""
+    content = IMAGE_TAG * len(image_paths) + instruction
+    return InferRequest(
+        messages=[Message(role="user", content=content)],
+        images=[str(Path(p).expanduser().absolute()) for p in image_paths],
+    )
+
+
+def request_config(rm: RolloutMatchingConfig, seed: int | None) -> RequestConfig:
+    """Channel-B sampling settings as a request config (token ids always returned)."""
+    return RequestConfig(
+        max_tokens=rm.max_new_tokens,
+        temperature=rm.decoding.temperature,
+        top_p=rm.decoding.top_p,
+        top_k=rm.decoding.top_k,
+        repetition_penalty=rm.repetition_penalty,
+        seed=seed,
+        return_details=True,
+    )
+
+
+def to_generation(response: InferResponse) -> Generation:
+    """The learner's view of one response: generated token ids and why generation ended."""
+    choice = response.choices[0]
+    if choice.token_ids is None:
+        raise ValueError("the response has no token_ids: send request_config.return_details=true")
+    return Generation(
+        token_ids=list(choice.token_ids),
+        finish_reason="length" if choice.finish_reason == "length" else "stop",
+    )
+
+
+def contiguous_parts(n: int, num_parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of `num_parts` contiguous parts of `n` items, sizes differing by at most one,
+    larger parts first; empty parts are left out."""
+    base, extra = divmod(n, num_parts)
+    parts, start = [], 0
+    for k in range(num_parts):
+        size = base + (1 if k < extra else 0)
+        if size:
+            parts.append((start, start + size))
+        start += size
+    return parts
+
+
+def with_seed_offset(config: RequestConfig, offset: int) -> RequestConfig:
+    """`config` for a piece that starts `offset` requests into a call: its request i keeps seed base + offset + i."""
+    if config.seed is None or offset == 0:
+        return config
+    return config.model_copy(update={"seed": config.seed + offset})
