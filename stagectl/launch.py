@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from stagectl.config import StagectlConfig
+from stagectl.config.model_data import DataConfig
 
 LAUNCHED_ENV = "STAGECTL_LAUNCHED"
 
@@ -53,3 +58,40 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+def data_image_roots(data: DataConfig | None) -> list[Path]:
+    """Directories the training images live in (what an embedded rollout server may read)."""
+    if data is None:
+        return []
+    if data.synthetic is not None:
+        from stagectl.data.synthetic import default_synthetic_dir, synthetic_params
+
+        syn = data.synthetic
+        params = synthetic_params(syn.num_samples, syn.seed, syn.image_size, syn.max_objects, "train")
+        return [default_synthetic_dir(params)]
+    assert data.train_jsonl is not None
+    return [Path(data.image_root) if data.image_root else Path(data.train_jsonl).parent]
+
+
+@contextmanager
+def embedded_rollout_server(
+    config_path: Path, overrides: Sequence[str], cfg: StagectlConfig, timeout_s: float = 300.0
+) -> Iterator[str]:
+    """Start `stagectl rollout-server` as a child on a free loopback port, wait for /health/, yield its
+    URL, and always stop it (normal exit, errors, Ctrl-C)."""
+    from stagectl.rollout.launcher import start_server_process
+
+    out = cfg.training.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    roots = [str(p.absolute()) for p in [*cfg.rollout_server.image_roots, *data_image_roots(cfg.data)]]
+    args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
+    args += ["--set", f"rollout_server.image_roots={roots!r}"]
+    args += ["--host", "127.0.0.1", "--port", "0", "--weights-dir", str((out / "weight_sync").absolute())]
+    server = start_server_process(
+        args, log_path=out / "rollout_server.log", timeout_s=timeout_s, env=child_env()
+    )
+    try:
+        yield str(server.url)
+    finally:
+        server.stop()

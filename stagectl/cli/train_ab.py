@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -18,34 +20,42 @@ def command(
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.max_steps=10"),
 ) -> None:
-    """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1)."""
-    from stagectl.config import ConfigError, effective_world_size, load_config
-    from stagectl.launch import inside_torchrun
+    """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
+    rollout server first when rollout_server.embedded is true)."""
+    from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
+    from stagectl.launch import embedded_rollout_server, inside_torchrun
 
     sets = list(overrides)
     if nproc is not None:
         sets.append(f"launch.nproc_per_node={nproc}")
     try:
-        cfg = load_config(config, sets, world_size=None if inside_torchrun() else _world(nproc))
+        cfg: StagectlConfig = load_config(config, sets, world_size=None if inside_torchrun() else nproc)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
-    world_size = effective_world_size(cfg)
     if cfg.stage2_ab is None:
         fail(f"{config}: train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)")
-    if cfg.stage2_ab.channel_b.mode == "async" or cfg.custom.extra.rollout_matching.rollout_backend == "vllm":
-        fail(
-            "server-mode rollouts (rollout_backend: vllm) and channel_b.mode: async are not implemented yet; "
-            "use rollout_backend: hf with channel_b.mode: step",
-            code=2,
-        )
-    if world_size > 1 and not inside_torchrun():
-        raise typer.Exit(_relaunch(config, sets, cfg))
-    _train(cfg)
+    if inside_torchrun():
+        _train(cfg)
+        return
+    server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
+    if cfg.rollout_server.embedded:
+        server = embedded_rollout_server(config, sets, cfg)
+    try:
+        with server as url:
+            if url is not None:
+                from stagectl.learner.loop import ROLLOUT_URLS_ENV
 
-
-def _world(nproc: int | None) -> int | None:
-    return None if nproc is None else nproc
+                typer.echo(f"embedded rollout server: {url}", err=True)
+                os.environ[ROLLOUT_URLS_ENV] = url
+            if effective_world_size(cfg) > 1:
+                code = _relaunch(config, sets, cfg)
+                if code:
+                    raise typer.Exit(code)
+            else:
+                _train(cfg)
+    except RuntimeError as exc:  # the embedded server did not start
+        fail(str(exc))
 
 
 def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
@@ -72,9 +82,11 @@ def _train(cfg: object) -> None:
     assert isinstance(cfg, StagectlConfig)
     try:
         trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, TimeoutError) as exc:
         fail(str(exc) or type(exc).__name__)
     step = trainer.run()
+    if trainer.world.rank != 0:
+        return
     if trainer.stopped_by_signal is not None:
         typer.echo(
             f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True

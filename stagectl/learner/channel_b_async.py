@@ -71,6 +71,7 @@ class AsyncChannelB:
             outage_timeout_s=rm.vllm.server.timeout_s,
             seed=cfg.training.seed,
             rank=self.world.rank,
+            segments_per_pack=cfg.training.per_device_train_batch_size,
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None

@@ -2,6 +2,8 @@
 ready packs (rollout -> parse -> match -> targets -> encode -> pack), tagged with the weight version
 that generated them, in the rank's bounded `ReadyPackQueue`.
 
+- Pack size: a ready pack holds `segments_per_pack` segments (the per-device batch size, so a B
+  micro-batch mirrors an A micro-batch), fewer when they would exceed `packing_length`.
 - Pacing: no new rollout is requested while queued + buffered packs reach `target_packs`.
 - Version purity: a pack holds segments of one version only; when the version moves, leftover
   segments of the old version are flushed into old-version packs first (the queue drops them if they
@@ -87,7 +89,7 @@ class Prefetcher:
     outage_timeout_s: float
     seed: int
     rank: int
-    min_fill: float = 0.5
+    segments_per_pack: int
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
 
     def __post_init__(self) -> None:
@@ -190,21 +192,18 @@ class Prefetcher:
         self._flush(everything=False)
 
     def _flush(self, *, everything: bool) -> None:
-        """Emit packs of the buffered segments; keep under-filled ones for the next chunk unless told."""
-        if not self._buffer:
-            return
-        groups = pack_segments([len(b.segment) for b in self._buffer], self.packing_length)
-        kept: list[_Buffered] = []
-        for group in groups:
-            members = [self._buffer[i] for i in group]
-            fill = sum(len(m.segment) for m in members) / self.packing_length
-            if not everything and fill < self.min_fill:
-                kept += members
-                continue
-            stats = RolloutStats()
-            for m in members:
-                stats.add(m.stats)
-            batch = self.collate([m.segment for m in members])
-            self.queue.push(ReadyPack(batch, len(members), stats, self._buffer_ver), self._buffer_ver)
-            self.counters.produced_packs += 1
-        self._buffer = kept
+        """Emit full packs of buffered segments (in arrival order); the rest waits for the next chunk
+        unless `everything` (a version change) flushes it too."""
+        while len(self._buffer) >= self.segments_per_pack or (everything and self._buffer):
+            group = self._buffer[: self.segments_per_pack]
+            for sub in pack_segments([len(b.segment) for b in group], self.packing_length):
+                self._emit([group[i] for i in sub])
+            self._buffer = self._buffer[len(group) :]
+
+    def _emit(self, members: list[_Buffered]) -> None:
+        stats = RolloutStats()
+        for m in members:
+            stats.add(m.stats)
+        batch = self.collate([m.segment for m in members])
+        self.queue.push(ReadyPack(batch, len(members), stats, self._buffer_ver), self._buffer_ver)
+        self.counters.produced_packs += 1
