@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from stagectl.config.root import Problem, StagectlConfig, run_validators
+from stagectl.config.root import Problem, StagectlConfig
+from stagectl.config.validators import run_validators
 
 # Keys that existed once and were removed or renamed: their presence fails with migration guidance
 # instead of a generic "unknown key".

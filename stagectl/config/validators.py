@@ -1,0 +1,303 @@
+"""Named cross-section validators of `StagectlConfig`: one rule each.
+
+Each `validate_*` function checks one rule across sections and returns `Problem`s (never raises), so
+`load_config` can report every problem at once; each message says what to do instead.
+"""
+
+from __future__ import annotations
+
+from stagectl.config.root import (
+    LOOPBACK_HOSTS,
+    Problem,
+    StagectlConfig,
+    is_train_ab,
+    is_zero_ratio,
+    resolve_gas,
+    uses_server_rollouts,
+)
+
+
+def validate_b_ratio_present(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if not is_train_ab(cfg):
+        return []
+    if cfg.stage2_ab is None or cfg.stage2_ab.schedule.b_ratio is None:
+        return [
+            Problem(
+                "stage2_ab.schedule.b_ratio",
+                "required for custom.trainer_variant: stage2_ab_training; set it to the fraction of "
+                "Channel-B optimizer steps (0.0 = A only, 1.0 = B only, e.g. 0.25)",
+            )
+        ]
+    return []
+
+
+def validate_channel_b_mode_world_size(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if cfg.stage2_ab is None or cfg.stage2_ab.channel_b.mode != "step" or world_size <= 1:
+        return []
+    ratio = cfg.stage2_ab.schedule.b_ratio
+    if ratio is not None and is_zero_ratio(ratio):
+        return []  # A-only runs never enter Channel-B, so step mode is harmless on many ranks
+    return [
+        Problem(
+            "stage2_ab.channel_b.mode",
+            f"'step' runs Channel-B on one learner rank only, but the world size is {world_size}; "
+            "use stage2_ab.channel_b.mode: async (with server rollouts) for multi-rank Channel-B, "
+            "or run with one process",
+        )
+    ]
+
+
+def validate_async_needs_server_rollouts(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if cfg.stage2_ab is None or cfg.stage2_ab.channel_b.mode != "async":
+        return []
+    rm = cfg.custom.extra.rollout_matching
+    problems = []
+    if rm.rollout_backend != "vllm":
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.rollout_backend",
+                "stage2_ab.channel_b.mode: async needs server rollouts; set rollout_backend: vllm "
+                "with vllm.mode: server (a stagectl rollout-server, engine hf or vllm)",
+            )
+        )
+    if rm.vllm.mode != "server":
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.mode",
+                "stage2_ab.channel_b.mode: async needs vllm.mode: server",
+            )
+        )
+    if rm.vllm.sync.mode != "full":
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.sync.mode",
+                "stage2_ab.channel_b.mode: async needs vllm.sync.mode: full (versioned full weight sync)",
+            )
+        )
+    return problems
+
+
+def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    rm = cfg.custom.extra.rollout_matching
+    if rm.vllm.sync.mode == "adapter" and not (cfg.stage2_ab and cfg.stage2_ab.channel_b.mode == "async"):
+        return [
+            Problem(
+                "custom.extra.rollout_matching.vllm.sync.mode",
+                "stagectl syncs full weights only; set vllm.sync.mode: full",
+            )
+        ]
+    return []
+
+
+def validate_colocate_unsupported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    rm = cfg.custom.extra.rollout_matching
+    if rm.rollout_backend == "vllm" and rm.vllm.mode == "colocate":
+        return [
+            Problem(
+                "custom.extra.rollout_matching.vllm.mode",
+                "colocate is not supported; use vllm.mode: server (a rollout server) or "
+                "rollout_backend: hf (the learner generates in-process)",
+            )
+        ]
+    return []
+
+
+def validate_pipeline_needs_server(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if cfg.stage2_ab is None or not cfg.stage2_ab.channel_b.enable_pipeline:
+        return []
+    problems = []
+    if not uses_server_rollouts(cfg):
+        problems.append(
+            Problem(
+                "stage2_ab.channel_b.enable_pipeline",
+                "the in-step pipeline overlaps server rollouts with learning; it needs "
+                "custom.extra.rollout_matching.rollout_backend: vllm with vllm.mode: server, "
+                "or set enable_pipeline: false",
+            )
+        )
+    if cfg.stage2_ab.channel_b.mode != "step":
+        problems.append(
+            Problem(
+                "stage2_ab.channel_b.enable_pipeline",
+                "applies to step mode only (async mode always overlaps); set enable_pipeline: false",
+            )
+        )
+    return problems
+
+
+def validate_async_queue_limits(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if cfg.stage2_ab is None or cfg.stage2_ab.channel_b.mode != "async":
+        return []
+    acfg = cfg.stage2_ab.channel_b.async_
+    gas = resolve_gas(cfg, world_size)
+    problems = []
+    if gas is not None and acfg.queue_limit < gas:
+        problems.append(
+            Problem(
+                "stage2_ab.channel_b.async.queue_limit",
+                f"{acfg.queue_limit} is smaller than gradient_accumulation_steps ({gas}): a B step needs GAS "
+                f"packs of one version on every rank, so the feasibility gate could never pass; "
+                f"set queue_limit >= {gas}",
+            )
+        )
+    if acfg.prefetch_target_packs > acfg.queue_limit:
+        problems.append(
+            Problem(
+                "stage2_ab.channel_b.async.prefetch_target_packs",
+                f"{acfg.prefetch_target_packs} is larger than queue_limit ({acfg.queue_limit}): the "
+                "prefetcher would produce packs only to drop them; set prefetch_target_packs <= queue_limit",
+            )
+        )
+    if gas is not None and acfg.prefetch_target_packs < gas:
+        problems.append(
+            Problem(
+                "stage2_ab.channel_b.async.prefetch_target_packs",
+                f"{acfg.prefetch_target_packs} is smaller than gradient_accumulation_steps ({gas}): a B "
+                f"step needs GAS packs queued; set prefetch_target_packs >= {gas}",
+            )
+        )
+    return problems
+
+
+def validate_batch_sizes(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    t = cfg.training
+    if t.effective_batch_size is None:
+        return []
+    per_step = t.per_device_train_batch_size * world_size
+    if t.gradient_accumulation_steps is None:
+        if t.effective_batch_size % per_step:
+            return [
+                Problem(
+                    "training.effective_batch_size",
+                    f"{t.effective_batch_size} is not a multiple of per_device_train_batch_size x world_size "
+                    f"({t.per_device_train_batch_size} x {world_size} = {per_step}); pick a multiple of "
+                    f"{per_step} or set gradient_accumulation_steps instead",
+                )
+            ]
+        return []
+    if per_step * t.gradient_accumulation_steps != t.effective_batch_size:
+        return [
+            Problem(
+                "training.effective_batch_size",
+                f"{t.effective_batch_size} != per_device_train_batch_size x world_size x "
+                f"gradient_accumulation_steps ({t.per_device_train_batch_size} x {world_size} x "
+                f"{t.gradient_accumulation_steps}); remove one of effective_batch_size / gradient_accumulation_steps",
+            )
+        ]
+    return []
+
+
+def validate_server_security(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    rs = cfg.rollout_server
+    if rs.host not in LOOPBACK_HOSTS and not rs.auth_token_env:
+        return [
+            Problem(
+                "rollout_server.auth_token_env",
+                f"the server binds {rs.host!r} (beyond loopback), so weight/admin endpoints need a bearer "
+                "token; set auth_token_env to the name of an environment variable holding it, or bind 127.0.0.1",
+            )
+        ]
+    return []
+
+
+def validate_embedded_server(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if not cfg.rollout_server.embedded:
+        return []
+    problems = []
+    if not uses_server_rollouts(cfg):
+        problems.append(
+            Problem(
+                "rollout_server.embedded",
+                "an embedded server feeds server-mode rollouts; set custom.extra.rollout_matching."
+                "rollout_backend: vllm (vllm.mode: server) or embedded: false",
+            )
+        )
+    if cfg.custom.extra.rollout_matching.vllm.server.servers:
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.server.servers",
+                "rollout_server.embedded: true starts its own server on a free loopback port; "
+                "remove servers or set embedded: false",
+            )
+        )
+    return problems
+
+
+def validate_server_list(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if not is_train_ab(cfg) or not uses_server_rollouts(cfg) or cfg.rollout_server.embedded:
+        return []
+    if cfg.custom.extra.rollout_matching.vllm.server.servers:
+        return []
+    return [
+        Problem(
+            "custom.extra.rollout_matching.vllm.server.servers",
+            "server-mode rollouts need at least one server: add `- base_url: http://127.0.0.1:8000` "
+            "or set rollout_server.embedded: true",
+        )
+    ]
+
+
+def validate_stage_b(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if cfg.mission is None and not cfg.tickets and cfg.guidance is None:
+        return []
+    problems = []
+    if cfg.mission is None:
+        problems.append(Problem("mission", "required for Stage-B; set the mission name"))
+    if not cfg.tickets:
+        problems.append(Problem("tickets", "required for Stage-B; list the tickets JSONL files"))
+    if cfg.guidance is None:
+        problems.append(
+            Problem("guidance.path", "required for Stage-B; point it at the mission guidance JSON")
+        )
+    return problems
+
+
+def validate_stage_b_runner(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    if cfg.mission is None:
+        return []
+    problems = []
+    runner = cfg.runner
+    if runner.engine == "server" and not runner.server.base_urls:
+        problems.append(
+            Problem(
+                "runner.server.base_urls",
+                "runner.engine: server needs at least one rollout server URL, e.g. [http://127.0.0.1:8000]",
+            )
+        )
+    fail_rank = runner.test_engine.fail_on_rank
+    if runner.engine == "test" and fail_rank is not None and fail_rank >= world_size:
+        problems.append(
+            Problem(
+                "runner.test_engine.fail_on_rank",
+                f"rank {fail_rank} does not exist with world size {world_size}; use 0..{world_size - 1} or null",
+            )
+        )
+    if cfg.launch.nnodes != 1:
+        problems.append(
+            Problem("launch.nnodes", "stage-b runs on one node (torchrun --nnodes=1); set launch.nnodes: 1")
+        )
+    return problems
+
+
+VALIDATORS = (
+    validate_b_ratio_present,
+    validate_channel_b_mode_world_size,
+    validate_async_needs_server_rollouts,
+    validate_sync_mode_supported,
+    validate_colocate_unsupported,
+    validate_pipeline_needs_server,
+    validate_async_queue_limits,
+    validate_batch_sizes,
+    validate_server_security,
+    validate_embedded_server,
+    validate_server_list,
+    validate_stage_b,
+    validate_stage_b_runner,
+)
+
+
+def run_validators(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    problems: list[Problem] = []
+    for check in VALIDATORS:
+        problems.extend(check(cfg, world_size))
+    return problems
