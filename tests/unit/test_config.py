@@ -254,7 +254,7 @@ def test_stage_b_required_keys(tmp_path: Path) -> None:
 def test_stage_b_runner_rules(tmp_path: Path) -> None:
     base = {"mission": "m", "tickets": ["t.jsonl"], "guidance": {"path": "g.json"}}
     probs = problems_of(tmp_path, {**base, "runner": {"engine": "server"}, "launch": {"nnodes": 2}})
-    assert "base_urls" in probs["runner.server.base_urls"]
+    assert "rollout server URL" in probs["runner.server.base_urls"]
     assert "--nnodes=1" in probs["launch.nnodes"]
     probs = problems_of(
         tmp_path, {**base, "runner": {"engine": "test", "test_engine": {"fail_on_rank": 3}}}, world_size=2
