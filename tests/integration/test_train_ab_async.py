@@ -1,0 +1,169 @@
+"""Async actor-learner end to end on one CPU machine: 2 torchrun learner ranks + a rollout server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stagectl.rollout.launcher import start_server_process
+from stagectl.schedule import channel_for_step
+from tests.integration.helpers import ROOT, read_metrics, run_cli, tiny_train_config, write_config
+
+
+def async_config(tmp_path: Path, **sections: object) -> dict:
+    base = tiny_train_config(
+        tmp_path,
+        training={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 8},
+        launch={"nproc_per_node": 2, "dist_timeout_s": 120},
+        custom={
+            "extra": {
+                "rollout_matching": {
+                    "rollout_backend": "vllm",
+                    "max_new_tokens": 24,
+                    "vllm": {"mode": "server", "server": {"timeout_s": 60}},
+                }
+            }
+        },
+        stage2_ab={
+            "schedule": {"b_ratio": 0.5},
+            "channel_b": {
+                "mode": "async",
+                "rollout_decode_batch_size": 4,
+                "async": {
+                    "queue_limit": 8,
+                    "version_window": 1,
+                    "prefetch_target_packs": 4,
+                    "sync_every_steps": 2,
+                },
+            },
+        },
+        rollout_server={"embedded": True, "max_batch_size": 8},
+    )
+    from tests.integration.helpers import deep_merge
+
+    return deep_merge(base, sections)  # type: ignore[arg-type]
+
+
+def check_async_invariants(rows: list[dict], window: int) -> None:
+    for r in rows:
+        wanted = channel_for_step(r["step"], 0.5)
+        assert r["policy_wants_b"] == (wanted == "B")
+        if r["stage2_ab/async/b_step_skipped_due_to_queue"]:
+            assert wanted == "B" and r["kind"] == "A"
+        else:
+            assert r["kind"] == wanted
+        if r["kind"] == "B":
+            assert 0 <= r["stage2_ab/async/ver_lag"] <= window
+            assert r["num_backward"] == 2  # rank 0: one forward/backward per micro-step (GAS = 2)
+            assert r["packing/n_packs"] == 2 * 2  # one pack per micro-step on each of the 2 ranks
+            assert "rollout/f1" in r
+
+
+def test_example_async_config_completes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_cli(
+        "train-ab", "examples/tiny/train_ab_async.yaml", "--set", f"training.output_dir={out}", timeout=360
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "embedded rollout server: http://127.0.0.1:" in result.stderr
+    rows = read_metrics(out)
+    assert len(rows) == 16
+    check_async_invariants(rows, window=1)
+    assert sum(r["kind"] == "B" for r in rows) >= 3
+    digests = json.loads((out / "final_state.json").read_text())["rank_weight_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert rows[-1]["stage2_ab/async/sync_total"] >= 4
+    assert (out / "rollout_server.log").read_text().count('"path": "/infer/"') > 0
+
+
+def test_slow_server_skips_to_a_and_completes(tmp_path: Path) -> None:
+    cfg = async_config(tmp_path, rollout_server={"slow_infer_ms": 4000})
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 8
+    check_async_invariants(rows, window=1)
+    assert sum(r["stage2_ab/async/b_step_skipped_due_to_queue"] for r in rows) >= 1
+
+
+def test_killed_server_skips_b_and_never_hangs(tmp_path: Path) -> None:
+    """An external server is SIGKILLed mid-run: B steps are skipped (counted), Channel-A goes on, and
+    the run ends on its own (completes, or exits with the outage error) well within the timeout."""
+    server = start_server_process(
+        [
+            "--model",
+            "builtin:tiny-qwen2.5-vl",
+            "--port",
+            "0",
+            "--set",
+            f"rollout_server.image_roots=[{Path.home()}]",
+        ],
+        cwd=ROOT,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    cfg = async_config(
+        tmp_path,
+        training={"max_steps": 30},
+        rollout_server={"embedded": False},
+        custom={
+            "extra": {
+                "rollout_matching": {
+                    "vllm": {"server": {"servers": [{"base_url": server.url}], "timeout_s": 20}}
+                }
+            }
+        },
+    )
+    config = write_config(tmp_path / "cfg.yaml", cfg)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stagectl", "train-ab", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().count('"kind": "B"') >= 1):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no B step before the kill"
+            time.sleep(0.2)
+        server.proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=240)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        server.stop()
+    rows = read_metrics(tmp_path / "run")
+    after = [r for r in rows if r["stage2_ab/async/prefetch_fail_total"] > 0]
+    assert after, "the learner never noticed the dead server"
+    assert any(r["stage2_ab/async/b_step_skipped_due_to_queue"] for r in after)
+    assert any(r["kind"] == "A" for r in after)
+    if proc.returncode != 0:
+        assert "unreachable" in stderr or "weight sync" in stderr, stderr[-3000:]
+    assert elapsed < 200
+
+
+def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:
+    cfg = async_config(tmp_path, training={"max_steps": 30})
+    started = time.monotonic()
+    result = run_cli(
+        "train-ab",
+        str(write_config(tmp_path / "cfg.yaml", cfg)),
+        timeout=240,
+        env={"STAGECTL_INJECT_PREFETCH_FAULT_RANK": "1"},
+    )
+    assert result.returncode != 0
+    assert "prefetcher on rank 1 failed" in result.stderr and "injected prefetch fault" in result.stderr
+    assert time.monotonic() - started < 200
+    rows = read_metrics(tmp_path / "run") if (tmp_path / "run" / "metrics.jsonl").exists() else []
+    assert len(rows) < 30
