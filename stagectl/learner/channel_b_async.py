@@ -166,6 +166,7 @@ class AsyncChannelB:
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
             "stage2_ab/async/sync_total": self.num_syncs,
             "stage2_ab/async/sync_fail_total": self.num_sync_failures,
+            "stage2_ab/async/prefetch_busy_s": dist.all_reduce_floats([c.busy_s])[0],
         }
 
     def close(self) -> None:

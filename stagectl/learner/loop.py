@@ -25,6 +25,7 @@ from stagectl.learner.channel_a import run_channel_a
 from stagectl.learner.channel_b import RolloutStats
 from stagectl.learner.channel_b_async import AsyncChannelB
 from stagectl.learner.channel_b_step import StepModeB, StepWeightSync
+from stagectl.learner.evaluate import Evaluator
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
@@ -82,6 +83,7 @@ class Trainer:
             else None
         )
         self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
+        self.evaluator = Evaluator(cfg, st.bundle, st.encoder.vocab) if self.world.is_main else None
         self._stop_signal: int | None = None
 
     def _setup_channel_b(self) -> None:
@@ -127,6 +129,7 @@ class Trainer:
                 if self.metrics is not None:
                     self.metrics.write(row)
                 self.progress.update(step - 1, row, log=step % cfg.logging_steps == 0)
+                self._maybe_evaluate(step)
                 stop = dist.broadcast_object(self._stop_signal is not None)
                 if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop:
                     self.save(step)
@@ -138,6 +141,16 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
+
+    def _maybe_evaluate(self, step: int) -> None:
+        """Greedy eval on rank 0 when due; the other ranks wait at the barrier."""
+        if self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps):
+            row = self.evaluator.run(step)
+            self.progress.note(
+                f"eval step {step}: f1={row['f1']:.3f} precision={row['precision']:.3f} "
+                f"recall={row['recall']:.3f} valid_json={row['valid_json_rate']:.2f}"
+            )
+        dist.barrier()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is not None:
@@ -274,7 +287,8 @@ class Trainer:
 
             def save_processors(path: Any) -> None:
                 st.bundle.tokenizer.save_pretrained(path)
-                st.bundle.image_processor.save_pretrained(path)
+                if st.bundle.image_processor is not None:  # text-only models have none
+                    st.bundle.image_processor.save_pretrained(path)
 
             extra: dict[str, Any] = {"num_updates": self.num_updates}
             if self.async_b is not None:

@@ -111,6 +111,15 @@ class ProgressBar:
                 flush=True,
             )
 
+    def note(self, message: str) -> None:
+        """A line above the bar (or on stderr without a terminal)."""
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
