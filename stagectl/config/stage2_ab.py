@@ -65,4 +65,7 @@ class Stage2ABConfig(StrictModel):
     bbox_ciou_weight: float = Field(1.0, ge=0)
     """Weight of (1 - CIoU) between the expected box and the GT box."""
     coord_ce_weight: float = Field(0.0, ge=0)
-    """Weight of CE on coordinate tokens (0 = geometry loss only)."""
+    """Weight of CE on coordinate tokens toward the exact GT bin (0 = geometry loss only)."""
+    coord_gate_weight: float = Field(1.0, ge=0)
+    """Weight of -log P(any coordinate token) at coordinate slots: teaches the model to emit a coordinate
+    token there at all (the geometry softmax is restricted to coordinate tokens and cannot)."""

@@ -63,7 +63,9 @@ class Trainer:
         self.runner = PackRunner(
             ddp_model=st.ddp_model,
             base_model=st.bundle.model,
-            loss_weights=LossWeights(s2.bbox_smoothl1_weight, s2.bbox_ciou_weight, s2.coord_ce_weight),
+            loss_weights=LossWeights(
+                s2.bbox_smoothl1_weight, s2.bbox_ciou_weight, s2.coord_ce_weight, s2.coord_gate_weight
+            ),
             coord_token_ids=st.coord_token_ids,
             packing_length=cfg.packing_length,
             device=st.device,

@@ -4,6 +4,11 @@ Geometry per box slot: the softmax over the 1000 coordinate logits gives the *ex
 argmax, so it has a gradient); the 4 expectations / 999 form a box in [0, 1] that is compared to the GT
 box with SmoothL1 and (1 - CIoU). Corners are sorted first, so a prediction with swapped corners still
 gives a finite, well-defined CIoU. Every term is returned separately for logging.
+
+The geometry softmax is restricted to the coordinate tokens, so it never teaches the model to emit a
+coordinate token *at all* in a coordinate slot (CE is off there). The coordinate gate does:
+-log P(any coordinate token) under the full softmax, mean over slots (`coord_gate_weight`; without it
+a model learns the JSON around the boxes but fills them with ordinary tokens, which the parser drops).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ class LossWeights:
     bbox_smoothl1: float = 1.0
     bbox_ciou: float = 1.0
     coord_ce: float = 0.0
+    coord_gate: float = 1.0
 
 
 @dataclass
@@ -29,6 +35,7 @@ class LossTerms:
     bbox_smoothl1: torch.Tensor
     bbox_ciou: torch.Tensor
     coord_ce: torch.Tensor
+    coord_gate: torch.Tensor
     num_ce_tokens: int
     num_boxes: int
 
@@ -39,6 +46,7 @@ class LossTerms:
             "loss/bbox_smoothl1": float(self.bbox_smoothl1.detach()),
             "loss/bbox_ciou": float(self.bbox_ciou.detach()),
             "loss/coord_ce": float(self.coord_ce.detach()),
+            "loss/coord_gate": float(self.coord_gate.detach()),
         }
 
 
@@ -84,15 +92,24 @@ def compute_loss(
             coord_ce = F.cross_entropy(slot_logits, gt_ids)
         else:
             coord_ce = zero
+        # -log P(coordinate token) = logsumexp(all) - logsumexp(coordinate logits)
+        coord_gate = (slot_logits.logsumexp(-1) - coord_logits.logsumexp(-1)).mean()
     else:
-        smoothl1 = ciou = coord_ce = zero
-    total = ce + weights.bbox_smoothl1 * smoothl1 + weights.bbox_ciou * ciou + weights.coord_ce * coord_ce
+        smoothl1 = ciou = coord_ce = coord_gate = zero
+    total = (
+        ce
+        + weights.bbox_smoothl1 * smoothl1
+        + weights.bbox_ciou * ciou
+        + weights.coord_ce * coord_ce
+        + weights.coord_gate * coord_gate
+    )
     return LossTerms(
         total=total,
         ce=ce,
         bbox_smoothl1=smoothl1,
         bbox_ciou=ciou,
         coord_ce=coord_ce,
+        coord_gate=coord_gate,
         num_ce_tokens=num_ce,
         num_boxes=num_boxes,
     )

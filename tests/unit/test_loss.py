@@ -52,6 +52,7 @@ def test_geometry_zero_when_expected_box_equals_gt() -> None:
     assert float(terms.bbox_smoothl1) < 1e-6
     assert float(terms.bbox_ciou) < 1e-4
     assert float(terms.coord_ce) < 1e-4
+    assert float(terms.coord_gate) < 1e-4
     assert terms.num_boxes == 1
 
 
@@ -63,7 +64,7 @@ def test_geometry_positive_and_differentiable_when_wrong() -> None:
         logits, torch.zeros(7, dtype=torch.long), torch.zeros(7), positions, gt, COORD_IDS, LossWeights()
     )
     # uniform softmax -> expected bin 499.5 for every corner: a degenerate box far from GT
-    assert float(terms.bbox_smoothl1) > 0.05 and float(terms.bbox_ciou) > 0.5
+    assert float(terms.bbox_smoothl1.detach()) > 0.05 and float(terms.bbox_ciou.detach()) > 0.5
     terms.total.backward()
     assert logits.grad is not None
     coord_grad = logits.grad[1:5, 100:1100]
@@ -102,9 +103,9 @@ def test_weights_scale_terms() -> None:
     positions = torch.tensor([[2, 3, 4, 5]])
     ids = torch.zeros(7, dtype=torch.long)
     ones = torch.ones(7)
-    base = compute_loss(logits, ids, ones, positions, gt, COORD_IDS, LossWeights(1.0, 1.0, 0.0))
-    heavy = compute_loss(logits, ids, ones, positions, gt, COORD_IDS, LossWeights(2.0, 3.0, 1.0))
-    expected = base.ce + 2 * base.bbox_smoothl1 + 3 * base.bbox_ciou + heavy.coord_ce
+    base = compute_loss(logits, ids, ones, positions, gt, COORD_IDS, LossWeights(1.0, 1.0, 0.0, 0.0))
+    heavy = compute_loss(logits, ids, ones, positions, gt, COORD_IDS, LossWeights(2.0, 3.0, 1.0, 0.5))
+    expected = base.ce + 2 * base.bbox_smoothl1 + 3 * base.bbox_ciou + heavy.coord_ce + 0.5 * heavy.coord_gate
     torch.testing.assert_close(heavy.total, expected)
     assert set(base.as_floats()) == {
         "loss",
@@ -112,4 +113,17 @@ def test_weights_scale_terms() -> None:
         "loss/bbox_smoothl1",
         "loss/bbox_ciou",
         "loss/coord_ce",
+        "loss/coord_gate",
     }
+
+
+def test_coord_gate_penalises_non_coordinate_tokens_in_slots() -> None:
+    positions = torch.tensor([[2, 3, 4, 5]])
+    gt = torch.tensor([[100, 200, 600, 800]])
+    ids = torch.zeros(7, dtype=torch.long)
+    on_coords = peaked_logits(7, {1: 150, 2: 250, 3: 650, 4: 850})  # coordinate tokens, wrong bins
+    off_coords = peaked_logits(7, {1: 5, 2: 5, 3: 5, 4: 5})  # an ordinary token in every slot
+    good = compute_loss(on_coords, ids, torch.zeros(7), positions, gt, COORD_IDS, LossWeights())
+    bad = compute_loss(off_coords, ids, torch.zeros(7), positions, gt, COORD_IDS, LossWeights())
+    assert float(good.coord_gate) < 1e-4  # it does not care which bin
+    assert float(bad.coord_gate) > 10
