@@ -1,0 +1,167 @@
+"""report.md text (pure): the summary tables, the linked plots, what was not plotted and why."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+from stagectl.report.sections import Figures
+from stagectl.report.stage_b import StageBSummary
+from stagectl.report.train_ab import Best, EvalSummary, TrainAbSummary
+
+NA = "n/a"
+MAX_EXPERIENCE_CHARS = 160
+
+
+def fmt(value: float | int | None, digits: int = 4) -> str:
+    """Integers with thousands separators, floats to `digits` significant digits, None as n/a."""
+    if value is None:
+        return NA
+    if isinstance(value, int) or float(value).is_integer():
+        return f"{int(value):,}"
+    if abs(value) >= 10**digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def fmt_ratio(value: Fraction | None) -> str:
+    if value is None:
+        return NA
+    if value.denominator == 1 or float(value) == round(float(value), 4):
+        return fmt(float(value))
+    return f"{value} ({float(value):.4f})"
+
+
+def fmt_best(best: Best | None) -> str:
+    return NA if best is None else f"{best.value:.4f} (step {best.step})"
+
+
+def fmt_steps(steps: Sequence[int], limit: int = 12) -> str:
+    shown = ", ".join(str(s) for s in steps[:limit])
+    return shown + (f", ... ({len(steps)} in all)" if len(steps) > limit else "")
+
+
+def table(rows: Sequence[tuple[str, str]], header: tuple[str, str] = ("metric", "value")) -> list[str]:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return lines
+
+
+def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, str]]:
+    rows = [
+        ("optimizer steps logged", f"{s.num_steps} (steps {s.first_step}–{s.last_step})"),
+        ("Channel-A / Channel-B steps", f"{s.num_a} / {s.num_b}"),
+        ("B ratio: realised / target", f"{s.realised_b_ratio:.4f} / {fmt_ratio(s.target_b_ratio)}"),
+        ("B steps wanted by the schedule", str(s.num_wanted_b)),
+        (
+            "skip-to-A steps (wanted B, trained A)",
+            f"{len(s.skip_steps)}" + (f" (step {fmt_steps(s.skip_steps)})" if s.skip_steps else ""),
+        ),
+        ("rollout F1 on B steps: last / best", f"{fmt_best(s.f1_last)} / {fmt_best(s.f1_best)}"),
+        ("rollout precision / recall (last B step)", f"{fmt(s.precision_last)} / {fmt(s.recall_last)}"),
+    ]
+    if ev is not None:
+        rows.append(("held-out eval F1: last / best", f"{fmt_best(ev.f1_last)} / {fmt_best(ev.f1_best)}"))
+    if s.is_async:
+        rows += [
+            ("dropped packs: stale / oldest", f"{fmt(s.drop_stale_total)} / {fmt(s.drop_oldest_total)}"),
+            ("prefetches: ok / failed", f"{fmt(s.prefetch_success_total)} / {fmt(s.prefetch_fail_total)}"),
+            ("weight syncs: total / failed", f"{fmt(s.sync_total)} / {fmt(s.sync_fail_total)}"),
+            ("ver_lag on B steps: mean / max", f"{fmt(s.ver_lag_mean)} / {fmt(s.ver_lag_max)}"),
+        ]
+    rows += [
+        ("tokens trained (all ranks)", fmt(s.tokens_total)),
+        ("throughput", f"{fmt(s.tokens_per_s, 5)} tokens/s (tokens / summed step time)"),
+        ("summed step time / of it waiting", f"{s.step_time_total_s:.1f} s / {s.wait_total_s:.1f} s"),
+        ("mean step time A / B", f"{fmt(s.mean_step_s_a)} s / {fmt(s.mean_step_s_b)} s"),
+    ]
+    return rows
+
+
+def render_train_ab(
+    title: str,
+    subtitle: str,
+    summary: TrainAbSummary,
+    ev: EvalSummary | None,
+    figures: Figures,
+    plot_dir: str,
+    notes: Sequence[str],
+) -> str:
+    lines = [f"# {title}", "", subtitle, "", "## Summary", ""]
+    lines += table(train_ab_rows(summary, ev))
+    lines += ["", "## Loss per term", "", "| term | first | last | change | min |", "|---|---|---|---|---|"]
+    for t in summary.terms:
+        lines.append(
+            f"| `{t.term}` | {fmt(t.first)} (step {t.first_step}) | {fmt(t.last)} (step {t.last_step}) "
+            f"| {t.last - t.first:+.4g} | {fmt(t.min)} |"
+        )
+    if not summary.terms:
+        lines.append(f"| (no loss keys logged) | {NA} | {NA} | {NA} | {NA} |")
+    lines += _figures(figures, plot_dir) + _notes(notes)
+    return "\n".join(lines) + "\n"
+
+
+def stage_b_rows(s: StageBSummary) -> list[tuple[str, str]]:
+    return [
+        (
+            "tickets judged",
+            f"{s.num_tickets} ({s.num_batches} global batches, {s.num_windows} logging windows)",
+        ),
+        ("epochs", str(s.num_epochs)),
+        ("accuracy: first / last window", f"{fmt(s.accuracy_first)} / {fmt(s.accuracy_last)}"),
+        ("accuracy over all tickets", fmt(s.accuracy_overall)),
+        ("false pass (fail judged pass): count / rate", f"{s.num_fp} / {fmt(s.fp_rate)}"),
+        ("false fail (pass judged fail): count / rate", f"{s.num_fn} / {fmt(s.fn_rate)}"),
+        ("tickets without a verdict", str(s.num_no_verdict)),
+        ("malformed candidates", f"{s.num_malformed} of {s.num_candidates}"),
+        ("guidance step: first / last", f"{fmt(s.guidance_step_first)} / {fmt(s.guidance_step_last)}"),
+        ("reflections: run / changed guidance", f"{s.num_reflections} / {s.num_guidance_changes}"),
+        ("guidance operations: accepted / dropped", f"{s.num_ops_accepted} / {s.num_ops_dropped}"),
+        ("throughput", f"{fmt(s.tickets_per_s, 5)} tickets/s (tickets / summed window time)"),
+    ]
+
+
+def render_stage_b(
+    title: str, subtitle: str, summary: StageBSummary, figures: Figures, plot_dir: str, notes: Sequence[str]
+) -> str:
+    lines = [f"# {title}", "", subtitle, "", "## Summary", ""]
+    lines += table(stage_b_rows(summary))
+    lines += ["", "## Guidance now (`guidance.json`)", ""]
+    if summary.experiences:
+        lines += ["| key | experience |", "|---|---|"]
+        lines += [f"| {key} | {_cell(text)} |" for key, text in summary.experiences.items()]
+    else:
+        lines.append("No `guidance.json` experiences found.")
+    lines += _figures(figures, plot_dir) + _notes(notes)
+    return "\n".join(lines) + "\n"
+
+
+def render_index(title: str, rows: Sequence[tuple[str, str, str]]) -> str:
+    """A parent dir's report.md: (mission, one-line summary, link to its report.md)."""
+    lines = [f"# {title}", "", "| mission | summary | report |", "|---|---|---|"]
+    lines += [f"| {mission} | {summary} | [{link}]({link}) |" for mission, summary, link in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _figures(figures: Figures, plot_dir: str) -> list[str]:
+    lines = ["", "## Plots", ""]
+    for plot in figures.plots:
+        lines += [f"### {plot.title}", "", f"![{plot.title}]({plot_dir}/{plot.file})", "", plot.caption, ""]
+    if not figures.plots:
+        lines += ["No plots could be drawn.", ""]
+    if figures.skipped:
+        lines += ["## Not plotted", ""]
+        lines += [f"- {item.what}: {item.reason}." for item in figures.skipped]
+        lines.append("")
+    return lines
+
+
+def _notes(notes: Sequence[str]) -> list[str]:
+    return ["## Notes", "", *[f"- {n}" for n in notes]] if notes else []
+
+
+def _cell(text: str) -> str:
+    one_line = " ".join(text.split()).replace("|", "\\|")
+    if len(one_line) > MAX_EXPERIENCE_CHARS:
+        return one_line[: MAX_EXPERIENCE_CHARS - 1] + "…"
+    return one_line
