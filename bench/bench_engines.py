@@ -2,9 +2,10 @@
 tiny Qwen2: 8 chat prompts in one `/infer/` call, greedy, up to 64 new tokens, a few repeats.
 
 Both engines run as real `stagectl rollout-server` subprocesses on 127.0.0.1 (hf with this interpreter,
-vllm with the vLLM environment's, `.venv-vllm` or `$STAGECTL_VLLM_VENV`), both alive at once and timed
-alternately so machine-load drift hits both alike. Greedy ids are equal across the engines, so both
-generate the same number of tokens. Without the vLLM environment the benchmark is skipped with a note.
+vllm with the vLLM environment's, `.venv-vllm` or `$STAGECTL_VLLM_VENV`), one at a time: vLLM's OpenMP
+threads keep spinning for a while after each call, which would slow an interleaved hf server down.
+Greedy ids are equal across the engines, so both generate the same number of tokens. Without the vLLM
+environment the benchmark is skipped with a note.
 
 Run: `python -m bench.bench_engines`. `run()` returns the numbers as a dict.
 """
@@ -65,20 +66,17 @@ def run(repeats: int = 5) -> dict[str, object]:
         note = f"skipped: no vLLM environment at {python.parents[1]} (run `make vllm-env`)"
         return {"skipped": note}
     resolve_model_path(MODEL)  # build the cached model once, before two processes look for it
-    servers: dict[str, ServerProcess] = {}
-    clients: dict[str, RolloutClient] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    times: dict[str, list[float]] = {}
     startup_s: dict[str, float] = {}
-    try:
-        for name, interpreter, extra in (("hf", sys.executable, []), ("vllm", python, VLLM_ARGS)):
-            servers[name], startup_s[name] = _start(interpreter, name, extra)
-            clients[name] = RolloutClient([str(servers[name].url)])
-            clients[name].wait_healthy(timeout_s=60)
-        outputs = {name: _generate(client) for name, client in clients.items()}
-        times = interleaved_times_s([lambda c=c: _generate(c) for c in clients.values()], repeats)
-    finally:
-        for client in clients.values():
-            client.close()
-        for server in servers.values():
+    for name, interpreter, extra in (("hf", sys.executable, []), ("vllm", python, VLLM_ARGS)):
+        server, startup_s[name] = _start(interpreter, name, extra)
+        try:
+            with RolloutClient([str(server.url)]) as client:
+                client.wait_healthy(timeout_s=60)
+                outputs[name] = _generate(client)
+                (times[name],) = interleaved_times_s([lambda c=client: _generate(c)], repeats)
+        finally:
             server.stop()
     num_tokens = {name: sum(len(ids) for ids in out) for name, out in outputs.items()}
     result: dict[str, object] = {
@@ -88,7 +86,7 @@ def run(repeats: int = 5) -> dict[str, object]:
         "repeats": repeats,
         "greedy_ids_equal": outputs["hf"] == outputs["vllm"],
     }
-    for name, seconds in zip(clients, times, strict=True):
+    for name, seconds in times.items():
         result[name] = {
             "startup_s": startup_s[name],
             "tokens": num_tokens[name],

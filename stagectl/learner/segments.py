@@ -33,7 +33,7 @@ class SampleEncoder:
         if cached is None:
             sample = self.samples[index]
             images = [open_rgb(path) for path in sample.images]
-            cached = encode_prompt(self.bundle.tokenizer, self.bundle.image_processor, images)
+            cached = encode_prompt(self.bundle.tokenizer, self.bundle.require_image_processor(), images)
             self._prompts[index] = cached
         return cached
 

@@ -1,4 +1,5 @@
-"""Chat encoding of one detection sample, shared by training (teacher forcing) and rollouts (`generate`).
+"""Chat encoding of one detection sample, shared by training (teacher forcing) and rollouts (`generate`),
+and of any chat (`encode_messages`, what the rollout server's engines encode requests with).
 
 Prompt = the checkpoint's chat template over one user turn `[image, ..., instruction]` with the
 generation prompt (`<|im_start|>assistant\\n`) appended; each `<|image_pad|>` placeholder is expanded
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from PIL import Image
@@ -18,10 +20,20 @@ from transformers import PreTrainedTokenizerBase
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from stagectl.models.corpus import DETECTION_INSTRUCTION
+from stagectl.models.generate import PromptInputs
 from stagectl.models.images import ImageInputs, preprocess_images
 from stagectl.models.tokenizer import IM_END, IMAGE_PAD, token_id
 
-__all__ = ["DETECTION_INSTRUCTION", "EncodedSample", "encode_answer_text", "encode_prompt", "encode_training"]
+__all__ = [
+    "DETECTION_INSTRUCTION",
+    "EncodedSample",
+    "chat_template_ids",
+    "encode_answer_text",
+    "encode_messages",
+    "encode_prompt",
+    "encode_training",
+    "expand_image_pads",
+]
 
 
 @dataclass(frozen=True)
@@ -53,25 +65,50 @@ def detection_messages(num_images: int, instruction: str = DETECTION_INSTRUCTION
     return [{"role": "user", "content": content}]
 
 
-def _prompt_ids(tokenizer: PreTrainedTokenizerBase, images: ImageInputs, instruction: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        detection_messages(len(images.num_image_tokens), instruction),
-        tokenize=False,
-        add_generation_prompt=True,
-    )
+def chat_template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
+    """The chat template over `messages` plus the generation prompt, as ids (one `<|image_pad|>` per image)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert isinstance(text, str)
-    template_ids = tokenizer.encode(text, add_special_tokens=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def expand_image_pads(
+    tokenizer: PreTrainedTokenizerBase, template_ids: Sequence[int], num_image_tokens: Sequence[int]
+) -> list[int]:
+    """Each `<|image_pad|>` of `template_ids` repeated to its image's merged-token count, in image order."""
     image_pad_id = token_id(tokenizer, IMAGE_PAD)
-    num_placeholders = template_ids.count(image_pad_id)
-    if num_placeholders != len(images.num_image_tokens):
+    num_placeholders = list(template_ids).count(image_pad_id)
+    if num_placeholders != len(num_image_tokens):
         raise ValueError(
-            f"chat template produced {num_placeholders} image placeholders for {len(images.num_image_tokens)} images"
+            f"the chat template produced {num_placeholders} image placeholders for {len(num_image_tokens)} images"
         )
     ids: list[int] = []
-    counts = iter(images.num_image_tokens)
+    counts = iter(num_image_tokens)
     for template_id in template_ids:
         ids.extend([image_pad_id] * next(counts) if template_id == image_pad_id else [template_id])
     return ids
+
+
+def encode_messages(
+    tokenizer: PreTrainedTokenizerBase,
+    image_processor: Qwen2VLImageProcessorPil | None,
+    messages: list[dict[str, Any]],
+    images: Sequence[Image.Image],
+) -> PromptInputs:
+    """Generation prompt of any chat (template-ready `messages`, images in placeholder order); for
+    detection messages the ids equal `encode_prompt`'s. `image_processor` None: a text-only model,
+    which takes no images (`ValueError`)."""
+    template_ids = chat_template_ids(tokenizer, messages)
+    if not images:
+        return PromptInputs(template_ids)
+    if image_processor is None:
+        raise ValueError(f"the model is text-only and cannot take images ({len(images)} given)")
+    inputs = preprocess_images(list(images), image_processor)
+    ids = expand_image_pads(tokenizer, template_ids, inputs.num_image_tokens)
+    image_pad_id = token_id(tokenizer, IMAGE_PAD)
+    return PromptInputs(
+        ids, [int(i == image_pad_id) for i in ids], inputs.pixel_values, inputs.image_grid_thw
+    )
 
 
 def encode_prompt(
@@ -82,7 +119,8 @@ def encode_prompt(
 ) -> EncodedSample:
     """The generation prompt of one sample (what a rollout is conditioned on)."""
     image_inputs = preprocess_images(list(images), image_processor)
-    ids = _prompt_ids(tokenizer, image_inputs, instruction)
+    template_ids = chat_template_ids(tokenizer, detection_messages(len(images), instruction))
+    ids = expand_image_pads(tokenizer, template_ids, image_inputs.num_image_tokens)
     image_pad_id = token_id(tokenizer, IMAGE_PAD)
     return EncodedSample(
         input_ids=ids,

@@ -2,16 +2,20 @@
 
 Shared by the learner's in-process rollouts (`rollout_backend: hf`) and the rollout server's `hf`
 engine. Sampling is seeded per call (`seed`), so a chunk of rollouts is reproducible from the seed
-that is logged with it.
+that is logged with it. The server's engine adds its own logits processors (per-request seeded
+sampling) and stop strings, which `generate` checks while decoding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
 
@@ -50,8 +54,17 @@ def generate_batch(
     stop_token_ids: Sequence[int],
     pad_token_id: int,
     seed: int | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    stop_strings: Sequence[str] = (),
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> list[Generation]:
-    """Generate for every prompt in one left-padded batch; outputs in prompt order."""
+    """Generate for every prompt in one left-padded batch; outputs in prompt order.
+
+    `logits_processor` runs after transformers' own processors; a row also ends at the token that
+    completes one of `stop_strings` (which needs `tokenizer`; the ids are not cut at the string).
+    """
+    if stop_strings and tokenizer is None:
+        raise ValueError("generate_batch: stop_strings need the tokenizer")
     if not prompts:
         return []
     device = next(model.parameters()).device
@@ -78,6 +91,10 @@ def generate_batch(
         sampling.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k or None)
     if seed is not None:
         torch.manual_seed(seed)
+    if logits_processor is not None:
+        sampling["logits_processor"] = logits_processor
+    if stop_strings:
+        sampling.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
     out = model.generate(
         **kwargs,
         **sampling,

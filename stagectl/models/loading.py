@@ -2,8 +2,10 @@
 
 `load_bundle("builtin:tiny-qwen2.5-vl")` goes through the on-disk cache (`stagectl.models.tiny`);
 `load_bundle("/path/to/Qwen2.5-VL-3B-Instruct")` loads a local Qwen2-VL / Qwen2.5-VL / Qwen3-VL
-checkpoint through the same code. Nothing is ever downloaded. A checkpoint whose tokenizer lacks the
-coordinate tokens gets them added (not special) and its embeddings resized to fit.
+checkpoint through the same code. Text-only Qwen2 checkpoints (`builtin:tiny-qwen2`) load too; they
+have no image processor (`ModelBundle.image_processor is None`). Nothing is ever downloaded. A
+checkpoint whose tokenizer lacks the coordinate tokens gets them added (not special) and its
+embeddings resized to fit.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen2ForCausalLM,
     Qwen2VLForConditionalGeneration,
     Qwen3VLForConditionalGeneration,
 )
@@ -28,9 +31,11 @@ from stagectl.models.images import load_image_processor
 from stagectl.models.tiny import BUILTIN_PREFIX, resolve_builtin
 from stagectl.models.tokenizer import IM_END, add_coord_tokens, coord_token_ids, token_id
 
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 TorchDtype = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
+    "qwen2": Qwen2ForCausalLM,
     "qwen2_vl": Qwen2VLForConditionalGeneration,
     "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
     "qwen3_vl": Qwen3VLForConditionalGeneration,
@@ -43,10 +48,19 @@ class ModelBundle:
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    image_processor: Qwen2VLImageProcessorPil
+    image_processor: Qwen2VLImageProcessorPil | None  # None: a text-only model
     coord_token_ids: list[int]  # id of <|coord_k|> at index k, k = 0..999
     end_of_turn_id: int  # <|im_end|>
     path: Path  # the checkpoint directory actually loaded
+
+    def require_image_processor(self) -> Qwen2VLImageProcessorPil:
+        """The image processor; `ValueError` for a text-only model (it cannot take images)."""
+        if self.image_processor is None:
+            raise ValueError(
+                f"{self.path} is a text-only model (no image processor): images need a vision-language "
+                "model such as builtin:tiny-qwen2.5-vl"
+            )
+        return self.image_processor
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -61,6 +75,11 @@ def resolve_model_path(name_or_path: str) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a model checkpoint: it has no config.json")
     return path
+
+
+def has_image_processor(path: Path) -> bool:
+    """Whether checkpoint `path` ships an image processor (vision-language checkpoints do)."""
+    return (path / IMAGE_PROCESSOR_FILE).is_file()
 
 
 def _model_type(path: Path) -> str:
@@ -86,7 +105,8 @@ def load_bundle(
     device: str = "cpu",
     attn_implementation: str | None = None,
 ) -> ModelBundle:
-    """Load model + tokenizer + image processor; the model is in eval mode on `device`."""
+    """Load model + tokenizer + image processor (if the checkpoint has one); the model is in eval mode
+    on `device`."""
     if torch_dtype not in _DTYPES:
         raise ValueError(f"torch_dtype {torch_dtype!r} is not one of {', '.join(_DTYPES)}")
     path = resolve_model_path(name_or_path)
@@ -105,7 +125,7 @@ def load_bundle(
     return ModelBundle(
         model=model,
         tokenizer=tokenizer,
-        image_processor=load_image_processor(path),
+        image_processor=load_image_processor(path) if has_image_processor(path) else None,
         coord_token_ids=coord_token_ids(tokenizer),
         end_of_turn_id=token_id(tokenizer, IM_END),
         path=path,

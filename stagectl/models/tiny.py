@@ -1,12 +1,17 @@
-"""The built-in tiny Qwen-VL models: config recipe, random init, save, and the on-disk cache.
+"""The built-in tiny models: config recipe, random init, save, and the on-disk cache.
 
 `build_tiny_model(arch, out_dir)` writes a complete checkpoint directory (config, random weights,
 generation config, tokenizer with chat template, image processor) that `from_pretrained` loads like
 a real Qwen-VL checkpoint. Shapes: text hidden 128, 2 layers, 2 heads of head_dim 64, vision depth 2.
 Weights come from a fixed seed, so two builds are identical.
 
-`resolve_builtin(name)` maps `builtin:tiny-qwen2.5-vl` (and the qwen2-vl / qwen3-vl variants) to a
-cache directory, building it once. Concurrent builders (torchrun ranks) serialise on a file lock and
+`qwen2` is a text-only `Qwen2ForCausalLM` with the same tokenizer and text shapes (no vision tower,
+no image processor) and an untied output head: the model the vLLM CPU build can serve. Its weights
+are drawn with a larger spread than the default init, so the random model's greedy outputs vary
+from token to token instead of repeating one id.
+
+`resolve_builtin(name)` maps `builtin:tiny-qwen2.5-vl` (and the qwen2-vl / qwen3-vl / qwen2 variants)
+to a cache directory, building it once. Concurrent builders (torchrun ranks) serialise on a file lock and
 publish with an atomic rename, so nobody ever sees a half-written checkpoint.
 """
 
@@ -28,6 +33,8 @@ from transformers import (
     PreTrainedTokenizerBase,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen3VLConfig,
@@ -47,7 +54,7 @@ from stagectl.models.tokenizer import (
     token_id,
 )
 
-TinyArch = Literal["qwen2.5-vl", "qwen2-vl", "qwen3-vl"]
+TinyArch = Literal["qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2"]
 TINY_ARCHS: tuple[str, ...] = get_args(TinyArch)
 BUILTIN_PREFIX = "builtin:"
 # Bump when the recipe (tokenizer corpus, shapes, seed) changes: cached builds are then rebuilt.
@@ -61,6 +68,7 @@ TEXT_HEADS = 2  # head_dim = 64
 VISION_HIDDEN = 64
 VISION_HEADS = 2
 VISION_DEPTH = 2
+TEXT_ONLY_INIT_STD = 0.2  # `qwen2`: weight init spread (the default 0.02 gives near-constant greedy outputs)
 
 
 def _text_config(vocab_size: int, ids: dict[str, int], mrope_section: list[int]) -> dict:
@@ -91,6 +99,14 @@ def tiny_config(arch: TinyArch, tokenizer: PreTrainedTokenizerBase) -> Pretraine
         "vision_end": vocab[VISION_END],
     }
     vocab_size = -(-len(tokenizer) // 64) * 64  # pad the embedding rows to a multiple of 64
+    if arch == "qwen2":
+        text = _text_config(vocab_size, ids, [])
+        del text["rope_parameters"]["mrope_section"]
+        return Qwen2Config(
+            **text,
+            tie_word_embeddings=False,  # vLLM's CPU build keeps a stale packed copy of a tied head
+            initializer_range=TEXT_ONLY_INIT_STD,
+        )
     vision_common = {"depth": VISION_DEPTH, "num_heads": VISION_HEADS, "spatial_merge_size": 2}
     if arch == "qwen2.5-vl":
         return Qwen2_5_VLConfig(
@@ -148,6 +164,8 @@ def tiny_config(arch: TinyArch, tokenizer: PreTrainedTokenizerBase) -> Pretraine
 
 
 def _model_class(arch: TinyArch) -> type[PreTrainedModel]:
+    if arch == "qwen2":
+        return Qwen2ForCausalLM
     if arch == "qwen2.5-vl":
         return Qwen2_5_VLForConditionalGeneration
     if arch == "qwen2-vl":
@@ -162,7 +180,6 @@ def build_tiny_model(arch: TinyArch, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     tokenizer = build_tiny_tokenizer()
     config = tiny_config(arch, tokenizer)
-    patch_size = config.vision_config.patch_size
     torch.manual_seed(SEED)
     model = _model_class(arch)(config)
     model.generation_config = GenerationConfig(
@@ -179,7 +196,8 @@ def build_tiny_model(arch: TinyArch, out_dir: str | Path) -> Path:
         if show_progress:
             hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
-    build_image_processor(patch_size=patch_size).save_pretrained(out)
+    if arch != "qwen2":  # a text-only model has no image processor
+        build_image_processor(patch_size=config.vision_config.patch_size).save_pretrained(out)
     recipe = {"arch": arch, "recipe_version": RECIPE_VERSION, "seed": SEED}
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
     return out

@@ -78,7 +78,17 @@ def build_engine(cfg: StagectlConfig) -> Engine:
             max_batch_size=rs.max_batch_size,
             batch_wait_ms=rs.batch_wait_ms,
         )
-    raise ValueError("rollout_server.engine: vllm is not available in this build yet; use engine: hf")
+    from stagectl.models.loading import resolve_model_path
+    from stagectl.rollout.engines.vllm import VllmEngine
+
+    return VllmEngine(
+        resolve_model_path(cfg.model.name_or_path),
+        rs.vllm,
+        model_name=cfg.model.name_or_path,
+        dtype=cfg.model.torch_dtype,
+        max_batch_size=rs.max_batch_size,
+        batch_wait_ms=rs.batch_wait_ms,
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

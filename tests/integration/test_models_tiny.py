@@ -39,12 +39,18 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache" / "models"
 
 
-@pytest.mark.parametrize("arch", ["qwen2.5-vl", "qwen2-vl", "qwen3-vl"])
+@pytest.mark.parametrize("arch", ["qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2"])
 def test_builtin_loads_through_the_cache_and_generates(arch: str, cache_dir: Path) -> None:
     bundle = load_bundle(f"builtin:tiny-{arch}")
     assert bundle.path == cache_dir / f"tiny-{arch}"
     assert json.loads((bundle.path / tiny.RECIPE_FILE).read_text())["arch"] == arch
-    assert bundle.model.config.text_config.hidden_size == 128
+    assert bundle.model.config.get_text_config().hidden_size == 128
+    if arch == "qwen2":  # text-only: no image processor, and saying so where one is needed
+        assert bundle.image_processor is None
+        with pytest.raises(ValueError, match="text-only"):
+            bundle.require_image_processor()
+    else:
+        assert bundle.require_image_processor() is bundle.image_processor
     assert len(bundle.coord_token_ids) == NUM_COORD_BINS
     assert bundle.tokenizer.decode([bundle.end_of_turn_id]) == "<|im_end|>"
     assert _rows(bundle.model.get_input_embeddings()) >= len(bundle.tokenizer)
@@ -150,3 +156,13 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     )
     assert bad.returncode == 1
     assert bad.stderr.strip() == "error: --arch 'llama' is not one of qwen2.5-vl, qwen2-vl, qwen3-vl"
+
+
+def test_text_only_model_shape() -> None:
+    tokenizer = build_tiny_tokenizer()
+    config = tiny.tiny_config("qwen2", tokenizer)
+    assert config.model_type == "qwen2" and not config.tie_word_embeddings  # vLLM-CPU-safe untied head
+    assert config.vocab_size % 64 == 0 and config.vocab_size >= len(tokenizer)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (128, 2, 2)
+    assert config.hidden_size // config.num_attention_heads == 64  # head_dim
+    assert config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from stagectl.models.chat import DETECTION_INSTRUCTION, encode_answer_text, encode_prompt, encode_training
+from stagectl.models.chat import (
+    DETECTION_INSTRUCTION,
+    chat_template_ids,
+    detection_messages,
+    encode_answer_text,
+    encode_messages,
+    encode_prompt,
+    encode_training,
+    expand_image_pads,
+)
 from stagectl.models.images import build_image_processor, preprocess_images
 from stagectl.models.tokenizer import IM_END, IMAGE_PAD, build_tiny_tokenizer, token_id
 
@@ -70,3 +79,32 @@ def test_training_sample_appends_answer_and_end_of_turn(tok) -> None:
     assert sample.mm_token_type_ids[sample.assistant_start :] == [0] * (len(answer_ids) + 1)
     with pytest.raises(ValueError, match="prompt-only"):
         encode_training(sample, answer_ids, token_id(tok, IM_END))
+
+
+def test_encode_messages_equals_encode_prompt_for_detection_messages(tok) -> None:
+    processor = build_image_processor(14)
+    images = [Image.new("RGB", (112, 112)), Image.new("RGB", (168, 112))]
+    expected = encode_prompt(tok, processor, images)
+    got = encode_messages(tok, processor, detection_messages(2), images)
+    assert got.input_ids == expected.input_ids
+    assert got.mm_token_type_ids == expected.mm_token_type_ids
+    assert got.image_grid_thw is not None and got.image_grid_thw.tolist() == expected.image_grid_thw.tolist()
+
+
+def test_encode_messages_text_only(tok) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "red circle"}]
+    prompt = encode_messages(tok, None, messages, [])
+    assert prompt.input_ids == chat_template_ids(tok, messages)
+    assert prompt.pixel_values is None and prompt.mm_token_type_ids is None
+    assert tok.decode(prompt.input_ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nred circle<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with pytest.raises(ValueError, match="text-only"):
+        encode_messages(tok, None, detection_messages(1), [Image.new("RGB", (56, 56))])
+
+
+def test_expand_image_pads_checks_the_count(tok) -> None:
+    pad = token_id(tok, IMAGE_PAD)
+    assert expand_image_pads(tok, [5, pad, 6, pad], [2, 3]) == [5, pad, pad, 6, pad, pad, pad]
+    with pytest.raises(ValueError, match="1 image placeholders for 2 images"):
+        expand_image_pads(tok, [5, pad], [2, 3])
