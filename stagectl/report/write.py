@@ -59,7 +59,8 @@ def write_train_ab_report(run_dir: Path) -> Written:
     notes = metrics.notes()
     if num_earlier:
         notes.append(
-            f"`{METRICS}` holds more than one run; this report covers the last ({num_earlier} earlier rows left out)."
+            f"`{METRICS}` holds more than one run: this report covers the last one "
+            f"({num_earlier} earlier rows left out)."
         )
     config, config_notes = _read_config(run_dir / "config.yaml")
     notes += config_notes

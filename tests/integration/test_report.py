@@ -24,7 +24,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]], torn_tail: str = "") -> 
 
 
 def train_ab_rows(num_steps: int, b_ratio: str, async_mode: bool, skips: set[int]) -> list[dict[str, Any]]:
-    """Rows shaped like the learner's: loss terms, timings, rollout/* on B, stage2_ab/async/* in async mode."""
+    """Rows shaped like the learner's: loss terms, timings, rollout/* on B steps, stage2_ab/async/*."""
     rows = []
     num_b = 0
     for step in range(num_steps):
@@ -170,17 +170,19 @@ def stage_b_mission(mission_dir: Path, accuracies: list[float]) -> None:
             label = "fail" if i % 2 else "pass"
             verdict = label if i < num_right else ("pass" if label == "fail" else "fail")
             selections.append(
-                {"epoch": 0, "batch_index": w, "guidance_step": step, "ticket_key": f"g{w}{i}::{label}", "label": label,
-                 "verdict": verdict, "vote_strength": 1.0, "num_pass": 2 * (verdict == "pass"),
-                 "num_fail": 2 * (verdict == "fail"), "num_malformed": 0, "label_match": verdict == label}
+                {"epoch": 0, "batch_index": w, "guidance_step": step, "ticket_key": f"g{w}{i}::{label}",
+                 "label": label, "verdict": verdict, "vote_strength": 1.0,
+                 "num_pass": 2 * (verdict == "pass"), "num_fail": 2 * (verdict == "fail"),
+                 "num_malformed": 0, "label_match": verdict == label}
             )  # fmt: skip
         changed = w == 1
         step += changed
         metrics.append(
             {"window": w, "epoch": 0, "last_batch_index": w, "num_batches": 1, "guidance_step": step,
              "num_tickets": 4, "accuracy": accuracy, "fp_rate": 0.5 * (1 - accuracy), "fn_rate": 0.0,
-             "num_fp": 0, "num_fn": 0, "num_no_verdict": 0, "malformed_rate": 0.0, "num_reflections": int(changed),
-             "num_guidance_changes": int(changed), "tickets_per_s": 2.0, "elapsed_s": 2.0}
+             "num_fp": 0, "num_fn": 0, "num_no_verdict": 0, "malformed_rate": 0.0,
+             "num_reflections": int(changed), "num_guidance_changes": int(changed),
+             "tickets_per_s": 2.0, "elapsed_s": 2.0}
         )  # fmt: skip
     write_jsonl(mission_dir / "selections.jsonl", selections)
     write_jsonl(mission_dir / "metrics.jsonl", metrics)
@@ -205,10 +207,8 @@ def test_stage_b_parent_reports_every_mission(tmp_path: Path) -> None:
     result = run_cli("report", str(root), timeout=120)
     assert result.returncode == 0, result.stderr
     index = (root / "report.md").read_text()
-    assert (
-        "| tiny/shapes_qc | 16 tickets, accuracy 0.5 → 1, guidance step 0 → 1 | [tiny/shapes_qc/report.md]"
-        in index
-    )
+    summary = "16 tickets, accuracy 0.5 → 1, guidance step 0 → 1"
+    assert f"| tiny/shapes_qc | {summary} | [tiny/shapes_qc/report.md](tiny/shapes_qc/report.md) |" in index
     assert "| tiny/colors_qc | 8 tickets, accuracy 0.25 → 0.75" in index
     assert "| tiny/empty_qc | no report: no Stage-B metrics rows in" in index
 
