@@ -59,6 +59,8 @@ class Evaluator:
         )
         self.rollouts = HFRollouts(bundle.model, self.encoder, self.rm, chunk_size=8)
         self.path = Path(cfg.training.output_dir) / EVAL_FILE
+        if cfg.training.resume_from_checkpoint is None:
+            self.path.unlink(missing_ok=True)  # a fresh run starts a fresh eval log
         ev = cfg.data.eval if cfg.data is not None else None
         self.every_steps = ev.every_steps if ev is not None else 0
 
@@ -93,4 +95,5 @@ def _metrics(stats: RolloutStats) -> dict[str, float]:
         "n_gt": stats.n_gt,
         "n_pred": stats.n_valid,
         "n_matched": stats.n_matched,
+        "n_dropped": stats.n_dropped,
     }

@@ -30,7 +30,8 @@ class MetricsWriter:
         output_dir.mkdir(parents=True, exist_ok=True)
         if resume_step and self.path.exists():
             _truncate_after(self.path, resume_step)
-        self._handle = self.path.open("a", encoding="utf-8")
+        # a fresh run starts a fresh file; a resumed one continues after the restored step
+        self._handle = self.path.open("a" if resume_step else "w", encoding="utf-8")
         self._tb: Any = None
         if tensorboard:
             try:

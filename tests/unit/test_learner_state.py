@@ -104,6 +104,10 @@ def test_metrics_rows_and_resume_truncation(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[0]["bad"] is None and rows[2]["kind"] == "B"
+    fresh = MetricsWriter(tmp_path)  # a new run in the same directory starts over
+    fresh.write({"step": 0, "kind": "A", "loss": 1.0})
+    fresh.close()
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
 
 
 def test_metrics_tensorboard(tmp_path: Path) -> None:
