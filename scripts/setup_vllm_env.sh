@@ -23,6 +23,11 @@ SECONDS=0
 
 log() { echo "setup_vllm_env: $*"; }
 
+# pip, less the warnings about configured local indexes that lack a package (they are noise here).
+run_pip() {
+    "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
 # True when VENV has the pinned torch and vLLM, none of the unwanted packages, and imports stagectl from ROOT.
 complete() {
     [[ -x "$VENV/bin/python" ]] || return 1
@@ -57,17 +62,16 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating $VENV with $("$PYTHON" --version)"
     "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip)
 
 log "installing $TORCH and $VLLM (this takes a few minutes on a fresh machine)"
-"${PIP[@]}" install -q -c "$ROOT/constraints-cpu.txt" "$TORCH" "$VLLM"
+run_pip install -q -c "$ROOT/constraints-cpu.txt" "$TORCH" "$VLLM"
 log "removing ${UNWANTED[*]}"
-"${PIP[@]}" uninstall -q -y "${UNWANTED[@]}"
+run_pip uninstall -q -y "${UNWANTED[@]}"
 
 # stagectl's own dependencies are mostly vLLM's too; pip adds only the missing ones (scipy, matplotlib)
 # and, with the constraints, keeps torch and transformers exactly as vLLM pinned them.
 log "installing stagectl (editable) from $ROOT"
-"${PIP[@]}" install -q -c "$ROOT/constraints-cpu.txt" -e "$ROOT"
+run_pip install -q -c "$ROOT/constraints-cpu.txt" -e "$ROOT"
 
 if ! complete; then
     log "FAILED: $VENV is still incomplete after the install" >&2

