@@ -6,9 +6,11 @@ One line is one sample:
      "objects": [{"desc": "red circle", "bbox_2d": [x1, y1, x2, y2]}, ...]}
 
 Image paths are relative to `image_root` (default: the JSONL file's directory) unless absolute; they
-come back absolute, and every image must exist (a cheap stat, the file is not opened). `width` and
-`height` are the pixel size of the image the boxes refer to. Blank lines are skipped; no other field
-is allowed.
+come back absolute, and every image must exist (a cheap stat, the file is not opened; with
+`verify_images=True` each image is also opened and checked by pillow, without decoding its pixels,
+so a corrupt file is reported at its line instead of failing mid-training). `width` and `height` are
+the pixel size of the image the boxes refer to. Blank lines are skipped; no other field is allowed.
+Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
 Boxes are read as `box_format`:
 - `"norm1000"` (the default, and what `stagectl demo-data` writes): integers 0..999 (DESIGN.md section 5);
@@ -78,6 +80,7 @@ def load_jsonl_dataset(
     image_root: str | os.PathLike[str] | None = None,
     *,
     box_format: BoxFormat = "norm1000",
+    verify_images: bool = False,
 ) -> list[DetectionSample]:
     """Read and validate a detection JSONL file; boxes come back in norm-1000 bins."""
     path = Path(path)
@@ -87,13 +90,14 @@ def load_jsonl_dataset(
     root = Path(os.path.abspath(root))
     errors: list[tuple[int, str]] = []  # (line number, full message); 0 for file-level problems
     raws: list[_RawSample] = []
-    seen_images: dict[str, bool] = {}
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+    seen_images: dict[str, str | None] = {}  # absolute path -> what is wrong with it (None: fine)
+    with path.open("rb") as handle:
+        for line_no, raw_line in enumerate(handle, start=1):
             try:
-                raws.append(_parse_line(line, line_no, root, seen_images))
+                line = _decode(raw_line)
+                if not line.strip():
+                    continue
+                raws.append(_parse_line(line, line_no, root, seen_images, verify_images))
             except _LineError as exc:
                 errors.append((line_no, f"{path}:{line_no}: {exc}"))
     if not raws and not errors:
@@ -117,19 +121,34 @@ def load_jsonl_dataset(
     return samples
 
 
-def _parse_line(line: str, line_no: int, root: Path, seen_images: dict[str, bool]) -> _RawSample:
+def _decode(raw_line: bytes) -> str:
+    try:
+        return raw_line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _LineError(f"not UTF-8 text (byte {exc.start + 1} of the line)") from None
+
+
+def _parse_line(
+    line: str, line_no: int, root: Path, seen_images: dict[str, str | None], verify_images: bool
+) -> _RawSample:
     """Check one line's structure (everything that does not depend on the box format)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise _LineError(f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of > 4300 digits, nesting too deep
+        raise _LineError(f"malformed JSON: {str(exc) or type(exc).__name__}") from None
     if not isinstance(record, dict):
         raise _LineError(f"a line must be a JSON object, got {type(record).__name__}")
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _LineError("a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text") from None
     _check_fields(record, SAMPLE_FIELDS, where="")
 
     width = _positive_int(record["width"], "width")
     height = _positive_int(record["height"], "height")
-    images = _image_paths(record["images"], root, seen_images)
+    images = _image_paths(record["images"], root, seen_images, verify_images)
 
     objects_field = record["objects"]
     if not isinstance(objects_field, list):
@@ -153,20 +172,39 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
-def _image_paths(value: Any, root: Path, seen_images: dict[str, bool]) -> list[str]:
+def _image_paths(
+    value: Any, root: Path, seen_images: dict[str, str | None], verify_images: bool
+) -> list[str]:
     if not isinstance(value, list) or not value:
         raise _LineError(f"images must be a non-empty list of paths, got {value!r}")
     paths: list[str] = []
     for item in value:
-        if not isinstance(item, str) or not item:
+        if not isinstance(item, str) or not item or "\0" in item:
             raise _LineError(f"images must hold non-empty path strings, got {item!r}")
         full = os.path.abspath(os.path.join(root, item))  # an absolute `item` replaces `root`
         if full not in seen_images:
-            seen_images[full] = os.path.isfile(full)
-        if not seen_images[full]:
-            raise _LineError(f"image not found: {full}")
+            seen_images[full] = _image_problem(full, verify_images)
+        problem = seen_images[full]
+        if problem is not None:
+            raise _LineError(problem)
         paths.append(full)
     return paths
+
+
+def _image_problem(full: str, verify: bool) -> str | None:
+    """What is wrong with the image file at `full` (None when it is usable)."""
+    if not os.path.isfile(full):
+        return f"image not found: {full}"
+    if not verify:
+        return None
+    from PIL import Image  # only when asked: the data module stays light for `validate-config`
+
+    try:
+        with Image.open(full) as image:
+            image.verify()  # reads the file's structure and checksums, decodes no pixels
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        return f"image {full} is not a readable image: {str(exc) or type(exc).__name__}"
+    return None
 
 
 def _parse_object(item: Any, index: int) -> _RawObject:

@@ -68,7 +68,10 @@ def load_train_samples(cfg: StagectlConfig) -> list[DetectionSample]:
             syn.num_samples, syn.seed, image_size=syn.image_size, max_objects=syn.max_objects
         )
     assert data.train_jsonl is not None
-    return load_jsonl_dataset(data.train_jsonl, data.image_root, box_format=data.box_format)
+    # verify_images: a corrupt image fails here as `file:line`, not on whichever rank draws it mid-step
+    return load_jsonl_dataset(
+        data.train_jsonl, data.image_root, box_format=data.box_format, verify_images=True
+    )
 
 
 def seed_everything(seed: int) -> None:

@@ -1,20 +1,23 @@
 """The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check,
-the request-size limit and the structured access log. Endpoints are in `protocol.py`."""
+the request-size limit, the request-body deadline and the structured access log. Endpoints are in
+`protocol.py`."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagectl.rollout.paths import PathRefused
@@ -36,8 +39,10 @@ from stagectl.rollout.weights import WeightSyncError
 
 access_log = logging.getLogger("stagectl.rollout.access")
 WEIGHT_CHUNK_PATH = "/update_weights/"
+CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 def _service(request: Request) -> RolloutService:
@@ -46,7 +51,19 @@ def _service(request: Request) -> RolloutService:
     return service
 
 
-def require_token(request: Request) -> None:
+# Handlers below are `async def` unless they block: FastAPI runs plain `def` handlers (and dependencies) on
+# one shared thread pool, which concurrent /infer/ calls can fill while they wait on the engine; health,
+# version and stats answers and weight syncs must not queue behind them. Weight operations run on the
+# app's own small executor (`weight_executor`).
+
+
+async def _weight_call(request: Request, func: Callable[..., T], *args: Any) -> T:
+    executor = request.app.state.weight_executor
+    assert isinstance(executor, ThreadPoolExecutor)
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(func, *args))
+
+
+async def require_token(request: Request) -> None:
     """Weight and admin endpoints: `Authorization: Bearer <token>` when the server has a token."""
     expected = _service(request).settings.auth_token
     if expected is None:
@@ -57,22 +74,22 @@ def require_token(request: Request) -> None:
 
 
 @router.get("/health/")
-def health() -> HealthResponse:
+async def health() -> HealthResponse:
     return HealthResponse()
 
 
 @router.get("/get_world_size/")
-def get_world_size() -> WorldSizeResponse:
+async def get_world_size() -> WorldSizeResponse:
     return WorldSizeResponse(world_size=1)
 
 
 @router.get("/version/")
-def version(request: Request) -> VersionResponse:
+async def version(request: Request) -> VersionResponse:
     return _service(request).version()
 
 
 @router.get("/stats/")
-def stats(request: Request) -> StatsResponse:
+async def stats(request: Request) -> StatsResponse:
     return _service(request).stats()
 
 
@@ -91,23 +108,25 @@ async def update_weights(
     version: int = Query(ge=0),
 ) -> ChunkResponse:
     data = await request.body()
-    num = await run_in_threadpool(_service(request).add_chunk, sync_id, chunk_index, sha256, version, data)
+    num = await _weight_call(
+        request, _service(request).add_chunk, sync_id, chunk_index, sha256, version, data
+    )
     return ChunkResponse(sync_id=sync_id, chunk_index=chunk_index, num_tensors=num)
 
 
 @router.post("/update_weights/commit/", dependencies=[Depends(require_token)])
-def commit(body: CommitBody, request: Request) -> SyncResponse:
-    return _service(request).commit(body.sync_id, body.version, body.num_chunks)
+async def commit(body: CommitBody, request: Request) -> SyncResponse:
+    return await _weight_call(request, _service(request).commit, body.sync_id, body.version, body.num_chunks)
 
 
 @router.post("/update_weights/abort/", dependencies=[Depends(require_token)])
-def abort(body: AbortBody, request: Request) -> dict[str, bool]:
-    return {"aborted": _service(request).sync.abort(body.sync_id)}
+async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
+    return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
 
 
 @router.post("/update_weights/from_disk/", dependencies=[Depends(require_token)])
-def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
-    return _service(request).load_from_disk(body.path, body.version)
+async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
+    return await _weight_call(request, _service(request).load_from_disk, body.path, body.version)
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
@@ -125,11 +144,15 @@ def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
 
 
 class BodyLimit:
-    """413 for bodies above the limit of their path (declared Content-Length, or counted while streaming)."""
+    """413 for bodies above the limit of their path (declared Content-Length, or counted while streaming);
+    408 when the body has not fully arrived `body_timeout_s` after the request started. Bodies are read
+    on the event loop, so a client trickling one byte at a time holds no worker thread; the deadline
+    makes sure it does not hold its connection forever either."""
 
-    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int], body_timeout_s: float) -> None:
         self.app = app
         self.limit_for = limit_for
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -138,17 +161,29 @@ class BodyLimit:
         limit = self.limit_for(scope["path"])
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            response = JSONResponse({"detail": f"request body of {int(declared)} bytes exceeds {limit}"}, 413)
+            response = JSONResponse(
+                {"detail": f"request body of {int(declared)} bytes exceeds {limit}"}, 413, headers=CLOSE
+            )
             await response(scope, receive, send)
             return
         received = 0
+        complete = False
+        deadline = time.monotonic() + self.body_timeout_s
 
         async def limited() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # after the body: only the disconnect notice, which may come much later
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise HTTPException(
+                    408, f"request body not received within {self.body_timeout_s:g} s", headers=CLOSE
+                ) from None
             received += len(message.get("body", b""))
             if received > limit:
-                raise HTTPException(413, f"request body exceeds {limit} bytes")
+                raise HTTPException(413, f"request body exceeds {limit} bytes", headers=CLOSE)
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
         await self.app(scope, limited, send)
@@ -195,10 +230,12 @@ def build_app(service: RolloutService) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.weight_executor.shutdown(wait=True)
         service.close()
 
     app = FastAPI(title="stagectl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.state.weight_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-sync")
     app.include_router(router)
     for error in (BadRequest, PathRefused, WeightSyncError):
         app.add_exception_handler(error, _bad_request)
@@ -208,6 +245,6 @@ def build_app(service: RolloutService) -> FastAPI:
     def limit_for(path: str) -> int:
         return settings.max_weight_chunk_bytes if path == WEIGHT_CHUNK_PATH else settings.max_request_bytes
 
-    app.add_middleware(BodyLimit, limit_for=limit_for)
+    app.add_middleware(BodyLimit, limit_for=limit_for, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AccessLog)
     return app

@@ -2,13 +2,14 @@
 weight directories. Inline `data:image/...;base64,` images are decoded here too.
 
 A path is refused before anything is read when it is a URL, contains `..`, or resolves (symlinks
-followed) outside every allowed root, so a symlink inside a root cannot point out of it.
+followed) outside every allowed root, so a symlink inside a root cannot point out of it. An image
+whose header claims more than `MAX_IMAGE_PIXELS` (pillow's own decompression-bomb threshold) is
+refused before its pixels are decoded: a small PNG can claim 100M pixels (300 MB once decoded).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 import re
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[^,;]+=[^,;]*)*;base64,", re.ASCII)
+MAX_IMAGE_PIXELS = int(Image.MAX_IMAGE_PIXELS or 89_478_485)
 
 
 class PathRefused(ValueError):
@@ -29,12 +31,17 @@ def resolve_under_roots(raw: str, roots: Sequence[Path], *, what: str, roots_key
     """The resolved path of `raw` if it lies under one of `roots`; `PathRefused` otherwise."""
     if _SCHEME.match(raw):
         raise PathRefused(f"{what} {raw[:80]!r}: URLs are not fetched; send a path or an inline data: URL")
+    if "\0" in raw:
+        raise PathRefused(f"{what} {raw[:80]!r}: NUL characters are not allowed in paths")
     path = Path(raw).expanduser()
     if ".." in path.parts:
         raise PathRefused(f"{what} {raw!r}: '..' is not allowed in paths")
     if not roots:
         raise PathRefused(f"{what} {raw!r}: the server allows no {what} paths ({roots_key} is empty)")
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise PathRefused(f"{what} {raw!r}: cannot be resolved ({exc})") from None
     for root in roots:
         if resolved.is_relative_to(root.expanduser().resolve()):
             return resolved
@@ -49,7 +56,7 @@ def decode_data_url(url: str) -> Image.Image:
         raise PathRefused("inline images must be base64 data URLs: data:image/png;base64,...")
     try:
         raw = base64.b64decode(url[match.end() :], validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or characters outside ASCII
         raise PathRefused(f"inline image: invalid base64 ({exc})") from None
     return _decode(io.BytesIO(raw), "inline image")
 
@@ -68,6 +75,10 @@ def load_image(ref: str, roots: Sequence[Path]) -> Image.Image:
 def _decode(handle: BinaryIO, what: str) -> Image.Image:
     try:
         with Image.open(handle) as image:
+            if image.width * image.height > MAX_IMAGE_PIXELS:  # header only so far: nothing decoded
+                raise PathRefused(
+                    f"{what}: {image.width}x{image.height} is more than {MAX_IMAGE_PIXELS} pixels"
+                )
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise PathRefused(f"{what}: not a readable image ({exc})") from None

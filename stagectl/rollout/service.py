@@ -37,6 +37,7 @@ class ServerSettings:
     auth_token: str | None = None  # None: weight/admin endpoints are open (loopback only)
     max_request_bytes: int = 32 * 1024 * 1024
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
+    body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
     slow_infer_ms: float = 0.0
 
 

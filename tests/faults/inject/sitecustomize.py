@@ -1,0 +1,156 @@
+"""Fault injection for the fault suite: put this directory first on `PYTHONPATH` and every Python
+process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it at start-up.
+
+`STAGECTL_FAULT_DIR=D`: each process records itself in `D/pid-<pid>.json` (pid, start time from
+/proc, argv, rank), so a test can prove afterwards that no process of the run is left.
+`STAGECTL_FAULT=SPEC` arms one fault (it records `D/fault-<pid>.json` with the wall time when it fires):
+
+- `raise_in_micro_step:RANK:CALL` - the CALL-th forward/backward (`PackRunner.run_batch`, 1-based) on
+  learner rank RANK raises `RuntimeError` (a rank failing mid-step, after the others entered it);
+- `kill_in_checkpoint:STEP` - the learner SIGKILLs itself while writing checkpoint STEP (model files
+  already written to the temp dir, `optimizer.pt` not yet);
+- `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
+  SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push.
+
+Nothing here runs unless those variables are set; the patches are applied when the target module is
+first imported (an import hook), so a process that never imports it pays nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+FAULT_DIR = os.environ.get("STAGECTL_FAULT_DIR")
+SPEC = os.environ.get("STAGECTL_FAULT", "")
+
+
+def _start_time_ticks(pid: int) -> int:
+    """Field 22 of /proc/PID/stat: start time in clock ticks since boot (tells a reused pid apart)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _record(kind: str, **fields: Any) -> None:
+    assert FAULT_DIR is not None
+    pid = os.getpid()
+    entry = {"pid": pid, "time": time.time(), "rank": os.environ.get("RANK"), **fields}
+    path = Path(FAULT_DIR) / f"{kind}-{pid}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, path)
+
+
+def _fire(description: str) -> None:
+    _record("fault", what=description)
+    print(f"fault injection: {description}", file=sys.stderr, flush=True)
+
+
+# --- the faults ----------------------------------------------------------------------------------
+
+
+def _raise_in_micro_step(module: ModuleType, rank: str, call: str) -> None:
+    if os.environ.get("RANK", "0") != rank:
+        return
+    runner = module.PackRunner
+    original = runner.run_batch
+    calls = [0]
+
+    def run_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == int(call):
+            _fire(f"rank {rank} raises in forward/backward call {call}")
+            raise RuntimeError(f"injected fault: rank {rank} failed in forward/backward call {call}")
+        return original(self, *args, **kwargs)
+
+    runner.run_batch = run_batch
+
+
+def _kill_in_checkpoint(module: ModuleType, step: str) -> None:
+    torch = module.torch
+    original = torch.save
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = Path(str(f))
+        if path.name == "optimizer.pt" and path.parent.name.startswith(f".tmp-checkpoint-{step}-"):
+            _fire(f"SIGKILL while writing checkpoint {step}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
+def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
+    cls = module.WeightSync
+    original = cls.add_chunk
+    seen: list[str] = []
+
+    def add_chunk(self: Any, sync_id: str, chunk_index: int, *args: Any, **kwargs: Any) -> Any:
+        if sync_id not in seen:
+            seen.append(sync_id)
+        if len(seen) == int(sync) and chunk_index == int(chunk):
+            _fire(f"server SIGKILL at chunk {chunk} of weight sync {sync}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, sync_id, chunk_index, *args, **kwargs)
+
+    cls.add_chunk = add_chunk
+
+
+FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
+    "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
+    "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
+    "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
+}
+
+
+# --- the import hook -----------------------------------------------------------------------------
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds `target` with the normal machinery, executes it, then applies `patch(module, *args)`."""
+
+    def __init__(self, target: str, patch: Callable[..., None], args: Sequence[str]) -> None:
+        self.target, self.patch, self.args = target, patch, list(args)
+        self._loader: Any = None
+
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.target:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._loader = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self.patch(module, *self.args)
+
+
+def _install() -> None:
+    if FAULT_DIR is None:
+        return
+    _record("pid", start_ticks=_start_time_ticks(os.getpid()), argv=sys.argv, ppid=os.getppid())
+    if not SPEC:
+        return
+    name, *args = SPEC.split(":")
+    target, patch = FAULTS[name]
+    sys.meta_path.insert(0, _PatchAfterImport(target, patch, args))
+
+
+_install()
