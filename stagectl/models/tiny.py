@@ -11,8 +11,8 @@ are drawn with a larger spread than the default init, so the random model's gree
 from token to token instead of repeating one id.
 
 `resolve_builtin(name)` maps `builtin:tiny-qwen2.5-vl` (and the qwen2-vl / qwen3-vl / qwen2 variants)
-to a cache directory, building it once. Concurrent builders (torchrun ranks) serialise on a file lock and
-publish with an atomic rename, so nobody ever sees a half-written checkpoint.
+to a cache directory, building it once. Concurrent builders (torchrun ranks) serialise on a file lock
+and publish with an atomic rename, so nobody ever sees a half-written checkpoint.
 """
 
 from __future__ import annotations
@@ -71,7 +71,11 @@ VISION_DEPTH = 2
 TEXT_ONLY_INIT_STD = 0.2  # `qwen2`: weight init spread (the default 0.02 gives near-constant greedy outputs)
 
 
-def _text_config(vocab_size: int, ids: dict[str, int], mrope_section: list[int]) -> dict:
+def _text_config(vocab_size: int, ids: dict[str, int], mrope_section: list[int] | None) -> dict:
+    """The language model's config; `mrope_section` (vision-language models) splits rotary dims by axis."""
+    rope: dict = {"rope_type": "default", "rope_theta": 10000.0}
+    if mrope_section is not None:
+        rope["mrope_section"] = mrope_section
     return {
         "vocab_size": vocab_size,
         "hidden_size": TEXT_HIDDEN,
@@ -80,7 +84,7 @@ def _text_config(vocab_size: int, ids: dict[str, int], mrope_section: list[int])
         "num_attention_heads": TEXT_HEADS,
         "num_key_value_heads": 1,
         "max_position_embeddings": 4096,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section},
+        "rope_parameters": rope,
         "bos_token_id": ids["endoftext"],
         "eos_token_id": ids["im_end"],
         "pad_token_id": ids["endoftext"],
@@ -100,10 +104,8 @@ def tiny_config(arch: TinyArch, tokenizer: PreTrainedTokenizerBase) -> Pretraine
     }
     vocab_size = -(-len(tokenizer) // 64) * 64  # pad the embedding rows to a multiple of 64
     if arch == "qwen2":
-        text = _text_config(vocab_size, ids, [])
-        del text["rope_parameters"]["mrope_section"]
         return Qwen2Config(
-            **text,
+            **_text_config(vocab_size, ids, None),
             tie_word_embeddings=False,  # vLLM's CPU build keeps a stale packed copy of a tied head
             initializer_range=TEXT_ONLY_INIT_STD,
         )
