@@ -45,15 +45,16 @@ test-unit: install-dev
 test-integration: install-dev
 	$(VENV)/bin/pytest tests/integration -q
 
-test-vllm: install-dev
-	$(VENV)/bin/pytest tests/vllm -q
+test-vllm: install-dev vllm-env
+	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests/vllm -q
 
 test-gpu: install-dev
 	$(VENV)/bin/pytest tests/gpu -q
 
-# Every tier that can run here: lint, types, then unit, integration, vllm and gpu (skips without CUDA).
-test: lint typecheck
-	$(VENV)/bin/pytest tests -q
+# Every tier that can run here: lint, types, then unit, integration (incl. faults), vllm (its own venv,
+# .venv-vllm) and gpu (skips without CUDA).
+test: lint typecheck vllm-env
+	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests -q
 
 bench: install-dev
 	$(PY) -m bench
