@@ -4,6 +4,8 @@ tiny Qwen2: 8 chat prompts in one `/infer/` call, greedy, up to 64 new tokens, a
 Both engines run as real `stagectl rollout-server` subprocesses on 127.0.0.1 (hf with this interpreter,
 vllm with the vLLM environment's, `.venv-vllm` or `$STAGECTL_VLLM_VENV`), one at a time: vLLM's OpenMP
 threads keep spinning for a while after each call, which would slow an interleaved hf server down.
+Each server gets `threads` CPU threads (default 1: on a shared 2-core machine a 2-thread hf server
+slows down erratically under other load, while one thread each gives stable, comparable numbers).
 Greedy ids are equal across the engines, so both generate the same number of tokens. Without the vLLM
 environment the benchmark is skipped with a note.
 
@@ -46,11 +48,16 @@ def vllm_python() -> Path:
     return venv / "bin" / "python"
 
 
-def _start(python: str | Path, engine: str, extra: list[str]) -> tuple[ServerProcess, float]:
+def _thread_env(threads: int) -> dict[str, str]:
+    """`threads` intra-op threads for torch (hf) and for vLLM's CPU backend (bound to cores 0..threads-1)."""
+    return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, range(threads)))}
+
+
+def _start(python: str | Path, engine: str, extra: list[str], threads: int) -> tuple[ServerProcess, float]:
     """A listening server and the seconds it took to start (import, model load, engine start)."""
     start = time.perf_counter()
     argv = [str(python), "-m", "stagectl", "rollout-server", *COMMON_ARGS, "--engine", engine, *extra]
-    server = ServerProcess(argv, cwd=ROOT)
+    server = ServerProcess(argv, env=_thread_env(threads), cwd=ROOT)
     server.wait_listening(timeout_s=300)
     return server, time.perf_counter() - start
 
@@ -60,7 +67,7 @@ def _generate(client: RolloutClient) -> list[list[int]]:
     return [to_generation(out).token_ids for out in client.infer(requests, CONFIG)]
 
 
-def run(repeats: int = 5) -> dict[str, object]:
+def run(repeats: int = 5, threads: int = 1) -> dict[str, object]:
     python = vllm_python()
     if not python.is_file():
         note = f"skipped: no vLLM environment at {python.parents[1]} (run `make vllm-env`)"
@@ -70,7 +77,7 @@ def run(repeats: int = 5) -> dict[str, object]:
     times: dict[str, list[float]] = {}
     startup_s: dict[str, float] = {}
     for name, interpreter, extra in (("hf", sys.executable, []), ("vllm", python, VLLM_ARGS)):
-        server, startup_s[name] = _start(interpreter, name, extra)
+        server, startup_s[name] = _start(interpreter, name, extra, threads)
         try:
             with RolloutClient([str(server.url)]) as client:
                 client.wait_healthy(timeout_s=60)
@@ -84,6 +91,7 @@ def run(repeats: int = 5) -> dict[str, object]:
         "prompts": len(PROMPTS),
         "max_tokens": MAX_TOKENS,
         "repeats": repeats,
+        "threads": threads,
         "greedy_ids_equal": outputs["hf"] == outputs["vllm"],
     }
     for name, seconds in times.items():
@@ -106,7 +114,8 @@ def main() -> None:
         return
     print(
         f"rollout engines on {MODEL}: {result['prompts']} prompts x up to {MAX_TOKENS} greedy tokens "
-        f"in one /infer/ call, {result['repeats']} repeats (greedy ids equal: {result['greedy_ids_equal']})"
+        f"in one /infer/ call, {result['repeats']} repeats, {result['threads']} thread(s) per server "
+        f"(greedy ids equal: {result['greedy_ids_equal']})"
     )
     for name in ("hf", "vllm"):
         row = result[name]
