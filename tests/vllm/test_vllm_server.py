@@ -87,7 +87,8 @@ def served() -> Iterator[Served]:
     ]
     for setting in ("vllm.kv_cache_mb=64", "vllm.max_model_len=512", "max_batch_size=8", "batch_wait_ms=50"):
         argv += ["--set", f"rollout_server.{setting}"]
-    server = ServerProcess(argv, cwd=ROOT)
+    # One thread bound to core 0: vLLM's results then do not depend on how many cores the machine has.
+    server = ServerProcess(argv, env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, cwd=ROOT)
     server.wait_listening(timeout_s=300)
     assert server.url is not None
     yield Served(server.url, mirror)
