@@ -73,18 +73,8 @@ def served() -> Iterator[Served]:
     # Both environments read the same cached build (STAGECTL_CACHE_DIR, set by tests/conftest.py);
     # building it here first means the server only ever loads it.
     mirror = load_bundle(MODEL)
-    argv = [
-        str(python),
-        "-m",
-        "stagectl",
-        "rollout-server",
-        "--model",
-        MODEL,
-        "--engine",
-        "vllm",
-        "--port",
-        "0",
-    ]
+    argv = [str(python), "-m", "stagectl", "rollout-server", "--engine", "vllm", "--port", "0"]  # fmt: skip
+    argv += ["--model", MODEL]
     for setting in ("vllm.kv_cache_mb=64", "vllm.max_model_len=512", "max_batch_size=8", "batch_wait_ms=50"):
         argv += ["--set", f"rollout_server.{setting}"]
     # One thread bound to core 0: vLLM's results then do not depend on how many cores the machine has.
