@@ -1,4 +1,4 @@
-"""`stagectl tiny-model OUT --arch ...`: write the built-in tiny Qwen-VL checkpoint to a directory."""
+"""`stagectl tiny-model OUT --arch ...`: write a built-in tiny Qwen-VL (or text Qwen2) checkpoint to a directory."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import typer
 
 from stagectl.cli.common import fail
 
-ARCH_CHOICES = ("qwen2.5-vl", "qwen2-vl", "qwen3-vl")
+ARCH_CHOICES = ("qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2")
 
 
 def command(
     out: Path = typer.Argument(..., help="Directory to write the checkpoint into (created if missing)."),
-    arch: str = typer.Option("qwen2.5-vl", "--arch", help="Architecture: qwen2.5-vl, qwen2-vl or qwen3-vl."),
+    arch: str = typer.Option(
+        "qwen2.5-vl", "--arch", help="Architecture: qwen2.5-vl, qwen2-vl, qwen3-vl, or qwen2 (text-only)."
+    ),
 ) -> None:
     """Build the tiny random-weight model (tokenizer, image processor, chat template) for offline runs."""
     if arch not in ARCH_CHOICES:

@@ -13,7 +13,8 @@ from stagectl.config.base import StrictModel
 class ModelConfig(StrictModel):
     name_or_path: str = "builtin:tiny-qwen2.5-vl"
     """A local checkpoint directory, or a built-in tiny model: `builtin:tiny-qwen2.5-vl`,
-    `builtin:tiny-qwen2-vl`, `builtin:tiny-qwen3-vl` (built offline on first use, then cached)."""
+    `builtin:tiny-qwen2-vl`, `builtin:tiny-qwen3-vl`, or the text-only `builtin:tiny-qwen2` (built offline on
+    first use, then cached)."""
     torch_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype. Use bfloat16 on GPUs; float32 on CPU."""
     device_map: str | None = None

@@ -122,7 +122,9 @@ class Prefetcher:
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"Channel-B prefetcher (rank {self.rank}) failed: {self.error()}") from self._error
+            raise RuntimeError(
+                f"Channel-B prefetcher (rank {self.rank}) failed: {self.error()}"
+            ) from self._error
 
     # ------------------------------------------------------------------ thread
 

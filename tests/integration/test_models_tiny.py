@@ -155,7 +155,7 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
         [*CLI, "tiny-model", str(tmp_path / "x"), "--arch", "llama"], capture_output=True, text=True
     )
     assert bad.returncode == 1
-    assert bad.stderr.strip() == "error: --arch 'llama' is not one of qwen2.5-vl, qwen2-vl, qwen3-vl"
+    assert bad.stderr.strip() == "error: --arch 'llama' is not one of qwen2.5-vl, qwen2-vl, qwen3-vl, qwen2"
 
 
 def test_text_only_model_shape() -> None:
