@@ -20,9 +20,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, read-only directory, ...); the previous
+    checkpoints are untouched and the partial one is removed."""
 
 
 @dataclass
@@ -69,32 +75,48 @@ def save_checkpoint(
     total_limit: int | None = None,
 ) -> Path:
     """Write `checkpoint-{step}` atomically: everything goes to a temp dir that is renamed at the end,
-    so a crash leaves either the whole checkpoint or none (plus a `.tmp-*` dir that the next save removes)."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    so a crash leaves either the whole checkpoint or none (plus a `.tmp-*` dir that the next save removes).
+    A checkpoint being replaced or pruned is renamed away before it is deleted, so a crash never leaves
+    a half-deleted `checkpoint-*` that looks complete. A write error (disk full, read-only directory)
+    raises `CheckpointWriteError` naming the newest intact checkpoint."""
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
-    for stale in output_dir.glob(".tmp-checkpoint-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    save_tokenizer(tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_states, tmp / "rng.pt")
-    state = {
-        "global_step": trainer_state.global_step,
-        "data_state": trainer_state.data_state,
-        "extra": trainer_state.extra,
-    }
-    (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
-    _fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(output_dir)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for stale in output_dir.glob(".tmp-checkpoint-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+        model.save_pretrained(tmp / "model", safe_serialization=True)
+        save_tokenizer(tmp / "model")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_states, tmp / "rng.pt")
+        state = {
+            "global_step": trainer_state.global_step,
+            "data_state": trainer_state.data_state,
+            "extra": trainer_state.extra,
+        }
+        (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
+        _fsync_tree(tmp)
+        if final.exists():
+            os.replace(final, output_dir / f".tmp-checkpoint-{step}-replaced-{os.getpid()}")
+        os.replace(tmp, final)
+        _fsync_dir(output_dir)
+    except (OSError, SafetensorError, RuntimeError) as exc:  # torch.save reports I/O errors as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        intact = list_checkpoints(output_dir)
+        kept = f"the newest intact checkpoint is {intact[-1]}" if intact else "no earlier checkpoint exists"
+        reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+        raise CheckpointWriteError(
+            f"cannot write checkpoint-{step} in {output_dir}: {reason}; {kept}"
+        ) from exc
     if total_limit is not None:
         for old in list_checkpoints(output_dir)[:-total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+            doomed = output_dir / f".tmp-checkpoint-pruned-{old.name}"
+            os.replace(old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+    for replaced in output_dir.glob(f".tmp-checkpoint-{step}-replaced-*"):
+        shutil.rmtree(replaced, ignore_errors=True)
     return final
 
 

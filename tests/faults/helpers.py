@@ -64,7 +64,7 @@ class FaultRun:
         return [entry["time"] for entry in _entries(self.record_dir, "fault")]
 
     def leftovers(self) -> list[dict[str, Any]]:
-        return [entry for entry in _entries(self.record_dir, "pid") if _alive(entry)]
+        return leftovers_in(self.record_dir)
 
     def wait_no_leftovers(self, timeout_s: float) -> list[dict[str, Any]]:
         """Processes of this run still alive after `timeout_s` (empty when all are gone)."""
@@ -120,6 +120,11 @@ def fault_run(
             proc.wait()
         for entry in run.leftovers():
             os.kill(entry["pid"], signal.SIGKILL)
+
+
+def leftovers_in(record_dir: Path) -> list[dict[str, Any]]:
+    """The processes recorded in `record_dir` that are still alive."""
+    return [entry for entry in _entries(record_dir, "pid") if _alive(entry)]
 
 
 def _entries(record_dir: Path, kind: str) -> list[dict[str, Any]]:

@@ -10,7 +10,11 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
 - `kill_in_checkpoint:STEP` - the learner SIGKILLs itself while writing checkpoint STEP (model files
   already written to the temp dir, `optimizer.pt` not yet);
 - `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
-  SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push.
+  SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
+- `kill_in_infer:CALL` - the rollout server SIGKILLs itself inside its CALL-th `/infer/` (1-based),
+  with the request accepted and not yet answered;
+- `record_raise:MODULE:CLASS:METHOD` - no fault of its own: records when MODULE.CLASS.METHOD raises
+  (to time a fault that the code under test injects itself, e.g. Stage-B's test engine).
 
 Nothing here runs unless those variables are set; the patches are applied when the target module is
 first imported (an import hook), so a process that never imports it pays nothing.
@@ -105,10 +109,40 @@ def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
     cls.add_chunk = add_chunk
 
 
+def _kill_in_infer(module: ModuleType, call: str) -> None:
+    cls = module.RolloutService
+    original = cls.infer
+    calls = [0]
+
+    def infer(self: Any, body: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == int(call):
+            _fire(f"server SIGKILL inside /infer/ call {call}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, body)
+
+    cls.infer = infer
+
+
+def _record_raise(module: ModuleType, class_name: str, method_name: str) -> None:
+    cls = vars(module)[class_name]
+    original = vars(cls)[method_name]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except BaseException as exc:
+            _fire(f"{class_name}.{method_name} raised {type(exc).__name__}: {exc}")
+            raise
+
+    setattr(cls, method_name, wrapper)
+
+
 FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
     "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
     "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
+    "kill_in_infer": ("stagectl.rollout.service", _kill_in_infer),
 }
 
 
@@ -149,6 +183,10 @@ def _install() -> None:
     if not SPEC:
         return
     name, *args = SPEC.split(":")
+    if name == "record_raise":
+        target, args = args[0], args[1:]
+        sys.meta_path.insert(0, _PatchAfterImport(target, _record_raise, args))
+        return
     target, patch = FAULTS[name]
     sys.meta_path.insert(0, _PatchAfterImport(target, patch, args))
 
