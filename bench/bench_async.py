@@ -9,6 +9,7 @@ Run: `python -m bench.bench_async`. `run()` returns the numbers as a dict.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -63,8 +64,15 @@ def _train(mode: str, max_steps: int, tmp: Path) -> list[dict[str, Any]]:
     out = tmp / mode
     config = tmp / f"{mode}.yaml"
     config.write_text(yaml.safe_dump(_config(out, mode, max_steps)))
+    # one intra-op thread for the learner and the server alike: on 2 shared cores, oversubscribed torch
+    # threads make step times swing by 10x and would decide the comparison
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(
-        [sys.executable, "-m", "stagectl", "train-ab", str(config)], cwd=ROOT, check=True, capture_output=True
+        [sys.executable, "-m", "stagectl", "train-ab", str(config)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env=env,
     )
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

@@ -13,26 +13,18 @@ import torch
 from bench.common import interleaved_times_s, summary
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
-from stagectl.learner.loss import LossWeights, compute_loss
+from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import load_bundle
 from stagectl.packing import PackedBatch, Segment, collate_pack, collate_padded, pack_segments
 
 
-def _train_pass(model: torch.nn.Module, batches: Sequence[PackedBatch], coord_ids: torch.Tensor) -> None:
+def _train_pass(runner: PackRunner, batches: Sequence[PackedBatch]) -> None:
+    """The learner's own forward/backward (`PackRunner.run_batch`) over every batch."""
+    acc = StepAccumulator()
     for batch in batches:
-        logits = model(**batch.model_inputs()).logits
-        terms = compute_loss(
-            logits.reshape(-1, logits.shape[-1]),
-            batch.input_ids.reshape(-1),
-            batch.ce_weights.reshape(-1),
-            batch.coord_positions,
-            batch.coord_targets,
-            coord_ids,
-            LossWeights(),
-        )
-        terms.total.backward()
-    model.zero_grad(set_to_none=True)
+        runner.run_batch(batch, scale=1.0, sync=True, acc=acc)
+    runner.base_model.zero_grad(set_to_none=True)
 
 
 def run(

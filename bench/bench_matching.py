@@ -7,13 +7,12 @@ Run: `python -m bench.bench_matching`. `run()` returns the numbers as a dict.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from bench.common import interleaved_times_s
 from stagectl.detection.matching import augmented_cost, hungarian_match, pairwise_iou
 
 SIZES = (10, 50, 100, 300)
@@ -29,21 +28,6 @@ def _instance(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]
     return np.clip(np.round(pred), 0, 999), np.clip(np.round(gt), 0, 999)
 
 
-def _interleaved_times_ms(
-    first: Callable[[], object], second: Callable[[], object], repeats: int
-) -> tuple[list[float], list[float]]:
-    """Time both callables alternately (so machine load drifts hit both alike), after one warm-up each."""
-    first()
-    second()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, out in ((first, times[0]), (second, times[1])):
-            start = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
 def _summary(times: list[float]) -> dict[str, float]:
     return {"min_ms": min(times), "median_ms": statistics.median(times), "max_ms": max(times)}
 
@@ -54,9 +38,10 @@ def run(repeats: int = 30, seed: int = 0) -> dict[str, dict[str, object]]:
     for n in SIZES:
         pred, gt = _instance(rng, n)
         cost = augmented_cost(pairwise_iou(pred, gt), iou_gate=0.3, fp_cost=1.0, fn_cost=1.0)  # [2n, 2n]
-        ours_ms, raw_ms = _interleaved_times_ms(
-            partial(hungarian_match, pred, gt), partial(linear_sum_assignment, cost), repeats
+        ours_s, raw_s = interleaved_times_s(
+            [partial(hungarian_match, pred, gt), partial(linear_sum_assignment, cost)], repeats
         )
+        ours_ms, raw_ms = [t * 1e3 for t in ours_s], [t * 1e3 for t in raw_s]
         ours, raw = _summary(ours_ms), _summary(raw_ms)
         results[f"n={n}"] = {
             "num_objects": n,
