@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -95,3 +98,59 @@ def embedded_rollout_server(
         yield str(server.url)
     finally:
         server.stop()
+
+
+def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None:
+    """Fail before anything starts when the run directory cannot be written."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{key}: cannot write to {output_dir}: {exc.strerror or exc}") from None
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; empty elsewhere or when it is gone)."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            text = (task / "children").read_text()
+            found += [int(p) for p in text.split()]
+    except OSError:
+        return []
+    return found
+
+
+def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:
+    """Run torchrun in its own session and wait for it. SIGTERM / Ctrl-C reach the ranks (not torchrun)
+    as one SIGTERM each, so every rank finishes its step, saves and exits, and torchrun then exits with
+    their status; a second signal is forwarded too (the ranks then stop at once). Nothing outlives us:
+    if this process leaves early, the whole torchrun session is terminated."""
+    proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
+
+    def forward(signum: int, frame: object) -> None:
+        ranks = _children(proc.pid)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if not ranks:  # torchrun has not started its workers yet: stop it directly
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 from pathlib import Path
 
 import typer
@@ -67,12 +66,12 @@ def command(
 
 
 def _relaunch(config: Path, sets: list[str], nproc: int, master_port: int | None) -> int:
-    from stagectl.launch import child_env, torchrun_argv
+    from stagectl.launch import child_env, run_torchrun, torchrun_argv
 
     args = ["stage-b", str(config), *(a for s in sets for a in ("--set", s))]
     argv = torchrun_argv(args, nproc_per_node=nproc, master_port=master_port)
     typer.echo(f"launching: {shlex.join(argv)}", err=True)
-    return subprocess.call(argv, env=child_env())
+    return run_torchrun(argv, child_env())
 
 
 def _run(cfg: object) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -23,7 +23,7 @@ def command(
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
     rollout server first when rollout_server.embedded is true)."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
-    from stagectl.launch import embedded_rollout_server, inside_torchrun
+    from stagectl.launch import check_output_dir, embedded_rollout_server, inside_torchrun
 
     sets = list(overrides)
     if nproc is not None:
@@ -38,29 +38,41 @@ def command(
     if inside_torchrun():
         _train(cfg)
         return
+    try:
+        check_output_dir(cfg.training.output_dir)  # before a server or any rank starts
+    except ValueError as exc:
+        fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
     if cfg.rollout_server.embedded:
         server = embedded_rollout_server(config, sets, cfg)
-    try:
-        with server as url:
-            if url is not None:
-                from stagectl.learner.loop import ROLLOUT_URLS_ENV
+    with _server_errors(), server as url:
+        if url is not None:
+            from stagectl.learner.loop import ROLLOUT_URLS_ENV
 
-                typer.echo(f"embedded rollout server: {url}", err=True)
-                os.environ[ROLLOUT_URLS_ENV] = url
-            if effective_world_size(cfg) > 1:
-                code = _relaunch(config, sets, cfg)
-                if code:
-                    raise typer.Exit(code)
-            else:
-                _train(cfg)
-    except RuntimeError as exc:  # the embedded server did not start
+            typer.echo(f"embedded rollout server: {url}", err=True)
+            os.environ[ROLLOUT_URLS_ENV] = url
+        if effective_world_size(cfg) > 1:
+            code = _relaunch(config, sets, cfg)
+            if code:
+                raise typer.Exit(code)
+        else:
+            _train(cfg)
+
+
+@contextlib.contextmanager
+def _server_errors() -> Iterator[None]:
+    """The embedded server failing to start is a one-line error (typer's own exits pass through)."""
+    from stagectl.rollout.launcher import ServerStartError
+
+    try:
+        yield
+    except ServerStartError as exc:
         fail(str(exc))
 
 
 def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
     from stagectl.config import StagectlConfig
-    from stagectl.launch import child_env, torchrun_argv
+    from stagectl.launch import child_env, run_torchrun, torchrun_argv
 
     assert isinstance(cfg, StagectlConfig)
     args = ["train-ab", str(config), *(a for s in sets for a in ("--set", s))]
@@ -72,11 +84,12 @@ def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
         rdzv_endpoint=cfg.launch.rdzv_endpoint,
     )
     typer.echo(f"launching: {shlex.join(argv)}", err=True)
-    return subprocess.call(argv, env=child_env())
+    return run_torchrun(argv, child_env())
 
 
 def _train(cfg: object) -> None:
     from stagectl.config import StagectlConfig
+    from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
 
     assert isinstance(cfg, StagectlConfig)
@@ -84,7 +97,10 @@ def _train(cfg: object) -> None:
         trainer = Trainer(cfg)
     except (ValueError, FileNotFoundError, TimeoutError) as exc:
         fail(str(exc) or type(exc).__name__)
-    step = trainer.run()
+    try:
+        step = trainer.run()
+    except CheckpointWriteError as exc:
+        fail(str(exc))
     if trainer.world.rank != 0:
         return
     if trainer.stopped_by_signal is not None:

@@ -20,6 +20,7 @@ from stagectl.data.sampler import ShardedSampler
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
 from stagectl.dist import World, device_for, init_distributed
+from stagectl.launch import check_output_dir
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner.optim import build_optimizer
 from stagectl.learner.segments import SampleEncoder
@@ -43,19 +44,6 @@ class LearnerState:
     start_step: int
     resumed_from: Path | None
     extra_state: dict[str, Any]
-
-
-def check_output_dir(output_dir: Path) -> None:
-    """Fail before training when the run directory cannot be written."""
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write-probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(
-            f"training.output_dir: cannot write to {output_dir}: {exc.strerror or exc}"
-        ) from None
 
 
 def load_train_samples(cfg: StagectlConfig) -> list[DetectionSample]:

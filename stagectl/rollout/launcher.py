@@ -19,6 +19,10 @@ from pathlib import Path
 from stagectl.rollout.protocol import LISTENING_PREFIX
 
 
+class ServerStartError(RuntimeError):
+    """The child server exited or never printed its listening line."""
+
+
 def rollout_server_argv(args: Sequence[str]) -> list[str]:
     """`python -m stagectl rollout-server ARGS...` with this interpreter."""
     return [sys.executable, "-m", "stagectl", "rollout-server", *args]
@@ -68,7 +72,7 @@ class ServerProcess:
         if not self._ready.wait(timeout_s) or self.url is None:
             self.stop()
             output = "\n".join(self.tail)
-            raise RuntimeError(f"rollout-server did not start (exit code {self.proc.poll()}):\n{output}")
+            raise ServerStartError(f"rollout-server did not start (exit code {self.proc.poll()}):\n{output}")
         return self.url
 
     def stop(self, grace_s: float = 20.0) -> int:

@@ -110,15 +110,25 @@ def decode_chunk(data: bytes) -> list[Piece]:
         tensors = st_load(data)
         metadata = _metadata(data)
         rows = json.loads(metadata.get(ROWS_KEY, "{}"))
-    except (SafetensorError, ValueError, struct.error) as exc:
+    except (SafetensorError, ValueError, struct.error, RecursionError) as exc:
         raise WeightSyncError(f"not a valid safetensors chunk: {exc}") from None
+    if not isinstance(rows, dict):
+        raise WeightSyncError(f"chunk metadata {ROWS_KEY} must be a mapping of name -> [start, stop]")
     pieces = []
     for name, tensor in tensors.items():
         span = rows.get(name)
-        if span is not None and not (isinstance(span, list) and len(span) == 2):
-            raise WeightSyncError(f"chunk metadata {ROWS_KEY} for {name!r} must be [start, stop]")
-        pieces.append(Piece(name, None if span is None else (int(span[0]), int(span[1])), tensor))
+        if span is not None and not _is_row_span(span):
+            raise WeightSyncError(f"chunk metadata {ROWS_KEY} for {name!r} must be [start, stop] integers")
+        pieces.append(Piece(name, None if span is None else (span[0], span[1]), tensor))
     return pieces
+
+
+def _is_row_span(span: object) -> bool:
+    return (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in span)
+    )
 
 
 def _metadata(data: bytes) -> dict[str, str]:

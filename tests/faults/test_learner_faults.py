@@ -105,11 +105,6 @@ def test_ctrl_c_on_a_two_rank_async_run_saves_and_leaves_nothing(tmp_path: Path)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/train_ab.py: SIGTERM to the CLI kills only the CLI; torchrun and the ranks keep training "
-    "(fix: forward SIGTERM to torchrun and wait for it, see SECURITY.md)",
-)
 def test_sigterm_to_the_cli_stops_every_rank(tmp_path: Path) -> None:
     """What a scheduler or `kill PID` does: SIGTERM to the launcher process only."""
     cfg = tiny_train_config(tmp_path, training={"max_steps": 400}, stage2_ab={"schedule": {"b_ratio": 0.0}})

@@ -148,7 +148,6 @@ def test_bad_row_ranges_are_refused(rows: str) -> None:
         assert engine.version == 0
 
 
-@pytest.mark.xfail(strict=True, reason="decode_chunk does not validate the stagectl.rows metadata types")
 @pytest.mark.parametrize("rows", UNVALIDATED_ROWS)
 def test_crafted_row_metadata_is_a_weight_sync_error(rows: str) -> None:
     blob = st_save({"w1": torch.zeros(2, 3)}, metadata={ROWS_KEY: rows})
