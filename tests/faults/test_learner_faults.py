@@ -89,7 +89,8 @@ def test_ctrl_c_on_a_two_rank_async_run_saves_and_leaves_nothing(tmp_path: Path)
         assert not left, [e["argv"] for e in left]
     output = run.output()
     assert code in (0, 130), output[-3000:]
-    assert "stopped by signal 2 after step" in output and "checkpoint saved" in output
+    # the launcher turns Ctrl-C into one SIGTERM per rank (torchrun runs in its own session)
+    assert "stopped by signal 15 after step" in output and "checkpoint saved" in output
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(len(rows)))
     last = list_checkpoints(out)[-1]
@@ -183,7 +184,7 @@ def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(
         assert not run.wait_no_leftovers(10)
     output = run.output()
     assert code == 1, output[-3000:]
-    assert "CheckpointWriteError" in output and "cannot write checkpoint-" in output, output[-3000:]
+    assert "error: cannot write checkpoint-" in output and "Traceback" not in output, output[-3000:]
     failed_step = int(output.split("cannot write checkpoint-")[1].split()[0])
     intact = list_checkpoints(out)
     assert f"the newest intact checkpoint is {intact[-1]}" in output
