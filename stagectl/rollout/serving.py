@@ -8,6 +8,7 @@ engine stops). `ThreadedServer` runs an app in a background thread (tests, bench
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from stagectl.config import StagectlConfig
 from stagectl.config.rollout import RolloutServerConfig
@@ -29,6 +31,7 @@ from stagectl.rollout.protocol import LISTENING_PREFIX
 from stagectl.rollout.service import RolloutService, ServerSettings
 
 GRACEFUL_SHUTDOWN_S = 30
+HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
 
 
 def read_token(env_name: str | None, key: str) -> str | None:
@@ -110,12 +113,49 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a header-read timeout: a connection whose request line and headers have
+    not arrived within `HEADER_TIMEOUT_S` of connecting (or of its last response) is closed, so idle or
+    trickling clients cannot pile up open sockets. (Request bodies have their own deadline in the app.)"""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and self._header_timer is not None:
+            self._header_timer.cancel()  # a request is under way: its headers arrived in time
+            self._header_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()  # the next request on this keep-alive connection has the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._header_timeout)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()
+
+
 def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         log_level="info",
         access_log=False,  # our AccessLog middleware writes one JSON line per request
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=HeaderTimeoutH11Protocol,
     )
     return uvicorn.Server(config)
 

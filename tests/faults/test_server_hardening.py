@@ -152,3 +152,48 @@ def test_no_pickle_or_code_execution_paths_in_the_package() -> None:
     assert not found, "\n".join(found)
     torch_loads = sum(p.read_text().count("torch.load(") for p in (ROOT / "stagectl").rglob("*.py"))
     assert torch_loads >= 1  # the checkpoint loader is there, and it passed the weights_only check
+
+
+def test_idle_and_trickling_header_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that connects and sends nothing, or trickles a header without ever finishing it, is
+    disconnected after the header timeout, while a normal request on the same server still works."""
+    from stagectl.rollout import serving
+
+    monkeypatch.setattr(serving, "HEADER_TIMEOUT_S", 1.0)
+    engine = FakeEngine(batch_wait_ms=0)
+    served = ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()
+    try:
+        host, port = _address(served)
+        idle = socket.create_connection((host, port))
+        trickle = socket.create_connection((host, port))
+        trickle.sendall(b"POST /infer/ HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        closed = {}
+        while len(closed) < 2 and time.monotonic() - started < 10:
+            for name, sock in (("idle", idle), ("trickle", trickle)):
+                if name in closed:
+                    continue
+                ready, _, _ = select.select([sock], [], [], 0.1)
+                if ready and sock.recv(1024) == b"":
+                    closed[name] = time.monotonic() - started
+            if "trickle" not in closed:
+                trickle.sendall(b"X-Slow: 1\r\n")  # keeps trickling, never ends the headers
+        assert set(closed) == {"idle", "trickle"}, "a header-less connection stayed open"
+        assert max(closed.values()) < 5
+        response = httpx.post(f"{served.url}/infer/", json=INFER, timeout=10)
+        assert response.status_code == 200
+        # a keep-alive connection gets a fresh deadline after each response, and is used normally
+        with httpx.Client(timeout=10) as client:
+            assert client.get(f"{served.url}/health/").status_code == 200
+            time.sleep(0.3)
+            assert client.get(f"{served.url}/health/").status_code == 200
+        idle.close()
+        trickle.close()
+    finally:
+        served.stop()
+        engine.close()
+    report(
+        fault="idle + trickling-header connections",
+        survived=True,
+        closed_after_s=round(max(closed.values()), 2),
+    )
