@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from stagectl.data.sample import MAX_BIN, DetectionSample, DetObject, pixel_box_to_bins
+from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
+from stagectl.detection.coords import MAX_BIN
 
 BoxFormat = Literal["pixel", "norm1000", "auto"]
 

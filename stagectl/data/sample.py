@@ -14,44 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-NUM_BINS = 1000
-MAX_BIN = NUM_BINS - 1
+from stagectl.detection.coords import Box, bins_to_box, box_to_bins
 
-Box = tuple[int, int, int, int]  # (x1, y1, x2, y2)
-
-
-def _pixel_to_bin(x: float, size: int) -> int:
-    """Pixel coordinate on the 0..size-1 axis -> norm-1000 bin (round, then clamp to 0..999)."""
-    if size <= 1:
-        return 0
-    return min(MAX_BIN, max(0, round(MAX_BIN * x / (size - 1))))
-
-
-def _bin_to_pixel(value: int, size: int) -> float:
-    """Norm-1000 bin -> pixel coordinate on the 0..size-1 axis."""
-    return value / MAX_BIN * (size - 1)
-
-
-def pixel_box_to_bins(box: tuple[float, float, float, float], width: int, height: int) -> Box:
-    """`(x1, y1, x2, y2)` in pixels -> the same box in norm-1000 bins."""
-    x1, y1, x2, y2 = box
-    return (
-        _pixel_to_bin(x1, width),
-        _pixel_to_bin(y1, height),
-        _pixel_to_bin(x2, width),
-        _pixel_to_bin(y2, height),
-    )
-
-
-def bins_to_pixel_box(box: Box, width: int, height: int) -> tuple[float, float, float, float]:
-    """`(x1, y1, x2, y2)` in norm-1000 bins -> the same box in (fractional) pixels."""
-    x1, y1, x2, y2 = box
-    return (
-        _bin_to_pixel(x1, width),
-        _bin_to_pixel(y1, height),
-        _bin_to_pixel(x2, width),
-        _bin_to_pixel(y2, height),
-    )
+# The norm-1000 codec lives in `detection.coords`; these are its names in data terms.
+pixel_box_to_bins = box_to_bins
+bins_to_pixel_box = bins_to_box
 
 
 @dataclass(frozen=True)

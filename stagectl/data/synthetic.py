@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from PIL import Image, ImageDraw
 
+from stagectl.cache import cache_root
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
 
@@ -151,15 +152,7 @@ def synthetic_params(
 def default_synthetic_dir(params: dict[str, Any]) -> Path:
     """`$STAGECTL_CACHE_DIR/data/synthetic-<hash of params>` (cache root defaults to ~/.cache/stagectl)."""
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    return _cache_root() / "data" / f"synthetic-{digest}"
-
-
-def _cache_root() -> Path:
-    # Private copy: no shared cache-dir helper existed when this was written.
-    if os.environ.get("STAGECTL_CACHE_DIR"):
-        return Path(os.environ["STAGECTL_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "stagectl"
+    return cache_root() / "data" / f"synthetic-{digest}"
 
 
 def generate_synthetic(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -42,6 +41,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from stagectl.cache import cache_root as stagectl_cache_root
 from stagectl.models.images import build_image_processor
 from stagectl.models.tokenizer import (
     ENDOFTEXT,
@@ -206,9 +206,8 @@ def build_tiny_model(arch: TinyArch, out_dir: str | Path) -> Path:
 
 
 def cache_root() -> Path:
-    """`$STAGECTL_CACHE_DIR/models`, or `~/.cache/stagectl/models`."""
-    base = os.environ.get("STAGECTL_CACHE_DIR")
-    return (Path(base) if base else Path.home() / ".cache" / "stagectl") / "models"
+    """Where built-in tiny models are cached: `{stagectl cache}/models`."""
+    return stagectl_cache_root() / "models"
 
 
 def builtin_arch(name: str) -> TinyArch:

@@ -22,9 +22,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
+from stagectl.detection.coords import NUM_BINS as NUM_COORD_BINS
+from stagectl.detection.coords import coord_token
 from stagectl.models.corpus import corpus
 
-NUM_COORD_BINS = 1000
 BPE_VOCAB_SIZE = 1024
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -76,13 +77,6 @@ CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def coord_token(bin_index: int) -> str:
-    """The coordinate token text for a norm-1000 bin (0..999)."""
-    if not 0 <= bin_index < NUM_COORD_BINS:
-        raise ValueError(f"coordinate bin {bin_index} is outside 0..{NUM_COORD_BINS - 1}")
-    return f"<|coord_{bin_index}|>"
 
 
 def _training_fragments() -> Iterator[str]:
