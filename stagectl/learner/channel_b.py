@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields
 from typing import Protocol
 
 from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.detection.matching import hungarian_match
-from stagectl.detection.parse import parse_rollout
+from stagectl.detection.matching import MatchResult, hungarian_match
+from stagectl.detection.parse import RolloutParse, parse_rollout
 from stagectl.detection.targets import build_channel_b_segment, sample_counters
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
@@ -72,16 +72,10 @@ class RolloutStats:
         }
 
 
-def build_b_segment(
-    index: int,
-    generation: Generation,
-    encoder: SampleEncoder,
-    rm: RolloutMatchingConfig,
-    *,
-    desc_ce_weight: float,
-    packing_length: int,
-) -> tuple[Segment | None, RolloutStats]:
-    """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted)."""
+def score_rollout(
+    index: int, generation: Generation, encoder: SampleEncoder, rm: RolloutMatchingConfig
+) -> tuple[RolloutParse, MatchResult, RolloutStats]:
+    """Strict parse + Hungarian match of one rollout against its sample's GT, with its counters."""
     gt = encoder.samples[index].objects
     parse = parse_rollout(generation.token_ids, encoder.vocab)
     match = hungarian_match(
@@ -104,6 +98,21 @@ def build_b_segment(
         n_invalid=int(parse.invalid_rollout),
         n_rollout_tokens=len(generation.token_ids),
     )
+    return parse, match, stats
+
+
+def build_b_segment(
+    index: int,
+    generation: Generation,
+    encoder: SampleEncoder,
+    rm: RolloutMatchingConfig,
+    *,
+    desc_ce_weight: float,
+    packing_length: int,
+) -> tuple[Segment | None, RolloutStats]:
+    """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted)."""
+    parse, match, stats = score_rollout(index, generation, encoder, rm)
+    gt = encoder.samples[index].objects
     target = build_channel_b_segment(
         parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, desc_ce_weight=desc_ce_weight
     )

@@ -16,7 +16,7 @@ from stagectl.config.rollout import DecodingConfig, RolloutMatchingConfig
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
-from stagectl.learner.channel_b import RolloutStats, build_b_segments
+from stagectl.learner.channel_b import RolloutStats, score_rollout
 from stagectl.learner.rollout_hf import HFRollouts
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import ModelBundle
@@ -75,9 +75,9 @@ class Evaluator:
         started = time.perf_counter()
         indices = list(range(len(self.samples)))
         generations = self.rollouts.rollout(indices, seed=0)
-        _, stats = build_b_segments(
-            indices, generations, self.encoder, self.rm, desc_ce_weight=1.0, packing_length=10**9
-        )
+        stats = RolloutStats()
+        for index, generation in zip(indices, generations, strict=True):
+            stats.add(score_rollout(index, generation, self.encoder, self.rm)[2])
         row = {"step": step, **_metrics(stats), "eval_s": time.perf_counter() - started}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")

@@ -221,3 +221,23 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     assert 1 <= len(rows) < 200
     state = json.loads((tmp_path / "run" / f"checkpoint-{len(rows)}" / "trainer_state.json").read_text())
     assert state["global_step"] == len(rows)
+
+
+def test_held_out_eval_rows(tmp_path: Path) -> None:
+    from stagectl.data.synthetic import generate_synthetic
+
+    cfg = tiny_train_config(
+        tmp_path,
+        stage2_ab={"schedule": {"b_ratio": 0.0}},
+        data={"eval": {"synthetic": {"num_samples": 3, "seed": 5, "max_objects": 2}, "every_steps": 1}},
+    )
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "eval step 2: f1=" in result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    held_out = generate_synthetic(3, 5, image_size=112, max_objects=2, split="eval")
+    for r in rows:
+        assert r["n_samples"] == 3 and r["n_gt"] == sum(len(s.objects) for s in held_out)
+        assert 0 <= r["f1"] <= 1 and 0 <= r["valid_json_rate"] <= 1
+        assert r["n_matched"] <= min(r["n_pred"], r["n_gt"])
