@@ -16,6 +16,7 @@ from stagectl.config import StagectlConfig
 from stagectl.config.model_data import DataConfig
 
 LAUNCHED_ENV = "STAGECTL_LAUNCHED"
+ROLLOUT_URLS_ENV = "STAGECTL_ROLLOUT_URLS"  # an embedded server's URL for the learner ranks (comma-separated)
 
 
 def inside_torchrun() -> bool:

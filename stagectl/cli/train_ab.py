@@ -23,7 +23,7 @@ def command(
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
     rollout server first when rollout_server.embedded is true)."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
-    from stagectl.launch import check_output_dir, embedded_rollout_server, inside_torchrun
+    from stagectl.launch import ROLLOUT_URLS_ENV, check_output_dir, embedded_rollout_server, inside_torchrun
 
     sets = list(overrides)
     if nproc is not None:
@@ -47,8 +47,6 @@ def command(
         server = embedded_rollout_server(config, sets, cfg)
     with _server_errors(), server as url:
         if url is not None:
-            from stagectl.learner.loop import ROLLOUT_URLS_ENV
-
             typer.echo(f"embedded rollout server: {url}", err=True)
             os.environ[ROLLOUT_URLS_ENV] = url
         if effective_world_size(cfg) > 1:

@@ -20,6 +20,7 @@ import torch
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.launch import ROLLOUT_URLS_ENV
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner.channel_a import run_channel_a
 from stagectl.learner.channel_b import RolloutStats
@@ -35,8 +36,6 @@ from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.schedule import channel_for_step
-
-ROLLOUT_URLS_ENV = "STAGECTL_ROLLOUT_URLS"  # set by train-ab for an embedded server (comma-separated)
 
 
 def make_client(cfg: StagectlConfig) -> RolloutClient:
