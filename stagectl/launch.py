@@ -72,7 +72,7 @@ def data_image_roots(data: DataConfig | None) -> list[Path]:
         from stagectl.data.synthetic import default_synthetic_dir, synthetic_params
 
         syn = data.synthetic
-        params = synthetic_params(syn.num_samples, syn.seed, syn.image_size, syn.max_objects, "train")
+        params = synthetic_params(syn.num_samples, syn.seed, **syn.generator_kwargs(), split="train")
         return [default_synthetic_dir(params)]
     assert data.train_jsonl is not None
     return [Path(data.image_root) if data.image_root else Path(data.train_jsonl).parent]

@@ -17,6 +17,9 @@ def command(
         112, "--image-size", help="Square image side in pixels; multiples of 28 suit the tiny model."
     ),
     max_objects: int = typer.Option(4, "--max-objects", help="Shapes per image are drawn from 1..N."),
+    side_fraction: tuple[float, float] = typer.Option(
+        (0.15, 0.35), "--side-fraction", help="Shape sides as fractions of the image side: LOW HIGH."
+    ),
     num_eval_samples: int = typer.Option(
         0, "--num-eval-samples", help="Also write a held-out eval.jsonl with this many samples."
     ),
@@ -27,9 +30,19 @@ def command(
     if num_eval_samples < 0:
         fail(f"--num-eval-samples must be >= 0, got {num_eval_samples}")
     try:
-        train = generate_synthetic(num_samples, seed, out, image_size, max_objects=max_objects)
+        train = generate_synthetic(
+            num_samples, seed, out, image_size, max_objects=max_objects, side_fraction=side_fraction
+        )
         evals = (
-            generate_synthetic(num_eval_samples, seed, out, image_size, max_objects=max_objects, split="eval")
+            generate_synthetic(
+                num_eval_samples,
+                seed,
+                out,
+                image_size,
+                max_objects=max_objects,
+                side_fraction=side_fraction,
+                split="eval",
+            )
             if num_eval_samples
             else []
         )

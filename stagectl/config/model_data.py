@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -24,6 +24,9 @@ class ModelConfig(StrictModel):
     """Attention kernel; None lets transformers choose (sdpa on CPU)."""
 
 
+SideFractionBound = Annotated[float, Field(ge=0.05, le=0.9)]  # = stagectl.data.synthetic.SIDE_FRACTION_LIMITS
+
+
 class SyntheticDataConfig(StrictModel):
     num_samples: int = Field(256, ge=1)
     """Number of synthetic shape images to draw."""
@@ -33,6 +36,24 @@ class SyntheticDataConfig(StrictModel):
     """Side of the square images in pixels (a multiple of 28 suits the Qwen-VL patching)."""
     max_objects: int = Field(4, ge=1, le=8)
     """Most shapes per image (each image draws 1..max_objects)."""
+    side_fraction: tuple[SideFractionBound, SideFractionBound] = (0.15, 0.35)
+    """Range of shape sides as fractions of the image side, `[low, high]` within 0.05..0.9 (larger
+    shapes are easier to learn: `examples/tiny/learn_shapes.yaml` uses `[0.3, 0.5]`)."""
+
+    @model_validator(mode="after")
+    def _side_range(self) -> SyntheticDataConfig:
+        low, high = self.side_fraction
+        if low > high:
+            raise ValueError(f"side_fraction [{low}, {high}]: low must not exceed high")
+        return self
+
+    def generator_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `stagectl.data.synthetic.generate_synthetic` besides count and seed."""
+        return {
+            "image_size": self.image_size,
+            "max_objects": self.max_objects,
+            "side_fraction": self.side_fraction,
+        }
 
 
 class EvalDataConfig(StrictModel):

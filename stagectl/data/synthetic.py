@@ -1,11 +1,12 @@
 """The synthetic shapes data set: 1..max_objects coloured shapes per image with exact boxes (DESIGN.md s. 9).
 
 Each image is a plain dark background with non-overlapping circles, squares and triangles in red,
-green, blue or yellow; the desc is "<colour> <shape>". Shapes are drawn without anti-aliasing and never
+green, blue or yellow; the desc is "<colour> <shape>". Shape sides are drawn uniformly from
+`side_fraction` (as fractions of the image side; default 0.15-0.35). Shapes are drawn without anti-aliasing and never
 touch (a 2-pixel gap between their placement boxes), so every object is fully visible and its box is
 *measured* from the drawn pixels: the tightest box around exactly that shape's pixels.
 
-Everything is a pure function of `(seed, split, index, image_size, max_objects)`: sample `i` uses its
+Everything is a pure function of `(seed, split, index, image_size, max_objects, side_fraction)`: sample `i` uses its
 own `random.Random` seeded by a string, so it is the same on every machine and Python run, independent
 of `num_samples`. The `eval` split uses a different stream of the same seed, so train and eval never
 share a scene by construction.
@@ -45,8 +46,11 @@ COLORS: dict[str, tuple[int, int, int]] = {
 }
 BACKGROUND = (32, 32, 32)
 MIN_IMAGE_SIZE = 28
-MIN_SIDE_FRACTION = 0.15  # shape side as a fraction of the image side
+MIN_SIDE_FRACTION = 0.15  # default shape side range, as fractions of the image side
 MAX_SIDE_FRACTION = 0.35
+SideFraction = tuple[float, float]
+DEFAULT_SIDE_FRACTION: SideFraction = (MIN_SIDE_FRACTION, MAX_SIDE_FRACTION)
+SIDE_FRACTION_LIMITS = (0.05, 0.9)
 GAP_PX = 2  # free pixels between two shapes' placement boxes
 PLACEMENT_TRIES = 100
 
@@ -62,11 +66,13 @@ class PlacedShape:
     side: int
 
 
-def plan_scene(rng: random.Random, image_size: int, max_objects: int) -> list[PlacedShape]:
+def plan_scene(
+    rng: random.Random, image_size: int, max_objects: int, side_fraction: SideFraction = DEFAULT_SIDE_FRACTION
+) -> list[PlacedShape]:
     """Pick 1..max_objects shapes and non-overlapping places for them (a shape that finds no free place
     in `PLACEMENT_TRIES` tries is left out, so a crowded scene may hold fewer)."""
-    min_side = max(4, round(MIN_SIDE_FRACTION * image_size))
-    max_side = max(min_side, round(MAX_SIDE_FRACTION * image_size))
+    min_side = max(4, round(side_fraction[0] * image_size))
+    max_side = max(min_side, round(side_fraction[1] * image_size))
     placed: list[PlacedShape] = []
     for _ in range(rng.randint(1, max_objects)):
         kind = rng.choice(SHAPES)
@@ -120,15 +126,35 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: PlacedShape) -> None:
 
 
 def synthetic_scene(
-    seed: int, split: Split, index: int, image_size: int = 112, max_objects: int = 4
+    seed: int,
+    split: Split,
+    index: int,
+    image_size: int = 112,
+    max_objects: int = 4,
+    side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
 ) -> tuple[Image.Image, list[DetObject]]:
     """Sample `index` of a synthetic split, in memory."""
     rng = random.Random(f"stagectl-synthetic/v{GENERATOR_VERSION}/{split}/{seed}/{index}")
-    return render_scene(plan_scene(rng, image_size, max_objects), image_size)
+    return render_scene(plan_scene(rng, image_size, max_objects, side_fraction), image_size)
+
+
+def check_side_fraction(side_fraction: SideFraction) -> None:
+    """`ValueError` unless `low <= high` and both lie in `SIDE_FRACTION_LIMITS`."""
+    low, high = side_fraction
+    lo_limit, hi_limit = SIDE_FRACTION_LIMITS
+    if not (lo_limit <= low <= high <= hi_limit):
+        raise ValueError(
+            f"side_fraction must be (low, high) with {lo_limit} <= low <= high <= {hi_limit}, got {side_fraction}"
+        )
 
 
 def synthetic_params(
-    num_samples: int, seed: int, image_size: int = 112, max_objects: int = 4, split: Split = "train"
+    num_samples: int,
+    seed: int,
+    image_size: int = 112,
+    max_objects: int = 4,
+    split: Split = "train",
+    side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
 ) -> dict[str, Any]:
     """The parameters that fully determine a split (checked, and recorded in its manifest)."""
     if num_samples < 1:
@@ -139,6 +165,7 @@ def synthetic_params(
         raise ValueError(f"max_objects must be in 1..8, got {max_objects}")
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    check_side_fraction(side_fraction)
     return {
         "generator_version": GENERATOR_VERSION,
         "num_samples": num_samples,
@@ -146,6 +173,7 @@ def synthetic_params(
         "image_size": image_size,
         "max_objects": max_objects,
         "split": split,
+        "side_fraction": [float(side_fraction[0]), float(side_fraction[1])],
     }
 
 
@@ -163,10 +191,11 @@ def generate_synthetic(
     *,
     max_objects: int = 4,
     split: Split = "train",
+    side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
 ) -> list[DetectionSample]:
     """Write (or reuse) a synthetic split under `out_dir` (default: a cache dir keyed by the parameters)
     and return its samples with absolute image paths."""
-    params = synthetic_params(num_samples, seed, image_size, max_objects, split)
+    params = synthetic_params(num_samples, seed, image_size, max_objects, split, side_fraction)
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else default_synthetic_dir(params)
     jsonl_path = out / f"{split}.jsonl"
     manifest_path = out / f"{split}.manifest.json"
@@ -177,7 +206,7 @@ def generate_synthetic(
     samples: list[DetectionSample] = []
     lines: list[str] = []
     for index in range(num_samples):
-        image, objects = synthetic_scene(seed, split, index, image_size, max_objects)
+        image, objects = synthetic_scene(seed, split, index, image_size, max_objects, side_fraction)
         relative = f"images/{split}_{index:06d}.png"
         _atomic_save_png(image, out / relative)
         sample = DetectionSample(

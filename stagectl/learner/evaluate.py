@@ -22,7 +22,9 @@ from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import ModelBundle
 
 EVAL_FILE = "eval.jsonl"
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 EVAL_IOU = 0.5
+SHOWN_SAMPLES = 4  # rollouts per eval written out as text, to see what the model says
 
 
 def load_eval_samples(cfg: StagectlConfig) -> list[DetectionSample]:
@@ -31,9 +33,7 @@ def load_eval_samples(cfg: StagectlConfig) -> list[DetectionSample]:
         return []
     if ev.synthetic is not None:
         syn = ev.synthetic
-        samples = generate_synthetic(
-            syn.num_samples, syn.seed, image_size=syn.image_size, max_objects=syn.max_objects, split="eval"
-        )
+        samples = generate_synthetic(syn.num_samples, syn.seed, **syn.generator_kwargs(), split="eval")
     elif ev.jsonl is not None:
         samples = load_jsonl_dataset(
             ev.jsonl, ev.image_root, box_format=cfg.data.box_format if cfg.data else "norm1000"
@@ -59,8 +59,10 @@ class Evaluator:
         )
         self.rollouts = HFRollouts(bundle.model, self.encoder, self.rm, chunk_size=8)
         self.path = Path(cfg.training.output_dir) / EVAL_FILE
+        self.samples_path = Path(cfg.training.output_dir) / EVAL_SAMPLES_FILE
         if cfg.training.resume_from_checkpoint is None:
-            self.path.unlink(missing_ok=True)  # a fresh run starts a fresh eval log
+            self.path.unlink(missing_ok=True)  # a fresh run starts fresh eval logs
+            self.samples_path.unlink(missing_ok=True)
         ev = cfg.data.eval if cfg.data is not None else None
         self.every_steps = ev.every_steps if ev is not None else 0
 
@@ -76,12 +78,29 @@ class Evaluator:
         indices = list(range(len(self.samples)))
         generations = self.rollouts.rollout(indices, seed=0)
         stats = RolloutStats()
+        shown: list[str] = []
         for index, generation in zip(indices, generations, strict=True):
-            stats.add(score_rollout(index, generation, self.encoder, self.rm)[2])
+            parse, _, sample_stats = score_rollout(index, generation, self.encoder, self.rm)
+            stats.add(sample_stats)
+            if index < SHOWN_SAMPLES:
+                shown.append(json.dumps(self._shown_row(step, index, generation.token_ids, parse)))
         row = {"step": step, **_metrics(stats), "eval_s": time.perf_counter() - started}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
+        with self.samples_path.open("a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in shown))
         return row
+
+    def _shown_row(self, step: int, index: int, token_ids: list[int], parse: Any) -> dict[str, Any]:
+        """One rollout as text next to its ground truth, for `eval_samples.jsonl`."""
+        tokenizer = self.encoder.bundle.tokenizer
+        return {
+            "step": step,
+            "index": index,
+            "rollout": tokenizer.decode(token_ids, skip_special_tokens=False),
+            "parsed": [{"desc": o.desc, "bbox_2d": list(o.bbox_2d)} for o in parse.valid_objects],
+            "gt": [{"desc": o.desc, "bbox_2d": list(o.bbox_2d)} for o in self.encoder.samples[index].objects],
+        }
 
 
 def _metrics(stats: RolloutStats) -> dict[str, float]:

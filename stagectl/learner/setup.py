@@ -52,9 +52,7 @@ def load_train_samples(cfg: StagectlConfig) -> list[DetectionSample]:
         raise ValueError("data: required for train-ab; set data.synthetic or data.train_jsonl")
     if data.synthetic is not None:
         syn = data.synthetic
-        return generate_synthetic(
-            syn.num_samples, syn.seed, image_size=syn.image_size, max_objects=syn.max_objects
-        )
+        return generate_synthetic(syn.num_samples, syn.seed, **syn.generator_kwargs())
     assert data.train_jsonl is not None
     # verify_images: a corrupt image fails here as `file:line`, not on whichever rank draws it mid-step
     return load_jsonl_dataset(

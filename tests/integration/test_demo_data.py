@@ -48,3 +48,15 @@ def test_bad_option_fails_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "num_samples" in result.stderr
     assert not (tmp_path / "train.jsonl").exists()
+
+
+def test_side_fraction_option(tmp_path: Path) -> None:
+    result = _demo_data(
+        str(tmp_path), "--num-samples", "6", "--max-objects", "1", "--side-fraction", "0.5", "0.6"
+    )
+    assert result.returncode == 0, result.stderr
+    for sample in load_jsonl_dataset(tmp_path / "train.jsonl"):
+        x1, _, x2, _ = sample.pixel_boxes()[0]
+        assert 0.5 * 112 - 1 <= x2 - x1 + 1 <= 0.6 * 112 + 1
+    bad = _demo_data(str(tmp_path / "bad"), "--num-samples", "2", "--side-fraction", "0.6", "0.5")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "side_fraction" in bad.stderr

@@ -241,3 +241,10 @@ def test_held_out_eval_rows(tmp_path: Path) -> None:
         assert r["n_samples"] == 3 and r["n_gt"] == sum(len(s.objects) for s in held_out)
         assert 0 <= r["f1"] <= 1 and 0 <= r["valid_json_rate"] <= 1
         assert r["n_matched"] <= min(r["n_pred"], r["n_gt"])
+    shown = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["index"]) for s in shown] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    for s in shown:
+        gt = held_out[s["index"]].objects
+        assert s["gt"] == [{"desc": o.desc, "bbox_2d": list(o.bbox_2d)} for o in gt]
+        assert isinstance(s["rollout"], str)
+        assert all(set(p) == {"desc", "bbox_2d"} and len(p["bbox_2d"]) == 4 for p in s["parsed"])

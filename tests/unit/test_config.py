@@ -246,6 +246,16 @@ def test_data_needs_exactly_one_source(tmp_path: Path) -> None:
     assert any("exactly one of data.train_jsonl or data.synthetic" in m for m in probs.values())
 
 
+def test_synthetic_side_fraction(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, BASE), ["data.synthetic.side_fraction=[0.3, 0.5]"])
+    assert cfg.data is not None and cfg.data.synthetic is not None
+    assert cfg.data.synthetic.generator_kwargs()["side_fraction"] == (0.3, 0.5)
+    reversed_range = problems_of(tmp_path, BASE, "data.synthetic.side_fraction=[0.5, 0.3]")
+    assert any("low must not exceed high" in m for m in reversed_range.values())
+    too_big = problems_of(tmp_path, BASE, "data.synthetic.side_fraction=[0.3, 0.95]")
+    assert any(path.startswith("data.synthetic.side_fraction") for path in too_big)
+
+
 def test_stage_b_required_keys(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, {"mission": "m"})
     assert {"tickets", "guidance.path"} <= set(probs)

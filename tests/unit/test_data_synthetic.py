@@ -122,9 +122,27 @@ def test_objects_are_sorted_and_varied(tmp_path: Path) -> None:
         ({"image_size": 20}, "image_size"),
         ({"max_objects": 0}, "max_objects"),
         ({"split": "test"}, "split"),
+        ({"side_fraction": (0.5, 0.3)}, "side_fraction"),
+        ({"side_fraction": (0.01, 0.3)}, "side_fraction"),
+        ({"side_fraction": (0.3, 0.95)}, "side_fraction"),
     ],
 )
 def test_bad_parameters(tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
     args: dict[str, object] = {"num_samples": 2, "seed": 0, "out_dir": tmp_path, **kwargs}
     with pytest.raises(ValueError, match=message):
         generate_synthetic(**args)  # type: ignore[arg-type]
+
+
+def test_side_fraction_sets_the_shape_sizes(tmp_path: Path) -> None:
+    big = generate_synthetic(30, seed=4, out_dir=tmp_path / "big", max_objects=2, side_fraction=(0.4, 0.5))
+    for sample in big:
+        for x1, y1, x2, y2 in sample.pixel_boxes():
+            # the tight box of a shape drawn in a `side` square: width = side, height <= side (triangles)
+            assert 0.4 * 112 - 1 <= x2 - x1 + 1 <= 0.5 * 112 + 1
+            assert y2 - y1 + 1 <= 0.5 * 112 + 1
+    default = generate_synthetic(30, seed=4, out_dir=tmp_path / "default", max_objects=2)
+    widths = [x2 - x1 + 1 for s in default for x1, _, x2, _ in s.pixel_boxes()]
+    assert max(widths) <= 0.35 * 112 + 1
+    assert synthetic_params(30, 4, max_objects=2, side_fraction=(0.4, 0.5)) != synthetic_params(
+        30, 4, max_objects=2
+    )
