@@ -1,7 +1,7 @@
 """The learning check: `examples/tiny/learn_shapes.yaml` trained twice at equal optimizer steps,
 A-only (`b_ratio: 0`) and AB (`b_ratio: 0.25`), with greedy held-out eval (precision/recall/F1 at
 IoU 0.5, valid-JSON rate) every 250 steps and at the end. The two runs train side by side, one torch
-thread each (the 2 cores of the reference machine): about 12 minutes.
+thread each (the 2 cores of the reference machine): about 14 minutes.
 
 Run: `python -m bench learning [--max-steps N]`. `run()` returns both curves as a dict.
 """
