@@ -16,6 +16,7 @@ from stagectl.config.rollout import DecodingConfig, RolloutMatchingConfig
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
+from stagectl.detection.parse import RolloutParse
 from stagectl.learner.channel_b import RolloutStats, score_rollout
 from stagectl.learner.rollout_hf import HFRollouts
 from stagectl.learner.segments import SampleEncoder
@@ -91,7 +92,7 @@ class Evaluator:
             handle.write("".join(line + "\n" for line in shown))
         return row
 
-    def _shown_row(self, step: int, index: int, token_ids: list[int], parse: Any) -> dict[str, Any]:
+    def _shown_row(self, step: int, index: int, token_ids: list[int], parse: RolloutParse) -> dict[str, Any]:
         """One rollout as text next to its ground truth, for `eval_samples.jsonl`."""
         tokenizer = self.encoder.bundle.tokenizer
         return {
