@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagectl.detection.coords import Box, bins_to_box, box_to_bins
+from stagectl.detection.serialize import object_record
 
 # The norm-1000 codec lives in `detection.coords`; these are its names in data terms.
 pixel_box_to_bins = box_to_bins
@@ -49,5 +50,5 @@ class DetectionSample:
             "images": list(self.images),
             "width": self.width,
             "height": self.height,
-            "objects": [{"desc": obj.desc, "bbox_2d": list(obj.bbox_2d)} for obj in self.objects],
+            "objects": [object_record(obj) for obj in self.objects],
         }

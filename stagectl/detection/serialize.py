@@ -40,6 +40,11 @@ def sort_objects(objects: Sequence[ObjT]) -> list[ObjT]:
     return sorted(objects, key=lambda o: (o.bbox_2d[1], o.bbox_2d[0], o.bbox_2d[3], o.bbox_2d[2], o.desc))
 
 
+def object_record(obj: BoxedObject) -> dict[str, object]:
+    """`{"desc": ..., "bbox_2d": [x1, y1, x2, y2]}` with plain bins: the JSONL and log form of an object."""
+    return {"desc": obj.desc, "bbox_2d": list(obj.bbox_2d)}
+
+
 def _entry(index: int, obj: BoxedObject) -> tuple[str, str, str]:
     """`"object_<index>": {"desc": "<desc>", "bbox_2d": [...]}` split as (before desc, desc, after desc)."""
     if len(obj.bbox_2d) != 4:

@@ -17,6 +17,7 @@ from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.parse import RolloutParse
+from stagectl.detection.serialize import object_record
 from stagectl.learner.channel_b import RolloutStats, score_rollout
 from stagectl.learner.rollout_hf import HFRollouts
 from stagectl.learner.segments import SampleEncoder
@@ -99,8 +100,8 @@ class Evaluator:
             "step": step,
             "index": index,
             "rollout": tokenizer.decode(token_ids, skip_special_tokens=False),
-            "parsed": [{"desc": o.desc, "bbox_2d": list(o.bbox_2d)} for o in parse.valid_objects],
-            "gt": [{"desc": o.desc, "bbox_2d": list(o.bbox_2d)} for o in self.encoder.samples[index].objects],
+            "parsed": [object_record(o) for o in parse.valid_objects],
+            "gt": [object_record(o) for o in self.encoder.samples[index].objects],
         }
 
 
