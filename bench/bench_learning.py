@@ -52,25 +52,24 @@ def run(max_steps: int | None = None) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         outs = {name: Path(tmp) / f"run{k}" for k, name in enumerate(VARIANTS)}
+        logs = {name: Path(tmp) / f"run{k}.log" for k, name in enumerate(VARIANTS)}
         started = time.perf_counter()
-        procs = {
-            name: subprocess.Popen(
-                _command(ratio, outs[name], max_steps),
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for name, ratio in VARIANTS.items()
-        }
+        procs = {}
+        for name, ratio in VARIANTS.items():
+            # the log goes to a file, not a pipe: a run's progress lines must never block on a full pipe
+            with logs[name].open("w") as log:
+                procs[name] = subprocess.Popen(
+                    _command(ratio, outs[name], max_steps), cwd=ROOT, env=env, stdout=log, stderr=log
+                )
         walls: dict[str, float] = {}
         errors: dict[str, str] = {}
-        for name, proc in procs.items():
-            _, stderr = proc.communicate()
-            walls[name] = time.perf_counter() - started
-            if proc.returncode != 0:
-                errors[name] = stderr[-2000:]
+        while len(walls) < len(procs):  # poll, so each run's wall time is its own
+            for name, proc in procs.items():
+                if name not in walls and proc.poll() is not None:
+                    walls[name] = time.perf_counter() - started
+                    if proc.returncode != 0:
+                        errors[name] = logs[name].read_text(errors="replace")[-2000:]
+            time.sleep(0.5)
         if errors:
             raise RuntimeError("learning check failed:\n" + "\n".join(f"{n}: {e}" for n, e in errors.items()))
         return {name: _collect(outs[name], walls[name]) for name in VARIANTS}
