@@ -1,13 +1,20 @@
 """The process group: `World` (rank, local rank, world size read once), init/teardown, and the few
 collectives stagectl uses (rank-0 broadcast, gather, all-reduce MIN/SUM, barrier).
 
-Fail-fast: every collective runs under `launch.dist_timeout_s`, and torchrun ends every rank as soon as
-one rank exits non-zero, so an error on one rank can never leave the others waiting forever.
+Never hangs: in a multi-rank run every collective runs inside a named phase of the rank's
+`Watchdog` (`with dist.phase("feasibility gate", "step_s")`), which ends the rank with the phase and
+collective named when a deadline of `launch.watchdog` passes; the process group's own timeout sits
+above the longest deadline. A collective that fails (a peer rank died) raises `CollectiveError`
+naming the phase. `teardown()` is the orderly end: the caller has joined its threads and released
+its DDP wrapper; every rank meets at one final barrier, then the process group is destroyed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -15,7 +22,20 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from stagectl.config.training import WatchdogConfig
+from stagectl.watchdog import Budget, Watchdog
+
 T = TypeVar("T")
+
+_watchdog: Watchdog | None = None
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed (a peer rank died or the network broke): names the rank and the phase."""
+
+
+class SharedError(ValueError):
+    """An error decided on rank 0 and raised on every rank (only rank 0 needs to report it)."""
 
 
 @dataclass(frozen=True)
@@ -49,17 +69,96 @@ def device_for(world: World) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(world: World, timeout_s: float) -> None:
-    """Start the process group (gloo on CPU, nccl on GPU) when running under torchrun."""
+def start_watchdog(world: World, cfg: WatchdogConfig) -> None:
+    """Start this rank's watchdog (multi-rank runs only; call before the first collective phase)."""
+    global _watchdog
+    if not world.distributed or _watchdog is not None:
+        return
+    _watchdog = Watchdog(cfg, rank=world.rank, world_size=world.world_size)
+    _watchdog.start()
+
+
+def init_distributed(world: World, cfg: WatchdogConfig) -> None:
+    """Start the process group (gloo on CPU, nccl on GPU) when running under torchrun. Its own
+    timeout sits above every watchdog deadline, so the watchdog (which names the phase) fires first."""
     if not world.distributed or dist.is_initialized():
         return
+    start_watchdog(world, cfg)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    with phase("process-group rendezvous", "startup_s"), collective("init_process_group"):
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.longest_s + 60.0))
 
 
-def teardown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+@contextlib.contextmanager
+def phase(name: str, budget: Budget) -> Iterator[None]:
+    """Run the body as a watched phase (a no-op in single-process runs); a failed collective inside
+    becomes a `CollectiveError` naming the phase."""
+    if _watchdog is None:
+        yield
+        return
+    with _watchdog.phase(name, budget):
+        try:
+            yield
+        except RuntimeError as exc:
+            if not _is_transport_error(exc):
+                raise
+            raise CollectiveError(
+                f"rank {dist.get_rank() if dist.is_initialized() else '?'}: {_watchdog.describe()} failed "
+                f"(a peer rank is gone or the network broke): {_first_line(exc)}"
+            ) from exc
+
+
+@contextlib.contextmanager
+def collective(name: str) -> Iterator[None]:
+    """Name the collective the current phase is about to block in."""
+    if _watchdog is None:
+        yield
+        return
+    with _watchdog.collective(name):
+        yield
+
+
+def teardown(*, final_barrier: bool = True) -> None:
+    """The orderly end of a multi-rank run: every rank meets at one final barrier (skipped on the
+    error path, where peers may be gone), then the process group is destroyed and the watchdog stops.
+
+    The caller must have released its DDP wrapper first: DDP's reducer holds a reference to the
+    process group, and when the reducer drops the last one, gloo's destructor joins its worker
+    threads while holding the GIL; a worker finishing a collective needs the GIL to free that
+    collective's tensors, so the two wait on each other forever (the rare hang after "done").
+    Destroyed here, the group's last reference is the Python handle, whose destructor releases the GIL.
+    """
+    global _watchdog
+    try:
+        if dist.is_available() and dist.is_initialized():
+            with phase("shutdown", "shutdown_s"):
+                if final_barrier:
+                    barrier()
+                gc.collect()  # drop reducers of released DDP wrappers before the group goes
+                dist.destroy_process_group()
+    finally:
+        if _watchdog is not None:
+            _watchdog.stop()
+            _watchdog = None
+
+
+def _is_transport_error(exc: RuntimeError) -> bool:
+    """A failure of the process group's transport (a peer died, the network broke) rather than of the
+    code inside the phase: c10d's own error types, or gloo / NCCL errors that DDP's backward re-raises
+    as a plain RuntimeError."""
+    if isinstance(exc, dist.DistError):
+        return True
+    first = _first_line(exc)
+    return "/gloo/" in first or "NCCL" in first or "Connection reset by peer" in first
+
+
+def describe_phase() -> str:
+    return _watchdog.describe() if _watchdog is not None else "no phase"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _active() -> bool:
@@ -71,7 +170,8 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     if not _active():
         return obj
     box: list[Any] = [obj]
-    dist.broadcast_object_list(box, src=src)
+    with collective(f"broadcast_object(src={src})"):
+        dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
@@ -81,7 +181,8 @@ def gather_objects(obj: T) -> list[T] | None:
         return [obj]
     rank = dist.get_rank()
     out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(obj, out, dst=0)
+    with collective("gather_object(dst=0)"):
+        dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -90,7 +191,8 @@ def all_gather_objects(obj: T) -> list[T]:
     if not _active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    with collective("all_gather_object"):
+        dist.all_gather_object(out, obj)
     return out
 
 
@@ -100,7 +202,8 @@ def all_reduce_ints(values: list[int], op: str) -> list[int]:
         return list(values)
     ops = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
     tensor = torch.tensor(values, dtype=torch.int64, device=_collective_device())
-    dist.all_reduce(tensor, op=ops[op])
+    with collective(f"all_reduce({op})"):
+        dist.all_reduce(tensor, op=ops[op])
     return [int(v) for v in tensor.tolist()]
 
 
@@ -110,7 +213,8 @@ def all_reduce_int(value: int, op: str) -> int:
         return value
     ops = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
     tensor = torch.tensor([value], dtype=torch.int64, device=_collective_device())
-    dist.all_reduce(tensor, op=ops[op])
+    with collective(f"all_reduce({op})"):
+        dist.all_reduce(tensor, op=ops[op])
     return int(tensor.item())
 
 
@@ -119,13 +223,15 @@ def all_reduce_floats(values: list[float]) -> list[float]:
     if not _active():
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    with collective("all_reduce(sum)"):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return [float(v) for v in tensor.tolist()]
 
 
 def barrier() -> None:
     if _active():
-        dist.barrier()
+        with collective("barrier"):
+            dist.barrier()
 
 
 def _collective_device() -> torch.device:

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from stagectl.config import StagectlConfig
 from stagectl.config.model_data import DataConfig
+from stagectl.config.training import LaunchConfig
+from stagectl.watchdog import LAUNCHER_PID_ENV
 
 LAUNCHED_ENV = "STAGECTL_LAUNCHED"
 ROLLOUT_URLS_ENV = "STAGECTL_ROLLOUT_URLS"  # an embedded server's URL for the learner ranks (comma-separated)
+RUN_ID_ENV = "STAGECTL_RUN_ID"
+EXIT_WITH_PARENT_ENV = "STAGECTL_EXIT_WITH_PARENT"  # "PID:SIGNAL": die with that parent (Linux)
+KILL_GRACE_S = 3.0  # after a rank's watchdog fired: SIGTERM the node's ranks, SIGKILL what is left then
 
 
 def inside_torchrun() -> bool:
@@ -30,38 +39,79 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def run_id_for(nnodes: int, rdzv_id: str | None, rdzv_endpoint: str | None) -> str:
+    """The rendezvous id: the configured one; for many nodes one every node derives alike from what
+    they share, the endpoint (their run directories may be node-local); for one node a fresh random id.
+    On a scheduler, set `launch.rdzv_id` to the job id so two jobs on one endpoint never mix."""
+    if rdzv_id:
+        return rdzv_id
+    if nnodes > 1:
+        return f"stagectl-{hashlib.sha256(str(rdzv_endpoint).encode()).hexdigest()[:16]}"
+    return f"stagectl-{uuid.uuid4().hex[:16]}"
+
+
 def torchrun_argv(
     command_args: Sequence[str],
     *,
     nproc_per_node: int,
+    run_id: str,
     nnodes: int = 1,
     master_port: int | None = None,
     rdzv_endpoint: str | None = None,
 ) -> list[str]:
-    """`python -m torch.distributed.run ... -m stagectl <command_args>`.
+    """`python -m stagectl.torchrun ... -m stagectl <command_args>` (torchrun with stagectl's exit rules).
 
-    Single node: `--standalone` rendezvous on a free (or the given) loopback port. Many nodes: a
-    c10d rendezvous at `rdzv_endpoint` (run the same command on every node).
+    One node: a c10d rendezvous on 127.0.0.1, on `master_port` or on port 0 (the rendezvous binds a free
+    port itself, so two runs can never race for one), and the node's address pinned to loopback. Many
+    nodes: the c10d rendezvous at `rdzv_endpoint`, the same command on every node.
     """
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "stagectl.torchrun",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--nnodes={nnodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-id={run_id}",
+        "--max-restarts=0",
+    ]
     if nnodes > 1:
         if not rdzv_endpoint:
             raise ValueError("launch.nnodes > 1 needs launch.rdzv_endpoint (host:port of the rendezvous)")
-        argv += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}"]
+        argv.append(f"--rdzv-endpoint={rdzv_endpoint}")
     else:
-        port = master_port or free_port()
-        argv += ["--nnodes=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}"]
+        argv += [f"--rdzv-endpoint=127.0.0.1:{master_port or 0}", "--local-addr=127.0.0.1"]
     return [*argv, "-m", "stagectl", *command_args]
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of a re-launched child: marks it launched so it never re-launches itself."""
+def child_env(extra: dict[str, str] | None = None, *, single_node: bool = True) -> dict[str, str]:
+    """Environment of a re-launched child: marks it launched so it never re-launches itself; on one
+    node, gloo and NCCL sockets stay on loopback (otherwise they bind the hostname's interface)."""
     env = dict(os.environ)
     env[LAUNCHED_ENV] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
+    if single_node:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if extra:
         env.update(extra)
     return env
+
+
+def die_with_parent() -> None:
+    """Honour `STAGECTL_EXIT_WITH_PARENT=PID:SIGNAL` (set by the launcher for its children): receive
+    SIGNAL when the parent dies, even by SIGKILL (Linux `PR_SET_PDEATHSIG`); if the parent is already
+    gone, receive it now."""
+    spec = os.environ.pop(EXIT_WITH_PARENT_ENV, "")
+    pid_text, _, sig_text = spec.partition(":")
+    if not pid_text.isdigit() or not sig_text.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(sig_text), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(pid_text):  # the parent died before the prctl took effect
+        os.kill(os.getpid(), int(sig_text))
 
 
 def data_image_roots(data: DataConfig | None) -> list[Path]:
@@ -92,9 +142,8 @@ def embedded_rollout_server(
     args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
     args += ["--set", f"rollout_server.image_roots={roots!r}"]
     args += ["--host", "127.0.0.1", "--port", "0", "--weights-dir", str((out / "weight_sync").absolute())]
-    server = start_server_process(
-        args, log_path=out / "rollout_server.log", timeout_s=timeout_s, env=child_env()
-    )
+    env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}"})
+    server = start_server_process(args, log_path=out / "rollout_server.log", timeout_s=timeout_s, env=env)
     try:
         yield str(server.url)
     finally:
@@ -112,6 +161,97 @@ def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None
         raise ValueError(f"{key}: cannot write to {output_dir}: {exc.strerror or exc}") from None
 
 
+def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -> int:
+    """Re-run `stagectl COMMAND_ARGS` under torchrun as `launch` says (argv printed first); returns the
+    exit code."""
+    run_id = run_id_for(launch.nnodes, launch.rdzv_id, launch.rdzv_endpoint)
+    argv = torchrun_argv(
+        command_args,
+        nproc_per_node=launch.nproc_per_node,
+        run_id=run_id,
+        nnodes=launch.nnodes,
+        master_port=launch.master_port,
+        rdzv_endpoint=launch.rdzv_endpoint,
+    )
+    print(f"launching: {shlex.join(argv)}", file=sys.stderr, flush=True)
+    return run_torchrun(argv, child_env({RUN_ID_ENV: run_id}, single_node=launch.nnodes == 1))
+
+
+def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:
+    """Run torchrun in its own session and supervise it until it exits; returns its exit code.
+
+    - SIGTERM / Ctrl-C reach the ranks (not torchrun) as one SIGTERM each, so every rank finishes its
+      step, saves and exits, and torchrun then exits with their status; a second signal is forwarded
+      too (the ranks then stop at once).
+    - A rank whose watchdog fired sends us SIGUSR1: every rank of this node gets SIGTERM and, after
+      `KILL_GRACE_S`, SIGKILL (a rank frozen by SIGSTOP, or blocked in a collective, ends too).
+    - torchrun dies with us, even when we are SIGKILLed (PR_SET_PDEATHSIG), and each rank's watchdog
+      ends the rank when torchrun is gone. If we leave early for any other reason, the whole session
+      (torchrun and every rank) is terminated here.
+    """
+    env = {
+        **env,
+        LAUNCHER_PID_ENV: str(os.getpid()),
+        EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGKILL)}",
+    }
+    proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
+    abort_at: list[float] = []
+
+    def forward(signum: int, frame: object) -> None:
+        ranks = _descendants(proc.pid)
+        for pid in ranks:
+            _signal(pid, signal.SIGTERM)
+        if not ranks:  # torchrun has not started its workers yet: stop it directly
+            _signal(proc.pid, signal.SIGTERM)
+
+    def on_watchdog(signum: int, frame: object) -> None:
+        if not abort_at:
+            abort_at.append(time.monotonic())
+            for pid in _descendants(proc.pid):
+                _signal(pid, signal.SIGTERM)
+
+    handlers = {signal.SIGTERM: forward, signal.SIGINT: forward, signal.SIGUSR1: on_watchdog}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if abort_at and time.monotonic() - abort_at[0] > KILL_GRACE_S:
+                for pid in _descendants(proc.pid):
+                    _signal(pid, signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            kill_tree(proc.pid, grace_s=10.0)
+            proc.wait()
+
+
+def kill_tree(root: int, *, grace_s: float) -> None:
+    """SIGTERM `root` and every descendant (whatever their session), SIGKILL what is left after `grace_s`."""
+    pids = [*_descendants(root), root]
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every descendant of `pid` (children first), read from /proc (empty elsewhere or when gone)."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        for child in _children(queue.pop()):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 def _children(pid: int) -> list[int]:
     """Direct children of `pid` (Linux /proc; empty elsewhere or when it is gone)."""
     found: list[int] = []
@@ -124,34 +264,15 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:
-    """Run torchrun in its own session and wait for it. SIGTERM / Ctrl-C reach the ranks (not torchrun)
-    as one SIGTERM each, so every rank finishes its step, saves and exits, and torchrun then exits with
-    their status; a second signal is forwarded too (the ranks then stop at once). Nothing outlives us:
-    if this process leaves early, the whole torchrun session is terminated."""
-    proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
-
-    def forward(signum: int, frame: object) -> None:
-        ranks = _children(proc.pid)
-        for pid in ranks:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        if not ranks:  # torchrun has not started its workers yet: stop it directly
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
     try:
-        return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)

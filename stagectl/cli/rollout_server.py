@@ -24,6 +24,9 @@ def command(
 ) -> None:
     """Serve rollouts over HTTP (swift-rollout compatible /infer/, plus weight sync)."""
     from stagectl.config import ConfigError, load_config
+    from stagectl.launch import die_with_parent
+
+    die_with_parent()  # an embedded server stops (SIGTERM) when the train-ab launcher dies
 
     sets = list(overrides)
     for key, value in (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 
 import typer
@@ -61,26 +60,29 @@ def command(
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():
-        raise typer.Exit(_relaunch(config, sets, cfg.launch.nproc_per_node, cfg.launch.master_port))
+        raise typer.Exit(_relaunch(config, sets, cfg))
     _run(cfg)
 
 
-def _relaunch(config: Path, sets: list[str], nproc: int, master_port: int | None) -> int:
-    from stagectl.launch import child_env, run_torchrun, torchrun_argv
+def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
+    from stagectl.config import StagectlConfig
+    from stagectl.launch import relaunch_under_torchrun
 
+    assert isinstance(cfg, StagectlConfig)
     args = ["stage-b", str(config), *(a for s in sets for a in ("--set", s))]
-    argv = torchrun_argv(args, nproc_per_node=nproc, master_port=master_port)
-    typer.echo(f"launching: {shlex.join(argv)}", err=True)
-    return run_torchrun(argv, child_env())
+    return relaunch_under_torchrun(args, cfg.launch)
 
 
 def _run(cfg: object) -> None:
     from stagectl.config import StagectlConfig
+    from stagectl.dist import CollectiveError
     from stagectl.stage_b.runner import run_all
 
     assert isinstance(cfg, StagectlConfig)
     try:
         summary = run_all(cfg)
+    except CollectiveError as exc:
+        fail(str(exc))
     except ValueError as exc:
         if os.environ.get("RANK", "0") != "0":
             raise typer.Exit(1) from None  # rank 0 reports the same error

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,36 +69,36 @@ def _server_errors() -> Iterator[None]:
 
 def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
     from stagectl.config import StagectlConfig
-    from stagectl.launch import child_env, run_torchrun, torchrun_argv
+    from stagectl.launch import relaunch_under_torchrun
 
     assert isinstance(cfg, StagectlConfig)
     args = ["train-ab", str(config), *(a for s in sets for a in ("--set", s))]
-    argv = torchrun_argv(
-        args,
-        nproc_per_node=cfg.launch.nproc_per_node,
-        nnodes=cfg.launch.nnodes,
-        master_port=cfg.launch.master_port,
-        rdzv_endpoint=cfg.launch.rdzv_endpoint,
-    )
-    typer.echo(f"launching: {shlex.join(argv)}", err=True)
-    return run_torchrun(argv, child_env())
+    return relaunch_under_torchrun(args, cfg.launch)
 
 
 def _train(cfg: object) -> None:
     from stagectl.config import StagectlConfig
+    from stagectl.dist import CollectiveError, SharedError
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
 
     assert isinstance(cfg, StagectlConfig)
+    rank = int(os.environ.get("RANK", "0"))
     try:
         trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError, TimeoutError) as exc:
-        fail(str(exc) or type(exc).__name__)
-    try:
         step = trainer.run()
-    except CheckpointWriteError as exc:
+    except SharedError as exc:  # decided on rank 0 and raised on every rank: rank 0 reports it
+        if rank != 0:
+            raise typer.Exit(1) from None
         fail(str(exc))
-    if trainer.world.rank != 0:
+    except (ValueError, FileNotFoundError, TimeoutError, CheckpointWriteError, CollectiveError) as exc:
+        fail(str(exc) or type(exc).__name__)
+    if rank != 0:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one line per node of a multi-node run
+            typer.echo(
+                f"train-ab: rank {rank} done, {step} optimizer steps (global rank 0 writes the run dir)",
+                err=True,
+            )
         return
     if trainer.stopped_by_signal is not None:
         typer.echo(

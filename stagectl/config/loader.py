@@ -27,6 +27,10 @@ REMOVED_KEYS: dict[str, str] = {
         "removed: the rollout buffer is replaced by the async prefetcher; delete it and use "
         "stage2_ab.channel_b.mode: async with stage2_ab.channel_b.async.{queue_limit, prefetch_target_packs}"
     ),
+    "launch.dist_timeout_s": (
+        "removed: collective deadlines are per phase now; use launch.watchdog.step_s (and "
+        "launch.watchdog.{startup_s, weight_sync_s, checkpoint_s, eval_s, shutdown_s})"
+    ),
 }
 
 

@@ -53,14 +53,46 @@ class TrainingConfig(StrictModel):
     """Extra metric sinks besides metrics.jsonl (`tensorboard` needs the `tensorboard` extra)."""
 
 
+class WatchdogConfig(StrictModel):
+    """Deadlines of the collective phases of a multi-rank run. A rank that stays in one phase past its
+    deadline prints the phase, the collective it is in and its stacks, and exits non-zero; the launcher
+    then ends every other rank. Defaults are sized for real GPUs (7B checkpoints on network storage);
+    tests set short ones. The process group's own timeout is set above the longest deadline, so the
+    watchdog, which names the phase, always fires first."""
+
+    startup_s: float = Field(1800.0, gt=0)
+    """Process-group rendezvous, model load on every rank and DDP construction."""
+    step_s: float = Field(600.0, gt=0)
+    """One phase of a training step (channel decision, feasibility gate, one micro-step's
+    forward/backward with the gradient all-reduce, metrics reduction) or one Stage-B batch."""
+    weight_sync_s: float = Field(900.0, gt=0)
+    """An async weight sync: fence, push to every rollout server, version broadcast."""
+    checkpoint_s: float = Field(1800.0, gt=0)
+    """A checkpoint save (rank 0 writes while the other ranks wait)."""
+    eval_s: float = Field(1800.0, gt=0)
+    """A held-out eval (rank 0 decodes while the other ranks wait)."""
+    shutdown_s: float = Field(120.0, gt=0)
+    """Shutdown: prefetcher join, final barrier, process-group teardown."""
+
+    @property
+    def longest_s(self) -> float:
+        return max(
+            self.startup_s, self.step_s, self.weight_sync_s, self.checkpoint_s, self.eval_s, self.shutdown_s
+        )
+
+
 class LaunchConfig(StrictModel):
     nproc_per_node: int = Field(1, ge=1)
     """Learner processes on this node; > 1 re-launches under torchrun (the CLI `--nproc` overrides)."""
     nnodes: int = Field(1, ge=1)
-    """Number of nodes (multi-node needs `rdzv_endpoint`)."""
+    """Number of nodes (multi-node needs `rdzv_endpoint`); run the same command on every node."""
     master_port: int | None = Field(None, ge=1, le=65535)
-    """Rendezvous port for single-node runs; null picks a free one."""
+    """Rendezvous port for single-node runs; null lets the rendezvous bind a free port itself (no race)."""
     rdzv_endpoint: str | None = None
-    """`host:port` of the rendezvous for multi-node runs."""
-    dist_timeout_s: float = Field(600.0, gt=0)
-    """Collective timeout: a rank stuck this long fails instead of hanging."""
+    """`host:port` of the rendezvous for multi-node runs (the same on every node; one node hosts it)."""
+    rdzv_id: str | None = None
+    """Rendezvous id shared by the nodes of one multi-node run (default: derived from `rdzv_endpoint`, so
+    every node computes the same id; on a scheduler set it to the job id). Single-node runs get a
+    fresh random id."""
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    """Per-phase deadlines of multi-rank runs."""

@@ -279,6 +279,40 @@ def validate_stage_b_runner(cfg: StagectlConfig, world_size: int) -> list[Proble
     return problems
 
 
+def validate_launch(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    """Multi-node runs meet at one rendezvous endpoint; single-node runs pick their own on loopback."""
+    launch = cfg.launch
+    if launch.nnodes == 1:
+        if launch.rdzv_endpoint is not None:
+            return [
+                Problem(
+                    "launch.rdzv_endpoint",
+                    "is for multi-node runs (launch.nnodes > 1); a single-node run rendezvouses on "
+                    "127.0.0.1 (set launch.master_port to fix its port)",
+                )
+            ]
+        return []
+    endpoint = launch.rdzv_endpoint
+    if not endpoint:
+        return [
+            Problem(
+                "launch.rdzv_endpoint",
+                f"required with launch.nnodes: {launch.nnodes}; set it to host:port of the node that "
+                "hosts the rendezvous (the same on every node), e.g. node0.cluster:29400",
+            )
+        ]
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return [
+            Problem("launch.rdzv_endpoint", f"must be host:port (e.g. node0.cluster:29400), got {endpoint!r}")
+        ]
+    if launch.master_port is not None:
+        return [
+            Problem("launch.master_port", "is for single-node runs; multi-node runs use launch.rdzv_endpoint")
+        ]
+    return []
+
+
 VALIDATORS = (
     validate_b_ratio_present,
     validate_channel_b_mode_world_size,
@@ -293,6 +327,7 @@ VALIDATORS = (
     validate_server_list,
     validate_stage_b,
     validate_stage_b_runner,
+    validate_launch,
 )
 
 

@@ -10,7 +10,9 @@ pushes the full weights as `ver + 1` and broadcasts the outcome, every rank adva
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from typing import Any
 
 import httpx
@@ -72,6 +74,7 @@ class AsyncChannelB:
             seed=cfg.training.seed,
             rank=self.world.rank,
             segments_per_pack=cfg.training.per_device_train_batch_size,
+            num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
@@ -89,8 +92,8 @@ class AsyncChannelB:
         """Every rank learns of any rank's prefetcher error and raises it (collective)."""
         errors = dist.all_gather_objects(self.prefetcher.error())
         for rank, error in enumerate(errors):
-            if error is not None:
-                raise RuntimeError(f"Channel-B prefetcher on rank {rank} failed: {error}")
+            if error is not None:  # every rank raises it; rank 0 reports it
+                raise dist.SharedError(f"Channel-B prefetcher on rank {rank} failed: {error}")
 
     def decide(self, policy_wants_b: bool, gas: int) -> tuple[str, int | None]:
         """Policy gate then feasibility gate; rank 0's decision, broadcast (collective)."""
@@ -169,7 +172,20 @@ class AsyncChannelB:
             "stage2_ab/async/prefetch_busy_s": dist.all_reduce_floats([c.busy_s])[0],
         }
 
-    def close(self) -> None:
-        """Stop event -> join the prefetcher with a deadline -> close the HTTP sessions."""
-        self.prefetcher.stop(deadline_s=30.0)
+    def close(self, deadline_s: float = 30.0) -> None:
+        """Stop event -> close the HTTP sessions (ends a rollout call in flight) -> join the prefetcher
+        with a deadline. A prefetcher that does not stop is an error: a thread left running inside torch
+        or an HTTP call at interpreter exit is what crashes a finished run."""
+        self.prefetcher.request_stop()
         self.client.close()
+        if not self.prefetcher.join(deadline_s):
+            raise RuntimeError(
+                f"the Channel-B prefetcher on rank {self.world.rank} did not stop within {deadline_s:g} s "
+                f"of the shutdown; its stack:\n{thread_stack(self.prefetcher.thread_ident)}"
+            )
+
+
+def thread_stack(ident: int | None) -> str:
+    """The current Python stack of thread `ident` (for an error about a thread that will not stop)."""
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(thread not running)"

@@ -4,7 +4,8 @@ Layout of `{output_dir}/checkpoint-{step}/`:
   model/              Hugging Face format (`from_pretrained` loads it), tokenizer + image processor
   optimizer.pt        AdamW state            scheduler.pt   LR scheduler state
   rng.pt              torch/python/numpy RNG state of every rank (index = rank)
-  trainer_state.json  global_step, data stream positions, policy version, counters
+  trainer_state.json  global_step, every rank's data stream positions (`data_state.ranks[r]`),
+                      the world size that wrote it, policy version, counters
 """
 
 from __future__ import annotations
@@ -150,6 +151,30 @@ def resolve_resume(resume: Path | str | None, output_dir: Path) -> Path | None:
 def load_trainer_state(path: Path) -> TrainerState:
     raw = json.loads((path / TRAINER_STATE).read_text())
     return TrainerState(global_step=int(raw["global_step"]), data_state=raw["data_state"], extra=raw["extra"])
+
+
+def check_world_size(path: Path, world_size: int) -> None:
+    """A checkpoint resumes only in the world size that wrote it: the data streams are sharded per
+    rank and each rank's stream position and RNG state are its own."""
+    state = load_trainer_state(path)
+    saved = state.data_state.get("world_size")
+    num_rng = len(load_rng_states(path))
+    written_by = int(saved) if saved is not None else num_rng
+    if written_by != world_size:
+        raise ValueError(
+            f"training.resume_from_checkpoint: {path.name} was written by {written_by} rank(s) but this "
+            f"run has {world_size}; the data streams are sharded per rank and cannot be re-sharded "
+            f"exactly. Resume with --nproc {written_by}, or start a new run from its weights "
+            f"(model.name_or_path: {path / 'model'}, no resume_from_checkpoint)"
+        )
+
+
+def load_rank_state(path: Path, rank: int) -> dict[str, Any]:
+    """Rank `rank`'s saved stream positions (checkpoints written before per-rank state: rank 0's)."""
+    data = load_trainer_state(path).data_state
+    if "ranks" in data:
+        return dict(data["ranks"][rank])
+    return {"a_consumed": data["a_consumed"], "b_consumed": data["b_consumed"]}
 
 
 def load_optimizer_state(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:

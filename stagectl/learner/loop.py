@@ -117,10 +117,12 @@ class Trainer:
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
-        """Train to `max_steps` (or until SIGTERM/SIGINT, which saves first); returns the last step."""
+        """Train to `max_steps` (or until SIGTERM/SIGINT, which saves first); returns the last step.
+        Every collective runs inside a named watchdog phase; the end is orderly (see `close`)."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         cfg = self.cfg.training
         step = self.state.start_step
+        finished = False
         try:
             if self.async_b is not None:
                 self.async_b.start()
@@ -131,27 +133,30 @@ class Trainer:
                     self.metrics.write(row)
                 self.progress.update(step - 1, row, log=step % cfg.logging_steps == 0)
                 self._maybe_evaluate(step)
-                stop = dist.broadcast_object(self._stop_signal is not None)
+                with dist.phase("stop-signal broadcast", "step_s"):
+                    stop = dist.broadcast_object(self._stop_signal is not None)
                 if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop:
                     self.save(step)
                 if stop:
                     break
             self._write_final_state(step)
+            finished = True
             return step
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.close()
+            self.close(finished=finished)
 
     def _maybe_evaluate(self, step: int) -> None:
         """Greedy eval on rank 0 when due; the other ranks wait at the barrier."""
-        if self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps):
-            row = self.evaluator.run(step)
-            self.progress.note(
-                f"eval step {step}: f1={row['f1']:.3f} precision={row['precision']:.3f} "
-                f"recall={row['recall']:.3f} valid_json={row['valid_json_rate']:.2f}"
-            )
-        dist.barrier()
+        with dist.phase("held-out eval", "eval_s"):
+            if self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps):
+                row = self.evaluator.run(step)
+                self.progress.note(
+                    f"eval step {step}: f1={row['f1']:.3f} precision={row['precision']:.3f} "
+                    f"recall={row['recall']:.3f} valid_json={row['valid_json_rate']:.2f}"
+                )
+            dist.barrier()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is not None:
@@ -169,11 +174,12 @@ class Trainer:
         acc = StepAccumulator()
         extra: dict[str, Any] = {}
         # rank 0 decides, every rank follows (the schedule is pure, but one decider rules out drift)
-        wants_b = bool(
-            dist.broadcast_object(
-                channel_for_step(step, self.b_ratio) == "B" if self.world.is_main else False
+        with dist.phase("step-kind broadcast", "step_s"):
+            wants_b = bool(
+                dist.broadcast_object(
+                    channel_for_step(step, self.b_ratio) == "B" if self.world.is_main else False
+                )
             )
-        )
         if self.async_b is not None:
             kind, extra = self._async_step(step, wants_b, acc)
         elif wants_b:
@@ -185,19 +191,22 @@ class Trainer:
             run_channel_a(self.state, self.runner, self.gas, acc)
         grad_norm = self._optimizer_update()
         if self.async_b is not None and self.num_updates % self.async_b.acfg.sync_every_steps == 0:
-            synced, sync_s = self.async_b.sync_weights()
+            with dist.phase("weight sync", "weight_sync_s"):
+                synced, sync_s = self.async_b.sync_weights()
             extra["time/weight_sync_s"] = sync_s
             extra["stage2_ab/async/synced"] = int(synced)
-        if self.async_b is not None:
-            extra.update(self.async_b.metrics())
-        return self._row(step, kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started)
+        with dist.phase("metrics reduction", "step_s"):
+            if self.async_b is not None:
+                extra.update(self.async_b.metrics())
+            return self._row(step, kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started)
 
     def _async_step(self, step: int, wants_b: bool, acc: StepAccumulator) -> tuple[str, dict[str, Any]]:
         ab = self.async_b
         assert ab is not None
         t0 = time.perf_counter()
-        ab.check_errors()
-        kind, ver = ab.decide(wants_b, self.gas)
+        with dist.phase("prefetcher status and feasibility gate", "step_s"):
+            ab.check_errors()
+            kind, ver = ab.decide(wants_b, self.gas)
         extra: dict[str, Any] = {
             "stage2_ab/async/policy_wants_b": int(wants_b),
             "stage2_ab/async/b_step_skipped_due_to_queue": int(wants_b and kind == "A"),
@@ -215,7 +224,8 @@ class Trainer:
             self.runner.run_batch(
                 pack.batch, scale=pack.num_segments / total, sync=micro == self.gas - 1, acc=acc
             )
-        summed = RolloutStats.from_list(dist.all_reduce_floats(stats.as_list()))
+        with dist.phase("rollout statistics reduction", "step_s"):
+            summed = RolloutStats.from_list(dist.all_reduce_floats(stats.as_list()))
         extra.update(summed.metrics())
         extra["stage2_ab/async/ver_lag"] = ab.ver - ver
         extra["stage2_ab/async/ver_trained"] = ver
@@ -281,56 +291,79 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and close
 
     def save(self, step: int) -> None:
+        """Checkpoint `step`: rank 0 writes, with every rank's RNG state and stream positions."""
+        with dist.phase("checkpoint", "checkpoint_s"):
+            gathered = dist.gather_objects((ckpt.rng_state(), self._rank_state()))
+            if self.world.is_main:
+                assert gathered is not None
+                self._write_checkpoint(step, [g[0] for g in gathered], [g[1] for g in gathered])
+            dist.barrier()
+
+    def _rank_state(self) -> dict[str, int]:
+        """This rank's stream positions: what a resumed run continues from on this rank."""
         st = self.state
-        rng_states = dist.gather_objects(ckpt.rng_state())
-        if self.world.is_main:
-            assert rng_states is not None
+        state = {"a_consumed": st.a_sampler.num_consumed, "b_consumed": st.b_sampler.num_consumed}
+        if self.async_b is not None:
+            state["b_chunks"] = self.async_b.prefetcher.num_chunks
+        return state
 
-            def save_processors(path: Any) -> None:
-                st.bundle.tokenizer.save_pretrained(path)
-                if st.bundle.image_processor is not None:  # text-only models have none
-                    st.bundle.image_processor.save_pretrained(path)
+    def _write_checkpoint(
+        self, step: int, rng_states: list[dict[str, Any]], rank_states: list[dict[str, int]]
+    ) -> None:
+        st = self.state
 
-            extra: dict[str, Any] = {"num_updates": self.num_updates}
-            if self.async_b is not None:
-                extra["ver"] = self.async_b.ver
-            ckpt.save_checkpoint(
-                self.cfg.training.output_dir,
-                step,
-                model=st.bundle.model,
-                save_tokenizer=save_processors,
-                optimizer=st.optimizer,
-                scheduler=st.scheduler,
-                rng_states=rng_states,
-                trainer_state=ckpt.TrainerState(
-                    global_step=step,
-                    data_state={
-                        "a_consumed": st.a_sampler.num_consumed,
-                        "b_consumed": st.b_sampler.num_consumed,
-                    },
-                    extra=extra,
-                ),
-                total_limit=self.cfg.training.save_total_limit,
-            )
-        dist.barrier()
+        def save_processors(path: Any) -> None:
+            st.bundle.tokenizer.save_pretrained(path)
+            if st.bundle.image_processor is not None:  # text-only models have none
+                st.bundle.image_processor.save_pretrained(path)
+
+        extra: dict[str, Any] = {"num_updates": self.num_updates}
+        if self.async_b is not None:
+            extra["ver"] = self.async_b.ver
+        ckpt.save_checkpoint(
+            self.cfg.training.output_dir,
+            step,
+            model=st.bundle.model,
+            save_tokenizer=save_processors,
+            optimizer=st.optimizer,
+            scheduler=st.scheduler,
+            rng_states=rng_states,
+            trainer_state=ckpt.TrainerState(
+                global_step=step,
+                data_state={"world_size": self.world.world_size, "ranks": rank_states},
+                extra=extra,
+            ),
+            total_limit=self.cfg.training.save_total_limit,
+        )
 
     def _write_final_state(self, step: int) -> None:
         """Per-rank weight digests (proof that DDP ranks end identical) next to the metrics."""
         digest = weights_digest(self.state.bundle.model)
-        digests = dist.gather_objects(digest)
+        with dist.phase("final weight digests", "step_s"):
+            digests = dist.gather_objects(digest)
         if self.world.is_main:
             summary = {"global_step": step, "num_updates": self.num_updates, "rank_weight_digests": digests}
             (self.cfg.training.output_dir / "final_state.json").write_text(json.dumps(summary, indent=2))
 
-    def close(self) -> None:
-        if self.async_b is not None:
-            self.async_b.close()
-        elif self.client is not None:
-            self.client.close()
-        self.progress.close()
-        if self.metrics is not None:
-            self.metrics.close()
-        dist.teardown()
+    def close(self, *, finished: bool) -> None:
+        """The orderly end of the run on this rank: stop and join the prefetcher (its HTTP sessions
+        closed first), close the sinks, release the DDP wrapper, then meet every rank at one final
+        barrier and destroy the process group (`dist.teardown`). After a failure the barrier is skipped:
+        peers may be gone, and the launcher ends them."""
+        try:
+            with dist.phase("shutdown: stop the prefetcher", "shutdown_s"):
+                if self.async_b is not None:
+                    # half the phase's deadline: a stuck thread is reported by name, not by the watchdog
+                    self.async_b.close(deadline_s=self.cfg.launch.watchdog.shutdown_s / 2)
+                elif self.client is not None:
+                    self.client.close()
+        finally:
+            self.progress.close()
+            if self.metrics is not None:
+                self.metrics.close()
+            self.state.ddp_model = None  # before the process group: see dist.teardown
+            self.runner.ddp_model = None
+            dist.teardown(final_barrier=finished)
 
 
 def weights_digest(model: torch.nn.Module) -> str:

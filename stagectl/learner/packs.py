@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from stagectl import dist
 from stagectl.learner.loss import LossWeights, compute_loss
 from stagectl.packing import PackedBatch, Segment, collate_pack, pack_segments, packing_lower_bound
 
@@ -73,7 +74,8 @@ class PackRunner:
         batch = batch.to(self.device)
         no_sync = getattr(self.ddp_model, "no_sync", None)
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
-        with context:
+        allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()
+        with dist.phase("forward/backward", "step_s"), allreduce, context:
             logits = self.ddp_model(**batch.model_inputs()).logits  # (1, L, V)
             terms = compute_loss(
                 logits.reshape(-1, logits.shape[-1]),

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import yaml
 
+from stagectl import dist
 from stagectl.config import StagectlConfig, resolve_config, to_plain
 from stagectl.config.root import Resolved
 from stagectl.data.jsonl import load_jsonl_dataset
@@ -71,21 +72,30 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     out = cfg.training.output_dir
     if world.is_main:
         check_output_dir(out)
-    # cheap checks first, so a bad path fails in seconds and before any process group starts
+    # cheap checks first, so a bad path fails in seconds and before any model is loaded
     samples = load_train_samples(cfg)
-    resume = ckpt.resolve_resume(cfg.training.resume_from_checkpoint, out)
-    # every rank loads the same weights: the base model, or the checkpoint's on resume
-    source = str(resume / "model") if resume else cfg.model.name_or_path
-    try:
-        resolve_model_path(source)
-    except (FileNotFoundError, ValueError) as exc:
-        raise ValueError(f"model.name_or_path: {exc}") from None
-    init_distributed(world, cfg.launch.dist_timeout_s)
-    device = device_for(world)
-    seed_everything(cfg.training.seed)
-    bundle = load_bundle(source, torch_dtype=cfg.model.torch_dtype, device=str(device))
-    bundle.model.train()
-    bundle.model.config.use_cache = False
+    init_distributed(world, cfg.launch.watchdog)
+    with dist.phase("start-up: resume and model load", "startup_s"):
+        # rank 0 alone resolves the checkpoint (`latest` ignores incomplete ones) and every rank
+        # follows it, so no rank can pick another checkpoint (e.g. one written while it looked)
+        resume, rank_state = shared_resume(cfg, world)
+        # every rank loads the same weights: the base model, or the checkpoint's on resume
+        source = str(resume / "model") if resume else cfg.model.name_or_path
+        try:
+            resolve_model_path(source)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"model.name_or_path: {exc}") from None
+        device = device_for(world)
+        seed_everything(cfg.training.seed)
+        bundle = load_bundle(source, torch_dtype=cfg.model.torch_dtype, device=str(device))
+        bundle.model.train()
+        bundle.model.config.use_cache = False
+        ddp_model: Any = bundle.model
+        if world.distributed:
+            with dist.collective("DDP construction (parameter broadcast)"):
+                ddp_model = torch.nn.parallel.DistributedDataParallel(
+                    bundle.model, device_ids=[world.local_rank] if device.type == "cuda" else None
+                )
     vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
     encoder = SampleEncoder(bundle=bundle, samples=samples, vocab=vocab)
     seed = cfg.training.seed
@@ -95,23 +105,16 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     b_sampler = ShardedSampler(
         len(samples), rank=world.rank, world_size=world.world_size, seed=seed, stream="B"
     )
-    ddp_model: Any = bundle.model
-    if world.distributed:
-        ddp_model = torch.nn.parallel.DistributedDataParallel(
-            bundle.model, device_ids=[world.local_rank] if device.type == "cuda" else None
-        )
     optimizer, scheduler = build_optimizer(bundle.model, cfg.training)
     start_step, extra = 0, {}
     if resume is not None:
         state = ckpt.load_trainer_state(resume)
         ckpt.load_optimizer_state(resume, optimizer, scheduler)
-        rng_states = ckpt.load_rng_states(resume)
-        if len(rng_states) == world.world_size:
-            ckpt.restore_rng(rng_states[world.rank])
+        ckpt.restore_rng(ckpt.load_rng_states(resume)[world.rank])
         start_step = state.global_step
-        a_sampler.num_consumed = int(state.data_state["a_consumed"])
-        b_sampler.num_consumed = int(state.data_state["b_consumed"])
-        extra = state.extra
+        a_sampler.num_consumed = int(rank_state["a_consumed"])
+        b_sampler.num_consumed = int(rank_state["b_consumed"])
+        extra = {**state.extra, "rank_state": rank_state}
     if world.is_main:
         (out / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
     return LearnerState(
@@ -131,3 +134,24 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         resumed_from=resume,
         extra_state=extra,
     )
+
+
+def shared_resume(cfg: StagectlConfig, world: World) -> tuple[Path | None, dict[str, Any]]:
+    """Rank 0 resolves `training.resume_from_checkpoint` and checks it fits this world; every rank
+    gets the same checkpoint (or the same error) and its own saved stream positions."""
+    decided: tuple[str | None, str | None] = (None, None)
+    if world.is_main:
+        try:
+            found = ckpt.resolve_resume(cfg.training.resume_from_checkpoint, cfg.training.output_dir)
+            if found is not None:
+                ckpt.check_world_size(found, world.world_size)
+            decided = (None if found is None else str(found), None)
+        except (FileNotFoundError, ValueError) as exc:
+            decided = (None, str(exc))
+    path_text, error = dist.broadcast_object(decided)
+    if error is not None:
+        raise dist.SharedError(error)
+    if path_text is None:
+        return None, {}
+    path = Path(path_text)
+    return path, ckpt.load_rank_state(path, world.rank)

@@ -13,8 +13,9 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the error is
   handed to the learner, which re-raises it (`raise_if_failed`). A background thread never swallows
   an error.
-- Shutdown: `stop()` sets the stop event and joins with a deadline; the owner then closes the HTTP
-  client.
+- Shutdown: the owner sets the stop event (`request_stop`), closes the HTTP client (which ends a
+  call in flight), then joins (`join`) with a deadline; a failure caused by the shutdown itself is
+  not an error. A thread still alive after the deadline is an error the owner raises.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class Prefetcher:
     seed: int
     rank: int
     segments_per_pack: int
+    num_chunks: int = 0  # rollout chunks requested so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
 
     def __post_init__(self) -> None:
@@ -99,7 +101,6 @@ class Prefetcher:
         self._buffer_ver = -1
         self._consecutive = 0
         self._outage_since: float | None = None
-        self._num_chunks = 0
         self._inject = os.environ.get(INJECT_FAULT_ENV) == str(self.rank)
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
@@ -108,11 +109,24 @@ class Prefetcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, deadline_s: float = 30.0) -> bool:
-        """Stop and join; False if the thread is still busy after `deadline_s` (it is a daemon)."""
+    def request_stop(self) -> None:
+        """Ask the thread to stop after the current rollout call (close the client to end that call)."""
         self._stop.set()
-        self._thread.join(deadline_s)
+
+    def join(self, deadline_s: float) -> bool:
+        """Wait for the thread to end; False if it is still alive after `deadline_s`."""
+        if self._thread.is_alive():
+            self._thread.join(deadline_s)
         return not self._thread.is_alive()
+
+    def stop(self, deadline_s: float = 30.0) -> bool:
+        """`request_stop` then `join`."""
+        self.request_stop()
+        return self.join(deadline_s)
+
+    @property
+    def thread_ident(self) -> int | None:
+        return self._thread.ident
 
     def error(self) -> str | None:
         """A one-line description of the error that stopped the thread, if any."""
@@ -143,18 +157,20 @@ class Prefetcher:
 
     def _produce_once(self) -> None:
         indices = self.sampler.take(self.chunk_size)
-        seed = (self.seed * 1_000_003 + self.rank * 10_007 + self._num_chunks * 97) % 2**31
-        self._num_chunks += 1
+        seed = (self.seed * 1_000_003 + self.rank * 10_007 + self.num_chunks * 97) % 2**31
+        self.num_chunks += 1
         started = time.perf_counter()
         try:
             if self._inject:
                 raise RuntimeError(f"injected prefetch fault on rank {self.rank} ({INJECT_FAULT_ENV})")
             out = self.source.rollout_versioned(indices, seed)
         except (RolloutServerError, httpx.TransportError, TimeoutError, ConnectionError) as exc:
-            self._on_failure(exc, transient=True)
+            if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
+                self._on_failure(exc, transient=True)
             return
         except Exception as exc:
-            self._on_failure(exc, transient=False)
+            if not self._stop.is_set():
+                self._on_failure(exc, transient=False)
             return
         self._consecutive = 0
         self._outage_since = None

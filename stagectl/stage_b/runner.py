@@ -8,7 +8,8 @@ to rank 0, which parses, selects, writes and reflects in batch order. A guidance
 consuming batch k therefore reaches the prompts from batch k+1 on. Only rank 0 touches the disk.
 
 An error on any rank ends the run: torchrun stops every other rank as soon as one exits non-zero,
-and every collective runs under `launch.dist_timeout_s`, so no rank is left waiting.
+and every collective runs in a watchdog phase with a deadline (`launch.watchdog`: `startup_s` for
+the set-up, `step_s` per global batch, `shutdown_s` for the end), so no rank is left waiting.
 """
 
 from __future__ import annotations
@@ -80,16 +81,20 @@ def run_dir_of(cfg: StagectlConfig) -> Path:
 def run_all(cfg: StagectlConfig, engine: Engine | None = None) -> RunSummary | None:
     """Run the loop on this rank (world read from torchrun's environment); rank 0 gets the summary."""
     world = dist.read_world()
-    dist.init_distributed(world, cfg.launch.dist_timeout_s)
+    dist.init_distributed(world, cfg.launch.watchdog)
+    finished = False
     try:
-        prepared = from_main(_prepare(cfg) if world.is_main else None)
-        if prepared.error is not None:
-            raise ValueError(prepared.error)
-        if engine is None:
-            engine = build_engine(cfg, world)
-        return Loop(cfg, world, prepared, engine).run()
+        with dist.phase("start-up: tickets, guidance and model load", "startup_s"):
+            prepared = from_main(_prepare(cfg) if world.is_main else None)
+            if prepared.error is not None:
+                raise ValueError(prepared.error)
+            if engine is None:
+                engine = build_engine(cfg, world)
+        summary = Loop(cfg, world, prepared, engine).run()
+        finished = True
+        return summary
     finally:
-        dist.teardown()
+        dist.teardown(final_barrier=finished)
 
 
 def build_engine(cfg: StagectlConfig, world: dist.World) -> Engine:
@@ -175,18 +180,21 @@ class Loop:
         batch_index = 0  # global batches over the whole run
         try:
             for epoch in range(runner.epochs):
-                order = from_main(
-                    epoch_order(len(self.tickets), runner.seed, epoch) if self.world.is_main else None
-                )
+                with dist.phase("epoch order broadcast", "step_s"):
+                    order = from_main(
+                        epoch_order(len(self.tickets), runner.seed, epoch) if self.world.is_main else None
+                    )
                 batches = global_batches(
                     len(order), runner.per_rank_rollout_batch_size, self.world.world_size
                 )
                 for start, end in batches:
                     batch = order[start:end]
-                    guidance = from_main(self.guidance if self.world.is_main else None)
+                    with dist.phase(f"guidance broadcast of global batch {batch_index}", "step_s"):
+                        guidance = from_main(self.guidance if self.world.is_main else None)
                     first, count = shard_bounds(len(batch), self.world.world_size, self.world.rank)
                     mine = self._judge(batch[first : first + count], first, guidance, epoch, batch_index)
-                    gathered = dist.gather_objects(mine)
+                    with dist.phase(f"candidate gather of global batch {batch_index}", "step_s"):
+                        gathered = dist.gather_objects(mine)
                     if gathered is not None:
                         self._consume(
                             batch, [c for part in gathered for c in part], guidance, epoch, batch_index

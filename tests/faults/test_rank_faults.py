@@ -30,7 +30,7 @@ def _exit_figures(run: FaultRun, code: int) -> tuple[float, float]:
 def test_train_ab_async_rank_raising_mid_step_ends_every_process(tmp_path: Path) -> None:
     """2 async learner ranks + the embedded server; rank 1 raises in its 7th forward/backward, the first
     micro-step of step 3, while rank 0 goes on into the step's gradient all-reduce."""
-    cfg = async_config(tmp_path, training={"max_steps": 30}, launch={"dist_timeout_s": DIST_TIMEOUT_S})
+    cfg = async_config(tmp_path, training={"max_steps": 30}, launch={"watchdog": {"step_s": DIST_TIMEOUT_S}})
     config = write_config(tmp_path / "cfg.yaml", cfg)
     with fault_run(["train-ab", str(config)], tmp_path, fault="raise_in_micro_step:1:7") as run:
         code = run.finish(240)
@@ -56,7 +56,7 @@ def test_stage_b_rank_raising_ends_every_process(tmp_path: Path) -> None:
     cfg = stage_b_config(
         tmp_path,
         runner={"test_engine": {"fail_on_rank": 1, "fail_at_batch": 1}},
-        launch={"dist_timeout_s": DIST_TIMEOUT_S},
+        launch={"watchdog": {"step_s": DIST_TIMEOUT_S}},
     )
     config = write_config(tmp_path / "cfg.yaml", cfg)
     record = "record_raise:stagectl.stage_b.engine_test:TestEngine:judge"

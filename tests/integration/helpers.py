@@ -11,22 +11,40 @@ from typing import Any
 
 import yaml
 
+from stagectl.launch import kill_tree
+
 ROOT = Path(__file__).parents[2]
 
 
 def run_cli(
     *args: str, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """Run `python -m stagectl ARGS` to completion. On timeout, the CLI and every process it started
+    (torchrun and its ranks live in sessions of their own) are killed, and the test fails with the
+    run's last output instead of leaving orphans behind."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("WORLD_SIZE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "stagectl", *args],
-        capture_output=True,
+    argv = [sys.executable, "-m", "stagectl", *args]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
         env=full_env,
-        timeout=timeout,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid, grace_s=0.0)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"stagectl {' '.join(args)} still running after {timeout:g} s; killed it and every process it "
+            f"started. Last output:\n{stdout[-2000:]}\n{stderr[-4000:]}"
+        ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def tiny_train_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:

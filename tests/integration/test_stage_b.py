@@ -75,7 +75,7 @@ def stage_b_config(tmp: Path, **sections: Any) -> dict[str, Any]:
         "runner": {"engine": "test", "epochs": 2, "per_rank_rollout_batch_size": 2, "seed": 7},
         "reflection": {"batch_size": REFLECTION_BATCH, "max_operations": 2},
         "manual_review": {"min_vote_strength": 0.6},
-        "launch": {"dist_timeout_s": 60},
+        "launch": {"watchdog": {"step_s": 60}},
     }
     return deep_merge(cfg, sections)
 
@@ -108,7 +108,7 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
 
 def test_relaunches_under_torchrun_and_only_rank_zero_writes(two_ranks: tuple) -> None:
     result, run_dir = two_ranks
-    assert "launching: " in result.stderr and "--nproc_per_node=2" in result.stderr
+    assert "launching: " in result.stderr and "--nproc-per-node=2" in result.stderr
     assert {p.name for p in run_dir.iterdir()} == ARTIFACTS
     assert [p.name for p in run_dir.parents[1].iterdir()] == ["r"]  # nothing else under output.root
     trajectories = read_jsonl(run_dir / "trajectories.jsonl")
@@ -238,8 +238,8 @@ def test_an_error_on_rank_one_fails_the_whole_run_fast(tmp_path: Path) -> None:
     elapsed = time.monotonic() - start
     assert result.returncode != 0
     assert "injected fault on rank 1 in global batch 1" in result.stderr
-    assert "--nproc_per_node=2" in result.stderr
-    assert elapsed < 40, f"took {elapsed:.1f}s; the collective timeout is 60 s"
+    assert "--nproc-per-node=2" in result.stderr
+    assert elapsed < 40, f"took {elapsed:.1f}s; the watchdog deadline is 60 s"
     # Rank 0 consumed global batch 0 and could not go past batch 1's gather.
     selections = read_jsonl(tmp_path / "out" / "r" / MISSION / "selections.jsonl")
     assert {r["batch_index"] for r in selections} == {0}

@@ -19,7 +19,7 @@ def async_config(tmp_path: Path, **sections: object) -> dict:
     base = tiny_train_config(
         tmp_path,
         training={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 8},
-        launch={"nproc_per_node": 2, "dist_timeout_s": 120},
+        launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
         custom={
             "extra": {
                 "rollout_matching": {

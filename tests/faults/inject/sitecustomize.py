@@ -14,7 +14,17 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
 - `kill_in_infer:CALL` - the rollout server SIGKILLs itself inside its CALL-th `/infer/` (1-based),
   with the request accepted and not yet answered;
 - `record_raise:MODULE:CLASS:METHOD` - no fault of its own: records when MODULE.CLASS.METHOD raises
-  (to time a fault that the code under test injects itself, e.g. Stage-B's test engine).
+  (to time a fault that the code under test injects itself, e.g. Stage-B's test engine);
+- `stop_in_micro_step:RANK:CALL` - learner rank RANK freezes itself (SIGSTOP) in its CALL-th
+  forward/backward: alive, holding its sockets, answering nothing (a hung GPU or a stuck NFS read);
+- `stop_in_push:SYNC` - learner rank 0 freezes itself (SIGSTOP) inside its SYNC-th async weight push;
+- `resume_view:RANK` - on learner rank RANK, every `checkpoint-*` directory looks complete (a
+  node-local or lagging view of the output directory that lists a checkpoint still being written);
+- `log_stream:STREAM` - every `ShardedSampler.take` of stream STREAM appends the indices it returns to
+  `D/stream-STREAM-rank<R>.jsonl` (what each rank consumed, to compare runs);
+- `slow_prefetch:RANK:SECONDS` - the async prefetcher of rank RANK sleeps SECONDS before each chunk.
+
+Several faults are armed at once with `;` between their specs.
 
 Nothing here runs unless those variables are set; the patches are applied when the target module is
 first imported (an import hook), so a process that never imports it pays nothing.
@@ -138,11 +148,95 @@ def _record_raise(module: ModuleType, class_name: str, method_name: str) -> None
     setattr(cls, method_name, wrapper)
 
 
+def _stop_in_micro_step(module: ModuleType, rank: str, call: str) -> None:
+    if os.environ.get("RANK", "0") != rank:
+        return
+    runner = module.PackRunner
+    original = runner.run_batch
+    calls = [0]
+
+    def run_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == int(call):
+            _fire(f"rank {rank} freezes (SIGSTOP) in forward/backward call {call}")
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return original(self, *args, **kwargs)
+
+    runner.run_batch = run_batch
+
+
+def _stop_in_push(module: ModuleType, sync: str) -> None:
+    if os.environ.get("RANK", "0") != "0":
+        return
+    cls = module.AsyncChannelB
+    original = cls._push
+    calls = [0]
+
+    def push(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == int(sync):
+            _fire(f"rank 0 freezes (SIGSTOP) inside weight push {sync}")
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return original(self, *args, **kwargs)
+
+    cls._push = push
+
+
+def _resume_view(module: ModuleType, rank: str) -> None:
+    if os.environ.get("RANK", "0") != rank:
+        return
+
+    def list_checkpoints(output_dir: Path) -> list[Path]:
+        found = []
+        for child in output_dir.iterdir() if output_dir.is_dir() else []:
+            match = module.CHECKPOINT_RE.match(child.name)
+            if match:
+                found.append((int(match.group(1)), child))
+        _fire(f"rank {rank} lists checkpoints with a naive view")
+        return [path for _, path in sorted(found)]
+
+    module.list_checkpoints = list_checkpoints
+
+
+def _log_stream(module: ModuleType, stream: str) -> None:
+    cls = module.ShardedSampler
+    original = cls.take
+
+    def take(self: Any, count: int) -> Any:
+        out = original(self, count)
+        if self.stream == stream:
+            assert FAULT_DIR is not None
+            path = Path(FAULT_DIR) / f"stream-{stream}-rank{os.environ.get('RANK', '0')}.jsonl"
+            with path.open("a") as handle:
+                handle.write(json.dumps(out) + "\n")
+        return out
+
+    cls.take = take
+
+
+def _slow_prefetch(module: ModuleType, rank: str, seconds: str) -> None:
+    if os.environ.get("RANK", "0") != rank:
+        return
+    cls = module.Prefetcher
+    original = cls._produce_once
+
+    def produce_once(self: Any) -> Any:
+        time.sleep(float(seconds))
+        return original(self)
+
+    cls._produce_once = produce_once
+
+
 FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
     "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
     "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
     "kill_in_infer": ("stagectl.rollout.service", _kill_in_infer),
+    "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),
+    "stop_in_push": ("stagectl.learner.channel_b_async", _stop_in_push),
+    "resume_view": ("stagectl.learner.checkpoint", _resume_view),
+    "log_stream": ("stagectl.data.sampler", _log_stream),
+    "slow_prefetch": ("stagectl.prefetch.prefetcher", _slow_prefetch),
 }
 
 
@@ -180,15 +274,14 @@ def _install() -> None:
     if FAULT_DIR is None:
         return
     _record("pid", start_ticks=_start_time_ticks(os.getpid()), argv=sys.argv, ppid=os.getppid())
-    if not SPEC:
-        return
-    name, *args = SPEC.split(":")
-    if name == "record_raise":
-        target, args = args[0], args[1:]
-        sys.meta_path.insert(0, _PatchAfterImport(target, _record_raise, args))
-        return
-    target, patch = FAULTS[name]
-    sys.meta_path.insert(0, _PatchAfterImport(target, patch, args))
+    for spec in filter(None, SPEC.split(";")):
+        name, *args = spec.split(":")
+        if name == "record_raise":
+            target, args = args[0], args[1:]
+            sys.meta_path.insert(0, _PatchAfterImport(target, _record_raise, args))
+            continue
+        target, patch = FAULTS[name]
+        sys.meta_path.insert(0, _PatchAfterImport(target, patch, args))
 
 
 _install()

@@ -1,0 +1,97 @@
+"""Rank-consistent resume: rank 0 alone resolves `latest` and every rank follows it; each rank's own
+stream positions are saved and restored; a world-size change is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.faults.helpers import fault_run
+from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
+from tests.integration.test_train_ab_async import async_config
+
+
+def _a_only(tmp_path: Path, max_steps: int) -> Path:
+    cfg = tiny_train_config(
+        tmp_path,
+        stage2_ab={"schedule": {"b_ratio": 0.0}},
+        training={"max_steps": max_steps, "save_steps": 2},
+        launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
+    )
+    return write_config(tmp_path / f"cfg-{max_steps}.yaml", cfg)
+
+
+def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(tmp_path: Path) -> None:
+    first = run_cli("train-ab", str(_a_only(tmp_path, 2)))
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    # checkpoint-3 is being written (no trainer state, no optimizer yet); rank 1's view lists it anyway
+    shutil.copytree(run_dir / "checkpoint-2" / "model", run_dir / "checkpoint-3" / "model")
+    args = ["train-ab", str(_a_only(tmp_path, 4)), "--set", "training.resume_from_checkpoint=latest"]
+    with fault_run(args, tmp_path, fault="resume_view:1") as run:
+        code = run.finish(300)
+    assert code == 0, run.tail()
+    assert run.fault_times() == []  # rank 1 never resolved a checkpoint of its own
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]  # appended from step 2 on
+    digests = json.loads((run_dir / "final_state.json").read_text())["rank_weight_digests"]
+    assert digests[0] == digests[1]
+
+
+def test_resume_with_another_world_size_is_refused_by_name(tmp_path: Path) -> None:
+    first = run_cli("train-ab", str(_a_only(tmp_path, 2)))
+    assert first.returncode == 0, first.stderr[-3000:]
+    config = _a_only(tmp_path, 4)
+    result = run_cli(
+        "train-ab", str(config), "--nproc", "1", "--set", "training.resume_from_checkpoint=latest"
+    )
+    assert result.returncode == 1
+    assert "checkpoint-2 was written by 2 rank(s) but this run has 1" in result.stderr
+    assert "--nproc 2" in result.stderr and "Traceback" not in result.stderr
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1]  # nothing appended
+
+
+def _b_takes(record_dir: Path, rank: int) -> list[int]:
+    path = record_dir / f"stream-B-rank{rank}.jsonl"
+    return [i for line in path.read_text().splitlines() for i in json.loads(line)]
+
+
+def test_async_resume_restores_each_ranks_own_b_stream(tmp_path: Path) -> None:
+    """Rank 1's prefetcher is slowed down, so the ranks' B streams stand at different positions when
+    checkpoint-4 is written; after resume each rank continues its own stream from its own position,
+    exactly as the uninterrupted run consumed it."""
+
+    def config(name: str, max_steps: int, **training: object) -> Path:
+        cfg = async_config(
+            tmp_path / name,
+            training={"max_steps": max_steps, "save_steps": 4, **training},
+            launch={"watchdog": {"step_s": 120}},
+        )
+        (tmp_path / name).mkdir(exist_ok=True)
+        return write_config(tmp_path / name / f"cfg-{max_steps}.yaml", cfg)
+
+    faults = "log_stream:B;slow_prefetch:1:0.4"
+    takes: dict[str, list[list[int]]] = {}
+    runs = {
+        "whole": ["train-ab", str(config("whole", 8))],
+        "first": ["train-ab", str(config("first", 4))],
+        "resumed": [
+            "train-ab",
+            str(config("first", 8)),
+            "--set",
+            "training.resume_from_checkpoint=latest",
+        ],
+    }
+    for name, args in runs.items():
+        with fault_run(args, tmp_path, fault=faults, name=name) as run:
+            assert run.finish(400) == 0, run.tail()
+        takes[name] = [_b_takes(run.record_dir, rank) for rank in (0, 1)]
+    state = json.loads((tmp_path / "first" / "run" / "checkpoint-4" / "trainer_state.json").read_text())
+    positions = [r["b_consumed"] for r in state["data_state"]["ranks"]]
+    assert positions[0] != positions[1], positions  # the slowed rank 1 stood elsewhere
+    for rank in (0, 1):
+        whole, resumed, first = takes["whole"][rank], takes["resumed"][rank], takes["first"][rank]
+        assert first[: positions[rank]] == whole[: positions[rank]]  # same stream before the save
+        overlap = min(len(resumed), len(whole) - positions[rank])
+        assert overlap > 0, (rank, positions, len(whole))
+        assert resumed[:overlap] == whole[positions[rank] : positions[rank] + overlap], rank

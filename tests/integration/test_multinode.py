@@ -1,0 +1,127 @@
+"""Multi-node as it runs on a cluster, simulated on loopback: two `stagectl train-ab` launches with
+`launch.nnodes: 2` (one rank each, one playing each node) meet at one rendezvous endpoint, each with a
+node-local output directory. Global rank 0 (whichever node the rendezvous makes it) writes everything;
+the other node writes nothing. Killing one "node" ends the other with an error naming the phase."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from stagectl.config import StagectlConfig
+from stagectl.launch import data_image_roots, free_port
+from stagectl.rollout.launcher import start_server_process
+from tests.faults.helpers import fault_run
+from tests.integration.helpers import read_metrics, tiny_train_config, write_config
+from tests.integration.test_train_ab_async import async_config
+
+
+def _two_node_config(tmp_path: Path, cfg: dict[str, Any]) -> tuple[Path, int]:
+    port = free_port()
+    cfg["launch"] = {
+        **cfg.get("launch", {}),
+        "nnodes": 2,
+        "nproc_per_node": 1,
+        "rdzv_endpoint": f"127.0.0.1:{port}",
+        "watchdog": {"startup_s": 300, "step_s": 60},
+    }
+    return write_config(tmp_path / "cfg.yaml", cfg), port
+
+
+def _run_two_nodes(tmp_path: Path, config: Path, timeout_s: float) -> tuple[list[int], list[str]]:
+    codes, outputs = [], []
+    with (
+        fault_run(
+            ["train-ab", str(config), "--set", f"training.output_dir={tmp_path / 'a'}"], tmp_path, name="a"
+        ) as a,
+        fault_run(
+            ["train-ab", str(config), "--set", f"training.output_dir={tmp_path / 'b'}"], tmp_path, name="b"
+        ) as b,
+    ):
+        for node in (a, b):
+            codes.append(node.finish(timeout_s))
+            outputs.append(node.output())
+        assert not a.wait_no_leftovers(10) and not b.wait_no_leftovers(10)
+    return codes, outputs
+
+
+def _writer_and_silent(tmp_path: Path) -> tuple[Path, Path]:
+    """(the node-local dir global rank 0 wrote, the other one, which must be empty)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    writer, silent = (a, b) if (a / "metrics.jsonl").exists() else (b, a)
+    assert (writer / "metrics.jsonl").exists() and (writer / "config.yaml").exists()
+    assert list(silent.iterdir()) == []  # created by the launcher's write check, then left alone
+    return writer, silent
+
+
+def test_two_nodes_a_only_end_identical_and_only_rank_0_writes(tmp_path: Path) -> None:
+    cfg = tiny_train_config(tmp_path, stage2_ab={"schedule": {"b_ratio": 0.0}}, training={"max_steps": 3})
+    config, _ = _two_node_config(tmp_path, cfg)
+    codes, outputs = _run_two_nodes(tmp_path, config, 300)
+    assert codes == [0, 0], [o[-2000:] for o in outputs]
+    assert all("--nnodes=2" in o and "--rdzv-endpoint=127.0.0.1:" in o for o in outputs)
+    writer, _ = _writer_and_silent(tmp_path)
+    digests = json.loads((writer / "final_state.json").read_text())["rank_weight_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert [r["step"] for r in read_metrics(writer)] == [0, 1, 2]
+    assert read_metrics(writer)[0]["packing/n_segments"] == 4  # both nodes' samples, summed
+
+
+def test_two_nodes_async_against_one_shared_rollout_server(tmp_path: Path) -> None:
+    cfg = async_config(tmp_path, training={"max_steps": 6}, rollout_server={"embedded": False})
+    roots = [str(p) for p in data_image_roots(StagectlConfig.model_validate(cfg).data)]
+    server = start_server_process(
+        [
+            "--model",
+            "builtin:tiny-qwen2.5-vl",
+            "--port",
+            "0",
+            "--set",
+            f"rollout_server.image_roots={roots!r}",
+        ],
+        log_path=tmp_path / "server.log",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    try:
+        servers = [{"base_url": server.url}]
+        cfg["custom"]["extra"]["rollout_matching"]["vllm"]["server"]["servers"] = servers
+        config, _ = _two_node_config(tmp_path, cfg)
+        codes, outputs = _run_two_nodes(tmp_path, config, 400)
+    finally:
+        server.stop()
+    assert codes == [0, 0], [o[-2000:] for o in outputs]
+    writer, _ = _writer_and_silent(tmp_path)
+    rows = read_metrics(writer)
+    assert len(rows) == 6 and rows[-1]["stage2_ab/async/sync_total"] >= 1
+    digests = json.loads((writer / "final_state.json").read_text())["rank_weight_digests"]
+    assert digests[0] == digests[1]
+
+
+def test_killing_one_node_ends_the_other_with_a_named_error(tmp_path: Path) -> None:
+    cfg = tiny_train_config(tmp_path, stage2_ab={"schedule": {"b_ratio": 0.0}}, training={"max_steps": 400})
+    config, _ = _two_node_config(tmp_path, cfg)
+    with (
+        fault_run(
+            ["train-ab", str(config), "--set", f"training.output_dir={tmp_path / 'a'}"], tmp_path, name="a"
+        ) as a,
+        fault_run(
+            ["train-ab", str(config), "--set", f"training.output_dir={tmp_path / 'b'}"], tmp_path, name="b"
+        ) as b,
+    ):
+        started = [p / "metrics.jsonl" for p in (tmp_path / "a", tmp_path / "b")]
+        a.wait_for(lambda: any(p.exists() for p in started), 300, "the first metrics row")
+        time.sleep(2)
+        os.kill(b.proc.pid, signal.SIGKILL)  # node b is gone: launcher, torchrun, rank
+        killed_at = time.monotonic()
+        code = a.finish(120)
+        survivor_s = time.monotonic() - killed_at
+        assert not b.wait_no_leftovers(15) and not a.wait_no_leftovers(15)
+    output = a.output()
+    assert code != 0
+    assert survivor_s < 90, survivor_s
+    assert "a peer rank is gone" in output or "its launcher was gone" in output, output[-3000:]
+    assert "ChildFailedError" not in output

@@ -1,0 +1,63 @@
+"""The launcher's pure parts: the torchrun argv, rendezvous ids, the rank environment, failure lines."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from stagectl.launch import child_env, run_id_for, torchrun_argv
+from stagectl.torchrun import describe_exit, failure_lines
+from stagectl.watchdog import ORPHAN_EXIT_CODE, WATCHDOG_EXIT_CODE
+
+
+def test_single_node_rendezvous_binds_its_own_port_on_loopback() -> None:
+    argv = torchrun_argv(["train-ab", "c.yaml"], nproc_per_node=2, run_id="stagectl-x")
+    assert argv[:3] == [sys.executable, "-m", "stagectl.torchrun"]
+    assert "--rdzv-endpoint=127.0.0.1:0" in argv  # port 0: no free-port race
+    assert "--local-addr=127.0.0.1" in argv
+    assert "--rdzv-id=stagectl-x" in argv
+    assert "--max-restarts=0" in argv
+    assert argv[-4:] == ["-m", "stagectl", "train-ab", "c.yaml"]
+    fixed = torchrun_argv(["x"], nproc_per_node=2, run_id="r", master_port=29555)
+    assert "--rdzv-endpoint=127.0.0.1:29555" in fixed
+
+
+def test_multi_node_uses_the_shared_endpoint() -> None:
+    argv = torchrun_argv(
+        ["x"], nproc_per_node=8, run_id="job-7", nnodes=2, rdzv_endpoint="node0.cluster:29400"
+    )
+    assert "--nnodes=2" in argv and "--rdzv-endpoint=node0.cluster:29400" in argv
+    assert not any(a.startswith("--local-addr") for a in argv)
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_argv(["x"], nproc_per_node=1, run_id="r", nnodes=2)
+
+
+def test_run_ids_agree_across_nodes_and_differ_between_single_node_runs() -> None:
+    assert run_id_for(2, "job-7", "h:1") == "job-7"
+    node_a = run_id_for(2, None, "10.0.0.1:29400")
+    assert node_a == run_id_for(2, None, "10.0.0.1:29400")  # every node derives the same id
+    assert run_id_for(2, None, "10.0.0.2:29400") != node_a
+    assert run_id_for(1, None, None) != run_id_for(1, None, None)
+
+
+def test_single_node_children_pin_gloo_and_nccl_to_loopback() -> None:
+    env = child_env({"X": "1"})
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert env["STAGECTL_LAUNCHED"] == "1" and env["X"] == "1"
+    multi = child_env(single_node=False)
+    assert "GLOO_SOCKET_IFNAME" not in multi or multi["GLOO_SOCKET_IFNAME"] != "lo"
+
+
+def test_failed_ranks_are_one_line_each_first_failure_first() -> None:
+    failures = {
+        0: SimpleNamespace(local_rank=0, pid=11, exitcode=-int(signal.SIGKILL), timestamp=20),
+        1: SimpleNamespace(local_rank=1, pid=12, exitcode=WATCHDOG_EXIT_CODE, timestamp=10),
+    }
+    lines = failure_lines(failures)
+    assert lines[0].startswith("torchrun: rank 1 (local rank 1, pid 12) failed: exit code 70: its watchdog")
+    assert lines[1].endswith("killed by SIGKILL")
+    assert "launcher was gone" in describe_exit(ORPHAN_EXIT_CODE)
+    assert describe_exit(1) == "exit code 1"
