@@ -1,7 +1,17 @@
-"""Step mode vs async mode on the same tiny workload (1 learner rank + an embedded hf rollout server,
-b_ratio 0.5): wall time per optimizer step and per B step, the overlap ratio max(R, T) / W
-(R = rollout busy time, T = learner busy time, W = wall time; 1.0 = perfect overlap), the learner idle
-fraction, and the drop rate (dropped / produced ready packs).
+"""Async Channel-B on the tiny workload (1 learner rank + an embedded hf rollout server, one intra-op
+thread each), next to step mode:
+
+- `step`: step mode, b_ratio 0.5, GAS 2, 8 rollouts per B step (the baseline);
+- `async_bs1`: async, packing (a micro-batch is one sequence of up to 2048 tokens), b_ratio 0.5,
+  sync every 2 steps;
+- `async_bs2`: async, `packing: false` with 2 padded samples per micro-batch, otherwise the same;
+- `async_bs1_sync1`: async, packing, B only, sync every step, queue 3, target 2 — the configuration
+  whose old pacing threw away three rollouts of four.
+
+Per run: wall time per step, the overlap ratio max(R, T) / W (R = rollout busy time, T = learner busy
+time, W = wall time; 1.0 = perfect overlap), the learner idle fraction, the realised B ratio, the fill of
+the B micro-batches, and the rollout drop rate (rollouts generated and never trained / generated), over
+the whole run and in steady state (after the first 4 steps, before the last 2).
 
 Run: `python -m bench.bench_async`. `run()` returns the numbers as a dict.
 """
@@ -19,15 +29,19 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).parents[1]
+WARMUP, TAIL = 4, 2
 
 
-def _config(out: Path, mode: str, max_steps: int) -> dict[str, Any]:
+def _config(out: Path, name: str, max_steps: int) -> dict[str, Any]:
+    sync1 = name == "async_bs1_sync1"
+    padded = name == "async_bs2"
     return {
         "model": {"name_or_path": "builtin:tiny-qwen2.5-vl"},
         "data": {"synthetic": {"num_samples": 256, "seed": 0, "image_size": 112, "max_objects": 3}},
-        "global_max_length": 1024,
+        "global_max_length": 2048,
         "training": {
-            "per_device_train_batch_size": 4,
+            "packing": not padded,
+            "per_device_train_batch_size": 2 if padded else 1,
             "gradient_accumulation_steps": 2,
             "learning_rate": 1e-3,
             "max_steps": max_steps,
@@ -43,16 +57,16 @@ def _config(out: Path, mode: str, max_steps: int) -> dict[str, Any]:
             }
         },
         "stage2_ab": {
-            "schedule": {"b_ratio": 0.5},
+            "schedule": {"b_ratio": 1.0 if sync1 else 0.5},
             "channel_b": {
-                "mode": mode,
+                "mode": "step" if name == "step" else "async",
                 "rollouts_per_step": 8,
-                "rollout_decode_batch_size": 4,
+                "rollout_decode_batch_size": 8 if sync1 else 4,
                 "async": {
-                    "queue_limit": 8,
+                    "queue_limit": 3 if sync1 else 8,
                     "version_window": 1,
-                    "prefetch_target_packs": 4,
-                    "sync_every_steps": 2,
+                    "prefetch_target_packs": 2 if sync1 else 4,
+                    "sync_every_steps": 1 if sync1 else 2,
                 },
             },
         },
@@ -60,10 +74,10 @@ def _config(out: Path, mode: str, max_steps: int) -> dict[str, Any]:
     }
 
 
-def _train(mode: str, max_steps: int, tmp: Path) -> list[dict[str, Any]]:
-    out = tmp / mode
-    config = tmp / f"{mode}.yaml"
-    config.write_text(yaml.safe_dump(_config(out, mode, max_steps)))
+def _train(name: str, max_steps: int, tmp: Path) -> list[dict[str, Any]]:
+    out = tmp / name
+    config = tmp / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(_config(out, name, max_steps)))
     # one intra-op thread for the learner and the server alike: on 2 shared cores, oversubscribed torch
     # threads make step times swing by 10x and would decide the comparison
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -77,55 +91,72 @@ def _train(mode: str, max_steps: int, tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _summarise(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
-    rows = rows[2:]  # warm-up: the first steps include one-off compile/cache effects
+def _drop_rate(first: dict[str, Any], last: dict[str, Any]) -> float:
+    key = "stage2_ab/async/rollouts_"
+    requested = last[key + "requested_total"] - first[key + "requested_total"]
+    dropped = last[key + "dropped_total"] - first[key + "dropped_total"]
+    return dropped / requested if requested else 0.0
+
+
+def _summarise(all_rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    rows = all_rows[2:]  # warm-up: the first steps include one-off compile/cache effects
     wall = sum(r["time/step_s"] for r in rows)
-    wait = sum(r.get("time/wait_s", 0.0) for r in rows)
     b_rows = [r for r in rows if r["kind"] == "B"]
-    if mode == "step":
+    out: dict[str, Any] = {
+        "steps": len(rows),
+        "b_steps": len(b_rows),
+        "wall_per_step_s": wall / len(rows),
+        "b_ratio_realized": len(b_rows) / len(rows),
+        "b_fill": sum(r["packing/fill"] for r in b_rows) / max(1, len(b_rows)),
+    }
+    if name == "step":
         rollout_busy = sum(r.get("time/rollout_s", 0.0) for r in rows)
         learner_busy = wall - rollout_busy  # step mode: the learner waits for every rollout
         idle = rollout_busy
-        drop_rate = 0.0
+        out.update(drop_rate=0.0, drop_rate_steady=0.0)
     else:
-        first, last = rows[0], rows[-1]
-        rollout_busy = last["stage2_ab/async/prefetch_busy_s"] - first["stage2_ab/async/prefetch_busy_s"]
+        last = all_rows[-1]
+        wait = sum(r.get("time/wait_s", 0.0) + r.get("time/weight_sync_s", 0.0) for r in rows)
+        rollout_busy = (
+            rows[-1]["stage2_ab/async/prefetch_busy_s"] - rows[0]["stage2_ab/async/prefetch_busy_s"]
+        )
         learner_busy = wall - wait
         idle = wait
-        produced = last["stage2_ab/async/produced_packs_total"]
-        dropped = last["stage2_ab/async/drop_stale_total"] + last["stage2_ab/async/drop_oldest_total"]
-        drop_rate = dropped / produced if produced else 0.0
-    return {
-        "steps": len(rows),
-        "b_steps": len(b_rows),
-        "wall_s": wall,
-        "wall_per_step_s": wall / len(rows),
-        "wall_per_b_step_s": wall / max(1, len(b_rows)),
-        "rollout_busy_s": rollout_busy,
-        "learner_busy_s": learner_busy,
-        "overlap_ratio": max(rollout_busy, learner_busy) / wall if wall else 0.0,
-        "learner_idle_fraction": idle / wall if wall else 0.0,
-        "drop_rate": drop_rate,
-        "b_ratio_realized": len(b_rows) / len(rows),
-    }
+        steady = all_rows[WARMUP : len(all_rows) - TAIL]
+        out.update(
+            drop_rate=last["stage2_ab/async/drop_rate"],
+            drop_rate_steady=_drop_rate(steady[0], steady[-1]),
+            rollouts_requested=last["stage2_ab/async/rollouts_requested_total"],
+            rollouts_trained=last["stage2_ab/async/rollouts_trained_total"],
+            drop_oldest=last["stage2_ab/async/drop_oldest_total"],
+            drop_stale=last["stage2_ab/async/drop_stale_total"],
+        )
+    out.update(
+        rollout_busy_s=rollout_busy,
+        learner_busy_s=learner_busy,
+        overlap_ratio=max(rollout_busy, learner_busy) / wall if wall else 0.0,
+        learner_idle_fraction=idle / wall if wall else 0.0,
+    )
+    return out
+
+
+RUNS = ("step", "async_bs1", "async_bs2", "async_bs1_sync1")
 
 
 def run(max_steps: int = 18) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-        step = _summarise(_train("step", max_steps, Path(tmp)), "step")
-        async_ = _summarise(_train("async", max_steps, Path(tmp)), "async")
-    return {
-        "step": step,
-        "async": async_,
-        "speedup_wall_per_step": step["wall_per_step_s"] / async_["wall_per_step_s"],
-    }
+        results = {name: _summarise(_train(name, max_steps, Path(tmp)), name) for name in RUNS}
+    results["speedup_wall_per_step"] = (
+        results["step"]["wall_per_step_s"] / results["async_bs1"]["wall_per_step_s"]
+    )
+    return results
 
 
 def main() -> None:
     result = run()
-    for mode in ("step", "async"):
-        print(mode, {k: round(v, 3) if isinstance(v, float) else v for k, v in result[mode].items()})
-    print(f"wall per optimizer step, step / async: {result['speedup_wall_per_step']:.2f}x")
+    for name in RUNS:
+        print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result[name].items()})
+    print(f"wall per optimizer step, step / async (bs 1): {result['speedup_wall_per_step']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -218,13 +218,14 @@ def all_reduce_int(value: int, op: str) -> int:
     return int(tensor.item())
 
 
-def all_reduce_floats(values: list[float]) -> list[float]:
-    """Element-wise sum of a float vector over all ranks."""
+def all_reduce_floats(values: list[float], op: str = "sum") -> list[float]:
+    """Element-wise `sum`, `min` or `max` of a float vector over all ranks."""
     if not _active():
-        return values
+        return list(values)
+    ops = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
     tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    with collective("all_reduce(sum)"):
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    with collective(f"all_reduce({op})"):
+        dist.all_reduce(tensor, op=ops[op])
     return [float(v) for v in tensor.tolist()]
 
 

@@ -22,7 +22,6 @@ from stagectl.config.training import LaunchConfig
 from stagectl.watchdog import LAUNCHER_PID_ENV
 
 LAUNCHED_ENV = "STAGECTL_LAUNCHED"
-ROLLOUT_URLS_ENV = "STAGECTL_ROLLOUT_URLS"  # an embedded server's URL for the learner ranks (comma-separated)
 RUN_ID_ENV = "STAGECTL_RUN_ID"
 EXIT_WITH_PARENT_ENV = "STAGECTL_EXIT_WITH_PARENT"  # "PID:SIGNAL": die with that parent (Linux)
 KILL_GRACE_S = 3.0  # after a rank's watchdog fired: SIGTERM the node's ranks, SIGKILL what is left then

@@ -1,6 +1,8 @@
 """Packing: which segments share a sequence (pure bin packing) and how a pack becomes one micro-batch.
 
-Pure part: `pack_segments` (best-fit decreasing), `packing_lower_bound`, `packing_stats`.
+Pure part: `pack_segments` (best-fit decreasing: a fixed set of segments into the fewest packs),
+`select_pack` and `PackBuffer` (one pack at a time from a bounded look-ahead buffer: the oldest item plus
+the subset of the others that fills the pack best), `packing_lower_bound`, `packing_stats`.
 
 Collator: `collate_pack` concatenates segments into ONE batch-size-1 sequence that the model reads
 exactly as it would read each segment alone:
@@ -23,10 +25,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from transformers import PreTrainedModel
+
+K = TypeVar("K")
 
 # ---------------------------------------------------------------- pure bin packing
 
@@ -63,6 +67,85 @@ def pack_segments(lengths: Sequence[int], packing_length: int) -> list[list[int]
             packs[best].append(i)
             free[best] -= lengths[i]
     return sorted((sorted(pack) for pack in packs), key=lambda pack: pack[0])
+
+
+def select_pack(lengths: Sequence[int], capacity: int) -> list[int]:
+    """One pack from a buffer of items (`lengths`, oldest first): the oldest item plus the subset of the
+    others whose total comes closest to `capacity` without exceeding it (exact subset sum over the
+    buffer, as a bitset of reachable totals; among equal totals the older items win). Returns buffer
+    positions, ascending.
+
+    Taking the oldest first means no item waits forever (never worse than FIFO); the exact subset sum
+    fills the pack as far as the buffer allows. `ValueError` when the oldest item alone exceeds `capacity`.
+    """
+    if not lengths:
+        return []
+    if lengths[0] > capacity:
+        raise ValueError(f"an item of length {lengths[0]} exceeds the pack capacity {capacity}")
+    mask = (1 << (capacity + 1)) - 1
+    reachable = [1 << lengths[0]]  # reachable[k]: totals reachable with item 0 and a subset of 1..k
+    for length in lengths[1:]:
+        reachable.append((reachable[-1] | (reachable[-1] << length)) & mask)
+    target = reachable[-1].bit_length() - 1  # the fullest total that fits
+    chosen = []
+    for k in range(len(lengths) - 1, 0, -1):  # newest first: leave an item out whenever possible
+        if not (reachable[k - 1] >> target) & 1:
+            chosen.append(k)
+            target -= lengths[k]
+    return [0, *reversed(chosen)]
+
+
+def pack_into(
+    lengths: Sequence[int], num_packs: int, packing_length: int
+) -> tuple[list[list[int]], list[int]]:
+    """Spread segments over at most `num_packs` packs of at most `packing_length` tokens each, as evenly as
+    possible (largest first, each into the emptiest pack that takes it). Returns the packs (indices
+    ascending, empty packs left out) and the indices that fit nowhere (largest first left over)."""
+    loads = [0] * num_packs
+    groups: list[list[int]] = [[] for _ in range(num_packs)]
+    left: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        fitting = [p for p in range(num_packs) if loads[p] + lengths[i] <= packing_length]
+        if not fitting:
+            left.append(i)
+            continue
+        p = min(fitting, key=lambda p: (loads[p], p))
+        loads[p] += lengths[i]
+        groups[p].append(i)
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0]), sorted(left)
+
+
+@dataclass
+class PackBuffer(Generic[K]):
+    """A bounded FIFO of items waiting to be packed: `(key, length)` pairs, oldest first."""
+
+    capacity_tokens: int  # packing_length
+    items: list[tuple[K, int]] = field(default_factory=list)
+
+    def add(self, key: K, length: int) -> None:
+        if length > self.capacity_tokens:
+            raise ValueError(f"an item of length {length} exceeds packing_length {self.capacity_tokens}")
+        self.items.append((key, length))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(length for _, length in self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def peek_fill(self) -> float:
+        """The fill the next `pop_pack` would reach."""
+        chosen = select_pack([length for _, length in self.items], self.capacity_tokens)
+        return sum(self.items[i][1] for i in chosen) / self.capacity_tokens
+
+    def pop_pack(self) -> list[tuple[K, int]]:
+        """Remove and return the items of the next pack (`select_pack`), in buffer order."""
+        chosen = select_pack([length for _, length in self.items], self.capacity_tokens)
+        taken = set(chosen)
+        pack = [self.items[i] for i in chosen]
+        self.items = [item for i, item in enumerate(self.items) if i not in taken]
+        return pack
 
 
 def packing_lower_bound(lengths: Sequence[int], packing_length: int) -> int:

@@ -22,7 +22,7 @@ def command(
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
     rollout server first when rollout_server.embedded is true)."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
-    from stagectl.launch import ROLLOUT_URLS_ENV, check_output_dir, embedded_rollout_server, inside_torchrun
+    from stagectl.launch import check_output_dir, embedded_rollout_server, inside_torchrun
 
     sets = list(overrides)
     if nproc is not None:
@@ -47,7 +47,12 @@ def command(
     with _server_errors(), server as url:
         if url is not None:
             typer.echo(f"embedded rollout server: {url}", err=True)
-            os.environ[ROLLOUT_URLS_ENV] = url
+            # the ranks (and the resolved config.yaml) learn the server's address from the config itself
+            sets += [
+                "rollout_server.embedded=false",
+                f"custom.extra.rollout_matching.vllm.server.servers=[{{base_url: '{url}'}}]",
+            ]
+            cfg = load_config(config, sets, world_size=nproc)
         if effective_world_size(cfg) > 1:
             code = _relaunch(config, sets, cfg)
             if code:

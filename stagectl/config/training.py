@@ -11,8 +11,10 @@ from stagectl.config.base import StrictModel
 
 
 class TrainingConfig(StrictModel):
-    per_device_train_batch_size: int = Field(2, ge=1)
-    """Samples per rank per micro-step (Channel-A) and the unit of the default rollout budget."""
+    per_device_train_batch_size: int = Field(1, ge=1)
+    """Micro-batch size per rank. With `packing: true` it counts packed sequences and must be 1 (a
+    micro-batch is one sequence filled toward `global_max_length`; raise `gradient_accumulation_steps`
+    for more per step). With `packing: false` it counts samples (a right-padded batch)."""
     gradient_accumulation_steps: int | None = Field(None, ge=1)
     """Micro-steps per optimizer step (GAS). Derived from `effective_batch_size` when unset; default 1."""
     effective_batch_size: int | None = Field(None, ge=1)
@@ -34,9 +36,14 @@ class TrainingConfig(StrictModel):
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; null disables clipping."""
     packing: bool = True
-    """Pack segments into sequences of `global_max_length` tokens (position ids restart per segment)."""
-    packing_min_fill_ratio: float = Field(0.0, ge=0, le=1)
-    """Warn when a step's mean pack fill falls below this ratio (0 disables the warning)."""
+    """Pack segments into sequences of up to `global_max_length` tokens (position ids restart per
+    segment, so packed logits equal unpacked ones): each micro-batch is one packed sequence."""
+    packing_min_fill_ratio: float = Field(0.9, gt=0, le=1)
+    """Target fill of a packed sequence (tokens / `global_max_length`). Channel-A packs from a look-ahead
+    buffer and reaches it whenever the buffered samples allow; an async Channel-B ready pack is emitted
+    once its rollouts reach it (earlier only when the policy version moves or the wait runs out)."""
+    packing_buffer: int = Field(256, ge=1)
+    """Look-ahead buffer of Channel-A samples per rank that packs are chosen from (more: fuller packs)."""
     seed: int = 0
     """Seed for model init, sampling, shuffling and rollout seeds (rollout seed = f(seed, step))."""
     output_dir: Path = Path("runs/train_ab")

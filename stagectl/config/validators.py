@@ -279,6 +279,22 @@ def validate_stage_b_runner(cfg: StagectlConfig, world_size: int) -> list[Proble
     return problems
 
 
+def validate_packing_batch(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    """Under packing a micro-batch is one packed sequence; several would be gradient accumulation."""
+    t = cfg.training
+    if not t.packing or t.per_device_train_batch_size == 1:
+        return []
+    return [
+        Problem(
+            "training.per_device_train_batch_size",
+            f"is {t.per_device_train_batch_size}, but with training.packing: true a micro-batch is one packed "
+            "sequence of up to global_max_length tokens, so it counts packed sequences and must be 1. "
+            "For more tokens per optimizer step raise gradient_accumulation_steps (or global_max_length); "
+            "for N padded samples per micro-batch set training.packing: false",
+        )
+    ]
+
+
 def validate_launch(cfg: StagectlConfig, world_size: int) -> list[Problem]:
     """Multi-node runs meet at one rendezvous endpoint; single-node runs pick their own on loopback."""
     launch = cfg.launch
@@ -328,6 +344,7 @@ VALIDATORS = (
     validate_stage_b,
     validate_stage_b_runner,
     validate_launch,
+    validate_packing_batch,
 )
 
 

@@ -1,75 +1,64 @@
-"""Channel-B core shared by step mode and the async prefetcher: rollouts -> strict parse -> Hungarian
-match -> targets (rollout prefix + FN append) -> packable segments, plus rollout-quality counters."""
+"""Channel-B: the one interface the trainer drives (`ChannelB`: step or async mode), and the core both
+modes share: rollouts -> strict parse -> Hungarian match -> targets (rollout prefix + FN append) ->
+packable segments, plus rollout-quality counters.
+
+Per optimizer step the trainer calls `decide` (every rank; a collective in async mode), then `run` for a
+B step (exactly `gas` micro-steps' worth of forward/backward, then the trainer's one optimizer update),
+then `after_update` (weight sync when due) and `metrics`; `close` once at the end.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import RolloutParse, parse_rollout
+from stagectl.detection.stats import RolloutStats
 from stagectl.detection.targets import build_channel_b_segment, sample_counters
+from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
 from stagectl.packing import Segment
 
 
-class RolloutSource(Protocol):
-    """Where Channel-B rollouts come from: the learner's own model (hf) or a rollout server."""
+@dataclass(frozen=True)
+class Decision:
+    kind: Literal["A", "B"]
+    ver: int | None = None  # async: the policy version whose packs the B step trains
 
-    num_calls: int  # generate calls (hf) or /infer/ calls (server) made so far
 
-    def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
-        """One generation per sample index, in order, sampled with `seed`."""
+class ChannelB(Protocol):
+    def start(self) -> None:
+        """Begin producing (async: start the prefetcher)."""
         ...
 
+    def decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
+        """The step's channel on every rank (rank 0 decides), plus metrics of the decision."""
+        ...
 
-@dataclass
-class RolloutStats:
-    """Summed rollout counters of a set of samples (add them up across chunks and ranks)."""
+    def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
+        """A B step's forward/backward passes (the caller makes the one optimizer update)."""
+        ...
 
-    n_samples: int = 0
-    n_gt: int = 0
-    n_valid: int = 0
-    n_dropped: int = 0
-    n_matched: int = 0
-    n_fp: int = 0
-    n_fn: int = 0
-    n_truncated: int = 0
-    n_invalid: int = 0
-    n_too_long: int = 0
-    n_rollout_tokens: int = 0
+    def after_update(self, num_updates: int) -> dict[str, Any]:
+        """After the optimizer update: weight sync when due."""
+        ...
 
-    def add(self, other: RolloutStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+    def metrics(self) -> dict[str, Any]:
+        """Cumulative Channel-B metrics for the step's row (may be a collective)."""
+        ...
 
-    def as_list(self) -> list[float]:
-        return [float(getattr(self, f.name)) for f in fields(self)]
+    def rank_state(self) -> dict[str, int]:
+        """This rank's Channel-B stream positions, saved with a checkpoint."""
+        ...
 
-    @classmethod
-    def from_list(cls, values: Sequence[float]) -> RolloutStats:
-        return cls(*(int(v) for v in values))
-
-    def metrics(self) -> dict[str, float]:
-        precision = self.n_matched / self.n_valid if self.n_valid else 0.0
-        recall = self.n_matched / self.n_gt if self.n_gt else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        samples = max(1, self.n_samples)
-        return {
-            "rollout/precision": precision,
-            "rollout/recall": recall,
-            "rollout/f1": f1,
-            "rollout/n_valid": self.n_valid,
-            "rollout/n_dropped": self.n_dropped,
-            "rollout/n_samples": self.n_samples,
-            "rollout/parse_truncated_rate": self.n_truncated / samples,
-            "rollout/invalid_rate": self.n_invalid / samples,
-            "rollout/n_too_long": self.n_too_long,
-            "rollout/mean_tokens": self.n_rollout_tokens / samples,
-        }
+    def close(self) -> None:
+        """Stop producing and release connections (raises if a thread will not stop)."""
+        ...
 
 
 def score_rollout(
@@ -131,15 +120,22 @@ def build_b_segments(
     *,
     desc_ce_weight: float,
     packing_length: int,
-) -> tuple[list[Segment], RolloutStats]:
-    """One Channel-B segment per rollout (too-long ones are dropped and counted), plus summed stats."""
-    segments: list[Segment] = []
-    total = RolloutStats()
+) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+    """Each kept rollout's segment with its counters, and the summed counters of the dropped ones."""
+    kept: list[tuple[Segment, RolloutStats]] = []
+    dropped = RolloutStats()
     for index, generation in zip(indices, generations, strict=True):
         segment, stats = build_b_segment(
             index, generation, encoder, rm, desc_ce_weight=desc_ce_weight, packing_length=packing_length
         )
-        total.add(stats)
-        if segment is not None:
-            segments.append(segment)
-    return segments, total
+        if segment is None:
+            dropped.add(stats)
+        else:
+            kept.append((segment, stats))
+    return kept, dropped
+
+
+def rollout_seed(seed: int, step: int) -> int:
+    """Seed of step-mode step `step`'s rollouts: a stable function of (training seed, step)."""
+    digest = hashlib.sha256(f"{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") % 2**31

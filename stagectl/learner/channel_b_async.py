@@ -1,151 +1,175 @@
 """Channel-B `async` mode, learner side: the rank's prefetcher and ready-pack queue, the collective
-feasibility gate, and the versioned weight sync.
+feasibility gate, the weight sync, and the drop accounting.
 
-Per optimizer step: every rank reports its prefetcher status (one rank's error ends every rank with
-that error); the policy gate (schedule) and the feasibility gate (every rank holds >= GAS packs of one
-eligible version: all-reduce MIN) let rank 0 decide `{kind, ver}` and broadcast it. Every
-`sync_every_steps` steps: each rank closes its fence (no rollout call in flight anywhere), rank 0
-pushes the full weights as `ver + 1` and broadcasts the outcome, every rank advances `ver`.
+Per optimizer step (`decide`): every rank reports its prefetcher status (one rank's error ends every
+rank with that error); each rank holds up to GAS packs of every eligible version (held packs cannot be
+evicted by a push); the policy gate (schedule) and the feasibility gate (every rank holds >= GAS packs of
+one version: all-reduce MIN) let rank 0 decide `{kind, ver}` and broadcast it; each rank then takes
+exactly its held packs of that version (or releases them all for a Channel-A step). `run` trains one pack
+per micro-step. Every `sync_every_steps` updates `after_update` runs the weight sync (`WeightPublisher`)
+and advances `ver` on every rank.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import traceback
 from typing import Any
 
-import httpx
-import torch
-
 from stagectl import dist
 from stagectl.config import StagectlConfig
-from stagectl.learner.channel_b import RolloutStats, build_b_segment
-from stagectl.learner.rollout_server import ServerRollouts
+from stagectl.detection.stats import RolloutStats
+from stagectl.learner.channel_b import Decision, build_b_segments
+from stagectl.learner.packs import PackRunner, StepAccumulator
+from stagectl.learner.publisher import WeightPublisher
+from stagectl.learner.rollouts import ServerRollouts
 from stagectl.learner.setup import LearnerState
-from stagectl.packing import Segment, collate_pack
+from stagectl.packing import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.prefetch.fence import SyncFence
+from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher, ReadyPack
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.staleness import decide_step
-from stagectl.rollout.client import RolloutClient, WeightPushError
+from stagectl.rollout.client import RolloutClient
 
 
 class AsyncChannelB:
     def __init__(
-        self, cfg: StagectlConfig, state: LearnerState, client: RolloutClient, *, ver: int = 0
+        self,
+        cfg: StagectlConfig,
+        state: LearnerState,
+        runner: PackRunner,
+        client: RolloutClient,
+        publisher: WeightPublisher,
     ) -> None:
-        assert cfg.stage2_ab is not None
+        assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio is not None
         self.acfg = cfg.stage2_ab.channel_b.async_
         rm = cfg.custom.extra.rollout_matching
+        self.cfg = cfg
         self.state = state
+        self.runner = runner
         self.client = client
+        self.publisher = publisher
         self.world = state.world
-        self.ver = ver
+        self.gas = state.resolved.gradient_accumulation_steps
         self.fence = SyncFence()
         self.queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(
             self.acfg.queue_limit, self.acfg.version_window
         )
-        self.queue.set_current_ver(ver)
+        self.queue.set_current_ver(publisher.ver)
         self.source = ServerRollouts(
-            client, state.encoder, rm, state.resolved.rollout_decode_batch_size, self.fence
+            client, state.encoder, rm, state.resolved.rollout_decode_batch_size, self.fence, lambda: self.ver
         )
+        self.next_step = state.start_step
         desc_w = cfg.stage2_ab.desc_ce_weight
         packing_length = cfg.packing_length
-        model = state.bundle.model
-
-        def build(index: int, generation: Any) -> tuple[Segment | None, RolloutStats]:
-            return build_b_segment(
-                index, generation, state.encoder, rm, desc_ce_weight=desc_w, packing_length=packing_length
-            )
-
+        prompt_tokens = len(state.encoder.prompt(0).input_ids)
         self.prefetcher = Prefetcher(
             source=self.source,
-            build_segment=build,
-            collate=lambda segments: collate_pack(segments, model),
+            build_segments=lambda indices, generations: build_b_segments(
+                indices, generations, state.encoder, rm, desc_ce_weight=desc_w, packing_length=packing_length
+            ),
+            collate=self._collate,
             sampler=state.b_sampler,
             queue=self.queue,
             current_ver=lambda: self.ver,
-            chunk_size=state.resolved.rollout_decode_batch_size,
+            next_step=lambda: self.next_step,
+            rules=PacingRules(
+                b_ratio=cfg.stage2_ab.schedule.b_ratio,
+                gas=self.gas,
+                sync_every_steps=self.acfg.sync_every_steps,
+                version_window=self.acfg.version_window,
+                target_packs=self.acfg.prefetch_target_packs,
+                pack_tokens=math.ceil(cfg.training.packing_min_fill_ratio * packing_length),
+                max_steps=cfg.training.max_steps,
+            ),
             packing_length=packing_length,
-            target_packs=self.acfg.prefetch_target_packs,
+            initial_tokens_per_rollout=float(prompt_tokens + rm.max_new_tokens),
             max_consecutive_failures=self.acfg.max_consecutive_failures,
             outage_timeout_s=rm.vllm.server.timeout_s,
             seed=cfg.training.seed,
             rank=self.world.rank,
-            segments_per_pack=cfg.training.per_device_train_batch_size,
+            segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
+        self._held: list[ReadyPack] = []
         self.num_b_steps = 0
         self.num_steps = 0
         self.num_skipped = 0
-        self.num_syncs = 0
-        self.num_sync_failures = 0
-        self.sync_s_total = 0.0
+        self.rollouts_trained = 0
+
+    def _collate(self, segments: list[Segment]) -> PackedBatch:
+        if self.cfg.training.packing:
+            return collate_pack(segments, self.state.bundle.model)
+        return collate_padded(segments, self.state.encoder.pad_token_id)
+
+    @property
+    def ver(self) -> int:
+        return self.publisher.ver
 
     def start(self) -> None:
         self.prefetcher.start()
 
-    def check_errors(self) -> None:
-        """Every rank learns of any rank's prefetcher error and raises it (collective)."""
+    def decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
+        """Prefetcher status, then the policy and feasibility gates (collectives on every rank)."""
+        t0 = time.perf_counter()
         errors = dist.all_gather_objects(self.prefetcher.error())
         for rank, error in enumerate(errors):
             if error is not None:  # every rank raises it; rank 0 reports it
                 raise dist.SharedError(f"Channel-B prefetcher on rank {rank} failed: {error}")
-
-    def decide(self, policy_wants_b: bool, gas: int) -> tuple[str, int | None]:
-        """Policy gate then feasibility gate; rank 0's decision, broadcast (collective)."""
-        versions, counts = self.queue.eligible_counts()
-        min_counts = dist.all_reduce_ints(counts, "min")
-        decision = decide_step(policy_wants_b, versions, min_counts, gas) if self.world.is_main else None
+        versions, held = self.queue.hold(self.gas)
+        min_held = dist.all_reduce_ints(held, "min")
+        decision = decide_step(policy_wants_b, versions, min_held, self.gas) if self.world.is_main else None
         kind, ver = dist.broadcast_object(decision) or ("A", None)
-        self.num_steps += 1
         if kind == "B":
-            self.num_b_steps += 1
-        elif policy_wants_b:
-            self.num_skipped += 1
-        return kind, ver
+            assert ver is not None
+            self._held = self.queue.take_held(ver)
+            assert len(self._held) == self.gas, "the gate decided on packs this rank did not hold"
+        else:
+            self.queue.release_held()
+        self.next_step = step + 1
+        self.num_steps += 1
+        self.num_b_steps += kind == "B"
+        self.num_skipped += policy_wants_b and kind == "A"
+        return Decision(kind, ver), {
+            "stage2_ab/async/policy_wants_b": int(policy_wants_b),
+            "stage2_ab/async/b_step_skipped_due_to_queue": int(policy_wants_b and kind == "A"),
+            "time/wait_s": time.perf_counter() - t0,
+        }
 
-    def pop_packs(self, ver: int, gas: int) -> list[ReadyPack]:
-        return [self.queue.pop_for_ver(ver) for _ in range(gas)]
+    def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
+        """Exactly one held pack per micro-step: one forward/backward each."""
+        packs, self._held = self._held, []
+        total = sum(p.num_segments for p in packs)
+        stats = RolloutStats()
+        for micro, pack in enumerate(packs):
+            stats.add(pack.stats)
+            self.runner.run_batch(
+                pack.batch, scale=pack.num_segments / total, sync=micro == self.gas - 1, acc=acc
+            )
+        self.rollouts_trained += total
+        with dist.phase("rollout statistics reduction", "step_s"):
+            summed = RolloutStats.from_list(dist.all_reduce_floats(stats.as_list()))
+        assert decision.ver is not None
+        return {
+            **summed.metrics(),
+            "stage2_ab/async/ver_lag": self.ver - decision.ver,
+            "stage2_ab/async/ver_trained": decision.ver,
+        }
 
-    def sync_weights(self) -> tuple[bool, float]:
-        """Full weight push as `ver + 1` (collective). Returns (synced, seconds). An unreachable server
-        skips this sync (counted; the next one retries); any other failure ends every rank."""
-        started = time.perf_counter()
-        with self.fence.sync(timeout_s=self.fence_timeout_s):
-            dist.barrier()
-            outcome: tuple[str, str] = ("ok", "")
-            if self.world.is_main:
-                outcome = self._push()
-            outcome = dist.broadcast_object(outcome)
-        seconds = time.perf_counter() - started
-        self.sync_s_total += seconds
-        status, message = outcome
-        if status == "error":
-            raise RuntimeError(f"weight sync to version {self.ver + 1} failed on rank 0: {message}")
-        if status == "unreachable":
-            self.num_sync_failures += 1
-            return False, seconds
-        self.ver += 1
+    def after_update(self, num_updates: int) -> dict[str, Any]:
+        if num_updates % self.acfg.sync_every_steps:
+            return {}
+        with dist.phase("weight sync", "weight_sync_s"):
+            outcome = self.publisher.sync(self.fence, self.fence_timeout_s)
         self.queue.set_current_ver(self.ver)
-        self.num_syncs += 1
-        return True, seconds
+        return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
 
-    def _push(self) -> tuple[str, str]:
-        model = self.state.bundle.model
-        state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
-        try:
-            with torch.no_grad():
-                self.client.push_weights(state_dict, self.ver + 1)
-        except WeightPushError as exc:
-            kind = "unreachable" if isinstance(exc.__cause__, httpx.TransportError) else "error"
-            return kind, str(exc)
-        return "ok", ""
-
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, Any]:
         """`stage2_ab/async/*` summed over ranks (queue depth: the sum of every rank's depth)."""
         q = self.queue.counters()
         c = self.prefetcher.counters
@@ -156,8 +180,26 @@ class AsyncChannelB:
             c.success_total,
             c.fail_total,
             c.produced_packs,
+            c.rollouts_total,
+            self.rollouts_trained,
+            q.dropped_segments_total,
+            c.rollouts_total - c.segments_total,  # too long to pack
+            c.carry_dropped_total,
         ]
-        depth, stale, oldest, success, fail, produced = dist.all_reduce_ints(local, "sum")
+        (
+            depth,
+            stale,
+            oldest,
+            success,
+            fail,
+            produced,
+            requested,
+            trained,
+            dropped_segments,
+            too_long,
+            carry,
+        ) = dist.all_reduce_ints(local, "sum")
+        dropped = dropped_segments + too_long + carry
         return {
             "stage2_ab/async/queue_depth": depth,
             "stage2_ab/async/ver_current": self.ver,
@@ -166,17 +208,25 @@ class AsyncChannelB:
             "stage2_ab/async/prefetch_success_total": success,
             "stage2_ab/async/prefetch_fail_total": fail,
             "stage2_ab/async/produced_packs_total": produced,
+            "stage2_ab/async/rollouts_requested_total": requested,
+            "stage2_ab/async/rollouts_trained_total": trained,
+            "stage2_ab/async/rollouts_dropped_total": dropped,
+            "stage2_ab/async/drop_rate": dropped / requested if requested else 0.0,
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
-            "stage2_ab/async/sync_total": self.num_syncs,
-            "stage2_ab/async/sync_fail_total": self.num_sync_failures,
+            "stage2_ab/async/sync_total": self.publisher.num_syncs,
+            "stage2_ab/async/sync_fail_total": self.publisher.num_failures,
             "stage2_ab/async/prefetch_busy_s": dist.all_reduce_floats([c.busy_s])[0],
         }
+
+    def rank_state(self) -> dict[str, int]:
+        return {"b_chunks": self.prefetcher.num_chunks}
 
     def close(self, deadline_s: float = 30.0) -> None:
         """Stop event -> close the HTTP sessions (ends a rollout call in flight) -> join the prefetcher
         with a deadline. A prefetcher that does not stop is an error: a thread left running inside torch
         or an HTTP call at interpreter exit is what crashes a finished run."""
         self.prefetcher.request_stop()
+        self.source.stop()
         self.client.close()
         if not self.prefetcher.join(deadline_s):
             raise RuntimeError(

@@ -1,59 +1,39 @@
-"""Channel-B `step` mode (one learner rank): raw samples are buffered over the first GAS-1 micro-steps;
-on the last one the whole loop runs: rollouts in chunks -> segments -> a variable number of packs ->
-one forward/backward per pack -> (the caller makes) exactly one optimizer update.
+"""Channel-B `step` mode (one learner rank): the whole loop inside the optimizer step.
 
-Rollouts come from the learner's own model (`hf`) or a rollout server; with a server the current
-weights are pushed before the rollouts whenever the policy changed since the last push, and
-`enable_pipeline` overlaps rollout chunks with learning through a bounded queue of size 1.
+A B step takes `rollouts_per_step` raw samples of the B stream (default per-device batch x world size x
+GAS), rolls them out (the learner's own model, or a rollout server after the weights were pushed when
+they changed), builds one segment per rollout, packs the kept segments into the fewest sequences of
+`packing_length` (a variable number of packs), and runs one forward/backward per pack; the trainer then
+makes exactly one optimizer update.
+
+Loss scaling is the rule of every channel (see `channel_a`): each pack's loss is scaled by its share of
+the step's kept segments. `enable_pipeline` (server rollouts) trains on chunk k while chunk k + 1 is
+generated; since the kept total is known only at the end, its packs are scaled by their share of the
+requested rollouts and the gradients (and logged terms) are rescaled by requested / kept afterwards, so
+both paths give the same update.
 """
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from stagectl.config import StagectlConfig
-from stagectl.learner.channel_b import RolloutSource, RolloutStats, build_b_segments
-from stagectl.learner.packs import PackRunner, StepAccumulator, make_packs
+from stagectl.detection.stats import RolloutStats
+from stagectl.learner.channel_b import Decision, build_b_segments, rollout_seed
+from stagectl.learner.packs import PackRunner, StepAccumulator
+from stagectl.learner.publisher import WeightPublisher
+from stagectl.learner.rollouts import RolloutSource
 from stagectl.learner.setup import LearnerState
-from stagectl.packing import Segment
-from stagectl.rollout.client import RolloutClient
+from stagectl.packing import Segment, collate_pack, collate_padded, pack_segments
 
 
-def rollout_seed(seed: int, step: int) -> int:
-    """Seed of step `step`'s rollouts: a stable function of (training seed, step)."""
-    digest = hashlib.sha256(f"{seed}:{step}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") % 2**31
-
-
-class StepWeightSync:
-    """Keeps a rollout server on the learner's current weights (step mode, one rank)."""
-
-    def __init__(self, client: RolloutClient, num_updates: int) -> None:
-        self.client = client
-        self.server_ver = max(v.version for v in client.versions())
-        # a fresh server already serves the base weights; anything else gets a push first
-        self.synced_updates = 0 if self.server_ver == 0 and num_updates == 0 else -1
-        self.num_pushes = 0
-
-    def ensure_current(self, model: Any, num_updates: int) -> float:
-        """Push the weights if they changed since the last push; returns seconds spent."""
-        if self.synced_updates == num_updates:
-            return 0.0
-        started = time.perf_counter()
-        state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
-        self.client.push_weights(state_dict, self.server_ver + 1)
-        self.server_ver += 1
-        self.synced_updates = num_updates
-        self.num_pushes += 1
-        return time.perf_counter() - started
-
-
-class StepModeB:
+class StepChannelB:
     def __init__(
         self,
         cfg: StagectlConfig,
@@ -61,7 +41,7 @@ class StepModeB:
         runner: PackRunner,
         source: RolloutSource,
         *,
-        weight_sync: StepWeightSync | None = None,
+        publisher: WeightPublisher | None = None,
         pipeline: bool = False,
     ) -> None:
         assert cfg.stage2_ab is not None
@@ -69,43 +49,57 @@ class StepModeB:
         self.state = state
         self.runner = runner
         self.source = source
-        self.weight_sync = weight_sync
+        self.publisher = publisher
         self.pipeline = pipeline
         self.desc_ce_weight = cfg.stage2_ab.desc_ce_weight
         self.chunk_size = state.resolved.rollout_decode_batch_size
+        self.num_updates = 0  # set by the trainer before each step
 
-    def run(self, step: int, gas: int, num_updates: int, acc: StepAccumulator) -> dict[str, Any]:
-        budget = self.state.resolved.rollouts_per_step
-        buffered: list[int] = []
+    def start(self) -> None:
+        pass
+
+    def decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
+        return Decision("B" if policy_wants_b else "A"), {}
+
+    def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
+        indices = self.state.b_sampler.take(self.state.resolved.rollouts_per_step)
         extra: dict[str, Any] = {}
-        for micro in range(gas):
-            share = budget // gas + (1 if micro < budget % gas else 0)
-            buffered += self.state.b_sampler.take(share)
-            if micro < gas - 1:
-                continue  # raw samples only: the B loop runs once, on the last micro-step
-            sync_s = 0.0
-            if self.weight_sync is not None:
-                sync_s = self.weight_sync.ensure_current(self.state.bundle.model, num_updates)
-            seed = rollout_seed(self.cfg.training.seed, step)
-            calls_before = self.source.num_calls
-            if self.pipeline:
-                stats, rollout_s, wait_s = self._pipelined(buffered, seed, acc)
-            else:
-                stats, rollout_s, wait_s = self._sequential(buffered, seed, acc)
-            extra = {
-                **stats.metrics(),
-                "rollout/seed": seed,
-                "rollout/b_loop_micro_step": micro,
-                "rollout/num_generate_calls": self.source.num_calls - calls_before,
-                "time/rollout_s": rollout_s,
-                "time/wait_s": wait_s,
-                "time/weight_sync_s": sync_s,
-            }
-        return extra
+        if self.publisher is not None:
+            outcome = self.publisher.ensure_current(self.num_updates)
+            extra.update(self.publisher.metrics(outcome))
+        seed = rollout_seed(self.cfg.training.seed, step)
+        calls_before = self.source.num_calls
+        if self.pipeline:
+            stats, rollout_s, wait_s = self._pipelined(indices, seed, acc)
+        else:
+            stats, rollout_s, wait_s = self._sequential(indices, seed, acc)
+        return {
+            **extra,
+            **stats.metrics(),
+            "rollout/seed": seed,
+            "rollout/num_generate_calls": self.source.num_calls - calls_before,
+            "time/rollout_s": rollout_s,
+            "time/wait_s": wait_s,
+        }
+
+    def after_update(self, num_updates: int) -> dict[str, Any]:
+        self.num_updates = num_updates
+        return {}
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+    def rank_state(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ the two paths
 
     def _segments(self, indices: Sequence[int], seed: int) -> tuple[list[Segment], RolloutStats]:
         generations = self.source.rollout(indices, seed)
-        return build_b_segments(
+        kept, dropped = build_b_segments(
             indices,
             generations,
             self.state.encoder,
@@ -113,6 +107,28 @@ class StepModeB:
             desc_ce_weight=self.desc_ce_weight,
             packing_length=self.runner.packing_length,
         )
+        stats = RolloutStats()
+        stats.add(dropped)
+        for _, s in kept:
+            stats.add(s)
+        return [segment for segment, _ in kept], stats
+
+    def _train(self, segments: Sequence[Segment], denominator: int, acc: StepAccumulator) -> None:
+        """The fewest packs of `segments` (`packing: false`: padded batches of the per-device size), one
+        forward/backward each, scaled by their share of `denominator` segments."""
+        training = self.cfg.training
+        if training.packing:
+            groups = pack_segments([len(s) for s in segments], self.runner.packing_length)
+        else:
+            size = training.per_device_train_batch_size
+            groups = [list(range(k, min(k + size, len(segments)))) for k in range(0, len(segments), size)]
+        for group in groups:
+            members = [segments[i] for i in group]
+            if training.packing:
+                batch = collate_pack(members, self.runner.base_model)
+            else:
+                batch = collate_padded(members, self.state.encoder.pad_token_id)
+            self.runner.run_batch(batch, scale=len(group) / denominator, sync=True, acc=acc)
 
     def _sequential(
         self, indices: list[int], seed: int, acc: StepAccumulator
@@ -120,47 +136,76 @@ class StepModeB:
         started = time.perf_counter()
         segments, stats = self._segments(indices, seed)
         rollout_s = time.perf_counter() - started
-        packs = make_packs(segments, self.runner.packing_length) if segments else []
-        self.runner.run_packs(packs, segments_in_step=max(1, len(segments)), acc=acc, sync_last=True)
+        self._train(segments, max(1, len(segments)), acc)
         return stats, rollout_s, rollout_s
 
     def _pipelined(
         self, indices: list[int], seed: int, acc: StepAccumulator
     ) -> tuple[RolloutStats, float, float]:
-        """A producer thread rolls out chunk k+1 while the learner trains on chunk k (queue size 1)."""
+        """A producer thread rolls out chunk k+1 while the learner trains on chunk k (queue of 1). The
+        producer stops at its next chunk when the learner fails."""
         handoff: queue.Queue[tuple[list[Segment], RolloutStats] | BaseException | None] = queue.Queue(
             maxsize=1
         )
+        stop = threading.Event()
         busy = [0.0]
 
         def produce() -> None:
             try:
                 for start in range(0, len(indices), self.chunk_size):
+                    if stop.is_set():
+                        return
                     t0 = time.perf_counter()
                     item = self._segments(indices[start : start + self.chunk_size], seed + start)
                     busy[0] += time.perf_counter() - t0
-                    handoff.put(item)
-                handoff.put(None)
+                    _put(handoff, item, stop)
+                _put(handoff, None, stop)
             except BaseException as exc:  # handed to the consumer, which re-raises it
-                handoff.put(exc)
+                _put(handoff, exc, stop)
 
         producer = threading.Thread(target=produce, name="channel-b-pipeline", daemon=True)
         producer.start()
         stats = RolloutStats()
+        kept = 0
         wait_s = 0.0
-        while True:
-            t0 = time.perf_counter()
-            item = handoff.get()
-            wait_s += time.perf_counter() - t0
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                producer.join(5.0)
-                raise item
-            segments, chunk_stats = item
-            stats.add(chunk_stats)
-            packs = make_packs(segments, self.runner.packing_length) if segments else []
-            # one rank only in step mode: there is no DDP all-reduce to defer
-            self.runner.run_packs(packs, segments_in_step=len(indices), acc=acc, sync_last=True)
-        producer.join()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = handoff.get()
+                wait_s += time.perf_counter() - t0
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                segments, chunk_stats = item
+                stats.add(chunk_stats)
+                kept += len(segments)
+                self._train(segments, len(indices), acc)
+        finally:
+            stop.set()
+            while producer.is_alive():  # unblock a producer waiting to hand over, then let it end
+                try:
+                    handoff.get_nowait()
+                except queue.Empty:
+                    producer.join(0.05)
+        if kept:  # from shares of the requested rollouts to shares of the kept ones (the step's rule)
+            _rescale(self.runner.base_model, acc, len(indices) / kept)
         return stats, busy[0], wait_s
+
+
+def _put(handoff: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            handoff.put(item, timeout=0.05)
+            return
+        except queue.Full:
+            continue
+
+
+def _rescale(model: Any, acc: StepAccumulator, factor: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    for key in acc.terms:
+        acc.terms[key] *= factor

@@ -18,8 +18,9 @@ from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.parse import RolloutParse
 from stagectl.detection.serialize import object_record
-from stagectl.learner.channel_b import RolloutStats, score_rollout
-from stagectl.learner.rollout_hf import HFRollouts
+from stagectl.detection.stats import RolloutStats
+from stagectl.learner.channel_b import score_rollout
+from stagectl.learner.rollouts import HFRollouts
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import ModelBundle
 

@@ -1,16 +1,16 @@
 """The optimizer-step driver of `stagectl train-ab`: setup -> step ... -> close.
 
-Per optimizer step `s`: rank 0 decides the channel (schedule, and in async mode the feasibility gate)
-and broadcasts it; the kind is fixed for the whole accumulation window; Channel-A runs one pack per
-micro-step, Channel-B runs the step-mode loop or pops one ready pack per micro-step (async); then
-exactly one optimizer update, an async weight sync when due, and rank 0 appends one metrics row.
+Per optimizer step `s`: rank 0 decides whether the schedule wants Channel-B and broadcasts it; Channel-B
+(`ChannelB`: step or async mode) turns that into the step's decision (async: the feasibility gate); the
+kind is fixed for the whole accumulation window; Channel-A runs one micro-batch per micro-step, a B step
+runs Channel-B's forward/backward passes; then exactly one optimizer update, Channel-B's after-update work
+(an async weight sync when due), and rank 0 appends one metrics row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import time
 from types import FrameType
@@ -20,19 +20,19 @@ import torch
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, uses_server_rollouts
-from stagectl.launch import ROLLOUT_URLS_ENV
 from stagectl.learner import checkpoint as ckpt
-from stagectl.learner.channel_a import run_channel_a
-from stagectl.learner.channel_b import RolloutStats
+from stagectl.learner.channel_a import ChannelA
+from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
-from stagectl.learner.channel_b_step import StepModeB, StepWeightSync
+from stagectl.learner.channel_b_step import StepChannelB
 from stagectl.learner.evaluate import Evaluator
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
-from stagectl.learner.rollout_hf import HFRollouts
-from stagectl.learner.rollout_server import ServerRollouts
+from stagectl.learner.publisher import WeightPublisher
+from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.setup import LearnerState, build_learner
+from stagectl.packing import packing_lower_bound
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.schedule import channel_for_step
@@ -40,10 +40,8 @@ from stagectl.schedule import channel_for_step
 
 def make_client(cfg: StagectlConfig) -> RolloutClient:
     """The rollout client for server-mode rollouts, once every server answers /health/."""
-    env_urls = os.environ.get(ROLLOUT_URLS_ENV)
-    urls = [u for u in env_urls.split(",") if u] if env_urls else None
     client = RolloutClient.from_config(
-        cfg.custom.extra.rollout_matching, base_urls=urls, disk_dir=cfg.training.output_dir / "weight_sync"
+        cfg.custom.extra.rollout_matching, disk_dir=cfg.training.output_dir / "weight_sync"
     )
     client.wait_healthy()
     return client
@@ -70,10 +68,9 @@ class Trainer:
             device=st.device,
         )
         self.num_updates = int(st.extra_state.get("num_updates", 0))
+        self.channel_a = ChannelA(st, self.runner)
         self.client: RolloutClient | None = None
-        self.async_b: AsyncChannelB | None = None
-        self.step_b: StepModeB | None = None
-        self._setup_channel_b()
+        self.channel_b: ChannelB = self._build_channel_b()
         self.metrics = (
             MetricsWriter(
                 cfg.training.output_dir,
@@ -87,32 +84,33 @@ class Trainer:
         self.evaluator = Evaluator(cfg, st.bundle, st.encoder.vocab) if self.world.is_main else None
         self._stop_signal: int | None = None
 
-    def _setup_channel_b(self) -> None:
+    def _build_channel_b(self) -> ChannelB:
         cfg, st = self.cfg, self.state
         assert cfg.stage2_ab is not None
         rm = cfg.custom.extra.rollout_matching
         chunk = st.resolved.rollout_decode_batch_size
+        if not uses_server_rollouts(cfg):
+            return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
+        self.client = make_client(cfg)
+        publisher = WeightPublisher(self.client, st.bundle.model, self.world, num_updates=self.num_updates)
         if cfg.stage2_ab.channel_b.mode == "async":
-            self.client = make_client(cfg)
-            server_ver = max(v.version for v in self.client.versions()) if self.world.is_main else 0
-            server_ver = dist.broadcast_object(server_ver)
-            self.async_b = AsyncChannelB(cfg, st, self.client, ver=server_ver)
-            if server_ver != 0 or self.num_updates:  # not a fresh server on the base weights
-                self.async_b.sync_weights()
-            return
-        if uses_server_rollouts(cfg):
-            self.client = make_client(cfg)
-            source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence())
-            self.step_b = StepModeB(
-                cfg,
-                st,
-                self.runner,
-                source,
-                weight_sync=StepWeightSync(self.client, self.num_updates),
-                pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
-            )
-        else:
-            self.step_b = StepModeB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
+            async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
+            if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
+                with dist.phase("weight sync", "weight_sync_s"):
+                    publisher.sync(async_b.fence, async_b.fence_timeout_s)
+                async_b.queue.set_current_ver(publisher.ver)
+            return async_b
+        source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence(), lambda: publisher.ver)
+        step_b = StepChannelB(
+            cfg,
+            st,
+            self.runner,
+            source,
+            publisher=publisher,
+            pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
+        )
+        step_b.num_updates = self.num_updates
+        return step_b
 
     # ------------------------------------------------------------------ run
 
@@ -124,8 +122,7 @@ class Trainer:
         step = self.state.start_step
         finished = False
         try:
-            if self.async_b is not None:
-                self.async_b.start()
+            self.channel_b.start()
             while step < cfg.max_steps:
                 row = self.train_step(step)
                 step += 1
@@ -172,7 +169,6 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
         acc = StepAccumulator()
-        extra: dict[str, Any] = {}
         # rank 0 decides, every rank follows (the schedule is pure, but one decider rules out drift)
         with dist.phase("step-kind broadcast", "step_s"):
             wants_b = bool(
@@ -180,56 +176,19 @@ class Trainer:
                     channel_for_step(step, self.b_ratio) == "B" if self.world.is_main else False
                 )
             )
-        if self.async_b is not None:
-            kind, extra = self._async_step(step, wants_b, acc)
-        elif wants_b:
-            assert self.step_b is not None
-            kind = "B"
-            extra = self.step_b.run(step, self.gas, self.num_updates, acc)
+        with dist.phase("Channel-B decision (prefetcher status, feasibility gate)", "step_s"):
+            decision, extra = self.channel_b.decide(step, wants_b)
+        if decision.kind == "B":
+            extra.update(self.channel_b.run(step, decision, acc))
         else:
-            kind = "A"
-            run_channel_a(self.state, self.runner, self.gas, acc)
+            self.channel_a.run(self.gas, acc)
         grad_norm = self._optimizer_update()
-        if self.async_b is not None and self.num_updates % self.async_b.acfg.sync_every_steps == 0:
-            with dist.phase("weight sync", "weight_sync_s"):
-                synced, sync_s = self.async_b.sync_weights()
-            extra["time/weight_sync_s"] = sync_s
-            extra["stage2_ab/async/synced"] = int(synced)
+        extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
-            if self.async_b is not None:
-                extra.update(self.async_b.metrics())
-            return self._row(step, kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started)
-
-    def _async_step(self, step: int, wants_b: bool, acc: StepAccumulator) -> tuple[str, dict[str, Any]]:
-        ab = self.async_b
-        assert ab is not None
-        t0 = time.perf_counter()
-        with dist.phase("prefetcher status and feasibility gate", "step_s"):
-            ab.check_errors()
-            kind, ver = ab.decide(wants_b, self.gas)
-        extra: dict[str, Any] = {
-            "stage2_ab/async/policy_wants_b": int(wants_b),
-            "stage2_ab/async/b_step_skipped_due_to_queue": int(wants_b and kind == "A"),
-            "time/wait_s": time.perf_counter() - t0,
-        }
-        if kind == "A":
-            run_channel_a(self.state, self.runner, self.gas, acc)
-            return "A", extra
-        assert ver is not None
-        packs = ab.pop_packs(ver, self.gas)
-        total = sum(p.num_segments for p in packs)
-        stats = RolloutStats()
-        for micro, pack in enumerate(packs):  # exactly one forward/backward per micro-step
-            stats.add(pack.stats)
-            self.runner.run_batch(
-                pack.batch, scale=pack.num_segments / total, sync=micro == self.gas - 1, acc=acc
+            extra.update(self.channel_b.metrics())
+            return self._row(
+                step, decision.kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started
             )
-        with dist.phase("rollout statistics reduction", "step_s"):
-            summed = RolloutStats.from_list(dist.all_reduce_floats(stats.as_list()))
-        extra.update(summed.metrics())
-        extra["stage2_ab/async/ver_lag"] = ab.ver - ver
-        extra["stage2_ab/async/ver_trained"] = ver
-        return "B", extra
 
     def _optimizer_update(self) -> float:
         st = self.state
@@ -259,8 +218,12 @@ class Trainer:
         st = self.state
         # loss terms: mean over ranks; token/pack counters: sums over ranks
         term_keys = sorted(acc.terms)
-        counters = [acc.num_tokens, acc.num_packs, acc.lower_bound, acc.capacity_tokens, acc.num_segments]
+        lower_bound = (
+            packing_lower_bound(acc.segment_lengths, self.runner.packing_length) if acc.num_packs else 0
+        )
+        counters = [acc.num_tokens, acc.num_packs, lower_bound, acc.capacity_tokens, acc.num_segments]
         summed = dist.all_reduce_floats([acc.terms[k] for k in term_keys] + [float(c) for c in counters])
+        min_fill = dist.all_reduce_floats([acc.min_fill], "min")[0]
         world = self.world.world_size
         terms = {k: v / world for k, v in zip(term_keys, summed[: len(term_keys)], strict=True)}
         tokens, n_packs, lower, capacity, n_segments = (int(v) for v in summed[len(term_keys) :])
@@ -279,6 +242,8 @@ class Trainer:
             "time/rollout_s": 0.0,
             "time/wait_s": 0.0,
             "packing/fill": tokens / capacity if capacity else 0.0,
+            "packing/fill_min": min_fill if n_packs else 0.0,
+            "packing/tokens_per_forward": tokens / n_packs if n_packs else 0.0,
             "packing/n_packs": n_packs,
             "packing/lower_bound": lower,
             "packing/n_segments": n_segments,
@@ -299,16 +264,18 @@ class Trainer:
                 self._write_checkpoint(step, [g[0] for g in gathered], [g[1] for g in gathered])
             dist.barrier()
 
-    def _rank_state(self) -> dict[str, int]:
+    def _rank_state(self) -> dict[str, Any]:
         """This rank's stream positions: what a resumed run continues from on this rank."""
         st = self.state
-        state = {"a_consumed": st.a_sampler.num_consumed, "b_consumed": st.b_sampler.num_consumed}
-        if self.async_b is not None:
-            state["b_chunks"] = self.async_b.prefetcher.num_chunks
-        return state
+        return {
+            "a_consumed": st.a_sampler.num_consumed,
+            "b_consumed": st.b_sampler.num_consumed,
+            "a_buffer": self.channel_a.buffered_indices(),
+            **self.channel_b.rank_state(),
+        }
 
     def _write_checkpoint(
-        self, step: int, rng_states: list[dict[str, Any]], rank_states: list[dict[str, int]]
+        self, step: int, rng_states: list[dict[str, Any]], rank_states: list[dict[str, Any]]
     ) -> None:
         st = self.state
 
@@ -318,8 +285,8 @@ class Trainer:
                 st.bundle.image_processor.save_pretrained(path)
 
         extra: dict[str, Any] = {"num_updates": self.num_updates}
-        if self.async_b is not None:
-            extra["ver"] = self.async_b.ver
+        if isinstance(self.channel_b, AsyncChannelB):
+            extra["ver"] = self.channel_b.ver
         ckpt.save_checkpoint(
             self.cfg.training.output_dir,
             step,
@@ -352,10 +319,12 @@ class Trainer:
         peers may be gone, and the launcher ends them."""
         try:
             with dist.phase("shutdown: stop the prefetcher", "shutdown_s"):
-                if self.async_b is not None:
+                if isinstance(self.channel_b, AsyncChannelB):
                     # half the phase's deadline: a stuck thread is reported by name, not by the watchdog
-                    self.async_b.close(deadline_s=self.cfg.launch.watchdog.shutdown_s / 2)
-                elif self.client is not None:
+                    self.channel_b.close(deadline_s=self.cfg.launch.watchdog.shutdown_s / 2)
+                else:
+                    self.channel_b.close()
+                if self.client is not None:
                     self.client.close()
         finally:
             self.progress.close()

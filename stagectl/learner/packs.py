@@ -8,7 +8,6 @@ gradient all-reduce happens only on the last backward of the optimizer step (`no
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch
 
 from stagectl import dist
 from stagectl.learner.loss import LossWeights, compute_loss
-from stagectl.packing import PackedBatch, Segment, collate_pack, pack_segments, packing_lower_bound
+from stagectl.packing import PackedBatch
 
 
 @dataclass
@@ -27,19 +26,14 @@ class StepAccumulator:
     num_packs: int = 0
     num_segments: int = 0
     num_tokens: int = 0
-    lower_bound: int = 0
+    segment_lengths: list[int] = field(default_factory=list)
     capacity_tokens: int = 0
     num_backward: int = 0
+    min_fill: float = 1.0  # the emptiest micro-batch of the step (tokens / its capacity)
 
     def add_terms(self, values: dict[str, float], scale: float) -> None:
         for key, value in values.items():
             self.terms[key] = self.terms.get(key, 0.0) + value * scale
-
-
-def make_packs(segments: Sequence[Segment], packing_length: int) -> list[list[Segment]]:
-    """Best-fit-decreasing packs of `segments` (each pack at most `packing_length` tokens)."""
-    groups = pack_segments([len(s) for s in segments], packing_length)
-    return [[segments[i] for i in group] for group in groups]
 
 
 @dataclass
@@ -50,24 +44,6 @@ class PackRunner:
     coord_token_ids: torch.Tensor  # (1000,)
     packing_length: int
     device: torch.device
-
-    def run_packs(
-        self,
-        packs: Sequence[Sequence[Segment]],
-        *,
-        segments_in_step: int,
-        acc: StepAccumulator,
-        sync_last: bool,
-    ) -> None:
-        """Collate and run each pack (one forward/backward per pack); `sync_last`: the last backward
-        all-reduces gradients."""
-        for k, pack in enumerate(packs):
-            batch = collate_pack(pack, self.base_model)
-            self.run_batch(
-                batch, scale=len(pack) / segments_in_step, sync=sync_last and k == len(packs) - 1, acc=acc
-            )
-        lengths = [len(s) for pack in packs for s in pack]
-        acc.lower_bound += packing_lower_bound(lengths, self.packing_length) if lengths else 0
 
     def run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
         """One forward/backward of an already collated pack, loss scaled by `scale`."""
@@ -87,9 +63,13 @@ class PackRunner:
                 self.loss_weights,
             )
             (terms.total * scale).backward()
+        # a pack's capacity is packing_length; a padded batch's is its padded size
+        capacity = self.packing_length if batch.attention_mask is None else int(batch.input_ids.numel())
         acc.add_terms(terms.as_floats(), scale)
         acc.num_backward += 1
         acc.num_packs += 1
         acc.num_segments += len(batch.segment_lengths)
+        acc.segment_lengths += batch.segment_lengths
         acc.num_tokens += batch.num_tokens
-        acc.capacity_tokens += self.packing_length
+        acc.capacity_tokens += capacity
+        acc.min_fill = min(acc.min_fill, batch.num_tokens / capacity)

@@ -3,6 +3,8 @@ and the conversion of an assistant target (detection.targets) into a full `packi
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,26 +18,52 @@ from stagectl.models.images import open_rgb
 from stagectl.models.loading import ModelBundle
 from stagectl.packing import CoordGroup, Segment
 
+PROMPT_CACHE_SIZE = 256  # encoded prompts kept (pixel values of a real image are tens of MB)
+
 
 @dataclass
 class SampleEncoder:
-    """Encodes prompts of a fixed data set once and keeps them (images are small and reused)."""
+    """Encodes the prompts of a fixed data set, keeping the most recent `PROMPT_CACHE_SIZE` (a look-ahead
+    packing buffer and the rollouts that follow reuse them) and every Channel-A segment's length (what
+    packing needs to plan, a few bytes a sample). Thread-safe: the prefetcher encodes too."""
 
     bundle: ModelBundle
     samples: Sequence[DetectionSample]
     vocab: TokenVocab
 
     def __post_init__(self) -> None:
-        self._prompts: dict[int, EncodedSample] = {}
+        self._prompts: OrderedDict[int, EncodedSample] = OrderedDict()
+        self._a_lengths: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     def prompt(self, index: int) -> EncodedSample:
-        cached = self._prompts.get(index)
-        if cached is None:
-            sample = self.samples[index]
-            images = [open_rgb(path) for path in sample.images]
-            cached = encode_prompt(self.bundle.tokenizer, self.bundle.require_image_processor(), images)
-            self._prompts[index] = cached
-        return cached
+        with self._lock:
+            cached = self._prompts.get(index)
+            if cached is not None:
+                self._prompts.move_to_end(index)
+                return cached
+        sample = self.samples[index]
+        images = [open_rgb(path) for path in sample.images]
+        encoded = encode_prompt(self.bundle.tokenizer, self.bundle.require_image_processor(), images)
+        with self._lock:
+            self._prompts[index] = encoded
+            while len(self._prompts) > PROMPT_CACHE_SIZE:
+                self._prompts.popitem(last=False)
+        return encoded
+
+    @property
+    def pad_token_id(self) -> int:
+        """What padded batches and left-padded prompts are padded with (0 when the tokenizer has none)."""
+        pad = self.bundle.tokenizer.pad_token_id
+        return int(pad) if pad is not None else 0
+
+    def channel_a_length(self, index: int) -> int:
+        """Tokens of sample `index`'s Channel-A segment (prompt + GT answer), computed once."""
+        length = self._a_lengths.get(index)
+        if length is None:
+            length = len(self.channel_a_segment(index))
+            self._a_lengths[index] = length
+        return length
 
     def prompt_inputs(self, index: int) -> PromptInputs:
         p = self.prompt(index)

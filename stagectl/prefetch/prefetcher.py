@@ -1,43 +1,54 @@
 """The async Channel-B prefetcher: one background thread per learner rank that turns rollouts into
-ready packs (rollout -> parse -> match -> targets -> encode -> pack), tagged with the weight version
+ready packs (rollout -> parse -> match -> targets -> encode -> pack), tagged with the policy version
 that generated them, in the rank's bounded `ReadyPackQueue`.
 
-- Pack size: a ready pack holds `segments_per_pack` segments (the per-device batch size, so a B
-  micro-batch mirrors an A micro-batch), fewer when they would exceed `packing_length`.
-- Pacing: no new rollout is requested while queued + buffered packs reach `target_packs`.
-- Version purity: a pack holds segments of one version only; when the version moves, leftover
-  segments of the old version are flushed into old-version packs first (the queue drops them if they
-  are already stale).
+- Bursts: the thread asks `pacing` how many packs B steps will still train before the current version
+  goes stale, requests the rollouts that fill them to `pack_tokens` each (split into requests of
+  `rollout_decode_batch_size` sent together; a first request for most of the estimated need, then
+  top-ups until the target is reached, at most `MAX_ROUNDS` requests), and
+  packs the burst's segments into that many packs at once (`packing.pack_into`: as even as possible,
+  each at most `packing_length`). A burst never makes more packs than pacing asked for: segments that
+  fit nowhere (rollouts came out longer than estimated) start the next burst if the version has not
+  moved, else they are dropped and counted. Nothing else is held back, so neither a version change nor
+  a slow server can strand a pack's worth of rollouts.
+- Version purity: a burst runs inside one fenced section of the source (the sync fence stays closed
+  until its packs are queued), so every rollout of a burst comes from one version — the one captured
+  when the section passed the fence — and its packs are queued before the next sync can start: the next
+  step's gate always sees them.
+- Pacing: nothing is requested while `pacing.packs_wanted` is zero (the queue holds what the coming B
+  steps can train), and never more than fits under `prefetch_target_packs`.
 - Errors: server trouble (connection, timeout, 5xx) is counted and retried with back-off, so the
   learner keeps training Channel-A while the server is away; once an outage outlasts
-  `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the error is
-  handed to the learner, which re-raises it (`raise_if_failed`). A background thread never swallows
-  an error.
-- Shutdown: the owner sets the stop event (`request_stop`), closes the HTTP client (which ends a
-  call in flight), then joins (`join`) with a deadline; a failure caused by the shutdown itself is
-  not an error. A thread still alive after the deadline is an error the owner raises.
+  `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the thread stops and
+  keeps the exception; the learner re-raises it (`raise_if_failed`). A thread never swallows an error.
+- Shutdown: the owner sets the stop event (`request_stop`), closes the HTTP client (which ends a call
+  in flight), then joins (`join`) with a deadline; a failure caused by the shutdown itself is not an
+  error. A thread still alive after the deadline is an error the owner raises.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
 
 from stagectl.data.sampler import ShardedSampler
-from stagectl.learner.channel_b import RolloutStats
-from stagectl.learner.rollout_server import VersionedRollouts
+from stagectl.detection.stats import RolloutStats
 from stagectl.models.generate import Generation
-from stagectl.packing import PackedBatch, Segment, pack_segments
+from stagectl.packing import PackedBatch, Segment, pack_into
+from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted
 from stagectl.prefetch.queue import ReadyPackQueue
-from stagectl.rollout.client import RolloutServerError
+from stagectl.rollout.errors import RolloutServerError
 
-INJECT_FAULT_ENV = "STAGECTL_INJECT_PREFETCH_FAULT_RANK"  # testing aid: this rank's prefetcher raises
+
+class PrefetchError(RuntimeError):
+    """The prefetcher stopped on an error (kept as `__cause__`); raised in the learner."""
 
 
 @dataclass
@@ -46,62 +57,75 @@ class ReadyPack:
 
     batch: PackedBatch
     num_segments: int
-    stats: RolloutStats
+    stats: RolloutStats  # of the rollouts whose segments are in this pack
     ver: int
+
+
+class Section(Protocol):
+    """Rollouts inside one fenced section: all of one policy version, `ver`."""
+
+    ver: int
+
+    def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]: ...
+
+
+class VersionedSource(Protocol):
+    """Where bursts come from (`learner.rollouts.ServerRollouts`)."""
+
+    def section(self) -> AbstractContextManager[Section]:
+        """A fenced section that stays closed (no weight sync) until the `with` block ends."""
+        ...
+
+
+# (sample indices, their rollouts) -> (each kept segment with its rollout's stats, stats of the dropped ones)
+BuildSegments = Callable[
+    [Sequence[int], Sequence[Generation]], tuple[list[tuple[Segment, RolloutStats]], RolloutStats]
+]
 
 
 @dataclass
 class PrefetchCounters:
-    success_total: int = 0  # rollout chunks turned into segments
+    success_total: int = 0  # bursts turned into packs
     fail_total: int = 0
     produced_packs: int = 0
-    rollouts_total: int = 0
+    rollouts_total: int = 0  # rollouts requested and received
+    segments_total: int = 0  # of them, turned into segments (too-long ones are dropped)
+    carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs
     last_error: str = ""
-
-
-class VersionedSource(Protocol):
-    """What the prefetcher needs from a rollout source (`learner.rollout_server.ServerRollouts`)."""
-
-    def rollout_versioned(self, indices: Sequence[int], seed: int) -> VersionedRollouts: ...
-
-
-BuildSegment = Callable[[int, Generation], tuple[Segment | None, RolloutStats]]
-
-
-@dataclass
-class _Buffered:
-    segment: Segment
-    stats: RolloutStats
 
 
 @dataclass
 class Prefetcher:
     source: VersionedSource
-    build_segment: BuildSegment
+    build_segments: BuildSegments
     collate: Callable[[list[Segment]], PackedBatch]
     sampler: ShardedSampler
     queue: ReadyPackQueue[ReadyPack]
     current_ver: Callable[[], int]
-    chunk_size: int
+    next_step: Callable[[], int]  # the optimizer step whose channel decision comes next
+    rules: PacingRules
     packing_length: int
-    target_packs: int
+    initial_tokens_per_rollout: float  # before the first burst: prompt + max_new_tokens (an upper bound)
     max_consecutive_failures: int
     outage_timeout_s: float
     seed: int
     rank: int
-    segments_per_pack: int
-    num_chunks: int = 0  # rollout chunks requested so far (seeds derive from it; restored on resume)
+    segments_per_pack: int | None = None  # training.packing: false: a pack is this many padded segments
+    num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
+    idle_wait_s: float = 0.02
+    MAX_ROUNDS = 3  # requests per burst: the first, then top-ups while short of the target
+    FIRST_SHARE = 0.8  # the first request asks for this share of the estimated need
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._buffer: list[_Buffered] = []
-        self._buffer_ver = -1
         self._consecutive = 0
         self._outage_since: float | None = None
-        self._inject = os.environ.get(INJECT_FAULT_ENV) == str(self.rank)
+        self._tokens_per_rollout = self.initial_tokens_per_rollout
+        self._carry: list[tuple[Segment, RolloutStats]] = []
+        self._carry_ver = -1
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
     # ------------------------------------------------------------------ owner side
@@ -110,7 +134,7 @@ class Prefetcher:
         self._thread.start()
 
     def request_stop(self) -> None:
-        """Ask the thread to stop after the current rollout call (close the client to end that call)."""
+        """Ask the thread to stop after the current burst (close the client to end that burst)."""
         self._stop.set()
 
     def join(self, deadline_s: float) -> bool:
@@ -128,6 +152,10 @@ class Prefetcher:
     def thread_ident(self) -> int | None:
         return self._thread.ident
 
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
     def error(self) -> str | None:
         """A one-line description of the error that stopped the thread, if any."""
         if self._error is None:
@@ -136,7 +164,7 @@ class Prefetcher:
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
-            raise RuntimeError(
+            raise PrefetchError(
                 f"Channel-B prefetcher (rank {self.rank}) failed: {self.error()}"
             ) from self._error
 
@@ -145,25 +173,34 @@ class Prefetcher:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.queue.depth() + self._buffered_packs() >= self.target_packs:
-                    self._stop.wait(0.01)
+                packs = self._packs_wanted()
+                if packs == 0:
+                    self._stop.wait(self.idle_wait_s)
                     continue
-                self._produce_once()
+                self._burst(packs)
         except BaseException as exc:  # handed to the learner, never swallowed
             self._error = exc
 
-    def _buffered_packs(self) -> int:
-        return 1 if self._buffer else 0
+    def _packs_wanted(self) -> int:
+        versions, counts = self.queue.eligible_counts()
+        view = QueueView(versions, counts, self.current_ver())
+        return packs_wanted(self.next_step(), view, self.rules)
 
-    def _produce_once(self) -> None:
-        indices = self.sampler.take(self.chunk_size)
-        seed = (self.seed * 1_000_003 + self.rank * 10_007 + self.num_chunks * 97) % 2**31
-        self.num_chunks += 1
+    def _burst(self, num_packs: int) -> None:
         started = time.perf_counter()
         try:
-            if self._inject:
-                raise RuntimeError(f"injected prefetch fault on rank {self.rank} ({INJECT_FAULT_ENV})")
-            out = self.source.rollout_versioned(indices, seed)
+            with self.source.section() as section:
+                carried = self._take_carry(section.ver)
+                if self.segments_per_pack is None:
+                    built, dropped = self._roll_out(section, num_packs * self.rules.pack_tokens, carried)
+                else:
+                    built, dropped = self._roll_out_count(
+                        section, num_packs * self.segments_per_pack, carried
+                    )
+                # still inside the fenced section: the packs are queued before any sync can start
+                self._consecutive = 0
+                self._outage_since = None
+                self._pack(built, dropped, section.ver, num_packs)
         except (RolloutServerError, httpx.TransportError, TimeoutError, ConnectionError) as exc:
             if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
                 self._on_failure(exc, transient=True)
@@ -172,18 +209,91 @@ class Prefetcher:
             if not self._stop.is_set():
                 self._on_failure(exc, transient=False)
             return
-        self._consecutive = 0
-        self._outage_since = None
-        ver = out.ver if out.ver >= 0 else self.current_ver()
-        items = []
-        for index, generation in zip(indices, out.generations, strict=True):
-            segment, stats = self.build_segment(index, generation)
-            if segment is not None:
-                items.append(_Buffered(segment, stats))
-        self._add(items, ver)
-        self.counters.success_total += 1
-        self.counters.rollouts_total += len(indices)
         self.counters.busy_s += time.perf_counter() - started
+
+    def _take_carry(self, ver: int) -> list[tuple[Segment, RolloutStats]]:
+        """The segments the last burst could not fit, if they are of `ver`; older ones are dropped."""
+        carried, self._carry = self._carry, []
+        if carried and self._carry_ver != ver:
+            self.counters.carry_dropped_total += len(carried)
+            return []
+        return carried
+
+    def _roll_out(
+        self, section: Section, target_tokens: int, carried: list[tuple[Segment, RolloutStats]]
+    ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+        """Roll out until the segments reach `target_tokens`: a first request for `FIRST_SHARE` of what
+        the running estimate says is needed (an estimate that runs low must not overshoot the packs),
+        then top-ups for what is still missing (rounded up), at most `MAX_ROUNDS` requests in all."""
+        built = list(carried)
+        dropped = RolloutStats()
+        for round_ in range(self.MAX_ROUNDS):
+            missing = target_tokens - sum(len(segment) for segment, _ in built)
+            if missing <= 0:
+                break
+            share = self.FIRST_SHARE if round_ == 0 else 1.0
+            count = max(1, math.ceil(share * missing / max(1.0, self._tokens_per_rollout)))
+            kept, lost = self._request(section, count)
+            built += kept
+            dropped.add(lost)
+            # running estimate of tokens per requested rollout (too-long rollouts count as nothing)
+            observed = sum(len(segment) for segment, _ in kept) / count
+            self._tokens_per_rollout = 0.5 * self._tokens_per_rollout + 0.5 * max(1.0, observed)
+        return built, dropped
+
+    def _roll_out_count(
+        self, section: Section, count: int, carried: list[tuple[Segment, RolloutStats]]
+    ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+        """`training.packing: false`: exactly the rollouts that make `count` segments (too-long ones are
+        replaced by top-ups, at most `MAX_ROUNDS` requests)."""
+        built = list(carried)
+        dropped = RolloutStats()
+        for _ in range(self.MAX_ROUNDS):
+            missing = count - len(built)
+            if missing <= 0:
+                break
+            kept, lost = self._request(section, missing)
+            built += kept
+            dropped.add(lost)
+        return built, dropped
+
+    def _request(
+        self, section: Section, count: int
+    ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+        indices = self.sampler.take(count)
+        seed = (self.seed * 1_000_003 + self.rank * 10_007 + self.num_chunks * 97) % 2**31
+        self.num_chunks += 1
+        kept, lost = self.build_segments(indices, section.rollout(indices, seed))
+        self.counters.rollouts_total += count
+        self.counters.segments_total += len(kept)
+        return kept, lost
+
+    def _pack(
+        self, built: list[tuple[Segment, RolloutStats]], dropped: RolloutStats, ver: int, num_packs: int
+    ) -> None:
+        self.counters.success_total += 1
+        if not built:
+            return
+        lengths = [len(segment) for segment, _ in built]
+        if self.segments_per_pack is not None:
+            size = self.segments_per_pack
+            groups = [
+                list(range(k * size, (k + 1) * size)) for k in range(min(num_packs, len(built) // size))
+            ]
+            left = list(range(len(groups) * size, len(built)))
+        else:
+            groups, left = pack_into(lengths, num_packs, self.packing_length)
+        # what does not fit waits for the next burst of this version (a burst never makes extra packs)
+        self._carry, self._carry_ver = [built[i] for i in left], ver
+        for k, group in enumerate(groups):
+            stats = RolloutStats()
+            if k == 0:
+                stats.add(dropped)  # rollouts that made no segment still count in the step's metrics
+            for i in group:
+                stats.add(built[i][1])
+            batch = self.collate([built[i][0] for i in group])
+            self.queue.push(ReadyPack(batch, len(group), stats, ver), ver, size=len(group))
+            self.counters.produced_packs += 1
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:
         self.counters.fail_total += 1
@@ -201,27 +311,3 @@ class Prefetcher:
             return
         if self._consecutive >= self.max_consecutive_failures:
             raise exc
-
-    def _add(self, items: list[_Buffered], ver: int) -> None:
-        if self._buffer and ver != self._buffer_ver:
-            self._flush(everything=True)  # leftovers of the old version never mix with the new one
-        self._buffer_ver = ver
-        self._buffer += items
-        self._flush(everything=False)
-
-    def _flush(self, *, everything: bool) -> None:
-        """Emit full packs of buffered segments (in arrival order); the rest waits for the next chunk
-        unless `everything` (a version change) flushes it too."""
-        while len(self._buffer) >= self.segments_per_pack or (everything and self._buffer):
-            group = self._buffer[: self.segments_per_pack]
-            for sub in pack_segments([len(b.segment) for b in group], self.packing_length):
-                self._emit([group[i] for i in sub])
-            self._buffer = self._buffer[len(group) :]
-
-    def _emit(self, members: list[_Buffered]) -> None:
-        stats = RolloutStats()
-        for m in members:
-            stats.add(m.stats)
-        batch = self.collate([m.segment for m in members])
-        self.queue.push(ReadyPack(batch, len(members), stats, self._buffer_ver), self._buffer_ver)
-        self.counters.produced_packs += 1

@@ -1,14 +1,22 @@
 """`ReadyPackQueue`: one rank's bounded, versioned FIFO of ready packs (thread-safe).
 
-Producer: the prefetcher thread (`push`). Consumer: the learner (`count_for_ver`, `pop_for_ver`).
-When full, `push` drops the oldest pack (`drop_oldest_total`). Packs that fall out of the version
-window are dropped and counted (`drop_stale_total`) and are never returned.
+Producer: the prefetcher thread (`push`). Consumer: the learner's feasibility gate, which works in two
+moves around its collectives so that no push can take away what it decided on:
+
+1. `hold(gas)`: under the lock, set aside up to `gas` packs of every eligible version (oldest first)
+   and report how many of each were held; held packs are out of reach of drop-oldest and staleness.
+2. after the collective decision, `take_held(ver)` returns exactly the held packs of `ver` and puts every
+   other held pack back where it was; `release_held()` puts them all back (the step went to Channel-A).
+
+When full, `push` drops the oldest pack that is not held (`drop_oldest_total`); when every pack is
+held, the new pack itself is dropped. Packs that fall out of the version window are dropped and counted
+(`drop_stale_total`) and are never returned. Each pack carries a size (its segments) so the drops can be
+counted in rollouts too.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -24,6 +32,15 @@ class QueueCounters:
     popped_total: int
     drop_oldest_total: int
     drop_stale_total: int
+    dropped_segments_total: int  # segments inside the dropped packs (stale or oldest)
+
+
+@dataclass
+class _Entry(Generic[T]):
+    ver: int
+    pack: T
+    size: int
+    held: bool = False
 
 
 class ReadyPackQueue(Generic[T]):
@@ -34,21 +51,34 @@ class ReadyPackQueue(Generic[T]):
             raise ValueError(f"version_window must be >= 0, got {version_window}")
         self.queue_limit = queue_limit
         self.version_window = version_window
-        self._items: deque[tuple[int, T]] = deque()
+        self._items: list[_Entry[T]] = []  # push order; held entries keep their place
         self._lock = threading.Lock()
         self._current_ver = 0
-        self._pushed = self._popped = self._drop_oldest = self._drop_stale = 0
+        self._pushed = self._popped = self._drop_oldest = self._drop_stale = self._dropped_segments = 0
 
-    def push(self, pack: T, ver: int) -> None:
+    # ------------------------------------------------------------------ producer
+
+    def push(self, pack: T, ver: int, size: int = 1) -> bool:
+        """Queue `pack` of version `ver` (`size` segments); False if it was dropped instead."""
         with self._lock:
             if is_stale(ver, self._current_ver, self.version_window):
                 self._drop_stale += 1
-                return
+                self._dropped_segments += size
+                return False
             if len(self._items) >= self.queue_limit:
-                self._items.popleft()
+                victim = next((e for e in self._items if not e.held), None)
+                if victim is None:  # everything is held by the gate: the newcomer is the one to go
+                    self._drop_oldest += 1
+                    self._dropped_segments += size
+                    return False
+                self._items.remove(victim)
                 self._drop_oldest += 1
-            self._items.append((ver, pack))
+                self._dropped_segments += victim.size
+            self._items.append(_Entry(ver, pack, size))
             self._pushed += 1
+            return True
+
+    # ------------------------------------------------------------------ consumer
 
     def set_current_ver(self, ver: int) -> None:
         """Advance the learner's version; packs now outside the window are dropped."""
@@ -62,28 +92,54 @@ class ReadyPackQueue(Generic[T]):
     def current_ver(self) -> int:
         return self._current_ver
 
-    def count_for_ver(self, ver: int) -> int:
-        with self._lock:
-            self._purge_stale()
-            return sum(1 for v, _ in self._items if v == ver)
-
     def eligible_counts(self) -> tuple[list[int], list[int]]:
-        """(versions oldest first, packs held of each) for the feasibility gate."""
+        """(versions oldest first, packs held or not of each) — what pacing and metrics read."""
         with self._lock:
             self._purge_stale()
             versions = eligible_versions(self._current_ver, self.version_window)
-            counts = [sum(1 for v, _ in self._items if v == ver) for ver in versions]
+            return versions, [sum(1 for e in self._items if e.ver == v) for v in versions]
+
+    def hold(self, gas: int) -> tuple[list[int], list[int]]:
+        """Hold up to `gas` packs of every eligible version (oldest packs first) and return
+        (versions oldest first, packs held of each). Held packs stay until `take_held`/`release_held`."""
+        with self._lock:
+            if any(e.held for e in self._items):
+                raise RuntimeError("hold() while packs are still held: take or release them first")
+            self._purge_stale()
+            versions = eligible_versions(self._current_ver, self.version_window)
+            counts = []
+            for ver in versions:
+                mine = [e for e in self._items if e.ver == ver][:gas]
+                for entry in mine:
+                    entry.held = True
+                counts.append(len(mine))
             return versions, counts
 
+    def take_held(self, ver: int) -> list[T]:
+        """The held packs of `ver` (oldest first), removed; every other held pack is released."""
+        with self._lock:
+            taken = [e for e in self._items if e.held and e.ver == ver]
+            self._items = [e for e in self._items if not (e.held and e.ver == ver)]
+            for entry in self._items:
+                entry.held = False
+            self._popped += len(taken)
+            return [e.pack for e in taken]
+
+    def release_held(self) -> None:
+        with self._lock:
+            for entry in self._items:
+                entry.held = False
+            self._purge_stale()
+
     def pop_for_ver(self, ver: int) -> T:
-        """The oldest pack of exactly version `ver`; `LookupError` if there is none."""
+        """The oldest pack of exactly version `ver` (tests and tools; the learner uses hold/take)."""
         with self._lock:
             self._purge_stale()
-            for k, (v, pack) in enumerate(self._items):
-                if v == ver:
+            for k, entry in enumerate(self._items):
+                if entry.ver == ver and not entry.held:
                     del self._items[k]
                     self._popped += 1
-                    return pack
+                    return entry.pack
             raise LookupError(f"no ready pack of version {ver} (depth {len(self._items)})")
 
     def depth(self) -> int:
@@ -98,11 +154,15 @@ class ReadyPackQueue(Generic[T]):
                 popped_total=self._popped,
                 drop_oldest_total=self._drop_oldest,
                 drop_stale_total=self._drop_stale,
+                dropped_segments_total=self._dropped_segments,
             )
 
     def _purge_stale(self) -> None:
-        kept = deque(
-            item for item in self._items if not is_stale(item[0], self._current_ver, self.version_window)
-        )
-        self._drop_stale += len(self._items) - len(kept)
+        kept = []
+        for entry in self._items:
+            if not entry.held and is_stale(entry.ver, self._current_ver, self.version_window):
+                self._drop_stale += 1
+                self._dropped_segments += entry.size
+            else:
+                kept.append(entry)
         self._items = kept

@@ -34,6 +34,7 @@ from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save_file
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.rollout.errors import RolloutRequestError, RolloutServerError, WeightPushError
 from stagectl.rollout.protocol import (
     InferBody,
     InferRequest,
@@ -68,18 +69,6 @@ Transport = Literal["http", "disk"]
 T = TypeVar("T")
 _RESPONSES = TypeAdapter(list[InferResponse])
 MIB = 1024 * 1024
-
-
-class RolloutRequestError(ValueError):
-    """The server refused a request as malformed or not allowed (4xx): retrying cannot help."""
-
-
-class RolloutServerError(RuntimeError):
-    """A server failed a request even after the retry and the splits down to a single request."""
-
-
-class WeightPushError(RuntimeError):
-    """A weight sync failed; every server still serves its previous version."""
 
 
 class _Retryable(Exception):

@@ -52,9 +52,9 @@ def tiny_train_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "model": {"name_or_path": "builtin:tiny-qwen2.5-vl"},
         "data": {"synthetic": {"num_samples": 32, "seed": 0, "image_size": 112, "max_objects": 2}},
-        "global_max_length": 1024,
+        "global_max_length": 512,  # a packed micro-batch holds 2-3 samples
         "training": {
-            "per_device_train_batch_size": 2,
+            "per_device_train_batch_size": 1,
             "gradient_accumulation_steps": 1,
             "learning_rate": 1e-3,
             "max_steps": 2,

@@ -68,7 +68,7 @@ def test_two_nodes_a_only_end_identical_and_only_rank_0_writes(tmp_path: Path) -
     digests = json.loads((writer / "final_state.json").read_text())["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
     assert [r["step"] for r in read_metrics(writer)] == [0, 1, 2]
-    assert read_metrics(writer)[0]["packing/n_segments"] == 4  # both nodes' samples, summed
+    assert read_metrics(writer)[0]["packing/n_packs"] == 2  # one packed sequence per node, summed
 
 
 def test_two_nodes_async_against_one_shared_rollout_server(tmp_path: Path) -> None:

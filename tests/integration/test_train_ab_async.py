@@ -12,13 +12,14 @@ from pathlib import Path
 
 from stagectl.rollout.launcher import start_server_process
 from stagectl.schedule import channel_for_step
+from tests.faults.helpers import fault_run
 from tests.integration.helpers import ROOT, read_metrics, run_cli, tiny_train_config, write_config
 
 
 def async_config(tmp_path: Path, **sections: object) -> dict:
     base = tiny_train_config(
         tmp_path,
-        training={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 8},
+        training={"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 8},
         launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
         custom={
             "extra": {
@@ -78,6 +79,11 @@ def test_example_async_config_completes(tmp_path: Path) -> None:
     digests = json.loads((out / "final_state.json").read_text())["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
     assert rows[-1]["stage2_ab/async/sync_total"] >= 4
+    last = rows[-1]
+    assert last["stage2_ab/async/rollouts_requested_total"] > 0
+    assert last["stage2_ab/async/drop_oldest_total"] == 0  # pacing never overfills the queue
+    for r in (r for r in rows if r["kind"] == "B"):  # one ready pack per micro-step, filled by tokens
+        assert r["packing/fill"] >= 0.8
     assert (out / "rollout_server.log").read_text().count('"path": "/infer/"') > 0
 
 
@@ -156,14 +162,14 @@ def test_killed_server_skips_b_and_never_hangs(tmp_path: Path) -> None:
 def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:
     cfg = async_config(tmp_path, training={"max_steps": 30})
     started = time.monotonic()
-    result = run_cli(
-        "train-ab",
-        str(write_config(tmp_path / "cfg.yaml", cfg)),
-        timeout=240,
-        env={"STAGECTL_INJECT_PREFETCH_FAULT_RANK": "1"},
-    )
-    assert result.returncode != 0
-    assert "prefetcher on rank 1 failed" in result.stderr and "injected prefetch fault" in result.stderr
+    args = ["train-ab", str(write_config(tmp_path / "cfg.yaml", cfg))]
+    with fault_run(args, tmp_path, fault="raise_in_prefetch:1") as run:
+        code = run.finish(240)
+        assert not run.wait_no_leftovers(20)
+    output = run.output()
+    assert code != 0
+    assert "prefetcher on rank 1 failed" in output and "injected prefetch fault" in output
+    assert "Traceback" not in output  # one line, from rank 0
     assert time.monotonic() - started < 200
     rows = read_metrics(tmp_path / "run") if (tmp_path / "run" / "metrics.jsonl").exists() else []
     assert len(rows) < 30

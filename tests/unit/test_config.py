@@ -196,11 +196,24 @@ def test_apply_override_creates_sections() -> None:
 
 
 def test_effective_batch_size_derives_gas(tmp_path: Path) -> None:
-    data = {**BASE, "training": {"per_device_train_batch_size": 2, "effective_batch_size": 8}}
+    data = {
+        **BASE,
+        "training": {"packing": False, "per_device_train_batch_size": 2, "effective_batch_size": 8},
+    }
     cfg = load_config(write(tmp_path, data))
     resolved = resolve_config(cfg, 1)
     assert resolved.gradient_accumulation_steps == 4
     assert resolved.rollouts_per_step == 8
+    packed = {**BASE, "training": {"effective_batch_size": 8}}  # packing: 8 packed sequences per step
+    assert resolve_config(load_config(write(tmp_path, packed)), 2).gradient_accumulation_steps == 4
+
+
+def test_packing_counts_packed_sequences_so_the_micro_batch_is_one(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, {**BASE, "training": {"per_device_train_batch_size": 4}})
+    message = problems["training.per_device_train_batch_size"]
+    assert "one packed sequence" in message and "gradient_accumulation_steps" in message
+    assert "packing: false" in message
+    load_config(write(tmp_path, {**BASE, "training": {"packing": False, "per_device_train_batch_size": 4}}))
 
 
 def test_effective_batch_size_inconsistent(tmp_path: Path) -> None:

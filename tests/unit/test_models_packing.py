@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -11,11 +12,14 @@ from hypothesis import strategies as st
 
 from stagectl.packing import (
     CoordGroup,
+    PackBuffer,
     Segment,
     collate_padded,
+    pack_into,
     pack_segments,
     packing_lower_bound,
     packing_stats,
+    select_pack,
 )
 
 
@@ -154,3 +158,59 @@ def test_collate_padded_shapes_and_offsets() -> None:
     assert batch.coord_targets.dtype == torch.long
     assert "position_ids" not in batch.model_inputs()
     assert batch.num_tokens == 8
+
+
+# ---------------------------------------------------------------- one pack at a time (Channel-A)
+
+
+def test_select_pack_is_the_exact_best_subset_with_the_oldest_in() -> None:
+    rng = random.Random(7)
+    for _ in range(400):
+        n = rng.randint(1, 9)
+        capacity = rng.randint(20, 60)
+        lengths = [rng.randint(1, 25) for _ in range(n)]
+        if lengths[0] > capacity:
+            continue
+        chosen = select_pack(lengths, capacity)
+        assert chosen[0] == 0 and chosen == sorted(set(chosen))
+        best = max(
+            lengths[0] + sum(c)
+            for r in range(n)
+            for c in itertools.combinations(lengths[1:], r)
+            if lengths[0] + sum(c) <= capacity
+        )
+        assert sum(lengths[i] for i in chosen) == best
+        assert select_pack(lengths, capacity) == chosen  # deterministic
+
+
+def test_select_pack_prefers_older_items_among_equal_totals() -> None:
+    assert select_pack([5, 3, 3, 3], 8) == [0, 1]
+    with pytest.raises(ValueError, match="exceeds the pack capacity"):
+        select_pack([9, 1], 8)
+
+
+def test_pack_buffer_drains_oldest_first_and_fills_packs() -> None:
+    buffer: PackBuffer[str] = PackBuffer(100)
+    for name, length in [("a", 60), ("b", 50), ("c", 40), ("d", 30), ("e", 10)]:
+        buffer.add(name, length)
+    assert buffer.num_tokens == 190 and buffer.peek_fill() == 1.0
+    assert [k for k, _ in buffer.pop_pack()] == ["a", "c"]  # 60 + 40 = 100
+    assert [k for k, _ in buffer.pop_pack()] == ["b", "d", "e"]  # 50 + 30 + 10
+    assert len(buffer) == 0
+    with pytest.raises(ValueError, match="exceeds packing_length"):
+        buffer.add("huge", 101)
+
+
+def test_pack_into_spreads_evenly_over_the_wanted_packs_and_never_makes_more() -> None:
+    assert pack_into([10] * 36, 4, 100) == ([list(range(k, 36, 4)) for k in range(4)], [])  # 9 x 10 each
+    assert pack_into([60, 60, 60], 1, 100) == ([[0]], [1, 2])  # too much for 1 pack: the rest is left
+    assert pack_into([90, 20], 2, 100) == ([[0], [1]], [])
+    assert pack_into([], 3, 100) == ([], [])
+    groups, left = pack_into([30, 30, 30], 5, 100)  # more packs than segments: empty ones left out
+    assert sorted(len(g) for g in groups) == [1, 1, 1] and left == []
+    rng = random.Random(3)
+    for _ in range(200):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(0, 20))]
+        groups, left = pack_into(lengths, 3, 100)
+        assert len(groups) <= 3 and all(sum(lengths[i] for i in g) <= 100 for g in groups)
+        assert sorted([i for g in groups for i in g] + left) == list(range(len(lengths)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_stale_pack_dropped_counted_never_returned() -> None:
     q.push("old", ver=0)
     q.push("mid", ver=1)
     q.set_current_ver(2)  # window 1: v0 < 2 - 1 is stale
-    assert q.count_for_ver(0) == 0
+    assert q.eligible_counts() == ([1, 2], [1, 0])
     with pytest.raises(LookupError):
         q.pop_for_ver(0)
     assert q.counters().drop_stale_total == 1
@@ -107,3 +108,71 @@ def test_concurrent_push_and_pop_lose_nothing() -> None:
 def test_bad_limits(limit: int, window: int) -> None:
     with pytest.raises(ValueError):
         ReadyPackQueue(limit, window)
+
+
+def test_held_packs_survive_drop_oldest_and_come_back_in_place_when_released() -> None:
+    q: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=3, version_window=1)
+    q.set_current_ver(1)
+    for name, ver in [("a0", 0), ("b1", 1), ("c1", 1)]:
+        q.push(name, ver)
+    assert q.hold(gas=2) == ([0, 1], [1, 2])
+    assert not q.push("d1", 1)  # full and everything held: the newcomer goes, not a held pack
+    assert q.counters().drop_oldest_total == 1
+    q.release_held()
+    assert q.push("e1", 1)  # released: the oldest (a0) is the one to go now
+    assert [q.pop_for_ver(1) for _ in range(3)] == ["b1", "c1", "e1"]
+
+
+def test_take_held_returns_exactly_the_chosen_version_and_releases_the_rest() -> None:
+    q: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=1)
+    q.set_current_ver(1)
+    for name, ver in [("a0", 0), ("b0", 0), ("c1", 1), ("d1", 1), ("e1", 1)]:
+        q.push(name, ver)
+    assert q.hold(gas=2) == ([0, 1], [2, 2])  # e1 is not held: gas 2 per version
+    assert q.take_held(1) == ["c1", "d1"]
+    assert q.hold(gas=2) == ([0, 1], [2, 1])  # a0, b0 were released by the take
+    q.release_held()
+    q.set_current_ver(2)  # v0 goes stale once no longer held
+    assert q.eligible_counts() == ([1, 2], [1, 0])
+
+
+def test_stress_the_gate_never_loses_a_held_pack() -> None:
+    """A producer pushes as fast as it can into a tiny queue (drop-oldest all the time, versions moving
+    on) while the consumer runs thousands of hold -> decide -> take/release rounds: every decision to
+    take `gas` packs of a version gets exactly `gas` packs of that version."""
+    gas = 2
+    q: ReadyPackQueue[tuple[int, int]] = ReadyPackQueue(queue_limit=3, version_window=1)
+    stop = threading.Event()
+    current = [0]
+
+    def produce() -> None:
+        k = 0
+        while not stop.is_set():
+            ver = current[0]
+            q.push((ver, k), ver)
+            k += 1
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    taken = 0
+    try:
+        for round_ in range(3000):
+            deadline = time.monotonic() + 1.0
+            while q.depth() < 3 and time.monotonic() < deadline:  # let the producer refill
+                time.sleep(0.0002)
+            versions, held = q.hold(gas)
+            feasible = [v for v, c in zip(versions, held, strict=True) if c >= gas]
+            if feasible and round_ % 2:
+                packs = q.take_held(feasible[0])
+                assert len(packs) == gas and all(ver == feasible[0] for ver, _ in packs)
+                taken += 1
+            else:
+                q.release_held()
+            if round_ % 50 == 49:
+                current[0] += 1
+                q.set_current_ver(current[0])
+    finally:
+        stop.set()
+        producer.join()
+    assert taken > 500  # the race was real: many decisions went to B while pushes evicted others
+    assert q.counters().drop_oldest_total > 1000

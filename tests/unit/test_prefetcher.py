@@ -1,25 +1,29 @@
-"""The prefetcher thread with fakes of our own interfaces: version-pure packs, pacing, error hand-off."""
+"""The prefetcher thread with fakes of our own interfaces: bursts sized by pacing, packs by token budget,
+version tags from the fenced burst, error hand-off."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from stagectl.data.sampler import ShardedSampler
-from stagectl.learner.channel_b import RolloutStats
-from stagectl.learner.rollout_server import VersionedRollouts
+from stagectl.detection.stats import RolloutStats
 from stagectl.models.generate import Generation
 from stagectl.packing import Segment
-from stagectl.prefetch.prefetcher import Prefetcher, ReadyPack
+from stagectl.prefetch.pacing import PacingRules
+from stagectl.prefetch.prefetcher import Prefetcher, PrefetchError, ReadyPack
 from stagectl.prefetch.queue import ReadyPackQueue
-from stagectl.rollout.client import RolloutServerError
+from stagectl.rollout.errors import RolloutServerError
+
+SEGMENT_TOKENS = 10
 
 
-def segment(length: int) -> Segment:
+def segment(length: int = SEGMENT_TOKENS) -> Segment:
     return Segment(
         input_ids=list(range(length)),
         ce_weights=[0.0] + [1.0] * (length - 1),
@@ -29,78 +33,155 @@ def segment(length: int) -> Segment:
     )
 
 
+class FakeSection:
+    def __init__(self, source: FakeSource) -> None:
+        self.source = source
+        self.ver = source.ver
+
+    def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
+        self.source.requests.append(len(indices))
+        if self.source.fail_with is not None:
+            raise self.source.fail_with
+        return [Generation([i], "stop") for i in indices]
+
+
 class FakeSource:
-    """Answers each chunk with the version the test sets; can fail on demand."""
+    """Answers with the version the test sets; can fail on demand; records sections and request sizes."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: int = SEGMENT_TOKENS) -> None:
         self.ver = 0
-        self.calls = 0
+        self.tokens = tokens  # segment length each rollout makes
+        self.requests: list[int] = []
+        self.sections = 0
         self.fail_with: Exception | None = None
-        self.gate = threading.Semaphore(1000)
+        self.in_section = threading.Event()
 
-    def rollout_versioned(self, indices: Sequence[int], seed: int) -> VersionedRollouts:
-        self.gate.acquire()
-        self.calls += 1
-        if self.fail_with is not None:
-            raise self.fail_with
-        return VersionedRollouts([Generation([i], "stop") for i in indices], self.ver)
+    @contextmanager
+    def section(self) -> Iterator[FakeSection]:
+        self.sections += 1
+        self.in_section.set()
+        try:
+            yield FakeSection(self)
+        finally:
+            self.in_section.clear()
+
+    def build(
+        self, indices: Sequence[int], generations: Sequence[Generation]
+    ) -> tuple[list[Any], RolloutStats]:
+        return [(segment(self.tokens), RolloutStats(n_samples=1)) for _ in indices], RolloutStats()
 
 
 def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) -> Prefetcher:
+    rules = PacingRules(
+        b_ratio=kwargs.pop("b_ratio", 1.0),
+        gas=kwargs.pop("gas", 2),
+        sync_every_steps=1,
+        version_window=1,
+        target_packs=kwargs.pop("target_packs", 4),
+        pack_tokens=90,  # 0.9 x packing_length 100: 9 segments of 10 tokens
+    )
     options: dict[str, Any] = {
-        "chunk_size": 3,
         "packing_length": 100,
-        "target_packs": 4,
+        "initial_tokens_per_rollout": float(SEGMENT_TOKENS),
         "max_consecutive_failures": 2,
         "outage_timeout_s": 60.0,
-        "segments_per_pack": 2,
+        "idle_wait_s": 0.005,
     }
     options.update(kwargs)
     return Prefetcher(
         source=source,
-        build_segment=lambda index, generation: (segment(10), RolloutStats(n_samples=1)),
+        build_segments=source.build,
         collate=lambda segments: segments,  # type: ignore[arg-type,return-value]
-        sampler=ShardedSampler(50, rank=0, world_size=1, seed=0, stream="B"),
+        sampler=ShardedSampler(500, rank=0, world_size=1, seed=0, stream="B"),
         queue=queue,
-        current_ver=lambda: 0,
+        current_ver=lambda: source.ver,
+        next_step=lambda: 0,
+        rules=rules,
         seed=0,
         rank=0,
         **options,
     )
 
 
-def test_version_change_flushes_leftovers_into_old_version_packs() -> None:
-    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=5)
-    source = FakeSource()
-    pf = make(source, queue, target_packs=100)
-    pf._produce_once()  # ver 0: 3 segments -> one pack of 2, one leftover buffered
-    assert queue.depth() == 1
-    source.ver = 1
-    queue.set_current_ver(1)
-    pf._produce_once()  # ver 1: the ver-0 leftover is flushed alone, then 3 new -> 1 pack + leftover
-    packs = [queue.pop_for_ver(0), queue.pop_for_ver(0), queue.pop_for_ver(1)]
-    assert [p.ver for p in packs] == [0, 0, 1]
-    assert [p.num_segments for p in packs] == [2, 1, 2]
-    assert queue.depth() == 0 and pf.counters.produced_packs == 3
-
-
-def test_pacing_stops_at_target() -> None:
+def test_a_burst_fills_exactly_the_packs_pacing_wants_at_the_fill_ratio() -> None:
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
-    pf = make(source, queue, target_packs=4)
+    pf = make(source, queue, gas=2, target_packs=4)
+    pf._burst(pf._packs_wanted())
+    # b_ratio 1, sync every step, window 1: 2 B steps in the horizon x gas 2 = 4 packs, room 4;
+    # 4 x 90 tokens / 10 per rollout = 36 rollouts: 80% first (29), then the 7 missing
+    assert source.requests == [29, 7] and source.sections == 1
+    packs = [queue.pop_for_ver(0) for _ in range(4)]
+    assert [p.num_segments for p in packs] == [9, 9, 9, 9]  # fill 0.9 each
+    assert queue.depth() == 0 and pf._packs_wanted() == 4
+
+
+def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4)
     pf.start()
-    time.sleep(0.5)
-    calls = source.calls
-    time.sleep(0.3)
-    assert source.calls == calls  # idle once queued + buffered reaches the target
-    assert 4 <= queue.depth() + 1 <= 6
+    assert wait_for(lambda: queue.depth() == 4, 5.0)
+    time.sleep(0.2)
+    assert sum(source.requests) == 36  # idle: the queue is at its target
     queue.pop_for_ver(0)
     queue.pop_for_ver(0)
-    deadline = time.monotonic() + 5
-    while source.calls == calls and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert source.calls > calls  # consumption resumes production
+    assert wait_for(lambda: sum(source.requests) == 54, 5.0)  # consumption resumes production
+    assert queue.depth() == 4  # exactly the 2 packs consumed were made again
     assert pf.stop(5.0)
+
+
+def test_no_rollouts_for_a_version_whose_b_steps_do_not_come() -> None:
+    """b_ratio 0: no B step ever wants these packs, so nothing is generated (nothing wasted)."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, b_ratio=0.0)
+    pf.start()
+    time.sleep(0.3)
+    assert source.requests == [] and queue.depth() == 0
+    assert pf.stop(2.0)
+
+
+def test_packs_carry_the_version_of_their_burst_and_are_queued_inside_it() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=5)
+    source = FakeSource()
+    pushed_inside: list[bool] = []
+    original = queue.push
+
+    def push(pack: ReadyPack, ver: int, size: int = 1) -> bool:
+        pushed_inside.append(source.in_section.is_set())
+        return original(pack, ver, size)
+
+    queue.push = push  # type: ignore[method-assign]
+    pf = make(source, queue, gas=1, target_packs=1)
+    pf._burst(1)
+    source.ver = 3
+    queue.set_current_ver(3)
+    pf._burst(1)
+    assert [queue.pop_for_ver(0).ver, queue.pop_for_ver(3).ver] == [0, 3]
+    assert pushed_inside == [True, True]  # the sync fence was still closed when each pack was queued
+
+
+def test_a_short_burst_is_topped_up_inside_the_same_section() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=1, target_packs=1, initial_tokens_per_rollout=100.0)
+    pf._burst(1)  # the first guess is high (prompt + max_new_tokens): 1 rollout, then top-ups
+    assert source.sections == 1 and len(source.requests) == 3 and source.requests[0] == 1
+    first = queue.pop_for_ver(0)
+    assert first.num_segments == sum(source.requests)
+    source.requests.clear()
+    pf._burst(1)  # the estimate has come down: the pack reaches its 90 tokens
+    assert queue.pop_for_ver(0).num_segments * SEGMENT_TOKENS >= 90
+
+
+def test_rollouts_longer_than_estimated_never_make_an_extra_pack() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource(tokens=12)  # the estimate says 10: 9 rollouts would make 108 > 100
+    pf = make(source, queue, gas=1, target_packs=1)
+    pf._burst(1)  # 80% first: 8 x 12 = 96 >= 90, done
+    assert source.requests == [8]
+    assert queue.depth() == 1 and queue.pop_for_ver(0).num_segments == 8
 
 
 def test_non_transient_errors_reach_the_learner_after_n_failures() -> None:
@@ -109,11 +190,9 @@ def test_non_transient_errors_reach_the_learner_after_n_failures() -> None:
     source.fail_with = KeyError("boom")
     pf = make(source, queue, max_consecutive_failures=3)
     pf.start()
-    deadline = time.monotonic() + 5
-    while pf.error() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert source.calls == 3 and pf.counters.fail_total == 3
-    with pytest.raises(RuntimeError, match="prefetcher \\(rank 0\\) failed: KeyError"):
+    assert wait_for(lambda: pf.error() is not None, 5.0)
+    assert len(source.requests) == 3 and pf.counters.fail_total == 3
+    with pytest.raises(PrefetchError, match="prefetcher \\(rank 0\\) failed: KeyError"):
         pf.raise_if_failed()
     assert pf.stop(1.0)
 
@@ -131,7 +210,7 @@ def test_server_outage_is_retried_and_recovers() -> None:
     source.fail_with = RolloutServerError("connection refused")
     pf = make(source, queue, max_consecutive_failures=1, outage_timeout_s=30.0)
     pf.start()
-    assert wait_for(lambda: source.calls >= 2, 3.0)
+    assert wait_for(lambda: len(source.requests) >= 2, 3.0)
     assert pf.error() is None  # transient: retried with back-off, not fatal
     source.fail_with = None  # the server is back
     assert wait_for(lambda: queue.depth() > 0, 5.0)
@@ -148,3 +227,27 @@ def test_long_outage_is_reported() -> None:
     assert wait_for(lambda: pf.error() is not None, 5.0)
     assert "unreachable" in (pf.error() or "")
     assert pf.stop(1.0)
+
+
+def test_an_error_caused_by_the_shutdown_is_not_an_error() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, max_consecutive_failures=1)
+    pf.request_stop()
+    source.fail_with = RolloutServerError("client closed")
+    pf._burst(1)
+    assert pf.error() is None and pf.counters.fail_total == 0
+
+
+def test_segments_that_fit_no_pack_start_the_next_burst_of_the_same_version() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource(tokens=40)
+    pf = make(source, queue, gas=1, target_packs=1, initial_tokens_per_rollout=20.0)
+    pf._burst(1)  # the estimate says 20: 80% of 90 -> 4 rollouts of 40 = 160 tokens, 2 fit in 100
+    assert source.requests == [4] and queue.pop_for_ver(0).num_segments == 2
+    pf._burst(1)  # 2 carried (80 tokens) + 1 more rollout: 120 -> 2 fit, 1 carried again
+    assert source.requests == [4, 1] and queue.pop_for_ver(0).num_segments == 2
+    source.ver = 1
+    queue.set_current_ver(1)
+    pf._burst(1)  # the version moved on: the carried segment is dropped and counted
+    assert pf.counters.carry_dropped_total == 1 and queue.pop_for_ver(1).ver == 1

@@ -22,7 +22,8 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   node-local or lagging view of the output directory that lists a checkpoint still being written);
 - `log_stream:STREAM` - every `ShardedSampler.take` of stream STREAM appends the indices it returns to
   `D/stream-STREAM-rank<R>.jsonl` (what each rank consumed, to compare runs);
-- `slow_prefetch:RANK:SECONDS` - the async prefetcher of rank RANK sleeps SECONDS before each chunk.
+- `slow_prefetch:RANK:SECONDS` - the async prefetcher of rank RANK sleeps SECONDS before each burst;
+- `raise_in_prefetch:RANK` - the async prefetcher of rank RANK raises in its first burst.
 
 Several faults are armed at once with `;` between their specs.
 
@@ -218,13 +219,24 @@ def _slow_prefetch(module: ModuleType, rank: str, seconds: str) -> None:
     if os.environ.get("RANK", "0") != rank:
         return
     cls = module.Prefetcher
-    original = cls._produce_once
+    original = cls._burst
 
-    def produce_once(self: Any) -> Any:
+    def burst(self: Any, num_packs: int) -> Any:
         time.sleep(float(seconds))
-        return original(self)
+        return original(self, num_packs)
 
-    cls._produce_once = produce_once
+    cls._burst = burst
+
+
+def _raise_in_prefetch(module: ModuleType, rank: str) -> None:
+    if os.environ.get("RANK", "0") != rank:
+        return
+
+    def burst(self: Any, num_packs: int) -> Any:
+        _fire(f"rank {rank} prefetcher raises")
+        raise RuntimeError(f"injected prefetch fault on rank {rank}")
+
+    module.Prefetcher._burst = burst
 
 
 FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
@@ -237,6 +249,7 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "resume_view": ("stagectl.learner.checkpoint", _resume_view),
     "log_stream": ("stagectl.data.sampler", _log_stream),
     "slow_prefetch": ("stagectl.prefetch.prefetcher", _slow_prefetch),
+    "raise_in_prefetch": ("stagectl.prefetch.prefetcher", _raise_in_prefetch),
 }
 
 

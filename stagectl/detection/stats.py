@@ -1,0 +1,53 @@
+"""`RolloutStats`: summed rollout-quality counters (parse, match, targets) of a set of rollouts. Plain
+data: added up across chunks, reduced across ranks as a float vector, turned into `rollout/*` metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class RolloutStats:
+    """Summed rollout counters of a set of samples (add them up across chunks and ranks)."""
+
+    n_samples: int = 0
+    n_gt: int = 0
+    n_valid: int = 0
+    n_dropped: int = 0
+    n_matched: int = 0
+    n_fp: int = 0
+    n_fn: int = 0
+    n_truncated: int = 0
+    n_invalid: int = 0
+    n_too_long: int = 0
+    n_rollout_tokens: int = 0
+
+    def add(self, other: RolloutStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_list(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: Sequence[float]) -> RolloutStats:
+        return cls(*(int(v) for v in values))
+
+    def metrics(self) -> dict[str, float]:
+        precision = self.n_matched / self.n_valid if self.n_valid else 0.0
+        recall = self.n_matched / self.n_gt if self.n_gt else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        samples = max(1, self.n_samples)
+        return {
+            "rollout/precision": precision,
+            "rollout/recall": recall,
+            "rollout/f1": f1,
+            "rollout/n_valid": self.n_valid,
+            "rollout/n_dropped": self.n_dropped,
+            "rollout/n_samples": self.n_samples,
+            "rollout/parse_truncated_rate": self.n_truncated / samples,
+            "rollout/invalid_rate": self.n_invalid / samples,
+            "rollout/n_too_long": self.n_too_long,
+            "rollout/mean_tokens": self.n_rollout_tokens / samples,
+        }

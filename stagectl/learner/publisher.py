@@ -1,0 +1,112 @@
+"""`WeightPublisher`: the learner's side of keeping rollout servers on its policy.
+
+It owns the push of the state dict (rank 0 pushes; every rank learns the outcome), the policy version
+`ver` the servers serve (it counts pushes; it starts from what the servers report), and the fresh-server
+rule: a server that reports version 0 while the learner has made no update already serves the base
+weights; anything else gets a push before its rollouts are used.
+
+Two ways to use it: `ensure_current` (step mode, one rank: push before a B step when the weights changed)
+and `sync` (async mode, every rank: a collective with the sync fence closed around it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+
+from stagectl import dist
+from stagectl.prefetch.fence import SyncFence
+from stagectl.rollout.client import PushReport, RolloutClient
+from stagectl.rollout.errors import WeightPushError
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    status: str  # "ok" | "unreachable" (skipped; the next sync retries) | "error" (ends every rank)
+    message: str = ""
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+
+class WeightPublisher:
+    def __init__(self, client: RolloutClient, model: Any, world: dist.World, *, num_updates: int) -> None:
+        self.client = client
+        self.model = model
+        self.world = world
+        served = max(v.version for v in client.versions()) if world.is_main else 0
+        self.ver: int = dist.broadcast_object(served)
+        # a fresh server already serves the base weights; anything else gets a push first
+        self.pushed_at_update = 0 if self.ver == 0 and num_updates == 0 else -1
+        self.num_syncs = 0
+        self.num_failures = 0
+        self.seconds_total = 0.0
+        self.last: SyncOutcome | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """True when the servers serve exactly the learner's current weights at update 0."""
+        return self.pushed_at_update == 0
+
+    def ensure_current(self, num_updates: int) -> SyncOutcome | None:
+        """Step mode (one rank): push if the weights changed since the last push. Raises on failure."""
+        if self.pushed_at_update == num_updates:
+            return None
+        outcome = self._push()
+        if outcome.status != "ok":
+            raise WeightPushError(outcome.message)
+        self._advance(outcome)
+        self.pushed_at_update = num_updates
+        return outcome
+
+    def sync(self, fence: SyncFence, fence_timeout_s: float | None) -> SyncOutcome:
+        """Async mode, every rank: close the fence (no rollout call in flight on this rank), meet, rank 0
+        pushes as `ver + 1`, every rank learns the outcome. An unreachable server skips this sync (the
+        next retries); a rejected push ends every rank with its message."""
+        with fence.sync(timeout_s=fence_timeout_s):
+            dist.barrier()
+            outcome = self._push() if self.world.is_main else SyncOutcome("ok")
+            outcome = dist.broadcast_object(outcome)
+        if outcome.status == "error":
+            raise dist.SharedError(
+                f"weight sync to version {self.ver + 1} failed on rank 0: {outcome.message}"
+            )
+        if outcome.status == "unreachable":
+            self.num_failures += 1
+        else:
+            self._advance(outcome)
+        self.last = outcome
+        return outcome
+
+    def _advance(self, outcome: SyncOutcome) -> None:
+        self.ver += 1
+        self.num_syncs += 1
+        self.seconds_total += outcome.seconds
+
+    def _push(self) -> SyncOutcome:
+        started = time.perf_counter()
+        state_dict = {name: t.detach().to("cpu") for name, t in self.model.state_dict().items()}
+        try:
+            with torch.no_grad():
+                report: PushReport = self.client.push_weights(state_dict, self.ver + 1)
+        except WeightPushError as exc:
+            kind = "unreachable" if isinstance(exc.__cause__, httpx.TransportError) else "error"
+            return SyncOutcome(kind, str(exc), seconds=time.perf_counter() - started)
+        return SyncOutcome("ok", "", report.num_bytes, time.perf_counter() - started)
+
+    def metrics(self, outcome: SyncOutcome | None) -> dict[str, Any]:
+        """Per-sync figures of `outcome` (this step's sync, if any) and the running totals."""
+        row: dict[str, Any] = {
+            "weight_sync/total": self.num_syncs,
+            "weight_sync/fail_total": self.num_failures,
+        }
+        if outcome is not None and outcome.status == "ok":
+            row["weight_sync/bytes"] = outcome.num_bytes
+            row["time/weight_sync_s"] = outcome.seconds
+            row["weight_sync/mb_per_s"] = (
+                outcome.num_bytes / 2**20 / outcome.seconds if outcome.seconds else 0.0
+            )
+        return row

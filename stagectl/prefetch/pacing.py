@@ -1,0 +1,83 @@
+"""How many rollouts the async prefetcher asks for next, as pure arithmetic (no threads, no I/O).
+
+A rollout is worth generating only if a B step will train it while its policy version is eligible.
+Packs of the current version `ver` stay eligible until the learner's version passes `ver +
+version_window`, i.e. for the steps up to the `(version_window + 1)`-th weight sync from now; the
+schedule says which of those steps want Channel-B. A B step takes `gas` packs of ONE version on every
+rank (the oldest feasible version first), so packs only count in whole groups of `gas`:
+
+- demand = `gas` x (B steps in the horizon) - the complete groups of older versions already queued;
+- room = `prefetch_target_packs` - packs of other versions queued;
+- wanted = min(demand, room) rounded down to a multiple of `gas`, less the current version's packs
+  already queued.
+
+The rollouts requested are what fills `wanted` packs (`pack_tokens` each) at the running estimate of
+tokens per rollout. Zero means: wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from stagectl.schedule import channel_for_step
+
+
+@dataclass(frozen=True)
+class PacingRules:
+    b_ratio: Fraction | float | str
+    gas: int
+    sync_every_steps: int
+    version_window: int
+    target_packs: int  # prefetch_target_packs
+    pack_tokens: int  # packing_min_fill_ratio x packing_length: the tokens a ready pack is filled to
+    max_steps: int | None = None  # no B step comes after the last one
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What the queue holds now: `versions` eligible (oldest first) and `counts` of packs of each."""
+
+    versions: Sequence[int]
+    counts: Sequence[int]
+    current_ver: int
+
+
+def eligible_horizon(next_step: int, sync_every_steps: int, version_window: int) -> range:
+    """The steps (from `next_step` on) at which packs of the version current now are still eligible.
+
+    The weight version moves after step `s` whenever `(s + 1) % sync_every_steps == 0`; packs of version
+    `v` are eligible while the learner's version is at most `v + version_window`."""
+    first_sync = next_step + (-(next_step + 1)) % sync_every_steps  # the step after which ver moves
+    last = first_sync + version_window * sync_every_steps
+    return range(next_step, last + 1)
+
+
+def b_steps_in(steps: range, b_ratio: Fraction | float | str) -> int:
+    return sum(1 for s in steps if channel_for_step(s, b_ratio) == "B")
+
+
+def packs_wanted(next_step: int, queue: QueueView, rules: PacingRules) -> int:
+    """New packs of the current version that B steps will train before they go stale."""
+    gas = rules.gas
+    current = sum(c for v, c in zip(queue.versions, queue.counts, strict=True) if v == queue.current_ver)
+    older_groups = sum(
+        (c // gas) * gas for v, c in zip(queue.versions, queue.counts, strict=True) if v < queue.current_ver
+    )
+    others = sum(queue.counts) - current
+    horizon = eligible_horizon(next_step, rules.sync_every_steps, rules.version_window)
+    if rules.max_steps is not None:
+        horizon = range(horizon.start, min(horizon.stop, rules.max_steps))
+    demand = gas * b_steps_in(horizon, rules.b_ratio) - older_groups
+    room = rules.target_packs - others
+    target = (max(0, min(demand, room)) // gas) * gas
+    return max(0, target - current)
+
+
+def rollouts_for_tokens(tokens: int, tokens_per_rollout: float) -> int:
+    """Rollouts that make `tokens` at the estimate, rounded down (a short pack beats an extra one)."""
+    if tokens <= 0:
+        return 0
+    return math.floor(tokens / max(1.0, tokens_per_rollout))

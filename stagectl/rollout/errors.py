@@ -1,0 +1,16 @@
+"""The errors of talking to a rollout server, shared by the client that raises them and the learner and
+prefetcher that handle them (no HTTP library needed to catch them)."""
+
+from __future__ import annotations
+
+
+class RolloutRequestError(ValueError):
+    """The server refused a request as malformed or not allowed (4xx): retrying cannot help."""
+
+
+class RolloutServerError(RuntimeError):
+    """A server failed a request even after the retry and the splits down to a single request."""
+
+
+class WeightPushError(RuntimeError):
+    """A weight sync failed; every server still serves its previous version."""

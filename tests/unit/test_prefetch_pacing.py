@@ -1,0 +1,92 @@
+"""Pacing arithmetic: rollouts are generated only for packs a coming B step will train in time."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from stagectl.prefetch.pacing import (
+    PacingRules,
+    QueueView,
+    b_steps_in,
+    eligible_horizon,
+    packs_wanted,
+    rollouts_for_tokens,
+)
+
+
+def rules(**over: object) -> PacingRules:
+    base = {
+        "b_ratio": 1.0,
+        "gas": 2,
+        "sync_every_steps": 1,
+        "version_window": 1,
+        "target_packs": 4,
+        "pack_tokens": 900,
+    }
+    base.update(over)
+    return PacingRules(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("step", "every", "window"), list(itertools.product(range(7), range(1, 4), range(3)))
+)
+def test_the_horizon_ends_when_the_current_version_goes_stale(step: int, every: int, window: int) -> None:
+    """Simulate the version counter: it moves after step s when (s + 1) % every == 0."""
+    horizon = eligible_horizon(step, every, window)
+    ver_at = {}
+    ver = 0
+    for s in range(40):
+        ver_at[s] = ver
+        if (s + 1) % every == 0:
+            ver += 1
+    current = ver_at[step]
+    eligible = [s for s in range(step, 40) if ver_at[s] <= current + window]
+    assert list(horizon) == eligible
+
+
+def test_b_steps_in_follows_the_schedule() -> None:
+    assert b_steps_in(range(0, 4), 0.5) == 2
+    assert b_steps_in(range(0, 4), 0.25) == 1
+    assert b_steps_in(range(0, 4), 0.0) == 0
+
+
+def test_empty_queue_wants_gas_packs_per_b_step_up_to_the_target() -> None:
+    empty = QueueView([4, 5], [0, 0], current_ver=5)
+    assert packs_wanted(5, empty, rules()) == 4  # 2 B steps x gas 2, target 4
+    assert packs_wanted(5, empty, rules(target_packs=3)) == 2  # rounded down to whole B steps
+    assert packs_wanted(5, empty, rules(b_ratio=0.0)) == 0
+
+
+def test_queued_packs_count_only_in_whole_groups_of_gas() -> None:
+    # one pack of the old version can never make a B step of gas 2 alone; it does not reduce the demand
+    one_old = QueueView([4, 5], [1, 0], current_ver=5)
+    assert packs_wanted(5, one_old, rules()) == 2  # room is 4 - 1 = 3 -> 2 (whole groups)
+    two_old = QueueView([4, 5], [2, 0], current_ver=5)
+    assert packs_wanted(5, two_old, rules()) == 2  # one B step is served by the old ones
+    current = QueueView([4, 5], [0, 2], current_ver=5)
+    assert packs_wanted(5, current, rules()) == 2  # 2 of the 4 wanted are queued already
+    full = QueueView([4, 5], [2, 2], current_ver=5)
+    assert packs_wanted(5, full, rules()) == 0
+
+
+def test_a_ratio_half_schedule_asks_only_for_the_b_steps_ahead() -> None:
+    # b_ratio 0.5 gives A, B, A, B ...; sync every 2 steps, window 0: the horizon is the rest of the version
+    r = rules(b_ratio=0.5, sync_every_steps=2, version_window=0, target_packs=8)
+    view = QueueView([3], [0], current_ver=3)
+    assert packs_wanted(6, view, r) == 2  # steps 6 (A), 7 (B)
+    assert packs_wanted(7, view, r) == 2  # step 7 (B)
+
+
+def test_rollouts_fill_the_tokens_at_the_estimate_rounding_down() -> None:
+    assert rollouts_for_tokens(1800, 100.0) == 18
+    assert rollouts_for_tokens(900, 130.0) == 6  # 6 x 130 = 780 (a short pack beats an extra one)
+    assert rollouts_for_tokens(900, 5000.0) == 0
+    assert rollouts_for_tokens(0, 100.0) == 0
+
+
+def test_no_b_step_after_the_last_one() -> None:
+    empty = QueueView([4, 5], [0, 0], current_ver=5)
+    assert packs_wanted(5, empty, rules(max_steps=6)) == 2  # only step 5 is left
+    assert packs_wanted(5, empty, rules(max_steps=5)) == 0
