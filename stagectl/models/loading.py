@@ -109,8 +109,9 @@ def load_model_config(path: Path) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(str(path))
     except (ValueError, KeyError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(
-            f"{path}: transformers {transformers.__version__} cannot load this checkpoint ({exc}); "
+            f"{path}: transformers {transformers.__version__} cannot load this checkpoint ({reason}); "
             "stagectl runs no remote code, so the architecture must be one transformers ships"
         ) from None
 
