@@ -111,7 +111,7 @@ def test_bad_names_and_paths(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=re.escape("no config.json")):
         load_tokenizer(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_model"}))
-    with pytest.raises(ValueError, match="cannot load this checkpoint .* runs no remote code"):
+    with pytest.raises(ValueError, match=r"cannot load this checkpoint .* runs no remote code"):
         load_bundle(str(tmp_path))
 
 
