@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 from PIL import Image
 from transformers import PreTrainedTokenizerBase
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -68,10 +69,29 @@ def detection_messages(num_images: int, instruction: str = DETECTION_INSTRUCTION
 
 
 def chat_template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
-    """The chat template over `messages` plus the generation prompt, as ids (one `<|image_pad|>` per image)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """The chat template over `messages` plus the generation prompt, as ids (one `<|image_pad|>` per image).
+
+    A template that refuses a system turn (Gemma 2, Mistral v0.1, ...) gets the system text folded into
+    the first user message, the way Gemma 3's own template does it; any other template error is raised."""
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError:
+        folded = _fold_system_turn(messages)
+        if folded is None:
+            raise
+        text = tokenizer.apply_chat_template(folded, tokenize=False, add_generation_prompt=True)
     assert isinstance(text, str)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _fold_system_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`[system S, user U, ...]` (text contents) -> `[user "S\n\nU", ...]`; None for any other shape."""
+    if len(messages) < 2 or [m.get("role") for m in messages[:2]] != ["system", "user"]:
+        return None
+    system, user = messages[0]["content"], messages[1]["content"]
+    if not isinstance(system, str) or not isinstance(user, str):
+        return None
+    return [{"role": "user", "content": f"{system}\n\n{user}"}, *messages[2:]]
 
 
 def encode_messages(

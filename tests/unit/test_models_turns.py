@@ -121,3 +121,30 @@ def test_generation_eos_ids(tmp_path: Path) -> None:
     assert generation_eos_ids(tmp_path) == [5, 6]
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106, 2]}))
     assert generation_eos_ids(tmp_path) == [1, 106, 2]  # every one of them, generation config first
+
+
+# Gemma 2's template (gemma-2-2b-it): no system role at all.
+GEMMA2 = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+
+
+def test_a_template_without_a_system_role_gets_it_folded_into_the_user_turn(
+    toks: dict[ChatArch, PreTrainedTokenizerBase],
+) -> None:
+    from jinja2 import TemplateError
+
+    from stagectl.models.chat import chat_template_ids
+
+    tok = copy.deepcopy(toks["gemma3"])
+    tok.chat_template = GEMMA2
+    expected = "<bos><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.decode(chat_template_ids(tok, CHAT)) == expected  # what Stage-B prompts look like
+    assert tok.convert_ids_to_tokens(template_end_of_turn_id(tok)) == "<end_of_turn>"
+    with pytest.raises(TemplateError, match="must alternate"):  # other template errors still surface
+        chat_template_ids(tok, [EXCHANGE[0], EXCHANGE[0]])
