@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
+from transformers import PreTrainedModel
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -126,6 +127,9 @@ def save_inference_model(model: Any, path: Path) -> None:
     """`save_pretrained` with the config a user generates with: the learner trains with `use_cache`
     off (packed forwards), but the saved `config.json` keeps the KV cache on, as published checkpoints
     do (the learner turns it off again when it resumes from this checkpoint)."""
+    if not isinstance(model, PreTrainedModel):  # a stand-in that only knows save_pretrained
+        model.save_pretrained(path, safe_serialization=True)
+        return
     use_cache = model.config.use_cache
     model.config.use_cache = True
     try:
