@@ -244,11 +244,10 @@ class PackedBatch:
         return sum(self.segment_lengths)
 
     def model_inputs(self) -> dict[str, Any]:
-        inputs: dict[str, Any] = {
-            "input_ids": self.input_ids,
-            "mm_token_type_ids": self.mm_token_type_ids,
-            "use_cache": False,
-        }
+        inputs: dict[str, Any] = {"input_ids": self.input_ids, "use_cache": False}
+        # A text model's pack has plain (1, L) positions and takes no multimodal token types.
+        if self.position_ids is None or self.position_ids.dim() == 3:
+            inputs["mm_token_type_ids"] = self.mm_token_type_ids
         if self.position_ids is not None:
             inputs["position_ids"] = self.position_ids
         if self.attention_mask is not None:
@@ -278,14 +277,21 @@ class PackedBatch:
 
 
 def segment_position_ids(segment: Segment, model: PreTrainedModel) -> torch.Tensor:
-    """(4, T) positions of one segment alone: text positions 0..T-1, then the model's (t, h, w) rope index."""
-    ids = torch.tensor([segment.input_ids], dtype=torch.long)
-    mm_types = torch.tensor([segment.mm_token_type_ids], dtype=torch.int)
-    vision_positions, _ = model.model.get_rope_index(
-        ids, mm_token_type_ids=mm_types, image_grid_thw=segment.image_grid_thw
-    )  # (3, 1, T)
-    text_positions = torch.arange(len(segment), dtype=torch.long).view(1, 1, -1)
-    return torch.cat([text_positions, vision_positions], dim=0)[:, 0]
+    """Positions of one segment alone. A vision-language model: (4, T), text positions 0..T-1, then the
+    (t, h, w) multimodal rotary rows (`stagectl.models.qwen_vl`, Qwen-VL only: another family fails
+    naming what is missing). A text model of any architecture: (1, T), 0..T-1 (restarting positions are
+    all it needs to read a pack as separate sequences)."""
+    from stagectl.models import qwen_vl  # image processors: only packers need them
+
+    text_positions = torch.arange(len(segment), dtype=torch.long).view(1, -1)
+    if not qwen_vl.is_vision_language(model.config):
+        if segment.pixel_values is not None:
+            raise ValueError(f"a segment has images but {model.config.model_type!r} is a text-only model")
+        return text_positions
+    vision_positions = qwen_vl.rope_position_ids(
+        model, segment.input_ids, segment.mm_token_type_ids, segment.image_grid_thw
+    )  # (3, T)
+    return torch.cat([text_positions, vision_positions], dim=0)
 
 
 def _concat_images(segments: Sequence[Segment]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -311,15 +317,17 @@ def _coord_tensors(segments: Sequence[Segment], starts: Sequence[int]) -> tuple[
 
 
 def collate_pack(segments: Sequence[Segment], model: PreTrainedModel) -> PackedBatch:
-    """Concatenate `segments` into one packed micro-batch of batch size 1 (see the module docstring)."""
+    """Concatenate `segments` into one packed micro-batch of batch size 1 (see the module docstring).
+
+    `position_ids` is (4, 1, L) for a Qwen-VL model and (1, L) for a text model (any architecture that
+    reads restarting positions as separate sequences; such a pack carries no multimodal token types)."""
     if not segments:
         raise ValueError("collate_pack needs at least one segment")
     lengths = [len(s) for s in segments]
     starts = [sum(lengths[:i]) for i in range(len(segments))]
     total = sum(lengths)
-    position_ids = torch.cat([segment_position_ids(s, model) for s in segments], dim=1).unsqueeze(
-        1
-    )  # (4, 1, L)
+    rows = torch.cat([segment_position_ids(s, model) for s in segments], dim=1)  # (4, L) or (1, L)
+    position_ids = rows.unsqueeze(1) if rows.shape[0] == 4 else rows  # (4, 1, L) VLM, (1, L) text
     pixel_values, grids = _concat_images(segments)
     coord_positions, coord_targets = _coord_tensors(segments, starts)
     return PackedBatch(

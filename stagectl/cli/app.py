@@ -9,6 +9,7 @@ import typer
 
 from stagectl.cli import (
     demo_data,
+    export,
     report,
     rollout_server,
     stage_b,
@@ -32,6 +33,7 @@ app.command("stage-b")(stage_b.command)
 app.command("demo-data")(demo_data.command)
 app.command("tiny-model")(tiny_model.command)
 app.command("report")(report.command)
+app.command("export")(export.command)
 
 
 def main() -> None:

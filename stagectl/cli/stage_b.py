@@ -83,7 +83,7 @@ def _run(cfg: object) -> None:
         summary = run_all(cfg)
     except CollectiveError as exc:
         fail(str(exc))
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:  # a bad config, model path, ticket or guidance file
         if os.environ.get("RANK", "0") != "0":
             raise typer.Exit(1) from None  # rank 0 reports the same error
         fail(str(exc))

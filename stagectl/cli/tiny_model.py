@@ -1,4 +1,5 @@
-"""`stagectl tiny-model OUT --arch ...`: write a built-in tiny Qwen-VL (or text Qwen2) checkpoint to a directory."""
+"""`stagectl tiny-model OUT --arch ...`: write a built-in tiny checkpoint (Qwen-VL, or a text chat model) to a
+directory."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import typer
 
 from stagectl.cli.common import fail
 
-ARCH_CHOICES = ("qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2")
+ARCH_CHOICES = ("qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2", "llama3", "qwen3", "gemma3")
 
 
 def command(
     out: Path = typer.Argument(..., help="Directory to write the checkpoint into (created if missing)."),
     arch: str = typer.Option(
-        "qwen2.5-vl", "--arch", help="Architecture: qwen2.5-vl, qwen2-vl, qwen3-vl, or qwen2 (text-only)."
+        "qwen2.5-vl",
+        "--arch",
+        help="Architecture: qwen2.5-vl, qwen2-vl, qwen3-vl; text-only qwen2, or the chat models llama3, "
+        "qwen3, gemma3 (their real chat templates, no coordinate tokens).",
     ),
 ) -> None:
     """Build the tiny random-weight model (tokenizer, image processor, chat template) for offline runs."""

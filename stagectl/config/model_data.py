@@ -12,9 +12,11 @@ from stagectl.config.base import StrictModel
 
 class ModelConfig(StrictModel):
     name_or_path: str = "builtin:tiny-qwen2.5-vl"
-    """A local checkpoint directory, or a built-in tiny model: `builtin:tiny-qwen2.5-vl`,
-    `builtin:tiny-qwen2-vl`, `builtin:tiny-qwen3-vl`, or the text-only `builtin:tiny-qwen2` (built offline on
-    first use, then cached)."""
+    """A local checkpoint directory (any architecture transformers ships: train-ab needs a Qwen-VL model,
+    Stage-B and the rollout server take any chat model), or a built-in tiny model: `builtin:tiny-qwen2.5-vl`,
+    `builtin:tiny-qwen2-vl`, `builtin:tiny-qwen3-vl`, the text-only `builtin:tiny-qwen2`, or the text chat
+    models `builtin:tiny-llama3`, `builtin:tiny-qwen3`, `builtin:tiny-gemma3` (built offline on first use,
+    then cached)."""
     torch_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype. Use bfloat16 on GPUs; float32 on CPU."""
     device_map: str | None = None

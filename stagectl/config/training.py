@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from stagectl.config.base import StrictModel
+from stagectl.config.reporting import WandbConfig
 
 
 class TrainingConfig(StrictModel):
@@ -56,8 +57,11 @@ class TrainingConfig(StrictModel):
     """Keep at most this many step checkpoints (oldest removed first); null keeps all."""
     resume_from_checkpoint: Path | Literal["latest"] | None = None
     """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir`."""
-    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
-    """Extra metric sinks besides metrics.jsonl (`tensorboard` needs the `tensorboard` extra)."""
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """Extra metric sinks besides metrics.jsonl: `tensorboard` (the `tensorboard` extra) and `wandb`
+    (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them."""
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """Weights & Biases run settings (used with `report_to: [wandb]`)."""
 
 
 class WatchdogConfig(StrictModel):

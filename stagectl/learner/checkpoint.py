@@ -1,7 +1,9 @@
 """Checkpoints: written whole or not at all (temp dir + rename), loaded back for an exact resume.
 
 Layout of `{output_dir}/checkpoint-{step}/`:
-  model/              Hugging Face format (`from_pretrained` loads it), tokenizer + image processor
+  model/              Hugging Face format: `from_pretrained` and `vllm serve` load it as they load the
+                      base checkpoint (same weight names; the tokenizer has the 1000 coordinate tokens
+                      and `vocab_size` covers them), tokenizer + chat template + image processor
   optimizer.pt        AdamW state            scheduler.pt   LR scheduler state
   rng.pt              torch/python/numpy RNG state of every rank (index = rank)
   trainer_state.json  global_step, every rank's data stream positions (`data_state.ranks[r]`),
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
+from transformers import PreTrainedModel
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -87,7 +90,7 @@ def save_checkpoint(
         for stale in output_dir.glob(".tmp-checkpoint-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-        model.save_pretrained(tmp / "model", safe_serialization=True)
+        save_inference_model(model, tmp / "model")
         save_tokenizer(tmp / "model")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -119,6 +122,21 @@ def save_checkpoint(
     for replaced in output_dir.glob(f".tmp-checkpoint-{step}-replaced-*"):
         shutil.rmtree(replaced, ignore_errors=True)
     return final
+
+
+def save_inference_model(model: Any, path: Path) -> None:
+    """`save_pretrained` with the config a user generates with: the learner trains with `use_cache`
+    off (packed forwards), but the saved `config.json` keeps the KV cache on, as published checkpoints
+    do (the learner turns it off again when it resumes from this checkpoint)."""
+    if not isinstance(model, PreTrainedModel):  # a stand-in that only knows save_pretrained
+        model.save_pretrained(path, safe_serialization=True)
+        return
+    use_cache = model.config.use_cache
+    model.config.use_cache = True
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    finally:
+        model.config.use_cache = use_cache
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:

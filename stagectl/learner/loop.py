@@ -72,13 +72,7 @@ class Trainer:
         self.client: RolloutClient | None = None
         self.channel_b: ChannelB = self._build_channel_b()
         self.metrics = (
-            MetricsWriter(
-                cfg.training.output_dir,
-                tensorboard="tensorboard" in cfg.training.report_to,
-                resume_step=st.start_step,
-            )
-            if self.world.is_main
-            else None
+            MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
         )
         self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
         self.evaluator = Evaluator(cfg, st.bundle, st.encoder.vocab) if self.world.is_main else None

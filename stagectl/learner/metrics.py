@@ -1,13 +1,18 @@
 """Rank-0 metrics: one JSON row per optimizer step in `{output_dir}/metrics.jsonl`, optional
-TensorBoard, and a rich progress bar on the console."""
+TensorBoard and Weights & Biases sinks (`training.report_to`), and a rich progress bar on the console.
+
+Every sink gets every row. W&B logs the row at W&B step `row["step"]`, the run's resolved config as the
+run config, and keeps its run id in `{output_dir}/wandb_run_id` so a resumed run continues the same
+W&B run; `training.wandb.mode: offline` (or `WANDB_MODE=offline`) needs no network."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (
@@ -19,13 +24,24 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+if TYPE_CHECKING:
+    from stagectl.config import StagectlConfig
+
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_ID_FILE = "wandb_run_id"
 
 
 class MetricsWriter:
     """Appends rows to metrics.jsonl (flushed every row, so a crash loses nothing already logged)."""
 
-    def __init__(self, output_dir: Path, *, tensorboard: bool = False, resume_step: int = 0) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        tensorboard: bool = False,
+        resume_step: int = 0,
+        wandb: WandbSink | None = None,
+    ) -> None:
         self.path = output_dir / METRICS_FILE
         output_dir.mkdir(parents=True, exist_ok=True)
         if resume_step and self.path.exists():
@@ -42,6 +58,16 @@ class MetricsWriter:
                     "pip install 'stagectl[tensorboard]'"
                 ) from exc
             self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+        self._wandb = wandb
+
+    @classmethod
+    def for_training(cls, cfg: StagectlConfig, *, resume_step: int = 0) -> MetricsWriter:
+        """The writer `training.report_to` asks for, in `training.output_dir`."""
+        t = cfg.training
+        wandb = WandbSink.start(cfg, resume_step=resume_step) if "wandb" in t.report_to else None
+        return cls(
+            t.output_dir, tensorboard="tensorboard" in t.report_to, resume_step=resume_step, wandb=wandb
+        )
 
     def write(self, row: dict[str, Any]) -> None:
         clean = {k: _finite(v) for k, v in row.items()}
@@ -51,11 +77,61 @@ class MetricsWriter:
             for key, value in clean.items():
                 if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
                     self._tb.add_scalar(key, value, global_step=int(row["step"]))
+        if self._wandb is not None:
+            self._wandb.log(clean)
 
     def close(self) -> None:
         self._handle.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+
+
+class WandbSink:
+    """One W&B run fed with metrics rows (`wandb` is imported only when this sink is used)."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    @classmethod
+    def start(cls, cfg: StagectlConfig, *, resume_step: int = 0) -> WandbSink:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ValueError(
+                "training.report_to: wandb needs the wandb package: pip install 'stagectl[wandb]'"
+            ) from exc
+        from stagectl.config import to_plain
+
+        t = cfg.training
+        settings = t.wandb
+        t.output_dir.mkdir(parents=True, exist_ok=True)
+        id_file = t.output_dir / WANDB_RUN_ID_FILE
+        if resume_step and id_file.is_file():
+            run_id = id_file.read_text().strip()  # a resumed run continues its W&B run
+        else:
+            run_id = uuid.uuid4().hex[:8]
+            id_file.write_text(run_id + "\n")
+        run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            name=settings.run_name or t.output_dir.name,
+            id=run_id,
+            resume="allow",
+            dir=str(t.output_dir),
+            mode=settings.mode,
+            config=dict(to_plain(cfg)),
+        )
+        return cls(run)
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Every key of `row` except `step`, at W&B step `row["step"]` (nulls are left out)."""
+        values = {k: v for k, v in row.items() if k != "step" and v is not None}
+        self.run.log(values, step=int(row["step"]))
+
+    def close(self) -> None:
+        self.run.finish()
 
 
 def _finite(value: Any) -> Any:

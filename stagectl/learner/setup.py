@@ -87,7 +87,9 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
             raise ValueError(f"model.name_or_path: {exc}") from None
         device = device_for(world)
         seed_everything(cfg.training.seed)
-        bundle = load_bundle(source, torch_dtype=cfg.model.torch_dtype, device=str(device))
+        bundle = load_bundle(
+            source, torch_dtype=cfg.model.torch_dtype, device=str(device), add_coord_tokens=True
+        )
         bundle.model.train()
         bundle.model.config.use_cache = False
         ddp_model: Any = bundle.model

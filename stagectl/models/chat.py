@@ -1,11 +1,12 @@
 """Chat encoding of one detection sample, shared by training (teacher forcing) and rollouts (`generate`),
 and of any chat (`encode_messages`, what the rollout server's engines encode requests with).
 
-Prompt = the checkpoint's chat template over one user turn `[image, ..., instruction]` with the
-generation prompt (`<|im_start|>assistant\\n`) appended; each `<|image_pad|>` placeholder is expanded
-in token space to the number of merged vision tokens of its image. A training sample appends the
-assistant answer ids and the end-of-turn id (`<|im_end|>`). Prompt and answer are tokenised
-separately, exactly as a rollout sees them (prompt ids in, generated ids out).
+Prompt = the checkpoint's own chat template over the messages with its generation prompt appended
+(any chat model). Images are Qwen-VL only: each `<|image_pad|>` placeholder is expanded in token space
+to the number of merged vision tokens of its image (`stagectl.models.qwen_vl`). A training sample
+appends the assistant answer ids and the end-of-turn id (the template's, `<|im_end|>` for Qwen).
+Prompt and answer are tokenised separately, exactly as a rollout sees them (prompt ids in, generated
+ids out).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 from PIL import Image
 from transformers import PreTrainedTokenizerBase
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from stagectl.models import qwen_vl
 from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import PromptInputs
-from stagectl.models.images import ImageInputs, preprocess_images
-from stagectl.models.tokenizer import IM_END, IMAGE_PAD, token_id
+from stagectl.models.images import ImageInputs
+from stagectl.models.qwen_vl import expand_image_pads
 
 __all__ = [
     "DETECTION_INSTRUCTION",
@@ -66,49 +69,50 @@ def detection_messages(num_images: int, instruction: str = DETECTION_INSTRUCTION
 
 
 def chat_template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
-    """The chat template over `messages` plus the generation prompt, as ids (one `<|image_pad|>` per image)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """The chat template over `messages` plus the generation prompt, as ids (one `<|image_pad|>` per image).
+
+    A template that refuses a system turn (Gemma 2, Mistral v0.1, ...) gets the system text folded into
+    the first user message, the way Gemma 3's own template does it; any other template error is raised."""
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError:
+        folded = _fold_system_turn(messages)
+        if folded is None:
+            raise
+        text = tokenizer.apply_chat_template(folded, tokenize=False, add_generation_prompt=True)
     assert isinstance(text, str)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def expand_image_pads(
-    tokenizer: PreTrainedTokenizerBase, template_ids: Sequence[int], num_image_tokens: Sequence[int]
-) -> list[int]:
-    """Each `<|image_pad|>` of `template_ids` repeated to its image's merged-token count, in image order."""
-    image_pad_id = token_id(tokenizer, IMAGE_PAD)
-    num_placeholders = list(template_ids).count(image_pad_id)
-    if num_placeholders != len(num_image_tokens):
-        raise ValueError(
-            f"the chat template produced {num_placeholders} image placeholders for {len(num_image_tokens)} images"
-        )
-    ids: list[int] = []
-    counts = iter(num_image_tokens)
-    for template_id in template_ids:
-        ids.extend([image_pad_id] * next(counts) if template_id == image_pad_id else [template_id])
-    return ids
+def _fold_system_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`[system S, user U, ...]` (text contents) -> `[user "S\n\nU", ...]`; None for any other shape."""
+    if len(messages) < 2 or [m.get("role") for m in messages[:2]] != ["system", "user"]:
+        return None
+    system, user = messages[0]["content"], messages[1]["content"]
+    if not isinstance(system, str) or not isinstance(user, str):
+        return None
+    return [{"role": "user", "content": f"{system}\n\n{user}"}, *messages[2:]]
 
 
 def encode_messages(
     tokenizer: PreTrainedTokenizerBase,
-    image_processor: Qwen2VLImageProcessorPil | None,
+    image_processor: Any | None,
     messages: list[dict[str, Any]],
     images: Sequence[Image.Image],
+    *,
+    model_type: str | None = None,
 ) -> PromptInputs:
     """Generation prompt of any chat (template-ready `messages`, images in placeholder order); for
     detection messages the ids equal `encode_prompt`'s. `image_processor` None: a text-only model,
-    which takes no images (`ValueError`)."""
+    which takes no images (`ValueError`); another family's processor: `qwen_vl.unsupported_vlm`."""
     template_ids = chat_template_ids(tokenizer, messages)
     if not images:
         return PromptInputs(template_ids)
     if image_processor is None:
         raise ValueError(f"the model is text-only and cannot take images ({len(images)} given)")
-    inputs = preprocess_images(list(images), image_processor)
-    ids = expand_image_pads(tokenizer, template_ids, inputs.num_image_tokens)
-    image_pad_id = token_id(tokenizer, IMAGE_PAD)
-    return PromptInputs(
-        ids, [int(i == image_pad_id) for i in ids], inputs.pixel_values, inputs.image_grid_thw
-    )
+    processor = qwen_vl.require_image_processor(image_processor, model_type)
+    ids, mm_types, inputs = qwen_vl.encode_images(tokenizer, processor, template_ids, images)
+    return PromptInputs(ids, mm_types, inputs.pixel_values, inputs.image_grid_thw)
 
 
 def encode_prompt(
@@ -117,16 +121,12 @@ def encode_prompt(
     images: Sequence[Image.Image],
     instruction: str = DETECTION_INSTRUCTION,
 ) -> EncodedSample:
-    """The generation prompt of one sample (what a rollout is conditioned on)."""
-    image_inputs = preprocess_images(list(images), image_processor)
+    """The generation prompt of one detection sample (what a rollout is conditioned on; Qwen-VL)."""
     template_ids = chat_template_ids(tokenizer, detection_messages(len(images), instruction))
-    ids = expand_image_pads(tokenizer, template_ids, image_inputs.num_image_tokens)
-    image_pad_id = token_id(tokenizer, IMAGE_PAD)
+    processor = qwen_vl.require_image_processor(image_processor)
+    ids, mm_types, image_inputs = qwen_vl.encode_images(tokenizer, processor, template_ids, images)
     return EncodedSample(
-        input_ids=ids,
-        mm_token_type_ids=[int(i == image_pad_id) for i in ids],
-        assistant_start=len(ids),
-        images=image_inputs,
+        input_ids=ids, mm_token_type_ids=mm_types, assistant_start=len(ids), images=image_inputs
     )
 
 
@@ -146,8 +146,3 @@ def encode_training(prompt: EncodedSample, answer_ids: Sequence[int], end_of_tur
         assistant_start=prompt.assistant_start,
         images=prompt.images,
     )
-
-
-def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The id that closes an assistant turn (`<|im_end|>`)."""
-    return token_id(tokenizer, IM_END)

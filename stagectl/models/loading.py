@@ -1,45 +1,49 @@
-"""Load a Qwen-VL model with its tokenizer and image processor: built-in tiny models and real checkpoints.
+"""Load any chat checkpoint transformers knows, with its tokenizer, image processor and stop ids.
 
 `load_bundle("builtin:tiny-qwen2.5-vl")` goes through the on-disk cache (`stagectl.models.tiny`);
-`load_bundle("/path/to/Qwen2.5-VL-3B-Instruct")` loads a local Qwen2-VL / Qwen2.5-VL / Qwen3-VL
-checkpoint through the same code. Text-only Qwen2 checkpoints (`builtin:tiny-qwen2`) load too; they
-have no image processor (`ModelBundle.image_processor is None`). Nothing is ever downloaded. A
-checkpoint whose tokenizer lacks the coordinate tokens gets them added (not special) and its
-embeddings resized to fit.
+`load_bundle("/path/to/checkpoint")` loads a local directory through the transformers Auto classes:
+`AutoModelForImageTextToText` when the config has a vision tower, `AutoModelForCausalLM` otherwise.
+Nothing is ever downloaded and no remote code runs.
+
+- Image processor: the checkpoint's own (`AutoImageProcessor`, pillow backend: torchvision is not a
+  dependency); a Qwen-VL checkpoint whose processor does not load that way falls back to the pillow
+  `Qwen2VLImageProcessorPil`. Only Qwen-VL images can be put into a prompt (`stagectl.models.qwen_vl`).
+- Stop ids: the chat template's end-of-turn plus every eos id of the generation config
+  (`stagectl.models.turns`), never a hard-coded token.
+- Coordinate tokens: only detection training needs `<|coord_0|>`..`<|coord_999|>`. With
+  `add_coord_tokens=True` (what train-ab does) missing ones are added (not special) and the embeddings
+  grown when they do not fit; with `False` (Stage-B, plain serving) the checkpoint loads unchanged.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+import transformers
 from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    Qwen2_5_VLForConditionalGeneration,
-    Qwen2ForCausalLM,
-    Qwen2VLForConditionalGeneration,
-    Qwen3VLForConditionalGeneration,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from stagectl.models.images import load_image_processor
+from stagectl.models import qwen_vl
 from stagectl.models.tiny import BUILTIN_PREFIX, resolve_builtin
-from stagectl.models.tokenizer import IM_END, add_coord_tokens, coord_token_ids, token_id
+from stagectl.models.tokenizer import add_coord_tokens as add_coord_tokens_to
+from stagectl.models.tokenizer import coord_token_ids
+from stagectl.models.turns import generation_eos_ids, stop_token_ids
 
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 TorchDtype = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
-    "qwen2": Qwen2ForCausalLM,
-    "qwen2_vl": Qwen2VLForConditionalGeneration,
-    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
-    "qwen3_vl": Qwen3VLForConditionalGeneration,
-}
 
 
 @dataclass
@@ -48,19 +52,37 @@ class ModelBundle:
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    image_processor: Qwen2VLImageProcessorPil | None  # None: a text-only model
-    coord_token_ids: list[int]  # id of <|coord_k|> at index k, k = 0..999
-    end_of_turn_id: int  # <|im_end|>
+    image_processor: Any | None  # the checkpoint's own; None: a text-only model (or one that did not load)
+    model_type: str  # config.model_type, e.g. "llama", "qwen2_5_vl"
+    vision_language: bool  # the model has a vision tower
+    end_of_turn_id: int  # closes an assistant turn (from the chat template)
+    stop_token_ids: list[int]  # generation stops at any of these (end-of-turn + every eos id)
+    coord_ids: list[int] | None  # id of <|coord_k|> at index k; None: the tokenizer has none
     path: Path  # the checkpoint directory actually loaded
 
+    @property
+    def coord_token_ids(self) -> list[int]:
+        """The 1000 coordinate token ids; `ValueError` when the model was loaded without them."""
+        if self.coord_ids is None:
+            raise ValueError(
+                f"{self.path} has no coordinate tokens: detection needs the model loaded with "
+                "add_coord_tokens=True (as train-ab loads it)"
+            )
+        return self.coord_ids
+
     def require_image_processor(self) -> Qwen2VLImageProcessorPil:
-        """The image processor; `ValueError` for a text-only model (it cannot take images)."""
-        if self.image_processor is None:
+        """The Qwen-VL image processor; `ValueError` for a model that cannot take images here."""
+        if not self.vision_language:
             raise ValueError(
                 f"{self.path} is a text-only model (no image processor): images need a vision-language "
                 "model such as builtin:tiny-qwen2.5-vl"
             )
-        return self.image_processor
+        if self.image_processor is None:
+            raise ValueError(
+                f"{self.path} is a vision-language model ({self.model_type}) but its image processor did "
+                "not load with the pillow backend"
+            )
+        return qwen_vl.require_image_processor(self.image_processor, self.model_type)
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -82,20 +104,55 @@ def has_image_processor(path: Path) -> bool:
     return (path / IMAGE_PROCESSOR_FILE).is_file()
 
 
-def _model_type(path: Path) -> str:
-    model_type = str(json.loads((path / "config.json").read_text()).get("model_type", ""))
-    if model_type not in _MODEL_CLASSES:
-        supported = ", ".join(sorted(_MODEL_CLASSES))
-        raise ValueError(f"{path}: model_type {model_type!r} is not supported (supported: {supported})")
-    return model_type
+def load_model_config(path: Path) -> PretrainedConfig:
+    """The checkpoint's config; `ValueError` naming the checkpoint when transformers cannot read it."""
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"{path}: transformers {transformers.__version__} cannot load this checkpoint ({reason}); "
+            "stagectl runs no remote code, so the architecture must be one transformers ships"
+        ) from None
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The checkpoint's tokenizer, with the 1000 coordinate tokens added when missing."""
+def model_class_for(config: PretrainedConfig) -> Any:
+    """The Auto class that builds `config`'s generating model."""
+    return AutoModelForImageTextToText if qwen_vl.is_vision_language(config) else AutoModelForCausalLM
+
+
+def load_tokenizer(name_or_path: str, *, add_coord_tokens: bool = True) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer; with `add_coord_tokens` the 1000 coordinate tokens are added if missing."""
     path = resolve_model_path(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    add_coord_tokens(tokenizer)
+    if add_coord_tokens:
+        add_coord_tokens_to(tokenizer)
     return tokenizer
+
+
+def checkpoint_stop_ids(path: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, list[int]]:
+    """`(end_of_turn_id, stop_ids)` of a checkpoint directory (see `stagectl.models.turns`)."""
+    return stop_token_ids(tokenizer, generation_eos_ids(path))
+
+
+def load_image_processor(path: Path, config: PretrainedConfig) -> Any | None:
+    """The checkpoint's image processor on the pillow backend, the Qwen-VL pillow fallback, or None
+    (a text-only model, or another family's processor that needs torchvision)."""
+    if not qwen_vl.is_vision_language(config) or not has_image_processor(path):
+        return None
+    try:
+        return AutoImageProcessor.from_pretrained(str(path), backend="pil")
+    except (ValueError, ImportError, OSError, KeyError):
+        if qwen_vl.is_qwen_vl(config):
+            return Qwen2VLImageProcessorPil.from_pretrained(str(path))
+        return None
+
+
+def _coord_ids_or_none(tokenizer: PreTrainedTokenizerBase) -> list[int] | None:
+    try:
+        return coord_token_ids(tokenizer)
+    except ValueError:
+        return None
 
 
 def load_bundle(
@@ -104,17 +161,23 @@ def load_bundle(
     torch_dtype: TorchDtype = "float32",
     device: str = "cpu",
     attn_implementation: str | None = None,
+    add_coord_tokens: bool = True,
 ) -> ModelBundle:
-    """Load model + tokenizer + image processor (if the checkpoint has one); the model is in eval mode
-    on `device`."""
+    """Load model + tokenizer + image processor; the model is in eval mode on `device`.
+
+    `add_coord_tokens=False` loads the checkpoint exactly as it is (Stage-B, plain serving)."""
     if torch_dtype not in _DTYPES:
         raise ValueError(f"torch_dtype {torch_dtype!r} is not one of {', '.join(_DTYPES)}")
     path = resolve_model_path(name_or_path)
-    model_class = _MODEL_CLASSES[_model_type(path)]
+    config = load_model_config(path)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    num_added = add_coord_tokens(tokenizer)
-    model = model_class.from_pretrained(
-        str(path), dtype=_DTYPES[torch_dtype], attn_implementation=attn_implementation
+    end_of_turn, stops = checkpoint_stop_ids(path, tokenizer)
+    num_added = add_coord_tokens_to(tokenizer) if add_coord_tokens else 0
+    model = model_class_for(config).from_pretrained(
+        str(path),
+        config=config,
+        dtype=_DTYPES[torch_dtype],
+        attn_implementation=attn_implementation,
     )
     embedding_rows = model.config.get_text_config().vocab_size
     if num_added and len(tokenizer) > embedding_rows:
@@ -125,9 +188,12 @@ def load_bundle(
     return ModelBundle(
         model=model,
         tokenizer=tokenizer,
-        image_processor=load_image_processor(path) if has_image_processor(path) else None,
-        coord_token_ids=coord_token_ids(tokenizer),
-        end_of_turn_id=token_id(tokenizer, IM_END),
+        image_processor=load_image_processor(path, config),
+        model_type=str(config.model_type),
+        vision_language=qwen_vl.is_vision_language(config),
+        end_of_turn_id=end_of_turn,
+        stop_token_ids=stops,
+        coord_ids=_coord_ids_or_none(tokenizer),
         path=path,
     )
 
@@ -138,9 +204,14 @@ def load_model(
     torch_dtype: TorchDtype = "float32",
     device: str = "cpu",
     attn_implementation: str | None = None,
+    add_coord_tokens: bool = True,
 ) -> PreTrainedModel:
-    """Only the model of `load_bundle` (coordinate tokens fitted into its embeddings)."""
+    """Only the model of `load_bundle`."""
     bundle = load_bundle(
-        name_or_path, torch_dtype=torch_dtype, device=device, attn_implementation=attn_implementation
+        name_or_path,
+        torch_dtype=torch_dtype,
+        device=device,
+        attn_implementation=attn_implementation,
+        add_coord_tokens=add_coord_tokens,
     )
     return bundle.model

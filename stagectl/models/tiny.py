@@ -10,7 +10,10 @@ no image processor) and an untied output head: the model the vLLM CPU build can 
 are drawn with a larger spread than the default init, so the random model's greedy outputs vary
 from token to token instead of repeating one id.
 
-`resolve_builtin(name)` maps `builtin:tiny-qwen2.5-vl` (and the qwen2-vl / qwen3-vl / qwen2 variants)
+`llama3`, `qwen3` and `gemma3` are text chat models of other families with their real chat templates
+and no coordinate tokens (`stagectl.models.tiny_chat`): what "any instruct checkpoint" looks like.
+
+`resolve_builtin(name)` maps `builtin:tiny-qwen2.5-vl` (and the other architectures' names)
 to a cache directory, building it once. Concurrent builders (torchrun ranks) serialise on a file lock
 and publish with an atomic rename, so nobody ever sees a half-written checkpoint.
 """
@@ -22,7 +25,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 from transformers import (
@@ -43,6 +46,13 @@ from transformers.utils import logging as hf_logging
 
 from stagectl.cache import cache_root as stagectl_cache_root
 from stagectl.models.images import build_image_processor
+from stagectl.models.tiny_chat import (
+    ChatArch,
+    build_chat_tokenizer,
+    chat_config,
+    chat_generation_config,
+    chat_model_class,
+)
 from stagectl.models.tokenizer import (
     ENDOFTEXT,
     IM_END,
@@ -54,8 +64,9 @@ from stagectl.models.tokenizer import (
     token_id,
 )
 
-TinyArch = Literal["qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2"]
+TinyArch = Literal["qwen2.5-vl", "qwen2-vl", "qwen3-vl", "qwen2", "llama3", "qwen3", "gemma3"]
 TINY_ARCHS: tuple[str, ...] = get_args(TinyArch)
+CHAT_ARCHS: tuple[ChatArch, ...] = get_args(ChatArch)
 BUILTIN_PREFIX = "builtin:"
 # Bump when the recipe (tokenizer corpus, shapes, seed) changes: cached builds are then rebuilt.
 RECIPE_VERSION = 1
@@ -180,6 +191,36 @@ def build_tiny_model(arch: TinyArch, out_dir: str | Path) -> Path:
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
     out = Path(out_dir)
+    if arch in CHAT_ARCHS:
+        _build_chat_model(cast(ChatArch, arch), out)
+    else:
+        _build_qwen_model(arch, out)
+    recipe = {"arch": arch, "recipe_version": RECIPE_VERSION, "seed": SEED}
+    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+    return out
+
+
+def _save_quietly(model: PreTrainedModel, out: Path) -> None:
+    show_progress = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-shard save needs no progress bar
+    try:
+        model.save_pretrained(out)
+    finally:
+        if show_progress:
+            hf_logging.enable_progress_bar()
+
+
+def _build_chat_model(arch: ChatArch, out: Path) -> None:
+    tokenizer = build_chat_tokenizer(arch)
+    torch.manual_seed(SEED)
+    model = chat_model_class(arch)(chat_config(arch, tokenizer))
+    model.generation_config = chat_generation_config(arch, tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_quietly(model, out)
+    tokenizer.save_pretrained(out)
+
+
+def _build_qwen_model(arch: TinyArch, out: Path) -> None:
     tokenizer = build_tiny_tokenizer()
     config = tiny_config(arch, tokenizer)
     torch.manual_seed(SEED)
@@ -190,19 +231,10 @@ def build_tiny_model(arch: TinyArch, out_dir: str | Path) -> Path:
         do_sample=False,
     )
     out.mkdir(parents=True, exist_ok=True)
-    show_progress = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a one-shard save needs no progress bar
-    try:
-        model.save_pretrained(out)
-    finally:
-        if show_progress:
-            hf_logging.enable_progress_bar()
+    _save_quietly(model, out)
     tokenizer.save_pretrained(out)
     if arch != "qwen2":  # a text-only model has no image processor
         build_image_processor(patch_size=config.vision_config.patch_size).save_pretrained(out)
-    recipe = {"arch": arch, "recipe_version": RECIPE_VERSION, "seed": SEED}
-    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
-    return out
 
 
 def cache_root() -> Path:

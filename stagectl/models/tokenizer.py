@@ -86,16 +86,22 @@ def _training_fragments() -> Iterator[str]:
         yield from (piece for piece in _COORD_RE.split(line) if piece)
 
 
-def train_tiny_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Train the byte-level BPE on the built-in corpus; returns (vocab, merges). Deterministic."""
-    bpe = Tokenizer(models.BPE())
-    bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+def byte_level_pre_tokenizer(regex: str) -> pre_tokenizers.PreTokenizer:
+    """Split with a GPT-style regex, then map bytes to the ByteLevel alphabet (Qwen2, Llama 3)."""
+    return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
+
+
+def train_tiny_bpe(regex: str = QWEN2_PRETOKENIZE_REGEX) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train a byte-level BPE (pre-tokenised by `regex`) on the built-in corpus; returns (vocab, merges).
+    Deterministic."""
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = byte_level_pre_tokenizer(regex)
     trainer = trainers.BpeTrainer(
         vocab_size=BPE_VOCAB_SIZE,
         min_frequency=2,

@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from stagectl.config import StagectlConfig
 from stagectl.config.rollout import RolloutServerConfig
-from stagectl.config.root import LOOPBACK_HOSTS
+from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
 from stagectl.rollout.app import build_app
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.protocol import LISTENING_PREFIX
@@ -62,7 +62,11 @@ def server_settings(rs: RolloutServerConfig, weight_dirs: Sequence[Path] = ()) -
 
 
 def build_engine(cfg: StagectlConfig) -> Engine:
+    """The configured engine. A train-ab config (the embedded server, or one started from the training
+    YAML) serves the model as the learner loads it, with the coordinate tokens; anything else serves the
+    checkpoint unchanged."""
     rs = cfg.rollout_server
+    detection = is_train_ab(cfg)
     if rs.engine == "hf":
         import torch
 
@@ -74,6 +78,7 @@ def build_engine(cfg: StagectlConfig) -> Engine:
             torch_dtype=cfg.model.torch_dtype,
             device="cuda" if torch.cuda.is_available() else "cpu",
             attn_implementation=cfg.model.attn_implementation,
+            add_coord_tokens=detection,
         )
         return HFEngine(
             bundle,
@@ -91,6 +96,7 @@ def build_engine(cfg: StagectlConfig) -> Engine:
         dtype=cfg.model.torch_dtype,
         max_batch_size=rs.max_batch_size,
         batch_wait_ms=rs.batch_wait_ms,
+        coord_tokens=detection,
     )
 
 

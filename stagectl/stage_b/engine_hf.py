@@ -1,7 +1,9 @@
 """`runner.engine: model`: each rank generates with its own full copy of the model (no sharding).
 
-Prompts are text-only chat messages through the checkpoint's chat template; a `judge` call is one
-left-padded `generate` over the rank's shard of the global batch, seeded with the decode's seed.
+Any chat checkpoint transformers can load serves as the judge, loaded unchanged (no coordinate tokens).
+Prompts are text-only chat messages through the checkpoint's own chat template; answers end at its
+stop ids (the template's end-of-turn and every eos id). A `judge` call is one left-padded `generate`
+over the rank's shard of the global batch, seeded with the decode's seed.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 
 from stagectl.config import StagectlConfig
 from stagectl.dist import World
+from stagectl.models.chat import chat_template_ids
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
 from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest, rank_device
@@ -19,12 +22,9 @@ from stagectl.stage_b.prompts import Message
 class HFEngine:
     def __init__(self, bundle: ModelBundle) -> None:
         self.bundle = bundle
-        tokenizer = bundle.tokenizer
-        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        stops = {bundle.end_of_turn_id}
-        if tokenizer.eos_token_id is not None:
-            stops.add(int(tokenizer.eos_token_id))
-        self.stop_token_ids = sorted(stops)
+        self.stop_token_ids = list(bundle.stop_token_ids)
+        pad = bundle.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else self.stop_token_ids[0])  # Llama 3 has no pad
 
     def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
         return self._generate([r.messages for r in requests], spec)
@@ -34,11 +34,7 @@ class HFEngine:
 
     def _generate(self, conversations: Sequence[list[Message]], spec: DecodeSpec) -> list[str]:
         tokenizer = self.bundle.tokenizer
-        prompts = []
-        for messages in conversations:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            assert isinstance(text, str)
-            prompts.append(PromptInputs(input_ids=tokenizer.encode(text, add_special_tokens=False)))
+        prompts = [PromptInputs(chat_template_ids(tokenizer, list(messages))) for messages in conversations]
         sampling = SamplingSpec(
             max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p
         )
@@ -69,6 +65,7 @@ def load_hf_engine(cfg: StagectlConfig, world: World) -> tuple[HFEngine, str]:
         torch_dtype=cfg.model.torch_dtype,
         device=device,
         attn_implementation=cfg.model.attn_implementation,
+        add_coord_tokens=False,
     )
     note = f"rank {world.rank}: model {cfg.model.name_or_path} on {device}"
     if cfg.model.device_map is not None:

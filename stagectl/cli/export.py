@@ -1,0 +1,54 @@
+"""`stagectl export CHECKPOINT OUT [--dtype D] [--add-coord-tokens]`: a clean Hugging Face model directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import typer
+
+from stagectl.cli.common import fail
+
+if TYPE_CHECKING:
+    from stagectl.models.loading import TorchDtype
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def command(
+    checkpoint: str = typer.Argument(
+        ..., help="A train-ab checkpoint-N dir, a run dir (its newest checkpoint), or any model dir."
+    ),
+    out: Path = typer.Argument(..., help="New (or empty) directory to write the model into."),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="float32, bfloat16 or float16 (default: as saved)."
+    ),
+    add_coord_tokens: bool = typer.Option(
+        False,
+        "--add-coord-tokens",
+        help="Add the 1000 coordinate tokens (a base model for a vLLM rollout server in detection training).",
+    ),
+) -> None:
+    """Write a model that transformers and vLLM load as they load the base: weights, config, tokenizer
+    with chat template, image processor and a model card; no optimizer or trainer state."""
+    if dtype is not None and dtype not in DTYPES:
+        fail(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    from stagectl.models.export import export_model  # heavy: torch + transformers
+
+    try:
+        summary = export_model(
+            checkpoint,
+            out,
+            torch_dtype=cast("TorchDtype | None", dtype),  # checked against DTYPES above
+            add_coord_tokens=add_coord_tokens,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+    coords = (
+        "no coordinate tokens"
+        if summary.coord_token_ids is None
+        else f"coordinate tokens at ids {summary.coord_token_ids[0]}..{summary.coord_token_ids[1]}"
+    )
+    typer.echo(
+        f"exported {summary.source} ({summary.model_type}, {summary.dtype}, {coords}) to {summary.out}"
+    )
