@@ -169,7 +169,7 @@ def _stop_in_micro_step(module: ModuleType, rank: str, call: str) -> None:
 def _stop_in_push(module: ModuleType, sync: str) -> None:
     if os.environ.get("RANK", "0") != "0":
         return
-    cls = module.AsyncChannelB
+    cls = module.WeightPublisher
     original = cls._push
     calls = [0]
 
@@ -245,7 +245,7 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
     "kill_in_infer": ("stagectl.rollout.service", _kill_in_infer),
     "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),
-    "stop_in_push": ("stagectl.learner.channel_b_async", _stop_in_push),
+    "stop_in_push": ("stagectl.learner.publisher", _stop_in_push),
     "resume_view": ("stagectl.learner.checkpoint", _resume_view),
     "log_stream": ("stagectl.data.sampler", _log_stream),
     "slow_prefetch": ("stagectl.prefetch.prefetcher", _slow_prefetch),
