@@ -149,17 +149,6 @@ def embedded_rollout_server(
         server.stop()
 
 
-def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None:
-    """Fail before anything starts when the run directory cannot be written."""
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write-probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"{key}: cannot write to {output_dir}: {exc.strerror or exc}") from None
-
-
 def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -> int:
     """Re-run `stagectl COMMAND_ARGS` under torchrun as `launch` says (argv printed first); returns the
     exit code."""

@@ -22,7 +22,8 @@ def command(
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
     rollout server first when rollout_server.embedded is true)."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
-    from stagectl.launch import check_output_dir, embedded_rollout_server, inside_torchrun
+    from stagectl.files import check_output_dir
+    from stagectl.launch import embedded_rollout_server, inside_torchrun
 
     sets = list(overrides)
     if nproc is not None:

@@ -27,6 +27,13 @@ REMOVED_KEYS: dict[str, str] = {
         "removed: the rollout buffer is replaced by the async prefetcher; delete it and use "
         "stage2_ab.channel_b.mode: async with stage2_ab.channel_b.async.{queue_limit, prefetch_target_packs}"
     ),
+    "runner.test_engine": (
+        "removed: the rule engine has no fault knobs any more (the test suite injects its faults); "
+        "delete runner.test_engine and use runner.engine: rules for a dry run"
+    ),
+    "rollout_server.slow_infer_ms": (
+        "removed: it was a test knob; the test suite slows the server down from outside"
+    ),
     "launch.dist_timeout_s": (
         "removed: collective deadlines are per phase now; use launch.watchdog.step_s (and "
         "launch.watchdog.{startup_s, weight_sync_s, checkpoint_s, eval_s, shutdown_s})"

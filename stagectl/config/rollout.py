@@ -126,7 +126,5 @@ class RolloutServerConfig(StrictModel):
     """Environment variable holding the bearer token for weight/admin endpoints."""
     embedded: bool = False
     """`train-ab` starts this server as a child process on a free loopback port and stops it at exit."""
-    slow_infer_ms: float = Field(0.0, ge=0)
-    """Testing aid: add this delay to every /infer/ call (to exercise skip-to-A paths)."""
     vllm: VllmEngineArgs = Field(default_factory=VllmEngineArgs)
     """vLLM engine arguments (engine `vllm`)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from stagectl.config.base import StrictModel
+from stagectl.config.fractions import as_fraction
 from stagectl.config.model_data import DataConfig, ModelConfig
 from stagectl.config.rollout import CustomConfig, RolloutServerConfig
 from stagectl.config.stage2_ab import Stage2ABConfig
@@ -134,6 +135,4 @@ def resolve_gas(cfg: StagectlConfig, world_size: int) -> int | None:
 
 
 def is_zero_ratio(ratio: float | str) -> bool:
-    from stagectl.schedule import as_fraction
-
     return as_fraction(ratio) == 0

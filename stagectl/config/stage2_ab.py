@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from stagectl.config.base import StrictModel
+from stagectl.config.fractions import as_fraction
 
 
 class ScheduleConfig(StrictModel):
@@ -19,8 +20,6 @@ class ScheduleConfig(StrictModel):
     def _check_ratio(cls, value: float | str | None) -> float | str | None:
         if value is None:
             return None
-        from stagectl.schedule import as_fraction  # pure, light
-
         ratio = as_fraction(value)
         if not 0 <= ratio <= 1:
             raise ValueError(f"b_ratio must be in [0, 1] (0.0 = A only, 1.0 = B only), got {value}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from stagectl.config.base import StrictModel
 
@@ -45,13 +45,6 @@ class SamplerConfig(StrictModel):
     """Candidates per grid entry."""
 
 
-class TestEngineConfig(StrictModel):
-    fail_on_rank: int | None = Field(None, ge=0)
-    """Fault injection: this rank raises inside its rollout (tests of fail-fast); null = never."""
-    fail_at_batch: int = Field(0, ge=0)
-    """Global batch index (counted over the whole run, from 0) at which `fail_on_rank` raises."""
-
-
 class StageBServerConfig(StrictModel):
     base_urls: list[str] = Field(default_factory=list)
     """Rollout servers (`stagectl rollout-server`) for `runner.engine: server`, e.g. `http://127.0.0.1:8000`;
@@ -73,14 +66,19 @@ class RunnerConfig(StrictModel):
     """Global batches per metrics row."""
     seed: int = 0
     """Seed of the per-epoch ticket shuffle (rank 0) and of the rollout seeds."""
-    engine: Literal["model", "server", "test"] = "model"
+    engine: Literal["model", "server", "rules"] = "model"
     """`model`: each rank loads `model` on its own device; `server`: rollouts from the rollout servers of
-    `runner.server` (no model in the Stage-B processes); `test`: a deterministic rule engine without a
-    model (tests and dry runs; see `stagectl.stage_b.engine_test`)."""
+    `runner.server` (no model in the Stage-B processes); `rules`: a deterministic rule engine without a
+    model, for dry runs of a mission (see `stagectl.stage_b.engine_rules`)."""
     server: StageBServerConfig = Field(default_factory=StageBServerConfig)
     """Where `engine: server` sends its requests (ignored by the other engines)."""
-    test_engine: TestEngineConfig = Field(default_factory=TestEngineConfig)
-    """Knobs of `engine: test` (ignored by the other engines)."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _renamed_engine(cls, value: object) -> object:
+        if value == "test":
+            raise ValueError("`test` was renamed to `rules` (the deterministic rule engine, no model)")
+        return value
 
 
 class ReflectionConfig(StrictModel):

@@ -264,14 +264,6 @@ def validate_stage_b_runner(cfg: StagectlConfig, world_size: int) -> list[Proble
                 "runner.engine: server needs at least one rollout server URL, e.g. [http://127.0.0.1:8000]",
             )
         )
-    fail_rank = runner.test_engine.fail_on_rank
-    if runner.engine == "test" and fail_rank is not None and fail_rank >= world_size:
-        problems.append(
-            Problem(
-                "runner.test_engine.fail_on_rank",
-                f"rank {fail_rank} does not exist with world size {world_size}; use 0..{world_size - 1} or null",
-            )
-        )
     if cfg.launch.nnodes != 1:
         problems.append(
             Problem("launch.nnodes", "stage-b runs on one node (torchrun --nnodes=1); set launch.nnodes: 1")

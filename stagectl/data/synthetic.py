@@ -33,6 +33,7 @@ from PIL import Image, ImageDraw
 from stagectl.cache import cache_root
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
+from stagectl.files import atomic_write_text
 
 Split = Literal["train", "eval"]
 
@@ -214,8 +215,8 @@ def generate_synthetic(
         )
         samples.append(sample)
         lines.append(json.dumps({**sample.to_json_dict(), "images": [relative]}))
-    _atomic_write_text(jsonl_path, "".join(line + "\n" for line in lines))
-    _atomic_write_text(manifest_path, json.dumps(params, sort_keys=True, indent=2) + "\n")
+    atomic_write_text(jsonl_path, "".join(line + "\n" for line in lines))
+    atomic_write_text(manifest_path, json.dumps(params, sort_keys=True, indent=2) + "\n")
     return samples
 
 
@@ -236,10 +237,4 @@ def _temporary_name(path: Path) -> Path:
 def _atomic_save_png(image: Image.Image, path: Path) -> None:
     tmp = _temporary_name(path)
     image.save(tmp, format="PNG")
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = _temporary_name(path)
-    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

@@ -4,7 +4,9 @@
 end a turn, and a bytes -> id map of ordinary tokens used to re-encode the head of a fused token
 (`}}`, `},`) when a rollout prefix is cut inside it. It is built once per tokenizer, either from a
 token-bytes table (`table[id]` = the bytes token `id` stands for, as
-`stagectl.models.tokenizer.token_bytes_table` returns) or from a tokenizer.
+`token_bytes_table` below returns) or from a tokenizer. `token_bytes_table` works for any byte-level
+BPE tokenizer (the tiny one, real Qwen ones): ordinary tokens are mapped back through the ByteLevel
+unicode alphabet, added tokens are their content in UTF-8.
 
 Re-encoding rule (documented because it decides prefix token ids): the bytes are spelled by the
 single ordinary token with exactly those bytes when one exists, else greedily by the longest
@@ -18,12 +20,49 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING
 
 from stagectl.detection.coords import CoordTokenIds
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+@cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: the printable stand-in character -> the byte it encodes."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    byte_values = list(printable)
+    chars = list(printable)
+    for b in range(256):
+        if b not in printable:  # unprintable bytes are shifted to 256, 257, ... in byte order
+            byte_values.append(b)
+            chars.append(256 + len(chars) - len(printable))
+    return {chr(c): b for b, c in zip(byte_values, chars, strict=True)}
+
+
+def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None) -> list[bytes]:
+    """`table[id]` = the exact bytes token `id` decodes to, for every id of a byte-level BPE tokenizer.
+
+    `vocab_size` pads the table with `b""` up to the model's embedding size (which may exceed the
+    tokenizer's length); ids with no token (holes) also map to `b""`.
+    """
+    added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+    token_of_id = {i: t for t, i in tokenizer.get_vocab().items()}
+    unicode_to_byte = _unicode_to_byte()
+    size = max(len(tokenizer), vocab_size or 0)
+    table: list[bytes] = []
+    for token_id in range(len(tokenizer)):
+        if token_id in added:
+            table.append(added[token_id].encode("utf-8"))
+        elif token_id in token_of_id:
+            table.append(bytes(unicode_to_byte[ch] for ch in token_of_id[token_id]))
+        else:
+            table.append(b"")
+    table.extend(b"" for _ in range(size - len(table)))
+    return table
+
 
 END_OF_TURN = "<|im_end|>"
 # Other ids that also end a response (a hard stop like end-of-turn) when the vocabulary has them.
@@ -91,8 +130,6 @@ class TokenVocab:
         cls, tokenizer: PreTrainedTokenizerBase, *, end_of_turn: str = END_OF_TURN
     ) -> TokenVocab:
         """Build from a byte-level BPE tokenizer (the tiny one or a real Qwen one)."""
-        from stagectl.models.tokenizer import token_bytes_table
-
         special_ids = sorted(tokenizer.added_tokens_decoder)
         return cls.from_table(token_bytes_table(tokenizer), end_of_turn=end_of_turn, special_ids=special_ids)
 

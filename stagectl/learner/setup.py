@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, resolve_config, to_plain
@@ -21,7 +20,7 @@ from stagectl.data.sampler import ShardedSampler
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
 from stagectl.dist import World, device_for, init_distributed
-from stagectl.launch import check_output_dir
+from stagectl.files import check_output_dir, write_resolved_config
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner.optim import build_optimizer
 from stagectl.learner.segments import SampleEncoder
@@ -118,7 +117,7 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         b_sampler.num_consumed = int(rank_state["b_consumed"])
         extra = {**state.extra, "rank_state": rank_state}
     if world.is_main:
-        (out / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+        write_resolved_config(out, to_plain(cfg))
     return LearnerState(
         cfg=cfg,
         resolved=resolved,

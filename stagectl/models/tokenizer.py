@@ -6,9 +6,8 @@ load as, so a saved tiny tokenizer reloads exactly), then adds the Qwen special 
 1000 coordinate tokens. Ids are laid out as: trained byte-level vocab, then special tokens, then
 `<|coord_0|>`..`<|coord_999|>`; the build is deterministic.
 
-`token_bytes_table` gives, for every token id, the exact bytes the token stands for. It works for
-any byte-level BPE tokenizer (this one, real Qwen ones): ordinary tokens are mapped back through
-the ByteLevel unicode alphabet, added tokens are their content in UTF-8.
+`token_bytes_table` (defined in `stagectl.detection.vocab`, re-exported here) gives, for every token
+id, the exact bytes the token stands for.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 from stagectl.detection.coords import NUM_BINS as NUM_COORD_BINS
 from stagectl.detection.coords import coord_token
+from stagectl.detection.vocab import token_bytes_table
 from stagectl.models.corpus import corpus
 
 BPE_VOCAB_SIZE = 1024
@@ -137,41 +137,6 @@ def build_tiny_tokenizer(*, with_coord_tokens: bool = True) -> PreTrainedTokeniz
         add_coord_tokens(tokenizer)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
-
-
-@cache
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: the printable stand-in character -> the byte it encodes."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    byte_values = list(printable)
-    chars = list(printable)
-    for b in range(256):
-        if b not in printable:  # unprintable bytes are shifted to 256, 257, ... in byte order
-            byte_values.append(b)
-            chars.append(256 + len(chars) - len(printable))
-    return {chr(c): b for b, c in zip(byte_values, chars, strict=True)}
-
-
-def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None) -> list[bytes]:
-    """`table[id]` = the exact bytes token `id` decodes to, for every id of a byte-level BPE tokenizer.
-
-    `vocab_size` pads the table with `b""` up to the model's embedding size (which may exceed the
-    tokenizer's length); ids with no token (holes) also map to `b""`.
-    """
-    added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-    token_of_id = {i: t for t, i in tokenizer.get_vocab().items()}
-    unicode_to_byte = _unicode_to_byte()
-    size = max(len(tokenizer), vocab_size or 0)
-    table: list[bytes] = []
-    for token_id in range(len(tokenizer)):
-        if token_id in added:
-            table.append(added[token_id].encode("utf-8"))
-        elif token_id in token_of_id:
-            table.append(bytes(unicode_to_byte[ch] for ch in token_of_id[token_id]))
-        else:
-            table.append(b"")
-    table.extend(b"" for _ in range(size - len(table)))
-    return table
 
 
 def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:

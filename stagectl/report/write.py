@@ -109,7 +109,7 @@ def write_stage_b_report(mission_dir: Path) -> Written:
             notes.append(f"{num} {what} (`{name}`).")
     summary = summarize_stage_b(metrics.rows, selections.rows, reflections.rows, guidance)
     figures = write_stage_b_plots(metrics.rows, selections.rows, _fresh_plot_dir(mission_dir))
-    config, _ = _read_json(mission_dir / "config.json")
+    config, _ = _read_config(mission_dir / "config.yaml")
     mission = config_value(config, "mission") or mission_dir.name
     subtitle = (
         f"Stage-B mission `{mission}` of run `{mission_dir.parent.name}` in `{mission_dir}`. "

@@ -4,7 +4,6 @@ shape swift-style responses, run weight syncs, count. `rollout.app` maps HTTP on
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,6 @@ class ServerSettings:
     max_request_bytes: int = 32 * 1024 * 1024
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
-    slow_infer_ms: float = 0.0
 
 
 def sampling_params(config: RequestConfig) -> SamplingParams:
@@ -75,8 +73,6 @@ class RolloutService:
                 raise BadRequest(f"infer_requests[{i}]: {exc}") from None
             seed = None if config.seed is None else config.seed + i
             requests.append(EngineRequest(messages, images, params, seed))
-        if self.settings.slow_infer_ms > 0:
-            time.sleep(self.settings.slow_infer_ms / 1000.0)
         try:
             results = self.engine.generate(requests)
         except ValueError as exc:  # raised while encoding this call's inputs (e.g. an extreme aspect ratio)

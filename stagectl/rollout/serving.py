@@ -57,7 +57,6 @@ def server_settings(rs: RolloutServerConfig, weight_dirs: Sequence[Path] = ()) -
         auth_token=token,
         max_request_bytes=rs.max_request_bytes,
         max_weight_chunk_bytes=rs.max_weight_chunk_bytes,
-        slow_infer_ms=rs.slow_infer_ms,
     )
 
 

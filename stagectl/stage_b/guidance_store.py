@@ -8,11 +8,10 @@ atomically (temporary file in the same directory, fsync, `os.replace`), then pru
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from stagectl.files import atomic_write_text
 from stagectl.stage_b.guidance import Guidance, parse_guidance
 
 GUIDANCE_FILE = "guidance.json"
@@ -37,24 +36,6 @@ def read_guidance_file(path: Path) -> Guidance:
         return parse_guidance(data)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that readers see either the old or the new content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    done = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        done = True
-    finally:
-        if not done:
-            tmp.unlink(missing_ok=True)
 
 
 class GuidanceStore:

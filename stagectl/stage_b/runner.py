@@ -2,7 +2,7 @@
 
 Rank 0 reads the tickets and the guidance and broadcasts them (or the error, so every rank stops
 cleanly); every rank then builds its engine (loads the model), and only when all of them have one does
-rank 0 write anything (guidance, snapshot, config.json): a run that cannot start leaves no artifacts.
+rank 0 write anything (guidance, snapshot, config.yaml): a run that cannot start leaves no artifacts.
 Per epoch rank 0 shuffles the tickets (seeded) and broadcasts the order. Per global batch
 (`runner.per_rank_rollout_batch_size x world size` tickets) rank 0 broadcasts one guidance snapshot;
 every rank judges its contiguous shard with it (`sharding.shard_bounds`); the candidates are gathered
@@ -16,7 +16,6 @@ the set-up, `step_s` per global batch, `shutdown_s` for the end), so no rank is 
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -27,10 +26,11 @@ from typing import TypeVar
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, to_plain
+from stagectl.files import write_resolved_config
 from stagectl.stage_b import artifacts as art
 from stagectl.stage_b.engine import DecodeSpec, Engine, JudgeRequest, candidate_seed
 from stagectl.stage_b.guidance import Guidance
-from stagectl.stage_b.guidance_store import GuidanceStore, atomic_write_text, read_guidance_file, utc_now
+from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file, utc_now
 from stagectl.stage_b.metrics import MetricsWindow
 from stagectl.stage_b.prompts import ReflectionRecord, rollout_messages
 from stagectl.stage_b.reflection import reflect, reflection_row
@@ -103,11 +103,10 @@ def run_all(cfg: StagectlConfig, engine: Engine | None = None) -> RunSummary | N
 
 
 def build_engine(cfg: StagectlConfig, world: dist.World) -> Engine:
-    if cfg.runner.engine == "test":
-        from stagectl.stage_b.engine_test import TestEngine
+    if cfg.runner.engine == "rules":
+        from stagectl.stage_b.engine_rules import RulesEngine
 
-        knobs = cfg.runner.test_engine
-        return TestEngine(world.rank, knobs.fail_on_rank, knobs.fail_at_batch)
+        return RulesEngine()
     if cfg.runner.engine == "server":
         from stagectl.stage_b.engine_server import connect_server_engine
 
@@ -161,7 +160,7 @@ def _start_run_dir(cfg: StagectlConfig, prepared: Prepared) -> None:
     try:
         if prepared.fresh:
             GuidanceStore(run_dir, cfg.guidance.retention).save(prepared.guidance)
-        atomic_write_text(run_dir / "config.json", json.dumps(to_plain(cfg), indent=2) + "\n")
+        write_resolved_config(run_dir, to_plain(cfg))
     except OSError as exc:
         raise ValueError(f"output.root: cannot write the run directory {run_dir}: {exc}") from None
 

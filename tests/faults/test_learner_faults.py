@@ -24,7 +24,7 @@ from stagectl.learner.checkpoint import list_checkpoints, load_trainer_state
 from stagectl.schedule import channel_for_step
 from tests.faults.helpers import fault_run, report
 from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.test_train_ab_async import async_config, check_async_invariants
 
 
 def assert_checkpoint_intact(path: Path, step: int) -> None:
@@ -195,3 +195,18 @@ def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(failed_step))  # logged up to the failed save
     report(fault=f"{fault} at a save", failed_cleanly=True, failed_save=failed_step, data_lost=0)
+
+
+def test_slow_server_skips_to_a_and_completes(tmp_path: Path) -> None:
+    """Every `/infer/` of the embedded server takes 4 s: B steps whose packs are not ready are skipped to
+    Channel-A (counted), and the run completes."""
+    cfg = async_config(tmp_path)
+    config = write_config(tmp_path / "cfg.yaml", cfg)
+    with fault_run(["train-ab", str(config)], tmp_path, fault="slow_infer:4000") as run:
+        code = run.finish(300)
+        assert not run.wait_no_leftovers(10)
+    assert code == 0, run.tail()
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 8
+    check_async_invariants(rows, window=1)
+    assert sum(r["stage2_ab/async/b_step_skipped_due_to_queue"] for r in rows) >= 1

@@ -52,15 +52,10 @@ def test_train_ab_async_rank_raising_mid_step_ends_every_process(tmp_path: Path)
 
 
 def test_stage_b_rank_raising_ends_every_process(tmp_path: Path) -> None:
-    """2 Stage-B ranks with the test engine; rank 1 raises while judging global batch 1."""
-    cfg = stage_b_config(
-        tmp_path,
-        runner={"test_engine": {"fail_on_rank": 1, "fail_at_batch": 1}},
-        launch={"watchdog": {"step_s": DIST_TIMEOUT_S}},
-    )
+    """2 Stage-B ranks with the rule engine; rank 1 raises while judging global batch 1."""
+    cfg = stage_b_config(tmp_path, launch={"watchdog": {"step_s": DIST_TIMEOUT_S}})
     config = write_config(tmp_path / "cfg.yaml", cfg)
-    record = "record_raise:stagectl.stage_b.engine_test:TestEngine:judge"
-    with fault_run(["stage-b", str(config), "--nproc", "2"], tmp_path, fault=record) as run:
+    with fault_run(["stage-b", str(config), "--nproc", "2"], tmp_path, fault="raise_in_judge:1:1") as run:
         code = run.finish(180)
         to_exit, to_all_gone = _exit_figures(run, code)
         assert run.num_processes() == 4  # CLI, torchrun, 2 ranks

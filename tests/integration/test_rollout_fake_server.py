@@ -372,8 +372,8 @@ def test_requests_spread_over_servers_in_order(served: Served) -> None:
 
 
 def test_infer_timeout(served: Served) -> None:
-    slow = FakeEngine(batch_wait_ms=0)
-    server = _serve(slow, ServerSettings(slow_infer_ms=400))
+    slow = FakeEngine(batch_wait_ms=0, step_delay_ms=400)
+    server = _serve(slow, ServerSettings())
     try:
         with RolloutClient([server.url], infer_timeout_s=0.1) as impatient:
             with pytest.raises(RolloutServerError, match="ReadTimeout"):

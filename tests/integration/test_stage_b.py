@@ -1,6 +1,6 @@
 """`stagectl stage-b` end to end: the real CLI in subprocesses, torchrun with 2 CPU ranks (gloo).
 
-The semantics are checked with the deterministic test engine (`runner.engine: test`); one run uses the
+The semantics are checked with the deterministic test engine (`runner.engine: rules`); one run uses the
 tiny HF model to show the model path works end to end.
 """
 
@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from tests.faults.helpers import INJECT_DIR
 from tests.integration.helpers import ROOT, deep_merge, run_cli, write_config
 
 MISSION = "qc"
 REFLECTION_BATCH = 3
 ARTIFACTS = {
-    "config.json",
+    "config.yaml",
     "guidance.json",
     "snapshots",
     "trajectories.jsonl",
@@ -72,7 +74,7 @@ def stage_b_config(tmp: Path, **sections: Any) -> dict[str, Any]:
         "guidance": {"path": str(guidance), "retention": 50},
         "output": {"root": str(tmp / "out"), "run_name": "r"},
         "sampler": {"grid": [{"seed": 0}, {"seed": 1}], "samples_per_decode": 2},
-        "runner": {"engine": "test", "epochs": 2, "per_rank_rollout_batch_size": 2, "seed": 7},
+        "runner": {"engine": "rules", "epochs": 2, "per_rank_rollout_batch_size": 2, "seed": 7},
         "reflection": {"batch_size": REFLECTION_BATCH, "max_operations": 2},
         "manual_review": {"min_vote_strength": 0.6},
         "launch": {"watchdog": {"step_s": 60}},
@@ -126,7 +128,7 @@ def test_relaunches_under_torchrun_and_only_rank_zero_writes(two_ranks: tuple) -
 
 def test_bad_ticket_lines_reported_and_skipped(two_ranks: tuple) -> None:
     result, _ = two_ranks
-    tickets = next(Path(p) for p in json.loads((two_ranks[1] / "config.json").read_text())["tickets"])
+    tickets = next(Path(p) for p in yaml.safe_load((two_ranks[1] / "config.yaml").read_text())["tickets"])
     assert f"{tickets}:4: not valid JSON" in result.stderr
     assert f"{tickets}:8: label must be 'pass' or 'fail'" in result.stderr
     assert result.stderr.count("skipped ") == 2  # reported once, by rank 0
@@ -220,13 +222,14 @@ def test_two_ranks_select_exactly_like_one(one_rank: tuple, two_ranks: tuple) ->
 
 def test_an_error_on_rank_one_fails_the_whole_run_fast(tmp_path: Path) -> None:
     """Through scripts/stage_b.sh with gpus=0,1 (two CPU ranks here); rank 1 raises in global batch 1."""
-    config = write_config(
-        tmp_path / "cfg.yaml",
-        stage_b_config(tmp_path, runner={"test_engine": {"fail_on_rank": 1, "fail_at_batch": 1}}),
-    )
+    config = write_config(tmp_path / "cfg.yaml", stage_b_config(tmp_path))
+    (records := tmp_path / "processes").mkdir()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(INJECT_DIR), os.environ.get("PYTHONPATH", "")) if p),
+        "STAGECTL_FAULT_DIR": str(records),
+        "STAGECTL_FAULT": "raise_in_judge:1:1",
         "gpus": "0,1",
         "config": str(config),
     }

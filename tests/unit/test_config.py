@@ -279,7 +279,7 @@ def test_stage_b_runner_rules(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, {**base, "runner": {"engine": "server"}, "launch": {"nnodes": 2}})
     assert "rollout server URL" in probs["runner.server.base_urls"]
     assert "--nnodes=1" in probs["launch.nnodes"]
-    probs = problems_of(
-        tmp_path, {**base, "runner": {"engine": "test", "test_engine": {"fail_on_rank": 3}}}, world_size=2
-    )
-    assert "does not exist with world size 2" in probs["runner.test_engine.fail_on_rank"]
+    probs = problems_of(tmp_path, {**base, "runner": {"engine": "test", "test_engine": {"fail_on_rank": 1}}})
+    assert "renamed to `rules`" in probs["runner.engine"]
+    assert "runner.engine: rules" in probs["runner.test_engine"]
+    assert load_config(write(tmp_path, {**base, "runner": {"engine": "rules"}})).runner.engine == "rules"

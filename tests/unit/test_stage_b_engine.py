@@ -1,4 +1,4 @@
-"""Stage-B prompts, the test engine, reflection decoding, metrics."""
+"""Stage-B prompts, the rules engine, reflection decoding, metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from stagectl.config.stage_b import ReflectionConfig
 from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, candidate_seed
-from stagectl.stage_b.engine_test import InjectedFault, TestEngine
+from stagectl.stage_b.engine_rules import RulesEngine
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.metrics import MetricsWindow
 from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages, rollout_messages
@@ -25,7 +25,7 @@ SPEC = DecodeSpec(0.7, 0.9, 16, seed=4)
 
 
 def judge(
-    engine: TestEngine, ticket: Ticket, guidance: Guidance = G, batch_index: int = 0, seed: int = 4
+    engine: RulesEngine, ticket: Ticket, guidance: Guidance = G, batch_index: int = 0, seed: int = 4
 ) -> str:
     request = JudgeRequest(ticket, guidance, rollout_messages(guidance, ticket, "m"), batch_index)
     return engine.judge([request], DecodeSpec(0.7, 0.9, 16, seed))[0]
@@ -46,16 +46,16 @@ def test_reflection_prompt_lists_records_with_keys_and_labels() -> None:
     assert entry["ticket"] == "g1::fail" and entry["label"] == "fail" and entry["model_verdict"] == "pass"
 
 
-def test_test_engine_answers_from_the_guidance_it_is_given() -> None:
-    engine = TestEngine(rank=0)
+def test_rules_engine_answers_from_the_guidance_it_is_given() -> None:
+    engine = RulesEngine()
     assert parse_verdict(judge(engine, RED)).verdict == "fail"
     assert parse_verdict(judge(engine, BLUE)).verdict == "pass"
     no_rules = Guidance(0, "", {"G0": "judge"})
     assert parse_verdict(judge(engine, RED, no_rules)).verdict == "pass"
 
 
-def test_test_engine_third_state_and_ambiguous_answers() -> None:
-    engine = TestEngine(rank=0)
+def test_rules_engine_third_state_and_ambiguous_answers() -> None:
+    engine = RulesEngine()
     unreadable = Ticket("m", "u", "pass", (("image_1", "unreadable blur"),))
     assert parse_verdict(judge(engine, unreadable)).error is not None
     ambiguous = Ticket("m", "a", "pass", (("image_1", "ambiguous shape"),))
@@ -63,19 +63,12 @@ def test_test_engine_third_state_and_ambiguous_answers() -> None:
     assert verdicts == {"pass", "fail"}
 
 
-def test_test_engine_fault_only_on_its_rank_and_batch() -> None:
-    assert parse_verdict(judge(TestEngine(0, fail_on_rank=1, fail_at_batch=2), RED, batch_index=2)).ok
-    assert parse_verdict(judge(TestEngine(1, fail_on_rank=1, fail_at_batch=2), RED, batch_index=1)).ok
-    with pytest.raises(InjectedFault, match="rank 1"):
-        judge(TestEngine(1, fail_on_rank=1, fail_at_batch=2), RED, batch_index=2)
-
-
-def test_reflect_with_the_test_engine_adds_a_rule_and_drops_the_unsafe_op() -> None:
+def test_reflect_with_the_rules_engine_adds_a_rule_and_drops_the_unsafe_op() -> None:
     records = [
         ReflectionRecord(GREEN_FAIL, "pass", 1, 0, ()),
         ReflectionRecord(BLUE, "fail", 0, 1, ()),
     ]
-    result = reflect(TestEngine(0), G, records, ReflectionConfig(batch_size=2), "m", 0, "now")
+    result = reflect(RulesEngine(), G, records, ReflectionConfig(batch_size=2), "m", 0, "now")
     out = result.outcome
     assert result.decode_error is None and out.changed
     assert out.guidance.experiences["G2"] == "green means fail" and out.guidance.step == 1

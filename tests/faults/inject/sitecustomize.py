@@ -14,7 +14,7 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
 - `kill_in_infer:CALL` - the rollout server SIGKILLs itself inside its CALL-th `/infer/` (1-based),
   with the request accepted and not yet answered;
 - `record_raise:MODULE:CLASS:METHOD` - no fault of its own: records when MODULE.CLASS.METHOD raises
-  (to time a fault that the code under test injects itself, e.g. Stage-B's test engine);
+  (to time an error the code under test raises itself);
 - `stop_in_micro_step:RANK:CALL` - learner rank RANK freezes itself (SIGSTOP) in its CALL-th
   forward/backward: alive, holding its sockets, answering nothing (a hung GPU or a stuck NFS read);
 - `stop_in_push:SYNC` - learner rank 0 freezes itself (SIGSTOP) inside its SYNC-th async weight push;
@@ -23,7 +23,9 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
 - `log_stream:STREAM` - every `ShardedSampler.take` of stream STREAM appends the indices it returns to
   `D/stream-STREAM-rank<R>.jsonl` (what each rank consumed, to compare runs);
 - `slow_prefetch:RANK:SECONDS` - the async prefetcher of rank RANK sleeps SECONDS before each burst;
-- `raise_in_prefetch:RANK` - the async prefetcher of rank RANK raises in its first burst.
+- `raise_in_prefetch:RANK` - the async prefetcher of rank RANK raises in its first burst;
+- `slow_infer:MS` - the rollout server sleeps MS milliseconds in every `/infer/` before generating;
+- `raise_in_judge:RANK:BATCH` - Stage-B rank RANK raises while its rule engine judges global batch BATCH.
 
 Several faults are armed at once with `;` between their specs.
 
@@ -239,6 +241,32 @@ def _raise_in_prefetch(module: ModuleType, rank: str) -> None:
     module.Prefetcher._burst = burst
 
 
+def _slow_infer(module: ModuleType, ms: str) -> None:
+    cls = module.RolloutService
+    original = cls.infer
+
+    def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(float(ms) / 1000.0)
+        return original(self, *args, **kwargs)
+
+    cls.infer = infer
+
+
+def _raise_in_judge(module: ModuleType, rank: str, batch: str) -> None:
+    if os.environ.get("RANK", "0") != rank:
+        return
+    cls = module.RulesEngine
+    original = cls.judge
+
+    def judge(self: Any, requests: Any, spec: Any) -> Any:
+        if any(request.batch_index == int(batch) for request in requests):
+            _fire(f"rank {rank} raises judging global batch {batch}")
+            raise RuntimeError(f"injected fault on rank {rank} in global batch {batch}")
+        return original(self, requests, spec)
+
+    cls.judge = judge
+
+
 FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
     "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
@@ -250,6 +278,8 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "log_stream": ("stagectl.data.sampler", _log_stream),
     "slow_prefetch": ("stagectl.prefetch.prefetcher", _slow_prefetch),
     "raise_in_prefetch": ("stagectl.prefetch.prefetcher", _raise_in_prefetch),
+    "slow_infer": ("stagectl.rollout.service", _slow_infer),
+    "raise_in_judge": ("stagectl.stage_b.engine_rules", _raise_in_judge),
 }
 
 

@@ -1,4 +1,4 @@
-"""`runner.engine: test`: a deterministic rule engine that answers from the guidance it was given.
+"""`runner.engine: rules`: a deterministic rule engine that answers from the guidance it was given.
 
 No model, no randomness beyond the given seed, so runs are reproducible across world sizes. It reads
 the first word of each image summary as that image's attribute (`red triangle near the top` -> `red`).
@@ -12,8 +12,9 @@ Reflection: among the records labelled fail but judged pass, the attribute found
 (ties: alphabetical; attributes of records labelled pass do not count) becomes `add "<attribute> means fail"`, with those tickets as evidence. Every
 answer also carries one unsafe operation (`delete G0`) that the validator must drop.
 
-Fault injection (`runner.test_engine.fail_on_rank` / `fail_at_batch`): that rank raises
-`InjectedFault` when it judges that global batch.
+It is a product feature for dry runs (a mission's tickets, guidance and artifacts end to end in
+seconds, no model) and the engine the Stage-B tests run on; it has no fault knobs (the test suite
+injects its faults from outside).
 """
 
 from __future__ import annotations
@@ -30,27 +31,11 @@ from stagectl.stage_b.tickets import Ticket
 _RULE = re.compile(r"\b([a-z]+) means fail\b", re.IGNORECASE)
 
 
-class InjectedFault(RuntimeError):
-    """Raised on purpose by the test engine (runner.test_engine.fail_on_rank)."""
-
-
-class TestEngine:
-    __test__ = False  # not a pytest class
-
-    def __init__(self, rank: int, fail_on_rank: int | None = None, fail_at_batch: int = 0) -> None:
-        self.rank = rank
-        self.fail_on_rank = fail_on_rank
-        self.fail_at_batch = fail_at_batch
+class RulesEngine:
+    """The same answers on every rank and every run: a function of ticket, guidance and seed."""
 
     def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
-        answers = []
-        for request in requests:
-            if self.rank == self.fail_on_rank and request.batch_index == self.fail_at_batch:
-                raise InjectedFault(
-                    f"injected fault on rank {self.rank} in global batch {request.batch_index}"
-                )
-            answers.append(_judge_one(request.ticket, request.guidance, spec.seed))
-        return answers
+        return [_judge_one(request.ticket, request.guidance, spec.seed) for request in requests]
 
     def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
         false_pass = [r.ticket for r in request.records if r.ticket.label == "fail" and r.verdict == "pass"]

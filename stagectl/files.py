@@ -1,0 +1,50 @@
+"""Files every command writes the same way: atomic replacement, the writable-output check made before
+anything starts, and the resolved config (`config.yaml` in the run directory, for every command)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RESOLVED_CONFIG = "config.yaml"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that readers see either the old or the new content."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    done = False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        done = True
+    finally:
+        if not done:
+            tmp.unlink(missing_ok=True)
+
+
+def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None:
+    """Fail before anything starts when the run directory cannot be written."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{key}: cannot write to {output_dir}: {exc.strerror or exc}") from None
+
+
+def write_resolved_config(run_dir: Path, plain: Mapping[str, Any]) -> Path:
+    """`run_dir/config.yaml`: the config as the run resolved it (keys in declaration order)."""
+    path = run_dir / RESOLVED_CONFIG
+    atomic_write_text(path, yaml.safe_dump(dict(plain), sort_keys=False))
+    return path
