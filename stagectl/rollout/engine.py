@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from stagectl.rollout.protocol import TensorSpec
+
 if TYPE_CHECKING:
     import torch
     from PIL import Image
@@ -47,19 +49,6 @@ class EngineResult:
     text: str  # decoded `token_ids` (special tokens skipped), cut before a stop string
     finish_reason: FinishReason
     version: int  # the weight version that generated it
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    shape: tuple[int, ...]
-    dtype: str  # torch dtype name without the prefix: "float32", "bfloat16", ...
-
-    @property
-    def num_elements(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
 
 
 class Engine(Protocol):

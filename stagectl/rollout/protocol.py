@@ -20,6 +20,7 @@ safetensors only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -160,3 +161,18 @@ class StatsResponse(_Response):
     """Histogram of generate batch sizes: `{"1": 3, "8": 2}` (keys are sizes as strings, JSON style)."""
     num_syncs: int
     num_failed_syncs: int
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one weight tensor, as a weight sync names and checks it."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the prefix: "float32", "bfloat16", ...
+
+    @property
+    def num_elements(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count

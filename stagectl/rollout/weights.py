@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from stagectl.rollout.engine import TensorSpec
+from stagectl.rollout.protocol import TensorSpec
 
 ROWS_KEY = "stagectl.rows"
 

@@ -1,0 +1,189 @@
+"""Dependencies point one way. Every `stagectl` import (module level, function level and type-only alike)
+must go from a layer to the same package or to a lower layer:
+
+    entry   cli, __main__, torchrun, launch
+    role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
+    core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
+            packing, detection, data, models, dist, schedule, watchdog, files, cache
+    config  config
+
+Inside `core`, packages may use each other but never in a cycle; inside `role`, one role never imports
+another (the learner does not reach into the rollout server). `python -m tests.unit.test_import_contract`
+prints the package-level map.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2] / "stagectl"
+
+ROLLOUT_CORE = {"client", "errors", "protocol", "requests", "weights"}
+ROLLOUT_SERVER = {
+    "app",
+    "batching",
+    "engine",
+    "engines",
+    "launcher",
+    "paths",
+    "service",
+    "serving",
+    "sync",
+    "text",
+}
+LAYERS = {
+    "entry": {"cli", "__main__", "torchrun", "launch"},
+    "role": {"learner", "stage_b", "report", "rollout_server"},
+    "core": {
+        "prefetch",
+        "rollout",
+        "packing",
+        "detection",
+        "data",
+        "models",
+        "dist",
+        "schedule",
+        "watchdog",
+        "files",
+        "cache",
+        "__init__",
+    },
+    "config": {"config"},
+}
+RANK = {"entry": 3, "role": 2, "core": 1, "config": 0}
+
+
+def unit_of(module: str) -> str:
+    """The unit a module belongs to: its top package under stagectl, with the rollout package split into
+    `rollout` (client, wire format) and `rollout_server`."""
+    parts = module.split(".")[1:] or ["__init__"]
+    if parts[0] == "rollout" and len(parts) > 1:
+        if parts[1] in ROLLOUT_SERVER:
+            return "rollout_server"
+        if parts[1] not in ROLLOUT_CORE:
+            raise AssertionError(f"{module}: new rollout module; add it to ROLLOUT_CORE or ROLLOUT_SERVER")
+    return parts[0]
+
+
+def layer_of(unit: str) -> str:
+    for layer, units in LAYERS.items():
+        if unit in units:
+            return layer
+    raise AssertionError(f"stagectl.{unit}: not in any layer; add it to LAYERS in {__file__}")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every stagectl module `path` imports (`from stagectl import dist` counts as `stagectl.dist`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "stagectl"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "stagectl":
+                found |= {f"stagectl.{a.name}" for a in node.names}
+            elif node.module.startswith("stagectl."):
+                found.add(node.module)
+    return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def unit_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for source, targets in graph.items():
+        for target in targets:
+            a, b = unit_of(source), unit_of(target)
+            if a != b:
+                edges[(a, b)].append(f"{source} -> {target}")
+    return edges
+
+
+def uphill_edges(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for (a, b), examples in sorted(unit_edges(graph).items()):
+        la, lb = layer_of(a), layer_of(b)
+        if RANK[lb] > RANK[la] or la == lb == "role":
+            bad.append(f"{a} ({la}) -> {b} ({lb}): {examples[0]}")
+    return bad
+
+
+def cycles(nodes: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(nodes.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(nodes):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_runs_uphill() -> None:
+    assert uphill_edges(module_graph()) == []
+
+
+def test_no_cycle_between_packages() -> None:
+    units: dict[str, set[str]] = defaultdict(set)
+    for a, b in unit_edges(module_graph()):
+        units[a].add(b)
+    assert cycles(units) == []
+
+
+def test_no_cycle_between_modules() -> None:
+    graph = module_graph()
+    # a package's __init__ re-exporting its own modules is not a cycle of logic
+    edges = {m: {t for t in ts if not m.startswith(t + ".") and t in graph} for m, ts in graph.items()}
+    assert cycles(edges) == []
+
+
+def test_the_checker_sees_an_uphill_edge_and_a_cycle() -> None:
+    graph = {"stagectl.schedule": {"stagectl.learner.loop"}, "stagectl.learner.loop": {"stagectl.schedule"}}
+    assert uphill_edges(graph) == [
+        "schedule (core) -> learner (role): stagectl.schedule -> stagectl.learner.loop"
+    ]
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert uphill_edges({"stagectl.learner.x": {"stagectl.rollout.sync"}})  # role -> another role
+
+
+def main() -> None:
+    for (a, b), examples in sorted(unit_edges(module_graph()).items()):
+        print(f"{a:15s} -> {b:15s} {len(examples):3d}  ({layer_of(a)} -> {layer_of(b)})")
+
+
+if __name__ == "__main__":
+    main()
