@@ -20,6 +20,7 @@ safetensors only.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -176,3 +177,13 @@ class TensorSpec:
         for dim in self.shape:
             count *= dim
         return count
+
+
+def read_token(env_name: str | None, key: str) -> str | None:
+    """The bearer token held by environment variable `env_name` (None when no variable is configured)."""
+    if env_name is None:
+        return None
+    token = os.environ.get(env_name, "").strip()
+    if not token:
+        raise ValueError(f"{key} names ${env_name}, which is unset or empty; export the token there")
+    return token

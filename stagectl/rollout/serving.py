@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import sys
 import threading
@@ -27,21 +26,11 @@ from stagectl.config.rollout import RolloutServerConfig
 from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
 from stagectl.rollout.app import build_app
 from stagectl.rollout.engine import Engine
-from stagectl.rollout.protocol import LISTENING_PREFIX
+from stagectl.rollout.protocol import LISTENING_PREFIX, read_token
 from stagectl.rollout.service import RolloutService, ServerSettings
 
 GRACEFUL_SHUTDOWN_S = 30
 HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
-
-
-def read_token(env_name: str | None, key: str) -> str | None:
-    """The bearer token held by environment variable `env_name` (None when no variable is configured)."""
-    if env_name is None:
-        return None
-    token = os.environ.get(env_name, "").strip()
-    if not token:
-        raise ValueError(f"{key} names ${env_name}, which is unset or empty; export the token there")
-    return token
 
 
 def server_settings(rs: RolloutServerConfig, weight_dirs: Sequence[Path] = ()) -> ServerSettings:

@@ -6,12 +6,11 @@ spreads it over the servers, retries and splits); request i is sampled with `spe
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from stagectl.config.stage_b import StageBServerConfig
 from stagectl.rollout.client import RolloutClient
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
+from stagectl.rollout.protocol import InferRequest, Message, RequestConfig, read_token
 from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
 
@@ -43,13 +42,7 @@ def connect_server_engine(server: StageBServerConfig) -> tuple[ServerEngine, str
         raise ValueError(
             "runner.server.base_urls: runner.engine: server needs at least one rollout server URL"
         )
-    token = None
-    if server.auth_token_env is not None:
-        token = os.environ.get(server.auth_token_env, "").strip()
-        if not token:
-            raise ValueError(
-                f"runner.server.auth_token_env names ${server.auth_token_env}, which is unset or empty"
-            )
+    token = read_token(server.auth_token_env, "runner.server.auth_token_env")
     client = RolloutClient(server.base_urls, infer_timeout_s=server.infer_timeout_s, auth_token=token)
     try:
         client.wait_healthy(server.wait_healthy_s)
