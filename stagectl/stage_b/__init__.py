@@ -1,7 +1,9 @@
 """Stage-B, the training-free guidance loop (`stagectl stage-b`).
 
 Pure cores: `tickets` (the data), `guidance` + `guidance_ops` (the rules and their edits), `prompts`,
-`verdict` (the two-line output contract), `selection` (votes), `sharding`, `metrics`.
-Shells: `guidance_store` and `artifacts` (rank-0 files), `engine` (the model interface) with
-`engine_hf` and `engine_rules`, `reflection` (one reflection step), `runner` (`run_all`, the loop).
+`verdict` (the two-line output contract), `selection` (votes), `rows` (a judged ticket's rows), `sharding`,
+`metrics`. Shells: `guidance_store` and `artifacts` (rank-0 files), `engine` (the model interface) with
+`engine_hf`, `engine_server` and `engine_rules`, `reflection` (one reflection step), `judge` (every rank:
+its shard of a global batch), `consumer` (rank 0: writer, store, window, reflection queue) and `runner`
+(`run_all`: start-up checks, then the loop over global batches).
 """

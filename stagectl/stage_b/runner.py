@@ -17,27 +17,21 @@ the set-up, `step_s` per global batch, `shutdown_s` for the end), so no rank is 
 from __future__ import annotations
 
 import re
-import sys
-import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, to_plain
+from stagectl.console import say
 from stagectl.files import write_resolved_config
-from stagectl.stage_b import artifacts as art
-from stagectl.stage_b.engine import DecodeSpec, Engine, JudgeRequest, candidate_seed
+from stagectl.stage_b.consumer import Consumer
+from stagectl.stage_b.engine import Engine
 from stagectl.stage_b.guidance import Guidance
-from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file, utc_now
-from stagectl.stage_b.metrics import MetricsWindow
-from stagectl.stage_b.prompts import ReflectionRecord, rollout_messages
-from stagectl.stage_b.reflection import reflect, reflection_row
-from stagectl.stage_b.selection import needs_reflection, review_reason, select_verdict
+from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file
+from stagectl.stage_b.judge import judge_shard
 from stagectl.stage_b.sharding import epoch_order, global_batches, shard_bounds
 from stagectl.stage_b.tickets import Ticket, load_tickets
-from stagectl.stage_b.verdict import parse_verdict
 
 _MISSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_REPORTED_LINES = 20
@@ -52,16 +46,6 @@ class Prepared:
     guidance: Guidance | None
     fresh: bool  # the run directory had no guidance (artifacts are truncated)
     error: str | None = None
-
-
-@dataclass(frozen=True)
-class Candidate:
-    position: int  # index of the ticket inside its global batch
-    grid_index: int
-    sample_index: int
-    seed: int
-    rank: int
-    text: str
 
 
 @dataclass(frozen=True)
@@ -111,12 +95,12 @@ def build_engine(cfg: StagectlConfig, world: dist.World) -> Engine:
         from stagectl.stage_b.engine_server import connect_server_engine
 
         server_engine, note = connect_server_engine(cfg.runner.server)
-        log(f"rank {world.rank}: {note}")
+        say("stage-b", note, every_rank=True)
         return server_engine
     from stagectl.stage_b.engine_hf import load_hf_engine
 
     engine, note = load_hf_engine(cfg, world)
-    log(note)
+    say("stage-b", note, every_rank=True)
     return engine
 
 
@@ -127,10 +111,6 @@ def from_main(value: T | None) -> T:
     return out
 
 
-def log(message: str) -> None:
-    print(f"stage-b: {message}", file=sys.stderr, flush=True)
-
-
 def _prepare(cfg: StagectlConfig) -> Prepared:
     """Rank 0: read and check the tickets and the guidance (nothing is written yet)."""
     assert cfg.mission is not None and cfg.guidance is not None  # validate_stage_b
@@ -139,9 +119,9 @@ def _prepare(cfg: StagectlConfig) -> Prepared:
             raise ValueError(f"mission {cfg.mission!r} must be a plain name (letters, digits, _ . -)")
         ticket_set = load_tickets(cfg.tickets, cfg.mission)
         for problem in ticket_set.problems[:MAX_REPORTED_LINES]:
-            log(f"skipped {problem}")
+            say("stage-b", f"skipped {problem}")
         if len(ticket_set.problems) > MAX_REPORTED_LINES:
-            log(f"... and {len(ticket_set.problems) - MAX_REPORTED_LINES} more bad ticket line(s)")
+            say("stage-b", f"... and {len(ticket_set.problems) - MAX_REPORTED_LINES} more bad ticket line(s)")
         run_dir = run_dir_of(cfg)
         store = GuidanceStore(run_dir, cfg.guidance.retention)
         existing = None if cfg.guidance.reset_on_rerun else store.load()
@@ -149,7 +129,10 @@ def _prepare(cfg: StagectlConfig) -> Prepared:
     except (ValueError, OSError) as exc:
         return Prepared([], None, False, error=str(exc))
     source = "continuing from" if existing else "starting from"
-    log(f"{len(ticket_set.tickets)} tickets of {cfg.mission}; {source} guidance step {guidance.step}")
+    say(
+        "stage-b",
+        f"{len(ticket_set.tickets)} tickets of {cfg.mission}; {source} guidance step {guidance.step}",
+    )
     return Prepared(ticket_set.tickets, guidance, fresh=existing is None)
 
 
@@ -166,27 +149,20 @@ def _start_run_dir(cfg: StagectlConfig, prepared: Prepared) -> None:
 
 
 class Loop:
+    """Epochs of global batches: rank 0 broadcasts the order and the guidance snapshot, every rank judges
+    its shard (`judge.judge_shard`), rank 0's `Consumer` takes the gathered candidates in batch order."""
+
     def __init__(self, cfg: StagectlConfig, world: dist.World, prepared: Prepared, engine: Engine) -> None:
-        assert cfg.mission is not None and cfg.guidance is not None and prepared.guidance is not None
+        assert cfg.mission is not None and prepared.guidance is not None
         self.cfg = cfg
-        self.mission = cfg.mission
         self.world = world
         self.tickets = prepared.tickets
         self.engine = engine
-        self.guidance = prepared.guidance  # authoritative on rank 0 only
-        self.queue: list[ReflectionRecord] = []
-        self.num_reflections = 0
-        self.num_judged = 0
-        self.num_correct = 0
-        self.window = MetricsWindow()
-        self.window_batches = 0
-        self.window_start = time.perf_counter()
-        self.num_windows = 0
-        self.writer: art.ArtifactWriter | None = None
-        self.store: GuidanceStore | None = None
-        if world.is_main:
-            self.writer = art.ArtifactWriter(run_dir_of(cfg), fresh=prepared.fresh)
-            self.store = GuidanceStore(run_dir_of(cfg), cfg.guidance.retention)
+        self.consumer = (
+            Consumer(cfg, run_dir_of(cfg), prepared.guidance, engine, fresh=prepared.fresh)
+            if world.is_main
+            else None
+        )
 
     def run(self) -> RunSummary | None:
         runner = self.cfg.runner
@@ -197,185 +173,47 @@ class Loop:
                     order = from_main(
                         epoch_order(len(self.tickets), runner.seed, epoch) if self.world.is_main else None
                     )
-                batches = global_batches(
+                for start, end in global_batches(
                     len(order), runner.per_rank_rollout_batch_size, self.world.world_size
-                )
-                for start, end in batches:
-                    batch = order[start:end]
-                    with dist.phase(f"guidance broadcast of global batch {batch_index}", "step_s"):
-                        guidance = from_main(self.guidance if self.world.is_main else None)
-                    first, count = shard_bounds(len(batch), self.world.world_size, self.world.rank)
-                    mine = self._judge(batch[first : first + count], first, guidance, epoch, batch_index)
-                    with dist.phase(f"candidate gather of global batch {batch_index}", "step_s"):
-                        gathered = dist.gather_objects(mine)
-                    if gathered is not None:
-                        self._consume(
-                            batch, [c for part in gathered for c in part], guidance, epoch, batch_index
-                        )
+                ):
+                    self._global_batch([self.tickets[i] for i in order[start:end]], epoch, batch_index)
                     batch_index += 1
-            if self.writer is None:
+            if self.consumer is None:
                 return None
-            if self.window_batches:
-                self._write_metrics(epoch=runner.epochs - 1, batch_index=batch_index - 1)
+            self.consumer.finish(epoch=runner.epochs - 1, batch_index=batch_index - 1)
         finally:
-            if self.writer is not None:
-                self.writer.close()
+            if self.consumer is not None:
+                self.consumer.close()
+        c = self.consumer
         return RunSummary(
             run_dir=run_dir_of(self.cfg),
             num_tickets=len(self.tickets),
             num_batches=batch_index,
-            num_judged=self.num_judged,
-            accuracy=self.num_correct / self.num_judged if self.num_judged else None,
-            guidance_step=self.guidance.step,
-            num_reflections=self.num_reflections,
+            num_judged=c.num_judged,
+            accuracy=c.num_correct / c.num_judged if c.num_judged else None,
+            guidance_step=c.guidance.step,
+            num_reflections=c.num_reflections,
         )
 
-    # ------------------------------------------------------------ every rank
-
-    def _judge(
-        self, indices: list[int], first: int, guidance: Guidance, epoch: int, batch_index: int
-    ) -> list[Candidate]:
-        """Every candidate of this rank's shard: sampler.grid x samples_per_decode per ticket."""
-        requests = [
-            JudgeRequest(
-                self.tickets[i],
-                guidance,
-                rollout_messages(guidance, self.tickets[i], self.mission),
-                batch_index,
-            )
-            for i in indices
-        ]
-        out: list[Candidate] = []
-        if not requests:
-            return out
-        sampler = self.cfg.sampler
-        for grid_index, entry in enumerate(sampler.grid):
-            for sample_index in range(sampler.samples_per_decode):
-                seed = candidate_seed(self.cfg.runner.seed, entry.seed, sample_index, epoch, batch_index)
-                spec = DecodeSpec(entry.temperature, entry.top_p, entry.max_new_tokens, seed)
-                texts = self.engine.judge(requests, spec)
-                if len(texts) != len(requests):
-                    raise RuntimeError(f"the engine answered {len(texts)} of {len(requests)} requests")
-                out += [
-                    Candidate(first + k, grid_index, sample_index, seed, self.world.rank, text)
-                    for k, text in enumerate(texts)
-                ]
-        return out
-
-    # ------------------------------------------------------------ rank 0
-
-    def _consume(
-        self, batch: list[int], candidates: list[Candidate], guidance: Guidance, epoch: int, batch_index: int
-    ) -> None:
-        assert self.writer is not None
-        by_position: dict[int, list[Candidate]] = defaultdict(list)
-        for candidate in candidates:
-            by_position[candidate.position].append(candidate)
-        where = {"epoch": epoch, "batch_index": batch_index, "guidance_step": guidance.step}
-        for position, ticket_index in enumerate(batch):
-            ticket = self.tickets[ticket_index]
-            mine = sorted(by_position[position], key=lambda c: (c.grid_index, c.sample_index))
-            parses = [parse_verdict(c.text) for c in mine]
-            ids = {"ticket_key": ticket.key, "group_id": ticket.group_id, "label": ticket.label}
-            for c, parsed in zip(mine, parses, strict=True):
-                entry = self.cfg.sampler.grid[c.grid_index]
-                row = {
-                    **where,
-                    **ids,
-                    "rank": c.rank,
-                    "grid_index": c.grid_index,
-                    "sample_index": c.sample_index,
-                    "seed": c.seed,
-                    "temperature": entry.temperature,
-                    "top_p": entry.top_p,
-                    "text": c.text,
-                    "verdict": parsed.verdict,
-                    "reason": parsed.reason,
-                    "format_error": parsed.error,
-                }
-                self.writer.write(art.TRAJECTORIES, row)
-                if not parsed.ok:
-                    self.writer.write(art.MALFORMED, row)
-            selection = select_verdict([p.verdict for p in parses], ticket.label)
-            queued = needs_reflection(selection)
-            self.writer.write(
-                art.SELECTIONS,
-                {
-                    **where,
-                    **ids,
-                    "rank": mine[0].rank if mine else None,
-                    "verdict": selection.verdict,
-                    "vote_strength": selection.vote_strength,
-                    "num_pass": selection.num_pass,
-                    "num_fail": selection.num_fail,
-                    "num_malformed": selection.num_malformed,
-                    "label_match": selection.label_match,
-                    "candidates_disagree": selection.candidates_disagree,
-                    "queued_for_reflection": queued,
-                },
-            )
-            reason = review_reason(selection, self.cfg.manual_review.min_vote_strength)
-            if reason is not None:
-                self.writer.write(
-                    art.NEED_REVIEW, {**where, **ids, "reason": reason, "verdict": selection.verdict}
-                )
-            self.window.add(selection)
-            self.num_judged += 1
-            self.num_correct += selection.label_match
-            if queued:
-                reasons = tuple(p.reason for p in parses if p.ok)
-                self.queue.append(
-                    ReflectionRecord(
-                        ticket, selection.verdict, selection.num_pass, selection.num_fail, reasons
-                    )
-                )
-            if len(self.queue) >= self.cfg.reflection.batch_size:
-                self._reflect(epoch, batch_index, trigger=ticket.key)
-        self.window_batches += 1
-        if self.window_batches >= self.cfg.runner.logging_steps:
-            self._write_metrics(epoch, batch_index)
-        self.writer.flush()
-
-    def _reflect(self, epoch: int, batch_index: int, trigger: str) -> None:
-        assert self.writer is not None and self.store is not None
-        size = self.cfg.reflection.batch_size
-        records, self.queue = self.queue[:size], self.queue[size:]
-        # Reflection seeds live apart from rollout seeds (epoch -1), one per reflection.
-        seed = candidate_seed(self.cfg.runner.seed, 0, self.num_reflections, -1, batch_index)
-        result = reflect(
-            self.engine, self.guidance, records, self.cfg.reflection, self.mission, seed, utc_now()
+    def _global_batch(self, batch: list[Ticket], epoch: int, batch_index: int) -> None:
+        with dist.phase(f"guidance broadcast of global batch {batch_index}", "step_s"):
+            guidance = from_main(self.consumer.guidance if self.consumer is not None else None)
+        first, count = shard_bounds(len(batch), self.world.world_size, self.world.rank)
+        assert self.cfg.mission is not None
+        mine = judge_shard(
+            self.engine,
+            batch[first : first + count],
+            first,
+            guidance,
+            mission=self.cfg.mission,
+            sampler=self.cfg.sampler,
+            run_seed=self.cfg.runner.seed,
+            rank=self.world.rank,
+            epoch=epoch,
+            batch_index=batch_index,
         )
-        self.num_reflections += 1
-        self.window.num_reflections += 1
-        row = {"epoch": epoch, "batch_index": batch_index, "trigger_ticket": trigger}
-        self.writer.write(art.REFLECTION, {**row, **reflection_row(result, records)})
-        if result.outcome.changed:
-            self.guidance = result.outcome.guidance
-            self.store.save(self.guidance)
-            self.window.num_guidance_changes += 1
-            log(
-                f"reflection {self.num_reflections}: guidance step {self.guidance.step} (batch {batch_index})"
-            )
-
-    def _write_metrics(self, epoch: int, batch_index: int) -> None:
-        assert self.writer is not None
-        elapsed = time.perf_counter() - self.window_start
-        row = {
-            "window": self.num_windows,
-            "epoch": epoch,
-            "last_batch_index": batch_index,
-            "num_batches": self.window_batches,
-            "guidance_step": self.guidance.step,
-            "reflection_queue": len(self.queue),
-            **self.window.row(elapsed),
-        }
-        self.writer.write(art.METRICS, row)
-        accuracy = row["accuracy"]
-        log(
-            f"batch {batch_index}: {row['num_tickets']} tickets, accuracy "
-            f"{'n/a' if accuracy is None else f'{accuracy:.3f}'}, guidance step {self.guidance.step}"
-        )
-        self.num_windows += 1
-        self.window = MetricsWindow()
-        self.window_batches = 0
-        self.window_start = time.perf_counter()
+        with dist.phase(f"candidate gather of global batch {batch_index}", "step_s"):
+            gathered = dist.gather_objects(mine)
+        if gathered is not None:
+            assert self.consumer is not None
+            self.consumer.consume(batch, [c for part in gathered for c in part], guidance, epoch, batch_index)

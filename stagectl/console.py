@@ -1,0 +1,26 @@
+"""One way every command talks to the user: `command: message` lines on stderr, from rank 0 unless asked.
+
+Progress bars (train-ab) draw above these lines; without a terminal the lines are plain, so logs of
+torchrun runs stay readable. Library modules (`rollout/`) log through `logging` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def say(command: str, message: str, *, every_rank: bool = False) -> None:
+    """Print `command: message` to stderr (rank 0 only, unless `every_rank`; then the rank is named)."""
+    if every_rank:
+        rank = os.environ.get("RANK")
+        prefix = f"{command} (rank {rank})" if rank is not None else command
+    elif not is_main_rank():
+        return
+    else:
+        prefix = command
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,136 @@
+"""The rank-0 half of a global batch: it owns the artifact writer, the guidance store, the metrics window
+and the reflection queue, consumes the gathered candidates in batch order, and reflects."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from stagectl.config import StagectlConfig
+from stagectl.console import say
+from stagectl.stage_b import artifacts as art
+from stagectl.stage_b.engine import Engine, candidate_seed
+from stagectl.stage_b.guidance import Guidance
+from stagectl.stage_b.guidance_store import GuidanceStore, utc_now
+from stagectl.stage_b.metrics import MetricsWindow
+from stagectl.stage_b.prompts import ReflectionRecord
+from stagectl.stage_b.reflection import reflect, reflection_row
+from stagectl.stage_b.rows import Candidate, ticket_rows
+from stagectl.stage_b.tickets import Ticket
+
+
+class Consumer:
+    def __init__(
+        self, cfg: StagectlConfig, run_dir: Path, guidance: Guidance, engine: Engine, *, fresh: bool
+    ) -> None:
+        assert cfg.mission is not None and cfg.guidance is not None
+        self.cfg = cfg
+        self.mission = cfg.mission
+        self.engine = engine  # reflection runs on rank 0's engine
+        self.guidance = guidance  # authoritative: the other ranks get it by broadcast
+        self.writer = art.ArtifactWriter(run_dir, fresh=fresh)
+        self.store = GuidanceStore(run_dir, cfg.guidance.retention)
+        self.queue: list[ReflectionRecord] = []
+        self.num_reflections = 0
+        self.num_judged = 0
+        self.num_correct = 0
+        self.window = MetricsWindow()
+        self.window_batches = 0
+        self.window_start = time.perf_counter()
+        self.num_windows = 0
+
+    def consume(
+        self,
+        tickets: Sequence[Ticket],
+        candidates: Sequence[Candidate],
+        guidance: Guidance,
+        epoch: int,
+        batch_index: int,
+    ) -> None:
+        """One global batch (`tickets` in batch order; `candidates` from every rank, judged under `guidance`)."""
+        by_position: dict[int, list[Candidate]] = defaultdict(list)
+        for candidate in candidates:
+            by_position[candidate.position].append(candidate)
+        where = {"epoch": epoch, "batch_index": batch_index, "guidance_step": guidance.step}
+        for position, ticket in enumerate(tickets):
+            mine = sorted(by_position[position], key=lambda c: (c.grid_index, c.sample_index))
+            rows = ticket_rows(
+                ticket, mine, self.cfg.sampler.grid, where, self.cfg.manual_review.min_vote_strength
+            )
+            for row in rows.trajectories:
+                self.writer.write(art.TRAJECTORIES, row)
+            for row in rows.malformed:
+                self.writer.write(art.MALFORMED, row)
+            self.writer.write(art.SELECTIONS, rows.selection_row)
+            if rows.review is not None:
+                self.writer.write(art.NEED_REVIEW, rows.review)
+            selection = rows.selection
+            self.window.add(selection)
+            self.num_judged += 1
+            self.num_correct += selection.label_match
+            if rows.queued_for_reflection:
+                self.queue.append(
+                    ReflectionRecord(
+                        ticket, selection.verdict, selection.num_pass, selection.num_fail, rows.reasons
+                    )
+                )
+            if len(self.queue) >= self.cfg.reflection.batch_size:
+                self._reflect(epoch, batch_index, trigger=ticket.key)
+        self.window_batches += 1
+        if self.window_batches >= self.cfg.runner.logging_steps:
+            self.write_metrics(epoch, batch_index)
+        self.writer.flush()
+
+    def _reflect(self, epoch: int, batch_index: int, trigger: str) -> None:
+        size = self.cfg.reflection.batch_size
+        records, self.queue = self.queue[:size], self.queue[size:]
+        # Reflection seeds live apart from rollout seeds (epoch -1), one per reflection.
+        seed = candidate_seed(self.cfg.runner.seed, 0, self.num_reflections, -1, batch_index)
+        result = reflect(
+            self.engine, self.guidance, records, self.cfg.reflection, self.mission, seed, utc_now()
+        )
+        self.num_reflections += 1
+        self.window.num_reflections += 1
+        row = {"epoch": epoch, "batch_index": batch_index, "trigger_ticket": trigger}
+        self.writer.write(art.REFLECTION, {**row, **reflection_row(result, records)})
+        if result.outcome.changed:
+            self.guidance = result.outcome.guidance
+            self.store.save(self.guidance)
+            self.window.num_guidance_changes += 1
+            say(
+                "stage-b",
+                f"reflection {self.num_reflections}: guidance step {self.guidance.step} (batch {batch_index})",
+            )
+
+    def write_metrics(self, epoch: int, batch_index: int) -> None:
+        """Close the current logging window (a row in metrics.jsonl and a line on the console)."""
+        elapsed = time.perf_counter() - self.window_start
+        row = {
+            "window": self.num_windows,
+            "epoch": epoch,
+            "last_batch_index": batch_index,
+            "num_batches": self.window_batches,
+            "guidance_step": self.guidance.step,
+            "reflection_queue": len(self.queue),
+            **self.window.row(elapsed),
+        }
+        self.writer.write(art.METRICS, row)
+        accuracy = row["accuracy"]
+        say(
+            "stage-b",
+            f"batch {batch_index}: {row['num_tickets']} tickets, accuracy "
+            f"{'n/a' if accuracy is None else f'{accuracy:.3f}'}, guidance step {self.guidance.step}",
+        )
+        self.num_windows += 1
+        self.window = MetricsWindow()
+        self.window_batches = 0
+        self.window_start = time.perf_counter()
+
+    def finish(self, epoch: int, batch_index: int) -> None:
+        if self.window_batches:
+            self.write_metrics(epoch, batch_index)
+
+    def close(self) -> None:
+        self.writer.close()
