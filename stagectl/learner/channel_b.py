@@ -9,7 +9,6 @@ then `after_update` (weight sync when due) and `metrics`; `close` once at the en
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -23,6 +22,7 @@ from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
 from stagectl.packing import Segment
+from stagectl.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -137,5 +137,4 @@ def build_b_segments(
 
 def rollout_seed(seed: int, step: int) -> int:
     """Seed of step-mode step `step`'s rollouts: a stable function of (training seed, step)."""
-    digest = hashlib.sha256(f"{seed}:{step}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") % 2**31
+    return derive_seed(seed, step)

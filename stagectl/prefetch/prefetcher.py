@@ -45,6 +45,7 @@ from stagectl.packing import PackedBatch, Segment, pack_into
 from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.rollout.errors import RolloutServerError
+from stagectl.seeds import derive_seed
 
 
 class PrefetchError(RuntimeError):
@@ -261,7 +262,7 @@ class Prefetcher:
         self, section: Section, count: int
     ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
         indices = self.sampler.take(count)
-        seed = (self.seed * 1_000_003 + self.rank * 10_007 + self.num_chunks * 97) % 2**31
+        seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
         kept, lost = self.build_segments(indices, section.rollout(indices, seed))
         self.counters.rollouts_total += count

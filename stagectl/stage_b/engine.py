@@ -7,11 +7,11 @@ engine plugs in here later: it only needs `messages` from the requests.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from stagectl.seeds import derive_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import Message, ReflectionRecord
 from stagectl.stage_b.tickets import Ticket
@@ -62,5 +62,4 @@ def rank_device(world: World, cuda_available: bool) -> str:
 
 def candidate_seed(run_seed: int, entry_seed: int, sample_index: int, epoch: int, batch_index: int) -> int:
     """Seed of one decode: a stable function of its coordinates, independent of rank and world size."""
-    text = f"{run_seed}:{entry_seed}:{sample_index}:{epoch}:{batch_index}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+    return derive_seed(run_seed, entry_seed, sample_index, epoch, batch_index)
