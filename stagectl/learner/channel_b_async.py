@@ -62,7 +62,8 @@ class AsyncChannelB:
         self.source = ServerRollouts(
             client, state.encoder, rm, state.resolved.rollout_decode_batch_size, self.fence, lambda: self.ver
         )
-        self.next_step = state.start_step
+        self.next_step = state.start_step  # the step whose channel decision comes next
+        self.open_step = state.start_step  # the first step whose post-update sync is still ahead
         desc_w = cfg.stage2_ab.desc_ce_weight
         packing_length = cfg.packing_length
         prompt_tokens = len(state.encoder.prompt(0).input_ids)
@@ -76,6 +77,7 @@ class AsyncChannelB:
             queue=self.queue,
             current_ver=lambda: self.ver,
             next_step=lambda: self.next_step,
+            open_step=lambda: self.open_step,
             rules=PacingRules(
                 b_ratio=cfg.stage2_ab.schedule.b_ratio,
                 gas=self.gas,
@@ -163,10 +165,12 @@ class AsyncChannelB:
 
     def after_update(self, num_updates: int) -> dict[str, Any]:
         if num_updates % self.acfg.sync_every_steps:
+            self.open_step = self.next_step
             return {}
         with dist.phase("weight sync", "weight_sync_s"):
             outcome = self.publisher.sync(self.fence, self.fence_timeout_s)
         self.queue.set_current_ver(self.ver)
+        self.open_step = self.next_step
         return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
 
     def metrics(self) -> dict[str, Any]:

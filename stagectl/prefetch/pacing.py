@@ -59,17 +59,26 @@ def b_steps_in(steps: range, b_ratio: Fraction | float | str) -> int:
     return sum(1 for s in steps if channel_for_step(s, b_ratio) == "B")
 
 
-def packs_wanted(next_step: int, queue: QueueView, rules: PacingRules) -> int:
-    """New packs of the current version that B steps will train before they go stale."""
+def packs_wanted(next_step: int, queue: QueueView, rules: PacingRules, open_step: int | None = None) -> int:
+    """New packs of the current version that B steps from `next_step` on will train before they go stale.
+
+    `open_step` is the first step whose post-update weight sync has not happened yet (default
+    `next_step`): while step `next_step - 1` is still training, its sync is still ahead, so the version
+    current now moves one sync earlier than `next_step` alone would say."""
     gas = rules.gas
     current = sum(c for v, c in zip(queue.versions, queue.counts, strict=True) if v == queue.current_ver)
     older_groups = sum(
         (c // gas) * gas for v, c in zip(queue.versions, queue.counts, strict=True) if v < queue.current_ver
     )
     others = sum(queue.counts) - current
-    horizon = eligible_horizon(next_step, rules.sync_every_steps, rules.version_window)
-    if rules.max_steps is not None:
-        horizon = range(horizon.start, min(horizon.stop, rules.max_steps))
+    horizon = eligible_horizon(
+        next_step if open_step is None else min(open_step, next_step),
+        rules.sync_every_steps,
+        rules.version_window,
+    )
+    horizon = range(
+        next_step, horizon.stop if rules.max_steps is None else min(horizon.stop, rules.max_steps)
+    )
     demand = gas * b_steps_in(horizon, rules.b_ratio) - older_groups
     room = rules.target_packs - others
     target = (max(0, min(demand, room)) // gas) * gas

@@ -105,6 +105,7 @@ class Prefetcher:
     queue: ReadyPackQueue[ReadyPack]
     current_ver: Callable[[], int]
     next_step: Callable[[], int]  # the optimizer step whose channel decision comes next
+    open_step: Callable[[], int]  # the first step whose post-update weight sync has not happened yet
     rules: PacingRules
     packing_length: int
     initial_tokens_per_rollout: float  # before the first burst: prompt + max_new_tokens (an upper bound)
@@ -185,7 +186,7 @@ class Prefetcher:
     def _packs_wanted(self) -> int:
         versions, counts = self.queue.eligible_counts()
         view = QueueView(versions, counts, self.current_ver())
-        return packs_wanted(self.next_step(), view, self.rules)
+        return packs_wanted(self.next_step(), view, self.rules, open_step=self.open_step())
 
     def _burst(self, num_packs: int) -> None:
         started = time.perf_counter()

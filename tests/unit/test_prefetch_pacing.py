@@ -90,3 +90,15 @@ def test_no_b_step_after_the_last_one() -> None:
     empty = QueueView([4, 5], [0, 0], current_ver=5)
     assert packs_wanted(5, empty, rules(max_steps=6)) == 2  # only step 5 is left
     assert packs_wanted(5, empty, rules(max_steps=5)) == 0
+
+
+def test_a_sync_still_ahead_for_the_step_in_flight_shortens_the_horizon() -> None:
+    """While step 1 trains (its post-update sync is still ahead), packs made now carry the version that
+    sync retires one window later: with b_ratio 0.5, sync every 2, window 1 only B step 3 can train them,
+    and the 2 packs queued cover it. Counting the horizon from step 2 alone wanted 2 more, which went
+    stale (the drop the async bench measured: 2 packs of every 4 steps)."""
+    r = rules(b_ratio=0.5, gas=2, sync_every_steps=2, version_window=1, target_packs=4)
+    queued = QueueView([0], [2], current_ver=0)
+    assert packs_wanted(2, queued, r, open_step=1) == 0
+    assert packs_wanted(2, queued, r) == 2  # the horizon once step 1's sync has happened: B steps 3, 5
+    assert packs_wanted(2, QueueView([0], [0], current_ver=0), r, open_step=1) == 2

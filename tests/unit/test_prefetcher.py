@@ -96,6 +96,7 @@ def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) ->
         queue=queue,
         current_ver=lambda: source.ver,
         next_step=lambda: 0,
+        open_step=lambda: 0,
         rules=rules,
         seed=0,
         rank=0,
