@@ -179,7 +179,9 @@ class Prefetcher:
                 if packs == 0:
                     self._stop.wait(self.idle_wait_s)
                     continue
-                self._burst(packs)
+                # one B step's packs per burst, the nearest B step first: a burst for two steps ahead
+                # that finishes after the first of them has made it skip to A, and its packs go stale
+                self._burst(min(packs, self.rules.gas))
         except BaseException as exc:  # handed to the learner, never swallowed
             self._error = exc
 
