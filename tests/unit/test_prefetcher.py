@@ -132,6 +132,19 @@ def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> N
     assert pf.stop(5.0)
 
 
+def test_the_nearest_b_step_gets_its_packs_first_in_a_burst_of_its_own() -> None:
+    """Pacing wants 4 packs (2 B steps of gas 2): they come as two bursts (two fenced sections) of 2 packs,
+    so the first B step does not wait for the second one's rollouts."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4)
+    pf.start()
+    assert wait_for(lambda: queue.depth() == 4, 5.0)
+    assert pf.stop(5.0)
+    assert source.sections == 2
+    assert source.requests[0] < 2 * 9  # the first request is for 2 packs of 9 segments, not 4
+
+
 def test_no_rollouts_for_a_version_whose_b_steps_do_not_come() -> None:
     """b_ratio 0: no B step ever wants these packs, so nothing is generated (nothing wasted)."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
