@@ -356,11 +356,16 @@ def plot(name: str, r: dict[str, Any]) -> str | None:
         ax.set_ylabel("fraction (greedy, 64 held-out images)")
         ax.set_title("Learning check: held-out F1 at IoU 0.5, A-only vs AB")
     elif name == "async":
-        modes = ["step", "async"]
+        modes = [m for m in ("step", "async_bs1", "async_bs2", "async_bs1_sync1") if m in r]
         keys = ["overlap_ratio", "learner_idle_fraction", "drop_rate"]
         for k, key in enumerate(keys):
-            ax.bar([i + (k - 1) * 0.27 for i in range(2)], [r[m][key] for m in modes], width=0.27, label=key)
-        ax.set_xticks(range(2), ["step mode", "async mode"])
+            ax.bar(
+                [i + (k - 1) * 0.27 for i in range(len(modes))],
+                [r[m][key] for m in modes],
+                width=0.27,
+                label=key,
+            )
+        ax.set_xticks(range(len(modes)), modes)
         ax.set_ylabel("fraction")
         ax.set_title("Step vs async Channel-B: overlap, idle, drops")
     else:

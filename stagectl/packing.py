@@ -2,7 +2,7 @@
 
 Pure part: `pack_segments` (best-fit decreasing: a fixed set of segments into the fewest packs),
 `select_pack` and `PackBuffer` (one pack at a time from a bounded look-ahead buffer: the oldest item plus
-the subset of the others that fills the pack best), `packing_lower_bound`, `packing_stats`.
+the subset of the others that fills the pack best), `packing_lower_bound`.
 
 Collator: `collate_pack` concatenates segments into ONE batch-size-1 sequence that the model reads
 exactly as it would read each segment alone:
@@ -153,31 +153,6 @@ def packing_lower_bound(lengths: Sequence[int], packing_length: int) -> int:
     total = sum(lengths)
     num_long = sum(1 for length in lengths if 2 * length > packing_length)
     return max(math.ceil(total / packing_length), num_long)
-
-
-@dataclass(frozen=True)
-class PackingStats:
-    """How well one packing did."""
-
-    num_packs: int
-    lower_bound: int
-    fill: float  # tokens / (num_packs * packing_length), in (0, 1]
-    num_segments: int
-    num_tokens: int
-
-
-def packing_stats(
-    lengths: Sequence[int], packs: Sequence[Sequence[int]], packing_length: int
-) -> PackingStats:
-    """Stats of `packs` (as returned by `pack_segments`) over segments of `lengths`."""
-    num_tokens = sum(lengths[i] for pack in packs for i in pack)
-    return PackingStats(
-        num_packs=len(packs),
-        lower_bound=packing_lower_bound(lengths, packing_length),
-        fill=num_tokens / (len(packs) * packing_length) if packs else 0.0,
-        num_segments=sum(len(pack) for pack in packs),
-        num_tokens=num_tokens,
-    )
 
 
 # ---------------------------------------------------------------- segments and the collator
