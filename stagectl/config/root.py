@@ -1,8 +1,6 @@
-"""`StagectlConfig`: the one config model, and its named cross-section validators.
-
-Each `validate_*` function checks one rule across sections and returns `Problem`s (never raises), so
-`load_config` can report every problem at once. `resolve_*` functions derive values.
-"""
+"""`StagectlConfig`: the one config model, the `Problem` a validator reports, and the values derived from
+a valid config (`resolve_*`: GAS, the rollout budget, the decode chunk size). The cross-section rules
+themselves are the `validate_*` functions of `stagectl.config.validators`."""
 
 from __future__ import annotations
 

@@ -164,8 +164,9 @@ def validate_batch_sizes(cfg: StagectlConfig, world_size: int) -> list[Problem]:
     if t.effective_batch_size is None:
         return []
     per_step = t.per_device_train_batch_size * world_size
+    gas = resolve_gas(cfg, world_size)
     if t.gradient_accumulation_steps is None:
-        if t.effective_batch_size % per_step:
+        if gas is None:
             return [
                 Problem(
                     "training.effective_batch_size",
@@ -175,7 +176,7 @@ def validate_batch_sizes(cfg: StagectlConfig, world_size: int) -> list[Problem]:
                 )
             ]
         return []
-    if per_step * t.gradient_accumulation_steps != t.effective_batch_size:
+    if per_step * (gas or 0) != t.effective_batch_size:
         return [
             Problem(
                 "training.effective_batch_size",

@@ -3,7 +3,9 @@ ready packs (rollout -> parse -> match -> targets -> encode -> pack), tagged wit
 that generated them, in the rank's bounded `ReadyPackQueue`.
 
 - Bursts: the thread asks `pacing` how many packs B steps will still train before the current version
-  goes stale, requests the rollouts that fill them to `pack_tokens` each (split into requests of
+  goes stale, takes one B step's worth of them (`gas` packs: the nearest B step first, so it never
+  waits for the rollouts of a later one), requests the rollouts that fill them to `pack_tokens` each
+  (split into requests of
   `rollout_decode_batch_size` sent together; a first request for most of the estimated need, then
   top-ups until the target is reached, at most `MAX_ROUNDS` requests), and
   packs the burst's segments into that many packs at once (`packing.pack_into`: as even as possible,
@@ -17,6 +19,8 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   step's gate always sees them.
 - Pacing: nothing is requested while `pacing.packs_wanted` is zero (the queue holds what the coming B
   steps can train), and never more than fits under `prefetch_target_packs`.
+- Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
+  saved with the rank's state, so a resumed run continues the sequence).
 - Errors: server trouble (connection, timeout, 5xx) is counted and retried with back-off, so the
   learner keeps training Channel-A while the server is away; once an outage outlasts
   `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the thread stops and

@@ -1,8 +1,8 @@
 """The Stage-B engine interface: what the loop asks of a model, as a `Protocol`, plus its plain data.
 
-Implementations: `engine_hf.HFEngine` (each rank's own copy of the model), `engine_rules.RulesEngine`
-(a deterministic rule engine without a model, for tests and dry runs). A rollout-server-backed
-engine plugs in here later: it only needs `messages` from the requests.
+Implementations: `engine_hf.HFEngine` (each rank's own copy of the model), `engine_server.ServerEngine`
+(rollouts from `stagectl rollout-server`s: it only sends the requests' `messages`) and
+`engine_rules.RulesEngine` (a deterministic rule engine without a model, for dry runs and tests).
 """
 
 from __future__ import annotations
