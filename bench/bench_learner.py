@@ -11,12 +11,13 @@ from collections.abc import Sequence
 import torch
 
 from bench.common import interleaved_times_s, summary
+from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import load_bundle
-from stagectl.packing import PackedBatch, Segment, collate_pack, collate_padded, pack_segments
+from stagectl.packing import pack_segments
 
 
 def _train_pass(runner: PackRunner, batches: Sequence[PackedBatch]) -> None:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stagectl.collate import Segment, collate_pack, collate_padded
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.setup import LearnerState
-from stagectl.packing import PackBuffer, Segment, collate_pack, collate_padded
+from stagectl.packing import PackBuffer
 
 
 class ChannelA:

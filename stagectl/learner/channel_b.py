@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from stagectl.collate import Segment
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import RolloutParse, parse_rollout
@@ -21,7 +22,6 @@ from stagectl.detection.targets import build_channel_b_segment, sample_counters
 from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
-from stagectl.packing import Segment
 from stagectl.seeds import derive_seed
 
 

@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 from stagectl import dist
+from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
 from stagectl.learner.channel_b import Decision, build_b_segments
@@ -26,7 +27,6 @@ from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import ServerRollouts
 from stagectl.learner.setup import LearnerState
-from stagectl.packing import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.prefetch.fence import SyncFence
 from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher, ReadyPack

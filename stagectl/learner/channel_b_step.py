@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from stagectl.collate import Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
 from stagectl.learner.channel_b import Decision, build_b_segments, rollout_seed
@@ -30,7 +31,7 @@ from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import RolloutSource
 from stagectl.learner.setup import LearnerState
-from stagectl.packing import Segment, collate_pack, collate_padded, pack_segments
+from stagectl.packing import pack_segments
 
 
 class StepChannelB:

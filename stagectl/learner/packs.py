@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from stagectl import dist
+from stagectl.collate import PackedBatch
 from stagectl.learner.loss import LossWeights, compute_loss
-from stagectl.packing import PackedBatch
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """From data samples to packable training segments: cached prompt encodings, Channel-A segments,
-and the conversion of an assistant target (detection.targets) into a full `packing.Segment`."""
+and the conversion of an assistant target (detection.targets) into a full `collate.Segment`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stagectl.collate import CoordGroup, Segment
 from stagectl.data.sample import DetectionSample
 from stagectl.detection.targets import Segment as TargetSegment
 from stagectl.detection.targets import build_channel_a_segment
@@ -16,7 +17,6 @@ from stagectl.models.chat import EncodedSample, encode_answer_text, encode_promp
 from stagectl.models.generate import PromptInputs
 from stagectl.models.images import open_rgb
 from stagectl.models.loading import ModelBundle
-from stagectl.packing import CoordGroup, Segment
 
 PROMPT_CACHE_SIZE = 256  # encoded prompts kept (pixel values of a real image are tens of MB)
 

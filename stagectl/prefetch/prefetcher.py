@@ -42,10 +42,11 @@ from typing import Protocol
 
 import httpx
 
+from stagectl.collate import PackedBatch, Segment
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
 from stagectl.models.generate import Generation
-from stagectl.packing import PackedBatch, Segment, pack_into
+from stagectl.packing import pack_into
 from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.rollout.errors import RolloutServerError

@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
+from stagectl.collate import Segment, collate_pack
 from stagectl.config import load_config
 from stagectl.models.loading import load_bundle
-from stagectl.packing import Segment, collate_pack
 from stagectl.rollout.app import build_app
 from stagectl.rollout.engines.hf import HFEngine
 from stagectl.rollout.service import RolloutService, ServerSettings

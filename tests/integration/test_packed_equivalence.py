@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from stagectl.collate import CoordGroup, Segment, collate_pack, collate_padded
 from stagectl.models.chat import encode_answer_text, encode_prompt, encode_training
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.packing import CoordGroup, Segment, collate_pack, collate_padded
 
 pytestmark = pytest.mark.integration
 

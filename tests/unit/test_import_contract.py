@@ -4,7 +4,7 @@ must go from a layer to the same package or to a lower layer:
     entry   cli, __main__, torchrun, launch
     role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
     core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
-            packing, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache
+            packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache
     config  config
 
 Inside `core`, packages may use each other but never in a cycle; inside `role`, one role never imports
@@ -47,6 +47,7 @@ LAYERS = {
         "schedule",
         "watchdog",
         "files",
+        "collate",
         "console",
         "seeds",
         "cache",

@@ -10,16 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagectl.packing import (
-    CoordGroup,
-    PackBuffer,
-    Segment,
-    collate_padded,
-    pack_into,
-    pack_segments,
-    packing_lower_bound,
-    select_pack,
-)
+from stagectl.collate import CoordGroup, Segment, collate_padded
+from stagectl.packing import PackBuffer, pack_into, pack_segments, packing_lower_bound, select_pack
 
 
 def optimal_num_packs(lengths: list[int], packing_length: int) -> int:

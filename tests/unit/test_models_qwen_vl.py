@@ -10,9 +10,9 @@ import torch
 from transformers import Gemma3Config, LlamaConfig, Qwen2_5_VLConfig
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
+from stagectl.collate import Segment, collate_pack, segment_position_ids
 from stagectl.models import qwen_vl
 from stagectl.models.images import build_image_processor
-from stagectl.packing import Segment, collate_pack, segment_position_ids
 
 
 def _segment(n: int, with_image: bool = False) -> Segment:

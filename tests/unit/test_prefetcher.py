@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from stagectl.collate import Segment
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
 from stagectl.models.generate import Generation
-from stagectl.packing import Segment
 from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher, PrefetchError, ReadyPack
 from stagectl.prefetch.queue import ReadyPackQueue
