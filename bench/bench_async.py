@@ -106,6 +106,7 @@ def _summarise(all_rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
         "steps": len(rows),
         "b_steps": len(b_rows),
         "wall_per_step_s": wall / len(rows),
+        "trained_tokens_per_s": sum(r["tokens"] for r in rows) / wall if wall else 0.0,
         "b_ratio_realized": len(b_rows) / len(rows),
         "b_fill": sum(r["packing/fill"] for r in b_rows) / max(1, len(b_rows)),
     }
@@ -148,6 +149,9 @@ def run(max_steps: int = 18) -> dict[str, Any]:
         results = {name: _summarise(_train(name, max_steps, Path(tmp)), name) for name in RUNS}
     results["speedup_wall_per_step"] = (
         results["step"]["wall_per_step_s"] / results["async_bs1"]["wall_per_step_s"]
+    )
+    results["speedup_tokens_per_s"] = (
+        results["async_bs1"]["trained_tokens_per_s"] / results["step"]["trained_tokens_per_s"]
     )
     return results
 
