@@ -20,12 +20,12 @@ from typing import Any, Protocol, TypeVar
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.corpus import DETECTION_INSTRUCTION
-from stagectl.models.generate import Generation, SamplingSpec, generate_batch
+from stagectl.models.generate import Generation, generate_batch
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.errors import RolloutServerError
 from stagectl.rollout.protocol import ContentItem, InferRequest, InferResponse, Message, RequestConfig
-from stagectl.rollout.requests import to_generation
+from stagectl.rollout.requests import sampling_of, to_generation
 
 T = TypeVar("T")
 
@@ -47,13 +47,7 @@ class HFRollouts:
         self.model = model
         self.encoder = encoder
         self.chunk_size = chunk_size
-        self.spec = SamplingSpec(
-            max_new_tokens=rm.max_new_tokens,
-            temperature=rm.decoding.temperature,
-            top_p=rm.decoding.top_p,
-            top_k=rm.decoding.top_k,
-            repetition_penalty=rm.repetition_penalty,
-        )
+        self.spec = sampling_of(rm)
         self.num_calls = 0
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:

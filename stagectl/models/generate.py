@@ -14,19 +14,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from stagectl.models.sampling import SamplingSpec
+
 if TYPE_CHECKING:
     from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    max_new_tokens: int
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.protocol import TensorSpec
 
 if TYPE_CHECKING:
@@ -23,22 +24,10 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Everything that must be equal for two requests to share one generate call (the seed need not)."""
-
-    max_tokens: int
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    repetition_penalty: float = 1.0
-    stop: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class EngineRequest:
     messages: list[dict[str, Any]]  # chat-template messages (`prompts.normalize_messages`)
     images: list[Image.Image]  # decoded RGB images, in placeholder order
-    params: SamplingParams
+    params: SamplingSpec
     seed: int | None  # None: the engine draws a fresh one
 
 

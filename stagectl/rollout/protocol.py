@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stagectl.models.sampling import SamplingSpec
+
 IMAGE_TAG = "<image>"
 LISTENING_PREFIX = "rollout-server: listening on "  # + base URL, printed once the socket listens
 
@@ -74,6 +76,31 @@ class RequestConfig(_Request):
     n: int = Field(1, ge=1, le=1)
     """Completions per request: stagectl's server generates exactly one."""
     stream: Literal[False] = False
+
+    @classmethod
+    def from_sampling(
+        cls, spec: SamplingSpec, seed: int | None, *, return_details: bool = False
+    ) -> RequestConfig:
+        return cls(
+            max_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            repetition_penalty=spec.repetition_penalty,
+            stop=list(spec.stop),
+            seed=seed,
+            return_details=return_details,
+        )
+
+    def sampling(self) -> SamplingSpec:
+        return SamplingSpec(
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k if self.top_k is not None and self.top_k > 0 else 0,
+            repetition_penalty=self.repetition_penalty,
+            stop=tuple(self.stop),
+        )
 
 
 class InferBody(_Request):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.models.generate import Generation
+from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.protocol import IMAGE_TAG, InferRequest, InferResponse, Message, RequestConfig
 
 
@@ -21,17 +22,20 @@ def detection_request(image_paths: Sequence[str | Path], instruction: str) -> In
     )
 
 
-def request_config(rm: RolloutMatchingConfig, seed: int | None) -> RequestConfig:
-    """Channel-B sampling settings as a request config (token ids always returned)."""
-    return RequestConfig(
-        max_tokens=rm.max_new_tokens,
+def sampling_of(rm: RolloutMatchingConfig) -> SamplingSpec:
+    """Channel-B's sampling settings (in-process and server rollouts alike)."""
+    return SamplingSpec(
+        max_new_tokens=rm.max_new_tokens,
         temperature=rm.decoding.temperature,
         top_p=rm.decoding.top_p,
         top_k=rm.decoding.top_k,
         repetition_penalty=rm.repetition_penalty,
-        seed=seed,
-        return_details=True,
     )
+
+
+def request_config(rm: RolloutMatchingConfig, seed: int | None) -> RequestConfig:
+    """Channel-B's sampling settings as a request config (token ids always returned)."""
+    return RequestConfig.from_sampling(sampling_of(rm), seed, return_details=True)
 
 
 def to_generation(response: InferResponse) -> Generation:

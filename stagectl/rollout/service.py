@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stagectl.rollout.engine import Engine, EngineRequest, EngineResult, SamplingParams
+from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.paths import load_image
 from stagectl.rollout.protocol import (
     ChatMessage,
     Choice,
     InferBody,
     InferResponse,
-    RequestConfig,
     StatsResponse,
     SyncResponse,
     Usage,
@@ -39,18 +38,6 @@ class ServerSettings:
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
 
 
-def sampling_params(config: RequestConfig) -> SamplingParams:
-    top_k = config.top_k if config.top_k is not None and config.top_k > 0 else 0
-    return SamplingParams(
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=top_k,
-        repetition_penalty=config.repetition_penalty,
-        stop=tuple(config.stop),
-    )
-
-
 class RolloutService:
     def __init__(self, engine: Engine, settings: ServerSettings) -> None:
         self.engine = engine
@@ -63,7 +50,7 @@ class RolloutService:
         if not body.infer_requests:
             return []
         config = body.request_config
-        params = sampling_params(config)
+        params = config.sampling()
         requests = []
         for i, item in enumerate(body.infer_requests):
             try:

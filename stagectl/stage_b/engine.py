@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from stagectl.models.sampling import SamplingSpec
 from stagectl.seeds import derive_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import Message, ReflectionRecord
@@ -18,16 +19,6 @@ from stagectl.stage_b.tickets import Ticket
 
 if TYPE_CHECKING:
     from stagectl.dist import World  # dist imports torch; this module stays import-light
-
-
-@dataclass(frozen=True)
-class DecodeSpec:
-    """One decode of a grid entry: every request of a `judge` call is sampled with these settings."""
-
-    temperature: float  # 0 = greedy
-    top_p: float
-    max_new_tokens: int
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -46,11 +37,11 @@ class ReflectRequest:
 
 
 class Engine(Protocol):
-    def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
         """One answer text per request, in request order."""
         ...
 
-    def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
+    def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
         """The model's answer to the reflection prompt (expected: strict JSON operations)."""
         ...
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from stagectl.config import StagectlConfig
 from stagectl.dist import World
 from stagectl.models.chat import chat_template_ids
-from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
+from stagectl.models.generate import PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest, rank_device
+from stagectl.models.sampling import SamplingSpec
+from stagectl.stage_b.engine import JudgeRequest, ReflectRequest, rank_device
 from stagectl.stage_b.prompts import Message
 
 
@@ -26,25 +27,22 @@ class HFEngine:
         pad = bundle.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.stop_token_ids[0])  # Llama 3 has no pad
 
-    def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
-        return self._generate([r.messages for r in requests], spec)
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        return self._generate([r.messages for r in requests], spec, seed)
 
-    def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
-        return self._generate([request.messages], spec)[0]
+    def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
+        return self._generate([request.messages], spec, seed)[0]
 
-    def _generate(self, conversations: Sequence[list[Message]], spec: DecodeSpec) -> list[str]:
+    def _generate(self, conversations: Sequence[list[Message]], spec: SamplingSpec, seed: int) -> list[str]:
         tokenizer = self.bundle.tokenizer
         prompts = [PromptInputs(chat_template_ids(tokenizer, list(messages))) for messages in conversations]
-        sampling = SamplingSpec(
-            max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p
-        )
         generations = generate_batch(
             self.bundle.model,
             prompts,
-            sampling,
+            spec,
             stop_token_ids=self.stop_token_ids,
             pad_token_id=self.pad_token_id,
-            seed=spec.seed,
+            seed=seed,
         )
         return [str(tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
 

@@ -24,7 +24,8 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest
+from stagectl.models.sampling import SamplingSpec
+from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.tickets import Ticket
 
@@ -34,10 +35,10 @@ _RULE = re.compile(r"\b([a-z]+) means fail\b", re.IGNORECASE)
 class RulesEngine:
     """The same answers on every rank and every run: a function of ticket, guidance and seed."""
 
-    def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
-        return [_judge_one(request.ticket, request.guidance, spec.seed) for request in requests]
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        return [_judge_one(request.ticket, request.guidance, seed) for request in requests]
 
-    def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
+    def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
         false_pass = [r.ticket for r in request.records if r.ticket.label == "fail" and r.verdict == "pass"]
         seen_in_pass = {
             attr for r in request.records if r.ticket.label == "pass" for attr in attributes(r.ticket)

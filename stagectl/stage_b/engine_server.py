@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stagectl.config.stage_b import StageBServerConfig
+from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig, read_token
-from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest
+from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
 
 
@@ -19,20 +20,18 @@ class ServerEngine:
     def __init__(self, client: RolloutClient) -> None:
         self.client = client
 
-    def judge(self, requests: Sequence[JudgeRequest], spec: DecodeSpec) -> list[str]:
-        return self._infer([r.messages for r in requests], spec)
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        return self._infer([r.messages for r in requests], spec, seed)
 
-    def reflect(self, request: ReflectRequest, spec: DecodeSpec) -> str:
-        return self._infer([request.messages], spec)[0]
+    def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
+        return self._infer([request.messages], spec, seed)[0]
 
-    def _infer(self, conversations: Sequence[list[ChatMessage]], spec: DecodeSpec) -> list[str]:
+    def _infer(self, conversations: Sequence[list[ChatMessage]], spec: SamplingSpec, seed: int) -> list[str]:
         requests = [
             InferRequest(messages=[Message(role=m["role"], content=m["content"]) for m in messages])  # type: ignore[arg-type]
             for messages in conversations
         ]
-        config = RequestConfig(
-            max_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed
-        )
+        config = RequestConfig.from_sampling(spec, seed)
         return [response.choices[0].message.content for response in self.client.infer(requests, config)]
 
 

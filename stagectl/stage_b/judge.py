@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stagectl.config.stage_b import SamplerConfig
-from stagectl.stage_b.engine import DecodeSpec, Engine, JudgeRequest, candidate_seed
+from stagectl.models.sampling import SamplingSpec
+from stagectl.stage_b.engine import Engine, JudgeRequest, candidate_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import rollout_messages
 from stagectl.stage_b.rows import Candidate
@@ -37,8 +38,10 @@ def judge_shard(
     for grid_index, entry in enumerate(sampler.grid):
         for sample_index in range(sampler.samples_per_decode):
             seed = candidate_seed(run_seed, entry.seed, sample_index, epoch, batch_index)
-            spec = DecodeSpec(entry.temperature, entry.top_p, entry.max_new_tokens, seed)
-            texts = engine.judge(requests, spec)
+            spec = SamplingSpec(
+                max_new_tokens=entry.max_new_tokens, temperature=entry.temperature, top_p=entry.top_p
+            )
+            texts = engine.judge(requests, spec, seed)
             if len(texts) != len(requests):
                 raise RuntimeError(f"the engine answered {len(texts)} of {len(requests)} requests")
             out += [

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stagectl.config.stage_b import ReflectionConfig
-from stagectl.stage_b.engine import DecodeSpec, Engine, ReflectRequest
+from stagectl.models.sampling import SamplingSpec
+from stagectl.stage_b.engine import Engine, ReflectRequest
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_ops import OpsOutcome, apply_operations
 from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages
@@ -53,8 +54,8 @@ def reflect(
 ) -> ReflectionResult:
     messages = reflection_messages(guidance, records, mission, cfg.max_operations)
     request = ReflectRequest(guidance=guidance, records=list(records), messages=messages)
-    spec = DecodeSpec(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens, seed=seed)
-    answer = engine.reflect(request, spec)
+    spec = SamplingSpec(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    answer = engine.reflect(request, spec, seed)
     raw, error = decode_answer(answer)
     keys = [r.ticket.key for r in records]
     if error is not None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from stagectl.config import load_config
 from stagectl.dist import World
-from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, ReflectRequest
+from stagectl.models.sampling import SamplingSpec
+from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.engine_hf import load_hf_engine
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages, rollout_messages
@@ -22,12 +23,13 @@ def test_hf_engine_judges_and_reflects() -> None:
     engine, note = load_hf_engine(cfg, World(rank=0, local_rank=0, world_size=1))
     assert "on cpu" in note and "device_map='auto' ignored" in note
     requests = [JudgeRequest(t, G, rollout_messages(G, t, "m"), 0) for t in TICKETS]
-    spec = DecodeSpec(temperature=1.0, top_p=0.9, max_new_tokens=6, seed=11)
-    first = engine.judge(requests, spec)
+    spec = SamplingSpec(temperature=1.0, top_p=0.9, max_new_tokens=6)
+    first = engine.judge(requests, spec, 11)
     assert len(first) == 2 and all(isinstance(t, str) for t in first)
-    assert engine.judge(requests, spec) == first  # same seed, same answers
+    assert engine.judge(requests, spec, 11) == first  # same seed, same answers
     records = [ReflectionRecord(TICKETS[0], "pass", 1, 0, ("fine",))]
     request = ReflectRequest(G, records, reflection_messages(G, records, "m", 2))
-    answer = engine.reflect(request, DecodeSpec(temperature=0.0, top_p=1.0, max_new_tokens=6, seed=0))
+    greedy = SamplingSpec(temperature=0.0, top_p=1.0, max_new_tokens=6)
+    answer = engine.reflect(request, greedy, 0)
     assert isinstance(answer, str)
-    assert engine.reflect(request, DecodeSpec(0.0, 1.0, 6, 5)) == answer  # greedy ignores the seed
+    assert engine.reflect(request, greedy, 5) == answer  # greedy ignores the seed

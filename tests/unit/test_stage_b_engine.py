@@ -7,7 +7,8 @@ import json
 import pytest
 
 from stagectl.config.stage_b import ReflectionConfig
-from stagectl.stage_b.engine import DecodeSpec, JudgeRequest, candidate_seed
+from stagectl.models.sampling import SamplingSpec
+from stagectl.stage_b.engine import JudgeRequest, candidate_seed
 from stagectl.stage_b.engine_rules import RulesEngine
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.metrics import MetricsWindow
@@ -21,14 +22,14 @@ G = Guidance(0, "", {"G0": "judge the group", "G1": "red means fail"})
 RED = Ticket("m", "g1", "fail", (("image_1", "red circle"), ("image_2", "blue square")))
 BLUE = Ticket("m", "g2", "pass", (("image_1", "blue circle"),))
 GREEN_FAIL = Ticket("m", "g3", "fail", (("image_1", "green circle"), ("image_2", "blue dot")))
-SPEC = DecodeSpec(0.7, 0.9, 16, seed=4)
+SPEC = SamplingSpec(max_new_tokens=16, temperature=0.7, top_p=0.9)
 
 
 def judge(
     engine: RulesEngine, ticket: Ticket, guidance: Guidance = G, batch_index: int = 0, seed: int = 4
 ) -> str:
     request = JudgeRequest(ticket, guidance, rollout_messages(guidance, ticket, "m"), batch_index)
-    return engine.judge([request], DecodeSpec(0.7, 0.9, 16, seed))[0]
+    return engine.judge([request], SPEC, seed)[0]
 
 
 def test_rollout_prompt_shows_guidance_and_summaries_never_the_label() -> None:

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.batching import BatchingWorker
-from stagectl.rollout.engine import EngineRequest, EngineResult, SamplingParams, TensorSpec
+from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
 from stagectl.rollout.text import cut_at_stop
 from stagectl.rollout.weights import spec_of
 
@@ -105,12 +106,12 @@ class FakeEngine:
             return [self._one(r, checksum) for r in batch]
 
     def _one(self, request: EngineRequest, checksum: float) -> EngineResult:
-        params: SamplingParams = request.params
+        params: SamplingSpec = request.params
         prompt_ids = list(_render(request).encode("utf-8"))
         reply = f"echo {_last_user_text(request)} seed={request.seed} ver={self._version} w={checksum:g}"
         ids = list(reply.encode("utf-8"))
-        truncated = len(ids) > params.max_tokens
-        ids, text, hit = cut_at_stop(ids[: params.max_tokens], params.stop, _decode)
+        truncated = len(ids) > params.max_new_tokens
+        ids, text, hit = cut_at_stop(ids[: params.max_new_tokens], params.stop, _decode)
         return EngineResult(
             prompt_ids, ids, text, "length" if truncated and not hit else "stop", self._version
         )

@@ -18,10 +18,11 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from stagectl.models.chat import encode_messages
-from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
+from stagectl.models.generate import PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
+from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.batching import BatchingWorker
-from stagectl.rollout.engine import EngineRequest, EngineResult, SamplingParams, TensorSpec
+from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
 from stagectl.rollout.engines.sampling import PerRowSampler
 from stagectl.rollout.text import cut_at_stop
 from stagectl.rollout.weights import spec_of
@@ -78,9 +79,11 @@ class HFEngine:
         return self._worker.run(jobs)
 
     def _run_batch(self, jobs: list[_Job]) -> list[EngineResult]:
-        params: SamplingParams = jobs[0].request.params
+        params: SamplingSpec = jobs[0].request.params
         spec = SamplingSpec(
-            max_new_tokens=params.max_tokens, temperature=0.0, repetition_penalty=params.repetition_penalty
+            max_new_tokens=params.max_new_tokens,
+            temperature=0.0,
+            repetition_penalty=params.repetition_penalty,
         )
         processors: list[LogitsProcessor] = []
         if params.temperature > 0:

@@ -193,7 +193,7 @@ class VllmEngine:
 
         p = request.params
         return VllmSamplingParams(
-            max_tokens=p.max_tokens,
+            max_tokens=p.max_new_tokens,
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,

@@ -258,11 +258,11 @@ def _raise_in_judge(module: ModuleType, rank: str, batch: str) -> None:
     cls = module.RulesEngine
     original = cls.judge
 
-    def judge(self: Any, requests: Any, spec: Any) -> Any:
+    def judge(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         if any(request.batch_index == int(batch) for request in requests):
             _fire(f"rank {rank} raises judging global batch {batch}")
             raise RuntimeError(f"injected fault on rank {rank} in global batch {batch}")
-        return original(self, requests, spec)
+        return original(self, requests, *args, **kwargs)
 
     cls.judge = judge
 
