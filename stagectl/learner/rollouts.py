@@ -24,8 +24,8 @@ from stagectl.models.generate import Generation, generate_batch
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.errors import RolloutServerError
-from stagectl.rollout.protocol import ContentItem, InferRequest, InferResponse, Message, RequestConfig
-from stagectl.rollout.requests import sampling_of, to_generation
+from stagectl.rollout.protocol import ContentItem, InferRequest, InferResponse, Message
+from stagectl.rollout.requests import request_config, sampling_of, to_generation
 
 T = TypeVar("T")
 
@@ -87,14 +87,7 @@ class ServerRollouts:
         self.chunk_size = chunk_size
         self.fence = fence
         self.current_ver = current_ver
-        self.base_config = RequestConfig(
-            max_tokens=rm.max_new_tokens,
-            temperature=rm.decoding.temperature,
-            top_p=rm.decoding.top_p,
-            top_k=rm.decoding.top_k or None,
-            repetition_penalty=rm.repetition_penalty,
-            return_details=True,
-        )
+        self.base_config = request_config(rm, seed=None)
         self.num_calls = 0
         self._stop = threading.Event()
 

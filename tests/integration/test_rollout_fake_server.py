@@ -388,3 +388,42 @@ def test_infer_timeout(served: Served) -> None:
 def test_wait_healthy_times_out_naming_the_server() -> None:
     with RolloutClient(["http://127.0.0.1:9"]) as c, pytest.raises(TimeoutError, match=r"127\.0\.0\.1:9"):
         c.wait_healthy(timeout_s=0.3)
+
+
+def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync() -> None:
+    """A multi-server sync that committed on one server only (its commit failed on the other) leaves the
+    servers on different weights: a section of the learner's version refuses their answers (no mixed
+    batch is ever trained), and the next full sync puts every server on one version again."""
+    from types import SimpleNamespace
+
+    from stagectl.config.rollout import RolloutMatchingConfig
+    from stagectl.learner.rollouts import ServerRollouts
+    from stagectl.prefetch.fence import SyncFence
+
+    engines = [FakeEngine(default_weights(), batch_wait_ms=0) for _ in range(2)]
+    servers = [_serve(e, ServerSettings()) for e in engines]
+    encoder = SimpleNamespace(samples=[SimpleNamespace(images=[]) for _ in range(8)])
+    ver = [0]
+    try:
+        with RolloutClient([s.url for s in servers]) as both, RolloutClient([servers[0].url]) as first:
+            source = ServerRollouts(
+                both,
+                encoder,
+                RolloutMatchingConfig(max_new_tokens=8),
+                2,
+                SyncFence(),
+                lambda: ver[0],  # type: ignore[arg-type]
+            )
+            assert len(source.rollout(list(range(4)), seed=0)) == 4
+            weights = {name: t + 1 for name, t in default_weights().items()}
+            first.push_weights(weights, 1)  # the commit that landed on server 0 only
+            with pytest.raises(
+                RolloutServerError, match=r"weight versions \[0, 1\] inside a section of version 0"
+            ):
+                source.rollout(list(range(4)), seed=0)
+            both.push_weights(weights, 1)  # the next sync
+            ver[0] = 1
+            assert len(source.rollout(list(range(4)), seed=0)) == 4
+    finally:
+        for server in servers:
+            server.stop()
