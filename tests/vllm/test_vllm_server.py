@@ -204,14 +204,14 @@ def test_failed_sync_keeps_the_old_weights(served: Served, client: RolloutClient
         params = {
             "sync_id": "corrupt",
             "chunk_index": chunk.index,
-            "sha256": chunk.sha256,
+            "digest": chunk.digest,
             "version": version + 1,
         }
         assert httpx.post(f"{served.url}/update_weights/", params=params, content=chunk.data).is_success
     last = chunks[-1]
-    params = {"sync_id": "corrupt", "chunk_index": last.index, "sha256": "0" * 64, "version": version + 1}
+    params = {"sync_id": "corrupt", "chunk_index": last.index, "digest": "0" * 32, "version": version + 1}
     response = httpx.post(f"{served.url}/update_weights/", params=params, content=last.data)
-    assert response.status_code == 400 and "sha256 mismatch" in response.json()["detail"]
+    assert response.status_code == 400 and "checksum mismatch" in response.json()["detail"]
     commit = {"sync_id": "corrupt", "version": version + 1, "num_chunks": len(chunks)}
     assert httpx.post(f"{served.url}/update_weights/commit/", json=commit).status_code == 400
     wrong_shape = {**perturbed, "lm_head.weight": torch.zeros(3, 3)}
