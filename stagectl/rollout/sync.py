@@ -198,7 +198,8 @@ class WeightSync:
 
     def load_from_shm(self, raw_path: str, version: int, digest: str) -> SyncResponse:
         """Full sync from a safetensors snapshot in shared memory, written by a learner on this node: mapped,
-        streamed through the same checks as an http chunk (digest included), applied, and removed."""
+        streamed through the same checks as an http chunk (digest included) into the staging, applied.
+        The learner owns the file and removes it (several servers may map one snapshot)."""
         path = Path(raw_path)
         if path.parent != self.shm_dir or parse_shm_name(path.name) is None:
             raise WeightSyncError(
@@ -206,25 +207,24 @@ class WeightSync:
             )
         sync_id = f"shm:{path.name}"
         try:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a planted symlink is refused
-                with os.fdopen(fd, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    receiver = self.begin_chunk(sync_id, 0, digest, version)
-                    view = memoryview(mapped)
-                    try:
-                        receiver.feed(view)
-                    finally:
-                        view.release()
-            except (OSError, ValueError) as exc:
-                if isinstance(exc, WeightSyncError):
-                    raise
-                with self._lock:
-                    self.num_failed_syncs += 1
-                raise WeightSyncError(f"shm weights {raw_path!r}: cannot map ({exc})") from None
-            self.finish_chunk(receiver)
-            return self.commit(sync_id, version, 1)
-        finally:
-            path.unlink(missing_ok=True)  # consumed (or refused): the learner's copy is never needed again
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a planted symlink is refused
+            with os.fdopen(fd, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                receiver = self.begin_chunk(sync_id, 0, digest, version)
+                view = memoryview(mapped)
+                try:
+                    receiver.feed(view)
+                finally:
+                    view.release()
+        except WeightSyncError:
+            raise
+        except (OSError, ValueError) as exc:  # missing, unreadable or empty (mmap refuses 0 bytes)
+            with self._lock:
+                self.num_failed_syncs += 1
+            raise WeightSyncError(
+                f"shm weights {raw_path!r}: cannot map ({exc}); still serving version {self.engine.version}"
+            ) from None
+        self.finish_chunk(receiver)
+        return self.commit(sync_id, version, 1)
 
     def load_from_disk(self, raw_path: str, version: int) -> SyncResponse:
         """Full sync from a safetensors snapshot under one of the weight directories."""
