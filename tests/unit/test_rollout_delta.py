@@ -90,7 +90,7 @@ def test_delta_against_another_base_is_refused(tmp_path: Path) -> None:
     _push(sync, list(encode_chunks(state, 1 << 20)), "full", 1, None)
     (chunk,) = encode_chunks({"scalar": torch.tensor(9.0)}, 1 << 20)
     with pytest.raises(
-        DeltaBaseError, match="against base version 0 refused.*serving version 1.*send a full sync"
+        DeltaBaseError, match=r"against base version 0 refused.*serving version 1.*send a full sync"
     ):
         sync.add_chunk("d", 0, chunk.digest, 2, chunk.data, base_version=0)
     # a disk load leaves no staged copy of what serves: a delta on top of it is refused too
