@@ -112,9 +112,16 @@ async def update_weights(
     # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
     # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
     sync = _service(request).sync
-    receiver = await _weight_call(
-        request, sync.begin_chunk, sync_id, chunk_index, digest, version, base_version
-    )
+    try:
+        receiver = await _weight_call(
+            request, sync.begin_chunk, sync_id, chunk_index, digest, version, base_version
+        )
+    except WeightSyncError:
+        # Refused before its body was read (e.g. a delta against another base: 409). Drain the body (no copy)
+        # so the answer goes out on a connection the client can keep using, never onto a half-read request.
+        async for _ in request.stream():
+            pass
+        raise
     finished = False
     try:
         async for data in request.stream():

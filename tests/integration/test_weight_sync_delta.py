@@ -13,7 +13,7 @@ import torch
 from stagectl.models.loading import load_bundle
 from stagectl.rollout.app import build_app
 from stagectl.rollout.client import RolloutClient
-from stagectl.rollout.engines.fake import FakeEngine
+from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
 from stagectl.rollout.weights import byte_view
@@ -85,3 +85,21 @@ def test_delta_after_optimizer_steps_is_bit_identical_to_full(dtype: str) -> Non
     finally:
         delta_server.stop()
         full_server.stop()
+
+
+def test_refused_large_delta_is_answered_not_cut_off() -> None:
+    """The server refuses a delta at its first chunk, before reading the body; a 16 MiB chunk must still get
+    its 409 (drained), not a broken pipe that the learner would count as an unreachable server."""
+    weights = default_weights(num_mib=16, block_mib=16)
+    server, engine = _serve(weights)
+    try:
+        with RolloutClient([server.url], delta=True, chunk_bytes=32 << 20) as delta:
+            delta.push_weights(weights, 1, base_version=0)
+            with RolloutClient([server.url]) as other:
+                other.push_weights(weights, 2)
+            moved = {k: v + 1 for k, v in weights.items()}  # every block changed: the delta is 16 MiB
+            report = delta.push_weights(moved, 3, base_version=1)
+            assert not report.delta and delta.counters()["delta_fallbacks"] == 1
+        assert engine.version == 3 and torch.equal(engine.weights["block0"], moved["block0"])
+    finally:
+        server.stop()
