@@ -218,7 +218,7 @@ def unchanged_fractions(
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
             trackers = {kib: DeltaTracker(kib << 10) for kib in (64, 4)}
-            for kib, tracker in trackers.items():
+            for tracker in trackers.values():
                 tracker.pushed(0, tracker.plan(model.state_dict()))
             g = torch.Generator().manual_seed(0)
             per_step: dict[str, list[float]] = {"elements": [], "blocks_64k": [], "blocks_4k": []}
