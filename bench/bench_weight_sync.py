@@ -9,13 +9,13 @@ against the machine's own limits measured in the same run on the same bytes:
 
 Transports: `http` (streamed zero-copy chunks, XXH3-128, staged as they arrive, swapped on commit),
 `shm` (one /dev/shm snapshot mapped by the server), `disk` (one snapshot under the run directory loaded
-by path), `delta` (http after 1% of each tensor's row blocks changed; MB/s counts the whole state dict,
-`sent MB` what went out). The server is a separate process (this module with `--serve`) running the
+by path), `delta` (http after 1% of the elements changed, scattered; MB/s counts the whole state dict, `sent MB`
+what went out). The server is a separate process (this module with `--serve`) running the
 real app over the fake echo engine holding tensors of the same shapes, so the figures are transport +
 checks + staging + swap, without a model. One warm-up sync first (the server allocates its staging).
 
-Delta economics: the fraction of bytes a delta does not send after real AdamW steps of the tiny model
-(fp32 and bf16, lr 1e-3 .. 1e-6), per element (bytes equal) and per row block (what `sync.delta` skips).
+Delta economics: after real AdamW steps of the tiny model (fp32 and bf16, lr 1e-3 .. 1e-6), the share of
+elements that stayed bit-identical and the bytes a delta sends (sparse index + value where cheaper).
 
 Run: `python -m bench weight_sync` (or `python -m bench.bench_weight_sync`). `run()` returns a dict.
 """
@@ -42,8 +42,7 @@ from stagectl.rollout.weights import byte_view
 SIZES_MIB = (100, 1000)
 BLOCK_MIB = 4
 CHUNK_MIB = 64
-DELTA_BLOCK_KIB = 64
-DELTA_CHANGED = 0.01  # share of row blocks changed between delta pushes
+DELTA_CHANGED = 0.01  # share of elements changed between delta pushes (bf16 at lr ~1e-5 sees ~6%)
 TRANSPORTS = ("http", "shm", "disk", "delta")
 LRS = (1e-3, 1e-4, 1e-5, 1e-6)
 
@@ -108,13 +107,12 @@ def tmpfs_s(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor]) -> fl
     return time.perf_counter() - start
 
 
-def _touch_blocks(state: dict[str, torch.Tensor], g: torch.Generator) -> None:
-    """Change one element in DELTA_CHANGED of each tensor's DELTA_BLOCK_KIB row blocks."""
+def _touch_elements(state: dict[str, torch.Tensor], g: torch.Generator) -> None:
+    """Change DELTA_CHANGED of each tensor's elements, scattered at random."""
     for tensor in state.values():
-        rows = max(1, (DELTA_BLOCK_KIB << 10) // (tensor[0].numel() * tensor.element_size()))
-        num_blocks = -(-tensor.shape[0] // rows)
-        chosen = torch.randperm(num_blocks, generator=g)[: max(1, round(DELTA_CHANGED * num_blocks))]
-        tensor.view(tensor.shape[0], -1)[chosen * rows, 0] += 1.0
+        flat = tensor.view(-1)
+        chosen = torch.randint(0, flat.numel(), (max(1, round(DELTA_CHANGED * flat.numel())),), generator=g)
+        flat[chosen] += 1.0
 
 
 def run_size(repeats: int, state_mib: int) -> dict[str, object]:
@@ -148,9 +146,7 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
             port = int(sink.stdout.readline())
             with (
                 RolloutClient([url], chunk_bytes=CHUNK_MIB << 20, disk_dir=weights_dir) as client,
-                RolloutClient(
-                    [url], chunk_bytes=CHUNK_MIB << 20, delta=True, delta_block_bytes=DELTA_BLOCK_KIB << 10
-                ) as delta,
+                RolloutClient([url], chunk_bytes=CHUNK_MIB << 20, delta=True) as delta,
             ):
                 version = 1
                 client.push_weights(state, version)  # warm-up: the server allocates its staging
@@ -164,7 +160,7 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
                         seconds[transport].append(report.seconds)
                     version += 1
                     delta.push_weights(state, version, base_version=version - 1)  # full: the delta's base
-                    _touch_blocks(state, g)
+                    _touch_elements(state, g)
                     version += 1
                     report = delta.push_weights(state, version, base_version=version - 1)
                     assert report.delta, "the delta push fell back to a full sync"
@@ -204,11 +200,12 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
 def unchanged_fractions(
     model_name: str = "builtin:tiny-qwen2.5-vl", steps: int = 3
 ) -> list[dict[str, object]]:
-    """After each of `steps` AdamW steps (all parameters trained, weight decay 0 as `training.weight_decay`
-    defaults): the share of state-dict bytes whose element is bit-identical, and the share a delta at
-    64 KiB and 4 KiB row blocks does not send; medians over the steps after the first."""
+    """After each of `steps` AdamW steps on random tokens (every parameter trainable, weight decay 0 as
+    `training.weight_decay` defaults): the share of elements bit-identical to the step before, the same
+    over the parameters that got a gradient, and the delta's bytes as a share of the state dict; medians
+    over the steps after the first (Adam's first step moves every element with a gradient by ~lr)."""
     from stagectl.models.loading import load_bundle
-    from stagectl.rollout.delta import DeltaTracker
+    from stagectl.rollout.delta import DeltaTracker, bits
 
     rows = []
     for dtype in ("float32", "bfloat16"):
@@ -217,28 +214,27 @@ def unchanged_fractions(
             model = load_bundle(model_name, torch_dtype=dtype).model  # type: ignore[arg-type]
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-            trackers = {kib: DeltaTracker(kib << 10) for kib in (64, 4)}
-            for tracker in trackers.values():
-                tracker.pushed(0, tracker.plan(model.state_dict()))
+            tracker = DeltaTracker()
+            tracker.pushed(0, model.state_dict(), None)
             g = torch.Generator().manual_seed(0)
-            per_step: dict[str, list[float]] = {"elements": [], "blocks_64k": [], "blocks_4k": []}
+            per_step: dict[str, list[float]] = {"elements": [], "trained_elements": [], "delta_bytes": []}
             for _ in range(steps):
-                before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                before = {n: t.detach().clone() for n, t in model.state_dict().items()}
                 ids = torch.randint(0, 500, (2, 32), generator=g)
                 model(input_ids=ids, labels=ids).loss.backward()
+                trained = {n for n, p in model.named_parameters() if p.grad is not None}
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 state = model.state_dict()
-                total = same = 0
-                for name, tensor in state.items():
-                    nbytes = tensor.numel() * tensor.element_size()
-                    total += nbytes
-                    same += int((tensor.detach() == before[name]).sum()) * tensor.element_size()
-                per_step["elements"].append(same / total)
-                for kib, tracker in trackers.items():
-                    plan = tracker.plan(state)
-                    tracker.pushed(0, plan)
-                    per_step[f"blocks_{kib}k"].append(1 - plan.changed_bytes / plan.total_bytes)
+                same = {n: int((bits(t) == bits(before[n])).sum()) for n, t in state.items()}
+                numel = {n: t.numel() for n, t in state.items()}
+                per_step["elements"].append(sum(same.values()) / sum(numel.values()))
+                per_step["trained_elements"].append(
+                    sum(same[n] for n in trained) / max(1, sum(numel[n] for n in trained))
+                )
+                plan = tracker.plan(state, 64 << 20)
+                per_step["delta_bytes"].append(plan.wire_bytes / plan.total_bytes)
+                tracker.pushed(0, state, plan)
             row: dict[str, object] = {"dtype": dtype, "lr": lr}
             row.update({k: statistics.median(v[1:]) for k, v in per_step.items()})
             rows.append(row)

@@ -172,7 +172,7 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
         "socket to another process (`raw socket`), one `memcpy`, and a /dev/shm write + read back (`tmpfs`). "
         "`http`: streamed zero-copy safetensors chunks, XXH3-128 per chunk, staged as they arrive, swapped on commit; "
         "`shm`: one /dev/shm snapshot mapped, hashed and staged by the server; `disk`: one snapshot under the run "
-        "directory loaded by path; `delta`: http after 1% of the 64 KiB row blocks changed (MB/s counts the whole "
+        "directory loaded by path; `delta`: http after 1% of the elements changed, scattered (MB/s counts the whole "
         "state dict). Ratios use medians.",
         "",
         "| state dict | path | median s | MB/s median | MB/s best | vs raw socket | vs tmpfs |",
@@ -194,17 +194,19 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
     if "unchanged" in r:
         lines += [
             "",
-            "Bytes a delta need not send after real AdamW steps of the tiny model (`builtin:tiny-qwen2.5-vl`, every "
-            "parameter trained, weight decay 0; median over steps 2-3): per element (bit-identical), and per row "
-            "block as `sync.delta` sends them (64 KiB default, 4 KiB).",
+            "Delta economics after real AdamW steps of the tiny model (`builtin:tiny-qwen2.5-vl` on random tokens, every "
+            "parameter trainable, weight decay 0; median over steps 2-3): the share of elements bit-identical to the "
+            "step before (all, and among the parameters that got a gradient; the vision tower gets none from text), "
+            "and what `sync.delta` sends as a share of a full sync (sparse index + value, or the whole tensor where "
+            "cheaper).",
             "",
-            "| dtype | lr | unchanged elements | unsent at 64 KiB blocks | unsent at 4 KiB blocks |",
+            "| dtype | lr | unchanged elements | unchanged among trained | delta sends |",
             "|---|---|---|---|---|",
         ]
         for row in r["unchanged"]:
             lines.append(
-                f"| {row['dtype']} | {row['lr']:g} | {row['elements']:.1%} | {row['blocks_64k']:.1%} | "
-                f"{row['blocks_4k']:.1%} |"
+                f"| {row['dtype']} | {row['lr']:g} | {row['elements']:.1%} | {row['trained_elements']:.1%} | "
+                f"{row['delta_bytes']:.1%} |"
             )
     if "sync_fraction" in r:
         lines += ["", r["sync_fraction"]]

@@ -47,10 +47,9 @@ class VllmSyncConfig(StrictModel):
     disk_dir: Path | None = None
     """Where `disk` snapshots are written (default: `{output_dir}/weight_sync`)."""
     delta: bool = False
-    """Send only the row blocks whose bytes changed since the last push, against the version the server
-    serves (http only); a server that does not hold that base version gets a full sync instead."""
-    delta_block_kb: float = Field(64.0, gt=0, le=1024 * 1024)
-    """Delta granularity: rows of one tensor hashed together, in KiB (smaller: finer deltas, more digests)."""
+    """Send only the elements whose bytes changed since the last push (sparse: index + value, or whole
+    tensors where cheaper), against the version the server serves (http only); a server that does not
+    hold that base version gets a full sync instead. Costs one host copy of the weights on the learner."""
 
 
 class VllmConfig(StrictModel):

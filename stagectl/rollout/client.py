@@ -106,7 +106,6 @@ class RolloutClient:
         disk_dir: str | Path | None = None,
         connect_timeout_s: float = 10.0,
         delta: bool = False,
-        delta_block_bytes: int = 64 * 1024,
         shm_dir: Path = SHM_DIR,
     ) -> None:
         if not base_urls:
@@ -126,7 +125,7 @@ class RolloutClient:
                     f"weight sync transport shm needs {shm_dir} (a tmpfs); use http or disk here"
                 )
             remove_stale(shm_dir)  # snapshots of learners killed before they could clean up
-        self._delta = DeltaTracker(delta_block_bytes) if delta else None
+        self._delta = DeltaTracker() if delta else None
         self._clients = [self._new_http() for _ in self.base_urls]
         # Enough threads for an `infer` (one per server) and a `push_weights` (one per server + read-ahead) at once.
         self._pool = ThreadPoolExecutor(
@@ -170,7 +169,6 @@ class RolloutClient:
             chunk_bytes=int(sync.chunk_mb * MIB),
             disk_dir=sync.disk_dir if sync.disk_dir is not None else disk_dir,
             delta=sync.delta,
-            delta_block_bytes=int(sync.delta_block_kb * 1024),
         )
 
     def _new_http(self) -> httpx.Client:
@@ -310,22 +308,24 @@ class RolloutClient:
         server as `version`; raises `WeightPushError` (old weights keep serving) on failure.
 
         With delta sync on (http only) and `base_version` equal to the version of this client's last
-        successful push, only the changed row blocks are sent; a server that refuses the base gets a full
-        sync instead (counted in `delta_fallbacks`)."""
+        successful push, only the changed elements are sent (see `rollout.delta`); a server that refuses the
+        base gets a full sync instead (counted in `delta_fallbacks`)."""
         chosen = transport or self.transport
         start = time.perf_counter()
-        plan = self._delta.plan(state_dict) if self._delta is not None and chosen == "http" else None
-        delta = False
+        tracked = self._delta is not None and chosen == "http"
+        plan = None
         try:
             if chosen == "http":
                 sent = None
-                if plan is not None and base_version is not None and self._delta_base() == base_version:
+                if tracked and base_version is not None and self._delta_base() == base_version:
+                    assert self._delta is not None
+                    plan = self._delta.plan(state_dict, self.chunk_bytes)
                     try:
                         sent = self._push_http(
                             encode_pieces(plan.pieces, self.chunk_bytes), version, base_version
                         )
-                        delta = True
                     except DeltaRefused as exc:
+                        plan = None
                         self._count("delta_fallbacks")
                         log.warning("delta sync refused (%s); sending a full sync", exc)
                 if sent is None:
@@ -340,11 +340,12 @@ class RolloutClient:
                 self._delta.reset()
             raise
         if self._delta is not None:
-            if plan is not None:
-                self._delta.pushed(version, plan)
+            if tracked:
+                self._delta.pushed(version, state_dict, plan)
             else:
                 self._delta.reset()
         state_bytes = plan.total_bytes if plan is not None else _state_bytes(state_dict)
+        delta = plan is not None
         report = PushReport(
             version,
             chosen,

@@ -1,102 +1,102 @@
-"""Delta sync, the learner's side: what changed since the last push, in row blocks.
+"""Delta sync, the learner's side: which elements changed since the last push, and how to send them.
 
-`DeltaTracker` keeps one XXH3-64 digest per row block of every tensor it last pushed (not a copy of the
-weights: 8 bytes per block) and the version that push created. `plan` hashes the current state dict
-(~28 GB/s) and returns the pieces whose bytes changed: whole tensors where every block changed, merged
-row ranges otherwise. A block is `block_bytes` of whole rows along dim 0 (a tensor with one row or none
-is one block). The server applies the pieces over the weights it serves (the base version) — see
-`sync.py` — so after any number of deltas it holds exactly what a full sync would have sent.
+`DeltaTracker` keeps a host copy of what it last pushed (one copy of the weights in CPU memory) and the
+version that push created. `plan` compares the current state dict with it bit for bit (integer views:
+-0.0 vs 0.0 and NaN payloads count as changes) and picks, per tensor, the cheaper encoding:
+
+- unchanged: nothing;
+- sparse: the flat indices (int32, or int64 past 2^31 elements) and new values of the changed elements,
+  when that is smaller than the tensor;
+- whole: the tensor (in row ranges when it is larger than one piece may be).
+
+At RL learning rates most bf16 elements do not change at all between consecutive steps (their update is
+below half an ulp), while almost every row block holds at least one that does, so element-level
+sparsity is what makes a delta small; the server scatters the values into its staged copy of the base
+version (see `sync.py`), so after any number of deltas it holds exactly what a full sync would have sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import xxhash
 
-from stagectl.rollout.weights import Piece, byte_view, cpu_tensors
+from stagectl.rollout.weights import Piece, cpu_tensors, row_ranges
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-@dataclass(frozen=True)
+@dataclass
 class DeltaPlan:
     pieces: list[Piece]  # what to send
-    digests: dict[str, list[int]]  # every tensor's block digests after this push
-    changed_bytes: int
-    total_bytes: int
+    wire_bytes: int  # tensor bytes of `pieces` (values + indices)
+    total_bytes: int  # tensor bytes of the whole state dict
+    # name -> flat indices of the changed elements (None: the whole tensor), for `DeltaTracker.pushed`
+    changed: dict[str, torch.Tensor | None] = field(default_factory=dict)
 
 
-def block_rows(tensor: torch.Tensor, block_bytes: int) -> int:
-    """Rows per block (the whole tensor when it has at most one row)."""
-    if tensor.dim() == 0 or tensor.shape[0] <= 1 or tensor.numel() == 0:
-        return max(1, tensor.shape[0] if tensor.dim() else 1)
-    row_bytes = max(1, tensor.numel() * tensor.element_size() // tensor.shape[0])
-    return max(1, block_bytes // row_bytes)
-
-
-def block_digests(tensor: torch.Tensor, block_bytes: int) -> list[int]:
-    view = byte_view(tensor)
-    if tensor.dim() == 0 or tensor.shape[0] <= 1 or view.nbytes == 0:
-        return [xxhash.xxh3_64_intdigest(view)]
-    step = block_rows(tensor, block_bytes) * (view.nbytes // tensor.shape[0])
-    return [xxhash.xxh3_64_intdigest(view[s : s + step]) for s in range(0, view.nbytes, step)]
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat integer view of the tensor's bytes, for bitwise comparison."""
+    return tensor.reshape(-1).view(_BITS[tensor.element_size()])
 
 
 class DeltaTracker:
-    def __init__(self, block_bytes: int) -> None:
-        if block_bytes < 1:
-            raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
-        self.block_bytes = block_bytes
+    def __init__(self) -> None:
         self.ver: int | None = None  # the version the last successful push created; None: no base
-        self._digests: dict[str, list[int]] = {}
+        self._last: dict[str, torch.Tensor] = {}
 
-    def plan(self, state: Mapping[str, torch.Tensor]) -> DeltaPlan:
-        pieces: list[Piece] = []
-        digests: dict[str, list[int]] = {}
-        changed = total = 0
+    def plan(self, state: Mapping[str, torch.Tensor], max_piece_bytes: int) -> DeltaPlan:
+        """The pieces that turn the last pushed state into `state`, none larger than `max_piece_bytes`
+        (a single row may be)."""
+        plan = DeltaPlan([], 0, 0)
         for name, tensor in cpu_tensors(state):
             nbytes = tensor.numel() * tensor.element_size()
-            total += nbytes
-            new = digests[name] = block_digests(tensor, self.block_bytes)
-            old = self._digests.get(name)
-            if old is None or len(old) != len(new):
-                flags = [True] * len(new)
-            else:
-                flags = [a != b for a, b in zip(old, new, strict=True)]
-            if all(flags):
-                pieces.append(Piece(name, None, tensor))
-                changed += nbytes
+            plan.total_bytes += nbytes
+            old = self._last.get(name)
+            if old is None or old.shape != tensor.shape or old.dtype != tensor.dtype:
+                self._add_whole(plan, name, tensor, max_piece_bytes)
                 continue
-            rows = block_rows(tensor, self.block_bytes)
-            for first, last in _runs(flags):
-                start, stop = first * rows, min((last + 1) * rows, tensor.shape[0])
-                part = tensor[start:stop]
-                pieces.append(Piece(name, (start, stop), part))
-                changed += part.numel() * part.element_size()
-        return DeltaPlan(pieces, digests, changed, total)
+            index = (bits(tensor) != bits(old)).nonzero().view(-1)
+            if index.numel() == 0:
+                continue
+            index_dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
+            per_element = tensor.element_size() + index_dtype.itemsize
+            if index.numel() * per_element >= nbytes:
+                self._add_whole(plan, name, tensor, max_piece_bytes)
+                continue
+            plan.changed[name] = index
+            values = tensor.reshape(-1)[index]
+            step = max(1, max_piece_bytes // per_element)
+            for start in range(0, index.numel(), step):
+                part = index[start : start + step].to(index_dtype)
+                plan.pieces.append(Piece(name, None, values[start : start + step], index=part))
+            plan.wire_bytes += index.numel() * per_element
+        return plan
 
-    def pushed(self, ver: int, plan: DeltaPlan) -> None:
-        """The servers now hold `plan`'s state as `ver`."""
+    def _add_whole(self, plan: DeltaPlan, name: str, tensor: torch.Tensor, max_piece_bytes: int) -> None:
+        plan.changed[name] = None
+        for span in row_ranges(tensor, max_piece_bytes):
+            part = tensor if span is None else tensor[span[0] : span[1]]
+            plan.pieces.append(Piece(name, span, part))
+        plan.wire_bytes += tensor.numel() * tensor.element_size()
+
+    def pushed(self, ver: int, state: Mapping[str, torch.Tensor], plan: DeltaPlan | None) -> None:
+        """The servers now hold `state` as `ver`; `plan` is the delta that got it there (None: a full sync)."""
+        for name, tensor in cpu_tensors(state):
+            old = self._last.get(name)
+            index = None if plan is None else plan.changed.get(name, False)
+            if index is False:  # unchanged
+                continue
+            if old is None or old.shape != tensor.shape or old.dtype != tensor.dtype:
+                self._last[name] = tensor.clone()
+            elif index is None:
+                old.copy_(tensor)
+            else:
+                assert isinstance(index, torch.Tensor)
+                old.reshape(-1)[index] = tensor.reshape(-1)[index]
         self.ver = ver
-        self._digests = plan.digests
 
     def reset(self) -> None:
-        """Forget the base (a push failed or went elsewhere): the next push is full."""
+        """Forget the base (a push failed): the next push is full."""
         self.ver = None
-        self._digests = {}
-
-
-def _runs(flags: list[bool]) -> list[tuple[int, int]]:
-    """[first, last] index pairs of the maximal runs of True."""
-    runs = []
-    start = None
-    for i, flag in enumerate(flags):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append((start, i - 1))
-            start = None
-    if start is not None:
-        runs.append((start, len(flags) - 1))
-    return runs

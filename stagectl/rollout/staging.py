@@ -15,8 +15,10 @@ import xxhash
 from stagectl.rollout.engine import TensorSpec
 from stagectl.rollout.weights import (
     ELEMENT_SIZES,
+    INDEX_SUFFIX,
     MAX_HEADER_BYTES,
     ROWS_KEY,
+    SPARSE_KEY,
     ST_DTYPES,
     Piece,
     WeightSyncError,
@@ -36,9 +38,10 @@ class HeaderEntry:
     stop: int
 
 
-def parse_header(text: bytes) -> list[HeaderEntry]:
+def parse_header(text: bytes) -> tuple[list[HeaderEntry], set[str]]:
     """The entries of a safetensors JSON header, checked for the shape of the format: known dtypes,
-    sizes that match shapes, and data offsets that tile the data section in order with no gap."""
+    sizes that match shapes, and data offsets that tile the data section in order with no gap; and the
+    names sent sparse (values entry `name` + index entry `name@index`, `stagectl.sparse`)."""
     try:
         header = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -54,6 +57,12 @@ def parse_header(text: bytes) -> list[HeaderEntry]:
         raise WeightSyncError(f"chunk metadata {ROWS_KEY} is not JSON ({exc})") from None
     if not isinstance(rows, dict):
         raise WeightSyncError(f"chunk metadata {ROWS_KEY} must be a mapping of name -> [start, stop]")
+    try:
+        sparse = json.loads(metadata.get(SPARSE_KEY, "[]"))
+    except (ValueError, RecursionError) as exc:
+        raise WeightSyncError(f"chunk metadata {SPARSE_KEY} is not JSON ({exc})") from None
+    if not isinstance(sparse, list) or not all(isinstance(n, str) and n not in rows for n in sparse):
+        raise WeightSyncError(f"chunk metadata {SPARSE_KEY} must be a list of names not sent in rows")
     entries = []
     for name, info in header.items():
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
@@ -84,7 +93,7 @@ def parse_header(text: bytes) -> list[HeaderEntry]:
         if e.start != position:
             raise WeightSyncError("not a valid safetensors chunk: data offsets leave a gap or overlap")
         position = e.stop
-    return entries
+    return entries, set(sparse)
 
 
 def _is_count(value: object) -> bool:
@@ -104,6 +113,7 @@ class StagedWeights:
         self.delta = delta
         self.names: set[str] = set()  # tensors touched by this sync
         self._rows_seen: dict[str, torch.Tensor] = {}  # row-sent tensors: (rows,) bool, True once received
+        self._sparse: set[str] = set()  # tensors sent as sparse values (a delta)
         self.num_bytes = 0
 
     @property
@@ -124,6 +134,8 @@ class StagedWeights:
         buffer = self.buffers.get(name)
         if buffer is None:
             buffer = self.buffers[name] = torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
+        if name in self._sparse:
+            raise WeightSyncError(f"{name}: sent sparse and whole or in rows in one sync")
         if rows is None:
             if name in self.names:
                 raise WeightSyncError(f"{name}: sent twice in one sync")
@@ -156,6 +168,38 @@ class StagedWeights:
         part = buffer[start:stop]
         self.num_bytes += part.numel() * part.element_size()
         return byte_view(part)
+
+    def reserve_sparse(
+        self, name: str, count: int, dtype: str, index_dtype: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buffers for `count` new values of `name` and their flat positions (a delta only)."""
+        spec = self.specs.get(name)
+        if spec is None:
+            raise WeightSyncError(f"unknown tensor {name!r}: the serving model has no such weight")
+        if not self.delta:
+            raise WeightSyncError(f"{name}: sent sparse in a full sync (sparse pieces are for deltas)")
+        if dtype != spec.dtype:
+            raise WeightSyncError(f"{name}: dtype {dtype}, the serving model has {spec.dtype}")
+        if name in self.names and name not in self._sparse:
+            raise WeightSyncError(f"{name}: sent sparse and whole or in rows in one sync")
+        if count > spec.num_elements:
+            raise WeightSyncError(f"{name}: {count} sparse values for {spec.num_elements} elements")
+        self.names.add(name)
+        self._sparse.add(name)
+        values = torch.empty(count, dtype=getattr(torch, dtype))
+        self.num_bytes += values.numel() * values.element_size()
+        return values, torch.empty(count, dtype=getattr(torch, index_dtype))
+
+    def scatter(self, name: str, values: torch.Tensor, index: torch.Tensor) -> None:
+        """Write verified sparse values into the staged copy of the base version."""
+        buffer = self.buffers.get(name)
+        if buffer is None:
+            raise WeightSyncError(f"{name}: a sparse delta needs the staged base, which is not there")
+        flat = buffer.view(-1)
+        positions = index.long()
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= flat.numel()):
+            raise WeightSyncError(f"{name}: sparse index outside [0, {flat.numel()})")
+        flat[positions] = values
 
     def add(self, piece: Piece) -> None:
         """Stage a decoded piece (a copy into the staging buffer)."""
@@ -193,6 +237,7 @@ class ChunkReceiver:
         self._position = 0  # bytes of the data section received
         self._data_bytes = 0
         self.num_tensors = 0
+        self._sparse: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (name, values, index) to scatter
         self.error: WeightSyncError | None = None
 
     def feed(self, data: bytes | memoryview) -> None:
@@ -239,15 +284,39 @@ class ChunkReceiver:
         view = view[take:]
         if len(self._prefix) < need:
             return view
-        entries = parse_header(bytes(self._prefix[8:]))
+        entries, sparse = parse_header(bytes(self._prefix[8:]))
+        by_name = {e.name: e for e in entries}
         self._targets = []
         for e in entries:
-            destination = self.staged.reserve(e.name, e.rows, e.dtype, e.shape)
-            if e.stop > e.start:
-                self._targets.append((e.start, e.stop, destination))
+            if e.name.endswith(INDEX_SUFFIX) and e.name.removesuffix(INDEX_SUFFIX) in sparse:
+                continue  # reserved with its values below
+            if e.name in sparse:
+                values, index = self._reserve_sparse(e, by_name.get(e.name + INDEX_SUFFIX))
+                self._sparse.append((e.name, values, index))
+                destinations = [(e, byte_view(values)), (by_name[e.name + INDEX_SUFFIX], byte_view(index))]
+            else:
+                destinations = [(e, self.staged.reserve(e.name, e.rows, e.dtype, e.shape))]
+            for entry, destination in destinations:
+                if entry.stop > entry.start:
+                    self._targets.append((entry.start, entry.stop, destination))
+        self._targets.sort(key=lambda t: t[0])
         self._data_bytes = entries[-1].stop if entries else 0
-        self.num_tensors = len(entries)
+        self.num_tensors = len(entries) - len(sparse)
         return view
+
+    def _reserve_sparse(
+        self, values: HeaderEntry, index: HeaderEntry | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if index is None or index.dtype not in ("int32", "int64"):
+            raise WeightSyncError(
+                f"{values.name}: sent sparse without an int32/int64 {values.name}{INDEX_SUFFIX}"
+            )
+        if len(values.shape) != 1 or index.shape != values.shape:
+            raise WeightSyncError(
+                f"{values.name}: sparse values {list(values.shape)} and index {list(index.shape)} must be "
+                "1-D of one length"
+            )
+        return self.staged.reserve_sparse(values.name, values.shape[0], values.dtype, index.dtype)
 
     def finish(self) -> int:
         """Raise on any problem with the chunk; the number of tensors in it otherwise."""
@@ -264,6 +333,8 @@ class ChunkReceiver:
         actual = self._hash.hexdigest()
         if actual != self.expected_digest:
             raise WeightSyncError(f"checksum mismatch (header {self.expected_digest}, body {actual})")
+        for name, values, index in self._sparse:  # verified: now they may touch the staged base
+            self.staged.scatter(name, values, index)
         return self.num_tensors
 
 

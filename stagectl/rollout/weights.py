@@ -33,6 +33,8 @@ from safetensors.torch import load as st_load
 from stagectl.rollout.engine import TensorSpec
 
 ROWS_KEY = "stagectl.rows"
+SPARSE_KEY = "stagectl.sparse"  # JSON list of names sent as values + `<name>@index` (delta only)
+INDEX_SUFFIX = "@index"
 DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own cap
 # torch dtype name -> safetensors dtype code
@@ -92,7 +94,13 @@ class WeightChunk:
 class Piece:
     name: str
     rows: tuple[int, int] | None  # [start, stop) along dim 0 when the tensor was split, else None
-    tensor: torch.Tensor
+    tensor: torch.Tensor  # a sparse piece: the new values, 1-D
+    index: torch.Tensor | None = None  # a sparse piece (delta only): flat positions of `tensor`'s values
+
+    @property
+    def num_bytes(self) -> int:
+        extra = 0 if self.index is None else self.index.numel() * self.index.element_size()
+        return self.tensor.numel() * self.tensor.element_size() + extra
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -131,7 +139,7 @@ def cpu_tensors(state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.
 def full_pieces(state: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterator[Piece]:
     """Every tensor, split into row ranges where it is larger than `chunk_bytes`."""
     for name, tensor in cpu_tensors(state):
-        for span in _row_ranges(tensor, chunk_bytes):
+        for span in row_ranges(tensor, chunk_bytes):
             piece = tensor if span is None else tensor[span[0] : span[1]]
             yield Piece(name, span, piece)
 
@@ -150,7 +158,7 @@ def encode_pieces(pieces: Iterable[Piece], chunk_bytes: int) -> Iterator[WeightC
     batch: list[Piece] = []
     size = 0
     for piece in pieces:
-        nbytes = piece.tensor.numel() * piece.tensor.element_size()
+        nbytes = piece.num_bytes
         if batch and (size + nbytes > chunk_bytes or any(p.name == piece.name for p in batch)):
             yield _chunk(index, batch)
             index, batch, size = index + 1, [], 0
@@ -160,7 +168,7 @@ def encode_pieces(pieces: Iterable[Piece], chunk_bytes: int) -> Iterator[WeightC
         yield _chunk(index, batch)
 
 
-def _row_ranges(tensor: torch.Tensor, chunk_bytes: int) -> list[tuple[int, int] | None]:
+def row_ranges(tensor: torch.Tensor, chunk_bytes: int) -> list[tuple[int, int] | None]:
     """[None] (send whole) or the [start, stop) row ranges of a tensor too large for one chunk."""
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes <= chunk_bytes or tensor.dim() == 0 or tensor.shape[0] <= 1:
@@ -172,18 +180,28 @@ def _row_ranges(tensor: torch.Tensor, chunk_bytes: int) -> list[tuple[int, int] 
 
 def _chunk(index: int, pieces: list[Piece]) -> WeightChunk:
     header: dict[str, object] = {}
+    metadata = {}
     rows = {p.name: list(p.rows) for p in pieces if p.rows is not None}
     if rows:
-        header["__metadata__"] = {ROWS_KEY: json.dumps(rows)}
+        metadata[ROWS_KEY] = json.dumps(rows)
+    sparse = [p.name for p in pieces if p.index is not None]
+    if sparse:
+        metadata[SPARSE_KEY] = json.dumps(sparse)
+    if metadata:
+        header["__metadata__"] = metadata
+    entries = []
+    for p in pieces:
+        entries.append((p.name, p.tensor.contiguous()))
+        if p.index is not None:
+            entries.append((p.name + INDEX_SUFFIX, p.index.contiguous()))
     views = []
     offset = 0
-    for p in pieces:
-        tensor = p.tensor.contiguous()
+    for name, tensor in entries:
         view = byte_view(tensor)
         code = ST_CODES.get(dtype_name(tensor.dtype))
         if code is None:
-            raise ValueError(f"{p.name}: dtype {tensor.dtype} cannot be sent in a weight sync")
-        header[p.name] = {
+            raise ValueError(f"{name}: dtype {tensor.dtype} cannot be sent in a weight sync")
+        header[name] = {
             "dtype": code,
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + view.nbytes],

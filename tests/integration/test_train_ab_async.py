@@ -185,7 +185,7 @@ def test_async_with_delta_sync(tmp_path: Path) -> None:
     cfg = async_config(
         tmp_path,
         training={"max_steps": 6},
-        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"delta": True, "delta_block_kb": 4}}}}},
+        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"delta": True}}}}},
     )
     out = tmp_path / "run"
     result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)

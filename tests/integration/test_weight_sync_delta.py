@@ -56,9 +56,7 @@ def test_delta_after_optimizer_steps_is_bit_identical_to_full(dtype: str) -> Non
     g = torch.Generator().manual_seed(0)
     try:
         with (
-            RolloutClient(
-                [delta_server.url], delta=True, delta_block_bytes=4096, chunk_bytes=256 * 1024
-            ) as delta,
+            RolloutClient([delta_server.url], delta=True, chunk_bytes=256 * 1024) as delta,
             RolloutClient([full_server.url], chunk_bytes=256 * 1024) as full,
         ):
             reports = []
