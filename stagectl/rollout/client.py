@@ -8,7 +8,7 @@
   however the chunk was cut (see `protocol.py`). 4xx answers are the caller's mistake: raised at once.
 - `push_weights(state_dict, version)` (rank 0) runs a sync on every server: `http` streams
   safetensors chunks (zero-copy views of the tensors, XXH3-128 per chunk) and commits only after every
-  server staged every chunk, sending only changed row blocks when delta sync is on; `shm` writes one
+  server staged every chunk, sending only the changed elements when delta sync is on; `shm` writes one
   snapshot to /dev/shm that every server on this node maps; `disk` writes one snapshot that each server
   loads by path. A failure aborts the sync everywhere and raises.
 

@@ -1,9 +1,10 @@
 """Weight-sync payloads: state dict -> bounded safetensors chunks (client), chunk bytes -> staging
 (server), the completeness check of a sync, and the checksum.
 
-A chunk is one safetensors blob of at most `chunk_bytes` of tensor data. A tensor larger than that (or a
-delta's changed row block) is sent as row ranges along dim 0; the blob's metadata key `stagectl.rows`
-maps such a tensor's name to `[start, stop]` (JSON). Tensors are sent on CPU, contiguous, in their own
+A chunk is one safetensors blob of at most `chunk_bytes` of tensor data. A tensor larger than that is sent
+as row ranges along dim 0; the blob's metadata key `stagectl.rows` maps such a tensor's name to
+`[start, stop]` (JSON). A delta may send a tensor sparse: its new values under its name and their flat
+positions under `<name>@index`, listed in `stagectl.sparse`. Tensors are sent on CPU, contiguous, in their own
 dtype. No pickle.
 
 Zero copies on the client: a chunk is its safetensors header plus memoryviews of the tensors' own bytes
