@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
+from stagectl.rollout.delta import bits_np
 from stagectl.rollout.engine import TensorSpec
 from stagectl.rollout.weights import (
     ELEMENT_SIZES,
@@ -195,11 +196,11 @@ class StagedWeights:
         buffer = self.buffers.get(name)
         if buffer is None:
             raise WeightSyncError(f"{name}: a sparse delta needs the staged base, which is not there")
-        flat = buffer.view(-1)
-        positions = index.long()
-        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= flat.numel()):
-            raise WeightSyncError(f"{name}: sparse index outside [0, {flat.numel()})")
-        flat[positions] = values
+        positions = index.numpy()
+        numel = buffer.numel()
+        if positions.size and (int(positions.min()) < 0 or int(positions.max()) >= numel):
+            raise WeightSyncError(f"{name}: sparse index outside [0, {numel})")
+        bits_np(buffer)[positions] = bits_np(values)  # numpy: see `delta.bits_np`
 
     def add(self, piece: Piece) -> None:
         """Stage a decoded piece (a copy into the staging buffer)."""
