@@ -200,7 +200,9 @@ def test_delta_sync_serves_the_new_weights(served: Served) -> None:
     whole from the server's staged base): greedy output equals the learner's, token for token."""
     with RolloutClient([served.url], chunk_bytes=1 << 20, delta=True) as delta:
         version = delta.versions()[0].version
-        assert not delta.push_weights(served.mirror.model.state_dict(), version + 1, base_version=version).delta
+        assert not delta.push_weights(
+            served.mirror.model.state_dict(), version + 1, base_version=version
+        ).delta
         _train_a_few_steps(served.mirror, served.prompt(2), "green triangle")
         local = [served.local_greedy(k) for k in range(4)]
         report = delta.push_weights(served.mirror.model.state_dict(), version + 2, base_version=version + 1)
