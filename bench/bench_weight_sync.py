@@ -244,8 +244,10 @@ def unchanged_fractions(
 
 
 def run(repeats: int = 3, sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, object]:
+    load_start = os.getloadavg()[0]
     sizes = [run_size(repeats if mib <= 200 else 2, mib) for mib in sizes_mib]
     out: dict[str, object] = {"sizes": sizes, "unchanged": unchanged_fractions()}
+    out["loadavg"] = [load_start, os.getloadavg()[0]]  # the machine is shared: how busy it was
     largest = sizes[-1]
     http_s = largest["http"]["seconds_median"]  # type: ignore[index]
     shm_s = largest["shm"]["seconds_median"]  # type: ignore[index]
