@@ -17,6 +17,7 @@ Checksum: XXH3-128 (`digest_hex`), ~28 GB/s here against sha256's ~1.8 GB/s (sha
 sync at ~1.8 GB/s). Its job is integrity against corruption (a truncated or garbled chunk or file),
 not authenticity: the weight endpoints are bearer-token authenticated and loopback by default, and
 anyone holding the token can push any weights anyway, so a cryptographic hash would buy nothing.
+(DESIGN.md section 6 still says sha256 per chunk: issue #17 replaced it; docs/weight_sync.md.)
 """
 
 from __future__ import annotations
