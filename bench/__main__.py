@@ -38,7 +38,7 @@ TITLES = {
     "learner": "Learner: packed vs padded",
     "rollout": "Rollout engine: request batching",
     "engines": "Rollout engine: hf vs vLLM (CPU build)",
-    "weight_sync": "Weight sync: http vs disk",
+    "weight_sync": "Weight sync: http, shm, disk, delta",
     "async": "Async vs step mode",
     "cli": "CLI latency",
     "learning": "Learning check (A-only vs AB)",

@@ -38,12 +38,18 @@ class VllmServerConfig(StrictModel):
 class VllmSyncConfig(StrictModel):
     mode: Literal["full", "adapter"] = "full"
     """Weight sync mode. stagectl implements `full` (every parameter); `adapter` is rejected."""
-    transport: Literal["http", "disk"] = "http"
-    """`http`: chunked safetensors over `/update_weights/`; `disk`: a snapshot loaded by path."""
+    transport: Literal["http", "disk", "shm"] = "http"
+    """`http`: chunked safetensors streamed to `/update_weights/`; `shm`: a snapshot in `/dev/shm` that every
+    server maps (learner rank 0 and the servers on one node: loopback server URLs only); `disk`: a
+    snapshot under `disk_dir` loaded by path."""
     chunk_mb: float = Field(64.0, gt=0, le=1024)
     """Size of one http weight chunk in MiB."""
     disk_dir: Path | None = None
     """Where `disk` snapshots are written (default: `{output_dir}/weight_sync`)."""
+    delta: bool = False
+    """Send only the elements whose bytes changed since the last push (sparse: index + value, or whole
+    tensors where cheaper), against the version the server serves (http only); a server that does not
+    hold that base version gets a full sync instead. Costs one host copy of the weights on the learner."""
 
 
 class VllmConfig(StrictModel):

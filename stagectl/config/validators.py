@@ -6,6 +6,8 @@ Each `validate_*` function checks one rule across sections and returns `Problem`
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from stagectl.config.root import (
     LOOPBACK_HOSTS,
     Problem,
@@ -87,6 +89,36 @@ def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[P
             )
         ]
     return []
+
+
+def validate_sync_transport(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    rm = cfg.custom.extra.rollout_matching
+    sync = rm.vllm.sync
+    problems = []
+    if sync.delta and sync.transport != "http":
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.sync.delta",
+                f"delta sync runs over transport http, not {sync.transport}; set vllm.sync.transport: http "
+                "or delta: false",
+            )
+        )
+    if sync.transport == "shm":
+        remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
+        if remote:
+            problems.append(
+                Problem(
+                    "custom.extra.rollout_matching.vllm.sync.transport",
+                    f"shm works only with servers on the learner's node, but {', '.join(remote)} is not a "
+                    "loopback address; use transport: http for remote servers (or list them as 127.0.0.1)",
+                )
+            )
+    return problems
+
+
+def _url_host(url: str) -> str:
+    host = urlsplit(url).hostname
+    return host or ""
 
 
 def validate_colocate_unsupported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -327,6 +359,7 @@ VALIDATORS = (
     validate_channel_b_mode_world_size,
     validate_async_needs_server_rollouts,
     validate_sync_mode_supported,
+    validate_sync_transport,
     validate_colocate_unsupported,
     validate_pipeline_needs_server,
     validate_async_queue_limits,

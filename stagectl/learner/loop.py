@@ -243,6 +243,8 @@ class Trainer:
             "packing/n_segments": n_segments,
         }
         row.update(extra)
+        if "time/weight_sync_s" in row and step_s > 0:
+            row["weight_sync/step_fraction"] = row["time/weight_sync_s"] / step_s
         if self.client is not None:
             row.update({f"rollout_client/{k}": v for k, v in self.client.counters().items()})
         return row

@@ -28,8 +28,10 @@ from stagectl.rollout.errors import WeightPushError
 class SyncOutcome:
     status: str  # "ok" | "unreachable" (skipped; the next sync retries) | "error" (ends every rank)
     message: str = ""
-    num_bytes: int = 0
-    seconds: float = 0.0
+    num_bytes: int = 0  # bytes sent (a delta: only the changed blocks)
+    seconds: float = 0.0  # the whole push, state-dict gathering included
+    state_bytes: int = 0  # bytes of the whole state dict
+    delta: bool = False  # only changed blocks were sent
 
 
 class WeightPublisher:
@@ -44,6 +46,7 @@ class WeightPublisher:
         self.num_syncs = 0
         self.num_failures = 0
         self.seconds_total = 0.0
+        self.bytes_total = 0
         self.last: SyncOutcome | None = None
 
     @property
@@ -85,28 +88,34 @@ class WeightPublisher:
         self.ver += 1
         self.num_syncs += 1
         self.seconds_total += outcome.seconds
+        self.bytes_total += outcome.num_bytes
 
     def _push(self) -> SyncOutcome:
         started = time.perf_counter()
         state_dict = {name: t.detach().to("cpu") for name, t in self.model.state_dict().items()}
         try:
             with torch.no_grad():
-                report: PushReport = self.client.push_weights(state_dict, self.ver + 1)
+                report: PushReport = self.client.push_weights(state_dict, self.ver + 1, base_version=self.ver)
         except WeightPushError as exc:
             kind = "unreachable" if isinstance(exc.__cause__, httpx.TransportError) else "error"
             return SyncOutcome(kind, str(exc), seconds=time.perf_counter() - started)
-        return SyncOutcome("ok", "", report.num_bytes, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return SyncOutcome("ok", "", report.num_bytes, seconds, report.state_bytes, report.delta)
 
     def metrics(self, outcome: SyncOutcome | None) -> dict[str, Any]:
-        """Per-sync figures of `outcome` (this step's sync, if any) and the running totals."""
+        """Per-sync figures of `outcome` (this step's sync, if any) and the running totals. The learner
+        loop adds `weight_sync/step_fraction` (sync seconds / step seconds) to the row."""
         row: dict[str, Any] = {
             "weight_sync/total": self.num_syncs,
             "weight_sync/fail_total": self.num_failures,
+            "weight_sync/bytes_total": self.bytes_total,
         }
         if outcome is not None and outcome.status == "ok":
             row["weight_sync/bytes"] = outcome.num_bytes
+            row["weight_sync/state_bytes"] = outcome.state_bytes
+            row["weight_sync/delta"] = int(outcome.delta)
             row["time/weight_sync_s"] = outcome.seconds
             row["weight_sync/mb_per_s"] = (
-                outcome.num_bytes / 2**20 / outcome.seconds if outcome.seconds else 0.0
+                outcome.num_bytes / 1e6 / outcome.seconds if outcome.seconds else 0.0
             )
         return row

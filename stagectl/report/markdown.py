@@ -69,6 +69,22 @@ def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, 
             ("weight syncs: total / failed", f"{fmt(s.sync_total)} / {fmt(s.sync_fail_total)}"),
             ("ver_lag on B steps: mean / max", f"{fmt(s.ver_lag_mean)} / {fmt(s.ver_lag_max)}"),
         ]
+    if s.num_weight_syncs:
+        rows += [
+            (
+                "weight syncs: time total / mean MB/s",
+                f"{s.sync_s_total:.2f} s / {fmt(s.sync_mb_per_s_mean)} ({s.num_weight_syncs} syncs, "
+                f"{s.num_delta_syncs} delta)",
+            ),
+            (
+                "weight syncs: MB sent / of state dicts",
+                f"{s.sync_mb_sent:.1f} / {s.sync_mb_state:.1f}",
+            ),
+            (
+                "weight sync share of its step: mean / max",
+                f"{fmt(s.sync_step_fraction_mean)} / {fmt(s.sync_step_fraction_max)}",
+            ),
+        ]
     rows += [
         ("tokens trained (all ranks)", fmt(s.tokens_total)),
         ("throughput", f"{fmt(s.tokens_per_s, 5)} tokens/s (tokens / summed step time)"),

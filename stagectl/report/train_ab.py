@@ -58,6 +58,14 @@ class TrainAbSummary:
     prefetch_fail_total: float | None = None
     sync_total: float | None = None
     sync_fail_total: float | None = None
+    num_weight_syncs: int = 0  # rows with a successful sync (`time/weight_sync_s`), any mode
+    num_delta_syncs: int = 0
+    sync_s_total: float = 0.0
+    sync_mb_sent: float = 0.0
+    sync_mb_state: float = 0.0
+    sync_mb_per_s_mean: float | None = None
+    sync_step_fraction_mean: float | None = None
+    sync_step_fraction_max: float | None = None
     ver_lag_mean: float | None = None
     ver_lag_max: float | None = None
     tokens_total: int = 0
@@ -175,6 +183,7 @@ def summarize_train_ab(rows: Sequence[Row], target: Fraction | None) -> TrainAbS
     )
     _add_rollout(summary, rows)
     _add_async(summary, rows)
+    _add_weight_syncs(summary, rows)
     _add_throughput(summary, rows)
     return summary
 
@@ -200,6 +209,21 @@ def _add_async(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
     _, lags = series(rows, ASYNC + "ver_lag")
     summary.ver_lag_mean = mean(lags)
     summary.ver_lag_max = max(lags) if lags else None
+
+
+def _add_weight_syncs(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
+    synced = [row for row in rows if number(row, "time/weight_sync_s") is not None]
+    summary.num_weight_syncs = len(synced)
+    summary.num_delta_syncs = sum(1 for row in synced if number(row, "weight_sync/delta"))
+    summary.sync_s_total = sum(number(row, "time/weight_sync_s") or 0.0 for row in synced)
+    summary.sync_mb_sent = sum(number(row, "weight_sync/bytes") or 0.0 for row in synced) / 1e6
+    summary.sync_mb_state = sum(number(row, "weight_sync/state_bytes") or 0.0 for row in synced) / 1e6
+    summary.sync_mb_per_s_mean = mean(
+        [v for row in synced if (v := number(row, "weight_sync/mb_per_s")) is not None]
+    )
+    fractions = [v for row in synced if (v := number(row, "weight_sync/step_fraction")) is not None]
+    summary.sync_step_fraction_mean = mean(fractions)
+    summary.sync_step_fraction_max = max(fractions) if fractions else None
 
 
 def _add_throughput(summary: TrainAbSummary, rows: Sequence[Row]) -> None:

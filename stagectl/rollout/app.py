@@ -29,13 +29,14 @@ from stagectl.rollout.protocol import (
     HealthResponse,
     InferBody,
     InferResponse,
+    ShmSyncBody,
     StatsResponse,
     SyncResponse,
     VersionResponse,
     WorldSizeResponse,
 )
 from stagectl.rollout.service import BadRequest, RolloutService
-from stagectl.rollout.weights import WeightSyncError
+from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
 
 access_log = logging.getLogger("stagectl.rollout.access")
 WEIGHT_CHUNK_PATH = "/update_weights/"
@@ -104,13 +105,32 @@ async def update_weights(
     request: Request,
     sync_id: str = Query(min_length=1, max_length=128),
     chunk_index: int = Query(ge=0),
-    sha256: str = Query(pattern=r"^[0-9a-fA-F]{64}$"),
+    digest: str = Query(pattern=DIGEST_PATTERN),
     version: int = Query(ge=0),
+    base_version: int | None = Query(None, ge=0),
 ) -> ChunkResponse:
-    data = await request.body()
-    num = await _weight_call(
-        request, _service(request).add_chunk, sync_id, chunk_index, sha256, version, data
-    )
+    # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
+    # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
+    sync = _service(request).sync
+    try:
+        receiver = await _weight_call(
+            request, sync.begin_chunk, sync_id, chunk_index, digest, version, base_version
+        )
+    except WeightSyncError:
+        # Refused before its body was read (e.g. a delta against another base: 409). Drain the body (no copy)
+        # so the answer goes out on a connection the client can keep using, never onto a half-read request.
+        async for _ in request.stream():
+            pass
+        raise
+    finished = False
+    try:
+        async for data in request.stream():
+            receiver.feed(data)
+        finished = True
+    finally:
+        if not finished:
+            await _weight_call(request, sync.fail_chunk, receiver, "the chunk's body did not arrive whole")
+    num = await _weight_call(request, sync.finish_chunk, receiver)
     return ChunkResponse(sync_id=sync_id, chunk_index=chunk_index, num_tensors=num)
 
 
@@ -124,13 +144,20 @@ async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
     return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
 
 
+@router.post("/update_weights/from_shm/", dependencies=[Depends(require_token)])
+async def from_shm(body: ShmSyncBody, request: Request) -> SyncResponse:
+    return await _weight_call(
+        request, _service(request).sync.load_from_shm, body.path, body.version, body.digest
+    )
+
+
 @router.post("/update_weights/from_disk/", dependencies=[Depends(require_token)])
 async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).load_from_disk, body.path, body.version)
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=400)
+    return JSONResponse({"detail": str(exc)}, status_code=409 if isinstance(exc, DeltaBaseError) else 400)
 
 
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:

@@ -6,9 +6,11 @@
   once on a fresh connection, then the chunk is split in halves recursively down to single requests.
   Each piece is sent with `seed + offset`, so every request keeps seed `config.seed + its index`
   however the chunk was cut (see `protocol.py`). 4xx answers are the caller's mistake: raised at once.
-- `push_weights(state_dict, version)` (rank 0) runs a full sync on every server: `http` streams
-  safetensors chunks and commits only after every server staged every chunk; `disk` writes one
-  snapshot and has each server load it. A failure aborts the sync everywhere and raises.
+- `push_weights(state_dict, version)` (rank 0) runs a sync on every server: `http` streams
+  safetensors chunks (zero-copy views of the tensors, XXH3-128 per chunk) and commits only after every
+  server staged every chunk, sending only the changed elements when delta sync is on; `shm` writes one
+  snapshot to /dev/shm that every server on this node maps; `disk` writes one snapshot that each server
+  loads by path. A failure aborts the sync everywhere and raises.
 
 Every retry, split and failure is counted (`counters()`) and logged. The client is thread-safe: a
 prefetcher thread may call `infer` while the main thread pushes weights.
@@ -21,7 +23,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -31,10 +33,10 @@ from typing import Any, Literal, TypeVar
 import httpx
 import torch
 from pydantic import TypeAdapter, ValidationError
-from safetensors.torch import save_file
 
 from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.rollout.errors import RolloutRequestError, RolloutServerError, WeightPushError
+from stagectl.rollout.delta import DeltaTracker
+from stagectl.rollout.errors import DeltaRefused, RolloutRequestError, RolloutServerError, WeightPushError
 from stagectl.rollout.protocol import (
     InferBody,
     InferRequest,
@@ -50,7 +52,8 @@ from stagectl.rollout.requests import (
     to_generation,
     with_seed_offset,
 )
-from stagectl.rollout.weights import encode_chunks
+from stagectl.rollout.shm import SHM_DIR, remove_stale, shm_path, write_snapshot
+from stagectl.rollout.weights import WeightChunk, encode_chunks, encode_pieces
 
 __all__ = [  # the request helpers are re-exported: callers need one import for the whole client side
     "PushReport",
@@ -65,7 +68,7 @@ __all__ = [  # the request helpers are re-exported: callers need one import for 
 ]
 
 log = logging.getLogger("stagectl.rollout.client")
-Transport = Literal["http", "disk"]
+Transport = Literal["http", "disk", "shm"]
 T = TypeVar("T")
 _RESPONSES = TypeAdapter(list[InferResponse])
 MIB = 1024 * 1024
@@ -79,9 +82,15 @@ class _Retryable(Exception):
 class PushReport:
     version: int
     transport: Transport
-    num_bytes: int
+    num_bytes: int  # bytes sent (a delta: the changed blocks only)
     num_chunks: int
     seconds: float
+    state_bytes: int = 0  # tensor bytes of the whole state dict
+    delta: bool = False  # True when only changed blocks went out
+
+
+def _state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 class RolloutClient:
@@ -96,6 +105,8 @@ class RolloutClient:
         chunk_bytes: int = 64 * MIB,
         disk_dir: str | Path | None = None,
         connect_timeout_s: float = 10.0,
+        delta: bool = False,
+        shm_dir: Path = SHM_DIR,
     ) -> None:
         if not base_urls:
             raise ValueError("RolloutClient needs at least one server base URL")
@@ -107,6 +118,14 @@ class RolloutClient:
         self.transport: Transport = transport
         self.chunk_bytes = chunk_bytes
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self.shm_dir = shm_dir
+        if transport == "shm":
+            if not shm_dir.is_dir():
+                raise ValueError(
+                    f"weight sync transport shm needs {shm_dir} (a tmpfs); use http or disk here"
+                )
+            remove_stale(shm_dir)  # snapshots of learners killed before they could clean up
+        self._delta = DeltaTracker() if delta else None
         self._clients = [self._new_http() for _ in self.base_urls]
         # Enough threads for an `infer` (one per server) and a `push_weights` (one per server + read-ahead) at once.
         self._pool = ThreadPoolExecutor(
@@ -114,6 +133,7 @@ class RolloutClient:
         )
         self._lock = threading.Lock()
         self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0, "weight_pushes": 0}
+        self._counts["delta_fallbacks"] = 0
         self.last_push: PushReport | None = None
 
     @classmethod
@@ -148,6 +168,7 @@ class RolloutClient:
             transport=sync.transport,
             chunk_bytes=int(sync.chunk_mb * MIB),
             disk_dir=sync.disk_dir if sync.disk_dir is not None else disk_dir,
+            delta=sync.delta,
         )
 
     def _new_http(self) -> httpx.Client:
@@ -276,45 +297,103 @@ class RolloutClient:
     # --- weights ---------------------------------------------------------------------------------
 
     def push_weights(
-        self, state_dict: Mapping[str, torch.Tensor], version: int, transport: Transport | None = None
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        version: int,
+        transport: Transport | None = None,
+        *,
+        base_version: int | None = None,
     ) -> PushReport:
-        """Full sync of `state_dict` (every tensor the servers' models have, same names/shapes/dtypes)
-        to every server as `version`; raises `WeightPushError` (old weights keep serving) on failure."""
+        """Sync `state_dict` (every tensor the servers' models have, same names/shapes/dtypes) to every
+        server as `version`; raises `WeightPushError` (old weights keep serving) on failure.
+
+        With delta sync on (http only) and `base_version` equal to the version of this client's last
+        successful push, only the changed elements are sent (see `rollout.delta`); a server that refuses the
+        base gets a full sync instead (counted in `delta_fallbacks`)."""
         chosen = transport or self.transport
         start = time.perf_counter()
-        if chosen == "http":
-            num_bytes, num_chunks = self._push_http(state_dict, version)
-        else:
-            num_bytes, num_chunks = self._push_disk(state_dict, version), 1
-        report = PushReport(version, chosen, num_bytes, num_chunks, time.perf_counter() - start)
+        tracked = self._delta is not None and chosen == "http"
+        plan = None
+        try:
+            if chosen == "http":
+                sent = None
+                if tracked and base_version is not None and self._delta_base() == base_version:
+                    assert self._delta is not None
+                    plan = self._delta.plan(state_dict, self.chunk_bytes)
+                    try:
+                        sent = self._push_http(
+                            encode_pieces(plan.pieces, self.chunk_bytes), version, base_version
+                        )
+                    except DeltaRefused as exc:
+                        plan = None
+                        self._count("delta_fallbacks")
+                        log.warning("delta sync refused (%s); sending a full sync", exc)
+                if sent is None:
+                    sent = self._push_http(encode_chunks(state_dict, self.chunk_bytes), version, None)
+                num_bytes, num_chunks = sent
+            elif chosen == "shm":
+                num_bytes, num_chunks = self._push_shm(state_dict, version), 1
+            else:
+                num_bytes, num_chunks = self._push_disk(state_dict, version), 1
+        except WeightPushError:
+            if self._delta is not None:
+                self._delta.reset()
+            raise
+        if self._delta is not None:
+            if tracked:
+                self._delta.pushed(version, state_dict, plan)
+            else:
+                self._delta.reset()
+        state_bytes = plan.total_bytes if plan is not None else _state_bytes(state_dict)
+        delta = plan is not None
+        report = PushReport(
+            version,
+            chosen,
+            num_bytes,
+            num_chunks,
+            time.perf_counter() - start,
+            state_bytes=state_bytes,
+            delta=delta,
+        )
         self._count("weight_pushes")
         self.last_push = report
         log.info(
-            "weights version %d pushed over %s: %.1f MB in %.2f s",
+            "weights version %d pushed over %s%s: %.1f MB of %.1f MB in %.2f s",
             version,
             chosen,
+            " (delta)" if delta else "",
             num_bytes / 1e6,
+            state_bytes / 1e6,
             report.seconds,
         )
         return report
 
-    def _push_http(self, state_dict: Mapping[str, torch.Tensor], version: int) -> tuple[int, int]:
+    def _delta_base(self) -> int | None:
+        return self._delta.ver if self._delta is not None else None
+
+    def _push_http(
+        self, chunks: Iterator[WeightChunk], version: int, base_version: int | None
+    ) -> tuple[int, int]:
+        """Stream `chunks` to every server and commit. Pipeline: the next chunk's header and digest are
+        prepared on a pool thread while the current one is on the wire, and each server checks, hashes
+        and stages a chunk as its bytes arrive. The bytes go from the tensors' memory to the socket (one
+        copy in the HTTP stack). Returns (bytes sent, chunks)."""
         sync_id = uuid.uuid4().hex
         num_bytes = num_chunks = 0
-        chunks = encode_chunks(state_dict, self.chunk_bytes)
         try:
-            # Read ahead: chunk k + 1 is serialised and hashed while chunk k is on the wire.
             upcoming = self._pool.submit(next, chunks, None)
             while (chunk := upcoming.result()) is not None:
                 upcoming = self._pool.submit(next, chunks, None)
-                params = {
+                params: dict[str, Any] = {
                     "sync_id": sync_id,
                     "chunk_index": chunk.index,
-                    "sha256": chunk.sha256,
+                    "digest": chunk.digest,
                     "version": version,
                 }
-                self._on_every_server(partial(self._post_chunk, params=params, data=chunk.data))
-                num_bytes += len(chunk.data)
+                if base_version is not None:
+                    params["base_version"] = base_version
+                self._on_every_server(partial(self._post_chunk, params=params, chunk=chunk))
+                num_bytes += chunk.num_bytes
                 num_chunks += 1
             commit = {"sync_id": sync_id, "version": version, "num_chunks": num_chunks}
             responses = self._on_every_server(lambda k: self._post(k, "/update_weights/commit/", json=commit))
@@ -324,14 +403,27 @@ class RolloutClient:
         _check_versions(responses, version)
         return num_bytes, num_chunks
 
+    def _push_shm(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+        """One snapshot in shared memory, mapped by every server (all on this node); removed here whatever
+        happens (a SIGKILL leaves it to the next start's `remove_stale`)."""
+        path = shm_path(uuid.uuid4().hex, self.shm_dir)
+        try:
+            digest, num_bytes = write_snapshot(path, state_dict)
+            body = {"path": str(path), "version": version, "digest": digest}
+            responses = self._on_every_server(lambda k: self._post(k, "/update_weights/from_shm/", json=body))
+            _check_versions(responses, version)
+        finally:
+            path.unlink(missing_ok=True)
+        return num_bytes
+
     def _push_disk(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
         if self.disk_dir is None:
             raise ValueError("disk weight sync needs custom.extra.rollout_matching.vllm.sync.disk_dir")
         self.disk_dir.mkdir(parents=True, exist_ok=True)
         path = (self.disk_dir / f"weights_v{version}.safetensors").absolute()
         tmp = path.with_suffix(".tmp")
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
-        save_file(tensors, str(tmp))
+        tmp.unlink(missing_ok=True)  # a crashed push's leftover
+        _, num_bytes = write_snapshot(tmp, state_dict)
         os.replace(tmp, path)  # servers never see a half-written snapshot
         try:
             body = {"path": str(path), "version": version}
@@ -341,7 +433,7 @@ class RolloutClient:
             _check_versions(responses, version)
         finally:
             path.unlink(missing_ok=True)
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return num_bytes
 
     def _on_every_server(self, call: Callable[[int], T]) -> list[T]:
         futures = [self._pool.submit(call, k) for k in range(len(self.base_urls))]
@@ -353,13 +445,15 @@ class RolloutClient:
             response = self._clients[k].post(url, **kwargs)
         except httpx.HTTPError as exc:
             raise WeightPushError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 409:
+            raise DeltaRefused(f"{url}: HTTP 409: {_detail(response)}")
         if response.status_code != 200:
             raise WeightPushError(f"{url}: HTTP {response.status_code}: {_detail(response)}")
         return response.json()
 
-    def _post_chunk(self, k: int, *, params: dict[str, Any], data: bytes) -> Any:
-        headers = {"Content-Type": "application/octet-stream"}
-        return self._post(k, "/update_weights/", params=params, content=data, headers=headers)
+    def _post_chunk(self, k: int, *, params: dict[str, Any], chunk: WeightChunk) -> Any:
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(chunk.num_bytes)}
+        return self._post(k, "/update_weights/", params=params, content=chunk.parts(), headers=headers)
 
     def _abort(self, k: int, sync_id: str) -> None:
         try:

@@ -14,3 +14,7 @@ class RolloutServerError(RuntimeError):
 
 class WeightPushError(RuntimeError):
     """A weight sync failed; every server still serves its previous version."""
+
+
+class DeltaRefused(WeightPushError):
+    """A server refused a delta sync (HTTP 409: it does not hold the named base version); a full sync is due."""

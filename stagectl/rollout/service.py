@@ -20,6 +20,7 @@ from stagectl.rollout.protocol import (
     Usage,
     VersionResponse,
 )
+from stagectl.rollout.shm import SHM_DIR, remove_stale
 from stagectl.rollout.sync import WeightSync
 from stagectl.rollout.text import normalize_messages
 
@@ -35,6 +36,7 @@ class ServerSettings:
     auth_token: str | None = None  # None: weight/admin endpoints are open (loopback only)
     max_request_bytes: int = 32 * 1024 * 1024
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
+    shm_dir: Path = SHM_DIR  # where `transport: shm` snapshots live
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
 
 
@@ -42,7 +44,8 @@ class RolloutService:
     def __init__(self, engine: Engine, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.sync = WeightSync(engine, settings.weight_dirs)
+        self.sync = WeightSync(engine, settings.weight_dirs, settings.shm_dir)
+        remove_stale(settings.shm_dir)  # shm snapshots of learners killed mid-sync
         self.num_requests = 0
         self._count_lock = threading.Lock()
 
@@ -104,9 +107,6 @@ class RolloutService:
             num_failed_syncs=self.sync.num_failed_syncs,
         )
 
-    def add_chunk(self, sync_id: str, chunk_index: int, sha256: str, version: int, data: bytes) -> int:
-        return self.sync.add_chunk(sync_id, chunk_index, sha256, version, data)
-
     def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
         return self.sync.commit(sync_id, version, num_chunks)
 
@@ -115,3 +115,4 @@ class RolloutService:
 
     def close(self) -> None:
         self.engine.close()
+        remove_stale(self.settings.shm_dir)

@@ -1,82 +1,160 @@
-"""The server side of a full weight sync: one staging area, verified chunk by chunk, swapped on commit.
+"""The server side of a weight sync: one staging area, streamed in and verified chunk by chunk, swapped on
+commit; plus the `disk` and `shm` snapshot loads.
 
-Protocol (one sync at a time): chunks `0, 1, 2, ...` of a `sync_id` arrive with their sha256 and the
-target version; each is checked (checksum, names, shapes, dtypes) and staged. `commit` checks that
-every chunk and every tensor arrived, then hands the tensors to `engine.apply_weights`, which swaps
-them under the generation lock. Any failure discards the staging and leaves the serving weights and
-version untouched. A chunk with a new `sync_id` supersedes an unfinished sync (its client died).
+Protocol (one sync at a time): chunks `0, 1, 2, ...` of a `sync_id` arrive with their XXH3-128 digest and
+the target version (and, for a delta, the base version); each is streamed into the staging
+(`staging.ChunkReceiver`: header checked against names, shapes and dtypes before any byte is copied,
+digest compared at its end). `commit` checks that every chunk (and for a full sync every tensor)
+arrived, then hands the touched tensors to `engine.apply_weights`, which swaps them under the generation
+lock. Any failure discards the staging and leaves the serving weights and version untouched. A chunk
+with a new `sync_id` supersedes an unfinished sync (its client died).
+
+The staging buffers persist between syncs: after a successful http or shm sync they hold exactly the
+serving weights (`_mirror_version`), which is what makes a delta possible (its untouched rows keep the
+serving values) and spares re-faulting fresh pages on every sync. The price is one host-memory copy of
+the weights on the server. A delta is refused (`DeltaBaseError`, HTTP 409) unless its base version is
+the serving version and the staging mirrors it; the learner then sends a full sync.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.paths import resolve_under_roots
 from stagectl.rollout.protocol import SyncResponse
-from stagectl.rollout.weights import StagedWeights, WeightSyncError, decode_chunk, sha256_hex, verify_full
+from stagectl.rollout.shm import SHM_DIR, parse_shm_name
+from stagectl.rollout.staging import ChunkReceiver, StagedWeights, verify_full
+from stagectl.rollout.weights import DeltaBaseError, WeightSyncError
 
 log = logging.getLogger("stagectl.rollout.sync")
 
 
 class WeightSync:
-    def __init__(self, engine: Engine, weight_dirs: Sequence[Path]) -> None:
+    def __init__(self, engine: Engine, weight_dirs: Sequence[Path], shm_dir: Path = SHM_DIR) -> None:
         self.engine = engine
         self.weight_dirs = list(weight_dirs)
-        self._lock = threading.Lock()  # one staging operation at a time
+        self.shm_dir = shm_dir
+        self._lock = threading.Lock()  # guards the state below; never held while bytes stream in
         self._sync_id: str | None = None
         self._target_version = -1
+        self._base_version: int | None = None  # a delta's base; None for a full sync
         self._next_index = 0
         self._staged: StagedWeights | None = None
+        self._active: ChunkReceiver | None = None  # the chunk streaming in now
+        self._buffers: dict[str, torch.Tensor] = {}  # persistent staging (see the module docstring)
+        self._mirror_version = -1  # the version `_buffers` holds exactly; -1: none
         self.num_syncs = 0
         self.num_failed_syncs = 0
 
-    def add_chunk(self, sync_id: str, chunk_index: int, sha256: str, version: int, data: bytes) -> int:
-        """Verify and stage one chunk; returns the number of tensors in it."""
+    # --- http chunks -----------------------------------------------------------------------------
+
+    def begin_chunk(
+        self, sync_id: str, chunk_index: int, digest: str, version: int, base_version: int | None = None
+    ) -> ChunkReceiver:
+        """Check and open chunk `chunk_index` of `sync_id`; feed it the body, then `finish_chunk`."""
         with self._lock:
             if sync_id != self._sync_id:
                 if self._sync_id is not None:
                     log.warning("weight sync %s superseded by %s before its commit", self._sync_id, sync_id)
-                self._start(sync_id, version)
+                    self._fail("superseded")
+                self._start(sync_id, version, base_version)
             try:
-                return self._add(chunk_index, sha256, version, data)
+                self._check_chunk(chunk_index, version, base_version)
             except WeightSyncError as exc:
                 self._fail(f"chunk {chunk_index}: {exc}")
+                raise type(exc)(
+                    f"{exc}; sync {sync_id} aborted, still serving version {self.engine.version}"
+                ) from None
+            assert self._staged is not None
+            self._next_index += 1
+            self._active = ChunkReceiver(self._staged, digest)
+            return self._active
+
+    def finish_chunk(self, receiver: ChunkReceiver) -> int:
+        """End a chunk begun by `begin_chunk`: the number of tensors in it, or `WeightSyncError`."""
+        with self._lock:
+            sync_id = self._sync_id
+            if receiver is not self._active:
+                raise WeightSyncError(
+                    f"chunk of a weight sync that was aborted or superseded; still serving version {self.engine.version}"
+                )
+            self._active = None
+            try:
+                return receiver.finish()
+            except WeightSyncError as exc:
+                self._fail(str(exc))
                 raise WeightSyncError(
                     f"{exc}; sync {sync_id} aborted, still serving version {self.engine.version}"
                 ) from None
 
-    def _start(self, sync_id: str, version: int) -> None:
+    def fail_chunk(self, receiver: ChunkReceiver, reason: str) -> None:
+        """A chunk's body never arrived whole (the client went away): drop its sync."""
+        with self._lock:
+            if receiver is self._active:
+                self._fail(reason)
+
+    def add_chunk(
+        self,
+        sync_id: str,
+        chunk_index: int,
+        digest: str,
+        version: int,
+        data: bytes,
+        base_version: int | None = None,
+    ) -> int:
+        """One whole chunk at once (`begin_chunk` + feed + `finish_chunk`)."""
+        receiver = self.begin_chunk(sync_id, chunk_index, digest, version, base_version)
+        receiver.feed(data)
+        return self.finish_chunk(receiver)
+
+    def _start(self, sync_id: str, version: int, base_version: int | None) -> None:
+        if base_version is not None and (
+            base_version != self.engine.version or self._mirror_version != self.engine.version
+        ):
+            held = (
+                f"serving version {self.engine.version}"
+                if self._mirror_version == self.engine.version
+                else f"serving version {self.engine.version} without a staged copy of it (it came from disk or a failed sync)"
+            )
+            raise DeltaBaseError(
+                f"delta sync {sync_id} against base version {base_version} refused: the server holds {held}; "
+                "send a full sync"
+            )
         self._sync_id = sync_id
         self._target_version = version
+        self._base_version = base_version
         self._next_index = 0
-        self._staged = StagedWeights(self.engine.weight_specs())
+        self._mirror_version = -1  # the buffers are about to change
+        self._staged = StagedWeights(
+            self.engine.weight_specs(), self._buffers, delta=base_version is not None
+        )
 
-    def _add(self, chunk_index: int, sha256: str, version: int, data: bytes) -> int:
-        assert self._staged is not None
+    def _check_chunk(self, chunk_index: int, version: int, base_version: int | None) -> None:
         if version != self._target_version:
             raise WeightSyncError(f"target version {version} differs from this sync's {self._target_version}")
+        if base_version != self._base_version:
+            raise WeightSyncError(
+                f"base version {base_version} differs from this sync's {self._base_version}"
+            )
         if version <= self.engine.version:
             raise WeightSyncError(
                 f"target version {version} is not above the serving version {self.engine.version}"
             )
+        if self._active is not None:
+            raise WeightSyncError(f"chunk {chunk_index} began before chunk {self._next_index - 1} ended")
         if chunk_index != self._next_index:
             raise WeightSyncError(f"chunk index {chunk_index} out of order (expected {self._next_index})")
-        actual = sha256_hex(data)
-        if actual != sha256.lower():
-            raise WeightSyncError(f"sha256 mismatch (header {sha256}, body {actual})")
-        pieces = decode_chunk(data)
-        for piece in pieces:
-            self._staged.add(piece)
-        self._next_index += 1
-        return len(pieces)
 
     def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
         with self._lock:
@@ -91,14 +169,22 @@ class WeightSync:
                     raise WeightSyncError(
                         f"commit version {version} differs from the chunks' {self._target_version}"
                     )
-                if num_chunks != self._next_index:
-                    raise WeightSyncError(f"commit says {num_chunks} chunks, {self._next_index} arrived")
+                if num_chunks != self._next_index or self._active is not None:
+                    done = self._next_index - (self._active is not None)
+                    raise WeightSyncError(f"commit says {num_chunks} chunks, {done} arrived")
+                if self._base_version is not None and self._base_version != self.engine.version:
+                    raise DeltaBaseError(
+                        f"delta against base version {self._base_version}, but version {self.engine.version} "
+                        "is serving now; send a full sync"
+                    )
                 staged.check_complete()
             except WeightSyncError as exc:
                 self._fail(str(exc))
-                raise WeightSyncError(f"{exc}; still serving version {self.engine.version}") from None
+                raise type(exc)(f"{exc}; still serving version {self.engine.version}") from None
             self._clear()
-            return self._apply(staged.tensors, version, staged.num_bytes)
+            response = self._apply(staged.tensors, version, staged.num_bytes)
+            self._mirror_version = version
+            return response
 
     def abort(self, sync_id: str) -> bool:
         """Drop the staging of `sync_id`; False when it is not the sync in progress."""
@@ -107,6 +193,38 @@ class WeightSync:
                 return False
             self._fail("aborted by the client")
             return True
+
+    # --- snapshots -------------------------------------------------------------------------------
+
+    def load_from_shm(self, raw_path: str, version: int, digest: str) -> SyncResponse:
+        """Full sync from a safetensors snapshot in shared memory, written by a learner on this node: mapped,
+        streamed through the same checks as an http chunk (digest included) into the staging, applied.
+        The learner owns the file and removes it (several servers may map one snapshot)."""
+        path = Path(raw_path)
+        if path.parent != self.shm_dir or parse_shm_name(path.name) is None:
+            raise WeightSyncError(
+                f"shm weights {raw_path!r}: not a stagectl snapshot in {self.shm_dir} (stagectl-<pid>-<id>.safetensors)"
+            )
+        sync_id = f"shm:{path.name}"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a planted symlink is refused
+            with os.fdopen(fd, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                receiver = self.begin_chunk(sync_id, 0, digest, version)
+                view = memoryview(mapped)
+                try:
+                    receiver.feed(view)
+                finally:
+                    view.release()
+        except WeightSyncError:
+            raise
+        except (OSError, ValueError) as exc:  # missing, unreadable or empty (mmap refuses 0 bytes)
+            with self._lock:
+                self.num_failed_syncs += 1
+            raise WeightSyncError(
+                f"shm weights {raw_path!r}: cannot map ({exc}); still serving version {self.engine.version}"
+            ) from None
+        self.finish_chunk(receiver)
+        return self.commit(sync_id, version, 1)
 
     def load_from_disk(self, raw_path: str, version: int) -> SyncResponse:
         """Full sync from a safetensors snapshot under one of the weight directories."""
@@ -127,9 +245,10 @@ class WeightSync:
             except WeightSyncError as exc:
                 self.num_failed_syncs += 1
                 raise WeightSyncError(f"{exc}; still serving version {self.engine.version}") from None
+            self._mirror_version = -1  # the staging buffers no longer hold the serving weights
             return self._apply(tensors, version, num_bytes)
 
-    def _apply(self, tensors: dict, version: int, num_bytes: int) -> SyncResponse:
+    def _apply(self, tensors: dict[str, torch.Tensor], version: int, num_bytes: int) -> SyncResponse:
         start = time.perf_counter()
         self.engine.apply_weights(tensors, version)
         apply_s = time.perf_counter() - start
@@ -146,10 +265,14 @@ class WeightSync:
     def _fail(self, reason: str) -> None:
         log.warning("weight sync %s failed: %s", self._sync_id, reason)
         self.num_failed_syncs += 1
+        if self._active is not None:  # a chunk may still be streaming into the buffers: give them up
+            self._buffers = {}
         self._clear()
 
     def _clear(self) -> None:
         self._sync_id = None
         self._staged = None
+        self._active = None
+        self._base_version = None
         self._next_index = 0
         self._target_version = -1

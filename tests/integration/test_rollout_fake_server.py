@@ -197,7 +197,7 @@ def test_malformed_json_is_422(served: Served) -> None:
 )
 def test_weight_endpoints_need_the_token(served: Served, headers: dict[str, str]) -> None:
     for path, kwargs in [
-        ("/update_weights/?sync_id=x&chunk_index=0&sha256=" + "0" * 64 + "&version=99", {"content": b"x"}),
+        ("/update_weights/?sync_id=x&chunk_index=0&digest=" + "0" * 32 + "&version=99", {"content": b"x"}),
         ("/update_weights/commit/", {"json": {"sync_id": "x", "version": 99, "num_chunks": 1}}),
         ("/update_weights/abort/", {"json": {"sync_id": "x"}}),
         ("/update_weights/from_disk/", {"json": {"path": "/tmp/x.safetensors", "version": 99}}),
@@ -231,7 +231,7 @@ def test_sync_killed_half_way_keeps_the_old_weights(served: Served, client: Roll
         params = {
             "sync_id": "dead",
             "chunk_index": chunk.index,
-            "sha256": chunk.sha256,
+            "digest": chunk.digest,
             "version": before + 1,
         }
         assert httpx.post(
@@ -253,11 +253,11 @@ def test_bad_checksum_is_rejected(served: Served) -> None:
     before = _version(served)
     failed = httpx.get(f"{served.url}/stats/").json()["num_failed_syncs"]
     (chunk, *_rest) = encode_chunks(_weights(served, 5.0), 128 * KIB)
-    params = {"sync_id": "bad", "chunk_index": 0, "sha256": "a" * 64, "version": before + 1}
+    params = {"sync_id": "bad", "chunk_index": 0, "digest": "a" * 32, "version": before + 1}
     response = httpx.post(f"{served.url}/update_weights/", params=params, content=chunk.data, headers=AUTH)
     assert response.status_code == 400
     assert (
-        "sha256 mismatch" in response.json()["detail"]
+        "checksum mismatch" in response.json()["detail"]
         and f"still serving version {before}" in response.json()["detail"]
     )
     commit = {"sync_id": "bad", "version": before + 1, "num_chunks": 1}

@@ -196,17 +196,17 @@ def test_killed_sync_bad_checksum_and_wrong_token_keep_the_old_weights(
         params = {
             "sync_id": "killed",
             "chunk_index": chunk.index,
-            "sha256": chunk.sha256,
+            "digest": chunk.digest,
             "version": version + 1,
         }
         assert httpx.post(
             f"{served.url}/update_weights/", params=params, content=chunk.data, headers=auth
         ).is_success
-    params = {"sync_id": "corrupt", "chunk_index": 0, "sha256": "0" * 64, "version": version + 1}
+    params = {"sync_id": "corrupt", "chunk_index": 0, "digest": "0" * 32, "version": version + 1}
     response = httpx.post(
         f"{served.url}/update_weights/", params=params, content=chunks[0].data, headers=auth
     )
-    assert response.status_code == 400 and "sha256 mismatch" in response.json()["detail"]
+    assert response.status_code == 400 and "checksum mismatch" in response.json()["detail"]
     with (
         RolloutClient([served.url], auth_token="wrong") as intruder,
         pytest.raises(WeightPushError, match="HTTP 401"),

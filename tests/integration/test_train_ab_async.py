@@ -163,3 +163,43 @@ def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:
     assert time.monotonic() - started < 200
     rows = read_metrics(tmp_path / "run") if (tmp_path / "run" / "metrics.jsonl").exists() else []
     assert len(rows) < 30
+
+
+def _sync_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "time/weight_sync_s" in r]
+
+
+def test_async_with_delta_sync(tmp_path: Path) -> None:
+    """The async example's setup with `sync.delta: true`: the first sync is full (no base yet), later
+    ones are deltas against the version the server serves; every sync is logged with its figures."""
+    cfg = async_config(
+        tmp_path,
+        training={"max_steps": 6},
+        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"delta": True}}}}},
+    )
+    out = tmp_path / "run"
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)
+    assert result.returncode == 0, result.stderr[-3000:]
+    syncs = _sync_rows(read_metrics(out))
+    assert len(syncs) >= 2
+    assert syncs[0]["weight_sync/delta"] == 0  # nothing pushed before: full
+    assert all(r["weight_sync/delta"] == 1 for r in syncs[1:])
+    for r in syncs:
+        assert 0 < r["weight_sync/bytes"] <= r["weight_sync/state_bytes"] + 64 * 1024  # + chunk headers
+        assert 0 < r["weight_sync/step_fraction"] < 1 and r["weight_sync/mb_per_s"] > 0
+    assert read_metrics(out)[-1]["rollout_client/delta_fallbacks"] == 0
+
+
+def test_async_with_shm_sync(tmp_path: Path) -> None:
+    cfg = async_config(
+        tmp_path,
+        training={"max_steps": 4},
+        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"transport": "shm"}}}}},
+    )
+    out = tmp_path / "run"
+    before = set(Path("/dev/shm").glob("stagectl-*.safetensors"))
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)
+    assert result.returncode == 0, result.stderr[-3000:]
+    syncs = _sync_rows(read_metrics(out))
+    assert len(syncs) >= 1 and all(r["weight_sync/bytes"] == r["weight_sync/state_bytes"] for r in syncs)
+    assert set(Path("/dev/shm").glob("stagectl-*.safetensors")) <= before  # every snapshot removed

@@ -116,6 +116,31 @@ def test_async_valid(tmp_path: Path) -> None:
     assert cfg.stage2_ab is not None and cfg.stage2_ab.channel_b.async_.queue_limit == 8
 
 
+SYNC = "custom.extra.rollout_matching.vllm.sync"
+
+
+def test_shm_sync_refuses_a_remote_server(tmp_path: Path) -> None:
+    servers = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://10.0.0.7:8000'}]"
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=shm", servers)
+    assert "10.0.0.7" in probs[f"{SYNC}.transport"] and "transport: http" in probs[f"{SYNC}.transport"]
+    local = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://127.0.0.1:8000'}]"
+    cfg = load_config(write(tmp_path, ASYNC), [f"{SYNC}.transport=shm", local], world_size=2)
+    assert cfg.custom.extra.rollout_matching.vllm.sync.transport == "shm"
+
+
+def test_delta_sync_needs_http(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=disk", f"{SYNC}.delta=true")
+    assert "transport http" in probs[f"{SYNC}.delta"]
+    cfg = load_config(write(tmp_path, ASYNC), [f"{SYNC}.delta=true"], world_size=2)
+    assert cfg.custom.extra.rollout_matching.vllm.sync.delta
+
+
+@pytest.mark.parametrize("value", ["nccl", "ipc"])
+def test_unknown_sync_transport_names_the_key(tmp_path: Path, value: str) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport={value}")
+    assert f"{SYNC}.transport" in probs and "shm" in probs[f"{SYNC}.transport"]
+
+
 def test_pipeline_requires_server_rollouts(tmp_path: Path) -> None:
     data = {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": {"enable_pipeline": True}}}
     probs = problems_of(tmp_path, data)

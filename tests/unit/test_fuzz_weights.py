@@ -21,7 +21,7 @@ from safetensors.torch import save as st_save
 
 from stagectl.rollout.engines.fake import FakeEngine
 from stagectl.rollout.sync import WeightSync
-from stagectl.rollout.weights import ROWS_KEY, WeightSyncError, decode_chunk, encode_chunks, sha256_hex
+from stagectl.rollout.weights import ROWS_KEY, WeightSyncError, decode_chunk, digest_hex, encode_chunks
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "150")),
@@ -90,7 +90,7 @@ def test_mutated_chunks_never_change_the_serving_weights(
         before = {name: t.clone() for name, t in engine.weights.items()}
         try:
             for index, blob in enumerate(chunks):
-                sync.add_chunk("fuzz", index, sha256_hex(blob), 1, blob)
+                sync.add_chunk("fuzz", index, digest_hex(blob), 1, blob)
             sync.commit("fuzz", 1, len(chunks))
         except WeightSyncError:
             assert engine.version == 0
@@ -104,8 +104,8 @@ def test_mutated_chunks_never_change_the_serving_weights(
 def test_a_wrong_checksum_is_refused_before_decoding() -> None:
     with _engine() as engine:
         sync = WeightSync(engine, [])
-        with pytest.raises(WeightSyncError, match="sha256 mismatch"):
-            sync.add_chunk("s", 0, "0" * 64, 1, GOOD_CHUNKS[0])
+        with pytest.raises(WeightSyncError, match="checksum mismatch"):
+            sync.add_chunk("s", 0, "0" * 32, 1, GOOD_CHUNKS[0])
         assert sync.num_failed_syncs == 1 and engine.version == 0
 
 
@@ -123,7 +123,7 @@ def test_names_shapes_and_dtypes_are_checked_per_chunk(tensors: dict[str, torch.
     with _engine() as engine:
         sync = WeightSync(engine, [])
         with pytest.raises(WeightSyncError, match=re.escape(error)):
-            sync.add_chunk("s", 0, sha256_hex(blob), 1, blob)
+            sync.add_chunk("s", 0, digest_hex(blob), 1, blob)
         assert engine.version == 0
 
 
@@ -144,7 +144,7 @@ def test_bad_row_ranges_are_refused(rows: str) -> None:
     with _engine() as engine:
         sync = WeightSync(engine, [])
         with pytest.raises(WeightSyncError):
-            sync.add_chunk("s", 0, sha256_hex(blob), 1, blob)
+            sync.add_chunk("s", 0, digest_hex(blob), 1, blob)
         assert engine.version == 0
 
 
@@ -159,7 +159,7 @@ def test_good_chunks_decode_and_sync() -> None:
     with _engine() as engine:
         sync = WeightSync(engine, [])
         for index, blob in enumerate(GOOD_CHUNKS):
-            sync.add_chunk("ok", index, sha256_hex(blob), 1, blob)
+            sync.add_chunk("ok", index, digest_hex(blob), 1, blob)
         sync.commit("ok", 1, len(GOOD_CHUNKS))
         assert engine.version == 1 and torch.equal(engine.weights["w1"], torch.ones(6, 3))
     assert len(GOOD_CHUNKS) > 2 and any(ROWS_KEY in json.dumps(c.decode("latin-1")) for c in GOOD_CHUNKS)

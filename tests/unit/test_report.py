@@ -157,6 +157,28 @@ def test_summary_of_an_async_run_counts_skips_drops_and_lag() -> None:
     assert (s.ver_lag_mean, s.ver_lag_max) == (1.5, 2)
 
 
+def test_weight_sync_figures_are_summed_and_shown() -> None:
+    sync = {"weight_sync/state_bytes": 4_000_000, "weight_sync/mb_per_s": 100.0}
+    rows = [
+        ab_row(0),
+        ab_row(
+            1, **sync, **{"time/weight_sync_s": 0.04, "weight_sync/bytes": 4_000_000, "weight_sync/delta": 0}
+        ),
+        ab_row(2, **{"weight_sync/step_fraction": 0.08}, **sync, **{"time/weight_sync_s": 0.01}),
+        ab_row(3, **{"weight_sync/bytes": 1_000_000, "weight_sync/delta": 1}),  # no time: not a sync row
+    ]
+    rows[2].update({"weight_sync/bytes": 1_000_000, "weight_sync/delta": 1})
+    rows[1]["weight_sync/step_fraction"] = 0.02
+    s = summarize_train_ab(rows, Fraction(0))
+    assert (s.num_weight_syncs, s.num_delta_syncs) == (2, 1)
+    assert s.sync_s_total == pytest.approx(0.05)
+    assert (s.sync_mb_sent, s.sync_mb_state) == (5.0, 8.0)
+    assert (s.sync_step_fraction_mean, s.sync_step_fraction_max) == (pytest.approx(0.05), 0.08)
+    text = render_train_ab("t", "s", s, None, Figures([]), "plots", [])
+    assert "| weight syncs: MB sent / of state dicts | 5.0 / 8.0 |" in text
+    assert "2 syncs, 1 delta" in text
+
+
 def test_skip_to_a_without_async_flag_is_wanted_b_trained_a() -> None:
     assert is_skip_to_a({"kind": "A", "policy_wants_b": True})
     assert not is_skip_to_a({"kind": "B", "policy_wants_b": True})

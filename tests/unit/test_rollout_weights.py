@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from stagectl.rollout.staging import StagedWeights, verify_full
 from stagectl.rollout.weights import (
     Piece,
-    StagedWeights,
     WeightSyncError,
     decode_chunk,
+    digest_hex,
     encode_chunks,
-    sha256_hex,
     spec_of,
-    verify_full,
 )
 
 
@@ -29,9 +28,9 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def _stage(state: dict[str, torch.Tensor], chunk_bytes: int) -> StagedWeights:
-    staged = StagedWeights({name: spec_of(t) for name, t in state.items()})
+    staged = StagedWeights({name: spec_of(t) for name, t in state.items()}, {})
     for chunk in encode_chunks(state, chunk_bytes):
-        assert chunk.sha256 == sha256_hex(chunk.data)
+        assert chunk.digest == digest_hex(chunk.data)
         for piece in decode_chunk(chunk.data):
             staged.add(piece)
     staged.check_complete()
@@ -71,7 +70,7 @@ def test_tied_tensors_are_sent() -> None:
 
 
 def _specs() -> StagedWeights:
-    return StagedWeights({"w": spec_of(torch.zeros(4, 2)), "b": spec_of(torch.zeros(2))})
+    return StagedWeights({"w": spec_of(torch.zeros(4, 2)), "b": spec_of(torch.zeros(2))}, {})
 
 
 @pytest.mark.parametrize(

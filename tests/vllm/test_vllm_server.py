@@ -195,6 +195,23 @@ def test_weight_sync_over_http_serves_the_new_weights(served: Served, client: Ro
     assert {out.version for out in after} == {version + 1}
 
 
+def test_delta_sync_serves_the_new_weights(served: Served) -> None:
+    """A full push, more training, then a delta (only the changed elements; vLLM gets the touched tensors
+    whole from the server's staged base): greedy output equals the learner's, token for token."""
+    with RolloutClient([served.url], chunk_bytes=1 << 20, delta=True) as delta:
+        version = delta.versions()[0].version
+        assert not delta.push_weights(
+            served.mirror.model.state_dict(), version + 1, base_version=version
+        ).delta
+        _train_a_few_steps(served.mirror, served.prompt(2), "green triangle")
+        local = [served.local_greedy(k) for k in range(4)]
+        report = delta.push_weights(served.mirror.model.state_dict(), version + 2, base_version=version + 1)
+        assert report.delta and delta.versions()[0].version == version + 2
+        after = delta.infer([request(k) for k in range(4)], GREEDY)
+    assert [to_generation(out).token_ids for out in after] == local
+    assert {out.version for out in after} == {version + 2}
+
+
 def test_failed_sync_keeps_the_old_weights(served: Served, client: RolloutClient) -> None:
     version = client.versions()[0].version
     expected = served.local_greedy(3)
@@ -204,14 +221,14 @@ def test_failed_sync_keeps_the_old_weights(served: Served, client: RolloutClient
         params = {
             "sync_id": "corrupt",
             "chunk_index": chunk.index,
-            "sha256": chunk.sha256,
+            "digest": chunk.digest,
             "version": version + 1,
         }
         assert httpx.post(f"{served.url}/update_weights/", params=params, content=chunk.data).is_success
     last = chunks[-1]
-    params = {"sync_id": "corrupt", "chunk_index": last.index, "sha256": "0" * 64, "version": version + 1}
+    params = {"sync_id": "corrupt", "chunk_index": last.index, "digest": "0" * 32, "version": version + 1}
     response = httpx.post(f"{served.url}/update_weights/", params=params, content=last.data)
-    assert response.status_code == 400 and "sha256 mismatch" in response.json()["detail"]
+    assert response.status_code == 400 and "checksum mismatch" in response.json()["detail"]
     commit = {"sync_id": "corrupt", "version": version + 1, "num_chunks": len(chunks)}
     assert httpx.post(f"{served.url}/update_weights/commit/", json=commit).status_code == 400
     wrong_shape = {**perturbed, "lm_head.weight": torch.zeros(3, 3)}

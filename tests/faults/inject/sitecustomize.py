@@ -11,6 +11,8 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   already written to the temp dir, `optimizer.pt` not yet);
 - `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
   SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
+- `kill_in_shm_push:SYNC` - the learner SIGKILLs itself right after writing the shm snapshot of its
+  SYNC-th `transport: shm` push (1-based), before any server read it;
 - `kill_in_infer:CALL` - the rollout server SIGKILLs itself inside its CALL-th `/infer/` (1-based),
   with the request accepted and not yet answered;
 - `record_raise:MODULE:CLASS:METHOD` - no fault of its own: records when MODULE.CLASS.METHOD raises
@@ -107,11 +109,12 @@ def _kill_in_checkpoint(module: ModuleType, step: str) -> None:
 
 
 def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
+    # `begin_chunk` opens every chunk, streamed over http or mapped from an shm snapshot (chunk 0)
     cls = module.WeightSync
-    original = cls.add_chunk
+    original = cls.begin_chunk
     seen: list[str] = []
 
-    def add_chunk(self: Any, sync_id: str, chunk_index: int, *args: Any, **kwargs: Any) -> Any:
+    def begin_chunk(self: Any, sync_id: str, chunk_index: int, *args: Any, **kwargs: Any) -> Any:
         if sync_id not in seen:
             seen.append(sync_id)
         if len(seen) == int(sync) and chunk_index == int(chunk):
@@ -119,7 +122,22 @@ def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, sync_id, chunk_index, *args, **kwargs)
 
-    cls.add_chunk = add_chunk
+    cls.begin_chunk = begin_chunk
+
+
+def _kill_in_shm_push(module: ModuleType, sync: str) -> None:
+    original = module.write_snapshot
+    calls = [0]
+
+    def write_snapshot(path: Any, state: Any) -> Any:
+        result = original(path, state)
+        calls[0] += 1
+        if calls[0] == int(sync):
+            _fire(f"learner SIGKILL with shm snapshot {path} written, before any server read it")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    module.write_snapshot = write_snapshot
 
 
 def _kill_in_infer(module: ModuleType, call: str) -> None:
@@ -271,6 +289,7 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
     "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
     "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
+    "kill_in_shm_push": ("stagectl.rollout.client", _kill_in_shm_push),
     "kill_in_infer": ("stagectl.rollout.service", _kill_in_infer),
     "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),
     "stop_in_push": ("stagectl.learner.publisher", _stop_in_push),

@@ -1,0 +1,69 @@
+"""`transport: shm` files: safetensors snapshots in `/dev/shm` named `stagectl-<owner pid>-<sync id>.safetensors`.
+
+The learner writes one (`write_snapshot`, the tensors' own bytes, no serialisation copy) and removes it
+when the push ends however it ends; the server removes it once read. A process killed with SIGKILL
+cannot clean up, so every client and server start removes the snapshots whose owner pid is no longer
+alive (`remove_stale`). A recycled pid keeps a stale file until the next start after that process dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from stagectl.rollout.weights import encode_chunks
+
+log = logging.getLogger("stagectl.rollout.shm")
+SHM_DIR = Path("/dev/shm")
+_NAME = re.compile(r"^stagectl-(\d{1,10})-([0-9a-f]{1,64})\.safetensors$")
+
+
+def shm_path(sync_id: str, shm_dir: Path = SHM_DIR) -> Path:
+    return shm_dir / f"stagectl-{os.getpid()}-{sync_id}.safetensors"
+
+
+def parse_shm_name(name: str) -> int | None:
+    """The owner pid of a snapshot name, or None when `name` is not one."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale(shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Remove the snapshots of dead owners; returns what was removed."""
+    removed: list[Path] = []
+    if not shm_dir.is_dir():
+        return removed
+    for path in shm_dir.glob("stagectl-*.safetensors"):
+        pid = parse_shm_name(path.name)
+        if pid is not None and not pid_alive(pid):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.warning("removed %d stale weight snapshot(s) of dead processes from %s", len(removed), shm_dir)
+    return removed
+
+
+def write_snapshot(path: Path, state: Mapping[str, torch.Tensor]) -> tuple[str, int]:
+    """Write `state` as one safetensors file (created exclusively, mode 0600); returns (XXH3-128 digest
+    of the file, tensor bytes)."""
+    (chunk,) = encode_chunks(state, 2**62)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        for part in chunk.parts(64 << 20):
+            f.write(part)
+    return chunk.digest, chunk.num_bytes - len(chunk.header)
