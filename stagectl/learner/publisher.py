@@ -1,7 +1,8 @@
 """`WeightPublisher`: the learner's side of keeping rollout servers on its policy.
 
 It owns the push of the state dict (rank 0 pushes; every rank learns the outcome), the policy version
-`ver` the servers serve (it counts pushes; it starts from what the servers report), and the fresh-server
+`ver` the servers serve (it starts from what the servers report and moves with every push, past any
+version a partly committed push left on some server), and the fresh-server
 rule: a server that reports version 0 while the learner has made no update already serves the base
 weights; anything else gets a push before its rollouts are used.
 
@@ -21,7 +22,7 @@ import torch
 from stagectl import dist
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import PushReport, RolloutClient
-from stagectl.rollout.errors import WeightPushError
+from stagectl.rollout.errors import RolloutRequestError, WeightPushError
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class SyncOutcome:
     seconds: float = 0.0  # the whole push, state-dict gathering included
     state_bytes: int = 0  # bytes of the whole state dict
     delta: bool = False  # only changed blocks were sent
+    version: int = 0  # the version the servers serve after an "ok" push
 
 
 class WeightPublisher:
@@ -48,6 +50,9 @@ class WeightPublisher:
         self.seconds_total = 0.0
         self.bytes_total = 0
         self.last: SyncOutcome | None = None
+        # After a failed push some servers may have committed it (a multi-server commit that failed on
+        # another server): the next push must go past the highest version any server serves.
+        self._maybe_diverged = False
 
     @property
     def fresh(self) -> bool:
@@ -67,7 +72,7 @@ class WeightPublisher:
 
     def sync(self, fence: SyncFence, fence_timeout_s: float | None) -> SyncOutcome:
         """Async mode, every rank: close the fence (no rollout call in flight on this rank), meet, rank 0
-        pushes as `ver + 1`, every rank learns the outcome. An unreachable server skips this sync (the
+        pushes the next version, every rank learns the outcome (and the version pushed). An unreachable server skips this sync (the
         next retries); a rejected push ends every rank with its message."""
         with fence.sync(timeout_s=fence_timeout_s):
             dist.barrier()
@@ -85,22 +90,31 @@ class WeightPublisher:
         return outcome
 
     def _advance(self, outcome: SyncOutcome) -> None:
-        self.ver += 1
+        self.ver = outcome.version
         self.num_syncs += 1
         self.seconds_total += outcome.seconds
         self.bytes_total += outcome.num_bytes
 
     def _push(self) -> SyncOutcome:
+        """Rank 0: push the weights as the next version. Normally `ver + 1`; after a failed push, one
+        above the highest version any server reports, so servers that committed the failed push and
+        servers that did not all move to one new version (none refuses it as not newer)."""
         started = time.perf_counter()
         state_dict = {name: t.detach().to("cpu") for name, t in self.model.state_dict().items()}
         try:
+            target = self.ver + 1
+            if self._maybe_diverged:
+                target = max(target, max(v.version for v in self.client.versions()) + 1)
             with torch.no_grad():
-                report: PushReport = self.client.push_weights(state_dict, self.ver + 1, base_version=self.ver)
-        except WeightPushError as exc:
-            kind = "unreachable" if isinstance(exc.__cause__, httpx.TransportError) else "error"
+                report: PushReport = self.client.push_weights(state_dict, target, base_version=self.ver)
+        except (WeightPushError, RolloutRequestError, httpx.TransportError) as exc:
+            self._maybe_diverged = True
+            cause = exc if isinstance(exc, httpx.TransportError) else exc.__cause__
+            kind = "unreachable" if isinstance(cause, httpx.TransportError) else "error"
             return SyncOutcome(kind, str(exc), seconds=time.perf_counter() - started)
+        self._maybe_diverged = False
         seconds = time.perf_counter() - started
-        return SyncOutcome("ok", "", report.num_bytes, seconds, report.state_bytes, report.delta)
+        return SyncOutcome("ok", "", report.num_bytes, seconds, report.state_bytes, report.delta, target)
 
     def metrics(self, outcome: SyncOutcome | None) -> dict[str, Any]:
         """Per-sync figures of `outcome` (this step's sync, if any) and the running totals. The learner

@@ -393,7 +393,8 @@ def test_wait_healthy_times_out_naming_the_server() -> None:
 def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync() -> None:
     """A multi-server sync that committed on one server only (its commit failed on the other) leaves the
     servers on different weights: a section of the learner's version refuses their answers (no mixed
-    batch is ever trained), and the next full sync puts every server on one version again."""
+    batch is ever trained), and the next sync, past the highest served version, puts every server on one
+    version again."""
     from types import SimpleNamespace
 
     from stagectl.config.rollout import RolloutMatchingConfig
@@ -421,8 +422,12 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
                 RolloutServerError, match=r"weight versions \[0, 1\] inside a section of version 0"
             ):
                 source.rollout(list(range(4)), seed=0)
-            both.push_weights(weights, 1)  # the next sync
-            ver[0] = 1
+            # the next sync goes past the highest version any server serves (`WeightPublisher`): a second
+            # version 1 would be refused by server 0 as not newer
+            with pytest.raises(WeightPushError, match="not above the serving version 1"):
+                both.push_weights(weights, 1)
+            both.push_weights(weights, 2)
+            ver[0] = 2
             assert len(source.rollout(list(range(4)), seed=0)) == 4
     finally:
         for server in servers:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2] / "stagectl"
 
-ROLLOUT_CORE = {"client", "errors", "protocol", "requests", "weights"}
+ROLLOUT_CORE = {"client", "delta", "errors", "protocol", "requests", "shm", "weights"}
 ROLLOUT_SERVER = {
     "app",
     "batching",
@@ -30,6 +30,7 @@ ROLLOUT_SERVER = {
     "paths",
     "service",
     "serving",
+    "staging",
     "sync",
     "text",
 }

@@ -1,0 +1,53 @@
+"""`WeightPublisher`'s version rule: after a push that failed part-way (some server may have committed it),
+the next push goes past the highest version any server serves, so no server refuses it as not newer and
+every server ends on one version; `ver` follows the version actually pushed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import torch
+
+from stagectl.dist import World
+from stagectl.learner.publisher import WeightPublisher
+from stagectl.rollout.errors import WeightPushError
+
+
+@dataclass
+class FakeClient:
+    served: list[int]
+    fail_next: bool = False
+    pushed: list[int] = field(default_factory=list)
+
+    def versions(self) -> list[Any]:
+        return [SimpleNamespace(version=v) for v in self.served]
+
+    def push_weights(self, state_dict: Any, version: int, base_version: int | None = None) -> Any:
+        self.pushed.append(version)
+        if any(version <= v for v in self.served):
+            raise WeightPushError(f"target version {version} is not above the serving version")
+        if self.fail_next:  # committed on server 0, the connection to server 1 broke
+            self.fail_next = False
+            self.served[0] = version
+            raise WeightPushError("server 1 unreachable") from httpx.ConnectError("refused")
+        self.served = [version] * len(self.served)
+        return SimpleNamespace(num_bytes=64, state_bytes=64, delta=False)
+
+
+def test_a_partly_committed_push_is_followed_by_one_past_every_served_version() -> None:
+    client = FakeClient(served=[0, 0])
+    publisher = WeightPublisher(client, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=0)  # type: ignore[arg-type]
+    assert publisher.ver == 0 and publisher.fresh
+    first = publisher._push()
+    assert first.status == "ok" and first.version == 1
+    publisher._advance(first)
+    client.fail_next = True
+    failed = publisher._push()  # version 2 lands on server 0 only
+    assert failed.status == "unreachable" and client.served == [2, 1] and publisher.ver == 1
+    outcome = publisher._push()  # 2 would be refused by server 0: 3 for both
+    assert outcome.status == "ok" and outcome.version == 3 and client.served == [3, 3]
+    publisher._advance(outcome)
+    assert publisher.ver == 3 and client.pushed == [1, 2, 3]
