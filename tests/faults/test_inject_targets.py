@@ -52,6 +52,8 @@ def test_fault_patches_its_target(tmp_path: Path, spec: str) -> None:
         "STAGECTL_FAULT": spec,
         "RANK": "0",
     }
-    out = subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, spec], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert not list(tmp_path.glob("fault-*.json"))  # patched, not fired
