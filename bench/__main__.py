@@ -50,7 +50,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", choices=[*MODULES, []], help="benchmarks to run (default: all)")
     parser.add_argument("--skip", action="append", default=[], choices=list(MODULES))
+    parser.add_argument(
+        "--quick", action="store_true", help="learning: a few steps, plumbing only (results are not written)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        if args.names != ["learning"]:
+            parser.error("--quick applies to `python -m bench learning --quick` only")
+        from bench.bench_learning import run as run_learning
+
+        result = run_learning(quick=True)
+        print(json.dumps({task: r["table"] for task, r in result["tasks"].items()}, indent=2))
+        return
     names = [n for n in (args.names or MODULES) if n not in args.skip]
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name in names:
