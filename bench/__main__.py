@@ -53,13 +53,14 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="learning: a few steps, plumbing only (results are not written)"
     )
+    parser.add_argument("--out", type=Path, default=None, help="learning: keep its run dirs here")
     args = parser.parse_args()
     if args.quick:
         if args.names != ["learning"]:
             parser.error("--quick applies to `python -m bench learning --quick` only")
         from bench.bench_learning import run as run_learning
 
-        result = run_learning(quick=True)
+        result = run_learning(quick=True, out_dir=args.out)
         print(json.dumps({task: r["table"] for task, r in result["tasks"].items()}, indent=2))
         return
     names = [n for n in (args.names or MODULES) if n not in args.skip]
@@ -67,7 +68,8 @@ def main() -> None:
     for name in names:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
-        result = importlib.import_module(MODULES[name]).run()
+        module = importlib.import_module(MODULES[name])
+        result = module.run(out_dir=args.out) if name == "learning" else module.run()
         result_meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - started}
         (RESULTS / f"{name}.json").write_text(json.dumps({"meta": result_meta, "result": result}, indent=2))
         print(f"   done in {result_meta['seconds']:.0f} s", flush=True)

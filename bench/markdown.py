@@ -245,8 +245,8 @@ def cli(r: dict[str, Any]) -> list[str]:
 def learning(r: dict[str, Any]) -> list[str]:
     sizes = r["sizes"]
     lines = [
-        "Stage-2 as it is used: `examples/tiny/learn_shapes.yaml` (tiny Qwen3-VL) trained A-only for "
-        f"{sizes['stage1_steps']} steps (Stage-1, cosine LR) to a checkpoint; from it, A-only, AB raw_prefix and "
+        "Stage-2 as it is used: `examples/tiny/learn_shapes.yaml` (tiny Qwen3-VL) trained A-only (Stage-1, cosine "
+        "LR; steps per task below) to a checkpoint; from it, A-only, AB raw_prefix and "
         f"AB clean_prefix (`b_ratio` 0.5) for {sizes['phase2_steps']} optimizer steps each (constant LR "
         f"{sizes['phase2_lr']:g}; A-only runs on to {r['a_only_factor']}x the steps for the equal-wall-time point), "
         f"{sizes['seeds']} seeds each, {r['workers']} runs at a time with one torch thread each. Greedy held-out "
