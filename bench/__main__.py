@@ -54,6 +54,9 @@ def main() -> None:
         "--quick", action="store_true", help="learning: a few steps, plumbing only (results are not written)"
     )
     parser.add_argument("--out", type=Path, default=None, help="learning: keep its run dirs here")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="learning: runs at a time (one torch thread each)"
+    )
     args = parser.parse_args()
     if args.quick:
         if args.names != ["learning"]:
@@ -69,7 +72,7 @@ def main() -> None:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
         module = importlib.import_module(MODULES[name])
-        result = module.run(out_dir=args.out) if name == "learning" else module.run()
+        result = module.run(out_dir=args.out, workers=args.jobs) if name == "learning" else module.run()
         result_meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - started}
         (RESULTS / f"{name}.json").write_text(json.dumps({"meta": result_meta, "result": result}, indent=2))
         print(f"   done in {result_meta['seconds']:.0f} s", flush=True)

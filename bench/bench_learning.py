@@ -67,10 +67,10 @@ class Sizes:
 
 FULL = Sizes(
     ("sparse", "dense"),
-    stage1_steps={"sparse": 1000, "dense": 1200},
-    phase2_steps=160,
+    stage1_steps={"sparse": 800, "dense": 800},
+    phase2_steps=100,
     seeds=3,
-    eval_images={"sparse": 512, "dense": 320},
+    eval_images={"sparse": 400, "dense": 256},
 )
 # the test tier's plumbing run: the same code on one task, one seed, a few steps and a small data set
 # (drawing 4096 images is most of a cold start)
