@@ -72,7 +72,14 @@ def main() -> None:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
         module = importlib.import_module(MODULES[name])
-        result = module.run(out_dir=args.out, workers=args.jobs) if name == "learning" else module.run()
+        if name == "learning" and args.analyse_only:
+            if args.out is None:
+                parser.error("--analyse-only needs --out DIR (the run dirs of an earlier check)")
+            result = module.report_only(args.out, workers=args.jobs)
+        elif name == "learning":
+            result = module.run(out_dir=args.out, workers=args.jobs)
+        else:
+            result = module.run()
         result_meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - started}
         (RESULTS / f"{name}.json").write_text(json.dumps({"meta": result_meta, "result": result}, indent=2))
         print(f"   done in {result_meta['seconds']:.0f} s", flush=True)

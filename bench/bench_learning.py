@@ -176,11 +176,13 @@ def _phase2_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: P
     return jobs
 
 
-def _analyse(task: str, jobs: list[Job], stage1_out: Path, sizes: Sizes, plot_dir: Path) -> dict[str, Any]:
+def _analyse(
+    task: str, run_dirs: list[Path], stage1_out: Path, sizes: Sizes, plot_dir: Path
+) -> dict[str, Any]:
     from stagectl.report.compare import compare, compare_at, f1_curves, load_run, plot_f1_curves, render_table
     from stagectl.report.intervals import counts_from_row, variant_intervals
 
-    runs = [load_run(job.out) for job in jobs]
+    runs = [load_run(path) for path in run_dirs]
     at, equal_steps = compare(runs, sizes.phase2_steps)
     # equal wall time: each AB variant at its final step against A-only at the eval step whose cumulative
     # training time is closest to that variant's mean training time
@@ -208,7 +210,7 @@ def _analyse(task: str, jobs: list[Job], stage1_out: Path, sizes: Sizes, plot_di
         start_f1=start["f1"].value,
     )
     train_s = {
-        name: sum(r.train_s_at[at] for r in runs if r.variant == name) / sizes.seeds
+        name: sum(r.train_s_at[at] for r in runs if r.variant == name) / sum(r.variant == name for r in runs)
         for name in {r.variant for r in runs}
     }
     return {
@@ -227,19 +229,38 @@ def _analyse(task: str, jobs: list[Job], stage1_out: Path, sizes: Sizes, plot_di
         "train_s_at_equal_steps": train_s,
         "curves": f1_curves(runs),
         "plot": str(plot.relative_to(ROOT)) if plot.is_relative_to(ROOT) else str(plot),
-        "samples": _samples(jobs, sizes.phase2_steps),
+        "runs": [str(p.name) for p in run_dirs],
+        "samples": _samples(run_dirs, sizes.phase2_steps),
     }
 
 
-def _samples(jobs: list[Job], step: int) -> dict[str, list[dict[str, Any]]]:
+def _samples(run_dirs: list[Path], step: int) -> dict[str, list[dict[str, Any]]]:
     """The first greedy rollouts of each variant's seed-0 run at `step` (from `eval_samples.jsonl`)."""
     out = {}
-    for job in jobs:
-        if not job.name.endswith("seed0"):
+    for path in run_dirs:
+        if not path.name.endswith("seed0"):
             continue
-        rows = [json.loads(line) for line in (job.out / "eval_samples.jsonl").read_text().splitlines()]
-        out[job.name] = [r for r in rows if r["step"] == step][:2]
+        rows = [json.loads(line) for line in (path / "eval_samples.jsonl").read_text().splitlines()]
+        out[path.name] = [r for r in rows if r["step"] == step][:2]
     return out
+
+
+def _finished(out: Path, task: str) -> list[Path]:
+    """The task's phase-2 run dirs that finished (a run cut short is left out and the seed count says so)."""
+    return sorted(p for p in out.glob(f"{task}-*-seed*") if (p / "final_state.json").is_file())
+
+
+def analyse(out: Path, quick: bool = False) -> dict[str, Any]:
+    """The report of the finished runs under `out` (also after a check that was stopped early)."""
+    sizes = QUICK if quick else FULL
+    tasks = {}
+    for task in sizes.tasks:
+        runs = _finished(out, task)
+        if runs:
+            tasks[task] = _analyse(
+                task, runs, out / f"{task}-stage1", sizes, out / "plots" if quick else PLOTS
+            )
+    return tasks
 
 
 def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> dict[str, Any]:
@@ -283,10 +304,7 @@ def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> d
         order = [job for pair in zip(*phase2.values(), strict=True) for job in pair]
         walls = _run_jobs([*stage1.values(), *order], workers, logs)
         stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
-        tasks = {
-            task: _analyse(task, phase2[task], stage1[task].out, sizes, out / "plots" if quick else PLOTS)
-            for task in sizes.tasks
-        }
+        tasks = analyse(out, quick)
     return {
         "quick": quick,
         "sizes": asdict(sizes),
@@ -297,6 +315,26 @@ def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> d
         "phase2_wall_s": walls,
         "total_s": time.perf_counter() - started,
         "tasks": tasks,
+    }
+
+
+def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
+    """`run()`'s result from the runs already under `out` (a check stopped early, or re-analysed); the wall
+    time is from the first config written to the last run finished."""
+    sizes = FULL
+    configs = [out / f"{task}.yaml" for task in sizes.tasks]
+    finals = list(out.glob("*/final_state.json"))
+    total = (
+        max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
+    )
+    return {
+        "quick": False,
+        "sizes": asdict(sizes),
+        "a_only_factor": A_ONLY_FACTOR,
+        "workers": workers,
+        "tasks_spec": {task: TASKS[task] for task in sizes.tasks},
+        "total_s": total,
+        "tasks": analyse(out),
     }
 
 

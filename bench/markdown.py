@@ -249,7 +249,8 @@ def learning(r: dict[str, Any]) -> list[str]:
         "LR; steps per task below) to a checkpoint; from it, A-only, AB raw_prefix and "
         f"AB clean_prefix (`b_ratio` 0.5) for {sizes['phase2_steps']} optimizer steps each (constant LR "
         f"{sizes['phase2_lr']:g}; A-only runs on to {r['a_only_factor']}x the steps for the equal-wall-time point), "
-        f"{sizes['seeds']} seeds each, {r['workers']} runs at a time with one torch thread each. Greedy held-out "
+        f"{sizes['seeds']} seeds planned per variant (the seeds column says how many finished), {r['workers']} "
+        "runs at a time with one torch thread each. Greedy held-out "
         "eval (precision / recall / F1 at IoU 0.5; invalid = rollouts that do not parse to a closed object; "
         "duplicate rate = duplicate predictions / valid predictions). Each cell: mean over seeds [95% interval: "
         "bootstrap over seeds, then over held-out images, 2000 resamples]; ΔF1 is paired on the same images.",
