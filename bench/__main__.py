@@ -57,6 +57,11 @@ def main() -> None:
     parser.add_argument(
         "--jobs", type=int, default=2, help="learning: runs at a time (one torch thread each)"
     )
+    parser.add_argument(
+        "--analyse-only",
+        action="store_true",
+        help="learning: report the finished runs under --out, train nothing",
+    )
     args = parser.parse_args()
     if args.quick:
         if args.names != ["learning"]:

@@ -9,7 +9,7 @@ Tasks (`examples/tiny/learn_shapes.yaml`, the tiny Qwen3-VL, 112 px images):
   (4 colours), longer answers, where missed objects and exposure bias matter. (1-6 shapes of 20-30% was
   tried first: 800 A-only steps left held-out F1 at 0.05-0.08, nothing for Stage-2 to build on.)
 
-How it fits 40 minutes on 2 cores: every run is its own `stagectl train-ab` process with one torch thread,
+How it fits 2 cores (about 25 min idle; 65 min on the loaded machine of the recorded run): every run is its own `stagectl train-ab` process with one torch thread,
 `--jobs` (2) at a time; Stage-1 of both tasks runs side by side; phase 2 uses a constant learning rate so
 an A-only run of `A_ONLY_FACTOR` x the steps gives both the equal-step point (at `phase2_steps`) and the
 equal-wall-time point (the A-only eval whose cumulative training time is closest to AB's, because a B
@@ -19,7 +19,7 @@ the 95% interval of F1 is about +-0.03 or tighter (checked and printed: `f1_half
 Intervals: `stagectl.report.intervals` (bootstrap over seeds, then over held-out images, paired on images
 across variants); the same code serves `stagectl report RUN_DIR RUN_DIR ...`.
 
-Run: `python -m bench learning` (full, about 40 min) or `python -m bench.bench_learning --quick` (the same
+Run: `python -m bench learning` (full) or `python -m bench.bench_learning --quick` (the same
 code for a few steps: plumbing only). `run()` returns everything BENCHMARKS.md shows.
 """
 

@@ -287,6 +287,8 @@ def learning(r: dict[str, Any]) -> list[str]:
             ]
         lines += [f"![{task}: held-out F1]({t['plot']})", ""]
     lines.append(f"Whole check: {r['total_s'] / 60:.0f} min.")
+    if r.get("notes"):  # the reading of this run's numbers, written by whoever ran it
+        lines += ["", *r["notes"]]
     return lines
 
 
