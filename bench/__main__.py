@@ -50,13 +50,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", choices=[*MODULES, []], help="benchmarks to run (default: all)")
     parser.add_argument("--skip", action="append", default=[], choices=list(MODULES))
+    parser.add_argument(
+        "--quick", action="store_true", help="learning: a few steps, plumbing only (results are not written)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="learning: keep its run dirs here")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="learning: runs at a time (one torch thread each)"
+    )
+    parser.add_argument(
+        "--analyse-only",
+        action="store_true",
+        help="learning: report the finished runs under --out, train nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        if args.names != ["learning"]:
+            parser.error("--quick applies to `python -m bench learning --quick` only")
+        from bench.bench_learning import run as run_learning
+
+        result = run_learning(quick=True, out_dir=args.out)
+        print(json.dumps({task: r["table"] for task, r in result["tasks"].items()}, indent=2))
+        return
     names = [n for n in (args.names or MODULES) if n not in args.skip]
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name in names:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
-        result = importlib.import_module(MODULES[name]).run()
+        module = importlib.import_module(MODULES[name])
+        if name == "learning" and args.analyse_only:
+            if args.out is None:
+                parser.error("--analyse-only needs --out DIR (the run dirs of an earlier check)")
+            result = module.report_only(args.out, workers=args.jobs)
+        elif name == "learning":
+            result = module.run(out_dir=args.out, workers=args.jobs)
+        else:
+            result = module.run()
         result_meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - started}
         (RESULTS / f"{name}.json").write_text(json.dumps({"meta": result_meta, "result": result}, indent=2))
         print(f"   done in {result_meta['seconds']:.0f} s", flush=True)

@@ -1,9 +1,26 @@
-"""The learning check: `examples/tiny/learn_shapes.yaml` trained twice at equal optimizer steps,
-A-only (`b_ratio: 0`) and AB (`b_ratio: 0.25`), with greedy held-out eval (precision/recall/F1 at
-IoU 0.5, valid-JSON rate) every 250 steps and at the end. The two runs train side by side, one torch
-thread each (the 2 cores of the reference machine): about 14 minutes.
+"""The learning check, as Stage-2 is used: Stage-1 (A-only) to a checkpoint, then from that checkpoint
+A-only, AB with the raw-prefix target and AB with the clean-prefix target, several seeds each, on two
+synthetic tasks; held-out F1 / precision / recall / invalid-rollout rate / duplicate rate with 95%
+intervals at equal optimizer steps and at equal training wall time, plus the F1 curves.
 
-Run: `python -m bench learning [--max-steps N]`. `run()` returns both curves as a dict.
+Tasks (`examples/tiny/learn_shapes.yaml`, the tiny Qwen3-VL, 112 px images):
+- sparse: 1-2 shapes of 30-50% of the side (the seed check's task);
+- dense: 1-4 shapes of 25-35% of the side: more, smaller objects, colours repeating within an image
+  (4 colours), longer answers, where missed objects and exposure bias matter. (1-6 shapes of 20-30% was
+  tried first: 800 A-only steps left held-out F1 at 0.05-0.08, nothing for Stage-2 to build on.)
+
+How it fits 2 cores (about 25 min idle; 65 min on the loaded machine of the recorded run): every run is its own `stagectl train-ab` process with one torch thread,
+`--jobs` (2) at a time; Stage-1 of both tasks runs side by side; phase 2 uses a constant learning rate so
+an A-only run of `A_ONLY_FACTOR` x the steps gives both the equal-step point (at `phase2_steps`) and the
+equal-wall-time point (the A-only eval whose cumulative training time is closest to AB's, because a B
+step costs about twice an A step here); evals every `phase2_steps / 2` steps on a held-out set sized so
+the 95% interval of F1 is about +-0.03 or tighter (checked and printed: `f1_half_width`).
+
+Intervals: `stagectl.report.intervals` (bootstrap over seeds, then over held-out images, paired on images
+across variants); the same code serves `stagectl report RUN_DIR RUN_DIR ...`.
+
+Run: `python -m bench learning` (full) or `python -m bench.bench_learning --quick` (the same
+code for a few steps: plumbing only). `run()` returns everything BENCHMARKS.md shows.
 """
 
 from __future__ import annotations
@@ -15,76 +32,325 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "examples" / "tiny" / "learn_shapes.yaml"
-VARIANTS = {"A-only (b_ratio 0)": "0", "AB (b_ratio 0.25)": "0.25"}
+PLOTS = Path(__file__).parent / "plots"
+A_ONLY_FACTOR = 2  # A-only phase-2 runs this many times the steps (for the equal-wall-time comparison)
+
+TASKS: dict[str, dict[str, Any]] = {
+    "sparse": {"image_size": 112, "max_objects": 2, "side_fraction": [0.3, 0.5], "max_new_tokens": 128},
+    "dense": {"image_size": 112, "max_objects": 4, "side_fraction": [0.25, 0.35], "max_new_tokens": 192},
+}
+VARIANTS: dict[str, list[str]] = {
+    "A-only": ["stage2_ab.schedule.b_ratio=0"],
+    "AB raw_prefix": ["stage2_ab.schedule.b_ratio=0.5", "stage2_ab.channel_b.target=raw_prefix"],
+    "AB clean_prefix": ["stage2_ab.schedule.b_ratio=0.5", "stage2_ab.channel_b.target=clean_prefix"],
+}
 
 
-def _command(b_ratio: str, out: Path, max_steps: int | None) -> list[str]:
-    args = [sys.executable, "-m", "stagectl", "train-ab", str(CONFIG)]
-    args += ["--set", f"stage2_ab.schedule.b_ratio={b_ratio}", "--set", f"training.output_dir={out}"]
-    if max_steps is not None:
-        args += ["--set", f"training.max_steps={max_steps}"]
-        args += ["--set", f"data.eval.every_steps={max(1, max_steps // 5)}"]
-    return args
+@dataclass(frozen=True)
+class Sizes:
+    tasks: tuple[str, ...]
+    stage1_steps: dict[str, int]
+    phase2_steps: int
+    seeds: int
+    eval_images: dict[str, int]
+    train_images: int = 4096
+    phase2_lr: float = 3.0e-4
 
 
-def _collect(out: Path, wall: float) -> dict[str, Any]:
-    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    a_loss = [(r["step"], r["loss"]) for r in metrics if r["kind"] == "A"]
+FULL = Sizes(
+    ("sparse", "dense"),
+    stage1_steps={"sparse": 800, "dense": 800},
+    phase2_steps=100,
+    seeds=3,
+    eval_images={"sparse": 400, "dense": 256},
+)
+# the test tier's plumbing run: the same code on one task, one seed, a few steps and a small data set
+# (drawing 4096 images is most of a cold start)
+QUICK = Sizes(
+    ("sparse",),
+    stage1_steps={"sparse": 2},
+    phase2_steps=2,
+    seeds=1,
+    eval_images={"sparse": 4},
+    train_images=32,
+)
+
+
+@dataclass
+class Job:
+    name: str
+    argv: list[str]
+    out: Path
+    after: str | None = None  # the job whose output this one needs (phase 2 after its task's Stage-1)
+
+
+def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
+    """The learning config with the task's data and eval split."""
+    config = yaml.safe_load(CONFIG.read_text())
+    spec = TASKS[task]
+    shapes = {k: spec[k] for k in ("image_size", "max_objects", "side_fraction")}
+    config["data"]["synthetic"].update(shapes, num_samples=sizes.train_images)
+    n_eval = sizes.eval_images[task]
+    config["data"]["eval"] = {
+        "synthetic": {"num_samples": n_eval, "seed": 1, **shapes},
+        "max_samples": n_eval,
+        "every_steps": 0,
+    }
+    config["custom"]["extra"]["rollout_matching"]["max_new_tokens"] = spec["max_new_tokens"]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _train(config: Path, out: Path, overrides: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "stagectl", "train-ab", str(config), "--set", f"training.output_dir={out}"]
+    for item in overrides:
+        argv += ["--set", item]
+    return argv
+
+
+def _run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
+    """Run `jobs`, `workers` at a time, one torch thread each, each once the job it needs has finished
+    (in list order otherwise); returns each job's wall seconds."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    pending = list(jobs)
+    running: dict[str, tuple[subprocess.Popen[bytes], float, Path]] = {}
+    walls: dict[str, float] = {}
+    while pending or running:
+        while len(running) < workers:
+            ready = [j for j in pending if j.after is None or j.after in walls]
+            if not ready:
+                break
+            job = ready[0]
+            pending.remove(job)
+            log = log_dir / f"{job.name}.log"
+            # the log goes to a file, not a pipe: a run's progress lines must never block on a full pipe
+            with log.open("w") as handle:
+                proc = subprocess.Popen(job.argv, cwd=ROOT, env=env, stdout=handle, stderr=handle)
+            running[job.name] = (proc, time.perf_counter(), log)
+            print(f"   started {job.name}", flush=True)
+        for name, (proc, started, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            if proc.returncode != 0:
+                for other, _, _ in running.values():
+                    other.kill()
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"learning check: {name} failed (exit {proc.returncode}):\n{tail}")
+            walls[name] = time.perf_counter() - started
+            print(f"   finished {name} in {walls[name]:.0f} s", flush=True)
+        time.sleep(0.5)
+    return walls
+
+
+def _phase2_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path) -> list[Job]:
+    every = max(1, sizes.phase2_steps // 2)
+    jobs = []
+    for seed in range(sizes.seeds):
+        for variant, overrides in VARIANTS.items():
+            steps = sizes.phase2_steps * (A_ONLY_FACTOR if variant == "A-only" else 1)
+            name = f"{task}-{variant.replace(' ', '_')}-seed{seed}"
+            run_out = out / name
+            common = [
+                f"model.name_or_path={checkpoint}",
+                f"training.max_steps={steps}",
+                f"training.seed={seed}",
+                f"training.learning_rate={sizes.phase2_lr}",
+                "training.lr_scheduler_type=constant",
+                "training.warmup_steps=10" if sizes.phase2_steps > 20 else "training.warmup_steps=0",
+                f"data.eval.every_steps={every}",
+                "training.save_steps=0",
+                "training.save_total_limit=1",
+            ]
+            jobs.append(
+                Job(name, _train(config, run_out, [*common, *overrides]), run_out, after=f"{task}-stage1")
+            )
+    return jobs
+
+
+def _analyse(
+    task: str, run_dirs: list[Path], stage1_out: Path, sizes: Sizes, plot_dir: Path
+) -> dict[str, Any]:
+    from stagectl.report.compare import compare, compare_at, f1_curves, load_run, plot_f1_curves, render_table
+    from stagectl.report.intervals import counts_from_row, variant_intervals
+
+    runs = [load_run(path) for path in run_dirs]
+    at, equal_steps = compare(runs, sizes.phase2_steps)
+    # equal wall time: each AB variant at its final step against A-only at the eval step whose cumulative
+    # training time is closest to that variant's mean training time
+    a_runs = [r for r in runs if r.variant == "A-only"]
+    equal_wall: dict[str, Any] = {}
+    for variant in sorted({r.variant for r in runs} - {"A-only"}):
+        ab_runs = [r for r in runs if r.variant == variant]
+        wall = sum(r.train_s_at[at] for r in ab_runs) / len(ab_runs)
+        step_of = {r.path: at for r in ab_runs}
+        for r in a_runs:
+            step_of[r.path] = min(r.evals, key=lambda s: abs(r.train_s_at.get(s, float("inf")) - wall))
+        rows = compare_at([*a_runs, *ab_runs], step_of)
+        equal_wall[variant] = {
+            "ab_train_s": wall,
+            "a_only_steps": sorted({step_of[r.path] for r in a_runs}),
+            "a_only_train_s": [r.train_s_at[step_of[r.path]] for r in a_runs],
+            "table": render_table(rows),
+        }
+    start_row = json.loads((stage1_out / "eval.jsonl").read_text().splitlines()[-1])
+    start = variant_intervals([counts_from_row(start_row)])
+    plot = plot_f1_curves(
+        runs,
+        plot_dir / f"learning_f1_{task}.png",
+        title=f"{task} task: held-out F1 after Stage-1 ({sizes.seeds} seeds; range shaded)",
+        start_f1=start["f1"].value,
+    )
+    train_s = {
+        name: sum(r.train_s_at[at] for r in runs if r.variant == name) / sum(r.variant == name for r in runs)
+        for name in {r.variant for r in runs}
+    }
     return {
-        "wall_s": wall,
-        "steps": len(metrics),
-        "b_steps": sum(r["kind"] == "B" for r in metrics),
-        "eval": evals,
-        "final": evals[-1],
-        "a_loss_first": a_loss[0][1],
-        "a_loss_last": a_loss[-1][1],
+        "step": at,
+        "table": render_table(equal_steps),
+        "f1_half_width": {row.variant: row.metrics["f1"].half_width for row in equal_steps},
+        "single_run_f1_half_width": start["f1"].half_width,
+        "stage1": {
+            "steps": sizes.stage1_steps[task],
+            "f1": start["f1"].value,
+            "f1_half_width": start["f1"].half_width,
+            "precision": start["precision"].value,
+            "recall": start["recall"].value,
+        },
+        "equal_wall": equal_wall,
+        "train_s_at_equal_steps": train_s,
+        "curves": f1_curves(runs),
+        "plot": str(plot.relative_to(ROOT)) if plot.is_relative_to(ROOT) else str(plot),
+        "runs": [str(p.name) for p in run_dirs],
+        "samples": _samples(run_dirs, sizes.phase2_steps),
     }
 
 
-def run(max_steps: int | None = None) -> dict[str, Any]:
-    """Train every variant at once (one thread each) and return its eval curve and final row."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def _samples(run_dirs: list[Path], step: int) -> dict[str, list[dict[str, Any]]]:
+    """The first greedy rollouts of each variant's seed-0 run at `step` (from `eval_samples.jsonl`)."""
+    out = {}
+    for path in run_dirs:
+        if not path.name.endswith("seed0"):
+            continue
+        rows = [json.loads(line) for line in (path / "eval_samples.jsonl").read_text().splitlines()]
+        out[path.name] = [r for r in rows if r["step"] == step][:2]
+    return out
+
+
+def _finished(out: Path, task: str) -> list[Path]:
+    """The task's phase-2 run dirs that finished (a run cut short is left out and the seed count says so)."""
+    return sorted(p for p in out.glob(f"{task}-*-seed*") if (p / "final_state.json").is_file())
+
+
+def analyse(out: Path, quick: bool = False) -> dict[str, Any]:
+    """The report of the finished runs under `out` (also after a check that was stopped early)."""
+    sizes = QUICK if quick else FULL
+    tasks = {}
+    for task in sizes.tasks:
+        runs = _finished(out, task)
+        if runs:
+            tasks[task] = _analyse(
+                task, runs, out / f"{task}-stage1", sizes, out / "plots" if quick else PLOTS
+            )
+    return tasks
+
+
+def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> dict[str, Any]:
+    """Run the whole check and return its tables, intervals and curves."""
+    sizes = QUICK if quick else FULL
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
-        outs = {name: Path(tmp) / f"run{k}" for k, name in enumerate(VARIANTS)}
-        logs = {name: Path(tmp) / f"run{k}.log" for k, name in enumerate(VARIANTS)}
-        started = time.perf_counter()
-        procs = {}
-        for name, ratio in VARIANTS.items():
-            # the log goes to a file, not a pipe: a run's progress lines must never block on a full pipe
-            with logs[name].open("w") as log:
-                procs[name] = subprocess.Popen(
-                    _command(ratio, outs[name], max_steps), cwd=ROOT, env=env, stdout=log, stderr=log
-                )
-        walls: dict[str, float] = {}
-        errors: dict[str, str] = {}
-        while len(walls) < len(procs):  # poll, so each run's wall time is its own
-            for name, proc in procs.items():
-                if name not in walls and proc.poll() is not None:
-                    walls[name] = time.perf_counter() - started
-                    if proc.returncode != 0:
-                        errors[name] = logs[name].read_text(errors="replace")[-2000:]
-            time.sleep(0.5)
-        if errors:
-            raise RuntimeError("learning check failed:\n" + "\n".join(f"{n}: {e}" for n, e in errors.items()))
-        return {name: _collect(outs[name], walls[name]) for name in VARIANTS}
+        out = out_dir if out_dir is not None else Path(tmp)
+        logs = out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        configs = {task: _task_config(task, sizes, out / f"{task}.yaml") for task in sizes.tasks}
+        stage1 = {
+            task: Job(
+                f"{task}-stage1",
+                _train(
+                    configs[task],
+                    out / f"{task}-stage1",
+                    [
+                        "stage2_ab.schedule.b_ratio=0",
+                        f"training.max_steps={sizes.stage1_steps[task]}",
+                        "training.save_steps=0",
+                        "training.save_total_limit=1",
+                    ],
+                ),
+                out / f"{task}-stage1",
+            )
+            for task in sizes.tasks
+        }
+        phase2 = {
+            task: _phase2_jobs(
+                task,
+                configs[task],
+                stage1[task].out / f"checkpoint-{sizes.stage1_steps[task]}" / "model",
+                sizes,
+                out,
+            )
+            for task in sizes.tasks
+        }
+        # Stage-1 of every task first; then the tasks' phase-2 runs interleaved, each as soon as its task's
+        # Stage-1 is done (so the workers stay busy with similar loads)
+        order = [job for pair in zip(*phase2.values(), strict=True) for job in pair]
+        walls = _run_jobs([*stage1.values(), *order], workers, logs)
+        stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
+        tasks = analyse(out, quick)
+    return {
+        "quick": quick,
+        "sizes": asdict(sizes),
+        "a_only_factor": A_ONLY_FACTOR,
+        "workers": workers,
+        "tasks_spec": {task: TASKS[task] for task in sizes.tasks},
+        "stage1_wall_s": stage1_walls,
+        "phase2_wall_s": walls,
+        "total_s": time.perf_counter() - started,
+        "tasks": tasks,
+    }
+
+
+def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
+    """`run()`'s result from the runs already under `out` (a check stopped early, or re-analysed); the wall
+    time is from the first config written to the last run finished."""
+    sizes = FULL
+    configs = [out / f"{task}.yaml" for task in sizes.tasks]
+    finals = list(out.glob("*/final_state.json"))
+    total = (
+        max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
+    )
+    return {
+        "quick": False,
+        "sizes": asdict(sizes),
+        "a_only_factor": A_ONLY_FACTOR,
+        "workers": workers,
+        "tasks_spec": {task: TASKS[task] for task in sizes.tasks},
+        "total_s": total,
+        "tasks": analyse(out),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--max-steps", type=int, default=None)
-    result = run(parser.parse_args().max_steps)
-    for name, r in result.items():
-        final = r["final"]
-        print(
-            f"{name}: {r['steps']} steps ({r['b_steps']} B) in {r['wall_s']:.0f} s; final eval F1 {final['f1']:.3f} "
-            f"P {final['precision']:.3f} R {final['recall']:.3f} valid JSON {final['valid_json_rate']:.2f}"
-        )
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a few steps: plumbing only")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temp dir)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
+    args = parser.parse_args()
+    result = run(args.quick, args.out, args.jobs)
+    for task, r in result["tasks"].items():
+        print(f"== {task}: step {r['step']}")
+        print("\n".join(r["table"]))
+    print(f"total {result['total_s']:.0f} s")
 
 
 if __name__ == "__main__":

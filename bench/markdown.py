@@ -299,42 +299,52 @@ def cli(r: dict[str, Any]) -> list[str]:
 
 
 def learning(r: dict[str, Any]) -> list[str]:
+    sizes = r["sizes"]
     lines = [
-        "`examples/tiny/learn_shapes.yaml` (tiny Qwen3-VL, 1-2 shapes of 30-50% of a 112 px image): A-only vs AB at "
-        "equal optimizer steps, trained side by side with one thread each; greedy eval on 64 held-out synthetic "
-        "images (precision / recall / F1 at IoU 0.5; valid JSON = rollouts that parse to a closed object).",
+        "Stage-2 as it is used: `examples/tiny/learn_shapes.yaml` (tiny Qwen3-VL) trained A-only (Stage-1, cosine "
+        "LR; steps per task below) to a checkpoint; from it, A-only, AB raw_prefix and "
+        f"AB clean_prefix (`b_ratio` 0.5) for {sizes['phase2_steps']} optimizer steps each (constant LR "
+        f"{sizes['phase2_lr']:g}; A-only runs on to {r['a_only_factor']}x the steps for the equal-wall-time point), "
+        f"{sizes['seeds']} seeds planned per variant (the seeds column says how many finished), {r['workers']} "
+        "runs at a time with one torch thread each. Greedy held-out "
+        "eval (precision / recall / F1 at IoU 0.5; invalid = rollouts that do not parse to a closed object; "
+        "duplicate rate = duplicate predictions / valid predictions). Each cell: mean over seeds [95% interval: "
+        "bootstrap over seeds, then over held-out images, 2000 resamples]; ΔF1 is paired on the same images.",
         "",
-        "| run | steps (B) | wall s | final F1 | precision | recall | valid JSON | A loss first -> last |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, row in r.items():
-        f = row["final"]
-        lines.append(
-            f"| {name} | {row['steps']} ({row['b_steps']}) | {row['wall_s']:.0f} | {f['f1']:.3f} | {f['precision']:.3f} | "
-            f"{f['recall']:.3f} | {f['valid_json_rate']:.2f} | {row['a_loss_first']:.2f} -> {row['a_loss_last']:.2f} |"
-        )
-    names = list(r)
-    steps = [e["step"] for e in r[names[0]]["eval"]]
-    lines += [
-        "",
-        "Held-out F1 over steps:",
-        "",
-        "| step | " + " | ".join(names) + " |",
-        "|---" * (len(names) + 1) + "|",
-    ]
-    for k, step in enumerate(steps):
-        cells = [f"{r[n]['eval'][k]['f1']:.3f}" if k < len(r[n]["eval"]) else "-" for n in names]
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    finals = [row["final"] for row in r.values()]
-    valid = all(f["valid_json_rate"] >= 0.9 for f in finals)
-    localise = all(f["f1"] >= 0.5 for f in finals)
-    lines += [
-        "",
-        f"Target: rollouts become valid JSON — {verdict(valid)}; rollouts localise the shapes (F1 >= 0.5 at IoU "
-        f"0.5) — {verdict(localise)}. The first greedy rollouts of each eval are in the run's `eval_samples.jsonl`.",
-        "",
-        "![eval F1 over steps](bench/plots/learning_f1.png)",
-    ]
+    for task, t in r["tasks"].items():
+        spec = r["tasks_spec"][task]
+        n_eval = sizes["eval_images"][task]
+        stage1 = t["stage1"]
+        lines += [
+            f"### {task} task: 1-{spec['max_objects']} shapes of {spec['side_fraction'][0]:g}-"
+            f"{spec['side_fraction'][1]:g} of a {spec['image_size']} px image, {n_eval} held-out images",
+            "",
+            f"Stage-1 checkpoint ({stage1['steps']} A-only steps): F1 {stage1['f1']:.3f} ± {stage1['f1_half_width']:.3f} "
+            f"(precision {stage1['precision']:.3f}, recall {stage1['recall']:.3f}). One run's F1 interval over these "
+            f"images: ±{t['single_run_f1_half_width']:.3f}.",
+            "",
+            f"**Equal optimizer steps** (step {t['step']} after the checkpoint):",
+            "",
+            *t["table"],
+            "",
+            "Mean training seconds to that step (rollouts included, eval excluded): "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(t["train_s_at_equal_steps"].items())),
+            "",
+        ]
+        for variant, w in t["equal_wall"].items():
+            lines += [
+                f"**Equal training wall time** vs {variant} ({w['ab_train_s']:.0f} s): A-only read at step(s) "
+                f"{', '.join(str(s) for s in w['a_only_steps'])} "
+                f"({', '.join(f'{x:.0f}' for x in w['a_only_train_s'])} s):",
+                "",
+                *w["table"],
+                "",
+            ]
+        lines += [f"![{task}: held-out F1]({t['plot']})", ""]
+    lines.append(f"Whole check: {r['total_s'] / 60:.0f} min.")
+    if r.get("notes"):  # the reading of this run's numbers, written by whoever ran it
+        lines += ["", *r["notes"]]
     return lines
 
 
@@ -395,22 +405,6 @@ def plot(name: str, r: dict[str, Any]) -> str | None:
         ax.set_ylabel("median time (ms)")
         ax.set_yscale("log")
         ax.set_title("Matching time vs number of objects")
-    elif name == "learning":
-        for k, (run_name, row) in enumerate(r.items()):
-            steps = [e["step"] for e in row["eval"]]
-            color = f"C{k}"
-            ax.plot(steps, [e["f1"] for e in row["eval"]], "o-", color=color, label=f"{run_name}: F1")
-            ax.plot(
-                steps,
-                [e["valid_json_rate"] for e in row["eval"]],
-                ":",
-                color=color,
-                label=f"{run_name}: valid JSON",
-            )
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("fraction (greedy, 64 held-out images)")
-        ax.set_title("Learning check: held-out F1 at IoU 0.5, A-only vs AB")
     elif name == "async":
         modes = [m for m in ("step", "async_bs1", "async_bs2", "async_bs1_sync1") if m in r]
         keys = ["overlap_ratio", "learner_idle_fraction", "drop_rate"]
@@ -430,7 +424,7 @@ def plot(name: str, r: dict[str, Any]) -> str | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = PLOTS / f"{name}.png" if name != "learning" else PLOTS / "learning_f1.png"
+    path = PLOTS / f"{name}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path.relative_to(PLOTS.parent.parent))

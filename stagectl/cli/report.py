@@ -1,4 +1,5 @@
-"""`stagectl report RUN_DIR`: report.md + PNG plots for a train-ab run dir or Stage-B mission dir(s)."""
+"""`stagectl report RUN_DIR [RUN_DIR ...]`: report.md + PNG plots for a train-ab run dir or Stage-B mission
+dir(s); with several train-ab run dirs, a comparison of their held-out eval with 95% intervals."""
 
 from __future__ import annotations
 
@@ -10,16 +11,35 @@ from stagectl.cli.common import fail
 
 
 def command(
-    run_dir: Path = typer.Argument(
+    run_dirs: list[Path] = typer.Argument(
         ...,
-        help="A train-ab output_dir, a Stage-B mission dir, or a parent of Stage-B mission dirs.",
+        help="A train-ab output_dir, a Stage-B mission dir, or a parent of Stage-B mission dirs; several "
+        "train-ab output_dirs (e.g. A-only and AB, a few seeds each) are compared.",
+    ),
+    out: Path = typer.Option(
+        Path("comparison"),
+        "--out",
+        help="Where a comparison of several runs writes comparison.md and its plot.",
+    ),
+    step: int | None = typer.Option(
+        None, "--step", help="Compare at this eval step (default: the largest eval step every run reached)."
     ),
 ) -> None:
-    """Summarise a run: writes RUN_DIR/report.md and PNG plots under RUN_DIR/report/."""
+    """Summarise a run (RUN_DIR/report.md and PNG plots under RUN_DIR/report/), or compare several runs."""
+    if len(run_dirs) > 1:
+        from stagectl.report.compare import write_comparison  # matplotlib loads only for this command
+
+        try:
+            report, table = write_comparison(run_dirs, out, step)
+        except ValueError as exc:
+            fail(str(exc))
+        typer.echo("\n".join(table))
+        typer.echo(f"report: wrote {report} and {out / 'comparison_f1.png'}")
+        return
     from stagectl.report.write import write_reports  # matplotlib loads only for this command
 
     try:
-        written = write_reports(run_dir)
+        written = write_reports(run_dirs[0])
     except ValueError as exc:
         fail(str(exc))
     for item in written:

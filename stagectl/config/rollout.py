@@ -11,9 +11,11 @@ from stagectl.config.base import StrictModel
 
 
 class DecodingConfig(StrictModel):
-    temperature: float = Field(1.0, ge=0)
-    """Sampling temperature; 0 decodes greedily."""
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(0.01, ge=0)
+    """Sampling temperature; 0 decodes greedily. The default 0.01 (with `top_p` 0.95) is the upstream
+    recommendation for Channel-B: near-greedy rollouts show the errors the model makes at inference
+    (the FN/FP/duplicates Channel-B corrects) instead of sampling noise, while staying seedable."""
+    top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling mass."""
     top_k: int = Field(0, ge=0)
     """Top-k sampling; 0 disables it."""

@@ -48,6 +48,17 @@ class ChannelBConfig(StrictModel):
     """Samples per generate call / rollout request (default `rollout_matching.decode_batch_size`)."""
     enable_pipeline: bool = False
     """Step mode with server rollouts: a producer thread overlaps rollout with learning in the step."""
+    target: Literal["raw_prefix", "clean_prefix"] = "raw_prefix"
+    """How a rollout becomes the B target. `raw_prefix` (the seed contract): the rollout's own token prefix,
+    FP and invalid entries masked, missed GT appended. `clean_prefix`: the matched predictions re-serialised
+    in canonical form (rollout order), FP, invalid and duplicate predictions dropped from the text, missed
+    GT appended (or everything sorted, see `insertion_order`)."""
+    insertion_order: Literal["tail_append", "sorted"] = "tail_append"
+    """`clean_prefix` only (`sorted` with `raw_prefix` is refused): `tail_append` puts the missed GT objects after the kept predictions; `sorted`
+    writes kept and missed objects together in answer order (top-to-bottom, then left-to-right)."""
+    duplicate_iou_threshold: float = Field(0.7, gt=0, le=1)
+    """A valid prediction whose IoU with an earlier accepted prediction of the same desc is at least this
+    is a duplicate: counted (`rollout/dup_total`, `rollout/dup_rate`) and, with `clean_prefix`, dropped."""
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     """Async-mode queue and sync settings."""
 

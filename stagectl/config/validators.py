@@ -49,6 +49,19 @@ def validate_channel_b_mode_world_size(cfg: StagectlConfig, world_size: int) -> 
     ]
 
 
+def validate_insertion_order_needs_clean_prefix(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else None
+    if cb is None or cb.insertion_order != "sorted" or cb.target == "clean_prefix":
+        return []
+    return [
+        Problem(
+            "stage2_ab.channel_b.insertion_order",
+            f"'sorted' re-orders a re-serialised target, but target is {cb.target!r} (the raw rollout prefix "
+            "is kept as generated); set stage2_ab.channel_b.target: clean_prefix or insertion_order: tail_append",
+        )
+    ]
+
+
 def validate_async_needs_server_rollouts(cfg: StagectlConfig, world_size: int) -> list[Problem]:
     if cfg.stage2_ab is None or cfg.stage2_ab.channel_b.mode != "async":
         return []
@@ -357,6 +370,7 @@ def validate_launch(cfg: StagectlConfig, world_size: int) -> list[Problem]:
 VALIDATORS = (
     validate_b_ratio_present,
     validate_channel_b_mode_world_size,
+    validate_insertion_order_needs_clean_prefix,
     validate_async_needs_server_rollouts,
     validate_sync_mode_supported,
     validate_sync_transport,

@@ -57,12 +57,12 @@ def _entry(index: int, obj: BoxedObject) -> tuple[str, str, str]:
 
 
 def _render(
-    objects: Sequence[BoxedObject], *, first_index: int, leading_comma: bool, opening: str
+    objects: Sequence[BoxedObject], *, first_index: int, leading_comma: bool, opening: str, sort: bool = True
 ) -> tuple[str, list[ByteSpan]]:
     parts: list[str] = [opening]
     num_bytes = len(opening.encode("utf-8"))
     desc_spans: list[ByteSpan] = []
-    for k, obj in enumerate(sort_objects(objects)):
+    for k, obj in enumerate(sort_objects(objects) if sort else objects):
         separator = ", " if (k > 0 or leading_comma) else ""
         head, desc, tail = _entry(first_index + k, obj)
         num_bytes += len((separator + head).encode("utf-8"))
@@ -77,6 +77,12 @@ def _render(
 def serialize_objects_with_desc_spans(objects: Sequence[BoxedObject]) -> tuple[str, list[ByteSpan]]:
     """`serialize_objects` plus the desc byte span of each object, in answer (sorted) order."""
     return _render(objects, first_index=1, leading_comma=False, opening="{")
+
+
+def serialize_in_order_with_desc_spans(objects: Sequence[BoxedObject]) -> tuple[str, list[ByteSpan]]:
+    """The canonical answer text for `objects` in the GIVEN order (keys object_1..N; `{}` when empty),
+    plus each object's desc byte span: the clean-prefix Channel-B target keeps the rollout's order."""
+    return _render(objects, first_index=1, leading_comma=False, opening="{", sort=False)
 
 
 def serialize_objects(objects: Sequence[BoxedObject]) -> str:

@@ -22,6 +22,7 @@ class RolloutStats:
     n_invalid: int = 0
     n_too_long: int = 0
     n_rollout_tokens: int = 0
+    n_dup: int = 0  # valid predictions that duplicate an earlier one (stagectl.detection.dedup)
 
     def add(self, other: RolloutStats) -> None:
         for f in fields(self):
@@ -50,4 +51,6 @@ class RolloutStats:
             "rollout/invalid_rate": self.n_invalid / samples,
             "rollout/n_too_long": self.n_too_long,
             "rollout/mean_tokens": self.n_rollout_tokens / samples,
+            "rollout/dup_total": self.n_dup,
+            "rollout/dup_rate": self.n_dup / self.n_valid if self.n_valid else 0.0,
         }

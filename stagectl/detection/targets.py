@@ -18,6 +18,9 @@ Channel-B: `parse.prefix_token_ids + encode(append_fragment(FN objects)) + [end-
 - FN tail: CE 1, desc tokens `desc_ce_weight` (a token overlapping the desc text counts as desc),
   coordinate slots -> a group toward that GT.
 - The closing `}` and the end-of-turn: CE 1.
+Channel-B clean prefix (`build_channel_b_clean_segment`, `stage2_ab.channel_b.target: clean_prefix`):
+the canonical text of the matched predictions (rollout order) + the FN objects, written fresh; FP,
+duplicate and invalid predictions are not in it (neither input nor target). Weights as above.
 In the prefix, a token shared by two regions (a fused `"]},` at an entry boundary) takes the smallest
 weight any of them gives it, so a masked region never leaks CE into a neighbour.
 """
@@ -35,6 +38,7 @@ from stagectl.detection.parse import RolloutParse
 from stagectl.detection.serialize import (
     BoxedObject,
     append_fragment_with_desc_spans,
+    serialize_in_order_with_desc_spans,
     serialize_objects,
     sort_objects,
 )
@@ -108,6 +112,29 @@ def build_channel_a_segment(
     return Segment(channel="A", input_ids=ids, ce_weights=weights, coord_groups=groups)
 
 
+def _encode_checked(text: str, encode: Encode, vocab: TokenVocab) -> list[int]:
+    ids = list(encode(text))
+    if b"".join(vocab.token_bytes[t] for t in ids) != text.encode("utf-8"):
+        raise ValueError("encode() and the vocabulary's token bytes disagree on a target fragment")
+    return ids
+
+
+def _desc_weighted(
+    ids: Sequence[int],
+    vocab: TokenVocab,
+    desc_spans: Sequence[tuple[int, int]],
+    desc_weights: Sequence[float],
+) -> list[float]:
+    """CE 1 everywhere except tokens overlapping a desc byte span, which take that desc's weight."""
+    starts = list(accumulate((len(vocab.token_bytes[t]) for t in ids), initial=0))  # [len(ids) + 1]
+    weights = [1.0] * len(ids)
+    for (start, end), weight in zip(desc_spans, desc_weights, strict=True):
+        first, stop = bisect_right(starts, start) - 1, bisect_left(starts, end)
+        for k in range(first, stop):
+            weights[k] = weight
+    return weights
+
+
 def _mask(weights: list[float], span: tuple[int, int], value: float) -> None:
     for i in range(span[0], span[1]):
         weights[i] = min(weights[i], value)
@@ -153,16 +180,8 @@ def build_channel_b_segment(
     fragment, desc_spans = append_fragment_with_desc_spans(
         fn_objects, max_object_index=parse.max_object_index, prefix_has_entries=parse.prefix_has_entries
     )
-    tail = list(encode(fragment))
-    tail_pieces = [vocab.token_bytes[t] for t in tail]
-    if b"".join(tail_pieces) != fragment.encode("utf-8"):
-        raise ValueError("encode() and the vocabulary's token bytes disagree on the FN fragment")
-    tail_starts = list(accumulate(map(len, tail_pieces), initial=0))  # [len(tail) + 1]
-    tail_weights = [1.0] * len(tail)
-    for start, end in desc_spans:
-        first, stop = bisect_right(tail_starts, start) - 1, bisect_left(tail_starts, end)
-        for k in range(first, stop):
-            tail_weights[k] = desc_ce_weight
+    tail = _encode_checked(fragment, encode, vocab)
+    tail_weights = _desc_weighted(tail, vocab, desc_spans, [desc_ce_weight] * len(desc_spans))
     tail_groups = _coord_groups(tail, len(prefix), fn_objects, vocab)
     for group in tail_groups:
         for position in group.positions:
@@ -173,6 +192,77 @@ def build_channel_b_segment(
         input_ids=[*prefix, *tail, vocab.end_of_turn_id],
         ce_weights=[*weights, *tail_weights, 1.0],
         coord_groups=groups + tail_groups,
+    )
+
+
+@dataclass(frozen=True)
+class _CleanEntry:
+    """One object of a clean-prefix target: what is written (desc, box), what its box is pulled toward."""
+
+    desc: str
+    bbox_2d: tuple[int, int, int, int]  # written bins (the prediction's own box for a kept object)
+    gt_bins: tuple[int, int, int, int]
+    desc_weight: float
+
+
+def _bins(obj: BoxedObject) -> tuple[int, int, int, int]:
+    x1, y1, x2, y2 = (int(b) for b in obj.bbox_2d)
+    return (x1, y1, x2, y2)
+
+
+def build_channel_b_clean_segment(
+    accepted: Sequence[BoxedObject],
+    match: MatchResult,
+    gt_objects: Sequence[BoxedObject],
+    *,
+    encode: Encode,
+    vocab: TokenVocab,
+    desc_ce_weight: float,
+    insertion_order: Literal["tail_append", "sorted"],
+) -> Segment:
+    """The clean-prefix target: canonical text of the matched predictions + the missed GT + end-of-turn.
+
+    `accepted` are the rollout's valid, non-duplicate predictions in rollout order and `match` pairs their
+    indices with indices of `gt_objects`. FP (unmatched) predictions, duplicates and invalid entries are
+    not in the text at all, so no token of theirs is input or target. Kept (matched) objects are written
+    with their own desc and box: structure CE 1, desc CE 0, coordinate slots -> a group toward the matched
+    GT. Missed GT: desc CE `desc_ce_weight`, coordinate slots -> a group toward itself. `tail_append`: kept
+    objects in rollout order, then the missed ones sorted; `sorted`: all in answer order. Keys object_1..N.
+    """
+    num_pred, num_gt = len(accepted), len(gt_objects)
+    if any(not (0 <= i < num_pred and 0 <= j < num_gt) for i, j in match.pairs) or any(
+        not 0 <= j < num_gt for j in match.fn
+    ):
+        raise ValueError("match indices do not fit accepted / gt_objects")
+    if desc_ce_weight < 0:
+        raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
+    kept = [
+        _CleanEntry(accepted[i].desc, _bins(accepted[i]), _bins(gt_objects[j]), 0.0)
+        for i, j in sorted(match.pairs)
+    ]
+    missed = [
+        _CleanEntry(g.desc, _bins(g), _bins(g), desc_ce_weight)
+        for g in sort_objects([gt_objects[j] for j in match.fn])
+    ]
+    if insertion_order == "tail_append":
+        entries = kept + missed
+    elif insertion_order == "sorted":
+        entries = sort_objects(kept + missed)
+    else:
+        raise ValueError(f"insertion_order must be tail_append or sorted, got {insertion_order!r}")
+
+    text, desc_spans = serialize_in_order_with_desc_spans(entries)
+    ids = _encode_checked(text, encode, vocab)
+    weights = _desc_weighted(ids, vocab, desc_spans, [e.desc_weight for e in entries])
+    groups = [
+        CoordGroup(group.positions, entry.gt_bins)
+        for group, entry in zip(_coord_groups(ids, 0, entries, vocab), entries, strict=True)
+    ]
+    for group in groups:
+        for position in group.positions:
+            weights[position] = 0.0
+    return Segment(
+        channel="B", input_ids=[*ids, vocab.end_of_turn_id], ce_weights=[*weights, 1.0], coord_groups=groups
     )
 
 

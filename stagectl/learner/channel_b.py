@@ -1,5 +1,5 @@
 """Channel-B: the one interface the trainer drives (`ChannelB`: step or async mode), and the core both
-modes share: rollouts -> strict parse -> Hungarian match -> targets (rollout prefix + FN append) ->
+modes share: rollouts -> strict parse -> Hungarian match -> targets (raw or clean prefix + FN append) ->
 packable segments, plus rollout-quality counters.
 
 Per optimizer step the trainer calls `decide` (every rank; a collective in async mode), then `run` for a
@@ -15,10 +15,13 @@ from typing import Any, Literal, Protocol
 
 from stagectl.collate import Segment
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import RolloutParse, parse_rollout
+from stagectl.detection.serialize import BoxedObject
 from stagectl.detection.stats import RolloutStats
-from stagectl.detection.targets import build_channel_b_segment, sample_counters
+from stagectl.detection.targets import build_channel_b_clean_segment, build_channel_b_segment, sample_counters
 from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
@@ -61,19 +64,30 @@ class ChannelB(Protocol):
         ...
 
 
-def score_rollout(
-    index: int, generation: Generation, encoder: SampleEncoder, rm: RolloutMatchingConfig
-) -> tuple[RolloutParse, MatchResult, RolloutStats]:
-    """Strict parse + Hungarian match of one rollout against its sample's GT, with its counters."""
-    gt = encoder.samples[index].objects
-    parse = parse_rollout(generation.token_ids, encoder.vocab)
-    match = hungarian_match(
-        [obj.bbox_2d for obj in parse.valid_objects],
+def _match(preds: Sequence[BoxedObject], gt: Sequence[BoxedObject], rm: RolloutMatchingConfig) -> MatchResult:
+    return hungarian_match(
+        [obj.bbox_2d for obj in preds],
         [obj.bbox_2d for obj in gt],
         iou_gate=rm.iou_gate,
         fp_cost=rm.fp_cost,
         fn_cost=rm.fn_cost,
     )
+
+
+def score_rollout(
+    index: int,
+    generation: Generation,
+    encoder: SampleEncoder,
+    rm: RolloutMatchingConfig,
+    *,
+    duplicate_iou_threshold: float,
+) -> tuple[RolloutParse, MatchResult, list[int], RolloutStats]:
+    """Strict parse + Hungarian match of one rollout against its sample's GT, the indices of its duplicate
+    predictions, and its counters (duplicates count as predictions: a matched one is a hit, else an FP)."""
+    gt = encoder.samples[index].objects
+    parse = parse_rollout(generation.token_ids, encoder.vocab)
+    match = _match(parse.valid_objects, gt, rm)
+    duplicates = find_duplicates(parse.valid_objects, duplicate_iou_threshold)
     counters = sample_counters(parse, match, len(gt))
     stats = RolloutStats(
         n_samples=1,
@@ -86,8 +100,9 @@ def score_rollout(
         n_truncated=int(parse.truncated),
         n_invalid=int(parse.invalid_rollout),
         n_rollout_tokens=len(generation.token_ids),
+        n_dup=len(duplicates),
     )
-    return parse, match, stats
+    return parse, match, duplicates, stats
 
 
 def build_b_segment(
@@ -95,16 +110,35 @@ def build_b_segment(
     generation: Generation,
     encoder: SampleEncoder,
     rm: RolloutMatchingConfig,
+    cb: ChannelBConfig,
     *,
     desc_ce_weight: float,
     packing_length: int,
 ) -> tuple[Segment | None, RolloutStats]:
-    """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted)."""
-    parse, match, stats = score_rollout(index, generation, encoder, rm)
-    gt = encoder.samples[index].objects
-    target = build_channel_b_segment(
-        parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, desc_ce_weight=desc_ce_weight
+    """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted), in
+    the target form `cb.target` names."""
+    parse, match, duplicates, stats = score_rollout(
+        index, generation, encoder, rm, duplicate_iou_threshold=cb.duplicate_iou_threshold
     )
+    gt = encoder.samples[index].objects
+    if cb.target == "raw_prefix":
+        target = build_channel_b_segment(
+            parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, desc_ce_weight=desc_ce_weight
+        )
+    elif cb.target == "clean_prefix":
+        dup_set = set(duplicates)
+        accepted = [obj for i, obj in enumerate(parse.valid_objects) if i not in dup_set]
+        target = build_channel_b_clean_segment(
+            accepted,
+            _match(accepted, gt, rm),  # duplicates never take a GT object from the object they repeat
+            gt,
+            encode=encoder.encode_text,
+            vocab=encoder.vocab,
+            desc_ce_weight=desc_ce_weight,
+            insertion_order=cb.insertion_order,
+        )
+    else:
+        raise ValueError(f"stage2_ab.channel_b.target must be raw_prefix or clean_prefix, got {cb.target!r}")
     segment = to_segment(encoder.prompt(index), target)
     if len(segment) > packing_length:
         stats.n_too_long = 1
@@ -117,6 +151,7 @@ def build_b_segments(
     generations: Sequence[Generation],
     encoder: SampleEncoder,
     rm: RolloutMatchingConfig,
+    cb: ChannelBConfig,
     *,
     desc_ce_weight: float,
     packing_length: int,
@@ -126,7 +161,7 @@ def build_b_segments(
     dropped = RolloutStats()
     for index, generation in zip(indices, generations, strict=True):
         segment, stats = build_b_segment(
-            index, generation, encoder, rm, desc_ce_weight=desc_ce_weight, packing_length=packing_length
+            index, generation, encoder, rm, cb, desc_ce_weight=desc_ce_weight, packing_length=packing_length
         )
         if segment is None:
             dropped.add(stats)

@@ -65,12 +65,19 @@ class AsyncChannelB:
         self.next_step = state.start_step  # the step whose channel decision comes next
         self.open_step = state.start_step  # the first step whose post-update sync is still ahead
         desc_w = cfg.stage2_ab.desc_ce_weight
+        cb_cfg = cfg.stage2_ab.channel_b
         packing_length = cfg.packing_length
         prompt_tokens = len(state.encoder.prompt(0).input_ids)
         self.prefetcher = Prefetcher(
             source=self.source,
             build_segments=lambda indices, generations: build_b_segments(
-                indices, generations, state.encoder, rm, desc_ce_weight=desc_w, packing_length=packing_length
+                indices,
+                generations,
+                state.encoder,
+                rm,
+                cb_cfg,
+                desc_ce_weight=desc_w,
+                packing_length=packing_length,
             ),
             collate=self._collate,
             sampler=state.b_sampler,

@@ -53,6 +53,7 @@ class StepChannelB:
         self.publisher = publisher
         self.pipeline = pipeline
         self.desc_ce_weight = cfg.stage2_ab.desc_ce_weight
+        self.cb_cfg = cfg.stage2_ab.channel_b
         self.chunk_size = state.resolved.rollout_decode_batch_size
         self.num_updates = 0  # set by the trainer before each step
 
@@ -105,6 +106,7 @@ class StepChannelB:
             generations,
             self.state.encoder,
             self.cfg.custom.extra.rollout_matching,
+            self.cb_cfg,
             desc_ce_weight=self.desc_ce_weight,
             packing_length=self.runner.packing_length,
         )

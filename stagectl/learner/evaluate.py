@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy rollouts on the eval split, strict parse, precision/recall/F1 at IoU 0.5.
+"""Held-out evaluation: greedy rollouts on the eval split, strict parse, precision/recall/F1 at IoU 0.5,
+invalid-rollout and duplicate rates, and per-image counters (so intervals can be bootstrapped over images).
 
 Runs on rank 0 with the unwrapped policy (other ranks wait at a barrier) every `data.eval.every_steps`
 optimizer steps and at the end; rows go to `{output_dir}/eval.jsonl`.
@@ -13,6 +14,7 @@ from typing import Any
 
 from stagectl.config import StagectlConfig
 from stagectl.config.rollout import DecodingConfig, RolloutMatchingConfig
+from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
@@ -28,6 +30,8 @@ EVAL_FILE = "eval.jsonl"
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 EVAL_IOU = 0.5
 SHOWN_SAMPLES = 4  # rollouts per eval written out as text, to see what the model says
+# per-image counters kept in each eval row, in this order
+PER_IMAGE_FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup")
 
 
 def load_eval_samples(cfg: StagectlConfig) -> list[DetectionSample]:
@@ -66,6 +70,8 @@ class Evaluator:
         if cfg.training.resume_from_checkpoint is None:
             self.path.unlink(missing_ok=True)  # a fresh run starts fresh eval logs
             self.samples_path.unlink(missing_ok=True)
+        cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else ChannelBConfig()
+        self.duplicate_iou_threshold = cb.duplicate_iou_threshold
         ev = cfg.data.eval if cfg.data is not None else None
         self.every_steps = ev.every_steps if ev is not None else 0
 
@@ -82,12 +88,22 @@ class Evaluator:
         generations = self.rollouts.rollout(indices, seed=0)
         stats = RolloutStats()
         shown: list[str] = []
+        per_image: list[list[int]] = []
         for index, generation in zip(indices, generations, strict=True):
-            parse, _, sample_stats = score_rollout(index, generation, self.encoder, self.rm)
+            parse, _, _, sample_stats = score_rollout(
+                index, generation, self.encoder, self.rm, duplicate_iou_threshold=self.duplicate_iou_threshold
+            )
             stats.add(sample_stats)
+            per_image.append([getattr(sample_stats, name) for name in PER_IMAGE_FIELDS])
             if index < SHOWN_SAMPLES:
                 shown.append(json.dumps(self._shown_row(step, index, generation.token_ids, parse)))
-        row = {"step": step, **_metrics(stats), "eval_s": time.perf_counter() - started}
+        row = {
+            "step": step,
+            **_metrics(stats),
+            "eval_s": time.perf_counter() - started,
+            "per_image_fields": list(PER_IMAGE_FIELDS),
+            "per_image": per_image,  # for intervals: bootstrap over images (stagectl.report.intervals)
+        }
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
         with self.samples_path.open("a", encoding="utf-8") as handle:
@@ -113,6 +129,9 @@ def _metrics(stats: RolloutStats) -> dict[str, float]:
         "recall": m["rollout/recall"],
         "f1": m["rollout/f1"],
         "valid_json_rate": 1.0 - m["rollout/invalid_rate"] - m["rollout/parse_truncated_rate"],
+        "invalid_rate": m["rollout/invalid_rate"] + m["rollout/parse_truncated_rate"],
+        "dup_rate": m["rollout/dup_rate"],
+        "n_dup": stats.n_dup,
         "n_samples": stats.n_samples,
         "n_gt": stats.n_gt,
         "n_pred": stats.n_valid,

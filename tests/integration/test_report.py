@@ -246,3 +246,48 @@ def test_errors_are_one_line_exit_1(tmp_path: Path, make: Any, message: str) -> 
     assert result.returncode == 1
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
     assert not (run_dir / "report.md").exists()
+
+
+def write_ablation_run(path: Path, b_ratio: float, target: str, seed: int, hits: list[int]) -> None:
+    """A run dir as train-ab leaves it, for comparison: config, eval rows with per-image counters, timings."""
+    path.mkdir(parents=True)
+    config = {
+        "training": {"seed": seed, "max_steps": 4},
+        "stage2_ab": {"schedule": {"b_ratio": b_ratio}, "channel_b": {"target": target}},
+    }
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    fields = ["n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup"]
+    evals = []
+    for step in (2, 4):
+        per_image = [[2, 2, h, 0, 0, 0] for h in hits]
+        matched = sum(hits)
+        f1 = matched / (2 * len(hits))
+        evals.append({"step": step, "f1": f1, "per_image_fields": fields, "per_image": per_image})
+    write_jsonl(path / "eval.jsonl", evals)
+    write_jsonl(path / "metrics.jsonl", [{"step": s, "kind": "A", "time/step_s": 0.5} for s in range(4)])
+
+
+def test_report_compares_several_runs_with_intervals(tmp_path: Path) -> None:
+    runs = []
+    for seed in (0, 1):
+        runs.append(tmp_path / f"a{seed}")
+        write_ablation_run(runs[-1], 0.0, "raw_prefix", seed, [1, 2, 1, 1] * 20)  # F1 0.625
+        runs.append(tmp_path / f"ab{seed}")
+        write_ablation_run(runs[-1], 0.5, "clean_prefix", seed, [2, 2, 2, 1] * 20)  # F1 0.875
+    out = tmp_path / "cmp"
+    result = run_cli("report", *map(str, runs), "--out", str(out), timeout=120)
+    assert result.returncode == 0, result.stderr
+    text = (out / "comparison.md").read_text()
+    a_row = next(line for line in text.splitlines() if line.startswith("| A-only |"))
+    ab_row = next(line for line in text.splitlines() if line.startswith("| AB b=0.5 clean_prefix |"))
+    assert "| 2 | 4 | 0.625 [" in a_row  # two seeds, compared at the last common eval step
+    assert "| 2 | 4 | 0.875 [" in ab_row and "+0.250 [" in ab_row
+    with Image.open(out / "comparison_f1.png") as image:
+        assert image.size[0] >= 400
+    assert "A-only" in result.stdout
+
+    no_eval = tmp_path / "no_eval"
+    no_eval.mkdir()
+    (no_eval / "config.yaml").write_text("training: {seed: 0}\n")
+    failed = run_cli("report", str(runs[0]), str(no_eval), "--out", str(out), timeout=120)
+    assert failed.returncode == 1 and "no held-out eval rows" in failed.stderr

@@ -52,6 +52,24 @@ def test_pattern_removed_names_b_ratio(tmp_path: Path) -> None:
     assert "stage2_ab.schedule.b_ratio" in probs["stage2_ab.schedule.pattern"]
 
 
+def test_channel_b_target_keys(tmp_path: Path) -> None:
+    cb = {"target": "clean_prefix", "insertion_order": "sorted", "duplicate_iou_threshold": 0.5}
+    cfg = load_config(write(tmp_path, {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": cb}}))
+    assert cfg.stage2_ab is not None
+    got = cfg.stage2_ab.channel_b
+    assert (got.target, got.insertion_order, got.duplicate_iou_threshold) == ("clean_prefix", "sorted", 0.5)
+    default = load_config(write(tmp_path, BASE))
+    assert default.stage2_ab is not None and default.stage2_ab.channel_b.target == "raw_prefix"
+    decoding = default.custom.extra.rollout_matching.decoding
+    assert (decoding.temperature, decoding.top_p) == (0.01, 0.95)  # the Channel-B recommendation
+    probs = problems_of(tmp_path, BASE, "stage2_ab.channel_b.insertion_order=sorted")
+    assert "target: clean_prefix" in probs["stage2_ab.channel_b.insertion_order"]
+    probs = problems_of(tmp_path, BASE, "stage2_ab.channel_b.target=clean")
+    assert "stage2_ab.channel_b.target" in probs
+    probs = problems_of(tmp_path, BASE, "stage2_ab.channel_b.duplicate_iou_threshold=0")
+    assert "stage2_ab.channel_b.duplicate_iou_threshold" in probs
+
+
 def test_b_ratio_missing(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, {"data": BASE["data"], "stage2_ab": {"schedule": {}}})
     msg = probs["stage2_ab.schedule.b_ratio"]

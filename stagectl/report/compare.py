@@ -1,0 +1,220 @@
+"""`stagectl report RUN_DIR RUN_DIR ...`: compare train-ab runs (an A-only vs AB ablation, several seeds
+each) on their held-out eval at equal optimizer steps, with 95% intervals (`stagectl.report.intervals`).
+
+Runs are grouped into variants by what their `config.yaml` says about Channel-B (`b_ratio`, `target`,
+`insertion_order`); the seeds of a variant are its runs. The step compared is the largest eval step every
+run reached (or the one asked for). Differences are against the A-only variant when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from stagectl.report.intervals import (
+    METRICS,
+    Interval,
+    counts_from_row,
+    difference_intervals,
+    variant_intervals,
+)
+
+EVAL = "eval.jsonl"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RunEval:
+    path: Path
+    variant: str
+    seed: int | None
+    evals: dict[int, dict[str, Any]]  # step -> eval row
+    train_s_at: dict[int, float] = field(default_factory=dict)  # step -> cumulative training seconds
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def variant_of(config: dict[str, Any]) -> str:
+    """`A-only`, or `AB b=<ratio> <target>[/sorted]`, from a run's resolved config."""
+    ab = config.get("stage2_ab") or {}
+    ratio = Fraction(str((ab.get("schedule") or {}).get("b_ratio", 0)))
+    if ratio == 0:
+        return "A-only"
+    cb = ab.get("channel_b") or {}
+    label = f"AB b={float(ratio):g} {cb.get('target', 'raw_prefix')}"
+    if cb.get("insertion_order", "tail_append") == "sorted":
+        label += "/sorted"
+    return label
+
+
+def load_run(run_dir: Path) -> RunEval:
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ValueError(f"{run_dir} is not a train-ab run dir (no config.yaml)")
+    config = yaml.safe_load(config_path.read_text()) or {}
+    evals = {int(row["step"]): row for row in _jsonl(run_dir / EVAL)}
+    if not evals:
+        raise ValueError(f"{run_dir} has no held-out eval rows ({EVAL}); set data.eval to compare runs")
+    train_s_at: dict[int, float] = {}
+    total = 0.0
+    for row in _jsonl(run_dir / METRICS_FILE):
+        if "step" in row and "time/step_s" in row:
+            total += float(row["time/step_s"])
+            train_s_at[int(row["step"]) + 1] = total  # metrics rows count from 0; evals after step s+1
+    seed = (config.get("training") or {}).get("seed")
+    return RunEval(run_dir, variant_of(config), seed, evals, train_s_at)
+
+
+@dataclass(frozen=True)
+class VariantRow:
+    variant: str
+    num_seeds: int
+    step: int
+    metrics: dict[str, Interval]
+    per_seed_f1: list[float]
+    vs_baseline: dict[str, Interval] | None  # None for the baseline itself or when there is none
+
+
+def group(runs: Sequence[RunEval]) -> dict[str, list[RunEval]]:
+    out: dict[str, list[RunEval]] = {}
+    for run in runs:
+        out.setdefault(run.variant, []).append(run)
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "A-only", kv[0])))
+
+
+def common_step(runs: Sequence[RunEval]) -> int:
+    steps = set.intersection(*(set(r.evals) for r in runs))
+    if not steps:
+        raise ValueError("the runs share no eval step; compare runs evaluated at the same steps")
+    return max(steps)
+
+
+def compare_at(
+    runs: Sequence[RunEval], step_of: dict[Path, int], baseline: str = "A-only"
+) -> list[VariantRow]:
+    """One row per variant, each run read at `step_of[run.path]` (equal steps, or equal wall time)."""
+    groups = group(runs)
+    counts = {
+        name: [counts_from_row(r.evals[step_of[r.path]]) for r in members] for name, members in groups.items()
+    }
+    rows = []
+    for name, members in groups.items():
+        f1s = [variant_intervals([c])["f1"].value for c in counts[name]]
+        diff = None
+        if baseline in counts and name != baseline:
+            diff = difference_intervals(counts[name], counts[baseline])
+        steps = {step_of[r.path] for r in members}
+        rows.append(VariantRow(name, len(members), max(steps), variant_intervals(counts[name]), f1s, diff))
+    return rows
+
+
+def compare(runs: Sequence[RunEval], step: int | None = None) -> tuple[int, list[VariantRow]]:
+    """Every variant at one optimizer step (default: the largest eval step all runs share)."""
+    at = common_step(runs) if step is None else step
+    missing = [str(r.path) for r in runs if at not in r.evals]
+    if missing:
+        raise ValueError(f"no eval at step {at} in: {', '.join(missing)}")
+    return at, compare_at(runs, {r.path: at for r in runs})
+
+
+def _ci(iv: Interval, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    return f"{iv.value:{sign}.3f} [{iv.low:{sign}.3f}, {iv.high:{sign}.3f}]"
+
+
+def render_table(rows: Sequence[VariantRow]) -> list[str]:
+    """Markdown: each metric with its 95% interval, then F1 minus the baseline's (paired on images)."""
+    lines = [
+        "| variant | seeds | step | F1 | precision | recall | invalid rollouts | duplicate rate | ΔF1 vs A-only | F1 per seed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [_ci(r.metrics[m]) for m in METRICS]
+        f1, precision, recall, invalid, dup = cells
+        delta = _ci(r.vs_baseline["f1"], signed=True) if r.vs_baseline else "—"
+        seeds = " ".join(f"{v:.3f}" for v in r.per_seed_f1)
+        lines.append(
+            f"| {r.variant} | {r.num_seeds} | {r.step} | {f1} | {precision} | {recall} | {invalid} | {dup} | "
+            f"{delta} | {seeds} |"
+        )
+    return lines
+
+
+def f1_curves(runs: Sequence[RunEval]) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Per variant: (step, mean F1 over seeds, min, max) at every step all its seeds were evaluated."""
+    out = {}
+    for name, members in group(runs).items():
+        steps = sorted(set.intersection(*(set(r.evals) for r in members)))
+        curve = []
+        for s in steps:
+            values = np.asarray([float(r.evals[s]["f1"]) for r in members])
+            curve.append((s, float(values.mean()), float(values.min()), float(values.max())))
+        out[name] = curve
+    return out
+
+
+def plot_f1_curves(
+    runs: Sequence[RunEval], path: Path, title: str = "held-out F1", start_f1: float | None = None
+) -> Path:
+    """One PNG: mean F1 over seeds per variant against optimizer steps, the seed range shaded (and the
+    starting checkpoint's F1 at step 0 when given)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if start_f1 is not None:
+        ax.plot([0], [start_f1], "k*", markersize=10, label="start checkpoint")
+    for name, curve in f1_curves(runs).items():
+        steps = [c[0] for c in curve]
+        ax.plot(steps, [c[1] for c in curve], marker="o", label=name)
+        ax.fill_between(steps, [c[2] for c in curve], [c[3] for c in curve], alpha=0.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out F1 (IoU 0.5)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_comparison(
+    run_dirs: Sequence[Path], out_dir: Path, step: int | None = None
+) -> tuple[Path, list[str]]:
+    """`out_dir/comparison.md` (+ `comparison_f1.png`); returns the report path and its table lines."""
+    runs = [load_run(p) for p in run_dirs]
+    at, rows = compare(runs, step)
+    table = render_table(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot = plot_f1_curves(runs, out_dir / "comparison_f1.png")
+    lines = [
+        "# Run comparison",
+        "",
+        f"Held-out eval at optimizer step {at}; each metric is the mean over a variant's runs (seeds) with a 95% "
+        "interval from a bootstrap over seeds and held-out images (paired on images across variants).",
+        "",
+        *table,
+        "",
+        "Runs: " + ", ".join(f"`{r.path}` ({r.variant}, seed {r.seed})" for r in runs),
+        "",
+        f"![held-out F1]({plot.name})",
+        "",
+    ]
+    report = out_dir / "comparison.md"
+    report.write_text("\n".join(lines))
+    return report, table

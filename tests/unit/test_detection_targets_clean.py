@@ -1,0 +1,309 @@
+"""The clean-prefix Channel-B target and duplicate detection, against hand-built expectations, plus the
+guard the issue asks for: no Channel-B target (raw or clean, built the way a B step builds it) may put CE
+on an FP object, and the clean prefix never keeps a duplicate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+
+from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.data.sample import DetectionSample, DetObject
+from stagectl.detection.dedup import find_duplicates
+from stagectl.detection.matching import MatchResult, hungarian_match
+from stagectl.detection.parse import parse_rollout
+from stagectl.detection.targets import CoordGroup, build_channel_b_clean_segment
+from stagectl.learner.channel_b import build_b_segments
+from stagectl.learner.segments import SampleEncoder
+from stagectl.models.chat import EncodedSample
+from stagectl.models.generate import Generation
+from stagectl.models.images import ImageInputs
+from tests.unit.test_detection_support import Obj, toy_tokenizer
+from tests.unit.test_detection_targets import CHAR, EOT, box_pieces, coord_positions, expand
+
+GT = [
+    Obj("red square", (12, 11, 50, 52)),  # matched by the rollout's second object
+    Obj("green star", (200, 300, 260, 380)),  # matched by the rollout's first object
+    Obj("black box", (100, 100, 150, 120)),  # missed
+]
+
+
+def entry(index: int, desc: str, bins: tuple[int, int, int, int]) -> str:
+    coords = ", ".join(f'"<|coord_{b}|>"' for b in bins)
+    return f'"object_{index}": {{"desc": "{desc}", "bbox_2d": [{coords}]}}'
+
+
+# green star (kept), red square (kept), blue ring (FP), red square again (duplicate), an invalid entry
+ROLLOUT = (
+    "{"
+    + ", ".join(
+        [
+            entry(1, "green star", (198, 302, 258, 380)),
+            entry(2, "red square", (10, 10, 50, 50)),
+            entry(3, "blue ring", (600, 600, 700, 700)),
+            entry(4, "red square", (11, 10, 50, 50)),
+            '"object_5": {"desc": "x", "bbox_2d": ["<|coord_1|>"]}',
+        ]
+    )
+    + "}"
+    + EOT
+)
+
+
+def clean_inputs() -> tuple[list[Any], MatchResult]:
+    parse = parse_rollout(CHAR.encode(ROLLOUT), CHAR.vocab)
+    assert len(parse.valid_objects) == 4 and parse.dropped_total == 1
+    duplicates = find_duplicates(parse.valid_objects, 0.7)
+    assert duplicates == [3]
+    accepted = [o for i, o in enumerate(parse.valid_objects) if i not in duplicates]
+    match = hungarian_match([o.bbox_2d for o in accepted], [g.bbox_2d for g in GT])
+    assert (match.pairs, match.fp, match.fn) == ([(0, 1), (1, 0)], [2], [2])
+    return accepted, match
+
+
+def test_clean_prefix_tail_append_keeps_rollout_order_and_drops_fp_duplicate_invalid() -> None:
+    accepted, match = clean_inputs()
+    segment = build_channel_b_clean_segment(
+        accepted,
+        match,
+        GT,
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        desc_ce_weight=0.5,
+        insertion_order="tail_append",
+    )
+    expected_ids, expected_weights = expand(
+        CHAR,
+        [
+            ('{"object_1": {"desc": "', 1.0),
+            ("green star", 0.0),  # kept prediction: desc CE off, written as predicted
+            *box_pieces((198, 302, 258, 380), 1.0),
+            (', "object_2": {"desc": "', 1.0),
+            ("red square", 0.0),
+            *box_pieces((10, 10, 50, 50), 1.0),
+            (', "object_3": {"desc": "', 1.0),  # the FN tail: keys continue after the kept objects
+            ("black box", 0.5),
+            *box_pieces((100, 100, 150, 120), 1.0),
+            ("}", 1.0),
+            (EOT, 1.0),
+        ],
+    )
+    assert segment.channel == "B"
+    assert segment.input_ids == expected_ids
+    assert segment.ce_weights == expected_weights
+    green, red, black = coord_positions(expected_ids, 0)
+    assert segment.coord_groups == [
+        CoordGroup(green, (200, 300, 260, 380)),  # toward the matched GT, not the prediction
+        CoordGroup(red, (12, 11, 50, 52)),
+        CoordGroup(black, (100, 100, 150, 120)),
+    ]
+
+
+def test_clean_prefix_sorted_writes_everything_in_answer_order() -> None:
+    accepted, match = clean_inputs()
+    segment = build_channel_b_clean_segment(
+        accepted,
+        match,
+        GT,
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        desc_ce_weight=1.0,
+        insertion_order="sorted",
+    )
+    expected_ids, expected_weights = expand(
+        CHAR,
+        [
+            ('{"object_1": {"desc": "', 1.0),
+            ("red square", 0.0),  # y1 10
+            *box_pieces((10, 10, 50, 50), 1.0),
+            (', "object_2": {"desc": "', 1.0),
+            ("black box", 1.0),  # missed, y1 100
+            *box_pieces((100, 100, 150, 120), 1.0),
+            (', "object_3": {"desc": "', 1.0),
+            ("green star", 0.0),  # y1 302
+            *box_pieces((198, 302, 258, 380), 1.0),
+            ("}", 1.0),
+            (EOT, 1.0),
+        ],
+    )
+    assert segment.input_ids == expected_ids
+    assert segment.ce_weights == expected_weights
+    assert [g.gt_bins for g in segment.coord_groups] == [
+        (12, 11, 50, 52),
+        (100, 100, 150, 120),
+        (200, 300, 260, 380),
+    ]
+
+
+def test_clean_prefix_of_an_empty_rollout_is_the_gt_answer_and_of_nothing_is_empty() -> None:
+    segment = build_channel_b_clean_segment(
+        [],
+        MatchResult([], [], [0, 1, 2], []),
+        GT,
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        desc_ce_weight=1.0,
+        insertion_order="tail_append",
+    )
+    text = CHAR.text(segment.input_ids[:-1])
+    assert (
+        text.startswith('{"object_1": {"desc": "red square"') and '"object_3": {"desc": "green star"' in text
+    )
+    empty = build_channel_b_clean_segment(
+        [],
+        MatchResult([], [], [], []),
+        [],
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        desc_ce_weight=1.0,
+        insertion_order="sorted",
+    )
+    assert CHAR.text(empty.input_ids[:-1]) == "{}" and empty.ce_weights == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="match indices"):
+        build_channel_b_clean_segment(
+            [],
+            MatchResult([(0, 0)], [], [], [1.0]),
+            GT,
+            encode=CHAR.encode,
+            vocab=CHAR.vocab,
+            desc_ce_weight=1.0,
+            insertion_order="sorted",
+        )
+
+
+@pytest.mark.parametrize(
+    ("boxes", "descs", "threshold", "expected"),
+    [
+        ([(0, 0, 10, 10), (0, 0, 10, 10)], ["a", "a"], 0.7, [1]),  # exact repeat
+        ([(0, 0, 10, 10), (0, 0, 10, 10)], ["a", "b"], 0.7, []),  # other desc: not a duplicate
+        ([(0, 0, 10, 10), (0, 0, 10, 12)], ["a", "a"], 0.9, []),  # IoU 0.833 < 0.9
+        ([(0, 0, 10, 10), (0, 0, 10, 12)], ["a", "a"], 0.8, [1]),
+        ([(0, 0, 10, 10)] * 4, ["a"] * 4, 0.7, [1, 2, 3]),  # a burst
+        # the 3rd overlaps only the 2nd, which is a duplicate (not accepted): the 3rd is accepted
+        ([(0, 0, 10, 10), (0, 0, 10, 13), (0, 3, 10, 13)], ["a"] * 3, 0.75, [1]),
+        ([], [], 0.7, []),
+    ],
+)
+def test_find_duplicates(
+    boxes: list[tuple[int, int, int, int]], descs: list[str], threshold: float, expected: list[int]
+) -> None:
+    objects = [Obj(d, b) for d, b in zip(descs, boxes, strict=True)]
+    assert find_duplicates(objects, threshold) == expected
+
+
+# ---------------------------------------------------------------- the B-step guard (both contracts)
+
+
+@dataclass
+class ToyEncoder:
+    """What `build_b_segments` needs from a `SampleEncoder`, over the character tokenizer."""
+
+    samples: Sequence[DetectionSample]
+    vocab: Any = CHAR.vocab
+
+    def encode_text(self, text: str) -> list[int]:
+        return CHAR.encode(text)
+
+    def prompt(self, index: int) -> EncodedSample:
+        ids = CHAR.encode("<prompt>")
+        return EncodedSample(ids, [0] * len(ids), len(ids), ImageInputs(None, None, []))  # type: ignore[arg-type]
+
+
+def b_step_targets(target: str, rollouts: Sequence[str]) -> list[tuple[list[int], list[float], list[int]]]:
+    """Assistant ids, CE weights and coordinate-slot positions of each rollout's B-step target."""
+    sample = DetectionSample(
+        images=[], width=1000, height=1000, objects=[DetObject(g.desc, g.bbox_2d) for g in GT]
+    )
+    encoder = cast(SampleEncoder, ToyEncoder([sample] * len(rollouts)))
+    kept, dropped = build_b_segments(
+        list(range(len(rollouts))),
+        [Generation(CHAR.encode(r), "stop") for r in rollouts],
+        encoder,
+        RolloutMatchingConfig(),
+        ChannelBConfig(target=target),  # type: ignore[arg-type]
+        desc_ce_weight=1.0,
+        packing_length=100_000,
+    )
+    assert dropped.n_samples == 0 and len(kept) == len(rollouts)
+    n = len(CHAR.encode("<prompt>"))
+    return [
+        (seg.input_ids[n:], seg.ce_weights[n:], [p - n for g in seg.coord_groups for p in g.positions])
+        for seg, _ in kept
+    ]
+
+
+FP_ENTRY = entry(3, "blue ring", (600, 600, 700, 700))
+DUP_ENTRY = entry(4, "red square", (11, 10, 50, 50))
+
+
+@pytest.mark.parametrize("target", ["raw_prefix", "clean_prefix"])
+def test_no_b_step_target_puts_ce_on_an_fp_object(target: str) -> None:
+    ((ids, weights, slots),) = b_step_targets(target, [ROLLOUT])
+    text = CHAR.text(ids)
+    supervised = CHAR.text([i for i, w in zip(ids, weights, strict=True) if w > 0])
+    assert "blue ring" not in supervised, "CE on an FP object's desc"
+    if target == "raw_prefix":  # the FP entry stays as input, every token of it masked, no box loss
+        start = len(CHAR.encode(text[: text.index(FP_ENTRY)]))
+        span = range(start, start + len(CHAR.encode(FP_ENTRY)))
+        assert all(weights[k] == 0.0 for k in span), "CE on an FP object"
+        assert not set(span) & set(slots), "geometry loss on an FP object"
+    else:  # clean prefix: the FP object is not even input
+        assert "blue ring" not in text and "<|coord_600|>" not in text
+
+
+def test_clean_prefix_b_step_target_never_keeps_a_duplicate() -> None:
+    ((ids, _, slots),) = b_step_targets("clean_prefix", [ROLLOUT])
+    text = CHAR.text(ids)
+    assert text.count('"red square"') == 1, "clean prefix kept a duplicate"
+    assert "<|coord_11|>" not in text
+    assert len(slots) == 4 * 3  # green star, red square, black box
+    ((raw_ids, _, _),) = b_step_targets("raw_prefix", [ROLLOUT])
+    assert CHAR.text(raw_ids).count('"red square"') == 2  # the raw prefix keeps it as (masked) input
+
+
+def test_b_step_stats_count_duplicates() -> None:
+    sample = DetectionSample(
+        images=[], width=1000, height=1000, objects=[DetObject(g.desc, g.bbox_2d) for g in GT]
+    )
+    encoder = cast(SampleEncoder, ToyEncoder([sample]))
+    kept, _ = build_b_segments(
+        [0],
+        [Generation(CHAR.encode(ROLLOUT), "stop")],
+        encoder,
+        RolloutMatchingConfig(),
+        ChannelBConfig(target="clean_prefix"),
+        desc_ce_weight=1.0,
+        packing_length=100_000,
+    )
+    metrics = kept[0][1].metrics()
+    assert metrics["rollout/dup_total"] == 1 and metrics["rollout/dup_rate"] == 0.25
+
+
+def test_fused_tokenizer_clean_prefix_matches_char_tokenizer_text() -> None:
+    fused = toy_tokenizer(['"]},', '"]}}', '": "'])
+    accepted, match = clean_inputs()
+    a = build_channel_b_clean_segment(
+        accepted,
+        match,
+        GT,
+        encode=fused.encode,
+        vocab=fused.vocab,
+        desc_ce_weight=0.5,
+        insertion_order="sorted",
+    )
+    b = build_channel_b_clean_segment(
+        accepted,
+        match,
+        GT,
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        desc_ce_weight=0.5,
+        insertion_order="sorted",
+    )
+    assert fused.text(a.input_ids[:-1]) == CHAR.text(b.input_ids[:-1])
+    # the CE mass on desc text is the same: desc tokens are whole in both tokenizers
+    assert sum(w == 0.5 for w in a.ce_weights) == len("black box")
