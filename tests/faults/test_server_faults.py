@@ -75,11 +75,12 @@ def test_server_killed_mid_infer_and_mid_sync(tmp_path: Path) -> None:
                 lambda: _last(out, "stage2_ab/async/prefetch_fail_total") > 0, 60, "a counted failure"
             )
             run.wait_for(lambda: len(_rows(out)) >= killed_at_step + 4, 60, "A steps without a server")
-            # 2. back on the same port; it dies in the middle of its 2nd weight sync
+            # 2. back on the same port; it dies in the middle of its 2nd weight sync (the first brings it to the
+            # learner's version; with a sync after every step the 2nd follows one step later, so whether a B
+            # step fits in between depends on the machine's load: B coming back is checked in 3.)
             second = _server(tmp_path, "server2", port, "kill_in_sync:2:1")
             servers.append(second)
             back_at_step = len(_rows(out))
-            run.wait_for(lambda: any(r["kind"] == "B" for r in _rows(out)[back_at_step:]), 120, "B again")
             second.proc.wait(240)
             failed_syncs = _last(out, "stage2_ab/async/sync_fail_total")
             run.wait_for(
@@ -118,6 +119,7 @@ def test_server_killed_mid_infer_and_mid_sync(tmp_path: Path) -> None:
     assert len(applied) == 1, applied
     assert [s.proc.returncode for s in servers[:2]] == [-signal.SIGKILL, -signal.SIGKILL]
     b_after = sum(r["kind"] == "B" for r in rows[back_at_step:])
+    assert b_after >= 1
     report(
         fault="rollout server SIGKILL mid-/infer/ + SIGKILL mid-weight-sync (restarted on the same port)",
         survived=True,
