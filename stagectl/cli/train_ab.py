@@ -84,6 +84,7 @@ def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
 
 def _train(cfg: object) -> None:
     from stagectl.config import StagectlConfig
+    from stagectl.console import say
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
@@ -101,13 +102,14 @@ def _train(cfg: object) -> None:
         fail(str(exc) or type(exc).__name__)
     if rank != 0:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one line per node of a multi-node run
-            typer.echo(
-                f"train-ab: rank {rank} done, {step} optimizer steps (global rank 0 writes the run dir)",
-                err=True,
+            say(
+                "train-ab",
+                f"done, {step} optimizer steps (global rank 0 writes the run dir)",
+                every_rank=True,
             )
         return
     if trainer.stopped_by_signal is not None:
         typer.echo(
             f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True
         )
-    typer.echo(f"train-ab: done, {step} optimizer steps; run dir {cfg.training.output_dir}", err=True)
+    say("train-ab", f"done, {step} optimizer steps; run dir {cfg.training.output_dir}")

@@ -82,23 +82,17 @@ def validate_async_needs_server_rollouts(cfg: StagectlConfig, world_size: int) -
                 "stage2_ab.channel_b.mode: async needs vllm.mode: server",
             )
         )
-    if rm.vllm.sync.mode != "full":
-        problems.append(
-            Problem(
-                "custom.extra.rollout_matching.vllm.sync.mode",
-                "stage2_ab.channel_b.mode: async needs vllm.sync.mode: full (versioned full weight sync)",
-            )
-        )
     return problems
 
 
 def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
     rm = cfg.custom.extra.rollout_matching
-    if rm.vllm.sync.mode == "adapter" and not (cfg.stage2_ab and cfg.stage2_ab.channel_b.mode == "async"):
+    if rm.vllm.sync.mode != "full":
         return [
             Problem(
                 "custom.extra.rollout_matching.vllm.sync.mode",
-                "stagectl syncs full weights only; set vllm.sync.mode: full",
+                "stagectl syncs full weights only (versioned full weight sync, which async mode relies on); "
+                "set vllm.sync.mode: full",
             )
         ]
     return []

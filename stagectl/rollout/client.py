@@ -44,6 +44,7 @@ from stagectl.rollout.protocol import (
     RequestConfig,
     SyncResponse,
     VersionResponse,
+    read_token,
 )
 from stagectl.rollout.requests import (
     contiguous_parts,
@@ -146,20 +147,9 @@ class RolloutClient:
     ) -> RolloutClient:
         """From `custom.extra.rollout_matching`; `base_urls` overrides `vllm.server.servers` (an embedded
         server's address), `disk_dir` is the default of `vllm.sync.disk_dir` (`{output_dir}/weight_sync`)."""
-        server, sync = rm.vllm.server, rm.vllm.sync
-        if sync.mode != "full":
-            raise ValueError(
-                f"custom.extra.rollout_matching.vllm.sync.mode: {sync.mode!r} is not supported; use full"
-            )
+        server, sync = rm.vllm.server, rm.vllm.sync  # validated: sync.mode is full
         urls = list(base_urls) if base_urls is not None else [s.base_url for s in server.servers]
-        token = None
-        if server.auth_token_env is not None:
-            token = os.environ.get(server.auth_token_env, "").strip()
-            if not token:
-                raise ValueError(
-                    f"custom.extra.rollout_matching.vllm.server.auth_token_env names ${server.auth_token_env}, "
-                    "which is unset or empty"
-                )
+        token = read_token(server.auth_token_env, "custom.extra.rollout_matching.vllm.server.auth_token_env")
         return cls(
             urls,
             timeout_s=server.timeout_s,

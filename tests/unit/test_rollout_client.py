@@ -98,6 +98,3 @@ def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         assert client.disk_dir == tmp_path
     with RolloutClient.from_config(rm, base_urls=["http://127.0.0.1:2"]) as client:
         assert client.base_urls == ["http://127.0.0.1:2"]
-    rm.vllm.sync.mode = "adapter"
-    with pytest.raises(ValueError, match=r"sync\.mode: 'adapter' is not supported"):
-        RolloutClient.from_config(rm)
