@@ -305,15 +305,29 @@ def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> d
         walls = _run_jobs([*stage1.values(), *order], workers, logs)
         stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
         tasks = analyse(out, quick)
+    return _result(
+        sizes,
+        workers,
+        time.perf_counter() - started,
+        tasks,
+        quick=quick,
+        stage1_wall_s=stage1_walls,
+        phase2_wall_s=walls,
+    )
+
+
+def _result(
+    sizes: Sizes, workers: int, total_s: float, tasks: Any, *, quick: bool = False, **walls: Any
+) -> dict[str, Any]:
+    """What `run()` and `report_only()` return (the learning section of BENCHMARKS.md reads it)."""
     return {
         "quick": quick,
         "sizes": asdict(sizes),
         "a_only_factor": A_ONLY_FACTOR,
         "workers": workers,
         "tasks_spec": {task: TASKS[task] for task in sizes.tasks},
-        "stage1_wall_s": stage1_walls,
-        "phase2_wall_s": walls,
-        "total_s": time.perf_counter() - started,
+        **walls,
+        "total_s": total_s,
         "tasks": tasks,
     }
 
@@ -327,15 +341,7 @@ def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
     total = (
         max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
     )
-    return {
-        "quick": False,
-        "sizes": asdict(sizes),
-        "a_only_factor": A_ONLY_FACTOR,
-        "workers": workers,
-        "tasks_spec": {task: TASKS[task] for task in sizes.tasks},
-        "total_s": total,
-        "tasks": analyse(out),
-    }
+    return _result(sizes, workers, total, analyse(out))
 
 
 def main() -> None:
