@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
+    WEIGHT_CHUNK_PATH,
     AbortBody,
     ChunkResponse,
     CommitBody,
@@ -36,10 +37,10 @@ from stagectl.rollout.protocol import (
     WorldSizeResponse,
 )
 from stagectl.rollout.service import BadRequest, RolloutService
+from stagectl.rollout.stream import WeightStreamServer
 from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
 
 access_log = logging.getLogger("stagectl.rollout.access")
-WEIGHT_CHUNK_PATH = "/update_weights/"
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
 
 router = APIRouter()
@@ -256,9 +257,19 @@ def build_app(service: RolloutService) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        app.state.weight_executor.shutdown(wait=True)
-        service.close()
+        settings = service.settings
+        stream = None
+        if settings.weight_stream_port is not None:
+            stream = WeightStreamServer(service, settings.weight_stream_host, settings.weight_stream_port)
+            service.weight_stream_port = stream.start().port
+        try:
+            yield
+        finally:
+            if stream is not None:
+                service.weight_stream_port = None
+                stream.stop()
+            app.state.weight_executor.shutdown(wait=True)
+            service.close()
 
     app = FastAPI(title="stagectl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service

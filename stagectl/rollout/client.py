@@ -38,6 +38,7 @@ from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.rollout.delta import DeltaTracker
 from stagectl.rollout.errors import DeltaRefused, RolloutRequestError, RolloutServerError, WeightPushError
 from stagectl.rollout.protocol import (
+    WEIGHT_CHUNK_PATH,
     InferBody,
     InferRequest,
     InferResponse,
@@ -371,6 +372,7 @@ class RolloutClient:
         sync_id = uuid.uuid4().hex
         num_bytes = num_chunks = 0
         try:
+            chunk_urls = self._on_every_server(self._chunk_url)
             upcoming = self._pool.submit(next, chunks, None)
             while (chunk := upcoming.result()) is not None:
                 upcoming = self._pool.submit(next, chunks, None)
@@ -382,7 +384,7 @@ class RolloutClient:
                 }
                 if base_version is not None:
                     params["base_version"] = base_version
-                self._on_every_server(partial(self._post_chunk, params=params, chunk=chunk))
+                self._on_every_server(partial(self._post_chunk, urls=chunk_urls, params=params, chunk=chunk))
                 num_bytes += chunk.num_bytes
                 num_chunks += 1
             commit = {"sync_id": sync_id, "version": version, "num_chunks": num_chunks}
@@ -429,8 +431,21 @@ class RolloutClient:
         futures = [self._pool.submit(call, k) for k in range(len(self.base_urls))]
         return [future.result() for future in futures]
 
+    def _chunk_url(self, k: int) -> str:
+        """Where server `k` takes weight chunks: its weight-stream port when it advertises one (asked at
+        every sync: a restarted server has a new one), else its app port."""
+        try:
+            port = VersionResponse.model_validate(self._get(k, "/version/")).weight_stream_port
+        except (httpx.HTTPError, ValueError) as exc:  # incl. a 4xx (RolloutRequestError) or a bad body
+            raise WeightPushError(f"{self.base_urls[k]}/version/: {exc}") from exc
+        if port is None:
+            return f"{self.base_urls[k]}{WEIGHT_CHUNK_PATH}"
+        return str(httpx.URL(self.base_urls[k]).copy_with(port=port).join(WEIGHT_CHUNK_PATH))
+
     def _post(self, k: int, path: str, **kwargs: Any) -> Any:
-        url = f"{self.base_urls[k]}{path}"
+        return self._post_url(f"{self.base_urls[k]}{path}", k, **kwargs)
+
+    def _post_url(self, url: str, k: int, **kwargs: Any) -> Any:
         try:
             response = self._clients[k].post(url, **kwargs)
         except httpx.HTTPError as exc:
@@ -441,9 +456,9 @@ class RolloutClient:
             raise WeightPushError(f"{url}: HTTP {response.status_code}: {_detail(response)}")
         return response.json()
 
-    def _post_chunk(self, k: int, *, params: dict[str, Any], chunk: WeightChunk) -> Any:
+    def _post_chunk(self, k: int, *, urls: Sequence[str], params: dict[str, Any], chunk: WeightChunk) -> Any:
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(chunk.num_bytes)}
-        return self._post(k, "/update_weights/", params=params, content=chunk.parts(), headers=headers)
+        return self._post_url(urls[k], k, params=params, content=chunk.parts(), headers=headers)
 
     def _abort(self, k: int, sync_id: str) -> None:
         try:

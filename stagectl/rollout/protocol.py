@@ -34,6 +34,9 @@ IMAGE_TAG = "<image>"
 LISTENING_PREFIX = "rollout-server: listening on "  # + base URL, printed once the socket listens
 
 
+WEIGHT_CHUNK_PATH = "/update_weights/"  # one weight chunk: POST, on the app port or the weight-stream port
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -150,6 +153,9 @@ class VersionResponse(_Response):
     version: int
     model: str
     engine: str = ""
+    weight_stream_port: int | None = None
+    """The port of the weight-stream listener (same host; `POST /update_weights/` there); None: send
+    weight chunks to this port."""
 
 
 class CommitBody(_Request):

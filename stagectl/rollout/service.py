@@ -38,6 +38,8 @@ class ServerSettings:
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
     shm_dir: Path = SHM_DIR  # where `transport: shm` snapshots live
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
+    weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`rollout.stream`): its address,
+    weight_stream_port: int | None = 0  # its port (0: a free one; None: off, chunks go to the app's port)
 
 
 class RolloutService:
@@ -47,6 +49,7 @@ class RolloutService:
         self.sync = WeightSync(engine, settings.weight_dirs, settings.shm_dir)
         remove_stale(settings.shm_dir)  # shm snapshots of learners killed mid-sync
         self.num_requests = 0
+        self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self._count_lock = threading.Lock()
 
     def infer(self, body: InferBody) -> list[InferResponse]:
@@ -93,7 +96,10 @@ class RolloutService:
 
     def version(self) -> VersionResponse:
         return VersionResponse(
-            version=self.engine.version, model=self.engine.model_name, engine=self.engine.name
+            version=self.engine.version,
+            model=self.engine.model_name,
+            engine=self.engine.name,
+            weight_stream_port=self.weight_stream_port,
         )
 
     def stats(self) -> StatsResponse:

@@ -46,6 +46,8 @@ def server_settings(rs: RolloutServerConfig, weight_dirs: Sequence[Path] = ()) -
         auth_token=token,
         max_request_bytes=rs.max_request_bytes,
         max_weight_chunk_bytes=rs.max_weight_chunk_bytes,
+        weight_stream_host=rs.host,
+        weight_stream_port=rs.weight_stream_port,
     )
 
 

@@ -249,6 +249,27 @@ class ChunkReceiver:
         except WeightSyncError as exc:
             self.error = exc.with_traceback(None)  # its frames hold views of the body (maybe an mmap)
 
+    def destination(self) -> memoryview | None:
+        """Where the next body bytes belong in the staging (a writable view of the rest of the current
+        tensor), so a socket can `readinto` it and skip `feed`'s copy; then call `received(n)`. None while
+        the header is still arriving, after an error, or past the last tensor: use `feed`."""
+        if self.error is not None or self._targets is None or self._target >= len(self._targets):
+            return None
+        start, stop, destination = self._targets[self._target]
+        if self._position < start:
+            return None
+        return destination[self._position - start : stop - start]
+
+    def received(self, n: int) -> None:
+        """`n` bytes were written at the start of `destination()`: hash them and move on."""
+        assert self._targets is not None
+        start, stop, destination = self._targets[self._target]
+        offset = self._position - start
+        self._hash.update(destination[offset : offset + n])
+        self._position += n
+        if self._position == stop:
+            self._target += 1
+
     def _feed(self, view: memoryview) -> None:
         self._hash.update(view)
         if self._targets is None:

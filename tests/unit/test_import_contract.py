@@ -31,6 +31,7 @@ ROLLOUT_SERVER = {
     "service",
     "serving",
     "staging",
+    "stream",
     "sync",
     "text",
 }

@@ -1,0 +1,293 @@
+"""The weight-stream listener: `POST /update_weights/` (the same chunk endpoint, query and answers as the
+app's) on a port of its own, served by blocking threads that read each chunk's body straight from the
+socket into a reused buffer and feed it to the staging (one copy and one XXH3 pass per byte).
+
+Why a second listener: on the app's port a chunk's bytes go through uvicorn's pure-Python HTTP parser and
+the event loop in pieces of at most 256 KiB, which held `http` sync at about a quarter of what a plain
+loopback socket carries on a 2-core host. Here the body is read with `readinto` in 8 MiB pieces; the
+request line and headers still go through the standard library's HTTP parser.
+
+Guards, as on the app's port: the bearer token, the chunk-size limit (413), a deadline for the whole body
+(408), a per-read socket timeout, and a cap on open connections (503 beyond it). The server advertises the
+port in `/version/` (`weight_stream_port`); `rollout_server.weight_stream_port: null` turns it off, and the
+client then sends chunks to the app's port as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH
+from stagectl.rollout.service import RolloutService
+from stagectl.rollout.staging import ChunkReceiver
+from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
+
+access_log = logging.getLogger("stagectl.rollout.access")
+log = logging.getLogger(__name__)
+PIECE_BYTES = 8 << 20  # the most one socket read takes
+HEADER_READ = 64 << 10  # reads while a chunk's safetensors header arrives (then tensors are read in place)
+READ_TIMEOUT_S = 10.0  # one read of the request line, a header or a piece of the body
+MAX_CONNECTIONS = 32  # open connections at once (a learner opens one per rank pushing; 503 beyond)
+_DIGEST = re.compile(DIGEST_PATTERN)
+_BUSY_BODY = json.dumps({"detail": f"more than {MAX_CONNECTIONS} weight-stream connections"}).encode()
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
+    + _BUSY_BODY
+)
+
+
+class _Refused(Exception):
+    """An answer other than 200: `status`, `detail`, and whether the connection must close."""
+
+    def __init__(self, status: int, detail: str, *, close: bool = False) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.close = close
+
+
+def _query(raw: str) -> dict[str, Any]:
+    """The chunk's query parameters, checked as the app checks them (422 naming the field)."""
+    values = {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+
+    def integer(name: str, *, required: bool = True) -> int | None:
+        text = values.get(name)
+        if text is None:
+            if required:
+                raise _Refused(422, f"{name}: field required")
+            return None
+        if not text.isdigit():
+            raise _Refused(422, f"{name}: not a non-negative integer: {text[:32]!r}")
+        return int(text)
+
+    sync_id = values.get("sync_id", "")
+    if not 1 <= len(sync_id) <= 128:
+        raise _Refused(422, "sync_id: 1 to 128 characters required")
+    digest = values.get("digest", "")
+    if not _DIGEST.fullmatch(digest):
+        raise _Refused(422, f"digest: does not match {DIGEST_PATTERN}")
+    return {
+        "sync_id": sync_id,
+        "chunk_index": integer("chunk_index"),
+        "digest": digest,
+        "version": integer("version"),
+        "base_version": integer("base_version", required=False),
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection carries every chunk of a sync
+    timeout = READ_TIMEOUT_S
+    server: WeightStreamServer
+    _buffer: memoryview | None = None  # this connection's read buffer, made at its first body
+
+    def do_POST(self) -> None:
+        start = time.perf_counter()
+        try:
+            status, body = 200, self._chunk()
+        except _Refused as exc:
+            status, body = exc.status, {"detail": exc.detail}
+            if exc.close:
+                self.close_connection = True
+        except Exception as exc:  # a bug: answer 500, keep serving, say what happened
+            log.exception("weight-stream request failed")
+            status, body = 500, {"detail": f"internal error: {type(exc).__name__}: {exc}"}
+            self.close_connection = True
+        self._access(status, start)
+        self._answer(status, body)
+
+    def do_GET(self) -> None:
+        self.close_connection = True
+        self._answer(405, {"detail": "this port takes POST /update_weights/ only"})
+
+    def _chunk(self) -> dict[str, Any]:
+        url = urlsplit(self.path)
+        if url.path != WEIGHT_CHUNK_PATH:
+            self.close_connection = True
+            raise _Refused(404, f"not found: {url.path} (this port takes POST {WEIGHT_CHUNK_PATH} only)")
+        self._check_token()
+        length = self._content_length()
+        try:
+            query = _query(url.query)
+        except _Refused:
+            self._drain(length)
+            raise
+        sync = self.server.service.sync
+        try:
+            receiver = sync.begin_chunk(
+                query["sync_id"],
+                query["chunk_index"],
+                query["digest"],
+                query["version"],
+                query["base_version"],
+            )
+        except WeightSyncError as exc:
+            # Refused before the body (e.g. a delta against another base: 409). Drain it, so the answer
+            # goes out on a connection the client can keep using.
+            self._drain(length)
+            raise _Refused(409 if isinstance(exc, DeltaBaseError) else 400, str(exc)) from None
+        self._receive(receiver, length)
+        try:
+            num = sync.finish_chunk(receiver)
+        except WeightSyncError as exc:
+            raise _Refused(409 if isinstance(exc, DeltaBaseError) else 400, str(exc)) from None
+        return {"sync_id": query["sync_id"], "chunk_index": query["chunk_index"], "num_tensors": num}
+
+    def _check_token(self) -> None:
+        expected = self.server.service.settings.auth_token
+        if expected is None:
+            return
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            raise _Refused(401, "missing or wrong bearer token", close=True)
+
+    def _content_length(self) -> int:
+        if self.headers.get("Transfer-Encoding"):
+            raise _Refused(
+                411, "a weight chunk needs Content-Length (chunked bodies are not taken)", close=True
+            )
+        text = (self.headers.get("Content-Length") or "").strip()
+        if not text.isdigit():
+            raise _Refused(411, "a weight chunk needs Content-Length", close=True)
+        length = int(text)
+        limit = self.server.service.settings.max_weight_chunk_bytes
+        if length > limit:
+            raise _Refused(413, f"request body of {length} bytes exceeds {limit}", close=True)
+        return length
+
+    def _read_body(self, length: int, receiver: ChunkReceiver | None) -> None:
+        """Read `length` body bytes within the body deadline: straight into the staging where the receiver
+        says where they go (`destination`), else through this connection's buffer into `feed` (the
+        header, an errored chunk) or nowhere (`receiver` None: draining a refused body)."""
+        settings = self.server.service.settings
+        deadline = time.monotonic() + settings.body_timeout_s
+        remaining = length
+        while remaining:
+            if time.monotonic() > deadline:
+                raise _Refused(
+                    408, f"request body not received within {settings.body_timeout_s:g} s", close=True
+                )
+            target = receiver.destination() if receiver is not None else None
+            direct = target is not None
+            if target is None:
+                if self._buffer is None:
+                    self._buffer = memoryview(bytearray(PIECE_BYTES))
+                # the header comes in small reads, so the tensors that follow it are read in place
+                in_header = receiver is not None and receiver.error is None
+                target = self._buffer[:HEADER_READ] if in_header else self._buffer
+            target = target[: min(remaining, PIECE_BYTES)]
+            try:
+                n = self.rfile.readinto(target)  # type: ignore[attr-defined]
+            except TimeoutError:
+                raise _Refused(408, f"no body bytes for {READ_TIMEOUT_S:g} s", close=True) from None
+            except OSError as exc:
+                raise _Refused(400, f"connection failed mid-body: {exc}", close=True) from None
+            if not n:
+                raise _Refused(400, f"body ended after {length - remaining} of {length} bytes", close=True)
+            remaining -= n
+            if receiver is None:
+                continue
+            if direct:
+                receiver.received(n)
+            else:
+                receiver.feed(target[:n])
+
+    def _drain(self, length: int) -> None:
+        self._read_body(length, None)
+
+    def _receive(self, receiver: ChunkReceiver, length: int) -> None:
+        finished = False
+        try:
+            self._read_body(length, receiver)
+            finished = True
+        finally:
+            if not finished:
+                self.server.service.sync.fail_chunk(receiver, "the chunk's body did not arrive whole")
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        payload = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:  # the client went away; nothing to tell it
+            self.close_connection = True
+
+    def _access(self, status: int, start: float) -> None:
+        entry = {
+            "ts": round(time.time(), 3),
+            "event": "access",
+            "method": self.command,
+            "path": urlsplit(self.path).path,
+            "status": status,
+            "ms": round((time.perf_counter() - start) * 1000, 2),
+            "client": f"{self.client_address[0]}:{self.client_address[1]}",
+            "port": "weight-stream",
+        }
+        access_log.info(json.dumps(entry))
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one JSON access line per request instead (`_access`); parse errors are answered in HTTP
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # the standard library's parse errors (bad request line, too many headers): JSON like every answer
+        self.close_connection = True
+        self._answer(code, {"detail": message or HTTPStatus(code).phrase})
+
+
+class WeightStreamServer(ThreadingHTTPServer):
+    """The weight-stream listener on `host:port` (0: a free port); `start()` serves on a daemon thread,
+    `stop()` closes it. Each connection has its own thread and, while it reads a body, its own buffer."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            super().__init__((host, port), _Handler)
+        except OSError as exc:
+            raise ValueError(f"cannot bind the weight-stream port {host}:{port}: {exc.strerror}") from None
+        self.service = service
+        self.port: int = self.server_address[1]
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._thread = threading.Thread(target=self.serve_forever, name="weight-stream", daemon=True)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def start(self) -> WeightStreamServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.shutdown()
+        self.server_close()
