@@ -40,10 +40,16 @@ class VllmServerConfig(StrictModel):
 class VllmSyncConfig(StrictModel):
     mode: Literal["full", "adapter"] = "full"
     """Weight sync mode. stagectl implements `full` (every parameter); `adapter` is rejected."""
-    transport: Literal["http", "disk", "shm"] = "http"
-    """`http`: chunked safetensors streamed to `/update_weights/`; `shm`: a snapshot in `/dev/shm` that every
-    server maps (learner rank 0 and the servers on one node: loopback server URLs only); `disk`: a
-    snapshot under `disk_dir` loaded by path."""
+    transport: Literal["http", "disk", "shm", "collective", "nccl"] = "http"
+    """`http`: chunked safetensors streamed to `/update_weights/` (on the server's weight-stream port);
+    `shm`: a snapshot in `/dev/shm` that every server maps (learner rank 0 and the servers on one node:
+    loopback server URLs only); `disk`: a snapshot under `disk_dir` loaded by path; `collective`: the learner
+    and the servers form a torch.distributed (gloo) group and each tensor is broadcast from the learner
+    (`group_address`); `nccl`: the GPU-direct path through vLLM's weight-transfer API, designed in
+    docs/weight_sync.md and refused until it is built."""
+    group_address: str = "127.0.0.1"
+    """`collective`: the learner's address the servers connect to (its weight group's store). 127.0.0.1
+    serves servers on the learner's node; remote servers need an address of this node they can reach."""
     chunk_mb: float = Field(64.0, gt=0, le=1024)
     """Size of one http weight chunk in MiB."""
     disk_dir: Path | None = None

@@ -110,6 +110,24 @@ def validate_sync_transport(cfg: StagectlConfig, world_size: int) -> list[Proble
                 "or delta: false",
             )
         )
+    if sync.transport == "nccl":
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.sync.transport",
+                "nccl (GPU to GPU through vLLM's weight-transfer API) is designed (docs/weight_sync.md) but "
+                "not built; use collective (the same control flow over a gloo group), http or shm",
+            )
+        )
+    if sync.transport == "collective" and sync.group_address in LOOPBACK_HOSTS:
+        remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
+        if remote:
+            problems.append(
+                Problem(
+                    "custom.extra.rollout_matching.vllm.sync.group_address",
+                    f"{', '.join(remote)} cannot reach the weight group at {sync.group_address}; set "
+                    "vllm.sync.group_address to an address of the learner's node the servers can reach",
+                )
+            )
     if sync.transport == "shm":
         remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
         if remote:

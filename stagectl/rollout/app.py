@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stagectl.rollout.collective import GroupError, GroupInfo
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
     WEIGHT_CHUNK_PATH,
@@ -27,6 +28,9 @@ from stagectl.rollout.protocol import (
     ChunkResponse,
     CommitBody,
     DiskSyncBody,
+    GroupFinishBody,
+    GroupInitBody,
+    GroupStartBody,
     HealthResponse,
     InferBody,
     InferResponse,
@@ -38,7 +42,7 @@ from stagectl.rollout.protocol import (
 )
 from stagectl.rollout.service import BadRequest, RolloutService
 from stagectl.rollout.stream import WeightStreamServer
-from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
+from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, NoGroupError, WeightSyncError
 
 access_log = logging.getLogger("stagectl.rollout.access")
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
@@ -145,6 +149,28 @@ async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
     return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
 
 
+@router.post("/update_weights/group/init/", dependencies=[Depends(require_token)])
+async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
+    info = GroupInfo(body.master_address, body.master_port, body.rank, body.world_size, body.timeout_s)
+    try:
+        await _weight_call(request, _service(request).sync.group_init, info)
+    except GroupError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return {"rank": body.rank}
+
+
+@router.post("/update_weights/group/start/", dependencies=[Depends(require_token)])
+async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
+    tensors = [(t.name, t.dtype, tuple(t.shape)) for t in body.tensors]
+    await _weight_call(request, _service(request).sync.group_start, body.sync_id, body.version, tensors)
+    return {"sync_id": body.sync_id}
+
+
+@router.post("/update_weights/group/finish/", dependencies=[Depends(require_token)])
+async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
+    return await _weight_call(request, _service(request).sync.group_finish, body.sync_id, body.version)
+
+
 @router.post("/update_weights/from_shm/", dependencies=[Depends(require_token)])
 async def from_shm(body: ShmSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(
@@ -158,7 +184,8 @@ async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=409 if isinstance(exc, DeltaBaseError) else 400)
+    conflict = isinstance(exc, (DeltaBaseError, NoGroupError))
+    return JSONResponse({"detail": str(exc)}, status_code=409 if conflict else 400)
 
 
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:

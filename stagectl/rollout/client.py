@@ -24,8 +24,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -35,6 +35,7 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.rollout.collective import GroupError, GroupInfo, WeightGroup, host_store
 from stagectl.rollout.delta import DeltaTracker
 from stagectl.rollout.errors import DeltaRefused, RolloutRequestError, RolloutServerError, WeightPushError
 from stagectl.rollout.protocol import (
@@ -55,7 +56,7 @@ from stagectl.rollout.requests import (
     with_seed_offset,
 )
 from stagectl.rollout.shm import SHM_DIR, remove_stale, shm_path, write_snapshot
-from stagectl.rollout.weights import WeightChunk, encode_chunks, encode_pieces
+from stagectl.rollout.weights import WeightChunk, dtype_name, encode_chunks, encode_pieces
 
 __all__ = [  # the request helpers are re-exported: callers need one import for the whole client side
     "PushReport",
@@ -70,7 +71,7 @@ __all__ = [  # the request helpers are re-exported: callers need one import for 
 ]
 
 log = logging.getLogger("stagectl.rollout.client")
-Transport = Literal["http", "disk", "shm"]
+Transport = Literal["http", "disk", "shm", "collective"]
 T = TypeVar("T")
 _RESPONSES = TypeAdapter(list[InferResponse])
 MIB = 1024 * 1024
@@ -109,6 +110,7 @@ class RolloutClient:
         connect_timeout_s: float = 10.0,
         delta: bool = False,
         shm_dir: Path = SHM_DIR,
+        group_address: str = "127.0.0.1",
     ) -> None:
         if not base_urls:
             raise ValueError("RolloutClient needs at least one server base URL")
@@ -128,6 +130,8 @@ class RolloutClient:
                 )
             remove_stale(shm_dir)  # snapshots of learners killed before they could clean up
         self._delta = DeltaTracker() if delta else None
+        self.group_address = group_address
+        self._group: WeightGroup | None = None  # transport collective: joined at the first push
         self._clients = [self._new_http() for _ in self.base_urls]
         # Enough threads for an `infer` (one per server) and a `push_weights` (one per server + read-ahead) at once.
         self._pool = ThreadPoolExecutor(
@@ -156,10 +160,11 @@ class RolloutClient:
             timeout_s=server.timeout_s,
             infer_timeout_s=server.infer_timeout_s,
             auth_token=token,
-            transport=sync.transport,
+            transport=_transport(sync.transport),
             chunk_bytes=int(sync.chunk_mb * MIB),
             disk_dir=sync.disk_dir if sync.disk_dir is not None else disk_dir,
             delta=sync.delta,
+            group_address=sync.group_address,
         )
 
     def _new_http(self) -> httpx.Client:
@@ -324,6 +329,8 @@ class RolloutClient:
                 num_bytes, num_chunks = sent
             elif chosen == "shm":
                 num_bytes, num_chunks = self._push_shm(state_dict, version), 1
+            elif chosen == "collective":
+                num_bytes, num_chunks = self._push_collective(state_dict, version), 1
             else:
                 num_bytes, num_chunks = self._push_disk(state_dict, version), 1
         except WeightPushError:
@@ -408,6 +415,83 @@ class RolloutClient:
             path.unlink(missing_ok=True)
         return num_bytes
 
+    def _push_collective(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+        """Announce the tensors to every server (each checks them and starts receiving), broadcast them in
+        that order through the weight group, then let every server apply them. After any failure the
+        group is dropped on both sides and the next push forms a new one."""
+        tensors = {name: t.detach().contiguous().cpu() for name, t in state_dict.items()}
+        sync_id = uuid.uuid4().hex
+        announce = {
+            "sync_id": sync_id,
+            "version": version,
+            "tensors": [
+                {"name": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+                for name, t in tensors.items()
+            ],
+        }
+        try:
+            group = self._start_collective(announce)
+            for tensor in tensors.values():
+                group.broadcast(tensor)
+            finish = {"sync_id": sync_id, "version": version}
+            responses = self._on_every_server(
+                lambda k: self._post(k, "/update_weights/group/finish/", json=finish)
+            )
+        except (WeightPushError, GroupError) as exc:
+            self._group = None
+            self._on_every_server(lambda k: self._abort(k, sync_id))
+            if isinstance(exc, GroupError):
+                raise WeightPushError(str(exc)) from None
+            raise
+        _check_versions(responses, version)
+        return _state_bytes(tensors)
+
+    def _start_collective(self, announce: dict[str, Any]) -> WeightGroup:
+        """Every server checks the announced tensors and starts receiving; a server outside the group
+        (restarted: 409) makes this client form the group again, once."""
+        for attempt in range(2):
+            if self._group is None:
+                self._group = self._join_group()
+            try:
+                self._on_every_server(lambda k: self._post(k, "/update_weights/group/start/", json=announce))
+                return self._group
+            except DeltaRefused as exc:  # 409: not in the group
+                if attempt:
+                    raise WeightPushError(str(exc)) from None
+                log.warning("weight group gone on a server (%s); forming it again", exc)
+                self._group = None
+                self._on_every_server(lambda k: self._abort(k, announce["sync_id"]))
+        raise AssertionError("unreachable")
+
+    def _join_group(self) -> WeightGroup:
+        """Host the weight group's store, ask every server to join (ranks 1..n) and join as rank 0; an
+        error from any server ends the wait at once."""
+        world_size = len(self.base_urls) + 1
+        try:
+            store = host_store(self.group_address, world_size, self.timeout_s)
+        except GroupError as exc:
+            raise WeightPushError(str(exc)) from None
+        infos = [
+            GroupInfo(self.group_address, store.port, rank, world_size, self.timeout_s)
+            for rank in range(world_size)
+        ]
+        joining = [
+            self._pool.submit(self._post, k, "/update_weights/group/init/", json=asdict(infos[k + 1]))
+            for k in range(len(self.base_urls))
+        ]
+        own = self._pool.submit(WeightGroup, infos[0], store)
+        for future in as_completed([own, *joining]):
+            error = future.exception()
+            if isinstance(error, GroupError):
+                raise WeightPushError(str(error)) from None
+            if error is not None:
+                raise error
+        group = own.result()
+        log.info(
+            "weight group formed at %s:%d with %d servers", self.group_address, store.port, world_size - 1
+        )
+        return group
+
     def _push_disk(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
         if self.disk_dir is None:
             raise ValueError("disk weight sync needs custom.extra.rollout_matching.vllm.sync.disk_dir")
@@ -476,6 +560,12 @@ class RolloutClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _transport(name: str) -> Transport:
+    if name not in ("http", "disk", "shm", "collective"):
+        raise ValueError(f"weight sync transport {name!r} is not built (config validation refuses it)")
+    return name  # type: ignore[return-value]
 
 
 def _check_versions(responses: Sequence[Any], version: int) -> None:

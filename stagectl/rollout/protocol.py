@@ -169,6 +169,36 @@ class AbortBody(_Request):
     sync_id: str = Field(min_length=1, max_length=128)
 
 
+class GroupInitBody(_Request):
+    """`transport: collective`: join the learner's weight group (see `rollout.collective`)."""
+
+    master_address: str = Field(min_length=1, max_length=256)
+    master_port: int = Field(ge=1, le=65535)
+    rank: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    timeout_s: float = Field(gt=0, le=3600)
+
+
+class GroupTensor(_Request):
+    name: str = Field(min_length=1)
+    dtype: str = Field(min_length=1, max_length=32)
+    shape: list[int]
+
+
+class GroupStartBody(_Request):
+    """A collective sync: the tensors rank 0 is about to broadcast, in that order (checked against the
+    model before a byte moves)."""
+
+    sync_id: str = Field(min_length=1, max_length=128)
+    version: int = Field(ge=0)
+    tensors: list[GroupTensor] = Field(min_length=1)
+
+
+class GroupFinishBody(_Request):
+    sync_id: str = Field(min_length=1, max_length=128)
+    version: int = Field(ge=0)
+
+
 class DiskSyncBody(_Request):
     path: str
     """A `.safetensors` snapshot under one of the server's weight directories."""

@@ -30,12 +30,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from stagectl.rollout.collective import GroupError, GroupInfo, WeightGroup
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.paths import resolve_under_roots
 from stagectl.rollout.protocol import SyncResponse
 from stagectl.rollout.shm import SHM_DIR, parse_shm_name
 from stagectl.rollout.staging import ChunkReceiver, StagedWeights, verify_full
-from stagectl.rollout.weights import DeltaBaseError, WeightSyncError
+from stagectl.rollout.weights import DeltaBaseError, NoGroupError, WeightSyncError
 
 log = logging.getLogger("stagectl.rollout.sync")
 
@@ -54,6 +55,8 @@ class WeightSync:
         self._active: ChunkReceiver | None = None  # the chunk streaming in now
         self._buffers: dict[str, torch.Tensor] = {}  # persistent staging (see the module docstring)
         self._mirror_version = -1  # the version `_buffers` holds exactly; -1: none
+        self._group: WeightGroup | None = None  # transport: collective (the learner's weight group)
+        self._receiving: _Receiving | None = None  # a collective sync's broadcasts in flight
         self.num_syncs = 0
         self.num_failed_syncs = 0
 
@@ -158,33 +161,39 @@ class WeightSync:
 
     def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
         with self._lock:
-            if sync_id != self._sync_id or self._staged is None:
+            if self._receiving is not None:
+                raise WeightSyncError(f"sync {sync_id}: a collective sync ends with group/finish, not commit")
+            return self._commit(sync_id, version, num_chunks)
+
+    def _commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
+        """Commit `sync_id` (the lock held): every chunk and tensor arrived, then apply."""
+        if sync_id != self._sync_id or self._staged is None:
+            raise WeightSyncError(
+                f"unknown weight sync {sync_id!r} (never started, aborted or superseded); "
+                f"still serving version {self.engine.version}"
+            )
+        staged = self._staged
+        try:
+            if version != self._target_version:
                 raise WeightSyncError(
-                    f"unknown weight sync {sync_id!r} (never started, aborted or superseded); "
-                    f"still serving version {self.engine.version}"
+                    f"commit version {version} differs from the chunks' {self._target_version}"
                 )
-            staged = self._staged
-            try:
-                if version != self._target_version:
-                    raise WeightSyncError(
-                        f"commit version {version} differs from the chunks' {self._target_version}"
-                    )
-                if num_chunks != self._next_index or self._active is not None:
-                    done = self._next_index - (self._active is not None)
-                    raise WeightSyncError(f"commit says {num_chunks} chunks, {done} arrived")
-                if self._base_version is not None and self._base_version != self.engine.version:
-                    raise DeltaBaseError(
-                        f"delta against base version {self._base_version}, but version {self.engine.version} "
-                        "is serving now; send a full sync"
-                    )
-                staged.check_complete()
-            except WeightSyncError as exc:
-                self._fail(str(exc))
-                raise type(exc)(f"{exc}; still serving version {self.engine.version}") from None
-            self._clear()
-            response = self._apply(staged.tensors, version, staged.num_bytes)
-            self._mirror_version = version
-            return response
+            if num_chunks != self._next_index or self._active is not None:
+                done = self._next_index - (self._active is not None)
+                raise WeightSyncError(f"commit says {num_chunks} chunks, {done} arrived")
+            if self._base_version is not None and self._base_version != self.engine.version:
+                raise DeltaBaseError(
+                    f"delta against base version {self._base_version}, but version {self.engine.version} "
+                    "is serving now; send a full sync"
+                )
+            staged.check_complete()
+        except WeightSyncError as exc:
+            self._fail(str(exc))
+            raise type(exc)(f"{exc}; still serving version {self.engine.version}") from None
+        self._clear()
+        response = self._apply(staged.tensors, version, staged.num_bytes)
+        self._mirror_version = version
+        return response
 
     def abort(self, sync_id: str) -> bool:
         """Drop the staging of `sync_id`; False when it is not the sync in progress."""
@@ -193,6 +202,85 @@ class WeightSync:
                 return False
             self._fail("aborted by the client")
             return True
+
+    # --- collective (transport: collective) -------------------------------------------------------
+
+    def group_init(self, info: GroupInfo) -> None:
+        """Join the learner's weight group, replacing any earlier one (blocks until it formed)."""
+        with self._lock:
+            if self._receiving is not None:
+                self._fail("a new weight group replaces the one this sync was receiving from")
+            self._group = None
+        group = WeightGroup(info)  # outside the lock: it waits for the learner and every other server
+        with self._lock:
+            self._group = group
+        log.info(
+            "joined weight group %s:%d as rank %d of %d",
+            info.master_address,
+            info.master_port,
+            info.rank,
+            info.world_size,
+        )
+
+    def group_start(
+        self, sync_id: str, version: int, tensors: Sequence[tuple[str, str, tuple[int, ...]]]
+    ) -> None:
+        """Check the announced tensors (names, dtypes, shapes, every tensor once) before any byte moves,
+        then receive their broadcasts into the staging on a thread of their own; `group_finish` applies."""
+        with self._lock:
+            if self._group is None:
+                raise NoGroupError(
+                    "no weight group on this server (it restarted, or a failed sync dropped it): the learner "
+                    "re-initialises it with POST /update_weights/group/init/"
+                )
+            if self._sync_id is not None:
+                log.warning("weight sync %s superseded by %s before its commit", self._sync_id, sync_id)
+                self._fail("superseded")
+            if version <= self.engine.version:
+                raise WeightSyncError(
+                    f"target version {version} is not above the serving version {self.engine.version}"
+                )
+            self._start(sync_id, version, None)
+            assert self._staged is not None
+            try:
+                destinations = []
+                for name, dtype, shape in tensors:
+                    self._staged.reserve(name, None, dtype, tuple(shape))
+                    destinations.append(self._staged.buffers[name])
+                self._staged.check_complete()
+            except WeightSyncError as exc:
+                self._fail(str(exc))
+                raise WeightSyncError(
+                    f"{exc}; sync {sync_id} refused before any byte moved, still serving version {self.engine.version}"
+                ) from None
+            receiving = _Receiving(sync_id, self._group, destinations)
+            self._receiving = receiving
+        receiving.thread.start()
+
+    def group_finish(self, sync_id: str, version: int) -> SyncResponse:
+        """Wait for the broadcasts of `sync_id` to land, then check and apply as a commit does."""
+        with self._lock:
+            receiving = self._receiving
+            if receiving is None or receiving.sync_id != sync_id:
+                raise WeightSyncError(
+                    f"unknown collective sync {sync_id!r} (never started, aborted or superseded); "
+                    f"still serving version {self.engine.version}"
+                )
+        receiving.thread.join(receiving.group.info.timeout_s + 5.0)
+        with self._lock:
+            if self._receiving is not receiving:
+                raise WeightSyncError(
+                    f"collective sync {sync_id!r} was aborted while it received; still serving version {self.engine.version}"
+                )
+            error = receiving.error or ("still receiving" if receiving.thread.is_alive() else None)
+            if error is not None:
+                self._fail(error)
+                raise WeightSyncError(
+                    f"collective sync {sync_id}: {error}; the weight group is dropped (the learner "
+                    f"re-initialises it), still serving version {self.engine.version}"
+                )
+            self._receiving = None
+            return self._commit(sync_id, version, 0)
 
     # --- snapshots -------------------------------------------------------------------------------
 
@@ -267,6 +355,12 @@ class WeightSync:
         self.num_failed_syncs += 1
         if self._active is not None:  # a chunk may still be streaming into the buffers: give them up
             self._buffers = {}
+        if self._receiving is not None:
+            # its broadcasts cannot be cancelled: they may still write into the buffers, and the group is
+            # left mid-collective, so drop both (the learner re-initialises the group after a failure)
+            self._buffers = {}
+            self._group = None
+            self._receiving = None
         self._clear()
 
     def _clear(self) -> None:
@@ -276,3 +370,22 @@ class WeightSync:
         self._base_version = None
         self._next_index = 0
         self._target_version = -1
+
+
+class _Receiving:
+    """The broadcasts of one collective sync, received into staging buffers on a daemon thread."""
+
+    def __init__(self, sync_id: str, group: WeightGroup, destinations: list[torch.Tensor]) -> None:
+        self.sync_id = sync_id
+        self.group = group
+        self.error: str | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(destinations,), name=f"weight-group-{sync_id[:8]}", daemon=True
+        )
+
+    def _run(self, destinations: list[torch.Tensor]) -> None:
+        try:
+            for tensor in destinations:
+                self.group.broadcast(tensor)
+        except GroupError as exc:
+            self.error = str(exc)

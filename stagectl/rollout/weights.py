@@ -63,6 +63,11 @@ class WeightSyncError(ValueError):
     """A sync was rejected (HTTP 400/409); the old weights keep serving."""
 
 
+class NoGroupError(WeightSyncError):
+    """A collective sync reached a server outside the learner's weight group (it restarted, or a failed
+    sync dropped the group): HTTP 409, and the learner forms the group again."""
+
+
 class DeltaBaseError(WeightSyncError):
     """A delta sync named a base version the server does not hold (HTTP 409): send a full sync."""
 

@@ -203,3 +203,21 @@ def test_async_with_shm_sync(tmp_path: Path) -> None:
     syncs = _sync_rows(read_metrics(out))
     assert len(syncs) >= 1 and all(r["weight_sync/bytes"] == r["weight_sync/state_bytes"] for r in syncs)
     assert set(Path("/dev/shm").glob("stagectl-*.safetensors")) <= before  # every snapshot removed
+
+
+def test_async_with_collective_sync(tmp_path: Path) -> None:
+    """The async example over `transport: collective`: the learner forms a gloo weight group with the
+    embedded server at its first sync and broadcasts every sync through it."""
+    cfg = async_config(
+        tmp_path,
+        training={"max_steps": 4},
+        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"transport": "collective"}}}}},
+    )
+    out = tmp_path / "run"
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)
+    assert result.returncode == 0, result.stderr[-3000:]
+    syncs = _sync_rows(read_metrics(out))
+    assert len(syncs) >= 1 and all(r["weight_sync/bytes"] == r["weight_sync/state_bytes"] for r in syncs)
+    server_log = (out / "rollout_server.log").read_text()
+    assert server_log.count("joined weight group") == 1  # formed once, reused by every sync
+    assert "/update_weights/group/finish/" in server_log and '"path": "/update_weights/"' not in server_log

@@ -153,10 +153,25 @@ def test_delta_sync_needs_http(tmp_path: Path) -> None:
     assert cfg.custom.extra.rollout_matching.vllm.sync.delta
 
 
-@pytest.mark.parametrize("value", ["nccl", "ipc"])
-def test_unknown_sync_transport_names_the_key(tmp_path: Path, value: str) -> None:
-    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport={value}")
+def test_unknown_sync_transport_names_the_key(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=ipc")
     assert f"{SYNC}.transport" in probs and "shm" in probs[f"{SYNC}.transport"]
+
+
+def test_nccl_transport_is_refused_until_built(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=nccl")
+    assert "designed (docs/weight_sync.md) but not built" in probs[f"{SYNC}.transport"]
+
+
+def test_collective_sync_needs_a_reachable_group_address_for_remote_servers(tmp_path: Path) -> None:
+    servers = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://10.0.0.7:8000'}]"
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=collective", servers)
+    assert "cannot reach the weight group at 127.0.0.1" in probs[f"{SYNC}.group_address"]
+    reachable = f"{SYNC}.group_address=10.0.0.2"
+    cfg = load_config(
+        write(tmp_path, ASYNC), [f"{SYNC}.transport=collective", servers, reachable], world_size=2
+    )
+    assert cfg.custom.extra.rollout_matching.vllm.sync.transport == "collective"
 
 
 def test_pipeline_requires_server_rollouts(tmp_path: Path) -> None:
