@@ -67,8 +67,8 @@ class Sizes:
 
 FULL = Sizes(
     ("sparse", "dense"),
-    stage1_steps={"sparse": 800, "dense": 800},
-    phase2_steps=100,
+    stage1_steps={"sparse": 2500, "dense": 2500},
+    phase2_steps=200,
     seeds=3,
     eval_images={"sparse": 400, "dense": 256},
 )

@@ -7,7 +7,9 @@ against the machine's own limits measured in the same run on the same bytes:
 - `tmpfs write+read`: the bytes written to a /dev/shm file and read back into resident buffers -- the
   ceiling for `shm`.
 
-Transports: `http` (streamed zero-copy chunks, XXH3-128, staged as they arrive, swapped on commit),
+Transports: `http` (streamed zero-copy chunks, XXH3-128, read by the server's weight-stream port straight into
+the staging, swapped on commit), `collective` (a gloo weight group: one broadcast per tensor after a
+metadata check; formed at the warm-up),
 `shm` (one /dev/shm snapshot mapped by the server), `disk` (one snapshot under the run directory loaded
 by path), `delta` (http after 1% of the elements changed, scattered; MB/s counts the whole state dict, `sent MB`
 what went out). The server is a separate process (this module with `--serve`) running the
@@ -45,7 +47,7 @@ SIZES_MIB = (100, 1000)
 BLOCK_MIB = 4
 CHUNK_MIB = 64
 DELTA_CHANGED = 0.01  # share of elements changed between delta pushes (bf16 at lr ~1e-5 sees ~6%)
-TRANSPORTS = ("http", "shm", "disk", "delta")
+TRANSPORTS = ("http", "shm", "disk", "delta", "collective")
 LRS = (1e-3, 1e-4, 1e-5, 1e-6)
 
 
@@ -152,11 +154,13 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
             ):
                 version = 1
                 client.push_weights(state, version)  # warm-up: the server allocates its staging
+                version += 1
+                client.push_weights(state, version, transport="collective")  # warm-up: the group forms
                 for _ in range(repeats):  # every measurement once per round, so noise hits them alike
                     seconds["raw_socket"].append(raw_socket_s(state, port))
                     seconds["memcpy"].append(memcpy_s(state, into))
                     seconds["tmpfs"].append(tmpfs_s(state, into))
-                    for transport in ("http", "shm", "disk"):
+                    for transport in ("http", "shm", "disk", "collective"):
                         version += 1
                         report = client.push_weights(state, version, transport=transport)  # type: ignore[arg-type]
                         seconds[transport].append(report.seconds)
@@ -193,6 +197,7 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
         "disk_over_raw_socket": out["disk"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "delta_over_raw_socket": out["delta"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "shm_over_raw_socket": out["shm"]["mb_per_s_median"] / raw,  # type: ignore[index]
+        "collective_over_raw_socket": out["collective"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "shm_over_tmpfs": out["shm"]["mb_per_s_median"] / tmpfs,  # type: ignore[index]
     }
     out["final_version"] = final_version
