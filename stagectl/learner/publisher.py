@@ -110,7 +110,8 @@ class WeightPublisher:
         except (WeightPushError, RolloutRequestError, httpx.TransportError) as exc:
             self._maybe_diverged = True
             cause = exc if isinstance(exc, httpx.TransportError) else exc.__cause__
-            kind = "unreachable" if isinstance(cause, httpx.TransportError) else "error"
+            unreachable = isinstance(cause, httpx.TransportError) or getattr(exc, "unreachable", False)
+            kind = "unreachable" if unreachable else "error"
             return SyncOutcome(kind, str(exc), seconds=time.perf_counter() - started)
         self._maybe_diverged = False
         seconds = time.perf_counter() - started

@@ -440,8 +440,8 @@ class RolloutClient:
         except (WeightPushError, GroupError) as exc:
             self._group = None
             self._on_every_server(lambda k: self._abort(k, sync_id))
-            if isinstance(exc, GroupError):
-                raise WeightPushError(str(exc)) from None
+            if isinstance(exc, GroupError):  # a member died mid-broadcast: like a lost connection
+                raise WeightPushError(str(exc), unreachable=True) from None
             raise
         _check_versions(responses, version)
         return _state_bytes(tensors)
@@ -483,7 +483,7 @@ class RolloutClient:
         for future in as_completed([own, *joining]):
             error = future.exception()
             if isinstance(error, GroupError):
-                raise WeightPushError(str(error)) from None
+                raise WeightPushError(str(error), unreachable=True) from None
             if error is not None:
                 raise error
         group = own.result()

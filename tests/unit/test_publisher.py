@@ -51,3 +51,21 @@ def test_a_partly_committed_push_is_followed_by_one_past_every_served_version() 
     assert outcome.status == "ok" and outcome.version == 3 and client.served == [3, 3]
     publisher._advance(outcome)
     assert publisher.ver == 3 and client.pushed == [1, 2, 3]
+
+
+def test_a_push_failed_by_a_dead_group_member_is_skipped_not_fatal() -> None:
+    # `transport: collective`: a server dying mid-broadcast raises WeightPushError(unreachable=True)
+    client = FakeClient(served=[0])
+    publisher = WeightPublisher(client, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=1)  # type: ignore[arg-type]
+
+    def dead_member(state_dict: Any, version: int, base_version: int | None = None) -> Any:
+        raise WeightPushError("weight group rank 0: broadcast failed (a peer died)", unreachable=True)
+
+    client.push_weights = dead_member  # type: ignore[method-assign]
+    assert publisher._push().status == "unreachable"
+
+    def refused(state_dict: Any, version: int, base_version: int | None = None) -> Any:
+        raise WeightPushError("w0: shape [3, 3], the serving model has [4, 4]")
+
+    client.push_weights = refused  # type: ignore[method-assign]
+    assert publisher._push().status == "error"

@@ -11,6 +11,8 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   already written to the temp dir, `optimizer.pt` not yet);
 - `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
   SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
+- `kill_in_broadcast:CALL` - the rollout server SIGKILLs itself when its CALL-th weight-group broadcast
+  (1-based, over every `transport: collective` sync it takes) begins: a server dying mid-broadcast;
 - `kill_in_shm_push:SYNC` - the learner SIGKILLs itself right after writing the shm snapshot of its
   SYNC-th `transport: shm` push (1-based), before any server read it;
 - `kill_in_infer:CALL` - the rollout server SIGKILLs itself inside its CALL-th `/infer/` (1-based),
@@ -106,6 +108,21 @@ def _kill_in_checkpoint(module: ModuleType, step: str) -> None:
         return original(obj, f, *args, **kwargs)
 
     torch.save = save
+
+
+def _kill_in_broadcast(module: ModuleType, call: str) -> None:
+    cls = module.WeightGroup
+    original = cls.broadcast
+    calls = [0]
+
+    def broadcast(self: Any, tensor: Any) -> None:
+        calls[0] += 1
+        if calls[0] == int(call):
+            _fire(f"server SIGKILL at weight-group broadcast {call}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, tensor)
+
+    cls.broadcast = broadcast
 
 
 def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
@@ -289,6 +306,7 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
     "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
     "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
+    "kill_in_broadcast": ("stagectl.rollout.collective", _kill_in_broadcast),
     "kill_in_shm_push": ("stagectl.rollout.client", _kill_in_shm_push),
     "kill_in_infer": ("stagectl.rollout.service", _kill_in_infer),
     "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),
