@@ -35,6 +35,7 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.rollout.chunk_sender import ChunkSender
 from stagectl.rollout.collective import GroupError, GroupInfo, WeightGroup, host_store
 from stagectl.rollout.delta import DeltaTracker
 from stagectl.rollout.errors import DeltaRefused, RolloutRequestError, RolloutServerError, WeightPushError
@@ -378,6 +379,7 @@ class RolloutClient:
         copy in the HTTP stack). Returns (bytes sent, chunks)."""
         sync_id = uuid.uuid4().hex
         num_bytes = num_chunks = 0
+        sender = ChunkSender(self._headers, self._timeout.read)
         try:
             chunk_urls = self._on_every_server(self._chunk_url)
             upcoming = self._pool.submit(next, chunks, None)
@@ -391,7 +393,9 @@ class RolloutClient:
                 }
                 if base_version is not None:
                     params["base_version"] = base_version
-                self._on_every_server(partial(self._post_chunk, urls=chunk_urls, params=params, chunk=chunk))
+                self._on_every_server(
+                    partial(self._post_chunk, urls=chunk_urls, params=params, chunk=chunk, sender=sender)
+                )
                 num_bytes += chunk.num_bytes
                 num_chunks += 1
             commit = {"sync_id": sync_id, "version": version, "num_chunks": num_chunks}
@@ -399,6 +403,8 @@ class RolloutClient:
         except WeightPushError:
             self._on_every_server(lambda k: self._abort(k, sync_id))
             raise
+        finally:
+            sender.close()
         _check_versions(responses, version)
         return num_bytes, num_chunks
 
@@ -515,16 +521,16 @@ class RolloutClient:
         futures = [self._pool.submit(call, k) for k in range(len(self.base_urls))]
         return [future.result() for future in futures]
 
-    def _chunk_url(self, k: int) -> str:
+    def _chunk_url(self, k: int) -> tuple[str, bool]:
         """Where server `k` takes weight chunks: its weight-stream port when it advertises one (asked at
-        every sync: a restarted server has a new one), else its app port."""
+        every sync: a restarted server has a new one), else its app port; and whether it is the former."""
         try:
             port = VersionResponse.model_validate(self._get(k, "/version/")).weight_stream_port
         except (httpx.HTTPError, ValueError) as exc:  # incl. a 4xx (RolloutRequestError) or a bad body
             raise WeightPushError(f"{self.base_urls[k]}/version/: {exc}") from exc
         if port is None:
-            return f"{self.base_urls[k]}{WEIGHT_CHUNK_PATH}"
-        return str(httpx.URL(self.base_urls[k]).copy_with(port=port).join(WEIGHT_CHUNK_PATH))
+            return f"{self.base_urls[k]}{WEIGHT_CHUNK_PATH}", False
+        return str(httpx.URL(self.base_urls[k]).copy_with(port=port).join(WEIGHT_CHUNK_PATH)), True
 
     def _post(self, k: int, path: str, **kwargs: Any) -> Any:
         return self._post_url(f"{self.base_urls[k]}{path}", k, **kwargs)
@@ -540,9 +546,20 @@ class RolloutClient:
             raise WeightPushError(f"{url}: HTTP {response.status_code}: {_detail(response)}")
         return response.json()
 
-    def _post_chunk(self, k: int, *, urls: Sequence[str], params: dict[str, Any], chunk: WeightChunk) -> Any:
+    def _post_chunk(
+        self,
+        k: int,
+        *,
+        urls: Sequence[tuple[str, bool]],
+        params: dict[str, Any],
+        chunk: WeightChunk,
+        sender: ChunkSender,
+    ) -> Any:
+        url, streamed = urls[k]
+        if streamed:
+            return sender.post(k, url, params, chunk)
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(chunk.num_bytes)}
-        return self._post_url(urls[k], k, params=params, content=chunk.parts(), headers=headers)
+        return self._post_url(url, k, params=params, content=chunk.parts(), headers=headers)
 
     def _abort(self, k: int, sync_id: str) -> None:
         try:

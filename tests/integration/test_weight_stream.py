@@ -214,3 +214,18 @@ def test_a_failed_push_over_the_stream_port_raises_and_keeps_serving(served: Ser
     with small, pytest.raises(WeightPushError, match="HTTP 413"):
         small.push_weights(_weights(served, 1.0), before + 1)
     assert _version(served) == before
+
+
+def test_a_chunk_refused_before_its_body_is_read_is_reported_with_the_servers_answer(served: Served) -> None:
+    # 8 MiB chunks against a 256 KiB limit: the server answers 413 and closes while the learner is still
+    # writing, which must not read as a lost connection (that would skip the sync instead of failing it)
+    before = _version(served)
+    big = {
+        "block0": torch.zeros(2048, 1024),
+        **{k: v for k, v in _weights(served, 1.0).items() if k != "block0"},
+    }
+    client = RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=8 * 1024 * KIB)
+    with client, pytest.raises(WeightPushError, match="HTTP 413") as refused:
+        client.push_weights(big, before + 1)
+    assert not refused.value.unreachable
+    assert _version(served) == before

@@ -20,7 +20,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2] / "stagectl"
 
-ROLLOUT_CORE = {"client", "delta", "errors", "protocol", "requests", "shm", "weights"}
+ROLLOUT_CORE = {
+    "chunk_sender",
+    "client",
+    "collective",
+    "delta",
+    "errors",
+    "protocol",
+    "requests",
+    "shm",
+    "weights",
+}
 ROLLOUT_SERVER = {
     "app",
     "batching",
