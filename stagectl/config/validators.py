@@ -118,26 +118,23 @@ def validate_sync_transport(cfg: StagectlConfig, world_size: int) -> list[Proble
                 "not built; use collective (the same control flow over a gloo group), http or shm",
             )
         )
-    if sync.transport == "collective" and sync.group_address in LOOPBACK_HOSTS:
-        remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
-        if remote:
-            problems.append(
-                Problem(
-                    "custom.extra.rollout_matching.vllm.sync.group_address",
-                    f"{', '.join(remote)} cannot reach the weight group at {sync.group_address}; set "
-                    "vllm.sync.group_address to an address of the learner's node the servers can reach",
-                )
+    remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
+    if sync.transport == "collective" and sync.group_address in LOOPBACK_HOSTS and remote:
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.sync.group_address",
+                f"{', '.join(remote)} cannot reach the weight group at {sync.group_address}; set "
+                "vllm.sync.group_address to an address of the learner's node the servers can reach",
             )
-    if sync.transport == "shm":
-        remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
-        if remote:
-            problems.append(
-                Problem(
-                    "custom.extra.rollout_matching.vllm.sync.transport",
-                    f"shm works only with servers on the learner's node, but {', '.join(remote)} is not a "
-                    "loopback address; use transport: http for remote servers (or list them as 127.0.0.1)",
-                )
+        )
+    if sync.transport == "shm" and remote:
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.sync.transport",
+                f"shm works only with servers on the learner's node, but {', '.join(remote)} is not a "
+                "loopback address; use transport: http for remote servers (or list them as 127.0.0.1)",
             )
+        )
     return problems
 
 
