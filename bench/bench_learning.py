@@ -76,7 +76,7 @@ FULL = Sizes(
     stage1_steps={"sparse": 2500, "dense": 2500},
     phase2_steps=200,
     seeds=3,
-    eval_images={"sparse": 400, "dense": 256},
+    eval_images={"sparse": 400, "dense": 512},
 )
 # the test tier's plumbing run: the same code on one task, one seed, a few steps and a small data set
 # (drawing 4096 images is most of a cold start)
