@@ -54,10 +54,15 @@ class WeightGroup:
             ) from None
 
     def broadcast(self, tensor: torch.Tensor) -> None:
+        """`tensor` (contiguous) goes out as its bytes, so any dtype travels (gloo has no bool or float8
+        kernels); an empty tensor is skipped on every member alike (each knows the shapes)."""
+        if tensor.numel() == 0:
+            return
+        data = tensor.reshape(-1).view(torch.uint8)  # a view: received bytes land in `tensor`
         options = dist.BroadcastOptions()
         options.rootRank = 0
         with _collective(f"broadcast of {tuple(tensor.shape)} {tensor.dtype}", self.info):
-            self._group.broadcast([tensor], options).wait()  # type: ignore[attr-defined]
+            self._group.broadcast([data], options).wait()  # type: ignore[attr-defined]
 
 
 def host_store(address: str, world_size: int, timeout_s: float) -> dist.TCPStore:
