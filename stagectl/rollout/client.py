@@ -568,6 +568,7 @@ class RolloutClient:
             log.warning("could not abort weight sync %s on %s: %s", sync_id, self.base_urls[k], exc)
 
     def close(self) -> None:
+        self._group = None  # its store and gloo threads go with it
         self._pool.shutdown(wait=True)
         for http in self._clients:
             http.close()
