@@ -5,10 +5,15 @@ stagectl launcher runs it.
   rank's watchdog then ends the rank.
 - A run that fails ends with one line per failed rank (exit code or signal, and what it means)
   instead of torchrun's `ChildFailedError` traceback; the ranks have printed their own errors above.
+- A node that loses the rendezvous store (multi-node: the node that hosts it, the first to start at
+  the endpoint, died or the network broke) says so in one line; torch's C++ warnings about the broken
+  store socket (each with a 30-frame backtrace) are not printed by this process (`TORCH_CPP_LOG_LEVEL`
+  is left as the user set it for the ranks).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -42,11 +47,35 @@ def failure_lines(failures: dict[int, Any]) -> list[str]:
     ]
 
 
+def store_lost_line(endpoint: str, exc: BaseException) -> str:
+    """The one line a node prints when its rendezvous store connection broke."""
+    return (
+        f"torchrun: lost the rendezvous store at {endpoint or '(local)'}: the node hosting it (the first "
+        f"node started at that endpoint) died or the network broke; this node's ranks were stopped "
+        f"({type(exc).__name__})"
+    )
+
+
+def _import_torch_quietly() -> None:
+    """Import torch with its C++ log level at ERROR for this process only: c10 reads
+    `TORCH_CPP_LOG_LEVEL` once, when it loads, and the ranks inherit the user's setting."""
+    user = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        import torch  # noqa: F401
+    finally:
+        if user is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = user
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
+    _import_torch_quietly()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -58,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except SignalException as exc:
         print(f"torchrun: stopped by {exc.sigval.name}", file=sys.stderr, flush=True)
+        return 1
+    except RendezvousConnectionError as exc:
+        print(store_lost_line(args.rdzv_endpoint, exc), file=sys.stderr, flush=True)
         return 1
     except (RendezvousError, RuntimeError, OSError) as exc:  # rendezvous, store or port trouble
         text = str(exc).strip().splitlines()
