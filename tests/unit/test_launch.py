@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from types import SimpleNamespace
@@ -61,3 +62,36 @@ def test_failed_ranks_are_one_line_each_first_failure_first() -> None:
     assert lines[1].endswith("killed by SIGKILL")
     assert "launcher was gone" in describe_exit(ORPHAN_EXIT_CODE)
     assert describe_exit(1) == "exit code 1"
+
+
+@pytest.mark.parametrize("user_level", [None, "INFO"])
+def test_a_lost_rendezvous_store_is_one_named_line_and_the_ranks_keep_the_user_log_level(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], user_level: str | None
+) -> None:
+    import torch.distributed.run
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    import stagectl.torchrun
+
+    seen_by_ranks: list[str | None] = []
+
+    def store_gone(args: object) -> None:
+        seen_by_ranks.append(os.environ.get("TORCH_CPP_LOG_LEVEL"))  # what torchrun hands its workers
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(stagectl.torchrun, "die_with_parent", lambda: None)
+    monkeypatch.setattr(torch.distributed.run, "run", store_gone)
+    if user_level is None:
+        monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", user_level)
+    code = stagectl.torchrun.main(
+        ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.7:29400", "x.py"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err == [
+        "torchrun: lost the rendezvous store at 10.0.0.7:29400: the node hosting it (the first node started at "
+        "that endpoint) died or the network broke; this node's ranks were stopped (RendezvousConnectionError)"
+    ]
+    assert seen_by_ranks == [user_level]
