@@ -9,7 +9,9 @@ Image paths are relative to `image_root` (default: the JSONL file's directory) u
 come back absolute, and every image must exist (a cheap stat, the file is not opened; with
 `verify_images=True` each image is also opened and checked by pillow, without decoding its pixels,
 so a corrupt file is reported at its line instead of failing mid-training). `width` and `height` are
-the pixel size of the image the boxes refer to. Blank lines are skipped; no other field is allowed.
+the pixel size of the image the boxes refer to. Two optional ids ride along from `stagectl convert coco`:
+`image_id` on the line and `category_id` on an object (non-negative integers; COCO's own ids, so
+`stagectl eval` writes predictions in them). Blank lines are skipped; no other field is allowed.
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
 Boxes are read as `box_format`:
@@ -42,6 +44,9 @@ BoxFormat = Literal["pixel", "norm1000", "auto"]
 MAX_REPORTED_ERRORS = 20
 SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
+# optional ids that `stagectl convert coco` writes, so predictions go back in COCO's own ids
+SAMPLE_OPTIONAL = ("image_id",)
+OBJECT_OPTIONAL = ("category_id",)
 
 
 class DataError(ValueError):
@@ -65,6 +70,7 @@ class _LineError(Exception):
 class _RawObject:
     desc: str
     box: tuple[float, float, float, float]  # as written in the file, format not yet known
+    category_id: int | None
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class _RawSample:
     width: int
     height: int
     objects: list[_RawObject]
+    image_id: int | None
 
 
 def load_jsonl_dataset(
@@ -145,7 +152,7 @@ def _parse_line(
         json.dumps(record, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise _LineError("a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text") from None
-    _check_fields(record, SAMPLE_FIELDS, where="")
+    _check_fields(record, SAMPLE_FIELDS, where="", optional=SAMPLE_OPTIONAL)
 
     width = _positive_int(record["width"], "width")
     height = _positive_int(record["height"], "height")
@@ -155,16 +162,32 @@ def _parse_line(
     if not isinstance(objects_field, list):
         raise _LineError(f"objects must be a list, got {type(objects_field).__name__}")
     objects = [_parse_object(item, index) for index, item in enumerate(objects_field)]
-    return _RawSample(line_no=line_no, images=images, width=width, height=height, objects=objects)
+    image_id = _optional_id(record, "image_id", where="")
+    return _RawSample(
+        line_no=line_no, images=images, width=width, height=height, objects=objects, image_id=image_id
+    )
 
 
-def _check_fields(record: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    for name in allowed:
+def _check_fields(
+    record: dict[str, Any], required: tuple[str, ...], where: str, optional: tuple[str, ...] = ()
+) -> None:
+    for name in required:
         if name not in record:
             raise _LineError(f"{where}missing field {name!r}")
+    allowed = required + optional
     for name in record:
         if name not in allowed:
             raise _LineError(f"{where}unknown field {name!r} (allowed: {', '.join(allowed)})")
+
+
+def _optional_id(record: dict[str, Any], name: str, where: str) -> int | None:
+    """An optional non-negative integer id (`image_id`, `category_id`); None when absent."""
+    if name not in record:
+        return None
+    value = record[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _LineError(f"{where}{name} must be a non-negative integer, got {value!r}")
+    return value
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -212,7 +235,7 @@ def _parse_object(item: Any, index: int) -> _RawObject:
     where = f"objects[{index}]: "
     if not isinstance(item, dict):
         raise _LineError(f"{where}must be an object with desc and bbox_2d, got {item!r}")
-    _check_fields(item, OBJECT_FIELDS, where=where)
+    _check_fields(item, OBJECT_FIELDS, where=where, optional=OBJECT_OPTIONAL)
     desc = item["desc"]
     if not isinstance(desc, str) or not desc.strip():
         raise _LineError(f"{where}desc must be a non-empty string, got {desc!r}")
@@ -224,7 +247,7 @@ def _parse_object(item: Any, index: int) -> _RawObject:
         raise _LineError(f"{where}bbox_2d {box} has x2 < x1")
     if y2 < y1:
         raise _LineError(f"{where}bbox_2d {box} has y2 < y1")
-    return _RawObject(desc=desc, box=(x1, y1, x2, y2))
+    return _RawObject(desc=desc, box=(x1, y1, x2, y2), category_id=_optional_id(item, "category_id", where))
 
 
 def _is_number(value: Any) -> bool:
@@ -273,5 +296,7 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
                     f"objects[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image"
                 )
             bins = pixel_box_to_bins(obj.box, raw.width, raw.height)
-        objects.append(DetObject(desc=obj.desc, bbox_2d=bins))
-    return DetectionSample(images=raw.images, width=raw.width, height=raw.height, objects=objects)
+        objects.append(DetObject(desc=obj.desc, bbox_2d=bins, category_id=obj.category_id))
+    return DetectionSample(
+        images=raw.images, width=raw.width, height=raw.height, objects=objects, image_id=raw.image_id
+    )

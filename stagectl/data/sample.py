@@ -28,6 +28,7 @@ class DetObject:
 
     desc: str
     bbox_2d: Box
+    category_id: int | None = None  # the COCO category id, when the data came from COCO
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class DetectionSample:
     width: int
     height: int
     objects: list[DetObject] = field(default_factory=list)
+    image_id: int | None = None  # the COCO image id, when the data came from COCO
 
     def pixel_boxes(self) -> list[tuple[float, float, float, float]]:
         """Every object's box decoded back to pixels, in object order."""
@@ -46,9 +48,19 @@ class DetectionSample:
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSONL line form (boxes in norm-1000 bins); `load_jsonl_dataset` reads it back."""
-        return {
+        record: dict[str, Any] = {
             "images": list(self.images),
             "width": self.width,
             "height": self.height,
-            "objects": [object_record(obj) for obj in self.objects],
+            "objects": [_object_line(obj) for obj in self.objects],
         }
+        if self.image_id is not None:
+            record["image_id"] = self.image_id
+        return record
+
+
+def _object_line(obj: DetObject) -> dict[str, Any]:
+    record = object_record(obj)
+    if obj.category_id is not None:
+        record["category_id"] = obj.category_id
+    return record

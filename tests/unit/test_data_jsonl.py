@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,34 @@ def test_norm1000_boxes_load_unchanged(tmp_path: Path) -> None:
     path = _write(tmp_path, [_record(objects=[{"desc": "blue square", "bbox_2d": [0, 100, 999, 999]}])])
     (sample,) = load_jsonl_dataset(path)  # norm1000 is the default
     assert sample.objects == [DetObject("blue square", (0, 100, 999, 999))]
+
+
+def test_coco_ids_ride_along_and_round_trip(tmp_path: Path) -> None:
+    objects = [{"desc": "dog", "bbox_2d": [0, 100, 999, 999], "category_id": 18}]
+    path = _write(tmp_path, [_record(image_id=397133, objects=objects), _record()])
+    with_ids, without = load_jsonl_dataset(path)
+    assert with_ids.image_id == 397133 and with_ids.objects[0].category_id == 18
+    assert without.image_id is None and without.objects[0].category_id is None
+    line = with_ids.to_json_dict()
+    assert line["image_id"] == 397133 and line["objects"][0]["category_id"] == 18
+    assert "image_id" not in without.to_json_dict()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"image_id": -1}, "image_id must be a non-negative integer, got -1"),
+        ({"image_id": "7"}, "image_id must be a non-negative integer, got '7'"),
+        (
+            {"objects": [{"desc": "x", "bbox_2d": [0, 0, 9, 9], "category_id": 1.5}]},
+            "objects[0]: category_id must be a non-negative integer, got 1.5",
+        ),
+    ],
+)
+def test_bad_coco_ids_are_line_errors(tmp_path: Path, overrides: dict[str, Any], expected: str) -> None:
+    path = _write(tmp_path, [_record(**overrides)])
+    with pytest.raises(DataError, match=re.escape(f"{path}:1: {expected}")):
+        load_jsonl_dataset(path)
 
 
 def test_pixel_box_may_touch_the_exclusive_edge(tmp_path: Path) -> None:
