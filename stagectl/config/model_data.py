@@ -18,7 +18,17 @@ class ModelConfig(StrictModel):
     models `builtin:tiny-llama3`, `builtin:tiny-qwen3`, `builtin:tiny-gemma3` (built offline on first use,
     then cached)."""
     torch_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype. Use bfloat16 on GPUs; float32 on CPU."""
+    """The dtype weights are stored and served in: inference (rollout server, Stage-B) loads the model in
+    it, and train-ab writes checkpoints and syncs weights in it. train-ab trains float32 master weights
+    whatever this is; its compute dtype is `training.mixed_precision` (bf16 storage wants
+    `mixed_precision: bf16`)."""
+    freeze_vit: bool = False
+    """Freeze the vision tower (ms-swift's `freeze_vit`): no gradient, no optimizer state."""
+    freeze_aligner: bool = False
+    """Freeze the aligner that projects vision features into the language model (Qwen-VL's patch merger;
+    ms-swift's `freeze_aligner`)."""
+    freeze_llm: bool = False
+    """Freeze the language model, embeddings and LM head included (ms-swift's `freeze_llm`)."""
     device_map: str | None = None
     """Hugging Face device map for single-process inference (`auto`); under torchrun every rank
     loads the full model on its own device and this is ignored."""

@@ -36,6 +36,24 @@ class TrainingConfig(StrictModel):
     """Number of optimizer steps (updates, not micro-steps)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; null disables clipping."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """Compute dtype of forward/backward. Master weights and AdamW state stay float32 whatever this is;
+    `bf16` / `fp16` compute in that dtype (autocast under ddp, FSDP2's `MixedPrecisionPolicy` under fsdp)
+    and reduce gradients in float32; `fp16` adds a dynamic loss scaler. `model.torch_dtype` is then the
+    *storage* dtype: checkpoints' `model/` and the weights sent to rollout servers are converted to it at
+    the edge. Use `bf16` on GPUs."""
+    allow_low_precision_params: bool = False
+    """Train the parameters in `model.torch_dtype` itself (bf16/fp16 parameters and AdamW state, no float32
+    master copy). Off by default because AdamW steps at fine-tuning learning rates are smaller than bf16's
+    spacing and are rounded away (watch `optim/update_nonzero_frac`); set it only to reproduce such a run."""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """`ddp`: every rank holds the whole model, gradients and AdamW state. `fsdp`: PyTorch FSDP2
+    (`fully_shard` per transformer block of the language model and the vision tower, then the root):
+    parameters, gradients and optimizer state sharded over the ranks; checkpoints are sharded
+    (torch.distributed.checkpoint) with `model/` still one plain Hugging Face directory."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass (language model and vision
+    tower): activation memory per block drops to its inputs, at about one extra forward of compute."""
     packing: bool = True
     """Pack segments into sequences of up to `global_max_length` tokens (position ids restart per
     segment, so packed logits equal unpacked ones): each micro-batch is one packed sequence."""

@@ -17,6 +17,7 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
+from stagectl.config.validators_training import validate_parallelism, validate_precision
 
 
 def validate_b_ratio_present(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -394,6 +395,8 @@ VALIDATORS = (
     validate_stage_b_runner,
     validate_launch,
     validate_packing_batch,
+    validate_precision,
+    validate_parallelism,
 )
 
 

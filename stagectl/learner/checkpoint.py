@@ -3,8 +3,12 @@
 Layout of `{output_dir}/checkpoint-{step}/`:
   model/              Hugging Face format: `from_pretrained` and `vllm serve` load it as they load the
                       base checkpoint (same weight names; the tokenizer has the 1000 coordinate tokens
-                      and `vocab_size` covers them), tokenizer + chat template + image processor
-  optimizer.pt        AdamW state            scheduler.pt   LR scheduler state
+                      and `vocab_size` covers them), tokenizer + chat template + image processor; in
+                      the storage dtype (`model.torch_dtype`), consolidated on rank 0 under fsdp
+  optimizer.pt        AdamW state (ddp)      scheduler.pt   LR scheduler state
+  master_weights.safetensors   float32 master weights (ddp, when `model/` is stored in another dtype)
+  train_state/        fsdp: master weights and AdamW state, sharded (torch.distributed.checkpoint; every
+                      rank writes its shards, so multi-node runs need `output_dir` on a shared filesystem)
   rng.pt              torch/python/numpy RNG state of every rank (index = rank)
   trainer_state.json  global_step, every rank's data stream positions (`data_state.ranks[r]`),
                       the world size that wrote it, policy version, counters
@@ -24,10 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+MASTER_WEIGHTS = "master_weights.safetensors"
+SHARDED_STATE = "train_state"
 
 
 class CheckpointWriteError(OSError):
@@ -66,23 +73,41 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def shards_staging_dir(output_dir: Path, step: int) -> Path:
+    """Rank 0: an empty directory the ranks write `train_state` shards into before the checkpoint is
+    assembled (stale ones of an interrupted save are removed first)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in output_dir.glob(".tmp-shards-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    path = output_dir / f".tmp-shards-{step}-{os.getpid()}"
+    path.mkdir()
+    return path
+
+
 def save_checkpoint(
     output_dir: Path,
     step: int,
     *,
     model: Any,
     save_tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     rng_states: list[dict[str, Any]],
     trainer_state: TrainerState,
     total_limit: int | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    master_state: dict[str, torch.Tensor] | None = None,
+    sharded_dir: Path | None = None,
 ) -> Path:
     """Write `checkpoint-{step}` atomically: everything goes to a temp dir that is renamed at the end,
     so a crash leaves either the whole checkpoint or none (plus a `.tmp-*` dir that the next save removes).
     A checkpoint being replaced or pruned is renamed away before it is deleted, so a crash never leaves
     a half-deleted `checkpoint-*` that looks complete. A write error (disk full, read-only directory)
-    raises `CheckpointWriteError` naming the newest intact checkpoint."""
+    raises `CheckpointWriteError` naming the newest intact checkpoint.
+
+    `model_state` (the full state dict in the storage dtype) is what `model/` holds when given (fsdp, or
+    a storage dtype other than the parameters'); `master_state` is written as `master_weights.safetensors`;
+    `sharded_dir` (the ranks' `train_state` shards) is moved in, and then `optimizer` is None."""
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
     try:
@@ -90,9 +115,14 @@ def save_checkpoint(
         for stale in output_dir.glob(".tmp-checkpoint-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-        save_inference_model(model, tmp / "model")
+        save_inference_model(model, tmp / "model", state_dict=model_state)
         save_tokenizer(tmp / "model")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if master_state is not None:
+            save_file(master_state, str(tmp / MASTER_WEIGHTS))
+        if sharded_dir is not None:
+            os.replace(sharded_dir, tmp / SHARDED_STATE)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_states, tmp / "rng.pt")
         state = {
@@ -108,6 +138,8 @@ def save_checkpoint(
         _fsync_dir(output_dir)
     except (OSError, SafetensorError, RuntimeError) as exc:  # torch.save reports I/O errors as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
+        if sharded_dir is not None:
+            shutil.rmtree(sharded_dir, ignore_errors=True)
         intact = list_checkpoints(output_dir)
         kept = f"the newest intact checkpoint is {intact[-1]}" if intact else "no earlier checkpoint exists"
         reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
@@ -124,19 +156,34 @@ def save_checkpoint(
     return final
 
 
-def save_inference_model(model: Any, path: Path) -> None:
+def save_inference_model(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """`save_pretrained` with the config a user generates with: the learner trains with `use_cache`
     off (packed forwards), but the saved `config.json` keeps the KV cache on, as published checkpoints
-    do (the learner turns it off again when it resumes from this checkpoint)."""
+    do (the learner turns it off again when it resumes from this checkpoint). `state_dict` (full tensors,
+    e.g. gathered from FSDP shards or converted to the storage dtype) replaces the model's own, and
+    `config.json` names its dtype."""
     if not isinstance(model, PreTrainedModel):  # a stand-in that only knows save_pretrained
         model.save_pretrained(path, safe_serialization=True)
         return
     use_cache = model.config.use_cache
     model.config.use_cache = True
     try:
-        model.save_pretrained(path, safe_serialization=True)
+        model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     finally:
         model.config.use_cache = use_cache
+    if state_dict:
+        # save_pretrained names the parameters' dtype (float32 masters); the file holds state_dict's
+        _set_config_dtype(
+            path / "config.json", str(next(iter(state_dict.values())).dtype).removeprefix("torch.")
+        )
+
+
+def _set_config_dtype(config_file: Path, dtype: str) -> None:
+    config = json.loads(config_file.read_text())
+    for section in [config, *(v for v in config.values() if isinstance(v, dict) and "dtype" in v)]:
+        if "dtype" in section:
+            section["dtype"] = dtype
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -195,8 +242,31 @@ def load_rank_state(path: Path, rank: int) -> dict[str, Any]:
     return {"a_consumed": data["a_consumed"], "b_consumed": data["b_consumed"]}
 
 
-def load_optimizer_state(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+def load_master_weights(path: Path, model: torch.nn.Module) -> None:
+    """Overwrite the weights loaded from `model/` (storage dtype) with the float32 masters, when the
+    checkpoint has them (ddp; fsdp's come with `train_state`)."""
+    master = path / MASTER_WEIGHTS
+    if master.is_file():
+        model.load_state_dict(load_file(str(master)), strict=True)
+
+
+def load_optimizer_state(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> None:
+    """AdamW (and, from `train_state`, the master weights) and the scheduler of checkpoint `path`.
+    Every rank calls it (loading `train_state` is a collective)."""
+    from stagectl.learner import sharding
+
+    if (path / SHARDED_STATE).is_dir():
+        sharding.load_sharded_state(model, optimizer, str(path / SHARDED_STATE))
+    elif sharding.is_sharded(model):
+        raise ValueError(
+            f"training.resume_from_checkpoint: {path.name} was written with training.parallelism: ddp "
+            "(no train_state/); resume it with parallelism: ddp, or start a new fsdp run from its weights "
+            f"(model.name_or_path: {path / 'model'})"
+        )
+    else:
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import signal
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from stagectl import dist
 from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.learner import checkpoint as ckpt
+from stagectl.learner import sharding
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
@@ -29,6 +31,8 @@ from stagectl.learner.evaluate import Evaluator
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
+from stagectl.learner.parts import trainable_parameters
+from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.setup import LearnerState, build_learner
@@ -66,7 +70,11 @@ class Trainer:
             coord_token_ids=st.coord_token_ids,
             packing_length=cfg.packing_length,
             device=st.device,
+            precision=st.precision,
+            grad_scaler=st.grad_scaler,
         )
+        self.params = trainable_parameters(st.bundle.model)
+        self.update_probe = UpdateProbe(self.params)
         self.num_updates = int(st.extra_state.get("num_updates", 0))
         self.channel_a = ChannelA(st, self.runner)
         self.client: RolloutClient | None = None
@@ -86,7 +94,13 @@ class Trainer:
         if not uses_server_rollouts(cfg):
             return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
         self.client = make_client(cfg)
-        publisher = WeightPublisher(self.client, st.bundle.model, self.world, num_updates=self.num_updates)
+        publisher = WeightPublisher(
+            self.client,
+            st.bundle.model,
+            self.world,
+            num_updates=self.num_updates,
+            storage_dtype=st.precision.storage_dtype,
+        )
         if cfg.stage2_ab.channel_b.mode == "async":
             async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
             if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
@@ -141,13 +155,18 @@ class Trainer:
     def _maybe_evaluate(self, step: int) -> None:
         """Greedy eval on rank 0 when due; the other ranks wait at the barrier."""
         with dist.phase("held-out eval", "eval_s"):
-            if self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps):
-                row = self.evaluator.run(step)
-                self.progress.note(
-                    f"eval step {step}: f1={row['f1']:.3f} precision={row['precision']:.3f} "
-                    f"recall={row['recall']:.3f} valid_json={row['valid_json_rate']:.2f}"
-                )
-            dist.barrier()
+            main_due = self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps)
+            if not dist.broadcast_object(main_due):
+                return
+            # fsdp: every rank unshards, so rank 0 generates with no collective per forward
+            with sharding.gathered(self.state.bundle.model):
+                if self.evaluator is not None:
+                    row = self.evaluator.run(step)
+                    self.progress.note(
+                        f"eval step {step}: f1={row['f1']:.3f} precision={row['precision']:.3f} "
+                        f"recall={row['recall']:.3f} valid_json={row['valid_json_rate']:.2f}"
+                    )
+                dist.barrier()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is not None:
@@ -176,28 +195,42 @@ class Trainer:
             extra.update(self.channel_b.run(step, decision, acc))
         else:
             self.channel_a.run(self.gas, acc)
-        grad_norm = self._optimizer_update()
+        grad_norm, (changed, sampled) = self._optimizer_update()
         extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
+            changed_sum, sampled_sum = dist.all_reduce_floats([float(changed), float(sampled)])
+            extra["optim/update_nonzero_frac"] = changed_sum / sampled_sum if sampled_sum else 0.0
+            if self.state.grad_scaler is not None:
+                extra["optim/loss_scale"] = float(self.state.grad_scaler.get_scale())
             return self._row(
                 step, decision.kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started
             )
 
-    def _optimizer_update(self) -> float:
+    def _optimizer_update(self) -> tuple[float, tuple[int, int]]:
+        """Clip, step, schedule; returns the gradient norm (before clipping) and this rank's
+        (changed, sampled) element counts of the update probe."""
         st = self.state
-        params = [p for p in st.bundle.model.parameters() if p.requires_grad]
+        scaler = st.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(st.optimizer)  # clip and report the true gradient norm
         max_norm = self.cfg.training.max_grad_norm
-        if max_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        # inf: the norm without clipping; a DTensor under fsdp (the norm over every rank's shard)
+        total = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.params if p.grad is not None], max_norm if max_norm is not None else float("inf")
+        )
+        grad_norm = float(sharding.full_tensor(total))
+        self.update_probe.before_step()
+        if scaler is not None:
+            scaler.step(st.optimizer)  # skipped when the scaled gradients overflowed
+            scaler.update()
         else:
-            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-            grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
-        st.optimizer.step()
+            st.optimizer.step()
+        changed = self.update_probe.after_step()
         st.scheduler.step()
         st.optimizer.zero_grad(set_to_none=True)
         self.num_updates += 1
-        return grad_norm
+        return grad_norm, changed
 
     def _row(
         self,
@@ -253,11 +286,37 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """Checkpoint `step`: rank 0 writes, with every rank's RNG state and stream positions."""
+        st = self.state
+        model = st.bundle.model
         with dist.phase("checkpoint", "checkpoint_s"):
             gathered = dist.gather_objects((ckpt.rng_state(), self._rank_state()))
+            sharded_dir = None
+            if sharding.is_sharded(model):
+                # every rank writes its shards of the masters and AdamW state, then model/ is gathered
+                import torch.distributed.checkpoint as dcp
+
+                out = self.cfg.training.output_dir
+                staging = ckpt.shards_staging_dir(out, step) if self.world.is_main else None
+                sharded_dir = Path(dist.broadcast_object(str(staging)))
+                dcp.save(sharding.sharded_state(model, st.optimizer), checkpoint_id=str(sharded_dir))
+                model_state = sharding.full_state_dict(model, dtype=st.precision.storage_dtype)
+            elif st.precision.storage_dtype != st.precision.param_dtype:
+                model_state = {
+                    k: v.detach().to("cpu", dtype=st.precision.storage_dtype)
+                    for k, v in model.state_dict().items()
+                }
+            else:
+                model_state = None
             if self.world.is_main:
                 assert gathered is not None
-                self._write_checkpoint(step, [g[0] for g in gathered], [g[1] for g in gathered])
+                self._write_checkpoint(
+                    step,
+                    [g[0] for g in gathered],
+                    [g[1] for g in gathered],
+                    model_state=model_state,
+                    sharded_dir=sharded_dir,
+                )
+            del model_state
             dist.barrier()
 
     def _rank_state(self) -> dict[str, Any]:
@@ -271,9 +330,17 @@ class Trainer:
         }
 
     def _write_checkpoint(
-        self, step: int, rng_states: list[dict[str, Any]], rank_states: list[dict[str, Any]]
+        self,
+        step: int,
+        rng_states: list[dict[str, Any]],
+        rank_states: list[dict[str, Any]],
+        *,
+        model_state: dict[str, torch.Tensor] | None,
+        sharded_dir: Path | None,
     ) -> None:
         st = self.state
+        # ddp with model/ in another dtype: the float32 masters are kept beside it for an exact resume
+        keep_masters = sharded_dir is None and model_state is not None
 
         def save_processors(path: Any) -> None:
             st.bundle.tokenizer.save_pretrained(path)
@@ -288,7 +355,10 @@ class Trainer:
             step,
             model=st.bundle.model,
             save_tokenizer=save_processors,
-            optimizer=st.optimizer,
+            optimizer=None if sharded_dir is not None else st.optimizer,
+            model_state=model_state,
+            master_state=st.bundle.model.state_dict() if keep_masters else None,
+            sharded_dir=sharded_dir,
             scheduler=st.scheduler,
             rng_states=rng_states,
             trainer_state=ckpt.TrainerState(
@@ -300,8 +370,13 @@ class Trainer:
         )
 
     def _write_final_state(self, step: int) -> None:
-        """Per-rank weight digests (proof that DDP ranks end identical) next to the metrics."""
-        digest = weights_digest(self.state.bundle.model)
+        """Per-rank weight digests (proof that DDP ranks end identical; under fsdp the digest of the
+        gathered weights, the same on every rank) next to the metrics."""
+        model = self.state.bundle.model
+        with dist.phase("final weight digests", "step_s"):
+            digest = weights_digest(
+                model, sharding.full_state_dict(model) if sharding.is_sharded(model) else None
+            )
         with dist.phase("final weight digests", "step_s"):
             digests = dist.gather_objects(digest)
         if self.world.is_main:
@@ -331,10 +406,10 @@ class Trainer:
             dist.teardown(final_barrier=finished)
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over every parameter's bytes, in name order."""
+def weights_digest(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
+    """sha256 over every parameter's bytes (of `state` when given), in name order."""
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted((state if state is not None else model.state_dict()).items()):
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()

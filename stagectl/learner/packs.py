@@ -15,7 +15,9 @@ import torch
 
 from stagectl import dist
 from stagectl.collate import PackedBatch
+from stagectl.learner import sharding
 from stagectl.learner.loss import LossWeights, compute_loss
+from stagectl.learner.precision import Precision
 
 
 @dataclass
@@ -44,15 +46,26 @@ class PackRunner:
     coord_token_ids: torch.Tensor  # (1000,)
     packing_length: int
     device: torch.device
+    precision: Precision = field(default_factory=lambda: Precision(torch.float32, None, torch.float32, False))
+    grad_scaler: torch.amp.GradScaler | None = None
 
     def run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
         """One forward/backward of an already collated pack, loss scaled by `scale`."""
         batch = batch.to(self.device)
+        sharded = sharding.is_sharded(self.ddp_model)
         no_sync = getattr(self.ddp_model, "no_sync", None)
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
-        allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()
+        allreduce: contextlib.AbstractContextManager[Any]
+        if sharded:
+            # FSDP2 all-gathers in every forward; gradients reduce-scatter on the last micro-step only
+            sharding.set_gradient_sync(self.ddp_model, sync)
+            allreduce = dist.collective("FSDP2 all-gather / reduce-scatter")
+        else:
+            allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()
+        autocast = self.precision.autocast(self.device, enabled=not sharded)  # fsdp casts by its policy
         with dist.phase("forward/backward", "step_s"), allreduce, context:
-            logits = self.ddp_model(**batch.model_inputs()).logits  # (1, L, V)
+            with autocast:
+                logits = self.ddp_model(**batch.model_inputs()).logits  # (1, L, V)
             terms = compute_loss(
                 logits.reshape(-1, logits.shape[-1]),
                 batch.input_ids.reshape(-1),
@@ -62,7 +75,8 @@ class PackRunner:
                 self.coord_token_ids,
                 self.loss_weights,
             )
-            (terms.total * scale).backward()
+            loss = terms.total * scale
+            (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         # a pack's capacity is packing_length; a padded batch's is its padded size
         capacity = self.packing_length if batch.attention_mask is None else int(batch.input_ids.numel())
         acc.add_terms(terms.as_floats(), scale)

@@ -37,10 +37,19 @@ class SyncOutcome:
 
 
 class WeightPublisher:
-    def __init__(self, client: RolloutClient, model: Any, world: dist.World, *, num_updates: int) -> None:
+    def __init__(
+        self,
+        client: RolloutClient,
+        model: Any,
+        world: dist.World,
+        *,
+        num_updates: int,
+        storage_dtype: torch.dtype | None = None,
+    ) -> None:
         self.client = client
         self.model = model
         self.world = world
+        self.storage_dtype = storage_dtype  # the servers' dtype: float32 masters are converted to it
         served = max(v.version for v in client.versions()) if world.is_main else 0
         self.ver: int = dist.broadcast_object(served)
         # a fresh server already serves the base weights; anything else gets a push first
@@ -63,7 +72,7 @@ class WeightPublisher:
         """Step mode (one rank): push if the weights changed since the last push. Raises on failure."""
         if self.pushed_at_update == num_updates:
             return None
-        outcome = self._push()
+        outcome = self._push(self._state_dict())
         if outcome.status != "ok":
             raise WeightPushError(outcome.message)
         self._advance(outcome)
@@ -76,7 +85,11 @@ class WeightPublisher:
         next retries); a rejected push ends every rank with its message."""
         with fence.sync(timeout_s=fence_timeout_s):
             dist.barrier()
-            outcome = self._push() if self.world.is_main else SyncOutcome("ok")
+            started = time.perf_counter()
+            state_dict = self._state_dict()  # under fsdp a collective: every rank gathers
+            gather_s = time.perf_counter() - started
+            outcome = self._push(state_dict, gather_s) if self.world.is_main else SyncOutcome("ok")
+            del state_dict
             outcome = dist.broadcast_object(outcome)
         if outcome.status == "error":
             raise dist.SharedError(
@@ -95,12 +108,23 @@ class WeightPublisher:
         self.seconds_total += outcome.seconds
         self.bytes_total += outcome.num_bytes
 
-    def _push(self) -> SyncOutcome:
+    def _state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU tensors in the servers' dtype (FSDP2 shards gathered: a collective on every rank)."""
+        from stagectl.learner import sharding
+
+        if sharding.is_sharded(self.model):
+            return sharding.full_state_dict(self.model, dtype=self.storage_dtype)
+        dtype = self.storage_dtype
+        return {
+            name: t.detach().to("cpu", dtype=dtype) if dtype is not None else t.detach().to("cpu")
+            for name, t in self.model.state_dict().items()
+        }
+
+    def _push(self, state_dict: dict[str, torch.Tensor], gather_s: float = 0.0) -> SyncOutcome:
         """Rank 0: push the weights as the next version. Normally `ver + 1`; after a failed push, one
         above the highest version any server reports, so servers that committed the failed push and
         servers that did not all move to one new version (none refuses it as not newer)."""
-        started = time.perf_counter()
-        state_dict = {name: t.detach().to("cpu") for name, t in self.model.state_dict().items()}
+        started = time.perf_counter() - gather_s
         try:
             target = self.ver + 1
             if self._maybe_diverged:

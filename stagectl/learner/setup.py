@@ -22,7 +22,10 @@ from stagectl.detection.vocab import TokenVocab
 from stagectl.dist import World, device_for, init_distributed
 from stagectl.files import check_output_dir, write_resolved_config
 from stagectl.learner import checkpoint as ckpt
+from stagectl.learner import sharding
 from stagectl.learner.optim import build_optimizer
+from stagectl.learner.parts import FreezeReport, freeze_parts
+from stagectl.learner.precision import Precision
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 
@@ -34,7 +37,10 @@ class LearnerState:
     world: World
     device: torch.device
     bundle: ModelBundle
-    ddp_model: Any  # DistributedDataParallel or the model itself
+    ddp_model: Any  # DistributedDataParallel, or the model itself (one rank, or sharded in place by FSDP2)
+    precision: Precision
+    grad_scaler: torch.amp.GradScaler | None  # fp16 compute only
+    freeze: FreezeReport
     encoder: SampleEncoder
     a_sampler: ShardedSampler
     b_sampler: ShardedSampler
@@ -86,13 +92,26 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
             raise ValueError(f"model.name_or_path: {exc}") from None
         device = device_for(world)
         seed_everything(cfg.training.seed)
+        precision = Precision.from_config(cfg)
+        # master weights in float32 (or the stored dtype itself, only when the user opted in)
         bundle = load_bundle(
-            source, torch_dtype=cfg.model.torch_dtype, device=str(device), add_coord_tokens=True
+            source, torch_dtype=precision.param_dtype_name, device=str(device), add_coord_tokens=True
+        )
+        if resume is not None:
+            ckpt.load_master_weights(resume, bundle.model)
+        freeze = freeze_parts(
+            bundle.model, vit=cfg.model.freeze_vit, aligner=cfg.model.freeze_aligner, llm=cfg.model.freeze_llm
         )
         bundle.model.train()
         bundle.model.config.use_cache = False
+        if cfg.training.gradient_checkpointing:
+            # non-reentrant: works with packed inputs, frozen parts and FSDP2's hooks
+            bundle.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ddp_model: Any = bundle.model
-        if world.distributed:
+        if cfg.training.parallelism == "fsdp":
+            with dist.collective("FSDP2 sharding"):
+                sharding.shard(bundle.model, precision, device, world.world_size)
+        elif world.distributed:
             with dist.collective("DDP construction (parameter broadcast)"):
                 ddp_model = torch.nn.parallel.DistributedDataParallel(
                     bundle.model, device_ids=[world.local_rank] if device.type == "cuda" else None
@@ -110,7 +129,8 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     start_step, extra = 0, {}
     if resume is not None:
         state = ckpt.load_trainer_state(resume)
-        ckpt.load_optimizer_state(resume, optimizer, scheduler)
+        with dist.phase("start-up: load the optimizer state", "startup_s"):
+            ckpt.load_optimizer_state(resume, bundle.model, optimizer, scheduler)
         ckpt.restore_rng(ckpt.load_rng_states(resume)[world.rank])
         start_step = state.global_step
         a_sampler.num_consumed = int(rank_state["a_consumed"])
@@ -125,6 +145,9 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         device=device,
         bundle=bundle,
         ddp_model=ddp_model,
+        precision=precision,
+        grad_scaler=precision.grad_scaler(device),
+        freeze=freeze,
         encoder=encoder,
         a_sampler=a_sampler,
         b_sampler=b_sampler,

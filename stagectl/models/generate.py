@@ -96,6 +96,8 @@ def generate_batch(
         eos_token_id=list(stop_token_ids),
         pad_token_id=pad_token_id,
         use_cache=True,
+        # never lock-step with other ranks: under FSDP the caller unshards first (`sharding.gathered`)
+        synced_gpus=False,
     )
     new_tokens = out[:, longest:].tolist()  # (B, <= max_new_tokens)
     stops = set(stop_token_ids)

@@ -41,13 +41,13 @@ def test_a_partly_committed_push_is_followed_by_one_past_every_served_version() 
     client = FakeClient(served=[0, 0])
     publisher = WeightPublisher(client, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=0)  # type: ignore[arg-type]
     assert publisher.ver == 0 and publisher.fresh
-    first = publisher._push()
+    first = publisher._push(publisher._state_dict())
     assert first.status == "ok" and first.version == 1
     publisher._advance(first)
     client.fail_next = True
-    failed = publisher._push()  # version 2 lands on server 0 only
+    failed = publisher._push(publisher._state_dict())  # version 2 lands on server 0 only
     assert failed.status == "unreachable" and client.served == [2, 1] and publisher.ver == 1
-    outcome = publisher._push()  # 2 would be refused by server 0: 3 for both
+    outcome = publisher._push(publisher._state_dict())  # 2 would be refused by server 0: 3 for both
     assert outcome.status == "ok" and outcome.version == 3 and client.served == [3, 3]
     publisher._advance(outcome)
     assert publisher.ver == 3 and client.pushed == [1, 2, 3]
@@ -62,10 +62,26 @@ def test_a_push_failed_by_a_dead_group_member_is_skipped_not_fatal() -> None:
         raise WeightPushError("weight group rank 0: broadcast failed (a peer died)", unreachable=True)
 
     client.push_weights = dead_member  # type: ignore[method-assign]
-    assert publisher._push().status == "unreachable"
+    assert publisher._push(publisher._state_dict()).status == "unreachable"
 
     def refused(state_dict: Any, version: int, base_version: int | None = None) -> Any:
         raise WeightPushError("w0: shape [3, 3], the serving model has [4, 4]")
 
     client.push_weights = refused  # type: ignore[method-assign]
-    assert publisher._push().status == "error"
+    assert publisher._push(publisher._state_dict()).status == "error"
+
+
+def test_weights_leave_in_the_servers_dtype_while_the_masters_stay_float32() -> None:
+    client = FakeClient(served=[0])
+    model = torch.nn.Linear(2, 2)
+    publisher = WeightPublisher(
+        client,  # type: ignore[arg-type]
+        model,
+        World(0, 0, 1),
+        num_updates=1,
+        storage_dtype=torch.bfloat16,
+    )
+    state = publisher._state_dict()
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+    assert model.weight.dtype == torch.float32
+    torch.testing.assert_close(state["weight"], model.weight.detach().to(torch.bfloat16))

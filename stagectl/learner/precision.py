@@ -1,0 +1,106 @@
+"""Precision of the learner: which dtype parameters are kept in, which dtype computes, and the lost-update
+probe that makes a silent precision failure visible.
+
+- Master weights and AdamW state are float32 (`param_dtype`), unless the user opted into training the
+  stored dtype directly (`training.allow_low_precision_params`).
+- Compute follows `training.mixed_precision`: under ddp an autocast region around forward (backward
+  follows it), so gradients land in float32 on float32 parameters and are all-reduced in float32; under
+  fsdp FSDP2's `MixedPrecisionPolicy` casts the gathered parameters instead (see `learner.sharding`).
+- fp16 adds torch's dynamic loss scaler (bf16 has float32's exponent range and needs none).
+- `model.torch_dtype` is the storage dtype: what checkpoints' `model/` and weight syncs carry.
+
+`UpdateProbe` answers "did the optimizer step actually move the weights?": the share of trainable elements
+whose value changed. AdamW on bf16 parameters at lr 1e-5 leaves most elements bit-identical (the update is
+below bf16's spacing); float32 masters move nearly every element that got a gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from stagectl.config import StagectlConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Precision:
+    param_dtype: torch.dtype  # the trainable (master) parameters and the optimizer state
+    compute_dtype: torch.dtype | None  # forward/backward; None: the parameters' own dtype
+    storage_dtype: torch.dtype  # checkpoints' model/ and weight syncs
+    loss_scaling: bool  # fp16 compute: dynamic loss scaler
+
+    @classmethod
+    def from_config(cls, cfg: StagectlConfig) -> Precision:
+        storage = DTYPES[cfg.model.torch_dtype]
+        mixed = cfg.training.mixed_precision
+        low = cfg.training.allow_low_precision_params
+        return cls(
+            param_dtype=storage if low else torch.float32,
+            compute_dtype=COMPUTE_DTYPES.get(mixed),
+            storage_dtype=storage,
+            loss_scaling=mixed == "fp16",
+        )
+
+    @property
+    def param_dtype_name(self) -> Literal["float32", "bfloat16", "float16"]:
+        names = {dtype: name for name, dtype in DTYPES.items()}
+        return names[self.param_dtype]  # type: ignore[return-value]  # DTYPES' keys are exactly these
+
+    @contextlib.contextmanager
+    def autocast(self, device: torch.device, enabled: bool = True) -> Iterator[None]:
+        """Autocast to the compute dtype (ddp); a no-op without mixed precision or when `enabled` is
+        False (fsdp casts through its policy)."""
+        if self.compute_dtype is None or not enabled:
+            yield
+            return
+        with torch.autocast(device_type=device.type, dtype=self.compute_dtype):
+            yield
+
+    def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(device.type) if self.loss_scaling else None
+
+
+class UpdateProbe:
+    """Share of trainable elements changed by one optimizer step, on a fixed strided sample of each
+    tensor (at most `sample_per_tensor` elements; the whole tensor when it is smaller). Under FSDP each
+    rank probes its own shard; the loop sums the counts over ranks.
+
+    Cost: one copy of the sample before the step and one comparison after (measured in BENCHMARKS.md)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], sample_per_tensor: int = 1 << 16) -> None:
+        self.params = params
+        self.sample_per_tensor = sample_per_tensor
+        self._before: list[torch.Tensor] = []
+
+    def _views(self) -> list[torch.Tensor]:
+        views = []
+        for param in self.params:
+            flat = _local(param.detach()).reshape(-1)
+            stride = max(1, flat.numel() // self.sample_per_tensor)
+            views.append(flat[::stride])
+        return views
+
+    def before_step(self) -> None:
+        self._before = [view.clone() for view in self._views()]
+
+    def after_step(self) -> tuple[int, int]:
+        """(changed elements, sampled elements) of this rank since `before_step`."""
+        changed = sampled = 0
+        for before, after in zip(self._before, self._views(), strict=True):
+            changed += int((before != after).sum())
+            sampled += before.numel()
+        self._before = []
+        return changed, sampled
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2); any other tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -1,0 +1,135 @@
+"""How the trainable model is spread over the learner ranks: DDP (replicated) or FSDP2 (sharded).
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) is applied as torchtitan does: one `fully_shard` per
+transformer block (decoder layers and vision blocks, `learner.parts.transformer_blocks`), then one on the
+root for what is left (embeddings, lm_head, norms, the patch embedding and merger). Parameters become
+DTensors sharded on dim 0 over the ranks; the optimizer is built after sharding, so AdamW state is
+sharded too. Mixed precision is FSDP2's `MixedPrecisionPolicy`: gathered parameters are cast to the
+compute dtype, gradients reduce-scattered in float32 onto float32 shards.
+
+Every rank must run the same number of forward/backward passes (each forward all-gathers): Channel-A
+runs `gas` micro-batches per rank and async Channel-B exactly `gas` packs per rank, so they do.
+
+Whole tensors leave the shards three ways, each a collective every rank joins:
+- `full_state_dict_blocks`: a block of full tensors at a time (weight sync: never the whole model twice);
+- `full_state_dict`: everything on rank 0, on the CPU (checkpoints' `model/`);
+- `gathered`: every parameter unsharded in place until the block ends (rank 0 can then generate on its
+  own, e.g. the held-out eval, without a collective per forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from stagectl.learner.parts import transformer_blocks
+from stagectl.learner.precision import Precision
+
+
+def shard(model: nn.Module, precision: Precision, device: torch.device, world_size: int) -> None:
+    """`fully_shard` each transformer block, then the root, in place."""
+    mesh = init_device_mesh(device.type, (world_size,))
+    policy = MixedPrecisionPolicy(
+        param_dtype=precision.compute_dtype,
+        reduce_dtype=torch.float32 if precision.compute_dtype is not None else None,
+    )
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def set_gradient_sync(model: nn.Module, sync: bool) -> None:
+    """FSDP2: reduce-scatter gradients on this backward (True) or keep them unsharded and accumulate
+    locally until the step's last micro-step (False)."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective: every rank calls it); any other tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def full_state_dict_blocks(
+    model: nn.Module, block_bytes: int, dtype: torch.dtype | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The model's state dict as full CPU tensors, `block_bytes` at a time (at least one tensor per
+    block), converted to `dtype` when given. Every rank iterates (each tensor is a collective); only the
+    tensors of the current block are ever held whole."""
+    block: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in model.state_dict().items():
+        whole = full_tensor(tensor.detach())
+        whole = whole.to("cpu", dtype=dtype) if dtype is not None else whole.to("cpu")
+        block[name] = whole
+        size += whole.numel() * whole.element_size()
+        if size >= block_bytes:
+            yield block
+            block, size = {}, 0
+    if block:
+        yield block
+
+
+def full_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor whole on the CPU (a collective; rank 0 uses the result)."""
+    out: dict[str, torch.Tensor] = {}
+    for block in full_state_dict_blocks(model, block_bytes=1 << 62, dtype=dtype):
+        out.update(block)
+    return out
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module) -> Iterator[None]:
+    """Every FSDP module unsharded until the block ends and kept so across forwards (a collective on
+    entry and exit); a no-op for an unsharded model."""
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        yield
+        return
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(True, recurse=False)
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`{"model": ..., "optim": ...}` as sharded state dicts for torch.distributed.checkpoint."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Load a `torch.distributed.checkpoint` directory written from `sharded_state` (every rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    state = sharded_state(model, optimizer)
+    # A parameter that never had a gradient has no AdamW state in the checkpoint, while the fresh
+    # optimizer's template has one for every trainable parameter: those entries are left as they are.
+    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=StateDictOptions(strict=False),
+    )
