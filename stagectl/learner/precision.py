@@ -81,11 +81,14 @@ class UpdateProbe:
         self._before: list[torch.Tensor] = []
 
     def _views(self) -> list[torch.Tensor]:
+        """Every `stride`-th element of each tensor by its *global* flat index, so ddp and fsdp (whose
+        ranks each hold a dim-0 shard) probe the same elements."""
         views = []
         for param in self.params:
-            flat = _local(param.detach()).reshape(-1)
-            stride = max(1, flat.numel() // self.sample_per_tensor)
-            views.append(flat[::stride])
+            stride = max(1, param.numel() // self.sample_per_tensor)  # numel() is global for a DTensor
+            local, offset = _local_and_offset(param.detach())
+            flat = local.reshape(-1)
+            views.append(flat[(-offset) % stride :: stride])
         return views
 
     def before_step(self) -> None:
@@ -101,6 +104,17 @@ class UpdateProbe:
         return changed, sampled
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP2); any other tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+def _local_and_offset(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's part of `tensor` and the global flat index of its first element (FSDP2 shards a
+    DTensor on dim 0; any other tensor is whole: offset 0)."""
+    if not isinstance(tensor, DTensor):
+        return tensor, 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, global_offset = compute_local_shape_and_global_offset(
+        tensor.shape, tensor.device_mesh, tensor.placements
+    )
+    row_numel = 1
+    for dim in tensor.shape[1:]:
+        row_numel *= dim
+    return tensor.to_local(), int(global_offset[0]) * row_numel if global_offset else 0
