@@ -248,7 +248,7 @@ def validate_server_security(cfg: StagectlConfig, world_size: int) -> list[Probl
         return [
             Problem(
                 "rollout_server.auth_token_env",
-                f"the server binds {rs.host!r} (beyond loopback), so weight/admin endpoints need a bearer "
+                f"the server binds {rs.host!r} (beyond loopback), so every endpoint but /health/ needs a bearer "
                 "token; set auth_token_env to the name of an environment variable holding it, or bind 127.0.0.1",
             )
         ]

@@ -36,7 +36,9 @@ class ServerSettings:
     weight_dirs: Sequence[Path] = ()
     auth_token: str | None = None  # None: every endpoint is open (loopback only)
     open_infer: bool = False  # True: /infer/ and /get_world_size/ need no token (the swift contract)
-    limits: CallLimits = field(default_factory=CallLimits)  # bounds of one /infer/ call (max_tokens, number of requests)
+    limits: CallLimits = field(
+        default_factory=CallLimits
+    )  # bounds of one /infer/ call (max_tokens, number of requests)
     max_request_bytes: int = 32 * 1024 * 1024
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
     shm_dir: Path = SHM_DIR  # where `transport: shm` snapshots live
