@@ -78,6 +78,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "--set", "rollout_server.max_batch_size=8",
             "--set", "rollout_server.batch_wait_ms=50",
             "--set", "rollout_server.auth_token_env=STAGECTL_TEST_ROLLOUT_TOKEN",
+            "--set", "rollout_server.max_requests_per_call=4",
         ],
         env={"STAGECTL_TEST_ROLLOUT_TOKEN": TOKEN},
         cwd=ROOT,
@@ -225,6 +226,21 @@ def test_unencodable_image_is_400(served: Served) -> None:
     body = {"infer_requests": [{"messages": [{"role": "user", "content": "<image>x"}], "images": [inline]}]}
     response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
     assert response.status_code == 400 and "aspect ratio" in response.json()["detail"]
+
+
+def test_the_cli_server_applies_its_configured_bounds_and_token(served: Served) -> None:
+    body = {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}] * 5}
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
+    assert response.status_code == 413 and "at most 4" in response.json()["detail"]
+    body = {
+        **body,
+        "infer_requests": body["infer_requests"][:1],
+        "request_config": {"max_tokens": 10_000_000},
+    }
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
+    assert response.status_code == 400 and "cap of 8192" in response.json()["detail"]
+    assert httpx.post(f"{served.url}/infer/", json=body).status_code == 401
+    assert httpx.get(f"{served.url}/health/").status_code == 200
 
 
 def test_beyond_loopback_needs_a_token() -> None:

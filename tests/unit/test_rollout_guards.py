@@ -3,6 +3,9 @@ the config a server is started with, and the config rules for `open_infer`, TLS 
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
+
 import pytest
 
 from stagectl.config import ConfigError, load_config
@@ -17,6 +20,7 @@ from stagectl.rollout.guards import (
     check_context,
 )
 from stagectl.rollout.serving import call_limits, server_settings
+from stagectl.rollout.tls import client_context, server_context
 
 SERVER_ROLLOUTS = [
     "data.synthetic.num_samples=8",
@@ -144,3 +148,14 @@ def test_an_embedded_server_with_a_token_needs_the_learner_to_send_it() -> None:
     key = "custom.extra.rollout_matching.vllm.server.auth_token_env"
     assert "same variable" in _problems(*SERVER_ROLLOUTS, "rollout_server.auth_token_env=TOK")[key]
     load_config(None, [*SERVER_ROLLOUTS, "rollout_server.auth_token_env=TOK", f"{key}=TOK"])
+
+
+def test_tls_files_that_do_not_load_are_named(tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("not a certificate")
+    with pytest.raises(
+        ValueError, match=r"tls_certfile / tls_keyfile: cannot load .*cert\.pem with .*key\.pem"
+    ):
+        server_context(tmp_path / "cert.pem", tmp_path / "key.pem")
+    with pytest.raises(ValueError, match=r"tls_ca_file: cannot load .*missing\.pem"):
+        client_context(tmp_path / "missing.pem")
+    assert client_context(skip_verify=True).verify_mode == ssl.CERT_NONE
