@@ -280,14 +280,39 @@ def validate_server_access(cfg: StagectlConfig, world_size: int) -> list[Problem
                 "rollout_server.tls_certfile", "TLS needs both tls_certfile and tls_keyfile (PEM), or neither"
             )
         )
-    for key, client in (
-        ("custom.extra.rollout_matching.vllm.server", cfg.custom.extra.rollout_matching.vllm.server),
-        ("runner.server", cfg.runner.server),
+    learner = cfg.custom.extra.rollout_matching.vllm.server
+    embedded_tls = rs.embedded and rs.tls_certfile is not None
+    for key, client, urls, via_embedded in (
+        (
+            "custom.extra.rollout_matching.vllm.server",
+            learner,
+            [s.base_url for s in learner.servers],
+            embedded_tls,
+        ),
+        ("runner.server", cfg.runner.server, cfg.runner.server.base_urls, False),
     ):
         if client.tls_skip_verify and client.tls_ca_file is not None:
             problems.append(
                 Problem(f"{key}.tls_skip_verify", "excludes tls_ca_file: verify against the CA file, or skip")
             )
+        https = via_embedded or any(url.startswith("https://") for url in urls)
+        if urls and not https and (client.tls_ca_file is not None or client.tls_skip_verify):
+            problems.append(
+                Problem(
+                    f"{key}.tls_ca_file" if client.tls_ca_file is not None else f"{key}.tls_skip_verify",
+                    "applies to https:// servers only and every server here is http://; use https:// URLs "
+                    "(servers with rollout_server.tls_certfile) or remove it",
+                )
+            )
+    if embedded_tls and learner.tls_ca_file is None and not learner.tls_skip_verify:
+        problems.append(
+            Problem(
+                "custom.extra.rollout_matching.vllm.server.tls_ca_file",
+                "the embedded server serves https:// (rollout_server.tls_certfile) at 127.0.0.1: set this to "
+                "a CA file that signed its certificate (the certificate itself if self-signed; it must name "
+                "IP 127.0.0.1), or drop TLS for the loopback-only embedded server",
+            )
+        )
     return problems
 
 

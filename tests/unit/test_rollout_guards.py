@@ -127,6 +127,18 @@ def test_tls_keys_come_in_pairs_and_clients_verify_or_say_not_to() -> None:
     assert "excludes tls_ca_file" in _problems(*both)["runner.server.tls_skip_verify"]
     key = "custom.extra.rollout_matching.vllm.server"
     assert f"{key}.tls_skip_verify" in _problems(f"{key}.tls_ca_file=/ca.pem", f"{key}.tls_skip_verify=true")
+    plain = ["runner.server.base_urls=[http://10.0.0.1:8000]", "runner.server.tls_ca_file=/ca.pem"]
+    assert "https:// servers only" in _problems(*plain)["runner.server.tls_ca_file"]
+    load_config(
+        None, ["runner.server.base_urls=[https://10.0.0.1:8000]", "runner.server.tls_ca_file=/ca.pem"]
+    )
+    embedded_tls = [
+        *SERVER_ROLLOUTS,
+        "rollout_server.tls_certfile=/c.pem",
+        "rollout_server.tls_keyfile=/k.pem",
+    ]
+    assert "127.0.0.1" in _problems(*embedded_tls)[f"{key}.tls_ca_file"]
+    load_config(None, [*embedded_tls, f"{key}.tls_ca_file=/c.pem"])
 
 
 def test_a_server_config_that_would_refuse_its_own_learner_is_refused() -> None:
