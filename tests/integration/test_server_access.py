@@ -15,6 +15,7 @@ import httpx
 import pytest
 import torch
 
+from stagectl.rollout import stream
 from stagectl.rollout.app import build_app
 from stagectl.rollout.client import RolloutClient, RolloutRequestError
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
@@ -178,3 +179,20 @@ def test_tls_clients_verify_unless_told_not_to(tls: Tls) -> None:
         httpx.get(tls.url.replace("https://", "http://") + "/health/", timeout=10)
     with pytest.raises(ValueError, match="exclude each other"):
         RolloutClient([tls.url], tls_ca_file=tls.cert, tls_skip_verify=True)
+
+
+def test_a_stalled_tls_handshake_on_the_stream_port_is_closed_and_blocks_no_one(
+    tls: Tls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream, "READ_TIMEOUT_S", 0.5)
+    with RolloutClient([tls.url], auth_token=TOKEN, tls_ca_file=tls.cert) as client:
+        stream_port = client.versions()[0].weight_stream_port
+        assert stream_port is not None
+        with socket.create_connection(("127.0.0.1", stream_port), timeout=10) as stalled:
+            # a push goes through while the stalled connection waits in its own thread
+            weights = {name: torch.full(spec.shape, 3.0) for name, spec in tls.engine.weight_specs().items()}
+            version = tls.engine.version + 1
+            client.push_weights(weights, version)
+            assert tls.engine.version == version
+            stalled.settimeout(5)
+            assert stalled.recv(1) == b""  # closed by the server after the handshake timeout
