@@ -34,7 +34,13 @@ class VllmServerConfig(StrictModel):
     infer_timeout_s: float | None = 600.0
     """Read timeout of one `/infer/` call; null or <= 0 means no read timeout."""
     auth_token_env: str | None = None
-    """Environment variable holding the bearer token for weight/admin endpoints."""
+    """Environment variable holding the servers' bearer token (sent on every request but `/health/`)."""
+    tls_ca_file: Path | None = None
+    """CA certificate(s) that `https://` servers are verified against (a self-signed server certificate is
+    its own CA); null: the system's trust store."""
+    tls_skip_verify: bool = False
+    """Talk TLS to `https://` servers without verifying their certificate (encrypts, but anyone on the path
+    can impersonate the server and read the token). Excludes `tls_ca_file`."""
 
 
 class VllmSyncConfig(StrictModel):
@@ -142,7 +148,24 @@ class RolloutServerConfig(StrictModel):
     image_roots: list[Path] = Field(default_factory=list)
     """Image paths in requests must resolve under one of these (inline data URLs are always allowed)."""
     auth_token_env: str | None = None
-    """Environment variable holding the bearer token for weight/admin endpoints."""
+    """Environment variable holding the bearer token. When set, every endpoint but `/health/` needs
+    `Authorization: Bearer <token>` (401 otherwise), `/infer/` included unless `open_infer`."""
+    open_infer: bool = False
+    """Keep the swift contract open: `/infer/` and `/get_world_size/` answer without the token (weight,
+    version and stats endpoints still need it). Anyone who can reach the port can then generate."""
+    open_infer_beyond_loopback: bool = False
+    """Confirm `open_infer` on a `host` beyond loopback (refused without this): everyone on the network
+    can use the engine and delay the learner's rollouts and weight syncs."""
+    max_new_tokens_cap: int | None = Field(None, ge=1)
+    """Most `request_config.max_tokens` one call may ask for (400 above it; prompt + max_tokens must also
+    fit the engine's context). null: 8192, raised to the longest rollout the config itself asks for."""
+    max_requests_per_call: int | None = Field(None, ge=1)
+    """Most requests in one `/infer/` call (413 above it). null: 1024, raised to the largest call the
+    config's learner or Stage-B runner makes."""
+    tls_certfile: Path | None = None
+    """PEM certificate: serve `https://` on `port` and TLS on `weight_stream_port` (with `tls_keyfile`)."""
+    tls_keyfile: Path | None = None
+    """PEM private key of `tls_certfile`."""
     embedded: bool = False
     """`train-ab` starts this server as a child process on a free loopback port and stops it at exit."""
     vllm: VllmEngineArgs = Field(default_factory=VllmEngineArgs)

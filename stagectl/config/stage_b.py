@@ -51,6 +51,10 @@ class StageBServerConfig(StrictModel):
     every rank spreads its requests over all of them."""
     auth_token_env: str | None = None
     """Environment variable holding the servers' bearer token (null: no token)."""
+    tls_ca_file: Path | None = None
+    """CA certificate(s) that `https://` servers are verified against; null: the system's trust store."""
+    tls_skip_verify: bool = False
+    """Talk TLS to `https://` servers without verifying their certificate. Excludes `tls_ca_file`."""
     infer_timeout_s: float = Field(600.0, gt=0)
     """Longest wait for one `/infer/` call."""
     wait_healthy_s: float = Field(120.0, gt=0)

@@ -1,12 +1,11 @@
-"""The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check,
-the request-size limit, the request-body deadline and the structured access log. Endpoints are in
-`protocol.py`."""
+"""The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check (every
+route but `/health/`), the request-size limit, the request-body deadline and the structured access log.
+Endpoints are in `protocol.py`; the guards themselves in `guards.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import time
@@ -21,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagectl.rollout.collective import GroupError, GroupInfo
+from stagectl.rollout.guards import TooManyRequests, TooManyTokens, bearer_ok
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
     WEIGHT_CHUNK_PATH,
@@ -47,7 +47,6 @@ from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, NoGroupErro
 access_log = logging.getLogger("stagectl.rollout.access")
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
 
-router = APIRouter()
 T = TypeVar("T")
 
 
@@ -70,21 +69,30 @@ async def _weight_call(request: Request, func: Callable[..., T], *args: Any) -> 
 
 
 async def require_token(request: Request) -> None:
-    """Weight and admin endpoints: `Authorization: Bearer <token>` when the server has a token."""
+    """Every route but `/health/`: `Authorization: Bearer <token>` when the server has a token (401 otherwise)."""
     expected = _service(request).settings.auth_token
-    if expected is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+    if expected is not None and not bearer_ok(request.headers.get("authorization"), expected):
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
-@router.get("/health/")
+async def require_token_unless_open_infer(request: Request) -> None:
+    """The swift contract's routes (`/infer/`, `/get_world_size/`): open when `rollout_server.open_infer`."""
+    if not _service(request).settings.open_infer:
+        await require_token(request)
+
+
+# The dependency sits on the router, so no protected route can forget it; `/health/` alone is outside.
+health_router = APIRouter()
+swift_router = APIRouter(dependencies=[Depends(require_token_unless_open_infer)])
+router = APIRouter(dependencies=[Depends(require_token)])
+
+
+@health_router.get("/health/")
 async def health() -> HealthResponse:
     return HealthResponse()
 
 
-@router.get("/get_world_size/")
+@swift_router.get("/get_world_size/")
 async def get_world_size() -> WorldSizeResponse:
     return WorldSizeResponse(world_size=1)
 
@@ -99,13 +107,13 @@ async def stats(request: Request) -> StatsResponse:
     return _service(request).stats()
 
 
-@router.post("/infer/")
+@swift_router.post("/infer/")
 def infer(body: InferBody, request: Request) -> list[InferResponse]:
     # A plain `def`: FastAPI runs it on its thread pool, so concurrent calls reach the batching worker together.
     return _service(request).infer(body)
 
 
-@router.post(WEIGHT_CHUNK_PATH, dependencies=[Depends(require_token)])
+@router.post(WEIGHT_CHUNK_PATH)
 async def update_weights(
     request: Request,
     sync_id: str = Query(min_length=1, max_length=128),
@@ -139,17 +147,17 @@ async def update_weights(
     return ChunkResponse(sync_id=sync_id, chunk_index=chunk_index, num_tensors=num)
 
 
-@router.post("/update_weights/commit/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/commit/")
 async def commit(body: CommitBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).commit, body.sync_id, body.version, body.num_chunks)
 
 
-@router.post("/update_weights/abort/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/abort/")
 async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
     return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
 
 
-@router.post("/update_weights/group/init/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/group/init/")
 async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     info = GroupInfo(body.master_address, body.master_port, body.rank, body.world_size, body.timeout_s)
     try:
@@ -159,28 +167,32 @@ async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     return {"rank": body.rank}
 
 
-@router.post("/update_weights/group/start/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/group/start/")
 async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
     tensors = [(t.name, t.dtype, tuple(t.shape)) for t in body.tensors]
     await _weight_call(request, _service(request).sync.group_start, body.sync_id, body.version, tensors)
     return {"sync_id": body.sync_id}
 
 
-@router.post("/update_weights/group/finish/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/group/finish/")
 async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).sync.group_finish, body.sync_id, body.version)
 
 
-@router.post("/update_weights/from_shm/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/from_shm/")
 async def from_shm(body: ShmSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(
         request, _service(request).sync.load_from_shm, body.path, body.version, body.digest
     )
 
 
-@router.post("/update_weights/from_disk/", dependencies=[Depends(require_token)])
+@router.post("/update_weights/from_disk/")
 async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).load_from_disk, body.path, body.version)
+
+
+def _too_many_requests(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=413)
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
@@ -301,9 +313,11 @@ def build_app(service: RolloutService) -> FastAPI:
     app = FastAPI(title="stagectl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     app.state.weight_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-sync")
-    app.include_router(router)
-    for error in (BadRequest, PathRefused, WeightSyncError):
+    for routes in (health_router, swift_router, router):
+        app.include_router(routes)
+    for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
+    app.add_exception_handler(TooManyRequests, _too_many_requests)
     app.add_exception_handler(RequestValidationError, _unprocessable)
     settings = service.settings
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -24,9 +25,12 @@ from stagectl.rollout.weights import WeightChunk
 class ChunkSender:
     """One sync's uploads (a fresh connection per server per sync: the server closes idle ones)."""
 
-    def __init__(self, headers: Mapping[str, str], timeout_s: float | None) -> None:
+    def __init__(
+        self, headers: Mapping[str, str], timeout_s: float | None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.headers = dict(headers)
         self.timeout_s = timeout_s
+        self.tls = tls  # https:// URLs: TLS with this context (the client's verification settings)
         self._connections: dict[tuple[int, str], http.client.HTTPConnection] = {}
         self._lock = threading.Lock()  # guards the dict; each connection is used by one thread at a time
 
@@ -36,7 +40,12 @@ class ChunkSender:
         parts = urlsplit(url)
         origin = f"{parts.hostname}:{parts.port}"
         target = f"{parts.path}?{urlencode(params)}"
-        connection = self._connection(key, origin, parts.hostname or "", parts.port or 80)
+        https = parts.scheme == "https"
+        if https and self.tls is None:
+            raise WeightPushError(f"{url}: an https:// weight-stream URL needs the client's TLS settings")
+        connection = self._connection(
+            key, origin, parts.hostname or "", parts.port or (443 if https else 80), https
+        )
         try:
             connection.putrequest("POST", target, skip_accept_encoding=True)
             for name, value in self.headers.items():
@@ -71,11 +80,16 @@ class ChunkSender:
         except ValueError:
             raise WeightPushError(f"{url}: answered a body that is not JSON: {body[:200]!r}") from None
 
-    def _connection(self, key: int, origin: str, host: str, port: int) -> http.client.HTTPConnection:
+    def _connection(
+        self, key: int, origin: str, host: str, port: int, https: bool
+    ) -> http.client.HTTPConnection:
         with self._lock:
             connection = self._connections.get((key, origin))
             if connection is None:
-                connection = _NoDelayConnection(host, port, timeout=self.timeout_s)
+                if https:
+                    connection = _NoDelayTLSConnection(host, port, timeout=self.timeout_s, context=self.tls)
+                else:
+                    connection = _NoDelayConnection(host, port, timeout=self.timeout_s)
                 self._connections[(key, origin)] = connection
             return connection
 
@@ -100,6 +114,15 @@ class ChunkSender:
 
 class _NoDelayConnection(http.client.HTTPConnection):
     """TCP_NODELAY: the request head goes out at once instead of waiting on the previous answer's ACK."""
+
+    def connect(self) -> None:
+        super().connect()
+        assert self.sock is not None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _NoDelayTLSConnection(http.client.HTTPSConnection):
+    """The same over TLS (the views still go to `sendall` whole; the ssl layer encrypts them)."""
 
     def connect(self) -> None:
         super().connect()

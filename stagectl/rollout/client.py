@@ -12,6 +12,9 @@
   snapshot to /dev/shm that every server on this node maps; `disk` writes one snapshot that each server
   loads by path. A failure aborts the sync everywhere and raises.
 
+The token (when given) goes on every request but `/health/`. `https://` servers are verified against
+the system's trust store or `tls_ca_file`, and only left unverified with `tls_skip_verify`.
+
 Every retry, split and failure is counted (`counters()`) and logged. The client is thread-safe: a
 prefetcher thread may call `infer` while the main thread pushes weights.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 import time
 import uuid
@@ -57,6 +61,7 @@ from stagectl.rollout.requests import (
     with_seed_offset,
 )
 from stagectl.rollout.shm import SHM_DIR, remove_stale, shm_path, write_snapshot
+from stagectl.rollout.tls import client_context
 from stagectl.rollout.weights import WeightChunk, dtype_name, encode_chunks, encode_pieces
 
 __all__ = [  # the request helpers are re-exported: callers need one import for the whole client side
@@ -112,10 +117,15 @@ class RolloutClient:
         delta: bool = False,
         shm_dir: Path = SHM_DIR,
         group_address: str = "127.0.0.1",
+        tls_ca_file: Path | None = None,
+        tls_skip_verify: bool = False,
     ) -> None:
         if not base_urls:
             raise ValueError("RolloutClient needs at least one server base URL")
         self.base_urls = [url.rstrip("/") for url in base_urls]
+        self._tls: ssl.SSLContext | None = None  # for https:// servers (and their weight-stream ports)
+        if any(url.startswith("https://") for url in self.base_urls):
+            self._tls = client_context(tls_ca_file, skip_verify=tls_skip_verify)
         self.timeout_s = timeout_s
         read_timeout = infer_timeout_s if infer_timeout_s is not None and infer_timeout_s > 0 else None
         self._timeout = httpx.Timeout(connect_timeout_s, read=read_timeout, write=read_timeout, pool=None)
@@ -166,10 +176,12 @@ class RolloutClient:
             disk_dir=sync.disk_dir if sync.disk_dir is not None else disk_dir,
             delta=sync.delta,
             group_address=sync.group_address,
+            tls_ca_file=server.tls_ca_file,
+            tls_skip_verify=server.tls_skip_verify,
         )
 
     def _new_http(self) -> httpx.Client:
-        return httpx.Client(timeout=self._timeout, headers=self._headers)
+        return httpx.Client(timeout=self._timeout, headers=self._headers, verify=self._tls or True)
 
     # --- counters --------------------------------------------------------------------------------
 
@@ -379,7 +391,7 @@ class RolloutClient:
         copy in the HTTP stack). Returns (bytes sent, chunks)."""
         sync_id = uuid.uuid4().hex
         num_bytes = num_chunks = 0
-        sender = ChunkSender(self._headers, self._timeout.read)
+        sender = ChunkSender(self._headers, self._timeout.read, self._tls)
         try:
             chunk_urls = self._on_every_server(self._chunk_url)
             upcoming = self._pool.submit(next, chunks, None)

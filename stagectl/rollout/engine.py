@@ -45,6 +45,7 @@ class Engine(Protocol):
 
     name: str  # "hf", "vllm", "fake"
     model_name: str  # what /version/ reports
+    max_model_len: int  # context length: prompt + generated tokens of one request (`guards.check_context`)
 
     @property
     def version(self) -> int:
@@ -53,7 +54,8 @@ class Engine(Protocol):
 
     def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         """One result per request, in order; blocks until all are done. `ValueError`: an input it cannot
-        encode (the server answers 400); any other error is a server failure (500, the client retries)."""
+        encode, or a prompt + max_new_tokens beyond `max_model_len` (`guards.TooManyTokens`): the server
+        answers 400; any other error is a server failure (500, the client retries)."""
         ...
 
     def weight_specs(self) -> dict[str, TensorSpec]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
+from stagectl.rollout.guards import CallLimits, TooManyTokens, check_call
 from stagectl.rollout.paths import load_image
 from stagectl.rollout.protocol import (
     ChatMessage,
@@ -33,13 +34,19 @@ class BadRequest(ValueError):
 class ServerSettings:
     image_roots: Sequence[Path] = ()
     weight_dirs: Sequence[Path] = ()
-    auth_token: str | None = None  # None: weight/admin endpoints are open (loopback only)
+    auth_token: str | None = None  # None: every endpoint is open (loopback only)
+    open_infer: bool = False  # True: /infer/ and /get_world_size/ need no token (the swift contract)
+    limits: CallLimits = field(
+        default_factory=CallLimits
+    )  # bounds of one /infer/ call (max_tokens, number of requests)
     max_request_bytes: int = 32 * 1024 * 1024
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
     shm_dir: Path = SHM_DIR  # where `transport: shm` snapshots live
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
     weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`rollout.stream`): its address,
     weight_stream_port: int | None = 0  # its port (0: a free one; None: off, chunks go to the app's port)
+    tls_certfile: Path | None = None  # both set: TLS on both ports (`rollout.tls`)
+    tls_keyfile: Path | None = None
 
 
 class RolloutService:
@@ -56,6 +63,10 @@ class RolloutService:
         if not body.infer_requests:
             return []
         config = body.request_config
+        # refused before any image is read or token generated (413 / 400)
+        check_call(
+            len(body.infer_requests), config.max_tokens, self.settings.limits, self.engine.max_model_len
+        )
         params = config.sampling()
         requests = []
         for i, item in enumerate(body.infer_requests):
@@ -68,6 +79,8 @@ class RolloutService:
             requests.append(EngineRequest(messages, images, params, seed))
         try:
             results = self.engine.generate(requests)
+        except TooManyTokens:  # a prompt + max_tokens beyond the context: its own message names both
+            raise
         except ValueError as exc:  # raised while encoding this call's inputs (e.g. an extreme aspect ratio)
             raise BadRequest(f"cannot encode the request: {exc}") from None
         with self._count_lock:

@@ -1,7 +1,7 @@
 """Running the rollout server: config -> engine + service + app, bind, print the address, serve.
 
 `run_server` is what `stagectl rollout-server` calls: it binds the socket itself (port 0 picks a free
-one), prints `rollout-server: listening on http://HOST:PORT` on stdout for a parent process to read,
+one), prints `rollout-server: listening on http(s)://HOST:PORT` on stdout for a parent process to read,
 then runs uvicorn, which shuts down gracefully on SIGTERM/SIGINT (in-flight requests finish, then the
 engine stops). `ThreadedServer` runs an app in a background thread (tests, benchmarks).
 """
@@ -26,29 +26,64 @@ from stagectl.config.rollout import RolloutServerConfig
 from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
 from stagectl.rollout.app import build_app
 from stagectl.rollout.engine import Engine
+from stagectl.rollout.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
 from stagectl.rollout.protocol import LISTENING_PREFIX, read_token
 from stagectl.rollout.service import RolloutService, ServerSettings
+from stagectl.rollout.tls import server_context
 
 GRACEFUL_SHUTDOWN_S = 30
 HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
 
 
-def server_settings(rs: RolloutServerConfig, weight_dirs: Sequence[Path] = ()) -> ServerSettings:
+def server_settings(
+    rs: RolloutServerConfig, weight_dirs: Sequence[Path] = (), limits: CallLimits | None = None
+) -> ServerSettings:
     token = read_token(rs.auth_token_env, "rollout_server.auth_token_env")
     if rs.host not in LOOPBACK_HOSTS and token is None:
         raise ValueError(
             f"rollout_server.host {rs.host!r} is beyond loopback: set rollout_server.auth_token_env "
-            "(a bearer token protects the weight endpoints) or bind 127.0.0.1"
+            "(a bearer token protects every endpoint but /health/) or bind 127.0.0.1"
+        )
+    if rs.open_infer and rs.host not in LOOPBACK_HOSTS and not rs.open_infer_beyond_loopback:
+        raise ValueError(
+            f"rollout_server.open_infer: the server binds {rs.host!r} (beyond loopback); set "
+            "rollout_server.open_infer_beyond_loopback: true to let anyone who reaches it generate"
         )
     return ServerSettings(
         image_roots=list(rs.image_roots),
         weight_dirs=list(weight_dirs),
         auth_token=token,
+        open_infer=rs.open_infer,
+        limits=limits
+        or CallLimits(
+            rs.max_new_tokens_cap or DEFAULT_MAX_NEW_TOKENS_CAP,
+            rs.max_requests_per_call or DEFAULT_MAX_REQUESTS_PER_CALL,
+        ),
         max_request_bytes=rs.max_request_bytes,
         max_weight_chunk_bytes=rs.max_weight_chunk_bytes,
         weight_stream_host=rs.host,
         weight_stream_port=rs.weight_stream_port,
+        tls_certfile=rs.tls_certfile,
+        tls_keyfile=rs.tls_keyfile,
     )
+
+
+def call_limits(cfg: StagectlConfig) -> CallLimits:
+    """The bounds of one `/infer/` call: `rollout_server.max_new_tokens_cap` / `max_requests_per_call` when
+    set, else the defaults raised to what this config's own learner (train-ab: `max_new_tokens`, the decode
+    chunk) or Stage-B runner (sampler and reflection `max_new_tokens`, the per-rank batch) asks for, so an
+    embedded server, or one started from the training YAML, never refuses its own learner."""
+    rs = cfg.rollout_server
+    tokens, requests = [DEFAULT_MAX_NEW_TOKENS_CAP], [DEFAULT_MAX_REQUESTS_PER_CALL]
+    if is_train_ab(cfg):
+        rm = cfg.custom.extra.rollout_matching
+        cb = cfg.stage2_ab.channel_b if cfg.stage2_ab else None
+        tokens.append(rm.max_new_tokens)
+        requests.append((cb.rollout_decode_batch_size if cb else None) or rm.decode_batch_size)
+    if cfg.mission is not None:
+        tokens += [entry.max_new_tokens for entry in cfg.sampler.grid] + [cfg.reflection.max_new_tokens]
+        requests.append(cfg.runner.per_rank_rollout_batch_size)
+    return CallLimits(rs.max_new_tokens_cap or max(tokens), rs.max_requests_per_call or max(requests))
 
 
 def build_engine(cfg: StagectlConfig) -> Engine:
@@ -106,9 +141,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url_of(sock: socket.socket) -> str:
+def url_of(sock: socket.socket, *, tls: bool = False) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def _uses_tls(app: FastAPI) -> bool:
+    settings: ServerSettings = app.state.service.settings
+    return settings.tls_certfile is not None
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
@@ -148,12 +189,17 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
 
 def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
+    settings: ServerSettings = app.state.service.settings
+    if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+        server_context(settings.tls_certfile, settings.tls_keyfile)  # a clear error naming the files, now
     config = uvicorn.Config(
         app,
         log_level="info",
         access_log=False,  # our AccessLog middleware writes one JSON line per request
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         http=HeaderTimeoutH11Protocol,
+        ssl_certfile=settings.tls_certfile,  # uvicorn's own TLS: the listening socket serves https
+        ssl_keyfile=settings.tls_keyfile,
     )
     return uvicorn.Server(config)
 
@@ -162,24 +208,28 @@ def run_server(cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = ()) -> None
     """Load the engine, bind, print the address, serve until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     rs = cfg.rollout_server
-    settings = server_settings(rs, weight_dirs)  # fail on a bad token setup before loading the model
+    # fail on a bad token or TLS setup before loading the model
+    settings = server_settings(rs, weight_dirs, call_limits(cfg))
+    if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+        server_context(settings.tls_certfile, settings.tls_keyfile)
     sock = bind_socket(rs.host, rs.port)
     serve(build_app(RolloutService(build_engine(cfg), settings)), sock)
 
 
 def serve(app: FastAPI, sock: socket.socket) -> None:
     """Print the listening line for `sock`, then serve `app` on it until SIGTERM/SIGINT."""
-    print(f"{LISTENING_PREFIX}{url_of(sock)}", flush=True)
-    _uvicorn_server(app).run(sockets=[sock])
+    server = _uvicorn_server(app)
+    print(f"{LISTENING_PREFIX}{url_of(sock, tls=_uses_tls(app))}", flush=True)
+    server.run(sockets=[sock])
 
 
 class ThreadedServer:
     """Serve `app` on a background thread at 127.0.0.1 (a free port unless given); `stop()` shuts it down."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = bind_socket(host, port)
-        self.url = url_of(self._sock)
         self._server = _uvicorn_server(app)
+        self._sock = bind_socket(host, port)
+        self.url = url_of(self._sock, tls=_uses_tls(app))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, name="rollout-server", daemon=True
         )

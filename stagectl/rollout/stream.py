@@ -7,8 +7,10 @@ the event loop in pieces of at most 256 KiB, which held `http` sync at about a q
 loopback socket carries on a 2-core host. Here the body is read with `readinto` in 8 MiB pieces; the
 request line and headers still go through the standard library's HTTP parser.
 
-Guards, as on the app's port: the bearer token, the chunk-size limit (413), a deadline for the whole body
-(408), a per-read socket timeout, and a cap on open connections (503 beyond it). The server advertises the
+Guards, as on the app's port: the bearer token (`guards.bearer_ok`), the chunk-size limit (413), a deadline
+for the whole body (408), a per-read socket timeout, and a cap on open connections (503 beyond it). With
+`rollout_server.tls_certfile` the listening socket is wrapped with `ssl`; each connection's handshake runs
+on its own thread under the read timeout, so a client that never finishes it holds no other connection. The server advertises the
 port in `/version/` (`weight_stream_port`); `rollout_server.weight_stream_port: null` turns it off, and the
 client then sends chunks to the app's port as before.
 """
@@ -16,11 +18,11 @@ client then sends chunks to the app's port as before.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import re
 import socket
+import ssl
 import threading
 import time
 from http import HTTPStatus
@@ -28,9 +30,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from stagectl.rollout.guards import bearer_ok
 from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH
 from stagectl.rollout.service import RolloutService
 from stagectl.rollout.staging import ChunkReceiver
+from stagectl.rollout.tls import server_context
 from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
 
 access_log = logging.getLogger("stagectl.rollout.access")
@@ -150,10 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _check_token(self) -> None:
         expected = self.server.service.settings.auth_token
-        if expected is None:
-            return
-        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        if expected is not None and not bearer_ok(self.headers.get("Authorization"), expected):
             raise _Refused(401, "missing or wrong bearer token", close=True)
 
     def _content_length(self) -> int:
@@ -263,25 +264,40 @@ class WeightStreamServer(ThreadingHTTPServer):
 
     def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        settings = service.settings
+        context = None
+        if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+            context = server_context(settings.tls_certfile, settings.tls_keyfile)  # before binding anything
         try:
             super().__init__((host, port), _Handler)
         except OSError as exc:
             raise ValueError(f"cannot bind the weight-stream port {host}:{port}: {exc.strerror}") from None
         self.service = service
+        if context is not None:
+            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.port: int = self.server_address[1]
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread = threading.Thread(target=self.serve_forever, name="weight-stream", daemon=True)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                request.sendall(_BUSY)
+            if not isinstance(request, ssl.SSLSocket):  # no handshake on the accepting thread: just close
+                with contextlib.suppress(OSError):
+                    request.sendall(_BUSY)
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
+            if isinstance(request, ssl.SSLSocket):
+                request.settimeout(READ_TIMEOUT_S)
+                try:
+                    request.do_handshake()
+                except (OSError, ssl.SSLError) as exc:  # not TLS, a certificate it refused, or too slow
+                    log.info("weight-stream TLS handshake with %s failed: %s", client_address[0], exc)
+                    self.shutdown_request(request)
+                    return
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()

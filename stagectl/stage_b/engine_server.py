@@ -42,7 +42,13 @@ def connect_server_engine(server: StageBServerConfig) -> tuple[ServerEngine, str
             "runner.server.base_urls: runner.engine: server needs at least one rollout server URL"
         )
     token = read_token(server.auth_token_env, "runner.server.auth_token_env")
-    client = RolloutClient(server.base_urls, infer_timeout_s=server.infer_timeout_s, auth_token=token)
+    client = RolloutClient(
+        server.base_urls,
+        infer_timeout_s=server.infer_timeout_s,
+        auth_token=token,
+        tls_ca_file=server.tls_ca_file,
+        tls_skip_verify=server.tls_skip_verify,
+    )
     try:
         client.wait_healthy(server.wait_healthy_s)
     except TimeoutError as exc:

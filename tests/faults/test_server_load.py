@@ -27,6 +27,7 @@ from tests.integration.helpers import ROOT
 
 MODEL = "builtin:tiny-qwen2.5-vl"
 TOKEN = "load-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 INSTRUCTION = "Find every object."
 NUM_CLIENTS = 64
 ROUNDS = 2
@@ -81,7 +82,7 @@ def _greedy(bundle: ModelBundle, image: Path) -> list[int]:
 def test_64_clients_and_a_sync_get_consistent_weights(server: ServerProcess, images: list[Path]) -> None:
     assert server.url is not None
     mirror = load_bundle(MODEL)
-    base_version = httpx.get(f"{server.url}/version/").json()["version"]
+    base_version = httpx.get(f"{server.url}/version/", headers=AUTH).json()["version"]
     expected = {base_version: [_greedy(mirror, image) for image in images]}
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -91,7 +92,7 @@ def test_64_clients_and_a_sync_get_consistent_weights(server: ServerProcess, ima
     new_version = base_version + 1
     expected[new_version] = [_greedy(mirror, image) for image in images]
     assert expected[new_version] != expected[base_version]  # the two versions are told apart by their tokens
-    stats_before = httpx.get(f"{server.url}/stats/").json()
+    stats_before = httpx.get(f"{server.url}/stats/", headers=AUTH).json()
 
     results: list[tuple[int, int, float, int | None, list[int]]] = []  # client, prompt, sent_at, ver, ids
     errors: list[BaseException] = []
@@ -100,7 +101,7 @@ def test_64_clients_and_a_sync_get_consistent_weights(server: ServerProcess, ima
 
     def client(k: int) -> None:
         try:
-            with RolloutClient([server.url or ""]) as c:
+            with RolloutClient([server.url or ""], auth_token=TOKEN) as c:
                 start.wait()
                 for r in range(ROUNDS):
                     prompt = (k + r) % NUM_PROMPTS
@@ -138,7 +139,7 @@ def test_64_clients_and_a_sync_get_consistent_weights(server: ServerProcess, ima
             assert version == new_version, (k, prompt)
     versions = [v for *_, v, _ in results]
     assert versions.count(base_version) > 0 and versions.count(new_version) > 0
-    stats = httpx.get(f"{server.url}/stats/").json()
+    stats = httpx.get(f"{server.url}/stats/", headers=AUTH).json()
     assert stats["num_requests"] - stats_before["num_requests"] == NUM_CLIENTS * ROUNDS
     assert stats["num_syncs"] == stats_before["num_syncs"] + 1 and stats["version"] == new_version
     assert report_.num_chunks > 1

@@ -96,8 +96,8 @@ def _weights(served: Served, w0: float) -> dict[str, torch.Tensor]:
 
 def test_health_world_size_version(served: Served) -> None:
     assert httpx.get(f"{served.url}/health/").status_code == 200
-    assert httpx.get(f"{served.url}/get_world_size/").json() == {"world_size": 1}
-    version = httpx.get(f"{served.url}/version/").json()
+    assert httpx.get(f"{served.url}/get_world_size/", headers=AUTH).json() == {"world_size": 1}
+    version = httpx.get(f"{served.url}/version/", headers=AUTH).json()
     assert version["model"] == "fake-echo" and version["engine"] == "fake" and version["version"] >= 0
 
 
@@ -136,14 +136,14 @@ def test_details_are_optional(client: RolloutClient) -> None:
 
 
 def test_empty_request_list(served: Served, client: RolloutClient) -> None:
-    response = httpx.post(f"{served.url}/infer/", json={"infer_requests": []})
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json={"infer_requests": []})
     assert response.status_code == 200 and response.json() == []
     assert client.infer([], RequestConfig()) == []
 
 
 def test_body_above_limit_is_413(served: Served) -> None:
     big = {"infer_requests": [{"messages": [{"role": "user", "content": "x" * (80 * KIB)}]}]}
-    response = httpx.post(f"{served.url}/infer/", json=big)
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=big)
     assert response.status_code == 413
     assert "exceeds" in response.json()["detail"]
 
@@ -160,7 +160,7 @@ def test_body_above_limit_is_413(served: Served) -> None:
 def test_images_outside_roots_are_400(served: Served, path: str, error: str) -> None:
     ref = path if path.startswith("https") else str(served.root.parent / path)
     body = {"infer_requests": [{"messages": [{"role": "user", "content": "<image>x"}], "images": [ref]}]}
-    response = httpx.post(f"{served.url}/infer/", json=body)
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
     assert response.status_code == 400
     assert error in response.json()["detail"]
     assert "infer_requests[0]" in response.json()["detail"]
@@ -179,14 +179,16 @@ def test_images_outside_roots_are_400(served: Served, path: str, error: str) -> 
     ],
 )
 def test_missing_or_bad_fields_are_422_naming_them(served: Served, body: dict, field: str) -> None:
-    response = httpx.post(f"{served.url}/infer/", json=body)
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
     assert response.status_code == 422
     assert field in response.json()["detail"]
 
 
 def test_malformed_json_is_422(served: Served) -> None:
     response = httpx.post(
-        f"{served.url}/infer/", content=b'{"infer_requests": [', headers={"Content-Type": "application/json"}
+        f"{served.url}/infer/",
+        content=b'{"infer_requests": [',
+        headers={"Content-Type": "application/json", **AUTH},
     )
     assert response.status_code == 422
     assert "JSON" in response.json()["detail"]
@@ -208,7 +210,7 @@ def test_weight_endpoints_need_the_token(served: Served, headers: dict[str, str]
 
 
 def _version(served: Served) -> int:
-    return int(httpx.get(f"{served.url}/version/").json()["version"])
+    return int(httpx.get(f"{served.url}/version/", headers=AUTH).json()["version"])
 
 
 def test_http_push_swaps_weights_and_advances_version(served: Served, client: RolloutClient) -> None:
@@ -251,7 +253,7 @@ def test_sync_killed_half_way_keeps_the_old_weights(served: Served, client: Roll
 
 def test_bad_checksum_is_rejected(served: Served) -> None:
     before = _version(served)
-    failed = httpx.get(f"{served.url}/stats/").json()["num_failed_syncs"]
+    failed = httpx.get(f"{served.url}/stats/", headers=AUTH).json()["num_failed_syncs"]
     (chunk, *_rest) = encode_chunks(_weights(served, 5.0), 128 * KIB)
     params = {"sync_id": "bad", "chunk_index": 0, "digest": "a" * 32, "version": before + 1}
     response = httpx.post(f"{served.url}/update_weights/", params=params, content=chunk.data, headers=AUTH)
@@ -264,7 +266,7 @@ def test_bad_checksum_is_rejected(served: Served) -> None:
     response = httpx.post(f"{served.url}/update_weights/commit/", json=commit, headers=AUTH)
     assert response.status_code == 400 and "unknown weight sync" in response.json()["detail"]
     assert _version(served) == before
-    assert httpx.get(f"{served.url}/stats/").json()["num_failed_syncs"] == failed + 1
+    assert httpx.get(f"{served.url}/stats/", headers=AUTH).json()["num_failed_syncs"] == failed + 1
 
 
 def test_mismatched_or_stale_syncs_are_rejected(served: Served, client: RolloutClient) -> None:
@@ -300,13 +302,13 @@ def test_disk_push(served: Served, client: RolloutClient) -> None:
 
 
 def test_concurrent_clients_are_batched(served: Served) -> None:
-    stats_before = httpx.get(f"{served.url}/stats/").json()
+    stats_before = httpx.get(f"{served.url}/stats/", headers=AUTH).json()
     results: dict[int, list[str]] = {}
     errors: list[BaseException] = []
 
     def one_client(k: int) -> None:
         try:
-            with RolloutClient([served.url]) as c:
+            with RolloutClient([served.url], auth_token=TOKEN) as c:
                 requests = [_text(10 * k + j) for j in range(4)]
                 results[k] = _contents(c.infer(requests, RequestConfig(seed=100 * k, max_tokens=200)))
         except BaseException as exc:
@@ -322,7 +324,7 @@ def test_concurrent_clients_are_batched(served: Served) -> None:
         assert [c.split(" ver=")[0] for c in results[k]] == [
             f"echo hello {10 * k + j} seed={100 * k + j}" for j in range(4)
         ]
-    stats = httpx.get(f"{served.url}/stats/").json()
+    stats = httpx.get(f"{served.url}/stats/", headers=AUTH).json()
     assert stats["num_requests"] - stats_before["num_requests"] == 32
     new_batches = {
         int(size): count - stats_before["batch_sizes"].get(size, 0)
@@ -361,7 +363,7 @@ def test_requests_spread_over_servers_in_order(served: Served) -> None:
     second = FakeEngine(max_batch_size=8, batch_wait_ms=0)
     server = _serve(second, ServerSettings())
     try:
-        with RolloutClient([served.url, server.url]) as c:
+        with RolloutClient([served.url, server.url], auth_token=TOKEN) as c:
             out = c.infer([_text(j) for j in range(5)], RequestConfig(seed=0, max_tokens=200))
             stats = c.stats()
     finally:

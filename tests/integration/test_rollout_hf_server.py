@@ -29,6 +29,7 @@ from tests.integration.helpers import ROOT, run_cli
 
 MODEL = "builtin:tiny-qwen2.5-vl"
 TOKEN = "tiny-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 INSTRUCTION = "Find every object."
 MAX_TOKENS = 12
 GREEDY = RequestConfig(max_tokens=MAX_TOKENS, temperature=0.0, return_details=True)
@@ -77,6 +78,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "--set", "rollout_server.max_batch_size=8",
             "--set", "rollout_server.batch_wait_ms=50",
             "--set", "rollout_server.auth_token_env=STAGECTL_TEST_ROLLOUT_TOKEN",
+            "--set", "rollout_server.max_requests_per_call=4",
         ],
         env={"STAGECTL_TEST_ROLLOUT_TOKEN": TOKEN},
         cwd=ROOT,
@@ -115,13 +117,13 @@ def test_token_ids_decode_to_text_and_prompt_matches_the_learner(
 
 def test_concurrent_clients_get_their_own_greedy_outputs(served: Served) -> None:
     expected = {k: served.local_greedy(k) for k in range(8)}
-    before = httpx.get(f"{served.url}/stats/").json()["batch_sizes"]
+    before = httpx.get(f"{served.url}/stats/", headers=AUTH).json()["batch_sizes"]
     results: dict[int, list[list[int]]] = {}
     errors: list[BaseException] = []
 
     def one_client(k: int) -> None:
         try:
-            with RolloutClient([served.url]) as c:
+            with RolloutClient([served.url], auth_token=TOKEN) as c:
                 out = c.infer([served.request((k + j) % 8) for j in range(4)], GREEDY)
                 results[k] = [to_generation(r).token_ids for r in out]
         except BaseException as exc:
@@ -135,7 +137,7 @@ def test_concurrent_clients_get_their_own_greedy_outputs(served: Served) -> None
     assert not errors, errors
     for k in range(8):
         assert results[k] == [expected[(k + j) % 8] for j in range(4)], k
-    after = httpx.get(f"{served.url}/stats/").json()["batch_sizes"]
+    after = httpx.get(f"{served.url}/stats/", headers=AUTH).json()["batch_sizes"]
     new = {int(size): count - before.get(size, 0) for size, count in after.items()}
     assert sum(size * count for size, count in new.items()) == 32
     assert (
@@ -222,8 +224,23 @@ def test_unencodable_image_is_400(served: Served) -> None:
     Image.new("RGB", (3000, 10)).save(buffer, format="PNG")
     inline = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
     body = {"infer_requests": [{"messages": [{"role": "user", "content": "<image>x"}], "images": [inline]}]}
-    response = httpx.post(f"{served.url}/infer/", json=body)
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
     assert response.status_code == 400 and "aspect ratio" in response.json()["detail"]
+
+
+def test_the_cli_server_applies_its_configured_bounds_and_token(served: Served) -> None:
+    body = {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}] * 5}
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
+    assert response.status_code == 413 and "at most 4" in response.json()["detail"]
+    body = {
+        **body,
+        "infer_requests": body["infer_requests"][:1],
+        "request_config": {"max_tokens": 10_000_000},
+    }
+    response = httpx.post(f"{served.url}/infer/", headers=AUTH, json=body)
+    assert response.status_code == 400 and "cap of 8192" in response.json()["detail"]
+    assert httpx.post(f"{served.url}/infer/", json=body).status_code == 401
+    assert httpx.get(f"{served.url}/health/").status_code == 200
 
 
 def test_beyond_loopback_needs_a_token() -> None:

@@ -112,3 +112,15 @@ def test_weight_sync_is_served(served: Served) -> None:
         client.push_weights(served.mirror.model.state_dict(), version + 1)
         (out,) = client.infer([_request(TEXTS[1])], GREEDY)
     assert to_generation(out).token_ids == expected and out.version == version + 1
+
+
+def test_prompt_plus_max_tokens_beyond_the_models_context_is_400(served: Served) -> None:
+    max_len = int(served.mirror.model.config.get_text_config().max_position_embeddings)
+    body = {
+        "infer_requests": [{"messages": [{"role": "user", "content": TEXTS[0]}]}],
+        "request_config": {"max_tokens": max_len - 2},  # under the server's cap, over the context
+    }
+    response = httpx.post(f"{served.url}/infer/", json=body, timeout=60)
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert f"max_tokens {max_len - 2}" in detail and f"max_model_len of {max_len} tokens" in detail

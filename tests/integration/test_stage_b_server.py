@@ -29,6 +29,7 @@ class JudgeEcho:
     name = "fake"
     model_name = "judge-echo"
     version = 0
+    max_model_len = 4096
 
     def __init__(self) -> None:
         self.prompts: list[str] = []
@@ -60,10 +61,14 @@ class JudgeEcho:
         pass
 
 
+TOKEN = "stage-b-token"
+
+
 @pytest.fixture
 def served() -> Iterator[tuple[str, JudgeEcho]]:
     engine = JudgeEcho()
-    server = ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()  # type: ignore[arg-type]
+    settings = ServerSettings(auth_token=TOKEN)  # Stage-B's client must send it on /infer/ too
+    server = ThreadedServer(build_app(RolloutService(engine, settings))).start()  # type: ignore[arg-type]
     yield server.url, engine
     server.stop()
 
@@ -73,6 +78,7 @@ def test_stage_b_through_the_rollout_server(
 ) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STAGECTL_TEST_STAGE_B_TOKEN", TOKEN)
     url, engine = served
     tickets = tmp_path / "t.jsonl"
     rows = [
@@ -96,6 +102,7 @@ def test_stage_b_through_the_rollout_server(
             f"output.root={tmp_path / 'out'}",
             "runner.engine=server",
             f"runner.server.base_urls=[{url}]",
+            "runner.server.auth_token_env=STAGECTL_TEST_STAGE_B_TOKEN",
             "runner.per_rank_rollout_batch_size=3",
             "sampler.grid=[{seed: 0}, {seed: 1, temperature: 0}]",
             "reflection.batch_size=2",

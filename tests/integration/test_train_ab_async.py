@@ -171,14 +171,19 @@ def _sync_rows(rows: list[dict]) -> list[dict]:
 
 def test_async_with_delta_sync(tmp_path: Path) -> None:
     """The async example's setup with `sync.delta: true`: the first sync is full (no base yet), later
-    ones are deltas against the version the server serves; every sync is logged with its figures."""
+    ones are deltas against the version the server serves; every sync is logged with its figures. The
+    embedded server holds a bearer token, so every call of the learner (rollouts, versions, chunks on the
+    weight-stream port, commits) must carry it."""
+    token = {"auth_token_env": "STAGECTL_TEST_EMBEDDED_TOKEN"}
     cfg = async_config(
         tmp_path,
         training={"max_steps": 6},
-        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"delta": True}}}}},
+        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"delta": True}, "server": token}}}},
+        rollout_server=token,
     )
     out = tmp_path / "run"
-    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)
+    env = {"STAGECTL_TEST_EMBEDDED_TOKEN": "embedded-secret"}
+    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     syncs = _sync_rows(read_metrics(out))
     assert len(syncs) >= 2

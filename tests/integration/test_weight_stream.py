@@ -43,14 +43,14 @@ def _settings(**kwargs: object) -> ServerSettings:
 def served() -> Iterator[Served]:
     engine = FakeEngine(default_weights(num_mib=1, block_mib=1))
     server = ThreadedServer(build_app(RolloutService(engine, _settings(body_timeout_s=2.0)))).start()
-    port = httpx.get(f"{server.url}/version/").json()["weight_stream_port"]
+    port = httpx.get(f"{server.url}/version/", headers=AUTH).json()["weight_stream_port"]
     assert isinstance(port, int) and port > 0
     yield Served(server.url, f"http://127.0.0.1:{port}/update_weights/", engine)
     server.stop()
 
 
 def _version(served: Served) -> int:
-    return int(httpx.get(f"{served.url}/version/").json()["version"])
+    return int(httpx.get(f"{served.url}/version/", headers=AUTH).json()["version"])
 
 
 def _weights(served: Served, value: float) -> dict[str, torch.Tensor]:
@@ -81,7 +81,7 @@ def test_a_server_without_the_stream_port_takes_chunks_on_its_app_port() -> None
     engine = FakeEngine(default_weights(num_mib=1, block_mib=1))
     server = ThreadedServer(build_app(RolloutService(engine, _settings(weight_stream_port=None)))).start()
     try:
-        assert httpx.get(f"{server.url}/version/").json()["weight_stream_port"] is None
+        assert httpx.get(f"{server.url}/version/", headers=AUTH).json()["weight_stream_port"] is None
         with RolloutClient([server.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client:
             client.push_weights({k: torch.full_like(v, 2.0) for k, v in engine.weights.items()}, 1)
         assert torch.equal(engine.weights["block0"], torch.full((256, 1024), 2.0))

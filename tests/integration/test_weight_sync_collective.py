@@ -44,7 +44,7 @@ def _weights(engine: FakeEngine, value: float) -> dict[str, torch.Tensor]:
 
 
 def _versions(servers: list[ThreadedServer]) -> list[int]:
-    return [int(httpx.get(f"{s.url}/version/").json()["version"]) for s in servers]
+    return [int(httpx.get(f"{s.url}/version/", headers=AUTH).json()["version"]) for s in servers]
 
 
 def _client(servers: list[ThreadedServer], timeout_s: float = 20.0) -> RolloutClient:

@@ -26,9 +26,11 @@ ROLLOUT_CORE = {
     "collective",
     "delta",
     "errors",
+    "guards",
     "protocol",
     "requests",
     "shm",
+    "tls",
     "weights",
 }
 ROLLOUT_SERVER = {

@@ -18,6 +18,7 @@ import torch
 from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
+from stagectl.rollout.guards import check_context
 from stagectl.rollout.text import cut_at_stop
 from stagectl.rollout.weights import spec_of
 
@@ -73,8 +74,10 @@ class FakeEngine:
         batch_wait_ms: float = 10.0,
         step_delay_ms: float = 0.0,
         model_name: str = "fake-echo",
+        max_model_len: int = 32768,
     ) -> None:
         self.model_name = model_name
+        self.max_model_len = max_model_len  # prompt bytes + max_new_tokens must fit (as an engine's context)
         self.weights = {k: v.clone() for k, v in (weights or default_weights()).items()}
         self.step_delay_s = step_delay_ms / 1000.0
         self._version = 0
@@ -93,6 +96,10 @@ class FakeEngine:
         return self._version
 
     def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        for request in requests:
+            check_context(
+                len(_render(request).encode("utf-8")), request.params.max_new_tokens, self.max_model_len
+            )
         return self._worker.run(requests)
 
     def _run_batch(self, batch: list[EngineRequest]) -> list[EngineResult]:

@@ -24,6 +24,7 @@ from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
 from stagectl.rollout.engines.sampling import PerRowSampler
+from stagectl.rollout.guards import check_context
 from stagectl.rollout.text import cut_at_stop
 from stagectl.rollout.weights import spec_of
 
@@ -45,6 +46,7 @@ class HFEngine:
         self.model = bundle.model
         self.model.eval()
         self.stop_token_ids = list(bundle.stop_token_ids)
+        self.max_model_len = int(self.model.config.get_text_config().max_position_embeddings)
         pad = bundle.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.stop_token_ids[0])
         self._version = 0
@@ -76,6 +78,8 @@ class HFEngine:
             )
             for r in requests
         ]
+        for job in jobs:
+            check_context(len(job.prompt.input_ids), job.request.params.max_new_tokens, self.max_model_len)
         return self._worker.run(jobs)
 
     def _run_batch(self, jobs: list[_Job]) -> list[EngineResult]:

@@ -52,6 +52,7 @@ from stagectl.models.loading import (
 from stagectl.models.tokenizer import IMAGE_PAD, coord_token_ids, token_id
 from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, FinishReason, TensorSpec
+from stagectl.rollout.guards import check_context
 from stagectl.rollout.text import cut_at_stop
 
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -169,10 +170,7 @@ class VllmEngine:
                     f"the chat template produced {num_placeholders} image placeholders "
                     f"for {len(request.images)} images"
                 )
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; the engine's max_model_len is {self.max_model_len}"
-            )
+        check_context(len(ids), request.params.max_new_tokens, self.max_model_len)
         return _Job(request, ids)
 
     def _run_batch(self, jobs: list[_Job]) -> list[EngineResult]:
