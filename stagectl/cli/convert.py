@@ -1,0 +1,82 @@
+"""`stagectl convert coco INSTANCES_JSON --images DIR --out OUT.jsonl`: other formats into the detection JSONL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from stagectl.cli.common import fail
+
+app = typer.Typer(
+    help="Convert other annotation formats into the detection JSONL that train-ab reads.",
+    no_args_is_help=True,
+)
+
+
+@app.command("coco")
+def coco(
+    instances_json: Path = typer.Argument(
+        ..., help="COCO instances file (instances_val2017.json, an LVIS or Objects365 export)."
+    ),
+    images: Path = typer.Option(..., "--images", help="Directory the images' file_name entries are under."),
+    out: Path = typer.Option(..., "--out", help="JSONL to write (replaced whole; nothing written on error)."),
+    drop_empty: bool = typer.Option(
+        False, "--drop-empty", help="Leave out images with no object (kept as empty samples by default)."
+    ),
+    check_images: bool = typer.Option(
+        True, "--check-images/--no-check-images", help="Check every image file exists (a stat each)."
+    ),
+) -> None:
+    """Write the detection JSONL of a COCO instances file: pixel xyxy boxes (train with data.box_format:
+    pixel), category names as desc, COCO image and category ids kept; crowd, zero-area and out-of-image
+    boxes left out and counted."""
+    from stagectl.console import say
+    from stagectl.data.coco import CocoError, convert_coco_file
+
+    if instances_json.is_file():
+        say("convert", f"reading {instances_json} ({instances_json.stat().st_size / 1e6:.1f} MB)")
+    try:
+        with _progress_bar() as on_progress:
+            stats = convert_coco_file(
+                instances_json,
+                images,
+                out,
+                check_images=check_images,
+                drop_empty=drop_empty,
+                on_progress=on_progress,
+            )
+    except CocoError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"--out {out}: cannot write: {exc.strerror or exc}")
+    typer.echo(stats.summary(out))
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
+    """A rich bar over the annotations on a terminal; nothing otherwise (logs stay one line a step)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("[bold]convert annotations"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    task = progress.add_task("annotations", total=None)
+
+    def on_progress(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    with progress:
+        yield on_progress
