@@ -136,6 +136,8 @@ def convert_instances(
         raise CocoError([f"{source}: {top}"])
     categories_raw, images_raw, annotations_raw = top
 
+    # ids of entries reported as bad: annotations naming them are not reported again
+    bad_ids: set[tuple[str, int | None]] = set()
     categories: dict[int, str] = {}
     names: dict[str, int] = {}
     for index, item in enumerate(categories_raw):
@@ -143,6 +145,7 @@ def convert_instances(
             cat_id, name = _category(item, index, categories, names)
         except _EntryError as exc:
             errors.append(f"{source}: {exc}")
+            bad_ids.add(("category", _entry_id(item)))
             continue
         categories[cat_id] = name
         names[name] = cat_id
@@ -154,6 +157,7 @@ def convert_instances(
             image_id, image = _image(item, index, images, image_dir, out_dir, image_exists, missing)
         except _EntryError as exc:
             errors.append(f"{source}: {exc}")
+            bad_ids.add(("image", _entry_id(item)))
             continue
         images[image_id] = image
     if image_exists is not None and len(missing) > 1 and len(missing) == len(images_raw):
@@ -162,14 +166,13 @@ def convert_instances(
     if not images_raw:
         errors.append(f"{source}: 'images' is empty: nothing to convert")
     stats = CocoStats(num_categories=len(categories))
-    entries_bad = bool(errors)  # then an unknown id may be a bad entry's: the message says so
     objects: dict[int, list[dict[str, Any]]] = {image_id: [] for image_id in images}
     total = len(annotations_raw)
     for index, item in enumerate(annotations_raw):
         if on_progress is not None and index % PROGRESS_EVERY == 0:
             on_progress(index, total)
         try:
-            _annotation(item, index, images, categories, objects, stats, entries_bad)
+            _annotation(item, index, images, categories, objects, stats, bad_ids)
         except _EntryError as exc:
             errors.append(f"{source}: {exc}")
     if on_progress is not None:
@@ -216,8 +219,13 @@ def _top_level(instances: Any) -> tuple[list[Any], list[Any], list[Any]] | str:
     return instances["categories"], instances["images"], instances["annotations"]
 
 
-def _where(kind: str, index: int, item: Any) -> str:
+def _entry_id(item: Any) -> int | None:
     entry_id = item.get("id") if isinstance(item, dict) else None
+    return entry_id if isinstance(entry_id, int) and not isinstance(entry_id, bool) else None
+
+
+def _where(kind: str, index: int, item: Any) -> str:
+    entry_id = _entry_id(item)
     return f"{kind}[{index}]" + (f" (id {entry_id})" if isinstance(entry_id, int) else "")
 
 
@@ -274,7 +282,7 @@ def _annotation(
     categories: dict[int, str],
     objects: dict[int, list[dict[str, Any]]],
     stats: CocoStats,
-    entries_bad: bool,
+    bad_ids: set[tuple[str, int | None]],
 ) -> None:
     """Check one annotation and add its object to `objects` (or count why it is left out)."""
     where = _where("annotations", index, item)
@@ -288,13 +296,13 @@ def _annotation(
     crowd = item.get("iscrowd", 0)
     if crowd not in (0, 1) or isinstance(crowd, float):
         raise _EntryError(f"{where}: iscrowd must be 0 or 1, got {crowd!r}")
+    if ("image", image_id) in bad_ids or ("category", cat_id) in bad_ids:
+        return  # its image or category entry is already reported
     image = images.get(image_id)
     if image is None:
-        suffix = " (or its entry is bad, see above)" if entries_bad else ""
-        raise _EntryError(f"{where}: image_id {image_id} is not in images{suffix}")
+        raise _EntryError(f"{where}: image_id {image_id} is not in images")
     if cat_id not in categories:
-        suffix = " (or its entry is bad, see above)" if entries_bad else ""
-        raise _EntryError(f"{where}: category_id {cat_id} is not in categories{suffix}")
+        raise _EntryError(f"{where}: category_id {cat_id} is not in categories")
     if crowd:
         stats.num_crowd += 1
         return
