@@ -26,14 +26,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS
-from stagectl.files import atomic_write_text
 
 Box = tuple[float, float, float, float]
 PROGRESS_EVERY = 1000  # annotations between two progress callbacks
@@ -94,13 +94,14 @@ def clip_box(xywh: Box, width: int, height: int) -> tuple[Box | None, str]:
     x, y, w, h = xywh
     if w <= 0 or h <= 0:
         return None, "zero_area"
-    corners = (x, y, x + w, y + h)
-    x1, x2 = (min(max(v, 0.0), float(width)) for v in (corners[0], corners[2]))
-    y1, y2 = (min(max(v, 0.0), float(height)) for v in (corners[1], corners[3]))
-    if x2 <= x1 or y2 <= y1:
+    x2, y2 = x + w, y + h
+    right, bottom = float(width), float(height)
+    cx1, cx2 = min(max(x, 0.0), right), min(max(x2, 0.0), right)
+    cy1, cy2 = min(max(y, 0.0), bottom), min(max(y2, 0.0), bottom)
+    if cx2 <= cx1 or cy2 <= cy1:
         return None, "outside"
-    box = (_tidy(x1), _tidy(y1), _tidy(x2), _tidy(y2))
-    return box, "kept" if (x1, y1, x2, y2) == corners else "clamped"
+    box = (_tidy(cx1), _tidy(cy1), _tidy(cx2), _tidy(cy2))
+    return box, "kept" if (cx1, cy1, cx2, cy2) == (x, y, x2, y2) else "clamped"
 
 
 def _tidy(value: float) -> float:
@@ -224,13 +225,21 @@ def _entry_id(item: Any) -> int | None:
     return entry_id if isinstance(entry_id, int) and not isinstance(entry_id, bool) else None
 
 
-def _where(kind: str, index: int, item: Any) -> str:
-    entry_id = _entry_id(item)
-    return f"{kind}[{index}]" + (f" (id {entry_id})" if isinstance(entry_id, int) else "")
+class _Where:
+    """`annotations[12] (id 345)`, formatted only when a message needs it (most entries are fine)."""
+
+    __slots__ = ("index", "item", "kind")
+
+    def __init__(self, kind: str, index: int, item: Any) -> None:
+        self.kind, self.index, self.item = kind, index, item
+
+    def __str__(self) -> str:
+        entry_id = _entry_id(self.item)
+        return f"{self.kind}[{self.index}]" + (f" (id {entry_id})" if entry_id is not None else "")
 
 
 def _category(item: Any, index: int, seen: dict[int, str], names: dict[str, int]) -> tuple[int, str]:
-    where = _where("categories", index, item)
+    where = _Where("categories", index, item)
     if not isinstance(item, dict):
         raise _EntryError(f"{where}: must be an object with id and name, got {item!r}")
     cat_id = _id(item, "id", where)
@@ -255,7 +264,7 @@ def _image(
     image_exists: Callable[[str], bool] | None,
     missing: list[str],
 ) -> tuple[int, _Image]:
-    where = _where("images", index, item)
+    where = _Where("images", index, item)
     if not isinstance(item, dict):
         raise _EntryError(f"{where}: must be an object with id, file_name, width, height, got {item!r}")
     image_id = _id(item, "id", where)
@@ -285,7 +294,7 @@ def _annotation(
     bad_ids: set[tuple[str, int | None]],
 ) -> None:
     """Check one annotation and add its object to `objects` (or count why it is left out)."""
-    where = _where("annotations", index, item)
+    where = _Where("annotations", index, item)
     if not isinstance(item, dict):
         raise _EntryError(f"{where}: must be an object with image_id, category_id, bbox, got {item!r}")
     image_id = _id(item, "image_id", where)
@@ -320,14 +329,14 @@ def _annotation(
     objects[image_id].append({"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id})
 
 
-def _id(item: dict[str, Any], key: str, where: str) -> int:
+def _id(item: dict[str, Any], key: str, where: _Where) -> int:
     value = item.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _EntryError(f"{where}: {key} must be a non-negative integer, got {value!r}")
     return value
 
 
-def _size(item: dict[str, Any], key: str, where: str) -> int:
+def _size(item: dict[str, Any], key: str, where: _Where) -> int:
     value = item.get(key)
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # some exports write 640.0
@@ -337,7 +346,8 @@ def _size(item: dict[str, Any], key: str, where: str) -> int:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    kind = type(value)  # not isinstance: a bool is an int
+    return kind is int or (kind is float and math.isfinite(value))
 
 
 def read_instances(path: Path) -> Any:
@@ -381,6 +391,29 @@ def convert_coco_file(
         drop_empty=drop_empty,
         on_progress=on_progress,
     )
-    del instances  # the parsed file can be GBs (LVIS train); free it before the text is built
-    atomic_write_text(out, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    del instances  # the parsed file can be GBs (LVIS train); free it before writing
+    write_jsonl_atomic(out, lines)
     return stats
+
+
+def write_jsonl_atomic(out: Path, lines: Iterable[dict[str, Any]]) -> None:
+    """Write `lines` to a temp file next to `out`, then rename it over `out`: whole or not at all. The file
+    gets the mode a plain `open` would (0666 less the umask), not the temp file's 0600."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = Path(tmp_name)
+    done = False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
+        done = True
+    finally:
+        if not done:
+            tmp.unlink(missing_ok=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from stagectl.cli.app import app
-from stagectl.data.coco import CocoError, CocoStats, clip_box, convert_coco_file, convert_instances
+from stagectl.data.coco import (
+    CocoError,
+    CocoStats,
+    clip_box,
+    convert_coco_file,
+    convert_instances,
+    write_jsonl_atomic,
+)
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS, load_jsonl_dataset
 from stagectl.data.sample import DetObject, pixel_box_to_bins
 
@@ -320,3 +329,18 @@ def test_the_coco_example_reads_what_convert_writes() -> None:
     cfg = load_config(Path(__file__).parents[2] / "examples" / "coco" / "train_ab.yaml")
     assert cfg.data is not None and cfg.data.box_format == "pixel"
     assert cfg.data.train_jsonl is not None and cfg.data.eval is not None and cfg.data.eval.jsonl is not None
+
+
+def test_writer_is_whole_or_nothing_with_a_plain_file_mode(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text("old\n")
+    with pytest.raises(TypeError):  # fails on the second line, after the first was written
+        write_jsonl_atomic(out, [{"a": 1}, {"b": object()}])
+    assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+    umask = os.umask(0o027)
+    try:
+        write_jsonl_atomic(out, [{"a": 1}, {"b": "é"}])
+    finally:
+        os.umask(umask)
+    assert out.read_text(encoding="utf-8") == '{"a": 1}\n{"b": "é"}\n'
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640  # not mkstemp's 0600
