@@ -57,7 +57,8 @@ def coco(
 
 @contextmanager
 def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
-    """A rich bar over the annotations on a terminal; nothing otherwise (logs stay one line a step)."""
+    """A rich bar over the annotations on a terminal (transient: only the summary line stays); nothing
+    without a terminal, so logs hold the two plain lines."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -66,17 +67,18 @@ def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
         yield None
         return
     progress = Progress(
-        TextColumn("[bold]convert annotations"),
+        TextColumn("[bold]convert coco[/bold] {task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     )
-    task = progress.add_task("annotations", total=None)
+    task = progress.add_task("reading the file", total=None)  # json.load: no progress to show, a pulse
 
     def on_progress(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
+        phase = "annotations" if done < total else "writing the JSONL"
+        progress.update(task, completed=done, total=total, description=phase)
 
     with progress:
         yield on_progress
