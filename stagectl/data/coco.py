@@ -26,14 +26,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS
+from stagectl.files import atomic_write_lines
 
 Box = tuple[float, float, float, float]
 PROGRESS_EVERY = 1000  # annotations between two progress callbacks
@@ -392,28 +392,5 @@ def convert_coco_file(
         on_progress=on_progress,
     )
     del instances  # the parsed file can be GBs (LVIS train); free it before writing
-    write_jsonl_atomic(out, lines)
+    atomic_write_lines(out, (json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
     return stats
-
-
-def write_jsonl_atomic(out: Path, lines: Iterable[dict[str, Any]]) -> None:
-    """Write `lines` to a temp file next to `out`, then rename it over `out`: whole or not at all. The file
-    gets the mode a plain `open` would (0666 less the umask), not the temp file's 0600."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    tmp = Path(tmp_name)
-    done = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for line in lines:
-                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-        done = True
-    finally:
-        if not done:
-            tmp.unlink(missing_ok=True)

@@ -20,10 +20,10 @@ from stagectl.data.coco import (
     clip_box,
     convert_coco_file,
     convert_instances,
-    write_jsonl_atomic,
 )
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS, load_jsonl_dataset
 from stagectl.data.sample import DetObject, pixel_box_to_bins
+from stagectl.files import atomic_write_lines
 
 
 def _instances() -> dict[str, Any]:
@@ -335,11 +335,11 @@ def test_writer_is_whole_or_nothing_with_a_plain_file_mode(tmp_path: Path) -> No
     out = tmp_path / "out.jsonl"
     out.write_text("old\n")
     with pytest.raises(TypeError):  # fails on the second line, after the first was written
-        write_jsonl_atomic(out, [{"a": 1}, {"b": object()}])
+        atomic_write_lines(out, (json.dumps(line) + "\n" for line in [{"a": 1}, {"b": object()}]))
     assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
     umask = os.umask(0o027)
     try:
-        write_jsonl_atomic(out, [{"a": 1}, {"b": "é"}])
+        atomic_write_lines(out, ['{"a": 1}\n', '{"b": "é"}\n'])
     finally:
         os.umask(umask)
     assert out.read_text(encoding="utf-8") == '{"a": 1}\n{"b": "é"}\n'
