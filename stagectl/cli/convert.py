@@ -33,13 +33,10 @@ def coco(
     """Write the detection JSONL of a COCO instances file: pixel xyxy boxes (train with data.box_format:
     pixel), category names as desc, COCO image and category ids kept; crowd, zero-area and out-of-image
     boxes left out and counted."""
-    from stagectl.console import say
     from stagectl.data.coco import CocoError, convert_coco_file
 
-    if instances_json.is_file():
-        say("convert", f"reading {instances_json} ({instances_json.stat().st_size / 1e6:.1f} MB)")
     try:
-        with _progress_bar() as on_progress:
+        with _progress_bar(instances_json) as on_progress:
             stats = convert_coco_file(
                 instances_json,
                 images,
@@ -56,10 +53,11 @@ def coco(
 
 
 @contextmanager
-def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
-    """A rich bar over the annotations on a terminal (transient: only the summary line stays); nothing
-    without a terminal, so logs hold the two plain lines."""
+def _progress_bar(instances_json: Path) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich bar (reading, then the annotations, then writing) on a terminal, transient so only the summary
+    line stays; nothing without a terminal, so logs hold one line: the summary or the error."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
@@ -74,7 +72,9 @@ def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
         console=console,
         transient=True,
     )
-    task = progress.add_task("reading the file", total=None)  # json.load: no progress to show, a pulse
+    size = f" ({instances_json.stat().st_size / 1e6:.1f} MB)" if instances_json.is_file() else ""
+    # json.load reports no progress: the bar pulses, named after the file, until the annotations start
+    task = progress.add_task(f"reading {escape(instances_json.name)}{size}", total=None)
 
     def on_progress(done: int, total: int) -> None:
         phase = "annotations" if done < total else "writing the JSONL"

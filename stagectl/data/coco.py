@@ -359,6 +359,8 @@ def read_instances(path: Path) -> Any:
         raise CocoError([f"{path}: no such file"]) from None
     except IsADirectoryError:
         raise CocoError([f"{path}: is a directory, not an instances JSON file"]) from None
+    except OSError as exc:
+        raise CocoError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
     except json.JSONDecodeError as exc:
         raise CocoError(
             [f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"]

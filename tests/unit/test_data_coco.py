@@ -344,3 +344,15 @@ def test_writer_is_whole_or_nothing_with_a_plain_file_mode(tmp_path: Path) -> No
         os.umask(umask)
     assert out.read_text(encoding="utf-8") == '{"a": 1}\n{"b": "é"}\n'
     assert stat.S_IMODE(out.stat().st_mode) == 0o640  # not mkstemp's 0600
+
+
+def test_cli_out_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    path = _write_images(tmp_path, _instances())
+    out = tmp_path / "taken.jsonl"
+    out.mkdir()
+    result = CliRunner().invoke(
+        app, ["convert", "coco", str(path), "--images", str(tmp_path / "images"), "--out", str(out)]
+    )
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [f"error: --out {out}: cannot write: Is a directory"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "instances.json", "taken.jsonl"]
