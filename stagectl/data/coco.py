@@ -17,7 +17,8 @@ What goes where:
 
 Problems of the file (a missing image file, a duplicate image or category id, an annotation naming an
 unknown image or category, a malformed entry) are collected over the whole file, one per entry, and raised
-together as one `CocoError`; nothing is written then. `convert_instances` is the pure core (the image
+together as one `CocoError` (an annotation of an image or category whose own entry is bad is not reported
+again); nothing is written then. `convert_instances` is the pure core (the image
 check is passed in); `convert_coco_file` reads, converts and writes atomically.
 """
 
