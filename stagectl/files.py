@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,29 @@ def atomic_write_text(path: Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        done = True
+    finally:
+        if not done:
+            tmp.unlink(missing_ok=True)
+
+
+def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Stream `lines` (each with its newline) into a temp file next to `path` and rename it over `path`:
+    whole or absent, also when producing a line fails midway. The file gets the mode a plain `open`
+    would give it (0666 less the umask), not the temp file's 0600: data files are read by others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    done = False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.writelines(lines)
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)  # the only way to read it; single-threaded CLI callers
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
         done = True
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from stagectl.cli import (
+    convert,
     demo_data,
     export,
     report,
@@ -34,6 +35,7 @@ app.command("demo-data")(demo_data.command)
 app.command("tiny-model")(tiny_model.command)
 app.command("report")(report.command)
 app.command("export")(export.command)
+app.add_typer(convert.app, name="convert")
 
 
 def main() -> None:

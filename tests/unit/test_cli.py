@@ -58,6 +58,7 @@ def test_help_lists_every_command() -> None:
         "demo-data",
         "tiny-model",
         "report",
+        "convert",
     ):
         assert name in result.stdout
 
