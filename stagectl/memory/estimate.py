@@ -140,7 +140,9 @@ def adapter_params(shape: ModelShape, adapter: AdapterKnobs) -> int:
         "up_proj": (h, inter),
         "down_proj": (inter, h),
     }
-    per_layer = sum(adapter.r * (dims[t][0] + dims[t][1]) + (dims[t][1] if adapter.type == "dora" else 0) for t in targets)
+    per_layer = sum(
+        adapter.r * (dims[t][0] + dims[t][1]) + (dims[t][1] if adapter.type == "dora" else 0) for t in targets
+    )
     return shape.num_layers * per_layer
 
 

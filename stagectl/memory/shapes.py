@@ -97,7 +97,11 @@ def _shape(model_type: str, text: dict[str, Any], vision: dict[str, Any], top: d
     tied = bool(top.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     llm = vocab * h * (1 if tied else 2) + num_layers * layer + h
 
-    patch, temporal, chans = vision["patch_size"], vision.get("temporal_patch_size", 2), vision.get("in_channels", 3)
+    patch, temporal, chans = (
+        vision["patch_size"],
+        vision.get("temporal_patch_size", 2),
+        vision.get("in_channels", 3),
+    )
     merge = vision.get("spatial_merge_size", 2)
     if model_type == "qwen2_vl":  # vision `hidden_size` is the merger's output there
         hv, depth = vision["embed_dim"], vision["depth"]
