@@ -13,11 +13,16 @@ The formulas (documented with numbers in docs/memory.md):
   the compute dtype (e bytes). Per decoder layer and token the backward keeps the two norm inputs and
   outputs, q, k, v, the rotated q and k, the attention output, and the MLP's gate, up, act(gate) and
   product: (4h + 3q + 3kv + 4I) x e bytes (q = heads x head_dim, kv = kv_heads x head_dim; attention
-  is fused (sdpa / flash), so no T x T matrix). With gradient checkpointing each layer keeps only its
-  input (h x e) and one layer's full set is rebuilt at a time during the backward. The vision tower is
+  is fused, so no T x T score matrix). With gradient checkpointing each layer keeps only its input
+  (h x e) and one layer's full set is rebuilt at a time during the backward. Either way one more
+  layer's worth is counted for the gradients of the layer being back-propagated. The vision tower is
   the same over its patches (4 per image token after the 2x2 merge; `image_token_fraction` of T are
   image tokens), with full multi-head attention and a gated (Qwen2.5-VL) or plain MLP; a frozen tower
   stores nothing (no gradient flows into it).
+- Attention masks: `flash_attention_2` reads the packed sequences' boundaries and keeps no mask. `sdpa`
+  is handed the block-diagonal mask of a pack and keeps a T x T copy in the compute dtype per decoder
+  layer (with checkpointing only the layer being rebuilt holds one); `eager` also keeps the softmax
+  probabilities, T x T per head.
 - Logits: T x V in the compute dtype, their float32 copy (the loss upcasts) and the float32 gradient:
   T x V x (e + 4 + 4) bytes (8 in float32, where the upcast is a no-op). At V = 152k and T = 4096 that
   is 6.2 GB, the largest single activation.
@@ -70,6 +75,7 @@ class TrainingKnobs:
     global_max_length: int = 2048
     per_device_train_batch_size: int = 1
     image_token_fraction: float = 0.5  # share of a packed sequence that is image tokens
+    attention: Literal["flash_attention_2", "sdpa", "eager"] = "flash_attention_2"
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -164,6 +170,8 @@ def activation_bytes(shape: ModelShape, knobs: TrainingKnobs) -> int:
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     layer_per_token = (4 * h + 3 * q + 3 * kv + 4 * inter) * e
     llm = _stack(tokens, shape.num_layers, layer_per_token, h * e, knobs.gradient_checkpointing)
+    # checkpointed layers rebuild their mask in the backward: only the running layer holds one
+    llm += (1 if knobs.gradient_checkpointing else shape.num_layers) * attention_matrix_bytes(shape, knobs)
     if knobs.freeze_vit or knobs.adapter is not None:
         return llm  # no gradient flows into a frozen tower, so autograd keeps none of its activations
     hv, iv = shape.vision_hidden_size, shape.vision_intermediate_size
@@ -173,10 +181,20 @@ def activation_bytes(shape: ModelShape, knobs: TrainingKnobs) -> int:
     return llm + vision
 
 
+def attention_matrix_bytes(shape: ModelShape, knobs: TrainingKnobs) -> int:
+    """T x T tensors one decoder layer keeps for its backward (the mask; eager: the probabilities too)."""
+    if knobs.attention == "flash_attention_2":
+        return 0
+    copies = 1 + (shape.num_heads if knobs.attention == "eager" else 0)
+    return copies * knobs.num_tokens**2 * knobs.compute_bytes
+
+
 def _stack(tokens: int, depth: int, per_token: int, input_per_token: int, checkpointing: bool) -> int:
+    """Activation bytes of `depth` blocks; the last `per_token` is the block being back-propagated (its
+    activations' gradients), which exists with or without checkpointing."""
     if checkpointing:  # each block keeps its input; one block is recomputed at a time
-        return tokens * (depth * input_per_token + per_token)
-    return tokens * depth * per_token
+        return tokens * (depth * input_per_token + 2 * per_token)
+    return tokens * (depth + 1) * per_token
 
 
 def logits_bytes(shape: ModelShape, knobs: TrainingKnobs) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from stagectl.cache import cache_root
 from stagectl.config import StagectlConfig
@@ -23,7 +24,16 @@ def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
         torch_dtype=cfg.model.torch_dtype,
         global_max_length=cfg.global_max_length,
         per_device_train_batch_size=cfg.training.per_device_train_batch_size,
+        attention=_attention(cfg.model.attn_implementation),
     )
+
+
+def _attention(attn_implementation: str | None) -> Literal["flash_attention_2", "sdpa", "eager"]:
+    if attn_implementation == "flash_attention_2":
+        return "flash_attention_2"
+    if attn_implementation == "eager":
+        return "eager"
+    return "sdpa"  # what transformers chooses when the key is null
 
 
 def checkpoint_dir(name_or_path: str) -> Path:

@@ -113,7 +113,7 @@ def test_validate_config_memory_estimate_warns_over_budget(tmp_path: Path) -> No
     assert "8,292,166,656 params, world size 1, ddp" in over.stderr
     assert "optimizer        61.78 GiB" in over.stderr  # 2 x 4 bytes x 8.29B AdamW state
     assert (
-        "warning: the estimated peak of 142.1 GiB per rank exceeds --gpu-memory-gb (80.0 GiB)" in over.stderr
+        "warning: the estimated peak of 142.8 GiB per rank exceeds --gpu-memory-gb (80.0 GiB)" in over.stderr
     )
     under = run_cli("validate-config", *args, "--gpu-memory-gb", "200")
     assert under.returncode == 0 and "total" in under.stderr and "warning" not in under.stderr

@@ -175,14 +175,29 @@ def test_checkpointing_reduces_activations_and_keeps_the_rest(name: str, freeze_
 def test_activation_formula_by_hand() -> None:
     shape = _shape("Qwen2.5-VL-7B")
     knobs = replace(BF16, freeze_vit=True, global_max_length=1000)
-    # (4h + 3q + 3kv + 4I) x 2 bytes x tokens x layers; h = q = 3584, kv = 512, I = 18944
-    assert activation_bytes(shape, knobs) == (4 * 3584 + 3 * 3584 + 3 * 512 + 4 * 18944) * 2 * 1000 * 28
+    # per token and layer (4h + 3q + 3kv + 4I) x 2 bytes; h = q = 3584, kv = 512, I = 18944;
+    # 28 layers stored + one layer of gradients in flight
+    layer = (4 * 3584 + 3 * 3584 + 3 * 512 + 4 * 18944) * 2
+    assert activation_bytes(shape, knobs) == 1000 * (28 + 1) * layer
     assert activation_bytes(shape, replace(knobs, gradient_checkpointing=True)) == 1000 * (
-        28 * 3584 * 2 + (4 * 3584 + 3 * 3584 + 3 * 512 + 4 * 18944) * 2
+        28 * 3584 * 2 + 2 * layer
     )
     assert activation_bytes(shape, replace(knobs, freeze_vit=False)) > activation_bytes(shape, knobs)
     assert logits_bytes(shape, knobs) == 1000 * 152064 * (2 + 4 + 4)
     assert logits_bytes(shape, replace(knobs, mixed_precision="no")) == 1000 * 152064 * 8
+
+
+def test_attention_masks_count_only_without_flash_attention() -> None:
+    shape = _shape("Qwen2.5-VL-7B")
+    flash = replace(BF16, freeze_vit=True, global_max_length=1000)
+    base = activation_bytes(shape, flash)
+    assert activation_bytes(shape, replace(flash, attention="sdpa")) - base == 28 * 1000**2 * 2
+    assert activation_bytes(shape, replace(flash, attention="eager")) - base == 28 * (1 + 28) * 1000**2 * 2
+    checkpointed = replace(flash, gradient_checkpointing=True)
+    extra = activation_bytes(shape, replace(checkpointed, attention="sdpa")) - activation_bytes(
+        shape, checkpointed
+    )
+    assert extra == 1000**2 * 2  # only the layer being rebuilt holds its mask
 
 
 def test_precision_sets_bytes_per_element() -> None:
@@ -217,3 +232,12 @@ def test_bad_knobs_are_refused() -> None:
         TrainingKnobs(world_size=0)
     with pytest.raises(ValueError, match="image_token_fraction"):
         TrainingKnobs(image_token_fraction=1.5)
+
+
+def test_docs_table_is_the_functions_output() -> None:
+    from stagectl.memory.table import reference_table
+
+    text = (Path(__file__).parents[2] / "docs" / "memory.md").read_text()
+    start, end = "<!-- memory-table:start -->\n", "<!-- memory-table:end -->"
+    documented = text[text.index(start) + len(start) : text.index(end)].rstrip("\n").split("\n")
+    assert documented == reference_table()  # regenerate: python -m stagectl.memory.table
