@@ -241,3 +241,30 @@ def test_docs_table_is_the_functions_output() -> None:
     start, end = "<!-- memory-table:start -->\n", "<!-- memory-table:end -->"
     documented = text[text.index(start) + len(start) : text.index(end)].rstrip("\n").split("\n")
     assert documented == reference_table()  # regenerate: python -m stagectl.memory.table
+
+
+def test_knobs_read_the_config() -> None:
+    from stagectl.config import load_config
+    from stagectl.memory.from_config import knobs_from_config
+
+    overrides = [
+        "global_max_length=4096",
+        "model.torch_dtype=bfloat16",
+        "model.attn_implementation=flash_attention_2",
+        "training.packing=false",
+        "training.per_device_train_batch_size=2",
+    ]
+    knobs = knobs_from_config(load_config(None, overrides), world_size=8)
+    assert (knobs.world_size, knobs.global_max_length, knobs.per_device_train_batch_size) == (8, 4096, 2)
+    assert (knobs.torch_dtype, knobs.attention, knobs.num_tokens) == ("bfloat16", "flash_attention_2", 8192)
+    assert knobs_from_config(load_config(None, []), world_size=1).attention == "sdpa"  # transformers' default
+
+
+def test_checkpoint_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGECTL_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="builtin:tiny-qwen3-vl is not built yet"):
+        checkpoint_dir("builtin:tiny-qwen3-vl")
+    with pytest.raises(ValueError, match="has no config.json"):
+        checkpoint_dir(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(REFERENCE_CONFIGS["Qwen3-VL-8B"]))
+    assert checkpoint_dir(str(tmp_path)) == tmp_path
