@@ -68,6 +68,8 @@ class ModelShape:
 def shape_from_hf_config(config: dict[str, Any]) -> ModelShape:
     """The shape of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL model from its `config.json` contents. Text keys are
     read from `text_config`, or from the top level as older Qwen2.5-VL checkpoints write them."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
     if model_type not in QWEN_VL_TYPES:
         raise ValueError(

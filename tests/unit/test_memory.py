@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -88,6 +89,7 @@ def test_top_level_text_keys_read_like_text_config() -> None:
     ("config", "message"),
     [
         ({"model_type": "llama"}, "model_type 'llama'"),
+        ([1, 2], "must hold a JSON object, got list"),
         ({"model_type": "qwen2_5_vl", "text_config": {"hidden_size": 8}}, "no vision_config"),
         (
             {"model_type": "qwen2_5_vl", "text_config": {"hidden_size": 8}, "vision_config": {}},
@@ -95,7 +97,7 @@ def test_top_level_text_keys_read_like_text_config() -> None:
         ),
     ],
 )
-def test_bad_config_names_the_problem(config: dict, message: str) -> None:
+def test_bad_config_names_the_problem(config: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         shape_from_hf_config(config)
 
@@ -262,9 +264,9 @@ def test_knobs_read_the_config() -> None:
 
 def test_checkpoint_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STAGECTL_CACHE_DIR", str(tmp_path / "cache"))
-    with pytest.raises(ValueError, match="builtin:tiny-qwen3-vl is not built yet"):
+    with pytest.raises(ValueError, match=r"builtin:tiny-qwen3-vl is not built yet"):
         checkpoint_dir("builtin:tiny-qwen3-vl")
-    with pytest.raises(ValueError, match="has no config.json"):
+    with pytest.raises(ValueError, match=r"has no config\.json"):
         checkpoint_dir(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(REFERENCE_CONFIGS["Qwen3-VL-8B"]))
     assert checkpoint_dir(str(tmp_path)) == tmp_path
