@@ -270,3 +270,34 @@ def test_checkpoint_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytes
         checkpoint_dir(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(REFERENCE_CONFIGS["Qwen3-VL-8B"]))
     assert checkpoint_dir(str(tmp_path)) == tmp_path
+
+
+# The learner's scale-out keys (#23) the estimate depends on. They are not in this branch's schema; once
+# they are, each case runs and fails until `knobs_from_config` reads the key.
+LEARNER_KEYS = [
+    ("training.mixed_precision=bf16", "mixed_precision", "bf16"),
+    ("training.parallelism=fsdp", "parallelism", "fsdp"),
+    ("training.gradient_checkpointing=true", "gradient_checkpointing", True),
+    ("model.freeze_vit=true", "freeze_vit", True),
+    ("model.freeze_aligner=true", "freeze_aligner", True),
+    ("model.freeze_llm=true", "freeze_llm", True),
+    (
+        "model.adapter={type: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: [q_proj]}",
+        "adapter",
+        "lora",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "knob", "expected"), LEARNER_KEYS)
+def test_learner_keys_reach_the_estimate(override: str, knob: str, expected: object) -> None:
+    from stagectl.config import StagectlConfig, load_config
+    from stagectl.memory.from_config import knobs_from_config
+
+    dotted = override.partition("=")[0]
+    section, key = dotted.split(".")
+    fields = StagectlConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+    if key not in fields:
+        pytest.skip(f"{dotted} is not in the config schema yet")
+    value = getattr(knobs_from_config(load_config(None, [override], world_size=2), world_size=2), knob)
+    assert (value.type if knob == "adapter" else value) == expected
