@@ -30,6 +30,7 @@ MODULES = {
     "async": "bench.bench_async",
     "cli": "bench.bench_cli",
     "learning": "bench.bench_learning",
+    "memory": "bench.bench_memory",
 }
 TITLES = {
     "packing": "Packing",
@@ -42,6 +43,7 @@ TITLES = {
     "async": "Async vs step mode",
     "cli": "CLI latency",
     "learning": "Learning check (A-only vs AB)",
+    "memory": "Memory per rank: measured vs the memory model",
     "gpu": "GPU",
 }
 

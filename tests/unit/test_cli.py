@@ -38,7 +38,7 @@ def test_validate_config_is_light(tmp_path: Path) -> None:
         "import sys\n"
         "from stagectl.cli.app import app\n"
         "try:\n"
-        f"    app(['validate-config', {str(ROOT / 'examples/tiny/train_ab.yaml')!r}])\n"
+        f"    app(['validate-config', {str(ROOT / 'examples/tiny/train_ab.yaml')!r}, '--gpu-memory-gb', '80'])\n"
         "except SystemExit:\n"
         "    pass\n"
         f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])"
@@ -99,6 +99,25 @@ def test_validate_config_world_size_flag() -> None:
     result = run_cli("validate-config", "examples/tiny/train_ab.yaml", "--world-size", "2")
     assert result.returncode == 1
     assert "stage2_ab.channel_b.mode: async" in result.stderr
+
+
+def test_validate_config_memory_estimate_warns_over_budget(tmp_path: Path) -> None:
+    from stagectl.memory.reference import REFERENCE_CONFIGS
+
+    checkpoint = tmp_path / "qwen2.5-vl-7b"  # config.json alone: the estimate never reads weights
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(REFERENCE_CONFIGS["Qwen2.5-VL-7B"]))
+    args = ["examples/tiny/train_ab.yaml", "--set", f"model.name_or_path={checkpoint}", "--format", "json"]
+    over = run_cli("validate-config", *args, "--gpu-memory-gb", "80")
+    assert over.returncode == 0, over.stderr
+    assert json.loads(over.stdout)["model"]["name_or_path"] == str(checkpoint)  # stdout stays the config
+    assert "8,292,166,656 params, world size 1, ddp" in over.stderr
+    assert "optimizer        61.78 GiB" in over.stderr  # 2 x 4 bytes x 8.29B AdamW state
+    assert (
+        "warning: the estimated peak of 142.8 GiB per rank exceeds --gpu-memory-gb (80.0 GiB)" in over.stderr
+    )
+    under = run_cli("validate-config", *args, "--gpu-memory-gb", "200")
+    assert under.returncode == 0 and "total" in under.stderr and "warning" not in under.stderr
 
 
 def test_validate_config_missing_file() -> None:

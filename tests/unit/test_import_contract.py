@@ -4,7 +4,8 @@ must go from a layer to the same package or to a lower layer:
     entry   cli, __main__, torchrun, launch
     role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
     core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
-            packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache
+            packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
+            memory
     config  config
 
 Inside `core`, packages may use each other but never in a cycle; inside `role`, one role never imports
@@ -65,6 +66,7 @@ LAYERS = {
         "console",
         "seeds",
         "cache",
+        "memory",
         "__init__",
     },
     "config": {"config"},

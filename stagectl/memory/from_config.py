@@ -1,0 +1,56 @@
+"""The memory model's inputs from a resolved `StagectlConfig`: the training knobs and the model shape of
+`model.name_or_path` (its `config.json` and safetensors headers; never the weights, never torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from stagectl.cache import cache_root
+from stagectl.config import StagectlConfig
+from stagectl.memory.estimate import TrainingKnobs
+from stagectl.memory.shapes import ModelShape, shape_from_checkpoint
+
+BUILTIN_PREFIX = "builtin:"  # = stagectl.models.tiny.BUILTIN_PREFIX (that module imports torch)
+
+
+def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
+    """Every config key the estimate depends on. `training.mixed_precision`, `.parallelism`,
+    `.gradient_checkpointing`, `.allow_low_precision_params`, `model.freeze_*` and `model.adapter` are
+    added by the learner's scale-out change; until they exist here the estimate assumes their defaults
+    (ddp, no mixed precision, no checkpointing, nothing frozen, no adapter)."""
+    return TrainingKnobs(
+        world_size=world_size,
+        torch_dtype=cfg.model.torch_dtype,
+        global_max_length=cfg.global_max_length,
+        per_device_train_batch_size=cfg.training.per_device_train_batch_size,
+        attention=_attention(cfg.model.attn_implementation),
+    )
+
+
+def _attention(attn_implementation: str | None) -> Literal["flash_attention_2", "sdpa", "eager"]:
+    if attn_implementation == "flash_attention_2":
+        return "flash_attention_2"
+    if attn_implementation == "eager":
+        return "eager"
+    return "sdpa"  # what transformers chooses when the key is null
+
+
+def checkpoint_dir(name_or_path: str) -> Path:
+    """The directory holding `config.json` for a local checkpoint or a built-in tiny model's cache entry;
+    `ValueError` when there is none (a built-in model is built by its first use, e.g. `stagectl tiny-model`)."""
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        arch = name_or_path.removeprefix(BUILTIN_PREFIX).removeprefix("tiny-")
+        path = cache_root() / "models" / f"tiny-{arch}"  # = stagectl.models.tiny.cache_root()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{name_or_path} is not built yet ({path}); it is built on first use")
+        return path
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} has no config.json")
+    return path
+
+
+def model_shape(name_or_path: str) -> ModelShape:
+    """The shape of `model.name_or_path`; `ValueError` naming the problem."""
+    return shape_from_checkpoint(checkpoint_dir(name_or_path))
