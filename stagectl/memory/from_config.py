@@ -15,12 +15,17 @@ BUILTIN_PREFIX = "builtin:"  # = stagectl.models.tiny.BUILTIN_PREFIX (that modul
 
 
 def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
-    """Every config key the estimate depends on. `training.mixed_precision`, `.parallelism`,
-    `.gradient_checkpointing`, `.allow_low_precision_params`, `model.freeze_*` and `model.adapter` are
-    added by the learner's scale-out change; until they exist here the estimate assumes their defaults
-    (ddp, no mixed precision, no checkpointing, nothing frozen, no adapter)."""
+    """Every config key the estimate depends on."""
+    training, model = cfg.training, cfg.model
     return TrainingKnobs(
         world_size=world_size,
+        parallelism=training.parallelism,
+        mixed_precision=training.mixed_precision,
+        allow_low_precision_params=training.allow_low_precision_params,
+        gradient_checkpointing=training.gradient_checkpointing,
+        freeze_vit=model.freeze_vit,
+        freeze_aligner=model.freeze_aligner,
+        freeze_llm=model.freeze_llm,
         torch_dtype=cfg.model.torch_dtype,
         global_max_length=cfg.global_max_length,
         per_device_train_batch_size=cfg.training.per_device_train_batch_size,

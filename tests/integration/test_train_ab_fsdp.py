@@ -3,6 +3,7 @@ and weight sync from shards. One run per topology; the rest is checked on what t
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -142,9 +143,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
     assert synced and all(r["weight_sync/state_bytes"] < 3_000_000 for r in synced)  # bf16: ~2.4 MB
     # float32 masters under bf16 compute move most trainable elements on every step whose learning rate
     # was not 0 (a row's `lr` is the next step's: the cosine of the first run ends at 0 on step 8)
-    moved = [
-        r["optim/update_nonzero_frac"] for prev, r in zip(rows, rows[1:], strict=False) if prev["lr"] > 0
-    ]
+    moved = [r["optim/update_nonzero_frac"] for prev, r in itertools.pairwise(rows) if prev["lr"] > 0]
     assert len(moved) == 8 and min(moved) > 0.5
 
     final = out / "checkpoint-8"
