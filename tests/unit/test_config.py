@@ -341,3 +341,60 @@ def test_stage_b_runner_rules(tmp_path: Path) -> None:
     assert "renamed to `rules`" in probs["runner.engine"]
     assert "runner.engine: rules" in probs["runner.test_engine"]
     assert load_config(write(tmp_path, {**base, "runner": {"engine": "rules"}})).runner.engine == "rules"
+
+
+# ---------------------------------------------------------------- precision and sharding (#23)
+
+A_ONLY = {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.0}}}
+
+
+def test_bf16_storage_without_mixed_precision_is_refused_naming_the_key(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, {**BASE, "model": {"torch_dtype": "bfloat16"}})
+    message = probs["training.mixed_precision"]
+    assert "training.mixed_precision: bf16" in message and "allow_low_precision_params: true" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["training.allow_low_precision_params=true"], "training.allow_low_precision_params"),
+        (
+            [
+                "model.torch_dtype=bfloat16",
+                "training.allow_low_precision_params=true",
+                "training.mixed_precision=bf16",
+            ],
+            "training.allow_low_precision_params",
+        ),
+    ],
+)
+def test_a_meaningless_low_precision_opt_in_is_refused(
+    tmp_path: Path, overrides: list[str], key: str
+) -> None:
+    assert key in problems_of(tmp_path, BASE, *overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.torch_dtype=bfloat16", "training.mixed_precision=bf16"],
+        ["training.mixed_precision=bf16"],  # float32 storage, bf16 compute
+        ["model.torch_dtype=bfloat16", "training.allow_low_precision_params=true"],  # explicit opt-in
+    ],
+)
+def test_accepted_precision_combinations(tmp_path: Path, overrides: list[str]) -> None:
+    load_config(write(tmp_path, BASE), overrides)
+
+
+def test_fsdp_needs_two_ranks_bf16_and_server_rollouts(tmp_path: Path) -> None:
+    probs = problems_of(
+        tmp_path, BASE, "training.parallelism=fsdp", "training.mixed_precision=fp16", world_size=1
+    )
+    assert "run with --nproc 2" in probs["training.parallelism"]
+    assert "use bf16 under fsdp" in probs["training.mixed_precision"]
+    assert "rollout server" in probs["custom.extra.rollout_matching.rollout_backend"]
+
+
+def test_fsdp_accepts_a_only_and_async_server_runs(tmp_path: Path) -> None:
+    load_config(write(tmp_path, A_ONLY), ["training.parallelism=fsdp"], world_size=2)
+    load_config(write(tmp_path, ASYNC, "async.yaml"), ["training.parallelism=fsdp"], world_size=2)
