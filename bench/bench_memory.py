@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,8 @@ def _worker(out: Path, parallelism: str, global_max_length: int, steps: int, che
     bundle = load_bundle(MODEL)
     model = bundle.model.train()
     model.config.use_cache = False
-    if checkpointing:
-        model.gradient_checkpointing_enable()
+    if checkpointing:  # as the learner enables it
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     samples = generate_synthetic(64, seed=rank, image_size=112, max_objects=4)
     encoder = SampleEncoder(bundle=bundle, samples=samples, vocab=TokenVocab.from_tokenizer(bundle.tokenizer))
     segments = [encoder.channel_a_segment(i) for i in range(len(samples))]
@@ -150,11 +151,13 @@ def _worker(out: Path, parallelism: str, global_max_length: int, steps: int, che
     num_image_tokens = int((batch.input_ids == model.config.image_token_id).sum())
     wrapped: Any = model
     if parallelism == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from stagectl.learner import sharding
+        from stagectl.learner.precision import Precision
 
-        for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
-            fully_shard(block)
-        wrapped = fully_shard(model)
+        # the learner's own sharding: fully_shard per transformer block, then the root
+        sharding.shard(
+            model, Precision(torch.float32, None, torch.float32, False), torch.device("cpu"), world_size
+        )
     elif world_size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
     optimizer, _ = build_optimizer(model, TrainingConfig(learning_rate=1e-5))
@@ -173,6 +176,10 @@ def _worker(out: Path, parallelism: str, global_max_length: int, steps: int, che
         optimizer.zero_grad(set_to_none=True)
 
     step()  # creates the optimizer state; the tracked peak is taken over the steady steps after it
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    tokens_per_s = num_tokens * steps / (time.perf_counter() - started)  # untracked: MemTracker slows steps
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
     with tracker:
@@ -197,6 +204,7 @@ def _worker(out: Path, parallelism: str, global_max_length: int, steps: int, che
         "tracked_peak": {k: int(cpu.get(k, 0)) for k in (*TRACKED, "Total")},
         "rss_before_model": rss_before_model,
         "peak_rss": _rss_bytes("VmHWM"),
+        "tokens_per_s": tokens_per_s,
         "estimate": dict(estimate.rows()),
     }
     out.write_text(json.dumps(result, indent=2))

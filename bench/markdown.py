@@ -372,12 +372,14 @@ def memory(r: dict[str, Any]) -> list[str]:
         "process on gloo. *Measured* = torch-tracked peak bytes (`MemTracker`: every tensor storage by kind, the CPU "
         "analogue of `max_memory_allocated`), the moment the total peaks; *estimate* = `stagectl.memory` for the "
         "same knobs (world size, parallelism, the micro-batch's real tokens and image-token share). fsdp: the "
-        "bench's own FSDP2 `fully_shard` per block, then the root; +ckpt: gradient checkpointing. MiB.",
+        "learner's own FSDP2 sharding (`stagectl.learner.sharding.shard`: `fully_shard` per block, then the root); "
+        "+ckpt: gradient checkpointing. MiB. tokens/s: each rank's own, timed over the same steps without the "
+        "tracker (CPU, 1 thread per rank: not where fsdp pays; its all-gathers and reduce-scatters cost time here).",
         "",
         "| run | rank | tokens | params: measured / est. | optimizer: measured / est. | activations + temp: "
         "measured / est. (act + logits) | grads at the peak / est. | total: measured / est. | est. / measured | "
-        "peak RSS - RSS before load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "peak RSS - RSS before load | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in r["runs"]:
         for k in run["ranks"]:
@@ -389,7 +391,7 @@ def memory(r: dict[str, Any]) -> list[str]:
                 f"{(m['Activation'] + m['Temp']) / mib:.1f} / {(e['activations'] + e['logits']) / mib:.1f} | "
                 f"{m['Gradient'] / mib:.2f} / {e['grads'] / mib:.2f} | "
                 f"{m['Total'] / mib:.1f} / {e['total'] / mib:.1f} | {e['total'] / m['Total']:.2f} | "
-                f"{(k['peak_rss'] - k['rss_before_model']) / mib:.0f} |"
+                f"{(k['peak_rss'] - k['rss_before_model']) / mib:.0f} | {k.get('tokens_per_s', 0.0):.0f} |"
             )
     ratios = {
         ckpt: [

@@ -58,6 +58,7 @@ def write_train_ab_plots(
     figures.add(queue_plot(rows, out_dir))
     figures.add(drops_plot(rows, skips, out_dir))
     figures.add(timing_plot(rows, out_dir))
+    figures.add(optimizer_plot(rows, out_dir))
     return figures
 
 
@@ -248,3 +249,27 @@ def timing_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
     name = "timing.png"
     save(fig, out_dir / name)
     return Plot(name, "Step time and throughput", "Wall time per step and trained tokens per second.")
+
+
+def optimizer_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
+    """Gradient norm and the share of elements each optimizer step moved (`optim/update_nonzero_frac`):
+    a share near 0 at a non-zero learning rate means the updates are rounded away (bf16 parameters)."""
+    xs, moved = series(rows, "optim/update_nonzero_frac")
+    if not moved:
+        return Skipped("optimizer updates", "no `optim/update_nonzero_frac` in metrics.jsonl (an older run)")
+    fig, (ax, ax_norm) = new_figure(2, title="Optimizer updates")
+    ax.plot(xs, moved, color="tab:blue", linewidth=1.4, marker="o", markersize=line_marker_size(len(xs)))
+    fraction_axis(ax)
+    label_axes(ax, "share of trainable elements the step changed", STEP, "fraction", legend="none")
+    nx, norm = series(rows, "grad_norm")
+    ax_norm.plot(nx, norm, color="tab:orange", linewidth=1.4)
+    ax_norm.set_ylim(bottom=0)
+    label_axes(ax_norm, "gradient norm before clipping", STEP, "L2 norm", legend="none")
+    name = "optimizer.png"
+    save(fig, out_dir / name)
+    return Plot(
+        name,
+        "Optimizer updates",
+        "Share of trainable elements each step changed (near 0 at a non-zero learning rate: updates lost to "
+        "low-precision parameters) and the gradient norm.",
+    )

@@ -371,3 +371,13 @@ def test_report_command_imports_matplotlib_only_when_run() -> None:
     code = "import sys, stagectl.cli.report\nprint('matplotlib' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_optimizer_plot_draws_the_update_share_or_says_why_not(tmp_path: Path) -> None:
+    from stagectl.report.plots_train_ab import optimizer_plot
+
+    rows = [{"step": s, "grad_norm": 1.0, "optim/update_nonzero_frac": 0.7} for s in range(3)]
+    drawn = optimizer_plot(rows, tmp_path)
+    assert isinstance(drawn, Plot) and (tmp_path / drawn.file).stat().st_size > 0
+    older = optimizer_plot([{"step": 0, "grad_norm": 1.0}], tmp_path)
+    assert isinstance(older, Skipped) and "update_nonzero_frac" in older.reason
