@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-cpu.txt
 
-.PHONY: install install-dev vllm-env train lint typecheck test test-unit test-integration test-vllm test-gpu bench clean
+.PHONY: install install-dev vllm-env train lint typecheck test test-fast test-unit test-integration test-vllm test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ typecheck: install-dev
 test-unit: install-dev
 	$(VENV)/bin/pytest tests/unit -q
 
+# The inner loop: the unit tier (pure code, in-process models and servers), slowest 25 tests listed.
+test-fast: install-dev
+	$(VENV)/bin/pytest tests/unit -q --durations=25
+
 test-integration: install-dev
 	$(VENV)/bin/pytest tests/integration -q
 
@@ -54,7 +58,7 @@ test-gpu: install-dev
 # Every tier that can run here: lint, types, then unit, integration (incl. faults), vllm (its own venv,
 # .venv-vllm) and gpu (skips without CUDA).
 test: lint typecheck vllm-env
-	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests -q
+	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests -q --durations=25
 
 bench: install-dev
 	$(PY) -m bench
