@@ -299,7 +299,9 @@ class Trainer:
                 staging = ckpt.shards_staging_dir(out, step) if self.world.is_main else None
                 sharded_dir = Path(dist.broadcast_object(str(staging)))
                 dcp.save(sharding.sharded_state(model, st.optimizer), checkpoint_id=str(sharded_dir))
-                model_state = sharding.full_state_dict(model, dtype=st.precision.storage_dtype)
+                model_state = sharding.full_state_dict(
+                    model, dtype=st.precision.storage_dtype, keep=self.world.is_main
+                )
             elif st.precision.storage_dtype != st.precision.param_dtype:
                 model_state = {
                     k: v.detach().to("cpu", dtype=st.precision.storage_dtype)
@@ -374,9 +376,7 @@ class Trainer:
         gathered weights, the same on every rank) next to the metrics."""
         model = self.state.bundle.model
         with dist.phase("final weight digests", "step_s"):
-            digest = weights_digest(
-                model, sharding.full_state_dict(model) if sharding.is_sharded(model) else None
-            )
+            digest = weights_digest(model)
         with dist.phase("final weight digests", "step_s"):
             digests = dist.gather_objects(digest)
         if self.world.is_main:
@@ -406,10 +406,11 @@ class Trainer:
             dist.teardown(final_barrier=finished)
 
 
-def weights_digest(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
-    """sha256 over every parameter's bytes (of `state` when given), in name order."""
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every tensor's name and bytes, in state-dict order (the same on every rank; FSDP2 shards
+    are gathered one tensor at a time, a collective every rank joins)."""
     h = hashlib.sha256()
-    for name, tensor in sorted((state if state is not None else model.state_dict()).items()):
+    for name, tensor in sharding.full_tensors(model):
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -51,8 +51,10 @@ class Precision:
 
     @property
     def param_dtype_name(self) -> Literal["float32", "bfloat16", "float16"]:
-        names = {dtype: name for name, dtype in DTYPES.items()}
-        return names[self.param_dtype]  # type: ignore[return-value]  # DTYPES' keys are exactly these
+        for name, dtype in DTYPES.items():
+            if dtype == self.param_dtype:
+                return cast(Literal["float32", "bfloat16", "float16"], name)
+        raise AssertionError(f"no storage name for {self.param_dtype}")
 
     @contextlib.contextmanager
     def autocast(self, device: torch.device, enabled: bool = True) -> Iterator[None]:

@@ -113,7 +113,7 @@ class WeightPublisher:
         from stagectl.learner import sharding
 
         if sharding.is_sharded(self.model):
-            return sharding.full_state_dict(self.model, dtype=self.storage_dtype)
+            return sharding.full_state_dict(self.model, dtype=self.storage_dtype, keep=self.world.is_main)
         dtype = self.storage_dtype
         return {
             name: t.detach().to("cpu", dtype=dtype) if dtype is not None else t.detach().to("cpu")

@@ -11,8 +11,8 @@ Every rank must run the same number of forward/backward passes (each forward all
 runs `gas` micro-batches per rank and async Channel-B exactly `gas` packs per rank, so they do.
 
 Whole tensors leave the shards three ways, each a collective every rank joins:
-- `full_state_dict_blocks`: a block of full tensors at a time (weight sync: never the whole model twice);
-- `full_state_dict`: everything on rank 0, on the CPU (checkpoints' `model/`);
+- `full_tensors`: one full tensor at a time (the final weight digest);
+- `full_state_dict`: everything on the CPU of the rank that keeps it (checkpoints' `model/`, weight sync);
 - `gathered`: every parameter unsharded in place until the block ends (rank 0 can then generate on its
   own, e.g. the held-out eval, without a collective per forward).
 """
@@ -61,31 +61,24 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def full_state_dict_blocks(
-    model: nn.Module, block_bytes: int, dtype: torch.dtype | None = None
-) -> Iterator[dict[str, torch.Tensor]]:
-    """The model's state dict as full CPU tensors, `block_bytes` at a time (at least one tensor per
-    block), converted to `dtype` when given. Every rank iterates (each tensor is a collective); only the
-    tensors of the current block are ever held whole."""
-    block: dict[str, torch.Tensor] = {}
-    size = 0
+def full_tensors(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole CPU tensor) for every entry of the model's state dict, in order, converted to `dtype`
+    when given. Every rank must iterate to the end (each tensor is an all-gather); one tensor is held
+    whole at a time unless the caller keeps it."""
     for name, tensor in model.state_dict().items():
         whole = full_tensor(tensor.detach())
-        whole = whole.to("cpu", dtype=dtype) if dtype is not None else whole.to("cpu")
-        block[name] = whole
-        size += whole.numel() * whole.element_size()
-        if size >= block_bytes:
-            yield block
-            block, size = {}, 0
-    if block:
-        yield block
+        yield name, whole.to("cpu", dtype=dtype) if dtype is not None else whole.to("cpu")
 
 
-def full_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor whole on the CPU (a collective; rank 0 uses the result)."""
+def full_state_dict(
+    model: nn.Module, dtype: torch.dtype | None = None, *, keep: bool = True
+) -> dict[str, torch.Tensor]:
+    """Every tensor whole on the CPU (a collective). Ranks that pass `keep=False` join the gathers and
+    drop each tensor at once (they get `{}`), so only the rank that uses it holds the model."""
     out: dict[str, torch.Tensor] = {}
-    for block in full_state_dict_blocks(model, block_bytes=1 << 62, dtype=dtype):
-        out.update(block)
+    for name, whole in full_tensors(model, dtype):
+        if keep:
+            out[name] = whole
     return out
 
 
