@@ -42,12 +42,19 @@ class HFRollouts:
     """Generates with the (unwrapped) policy in eval mode, `chunk_size` samples per `generate` call."""
 
     def __init__(
-        self, model: Any, encoder: SampleEncoder, rm: RolloutMatchingConfig, chunk_size: int
+        self,
+        model: Any,
+        encoder: SampleEncoder,
+        rm: RolloutMatchingConfig,
+        chunk_size: int,
+        *,
+        logprobs: bool = False,
     ) -> None:
+        """`logprobs`: each generation also carries its tokens' log-probabilities (evaluation scores)."""
         self.model = model
         self.encoder = encoder
         self.chunk_size = chunk_size
-        self.spec = sampling_of(rm)
+        self.spec = sampling_of(rm, logprobs=logprobs)
         self.num_calls = 0
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
@@ -81,13 +88,15 @@ class ServerRollouts:
         chunk_size: int,
         fence: SyncFence,
         current_ver: Callable[[], int],
+        *,
+        logprobs: bool = False,
     ) -> None:
         self.client = client
         self.encoder = encoder
         self.chunk_size = chunk_size
         self.fence = fence
         self.current_ver = current_ver
-        self.base_config = request_config(rm, seed=None)
+        self.base_config = request_config(rm, seed=None, logprobs=logprobs)
         self.num_calls = 0
         self._stop = threading.Event()
 
