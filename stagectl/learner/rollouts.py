@@ -19,13 +19,12 @@ from typing import Any, Protocol, TypeVar
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.learner.segments import SampleEncoder
-from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation, generate_batch
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.errors import RolloutServerError
-from stagectl.rollout.protocol import ContentItem, InferRequest, InferResponse, Message
-from stagectl.rollout.requests import request_config, sampling_of, to_generation
+from stagectl.rollout.protocol import InferRequest, InferResponse
+from stagectl.rollout.requests import detection_infer_request, request_config, sampling_of, to_generation
 
 T = TypeVar("T")
 
@@ -101,10 +100,7 @@ class ServerRollouts:
         self._stop = threading.Event()
 
     def request_for(self, index: int) -> InferRequest:
-        sample = self.encoder.samples[index]
-        content = [ContentItem(type="image") for _ in sample.images]
-        content.append(ContentItem(type="text", text=DETECTION_INSTRUCTION))
-        return InferRequest(messages=[Message(role="user", content=content)], images=list(sample.images))
+        return detection_infer_request(self.encoder.samples[index])
 
     @contextmanager
     def section(self) -> Iterator[RolloutSection]:

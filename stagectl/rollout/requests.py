@@ -7,9 +7,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.data.sample import DetectionSample
+from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.protocol import IMAGE_TAG, InferRequest, InferResponse, Message, RequestConfig
+from stagectl.rollout.protocol import (
+    IMAGE_TAG,
+    ContentItem,
+    InferRequest,
+    InferResponse,
+    Message,
+    RequestConfig,
+)
 
 
 def detection_request(image_paths: Sequence[str | Path], instruction: str) -> InferRequest:
@@ -20,6 +29,14 @@ def detection_request(image_paths: Sequence[str | Path], instruction: str) -> In
         messages=[Message(role="user", content=content)],
         images=[str(Path(p).expanduser().absolute()) for p in image_paths],
     )
+
+
+def detection_infer_request(sample: DetectionSample) -> InferRequest:
+    """The server request for one sample's detection prompt: its images, then the instruction (the
+    same prompt the learner encodes in process)."""
+    content = [ContentItem(type="image") for _ in sample.images]
+    content.append(ContentItem(type="text", text=DETECTION_INSTRUCTION))
+    return InferRequest(messages=[Message(role="user", content=content)], images=list(sample.images))
 
 
 def sampling_of(rm: RolloutMatchingConfig, *, logprobs: bool = False) -> SamplingSpec:
