@@ -25,6 +25,8 @@ from stagectl.cli.app import app
 from stagectl.config import load_config
 from stagectl.evaluation.session import run_eval
 from stagectl.models.loading import load_tokenizer
+from stagectl.report.markdown import fmt
+from stagectl.report.write import write_reports
 from stagectl.rollout.app import build_app
 from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
 from stagectl.rollout.service import RolloutService, ServerSettings
@@ -212,6 +214,14 @@ def test_metrics_recomputed_from_the_written_files_agree(
     assert len(rows) == 5 and {r["category_id"] for r in rows} == {1, 2}  # cat=1, dog=2 (sorted desc)
     assert set(metrics["per_class_ap"]) == {"cat", "dog"}
     assert metrics["invalid_rate"] == 0 and metrics["n_images"] == 3
+    # `stagectl report` on the eval dir: the metrics, the per-class table and the precision-recall curve
+    (written,) = write_reports(tmp_path)
+    text = written.report.read_text()
+    assert (
+        f"| AP50 | {fmt(metrics['AP50'])} |" in text
+        and f"| cat | {fmt(metrics['per_class_ap']['cat'])} |" in text
+    )
+    assert "](report/pr_curve.png)" in text and (tmp_path / "report" / "pr_curve.png").stat().st_size > 1000
 
 
 def test_scores_are_the_engines_coordinate_logprobs_and_rank_the_objects(
