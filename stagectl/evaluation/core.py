@@ -130,4 +130,5 @@ def f1_metrics(stats: RolloutStats) -> dict[str, float]:
         "n_pred": stats.n_valid,
         "n_matched": stats.n_matched,
         "n_dropped": stats.n_dropped,
+        "mean_rollout_tokens": stats.n_rollout_tokens / stats.n_samples if stats.n_samples else 0.0,
     }
