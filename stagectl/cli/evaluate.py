@@ -73,7 +73,7 @@ def _evaluate(cfg: object, out_dir: Path, server: str | None) -> None:
         dist.init_distributed(world, cfg.launch.watchdog)
         run = run_eval(cfg, out_dir, server_url=server, rank=world.rank, world_size=world.world_size)
         dist.teardown()
-    except (ValueError, FileNotFoundError, RolloutServerError, dist.CollectiveError) as exc:
+    except (ValueError, FileNotFoundError, TimeoutError, RolloutServerError, dist.CollectiveError) as exc:
         fail(str(exc) or type(exc).__name__)
     if run is None or int(os.environ.get("RANK", "0")) != 0:
         return

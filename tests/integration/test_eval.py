@@ -36,6 +36,7 @@ from tests.integration.helpers import run_cli
 MODEL = "builtin:tiny-qwen2.5-vl"
 TOKEN = "eval-token"
 TOKEN_ENV = "STAGECTL_TEST_EVAL_TOKEN"
+SERVER = "custom.extra.rollout_matching.vllm.server"
 HEIGHT = 56
 OTHER_LOGPROB = -0.5  # every token that is not a coordinate
 
@@ -256,6 +257,10 @@ def test_bad_input_is_one_error_and_writes_nothing(served: Served, tmp_path: Pat
         (["--data", str(bad_line)], "bad.jsonl:2"),
         (["--data", str(served.jsonl), "--model", str(tmp_path / "nope")], "model directory not found"),
         (["--data", str(served.jsonl), "--set", "data.eval.decoding.temperature=-1"], "temperature"),
+        (
+            ["--data", str(served.jsonl), "--server", "http://127.0.0.1:9", "--set", f"{SERVER}.timeout_s=1"],
+            "rollout servers not healthy after 1 s",
+        ),
     ]
     runner = CliRunner()
     for k, (args, message) in enumerate(cases):
