@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.config import StagectlConfig
+from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
@@ -80,8 +81,7 @@ def run_eval(
         raise ValueError(f"--model / model.name_or_path: {exc}") from None
     spec = eval_sampling(cfg)
     rm = cfg.custom.extra.rollout_matching
-    dup = cfg.stage2_ab.channel_b.duplicate_iou_threshold if cfg.stage2_ab is not None else None
-    dup_kwargs: dict[str, Any] = {"duplicate_iou_threshold": dup if dup is not None else _default_dup()}
+    cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else ChannelBConfig()
     client = None
     if server_url is not None:
         from stagectl.rollout.client import RolloutClient
@@ -100,9 +100,17 @@ def run_eval(
         vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
         generate = in_process_generate(bundle, samples, vocab, spec)
     chunks = shard_chunks(len(samples), rm.decode_batch_size, rank, world_size)
-    progress = EvalProgress(sum(map(len, chunks)), enabled=True)
+    progress = EvalProgress(sum(map(len, chunks)), enabled=rank == 0)  # rank 0 shows its own shard
     try:
-        outcomes = judge_chunks(chunks, generate, samples, vocab, ids, progress=progress, **dup_kwargs)
+        outcomes = judge_chunks(
+            chunks,
+            generate,
+            samples,
+            vocab,
+            ids,
+            duplicate_iou_threshold=cb.duplicate_iou_threshold,
+            progress=progress,
+        )
     finally:
         progress.close()
         if client is not None:
@@ -126,9 +134,3 @@ def run_eval(
     }
     written = write_report(out_dir, report, ids, extra)
     return EvalRun(report, written, images_per_s, num_available)
-
-
-def _default_dup() -> float:
-    from stagectl.config.stage2_ab import ChannelBConfig
-
-    return ChannelBConfig().duplicate_iou_threshold
