@@ -29,6 +29,8 @@ MODULES = {
     "weight_sync": "bench.bench_weight_sync",
     "async": "bench.bench_async",
     "cli": "bench.bench_cli",
+    "coco_eval": "bench.bench_coco_eval",
+    "eval": "bench.bench_eval",
     "learning": "bench.bench_learning",
     "memory": "bench.bench_memory",
 }
@@ -42,6 +44,8 @@ TITLES = {
     "weight_sync": "Weight sync: http, shm, disk, delta",
     "async": "Async vs step mode",
     "cli": "CLI latency",
+    "coco_eval": "COCO evaluator: pycocotools vs faster-coco-eval",
+    "eval": "stagectl eval throughput",
     "learning": "Learning check (A-only vs AB)",
     "memory": "Memory per rank: measured vs the memory model",
     "gpu": "GPU",

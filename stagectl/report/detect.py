@@ -1,7 +1,8 @@
 """What RUN_DIR holds: a train-ab output dir, a Stage-B mission dir, or a parent of mission dirs.
 
 A Stage-B mission dir is recognised by `selections.jsonl` (the Stage-B runner creates all its
-artifacts at start); a train-ab dir by `metrics.jsonl` without it. Parents are searched two levels
+artifacts at start); a train-ab dir by `metrics.jsonl` without it; a `stagectl eval` output dir by
+`metrics.json` next to `predictions.coco.json`. Parents are searched two levels
 deep, so both `{output.root}/{run_name}` and `{output.root}` work.
 """
 
@@ -11,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-RunKind = Literal["train_ab", "stage_b"]
+RunKind = Literal["train_ab", "stage_b", "eval"]
 
 METRICS = "metrics.jsonl"
 STAGE_B_MARKER = "selections.jsonl"
+EVAL_METRICS = "metrics.json"  # with predictions.coco.json: a `stagectl eval` output dir
+EVAL_MARKER = "predictions.coco.json"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ def find_runs(run_dir: Path) -> list[Run]:
         return [Run("stage_b", run_dir)]
     if (run_dir / METRICS).is_file():
         return [Run("train_ab", run_dir)]
+    if (run_dir / EVAL_METRICS).is_file() and (run_dir / EVAL_MARKER).is_file():
+        return [Run("eval", run_dir)]
     missions = sorted(
         {
             p.parent
@@ -47,6 +52,6 @@ def find_runs(run_dir: Path) -> list[Run]:
     if missions:
         return [Run("stage_b", m) for m in missions]
     raise ValueError(
-        f"no {METRICS} in {run_dir}: expected a train-ab output_dir or a Stage-B mission dir "
+        f"no {METRICS} in {run_dir}: expected a train-ab output_dir, a Stage-B mission dir, a `stagectl eval` dir "
         f"(or a parent of mission dirs)"
     )

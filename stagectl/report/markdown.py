@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any
 
 from stagectl.report.sections import Figures
 from stagectl.report.stage_b import StageBSummary
@@ -62,6 +63,8 @@ def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, 
     ]
     if ev is not None:
         rows.append(("held-out eval F1: last / best", f"{fmt_best(ev.f1_last)} / {fmt_best(ev.f1_best)}"))
+        if ev.ap_last is not None:
+            rows.append(("held-out eval AP: last / best", f"{fmt_best(ev.ap_last)} / {fmt_best(ev.ap_best)}"))
     if s.is_async:
         rows += [
             ("dropped packs: stale / oldest", f"{fmt(s.drop_stale_total)} / {fmt(s.drop_oldest_total)}"),
@@ -114,6 +117,27 @@ def render_train_ab(
     if not summary.terms:
         lines.append(f"| (no loss keys logged) | {NA} | {NA} | {NA} | {NA} |")
     lines += _figures(figures, plot_dir) + _notes(notes)
+    return "\n".join(lines) + "\n"
+
+
+EVAL_SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1", "precision", "recall")
+
+
+def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Figures, plot_dir: str) -> str:
+    """The report of one `stagectl eval` run: its metrics, the per-class AP table, the PR curve."""
+    rows = [(name, fmt(metrics.get(name))) for name in EVAL_SHOWN]
+    rows += [
+        ("images evaluated", fmt(metrics.get("n_images"))),
+        ("invalid rollouts (rate)", fmt(metrics.get("invalid_rate"))),
+        ("duplicate predictions (rate)", fmt(metrics.get("dup_rate"))),
+        ("predictions of unknown categories", fmt(metrics.get("n_unknown_category"))),
+        ("throughput", f"{fmt(metrics.get('images_per_s'))} images/s"),
+    ]
+    lines = [f"# {title}", "", subtitle, "", "## Metrics", "", *table(rows)]
+    per_class = metrics.get("per_class_ap") or {}
+    lines += ["", "## AP per class (IoU .50:.95; -1: no ground truth of it)", ""]
+    lines += table([(_cell(str(name)), fmt(ap)) for name, ap in sorted(per_class.items())], ("class", "AP"))
+    lines += _figures(figures, plot_dir)
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
+from matplotlib.ticker import AutoLocator
+
 from stagectl.report.markdown import fmt_ratio
 from stagectl.report.plotting import (
     B_COLOR,
@@ -36,6 +38,7 @@ SKIP_LABEL = "skip-to-A (wanted B, queue not ready)"
 NOT_ASYNC = "step-mode run (no `stage2_ab/async/*` metrics)"
 # precision / recall / F1: distinct line styles, so equal values (often all 0 early on) stay visible
 PRF = (("precision", "precision", "s", "--"), ("recall", "recall", "^", ":"), ("f1", "F1", "o", "-"))
+AP_LINES = (("AP", "AP (.50:.95)", "D", "-"), ("AP50", "AP50", "v", "-."))  # COCO, from the same eval rows
 TERM_LABELS = {
     "loss": ("total loss (weighted sum of terms)", "loss (unitless)"),
     "loss/ce": ("token cross-entropy", "CE (nats/token)"),
@@ -54,6 +57,8 @@ def write_train_ab_plots(
     figures.add(rollout_plot(rows, out_dir))
     if eval_rows:
         figures.add(eval_plot(eval_rows, out_dir))
+        last = eval_rows[-1]
+        figures.add(pr_curve_plot(last, f"Last held-out eval (step {last.get('step')})", out_dir))
     figures.add(b_ratio_plot(rows, target, skips, out_dir))
     figures.add(queue_plot(rows, out_dir))
     figures.add(drops_plot(rows, skips, out_dir))
@@ -116,9 +121,11 @@ def rollout_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
 def eval_plot(eval_rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
     if not series(eval_rows, "f1")[1]:
         return Skipped("held-out eval", "eval.jsonl has no `f1` values")
-    fig, (ax,) = new_figure(1, title="Held-out evaluation (greedy rollouts, IoU 0.5)")
-    for key, label, marker, style in PRF:
+    fig, (ax,) = new_figure(1, title="Held-out evaluation (COCO AP; precision / recall / F1 at IoU 0.5)")
+    for key, label, marker, style in (*PRF, *AP_LINES):
         xs, ys = series(eval_rows, key)
+        if not xs:
+            continue  # AP: rows written before the COCO metrics
         ax.plot(
             xs,
             ys,
@@ -129,10 +136,30 @@ def eval_plot(eval_rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
             label=label,
         )
     fraction_axis(ax)
-    label_axes(ax, "eval precision / recall / F1", STEP, "score (0–1)")
+    label_axes(ax, "eval AP / precision / recall / F1", STEP, "score (0–1)")
     name = "eval.png"
     save(fig, out_dir / name)
-    return Plot(name, "Held-out eval", "Rows of `eval.jsonl`.")
+    return Plot(name, "Held-out eval", "Rows of `eval.jsonl`: COCO AP (IoU .50:.95) and AP50 next to F1.")
+
+
+def pr_curve_plot(metrics: Row, title: str, out_dir: Path) -> Plot | Skipped:
+    """The precision-recall curve of one eval (IoU 0.5, all sizes, 100 detections, mean over classes)."""
+    curve = metrics.get("pr_curve_iou50")
+    if not isinstance(curve, dict) or not curve.get("recall"):
+        return Skipped("precision-recall curve", "the eval has no `pr_curve_iou50`")
+    fig, (ax,) = new_figure(1, title=title)
+    ax.plot(curve["recall"], curve["precision"], linewidth=1.6, label=f"AP50 = {metrics.get('AP50', 0):.3f}")
+    fraction_axis(ax)
+    ax.set_xlim(0, 1)
+    label_axes(
+        ax, "precision vs recall at IoU 0.5 (mean over classes)", "recall", "precision", legend="inside"
+    )
+    ax.xaxis.set_major_locator(AutoLocator())  # recall is a fraction, not a count
+    name = "pr_curve.png"
+    save(fig, out_dir / name)
+    return Plot(
+        name, "Precision-recall curve", "COCO's 101 recall points at IoU 0.5, objects ranked by score."
+    )
 
 
 def b_ratio_plot(rows: Sequence[Row], target: Fraction | None, skips: list[float], out_dir: Path) -> Plot:

@@ -244,6 +244,8 @@ class EvalSummary:
     f1_best: Best
     precision_last: float | None
     recall_last: float | None
+    ap_last: Best | None = None  # COCO AP (rows written before it have none)
+    ap_best: Best | None = None
 
 
 def summarize_eval(rows: Sequence[Row]) -> EvalSummary | None:
@@ -252,10 +254,14 @@ def summarize_eval(rows: Sequence[Row]) -> EvalSummary | None:
     if not f1:
         return None
     best = max(range(len(f1)), key=lambda i: (f1[i], -i))
+    ap_steps, ap = series(rows, "AP")
+    ap_best = max(range(len(ap)), key=lambda i: (ap[i], -i)) if ap else None
     return EvalSummary(
         num_evals=len(f1),
         f1_last=Best(int(xs[-1]), f1[-1]),
         f1_best=Best(int(xs[best]), f1[best]),
         precision_last=last_number(rows, "precision"),
         recall_last=last_number(rows, "recall"),
+        ap_last=Best(int(ap_steps[-1]), ap[-1]) if ap else None,
+        ap_best=Best(int(ap_steps[ap_best]), ap[ap_best]) if ap_best is not None else None,
     )

@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from stagectl.report.detect import METRICS, Run, find_runs
+from stagectl.report.detect import EVAL_METRICS, METRICS, Run, find_runs
 from stagectl.report.jsonl import read_jsonl
-from stagectl.report.markdown import fmt, render_index, render_stage_b, render_train_ab
+from stagectl.report.markdown import fmt, render_eval, render_index, render_stage_b, render_train_ab
 from stagectl.report.plots_stage_b import write_stage_b_plots
-from stagectl.report.plots_train_ab import write_train_ab_plots
+from stagectl.report.plots_train_ab import pr_curve_plot, write_train_ab_plots
 from stagectl.report.sections import Figures
 from stagectl.report.stage_b import summarize_stage_b
 from stagectl.report.train_ab import (
@@ -46,6 +46,8 @@ def write_reports(run_dir: Path) -> list[Written]:
     runs = find_runs(run_dir)
     if runs[0].kind == "train_ab":
         return [write_train_ab_report(runs[0].path)]
+    if runs[0].kind == "eval":
+        return [write_eval_report(runs[0].path)]
     if runs == [Run("stage_b", run_dir)]:
         return [write_stage_b_report(run_dir)]
     return _write_stage_b_reports(run_dir, [run.path for run in runs])
@@ -89,6 +91,21 @@ def write_train_ab_report(run_dir: Path) -> Written:
         "train-ab run report", subtitle, summary, summarize_eval(eval_file.rows), figures, PLOT_DIR, notes
     )
     return _write(run_dir, text, figures)
+
+
+def write_eval_report(eval_dir: Path) -> Written:
+    """`stagectl eval`'s output dir: report.md (metrics, per-class AP) and the precision-recall curve."""
+    metrics, notes = _read_json(eval_dir / EVAL_METRICS)
+    if metrics is None:
+        raise ValueError(f"{eval_dir / EVAL_METRICS}: {notes[0] if notes else 'not a JSON object'}")
+    figures = Figures()
+    figures.add(pr_curve_plot(metrics, "Evaluation: precision-recall at IoU 0.5", _fresh_plot_dir(eval_dir)))
+    source = metrics.get("server") or metrics.get("model")
+    subtitle = (
+        f"`stagectl eval` of `{source}` on `{metrics.get('data')}` in `{eval_dir}` "
+        f"({metrics.get('world_size', 1)} rank(s), evaluator {metrics.get('evaluator')})."
+    )
+    return _write(eval_dir, render_eval("Evaluation report", subtitle, metrics, figures, PLOT_DIR), figures)
 
 
 def write_stage_b_report(mission_dir: Path) -> Written:

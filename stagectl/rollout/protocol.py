@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,6 +78,10 @@ class RequestConfig(_Request):
     """Stop strings; the text is cut before the first one, token ids end with the token completing it."""
     return_details: bool = False
     """Return `prompt_token_ids` and `choices[0].token_ids` (the learner always asks for them)."""
+    logprobs: bool = False
+    """Return `choices[0].logprobs`: per generated token, the log-probability of the chosen token under
+    the model's own distribution (before temperature, top-k/top-p and repetition penalty), aligned with
+    `choices[0].token_ids` (OpenAI's / swift's field; no alternatives: `top_logprobs` is always empty)."""
     n: int = Field(1, ge=1, le=1)
     """Completions per request: stagectl's server generates exactly one."""
     stream: Literal[False] = False
@@ -95,6 +99,7 @@ class RequestConfig(_Request):
             stop=list(spec.stop),
             seed=seed,
             return_details=return_details,
+            logprobs=spec.logprobs,
         )
 
     def sampling(self) -> SamplingSpec:
@@ -105,6 +110,7 @@ class RequestConfig(_Request):
             top_k=self.top_k if self.top_k is not None and self.top_k > 0 else 0,
             repetition_penalty=self.repetition_penalty,
             stop=tuple(self.stop),
+            logprobs=self.logprobs,
         )
 
 
@@ -118,12 +124,30 @@ class ChatMessage(_Response):
     content: str
 
 
+class TokenLogprob(_Response):
+    """One generated token and its log-probability (OpenAI's / swift's `logprobs.content[i]`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    """The token's exact bytes (a byte-level token may be part of a UTF-8 character)."""
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+    """Alternatives: stagectl's server sends none."""
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] = Field(default_factory=list)
+    """One entry per generated token, aligned with `Choice.token_ids`."""
+
+
 class Choice(_Response):
     index: int = 0
     message: ChatMessage
     finish_reason: str | None = None
     """`stop` (a stop token or string ended it) or `length` (max_tokens reached)."""
     token_ids: list[int] | None = None
+    logprobs: ChoiceLogprobs | None = None
+    """Present when the request asked for `request_config.logprobs`."""
 
 
 class Usage(_Response):

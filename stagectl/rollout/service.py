@@ -14,10 +14,12 @@ from stagectl.rollout.paths import load_image
 from stagectl.rollout.protocol import (
     ChatMessage,
     Choice,
+    ChoiceLogprobs,
     InferBody,
     InferResponse,
     StatsResponse,
     SyncResponse,
+    TokenLogprob,
     Usage,
     VersionResponse,
 )
@@ -96,6 +98,7 @@ class RolloutService:
                     message=ChatMessage(role="assistant", content=result.text),
                     finish_reason=result.finish_reason,
                     token_ids=result.token_ids if details else None,
+                    logprobs=_choice_logprobs(result),
                 )
             ],
             usage=Usage(
@@ -135,3 +138,19 @@ class RolloutService:
     def close(self) -> None:
         self.engine.close()
         remove_stale(self.settings.shm_dir)
+
+
+def _choice_logprobs(result: EngineResult) -> ChoiceLogprobs | None:
+    """OpenAI/swift-shaped `choices[0].logprobs` (None when the request did not ask for them)."""
+    if result.logprobs is None:
+        return None
+    if result.token_bytes is None or not (
+        len(result.logprobs) == len(result.token_bytes) == len(result.token_ids)
+    ):
+        raise RuntimeError("the engine returned logprobs that are not aligned with its token ids")
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(piece))
+            for logprob, piece in zip(result.logprobs, result.token_bytes, strict=True)
+        ]
+    )

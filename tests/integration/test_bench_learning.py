@@ -27,6 +27,10 @@ def test_quick_learning_check_runs_every_variant_from_the_stage1_checkpoint(tmp_
     # every metric has an interval, and AB rows also ΔF1 against A-only
     assert [r.count("[") for r in rows] == [5, 6, 6]
     assert set(task["equal_wall"]) == {"AB b=0.5 clean_prefix", "AB b=0.5 raw_prefix"}
+    # COCO AP next to F1: per variant at the equal step, and the Stage-1 checkpoint's
+    assert set(task["ap_at_equal_steps"]) == {"A-only", "AB b=0.5 clean_prefix", "AB b=0.5 raw_prefix"}
+    assert all(0 <= v["min"] <= v["mean"] <= v["max"] <= 1 for v in task["ap_at_equal_steps"].values())
+    assert 0 <= task["stage1"]["AP"] <= 1
     assert Path(task["plot"]).is_file() and Path(task["plot"]).is_relative_to(tmp_path)
 
     checkpoint = tmp_path / "sparse-stage1" / "checkpoint-2" / "model"

@@ -15,7 +15,7 @@ from stagectl.schedule import channel_for_step
 from tests.integration.helpers import run_cli
 
 ASYNC = "stage2_ab/async/"
-TRAIN_AB_PLOTS = ("loss", "rollout", "eval", "b_ratio", "async_queue", "async_drops", "timing")
+TRAIN_AB_PLOTS = ("loss", "rollout", "eval", "pr_curve", "b_ratio", "async_queue", "async_drops", "timing")
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]], torn_tail: str = "") -> None:
@@ -103,6 +103,9 @@ def assert_readable_png(path: Path) -> None:
         )  # text and lines on a white background
 
 
+PR = {"recall": [k / 100 for k in range(101)], "precision": [1 - k / 200 for k in range(101)]}
+
+
 def test_async_run_report(tmp_path: Path) -> None:
     run_dir = tmp_path / "async"
     rows = train_ab_rows(40, "1/3", async_mode=True, skips={2, 5})
@@ -111,12 +114,23 @@ def test_async_run_report(tmp_path: Path) -> None:
     (run_dir / "final_state.json").write_text("{}")
     write_jsonl(
         run_dir / "eval.jsonl",
-        [{"step": s, "precision": 0.1, "recall": 0.1, "f1": f} for s, f in ((20, 0.3), (40, 0.25))],
+        [
+            {
+                "step": s,
+                "precision": 0.1,
+                "recall": 0.1,
+                "f1": f,
+                "AP": ap,
+                "AP50": 2 * ap,
+                "pr_curve_iou50": PR,
+            }
+            for s, f, ap in ((20, 0.3, 0.05), (40, 0.25, 0.125))
+        ],
     )
 
     result = run_cli("report", str(run_dir), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert f"report: wrote {run_dir / 'report.md'} and 7 plot(s)" in result.stdout
+    assert f"report: wrote {run_dir / 'report.md'} and 8 plot(s)" in result.stdout  # eval.png + pr_curve.png
 
     text = (run_dir / "report.md").read_text()
     num_b = sum(r["kind"] == "B" for r in rows)
@@ -129,6 +143,8 @@ def test_async_run_report(tmp_path: Path) -> None:
     assert "| dropped packs: stale / oldest | 3 / 1 |" in text
     assert "| ver_lag on B steps: mean / max |" in text
     assert "| held-out eval F1: last / best | 0.2500 (step 40) / 0.3000 (step 20) |" in text
+    assert "| held-out eval AP: last / best | 0.1250 (step 40) / 0.1250 (step 40) |" in text
+    assert "![Precision-recall curve](report/pr_curve.png)" in text
     assert "| rollout F1 on B steps: last / best | 0.7600 (step 38) / 0.7600 (step 38) |" in text
     assert "| `loss/ce` | 7.5 (step 0) |" in text
     assert "torn last line" in text and "line(s): 41" in text

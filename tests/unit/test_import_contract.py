@@ -56,6 +56,7 @@ LAYERS = {
         "rollout",
         "packing",
         "detection",
+        "evaluation",
         "data",
         "models",
         "dist",

@@ -111,6 +111,30 @@ def test_greedy_equals_transformers_token_for_token(served: Served, client: Roll
     assert sum(len(out.choices[0].token_ids or []) for out in outs) > 4 * MAX_TOKENS  # not trivially short
 
 
+def test_logprobs_equal_transformers_raw_log_softmax(served: Served, client: RolloutClient) -> None:
+    """`request_config.logprobs`: per generated token, the raw model log-probability (vLLM's
+    `raw_logprobs`, `SamplingParams(logprobs=0)`), equal to the hf path's within float tolerance."""
+    config = GREEDY.model_copy(update={"logprobs": True})
+    outs = client.infer([request(k) for k in range(4)], config)
+    for k, out in enumerate(outs):
+        choice = out.choices[0]
+        assert choice.logprobs is not None and choice.token_ids is not None
+        assert len(choice.logprobs.content) == len(choice.token_ids)
+        joined = b"".join(bytes(e.bytes or []) for e in choice.logprobs.content)
+        text = served.mirror.tokenizer.decode(choice.token_ids, skip_special_tokens=False)
+        assert joined.decode("utf-8", errors="replace") == text
+        (local,) = generate_batch(
+            served.mirror.model,
+            [served.prompt(k)],
+            SamplingSpec(max_new_tokens=MAX_TOKENS, temperature=0.0, logprobs=True),
+            stop_token_ids=[served.mirror.end_of_turn_id, int(served.mirror.tokenizer.pad_token_id)],
+            pad_token_id=int(served.mirror.tokenizer.pad_token_id),
+        )
+        assert choice.token_ids == local.token_ids, k
+        assert [e.logprob for e in choice.logprobs.content] == pytest.approx(local.logprobs, abs=2e-3), k
+    assert GREEDY.logprobs is False and client.infer([request(0)], GREEDY)[0].choices[0].logprobs is None
+
+
 def test_per_request_seeds_are_reproducible_alone_or_batched(client: RolloutClient) -> None:
     config = RequestConfig(max_tokens=24, temperature=1.0, top_p=0.9, top_k=50, seed=7, return_details=True)
     batch = [to_generation(out).token_ids for out in client.infer([request(k) for k in range(4)], config)]
