@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stagectl.models.sampling import SamplingSpec
 
@@ -39,6 +39,19 @@ WEIGHT_CHUNK_PATH = "/update_weights/"  # one weight chunk: POST, on the app por
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _SwiftRequest(_Request):
+    """A model swift's client fills: `null` for a known field means its default (swift sends `top_p:
+    null`, `stop: null`, ...); unknown names still fail. Fields stagectl cannot honour are accepted at
+    their defaults and refused by name otherwise (`rollout.swift_fields`, a 400)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
 
 
 class _Response(BaseModel):
@@ -58,13 +71,33 @@ class Message(_Request):
     """A string (each `<image>` tag takes the next entry of `images`, as in swift) or a list of items."""
 
 
-class InferRequest(_Request):
+class InferRequest(_SwiftRequest):
+    """One request, as swift's `RolloutInferRequest` (every field swift's client sends is accepted)."""
+
     messages: list[Message] = Field(min_length=1)
     images: list[str] = Field(default_factory=list)
     """Image paths (under the server's `image_roots`) or inline `data:image/...;base64,` URLs, in order."""
+    audios: list[Any] = Field(default_factory=list)
+    """swift's audio inputs: only `[]` (stagectl serves images and text)."""
+    videos: list[Any] = Field(default_factory=list)
+    """swift's video inputs: only `[]`."""
+    tools: list[Any] | None = None
+    """swift's agent tools: only null or `[]` (no tool-call template)."""
+    objects: dict[str, Any] = Field(default_factory=dict)
+    """swift's grounding objects for the template: only `{}`."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra chat-template arguments: only `{}` (stagectl's template takes none)."""
+    data_dict: dict[str, Any] = Field(default_factory=dict)
+    """swift's dataset passthrough for a multi-turn scheduler: only `{}` (stagectl's server has none)."""
+    uuid: str | None = Field(None, max_length=256)
+    """Request id: echoed as the response's `id` (swift uses it as the request id too)."""
+    add_eos: bool | Literal["auto"] | None = None
+    """swift's suffix policy for scoring completed responses: only null (stagectl scores nothing)."""
 
 
-class RequestConfig(_Request):
+class RequestConfig(_SwiftRequest):
+    """Sampling settings, as swift's `RequestConfig`; null means the default shown here."""
+
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(1.0, ge=0)
     """0 decodes greedily."""
@@ -78,9 +111,30 @@ class RequestConfig(_Request):
     """Stop strings; the text is cut before the first one, token ids end with the token completing it."""
     return_details: bool = False
     """Return `prompt_token_ids` and `choices[0].token_ids` (the learner always asks for them)."""
-    n: int = Field(1, ge=1, le=1)
-    """Completions per request: stagectl's server generates exactly one."""
-    stream: Literal[False] = False
+    n: int = Field(1, ge=1)
+    """Completions per request: stagectl's server generates exactly one (more is refused)."""
+    stream: bool = False
+    """Streaming answers: only false."""
+    min_p: float | None = Field(None, ge=0, le=1)
+    """Min-p sampling: only null or 0 (not implemented by stagectl's engines)."""
+    num_beams: int = Field(1, ge=1)
+    """Beam search: only 1."""
+    logprobs: bool = False
+    """Per-token logprobs: only false on this build."""
+    top_logprobs: int | None = Field(None, ge=0)
+    """Alternatives per token: only null or 0."""
+    prompt_logprobs: int | None = Field(None, ge=0)
+    """Prompt-token logprobs: only null."""
+    best_of: int | None = Field(None, ge=1)
+    """Candidates per request: only null or 1."""
+    presence_penalty: float = 0.0
+    """Only 0 (stagectl's engines apply `repetition_penalty` only)."""
+    frequency_penalty: float = 0.0
+    """Only 0."""
+    length_penalty: float = 1.0
+    """A beam-search setting: only 1."""
+    structured_outputs_regex: str | None = None
+    """Guided decoding: only null."""
 
     @classmethod
     def from_sampling(
@@ -108,9 +162,15 @@ class RequestConfig(_Request):
         )
 
 
-class InferBody(_Request):
+class InferBody(_SwiftRequest):
     infer_requests: list[InferRequest]
     request_config: RequestConfig = Field(default_factory=RequestConfig)
+    metrics: list[Any] | None = None
+    """swift's client-side metric objects: only null or `[]` (the server computes none)."""
+    use_tqdm: bool | None = None
+    """A server-side progress bar: only null or false."""
+    adapter_request: dict[str, Any] | None = None
+    """A LoRA adapter to generate with: only null (stagectl serves one set of weights)."""
 
 
 class ChatMessage(_Response):
@@ -133,12 +193,33 @@ class Usage(_Response):
 
 
 class InferResponse(_Response):
+    """swift's `ChatCompletionResponse`: what a swift deploy server answers per request, and the `response`
+    of a `RolloutItem`."""
+
     model: str = ""
     choices: list[Choice] = Field(min_length=1)
     usage: Usage = Field(default_factory=Usage)
+    id: str = ""
+    object: str = "chat.completion"
+    created: int = 0
     prompt_token_ids: list[int] | None = None
-    version: int | None = None
-    """stagectl's server: the weight version that generated this response (absent from swift)."""
+    version: int | None = Field(None, exclude=True)
+    """The weight version that generated this response: read from `RolloutItem.rollout_infos` (stagectl's
+    server; None from swift's). Never serialised here: swift's parser refuses an unknown top-level key."""
+
+
+WEIGHT_VERSION_KEY = "weight_version"  # the key of the weight version in `RolloutItem.rollout_infos`
+
+
+class RolloutItem(_Response):
+    """One item of the `/infer/` answer in swift's `RolloutOutput` shape (what a `swift rollout` server
+    answers, and what swift's client parses first); stagectl's server adds the weight version in
+    `rollout_infos` (a free-form dict to swift). See docs/swift_interop.md."""
+
+    response: InferResponse
+    response_token_ids: list[list[int]] = Field(default_factory=list)
+    """The generated token ids per turn (one turn here), when `return_details` asked for them."""
+    rollout_infos: dict[str, Any] = Field(default_factory=dict)
 
 
 class HealthResponse(_Response):

@@ -4,6 +4,8 @@ shape swift-style responses, run weight syncs, count. `rollout.app` maps HTTP on
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,16 +13,19 @@ from pathlib import Path
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.paths import load_image
 from stagectl.rollout.protocol import (
+    WEIGHT_VERSION_KEY,
     ChatMessage,
     Choice,
     InferBody,
     InferResponse,
+    RolloutItem,
     StatsResponse,
     SyncResponse,
     Usage,
     VersionResponse,
 )
 from stagectl.rollout.shm import SHM_DIR, remove_stale
+from stagectl.rollout.swift_fields import refusals
 from stagectl.rollout.sync import WeightSync
 from stagectl.rollout.text import normalize_messages
 
@@ -52,7 +57,10 @@ class RolloutService:
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self._count_lock = threading.Lock()
 
-    def infer(self, body: InferBody) -> list[InferResponse]:
+    def infer(self, body: InferBody) -> list[RolloutItem]:
+        refused = refusals(body)
+        if refused:
+            raise BadRequest("; ".join(refused))
         if not body.infer_requests:
             return []
         config = body.request_config
@@ -72,10 +80,23 @@ class RolloutService:
             raise BadRequest(f"cannot encode the request: {exc}") from None
         with self._count_lock:
             self.num_requests += len(requests)
-        return [self._response(result, config.return_details) for result in results]
+        return [
+            self._item(result, config.return_details, item.uuid)
+            for result, item in zip(results, body.infer_requests, strict=True)
+        ]
 
-    def _response(self, result: EngineResult, details: bool) -> InferResponse:
+    def _item(self, result: EngineResult, details: bool, request_id: str | None) -> RolloutItem:
+        """swift's `RolloutOutput` shape; the weight version rides in `rollout_infos` (docs/swift_interop.md)."""
+        return RolloutItem(
+            response=self._response(result, details, request_id),
+            response_token_ids=[result.token_ids] if details else [],
+            rollout_infos={WEIGHT_VERSION_KEY: result.version},
+        )
+
+    def _response(self, result: EngineResult, details: bool, request_id: str | None) -> InferResponse:
         return InferResponse(
+            id=request_id or f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
             model=self.engine.model_name,
             choices=[
                 Choice(
