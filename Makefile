@@ -58,7 +58,7 @@ test-vllm: install-dev vllm-env
 	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests/vllm -q
 
 test-interop: install-dev interop-env
-	STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_PYTHON=$(INTEROP_VENV)/bin/python $(VENV)/bin/pytest tests/interop -q
+	STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_VENV=$(INTEROP_VENV) $(VENV)/bin/pytest tests/interop -q
 
 test-gpu: install-dev
 	$(VENV)/bin/pytest tests/gpu -q
@@ -66,7 +66,7 @@ test-gpu: install-dev
 # Every tier that can run here: lint, types, then unit, integration (incl. faults), vllm (its own venv,
 # .venv-vllm), interop (ms-swift in .venv-interop) and gpu (skips without CUDA).
 test: lint typecheck vllm-env interop-env
-	STAGECTL_REQUIRE_VLLM=1 STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_PYTHON=$(INTEROP_VENV)/bin/python \
+	STAGECTL_REQUIRE_VLLM=1 STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_VENV=$(INTEROP_VENV) \
 		$(VENV)/bin/pytest tests -q
 
 bench: install-dev

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stagectl.models.sampling import SamplingSpec
 
@@ -220,6 +220,14 @@ class RolloutItem(_Response):
     response_token_ids: list[list[int]] = Field(default_factory=list)
     """The generated token ids per turn (one turn here), when `return_details` asked for them."""
     rollout_infos: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("response_token_ids", mode="before")
+    @classmethod
+    def _one_turn_as_list(cls, value: Any) -> Any:
+        """A flat list is one turn, as swift's own `RolloutOutput` reads it."""
+        if isinstance(value, list) and value and isinstance(value[0], int):
+            return [value]
+        return value
 
 
 class HealthResponse(_Response):
