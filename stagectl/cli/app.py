@@ -9,6 +9,7 @@ import typer
 
 from stagectl.cli import (
     demo_data,
+    evaluate,
     export,
     report,
     rollout_server,
@@ -34,6 +35,7 @@ app.command("demo-data")(demo_data.command)
 app.command("tiny-model")(tiny_model.command)
 app.command("report")(report.command)
 app.command("export")(export.command)
+app.command("eval")(evaluate.command)
 
 
 def main() -> None:

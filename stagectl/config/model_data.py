@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from stagectl.config.base import StrictModel
+from stagectl.config.rollout import DecodingConfig
 
 
 class ModelConfig(StrictModel):
@@ -68,7 +69,11 @@ class EvalDataConfig(StrictModel):
     every_steps: int = Field(0, ge=0)
     """Run a greedy-rollout eval every N optimizer steps (0 = only at the end)."""
     max_samples: int = Field(64, ge=1)
-    """Evaluate on at most this many samples."""
+    """Evaluate on at most this many samples (the first ones; `stagectl eval` says when it stops short)."""
+    decoding: DecodingConfig = Field(default_factory=lambda: DecodingConfig(temperature=0.0))
+    """Sampling of the eval rollouts (train-ab's periodic eval and `stagectl eval`): greedy by default;
+    with temperature > 0 image k is sampled with seed k. Length and repetition penalty come from
+    `custom.extra.rollout_matching` (`max_new_tokens`, `repetition_penalty`)."""
 
 
 class DataConfig(StrictModel):

@@ -16,12 +16,11 @@ from typing import Any, Literal, Protocol
 from stagectl.collate import Segment
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.config.stage2_ab import ChannelBConfig
-from stagectl.detection.dedup import find_duplicates
-from stagectl.detection.matching import MatchResult, hungarian_match
-from stagectl.detection.parse import RolloutParse, parse_rollout
-from stagectl.detection.serialize import BoxedObject
+from stagectl.detection.judge import judge_rollout, match_objects
+from stagectl.detection.matching import MatchResult
+from stagectl.detection.parse import RolloutParse
 from stagectl.detection.stats import RolloutStats
-from stagectl.detection.targets import build_channel_b_clean_segment, build_channel_b_segment, sample_counters
+from stagectl.detection.targets import build_channel_b_clean_segment, build_channel_b_segment
 from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
@@ -64,16 +63,6 @@ class ChannelB(Protocol):
         ...
 
 
-def _match(preds: Sequence[BoxedObject], gt: Sequence[BoxedObject], rm: RolloutMatchingConfig) -> MatchResult:
-    return hungarian_match(
-        [obj.bbox_2d for obj in preds],
-        [obj.bbox_2d for obj in gt],
-        iou_gate=rm.iou_gate,
-        fp_cost=rm.fp_cost,
-        fn_cost=rm.fn_cost,
-    )
-
-
 def score_rollout(
     index: int,
     generation: Generation,
@@ -84,25 +73,13 @@ def score_rollout(
 ) -> tuple[RolloutParse, MatchResult, list[int], RolloutStats]:
     """Strict parse + Hungarian match of one rollout against its sample's GT, the indices of its duplicate
     predictions, and its counters (duplicates count as predictions: a matched one is a hit, else an FP)."""
-    gt = encoder.samples[index].objects
-    parse = parse_rollout(generation.token_ids, encoder.vocab)
-    match = _match(parse.valid_objects, gt, rm)
-    duplicates = find_duplicates(parse.valid_objects, duplicate_iou_threshold)
-    counters = sample_counters(parse, match, len(gt))
-    stats = RolloutStats(
-        n_samples=1,
-        n_gt=counters.n_gt,
-        n_valid=counters.n_valid_pred,
-        n_dropped=counters.n_dropped,
-        n_matched=counters.n_matched,
-        n_fp=counters.n_fp,
-        n_fn=counters.n_fn,
-        n_truncated=int(parse.truncated),
-        n_invalid=int(parse.invalid_rollout),
-        n_rollout_tokens=len(generation.token_ids),
-        n_dup=len(duplicates),
+    return judge_rollout(
+        generation.token_ids,
+        encoder.samples[index].objects,
+        encoder.vocab,
+        rm,
+        duplicate_iou_threshold=duplicate_iou_threshold,
     )
-    return parse, match, duplicates, stats
 
 
 def build_b_segment(
@@ -130,7 +107,7 @@ def build_b_segment(
         accepted = [obj for i, obj in enumerate(parse.valid_objects) if i not in dup_set]
         target = build_channel_b_clean_segment(
             accepted,
-            _match(accepted, gt, rm),  # duplicates never take a GT object from the object they repeat
+            match_objects(accepted, gt, rm),  # duplicates never take a GT object from the object they repeat
             gt,
             encode=encoder.encode_text,
             vocab=encoder.vocab,

@@ -1,5 +1,7 @@
-"""Held-out evaluation: greedy rollouts on the eval split, strict parse, precision/recall/F1 at IoU 0.5,
-invalid-rollout and duplicate rates, and per-image counters (so intervals can be bootstrapped over images).
+"""train-ab's held-out evaluation: the same code as `stagectl eval` (`stagectl.evaluation`) run on the
+policy in this process: rollouts (`data.eval.decoding`, greedy by default) -> strict parse -> per-object
+scores -> COCO bbox AP/AR, plus precision/recall/F1 at IoU 0.5, invalid-rollout and duplicate rates,
+and per-image counters (so intervals can be bootstrapped over images).
 
 Runs on rank 0 with the unwrapped policy (other ranks wait at a barrier) every `data.eval.every_steps`
 optimizer steps and at the end; rows go to `{output_dir}/eval.jsonl`.
@@ -13,58 +15,30 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.config import StagectlConfig
-from stagectl.config.rollout import DecodingConfig, RolloutMatchingConfig
 from stagectl.config.stage2_ab import ChannelBConfig
-from stagectl.data.jsonl import load_jsonl_dataset
-from stagectl.data.sample import DetectionSample
-from stagectl.data.synthetic import generate_synthetic
-from stagectl.detection.parse import RolloutParse
 from stagectl.detection.serialize import object_record
-from stagectl.detection.stats import RolloutStats
-from stagectl.learner.channel_b import score_rollout
-from stagectl.learner.rollouts import HFRollouts
-from stagectl.learner.segments import SampleEncoder
+from stagectl.detection.vocab import TokenVocab
+from stagectl.evaluation.coco import assign_ids
+from stagectl.evaluation.core import PER_IMAGE_FIELDS, ImageOutcome, summarize
+from stagectl.evaluation.run import eval_sampling, in_process_generate, judge_chunks, shard_chunks
+from stagectl.evaluation.session import load_eval_samples
 from stagectl.models.loading import ModelBundle
 
 EVAL_FILE = "eval.jsonl"
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
-EVAL_IOU = 0.5
+EVAL_LOGGED = ("AP", "AP50", "AP75", "f1", "precision", "recall")  # also in metrics rows, as eval/<name>
 SHOWN_SAMPLES = 4  # rollouts per eval written out as text, to see what the model says
-# per-image counters kept in each eval row, in this order
-PER_IMAGE_FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup")
-
-
-def load_eval_samples(cfg: StagectlConfig) -> list[DetectionSample]:
-    ev = cfg.data.eval if cfg.data is not None else None
-    if ev is None:
-        return []
-    if ev.synthetic is not None:
-        syn = ev.synthetic
-        samples = generate_synthetic(syn.num_samples, syn.seed, **syn.generator_kwargs(), split="eval")
-    elif ev.jsonl is not None:
-        samples = load_jsonl_dataset(
-            ev.jsonl, ev.image_root, box_format=cfg.data.box_format if cfg.data else "norm1000"
-        )
-    else:
-        return []
-    return samples[: ev.max_samples]
 
 
 class Evaluator:
-    def __init__(self, cfg: StagectlConfig, bundle: ModelBundle, encoder_vocab: Any) -> None:
+    def __init__(self, cfg: StagectlConfig, bundle: ModelBundle, encoder_vocab: TokenVocab) -> None:
         self.cfg = cfg
-        self.samples = load_eval_samples(cfg)
-        self.encoder = SampleEncoder(bundle=bundle, samples=self.samples, vocab=encoder_vocab)
-        rm = cfg.custom.extra.rollout_matching
-        # greedy decoding and the IoU 0.5 gate of the usual detection metric
-        self.rm = RolloutMatchingConfig(
-            max_new_tokens=rm.max_new_tokens,
-            decoding=DecodingConfig(temperature=0.0),
-            iou_gate=EVAL_IOU,
-            fp_cost=rm.fp_cost,
-            fn_cost=rm.fn_cost,
-        )
-        self.rollouts = HFRollouts(bundle.model, self.encoder, self.rm, chunk_size=8)
+        self.bundle = bundle
+        self.vocab = encoder_vocab
+        self.samples, _, source = load_eval_samples(cfg)
+        self.ids = assign_ids(self.samples, source)  # refuses mixed COCO ids before training starts
+        self.generate = in_process_generate(bundle, self.samples, encoder_vocab, eval_sampling(cfg))
+        self.chunk_size = cfg.custom.extra.rollout_matching.decode_batch_size
         self.path = Path(cfg.training.output_dir) / EVAL_FILE
         self.samples_path = Path(cfg.training.output_dir) / EVAL_SAMPLES_FILE
         if cfg.training.resume_from_checkpoint is None:
@@ -84,57 +58,35 @@ class Evaluator:
 
     def run(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
-        indices = list(range(len(self.samples)))
-        generations = self.rollouts.rollout(indices, seed=0)
-        stats = RolloutStats()
-        shown: list[str] = []
-        per_image: list[list[int]] = []
-        for index, generation in zip(indices, generations, strict=True):
-            parse, _, _, sample_stats = score_rollout(
-                index, generation, self.encoder, self.rm, duplicate_iou_threshold=self.duplicate_iou_threshold
-            )
-            stats.add(sample_stats)
-            per_image.append([getattr(sample_stats, name) for name in PER_IMAGE_FIELDS])
-            if index < SHOWN_SAMPLES:
-                shown.append(json.dumps(self._shown_row(step, index, generation.token_ids, parse)))
+        outcomes = judge_chunks(
+            shard_chunks(len(self.samples), self.chunk_size, rank=0, world_size=1),
+            self.generate,
+            self.samples,
+            self.vocab,
+            self.ids,
+            duplicate_iou_threshold=self.duplicate_iou_threshold,
+        )
+        report = summarize(self.samples, outcomes, self.ids)
         row = {
             "step": step,
-            **_metrics(stats),
+            **report.metrics,
             "eval_s": time.perf_counter() - started,
             "per_image_fields": list(PER_IMAGE_FIELDS),
-            "per_image": per_image,  # for intervals: bootstrap over images (stagectl.report.intervals)
+            "per_image": report.per_image,  # for intervals: bootstrap over images (stagectl.report.intervals)
         }
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
+        shown = [json.dumps(self._shown_row(step, o)) for o in outcomes if o.index < SHOWN_SAMPLES]
         with self.samples_path.open("a", encoding="utf-8") as handle:
             handle.write("".join(line + "\n" for line in shown))
         return row
 
-    def _shown_row(self, step: int, index: int, token_ids: list[int], parse: RolloutParse) -> dict[str, Any]:
+    def _shown_row(self, step: int, outcome: ImageOutcome) -> dict[str, Any]:
         """One rollout as text next to its ground truth, for `eval_samples.jsonl`."""
-        tokenizer = self.encoder.bundle.tokenizer
         return {
             "step": step,
-            "index": index,
-            "rollout": tokenizer.decode(token_ids, skip_special_tokens=False),
-            "parsed": [object_record(o) for o in parse.valid_objects],
-            "gt": [object_record(o) for o in self.encoder.samples[index].objects],
+            "index": outcome.index,
+            "rollout": self.bundle.tokenizer.decode(outcome.token_ids, skip_special_tokens=False),
+            "parsed": outcome.parsed,  # desc, bbox_2d and the object's score
+            "gt": [object_record(o) for o in self.samples[outcome.index].objects],
         }
-
-
-def _metrics(stats: RolloutStats) -> dict[str, float]:
-    m = stats.metrics()
-    return {
-        "precision": m["rollout/precision"],
-        "recall": m["rollout/recall"],
-        "f1": m["rollout/f1"],
-        "valid_json_rate": 1.0 - m["rollout/invalid_rate"] - m["rollout/parse_truncated_rate"],
-        "invalid_rate": m["rollout/invalid_rate"] + m["rollout/parse_truncated_rate"],
-        "dup_rate": m["rollout/dup_rate"],
-        "n_dup": stats.n_dup,
-        "n_samples": stats.n_samples,
-        "n_gt": stats.n_gt,
-        "n_pred": stats.n_valid,
-        "n_matched": stats.n_matched,
-        "n_dropped": stats.n_dropped,
-    }

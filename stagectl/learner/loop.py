@@ -25,7 +25,7 @@ from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
 from stagectl.learner.channel_b_step import StepChannelB
-from stagectl.learner.evaluate import Evaluator
+from stagectl.learner.evaluate import EVAL_LOGGED, Evaluator
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
@@ -120,10 +120,10 @@ class Trainer:
             while step < cfg.max_steps:
                 row = self.train_step(step)
                 step += 1
+                row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
                 if self.metrics is not None:
                     self.metrics.write(row)
                 self.progress.update(step - 1, row, log=step % cfg.logging_steps == 0)
-                self._maybe_evaluate(step)
                 with dist.phase("stop-signal broadcast", "step_s"):
                     stop = dist.broadcast_object(self._stop_signal is not None)
                 if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop:
@@ -138,16 +138,21 @@ class Trainer:
                 signal.signal(sig, handler)
             self.close(finished=finished)
 
-    def _maybe_evaluate(self, step: int) -> None:
-        """Greedy eval on rank 0 when due; the other ranks wait at the barrier."""
+    def _maybe_evaluate(self, step: int) -> dict[str, float]:
+        """Greedy eval on rank 0 when due (the other ranks wait at the barrier); its headline numbers as
+        `eval/*` keys for the step's metrics row (empty when no eval ran here)."""
+        logged: dict[str, float] = {}
         with dist.phase("held-out eval", "eval_s"):
             if self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps):
                 row = self.evaluator.run(step)
+                logged = {f"eval/{k}": float(row[k]) for k in EVAL_LOGGED}
                 self.progress.note(
-                    f"eval step {step}: f1={row['f1']:.3f} precision={row['precision']:.3f} "
+                    f"eval step {step}: AP={row['AP']:.3f} AP50={row['AP50']:.3f} "
+                    f"f1={row['f1']:.3f} precision={row['precision']:.3f} "
                     f"recall={row['recall']:.3f} valid_json={row['valid_json_rate']:.2f}"
                 )
             dist.barrier()
+        return logged
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is not None:

@@ -19,13 +19,12 @@ from typing import Any, Protocol, TypeVar
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.learner.segments import SampleEncoder
-from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation, generate_batch
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.errors import RolloutServerError
-from stagectl.rollout.protocol import ContentItem, InferRequest, InferResponse, Message
-from stagectl.rollout.requests import request_config, sampling_of, to_generation
+from stagectl.rollout.protocol import InferRequest, InferResponse
+from stagectl.rollout.requests import detection_infer_request, request_config, sampling_of, to_generation
 
 T = TypeVar("T")
 
@@ -42,12 +41,19 @@ class HFRollouts:
     """Generates with the (unwrapped) policy in eval mode, `chunk_size` samples per `generate` call."""
 
     def __init__(
-        self, model: Any, encoder: SampleEncoder, rm: RolloutMatchingConfig, chunk_size: int
+        self,
+        model: Any,
+        encoder: SampleEncoder,
+        rm: RolloutMatchingConfig,
+        chunk_size: int,
+        *,
+        logprobs: bool = False,
     ) -> None:
+        """`logprobs`: each generation also carries its tokens' log-probabilities (evaluation scores)."""
         self.model = model
         self.encoder = encoder
         self.chunk_size = chunk_size
-        self.spec = sampling_of(rm)
+        self.spec = sampling_of(rm, logprobs=logprobs)
         self.num_calls = 0
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
@@ -81,21 +87,20 @@ class ServerRollouts:
         chunk_size: int,
         fence: SyncFence,
         current_ver: Callable[[], int],
+        *,
+        logprobs: bool = False,
     ) -> None:
         self.client = client
         self.encoder = encoder
         self.chunk_size = chunk_size
         self.fence = fence
         self.current_ver = current_ver
-        self.base_config = request_config(rm, seed=None)
+        self.base_config = request_config(rm, seed=None, logprobs=logprobs)
         self.num_calls = 0
         self._stop = threading.Event()
 
     def request_for(self, index: int) -> InferRequest:
-        sample = self.encoder.samples[index]
-        content = [ContentItem(type="image") for _ in sample.images]
-        content.append(ContentItem(type="text", text=DETECTION_INSTRUCTION))
-        return InferRequest(messages=[Message(role="user", content=content)], images=list(sample.images))
+        return detection_infer_request(self.encoder.samples[index])
 
     @contextmanager
     def section(self) -> Iterator[RolloutSection]:

@@ -4,6 +4,13 @@ Shared by the learner's in-process rollouts (`rollout_backend: hf`) and the roll
 engine. Sampling is seeded per call (`seed`), so a chunk of rollouts is reproducible from the seed
 that is logged with it. The server's engine adds its own logits processors (per-request seeded
 sampling) and stop strings, which `generate` checks while decoding.
+
+Log-probabilities (`spec.logprobs`): each generated token's log-probability under the model's raw
+next-token distribution (log-softmax of the logits, before repetition penalty, temperature, top-k and
+top-p), as vLLM reports by default. `ChosenLogprobs` is the first logits processor, so it sees the raw
+logits; the repetition penalty then runs as our own processor after it instead of as transformers'.
+It keeps one step's (B, V) log-softmax and gathers the chosen token's entry when the next step (or
+the end) shows which token was chosen, so memory stays O(B x V), not O(B x V x steps).
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from stagectl.models.sampling import SamplingSpec
 
 if TYPE_CHECKING:
-    from transformers import LogitsProcessorList, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
 
@@ -36,6 +44,33 @@ class PromptInputs:
 class Generation:
     token_ids: list[int]  # generated ids, up to and including the first stop id
     finish_reason: FinishReason
+    logprobs: list[float] | None = None  # per entry of token_ids (raw model log-probability), when asked
+
+
+class ChosenLogprobs(LogitsProcessor):
+    """Records the raw log-probability of each row's chosen token, step by step (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._steps: list[torch.Tensor] = []  # (B,) per finished step
+        self._pending: torch.Tensor | None = None  # (B, V) log-softmax of the last step seen
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._pending is not None:  # input_ids now ends with the token chosen from _pending
+            self._steps.append(self._pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> list[list[float]]:
+        """Per row, the log-probability of every generated token; `new_tokens` is (B, T)."""
+        if self._pending is not None and len(self._steps) < new_tokens.shape[1]:
+            self._steps.append(
+                self._pending.gather(-1, new_tokens[:, len(self._steps)].unsqueeze(-1)).squeeze(-1)
+            )
+        self._pending = None
+        if not self._steps:
+            return [[] for _ in range(new_tokens.shape[0])]
+        per_step = torch.stack(self._steps, dim=1).cpu()  # (B, T)
+        return [[float(v) for v in row] for row in per_step.tolist()]
 
 
 @torch.no_grad()
@@ -84,6 +119,15 @@ def generate_batch(
         sampling.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k or None)
     if seed is not None:
         torch.manual_seed(seed)
+    repetition_penalty = spec.repetition_penalty
+    recorder: ChosenLogprobs | None = None
+    if spec.logprobs:  # the recorder must see the raw logits: it goes first, the penalty after it
+        recorder = ChosenLogprobs()
+        processors: list[LogitsProcessor] = [recorder]
+        if repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+            repetition_penalty = 1.0
+        logits_processor = LogitsProcessorList([*processors, *(logits_processor or [])])
     if logits_processor is not None:
         sampling["logits_processor"] = logits_processor
     if stop_strings:
@@ -92,18 +136,18 @@ def generate_batch(
         **kwargs,
         **sampling,
         max_new_tokens=spec.max_new_tokens,
-        repetition_penalty=spec.repetition_penalty,
+        repetition_penalty=repetition_penalty,
         eos_token_id=list(stop_token_ids),
         pad_token_id=pad_token_id,
         use_cache=True,
     )
-    new_tokens = out[:, longest:].tolist()  # (B, <= max_new_tokens)
+    new_tokens = out[:, longest:]  # (B, <= max_new_tokens)
+    row_logprobs = recorder.finish(new_tokens) if recorder is not None else None
     stops = set(stop_token_ids)
     results = []
-    for row in new_tokens:
+    for b, row in enumerate(new_tokens.tolist()):
         cut = next((k for k, token in enumerate(row) if token in stops), None)
-        if cut is None:
-            results.append(Generation(token_ids=row[: spec.max_new_tokens], finish_reason="length"))
-        else:
-            results.append(Generation(token_ids=row[: cut + 1], finish_reason="stop"))
+        end = spec.max_new_tokens if cut is None else cut + 1
+        logprobs = row_logprobs[b][:end] if row_logprobs is not None else None
+        results.append(Generation(row[:end], "length" if cut is None else "stop", logprobs))
     return results

@@ -17,3 +17,4 @@ class SamplingSpec:
     top_k: int = 0  # 0 = off
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()  # stop strings (the server's engines; the in-process path stops on token ids)
+    logprobs: bool = False  # also return each generated token's log-probability (raw model distribution)

@@ -102,7 +102,7 @@ async def stats(request: Request) -> StatsResponse:
 @router.post("/infer/")
 def infer(body: InferBody, request: Request) -> list[RolloutItem]:
     # A plain `def`: FastAPI runs it on its thread pool, so concurrent calls reach the batching worker together.
-    return _service(request).infer(body)
+    return [RolloutItem.of(response) for response in _service(request).infer(body)]
 
 
 @router.post(WEIGHT_CHUNK_PATH, dependencies=[Depends(require_token)])

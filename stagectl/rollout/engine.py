@@ -38,6 +38,10 @@ class EngineResult:
     text: str  # decoded `token_ids` (special tokens skipped), cut before a stop string
     finish_reason: FinishReason
     version: int  # the weight version that generated it
+    logprobs: list[float] | None = None  # per entry of token_ids, when `params.logprobs` (raw model log-prob)
+    token_bytes: list[bytes] | None = (
+        None  # per entry of token_ids, with `logprobs`: each token's exact bytes
+    )
 
 
 class Engine(Protocol):

@@ -111,6 +111,10 @@ class RequestConfig(_SwiftRequest):
     """Stop strings; the text is cut before the first one, token ids end with the token completing it."""
     return_details: bool = False
     """Return `prompt_token_ids` and `choices[0].token_ids` (the learner always asks for them)."""
+    logprobs: bool = False
+    """Return `choices[0].logprobs`: per generated token, the log-probability of the chosen token under
+    the model's own distribution (before temperature, top-k/top-p and repetition penalty), aligned with
+    `choices[0].token_ids` (OpenAI's / swift's field; no alternatives: `top_logprobs` is always empty)."""
     n: int = Field(1, ge=1)
     """Completions per request: stagectl's server generates exactly one (more is refused)."""
     stream: bool = False
@@ -119,10 +123,8 @@ class RequestConfig(_SwiftRequest):
     """Min-p sampling: only null or 0 (not implemented by stagectl's engines)."""
     num_beams: int = Field(1, ge=1)
     """Beam search: only 1."""
-    logprobs: bool = False
-    """Per-token logprobs: only false on this build."""
     top_logprobs: int | None = Field(None, ge=0)
-    """Alternatives per token: only null or 0."""
+    """Alternatives per token: only null or 0 (`logprobs.content[i].top_logprobs` is always empty)."""
     prompt_logprobs: int | None = Field(None, ge=0)
     """Prompt-token logprobs: only null."""
     best_of: int | None = Field(None, ge=1)
@@ -149,6 +151,7 @@ class RequestConfig(_SwiftRequest):
             stop=list(spec.stop),
             seed=seed,
             return_details=return_details,
+            logprobs=spec.logprobs,
         )
 
     def sampling(self) -> SamplingSpec:
@@ -159,6 +162,7 @@ class RequestConfig(_SwiftRequest):
             top_k=self.top_k if self.top_k is not None and self.top_k > 0 else 0,
             repetition_penalty=self.repetition_penalty,
             stop=tuple(self.stop),
+            logprobs=self.logprobs,
         )
 
 
@@ -178,12 +182,30 @@ class ChatMessage(_Response):
     content: str
 
 
+class TokenLogprob(_Response):
+    """One generated token and its log-probability (OpenAI's / swift's `logprobs.content[i]`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    """The token's exact bytes (a byte-level token may be part of a UTF-8 character)."""
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+    """Alternatives: stagectl's server sends none."""
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] = Field(default_factory=list)
+    """One entry per generated token, aligned with `Choice.token_ids`."""
+
+
 class Choice(_Response):
     index: int = 0
     message: ChatMessage
     finish_reason: str | None = None
     """`stop` (a stop token or string ended it) or `length` (max_tokens reached)."""
     token_ids: list[int] | None = None
+    logprobs: ChoiceLogprobs | None = None
+    """Present when the request asked for `request_config.logprobs`."""
 
 
 class Usage(_Response):
@@ -216,10 +238,25 @@ class RolloutItem(_Response):
     answers, and what swift's client parses first); stagectl's server adds the weight version in
     `rollout_infos` (a free-form dict to swift). See docs/swift_interop.md."""
 
+    @classmethod
+    def of(cls, response: InferResponse) -> RolloutItem:
+        """The wire item of one of stagectl's responses (token ids and logprobs also as swift's per-turn lists)."""
+        choice = response.choices[0]
+        logprobs = [] if choice.logprobs is None else [[e.logprob for e in choice.logprobs.content]]
+        return cls(
+            response=response,
+            response_token_ids=[] if choice.token_ids is None else [choice.token_ids],
+            rollout_infos={WEIGHT_VERSION_KEY: response.version},
+            rollout_logprobs=logprobs,
+        )
+
     response: InferResponse
     response_token_ids: list[list[int]] = Field(default_factory=list)
     """The generated token ids per turn (one turn here), when `return_details` asked for them."""
     rollout_infos: dict[str, Any] = Field(default_factory=dict)
+    rollout_logprobs: list[list[float]] = Field(default_factory=list)
+    """The generated tokens' logprobs per turn, when `logprobs` asked for them (swift's trainer reads
+    them for its importance-sampling correction)."""
 
     @field_validator("response_token_ids", mode="before")
     @classmethod

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.data.sample import DetectionSample
+from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation
 from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.protocol import (
     IMAGE_TAG,
     WEIGHT_VERSION_KEY,
+    ContentItem,
     InferRequest,
     InferResponse,
     Message,
@@ -32,20 +35,30 @@ def detection_request(image_paths: Sequence[str | Path], instruction: str) -> In
     )
 
 
-def sampling_of(rm: RolloutMatchingConfig) -> SamplingSpec:
-    """Channel-B's sampling settings (in-process and server rollouts alike)."""
+def detection_infer_request(sample: DetectionSample) -> InferRequest:
+    """The server request for one sample's detection prompt: its images, then the instruction (the
+    same prompt the learner encodes in process)."""
+    content = [ContentItem(type="image") for _ in sample.images]
+    content.append(ContentItem(type="text", text=DETECTION_INSTRUCTION))
+    return InferRequest(messages=[Message(role="user", content=content)], images=list(sample.images))
+
+
+def sampling_of(rm: RolloutMatchingConfig, *, logprobs: bool = False) -> SamplingSpec:
+    """Channel-B's sampling settings (in-process and server rollouts alike); `logprobs`: also return each
+    generated token's log-probability (evaluation scores objects with them)."""
     return SamplingSpec(
         max_new_tokens=rm.max_new_tokens,
         temperature=rm.decoding.temperature,
         top_p=rm.decoding.top_p,
         top_k=rm.decoding.top_k,
         repetition_penalty=rm.repetition_penalty,
+        logprobs=logprobs,
     )
 
 
-def request_config(rm: RolloutMatchingConfig, seed: int | None) -> RequestConfig:
+def request_config(rm: RolloutMatchingConfig, seed: int | None, *, logprobs: bool = False) -> RequestConfig:
     """Channel-B's sampling settings as a request config (token ids always returned)."""
-    return RequestConfig.from_sampling(sampling_of(rm), seed, return_details=True)
+    return RequestConfig.from_sampling(sampling_of(rm, logprobs=logprobs), seed, return_details=True)
 
 
 def read_answer_item(item: Any) -> InferResponse:
@@ -78,9 +91,18 @@ def to_generation(response: InferResponse) -> Generation:
     choice = response.choices[0]
     if choice.token_ids is None:
         raise ValueError("the response has no token_ids: send request_config.return_details=true")
+    logprobs = None
+    if choice.logprobs is not None:
+        logprobs = [entry.logprob for entry in choice.logprobs.content]
+        if len(logprobs) != len(choice.token_ids):
+            raise ValueError(
+                f"the response has {len(logprobs)} logprobs for {len(choice.token_ids)} token_ids; "
+                "they must be aligned (one per generated token)"
+            )
     return Generation(
         token_ids=list(choice.token_ids),
         finish_reason="length" if choice.finish_reason == "length" else "stop",
+        logprobs=logprobs,
     )
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.paths import load_image
 from stagectl.rollout.protocol import (
-    WEIGHT_VERSION_KEY,
     ChatMessage,
     Choice,
+    ChoiceLogprobs,
     InferBody,
     InferResponse,
-    RolloutItem,
     StatsResponse,
     SyncResponse,
+    TokenLogprob,
     Usage,
     VersionResponse,
 )
@@ -57,7 +57,7 @@ class RolloutService:
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self._count_lock = threading.Lock()
 
-    def infer(self, body: InferBody) -> list[RolloutItem]:
+    def infer(self, body: InferBody) -> list[InferResponse]:
         refused = refusals(body)
         if refused:
             raise BadRequest("; ".join(refused))
@@ -81,17 +81,9 @@ class RolloutService:
         with self._count_lock:
             self.num_requests += len(requests)
         return [
-            self._item(result, config.return_details, item.uuid)
+            self._response(result, config.return_details, item.uuid)
             for result, item in zip(results, body.infer_requests, strict=True)
         ]
-
-    def _item(self, result: EngineResult, details: bool, request_id: str | None) -> RolloutItem:
-        """swift's `RolloutOutput` shape; the weight version rides in `rollout_infos` (docs/swift_interop.md)."""
-        return RolloutItem(
-            response=self._response(result, details, request_id),
-            response_token_ids=[result.token_ids] if details else [],
-            rollout_infos={WEIGHT_VERSION_KEY: result.version},
-        )
 
     def _response(self, result: EngineResult, details: bool, request_id: str | None) -> InferResponse:
         return InferResponse(
@@ -104,6 +96,7 @@ class RolloutService:
                     message=ChatMessage(role="assistant", content=result.text),
                     finish_reason=result.finish_reason,
                     token_ids=result.token_ids if details else None,
+                    logprobs=_choice_logprobs(result),
                 )
             ],
             usage=Usage(
@@ -143,3 +136,19 @@ class RolloutService:
     def close(self) -> None:
         self.engine.close()
         remove_stale(self.settings.shm_dir)
+
+
+def _choice_logprobs(result: EngineResult) -> ChoiceLogprobs | None:
+    """OpenAI/swift-shaped `choices[0].logprobs` (None when the request did not ask for them)."""
+    if result.logprobs is None:
+        return None
+    if result.token_bytes is None or not (
+        len(result.logprobs) == len(result.token_bytes) == len(result.token_ids)
+    ):
+        raise RuntimeError("the engine returned logprobs that are not aligned with its token ids")
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(piece))
+            for logprob, piece in zip(result.logprobs, result.token_bytes, strict=True)
+        ]
+    )

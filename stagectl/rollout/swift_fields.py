@@ -3,7 +3,7 @@ refuses any other value by name (HTTP 400), so that nothing swift's client asks 
 
 Every field of swift's `RolloutInferRequest`, `RequestConfig` and `/infer/` body is accepted by the
 models in `protocol.py` (null means the default). The sampling fields stagectl implements (`max_tokens`,
-`temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`, `stop`, `return_details`, `n` = 1, `uuid`)
+`temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`, `stop`, `return_details`, `logprobs`, `n` = 1, `uuid`)
 are honoured; the fields below are not implemented, so a value other than their default is refused.
 """
 
@@ -34,7 +34,6 @@ _CONFIG: list[tuple[str, Callable[[Any], bool], str]] = [
     ("min_p", lambda v: not v, "min-p sampling is not implemented; send null"),
     ("presence_penalty", lambda v: v == 0.0, "not implemented (use repetition_penalty); send 0"),
     ("frequency_penalty", lambda v: v == 0.0, "not implemented (use repetition_penalty); send 0"),
-    ("logprobs", lambda v: not v, "this build returns no logprobs; send false"),
     ("top_logprobs", lambda v: not v, "no alternatives per token are returned; send null"),
     ("prompt_logprobs", lambda v: v is None, "prompt logprobs are not returned; send null"),
     ("structured_outputs_regex", lambda v: v is None, "guided decoding is not implemented; send null"),

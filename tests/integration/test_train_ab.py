@@ -239,13 +239,18 @@ def test_held_out_eval_rows(tmp_path: Path) -> None:
     )
     result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "eval step 2: f1=" in result.stderr
+    assert "eval step 2: AP=" in result.stderr and " f1=" in result.stderr
     rows = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    metric_rows = read_metrics(tmp_path / "run")  # the same numbers next to the training metrics
+    assert [m["eval/AP"] for m in metric_rows] == [r["AP"] for r in rows]
+    assert [m["eval/f1"] for m in metric_rows] == [r["f1"] for r in rows]
     held_out = generate_synthetic(3, 5, image_size=112, max_objects=2, split="eval")
     for r in rows:
         assert r["n_samples"] == 3 and r["n_gt"] == sum(len(s.objects) for s in held_out)
         assert 0 <= r["f1"] <= 1 and 0 <= r["valid_json_rate"] <= 1
+        assert all(0 <= r[k] <= 1 for k in ("AP", "AP50", "AP75", "AR100"))
+        assert set(r["per_class_ap"]) <= {o.desc for s in held_out for o in s.objects}
         assert r["n_matched"] <= min(r["n_pred"], r["n_gt"])
     shown = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
     assert [(s["step"], s["index"]) for s in shown] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
@@ -253,4 +258,5 @@ def test_held_out_eval_rows(tmp_path: Path) -> None:
         gt = held_out[s["index"]].objects
         assert s["gt"] == [{"desc": o.desc, "bbox_2d": list(o.bbox_2d)} for o in gt]
         assert isinstance(s["rollout"], str)
-        assert all(set(p) == {"desc", "bbox_2d"} and len(p["bbox_2d"]) == 4 for p in s["parsed"])
+        assert all(set(p) == {"desc", "bbox_2d", "score"} and len(p["bbox_2d"]) == 4 for p in s["parsed"])
+        assert all(0 < p["score"] <= 1 for p in s["parsed"])

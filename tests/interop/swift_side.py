@@ -47,7 +47,11 @@ def _client(url: str) -> None:
         for out in parsed:
             if isinstance(out, RolloutOutput):
                 response, kind = out.response, "RolloutOutput"
-                extra = {"rollout_infos": out.rollout_infos, "response_token_ids": out.response_token_ids}
+                extra = {
+                    "rollout_infos": out.rollout_infos,
+                    "response_token_ids": out.response_token_ids,
+                    "rollout_logprobs": out.rollout_logprobs,
+                }
             else:
                 assert isinstance(out, ChatCompletionResponse)
                 response, kind, extra = out, "ChatCompletionResponse", {}
@@ -60,6 +64,7 @@ def _client(url: str) -> None:
                     "content": choice.message.content,
                     "finish_reason": choice.finish_reason,
                     "token_ids": choice.token_ids,
+                    "logprobs": choice.logprobs,
                     "prompt_token_ids": response.prompt_token_ids,
                     "completion_tokens": response.usage.completion_tokens,
                     **extra,

@@ -18,7 +18,7 @@ import pytest
 from stagectl.rollout.app import build_app
 from stagectl.rollout.client import RolloutClient, RolloutRequestError, to_generation
 from stagectl.rollout.engine import EngineRequest, EngineResult
-from stagectl.rollout.engines.fake import FakeEngine
+from stagectl.rollout.engines.fake import FakeEngine, fake_logprob
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
@@ -59,6 +59,10 @@ HONOURED: dict[str, dict[str, Any]] = {
         "requests": [_msg("sampling")],
         "request_config": {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.1},
     },
+    "logprobs": {
+        "requests": [_msg("logprobs")],
+        "request_config": {"logprobs": True, "return_details": True},
+    },
     # swift's defaults for what stagectl does not implement are accepted (and are what it does anyway)
     "unimplemented_at_defaults": {
         "requests": [{**_msg("at-defaults"), "tools": [], "add_eos": None}],
@@ -74,7 +78,6 @@ REFUSED: dict[str, tuple[str, dict[str, Any]]] = {  # field named in the 400 -> 
     "request_config.min_p": ("config", {"min_p": 0.1}),
     "request_config.presence_penalty": ("config", {"presence_penalty": 0.5}),
     "request_config.frequency_penalty": ("config", {"frequency_penalty": 0.5}),
-    "request_config.logprobs": ("config", {"logprobs": True}),
     "request_config.top_logprobs": ("config", {"top_logprobs": 2}),
     "request_config.prompt_logprobs": ("config", {"prompt_logprobs": 1}),
     "request_config.structured_outputs_regex": ("config", {"structured_outputs_regex": "a+"}),
@@ -170,6 +173,11 @@ def test_swift_sampling_fields_are_honoured(
     assert "seed=40 " in s0["content"] and "seed=41 " in s1["content"]  # request i samples with seed + i
     (named,) = _items(swift_results, "uuid")
     assert named["id"] == "req-abc"
+    (scored,) = _items(swift_results, "logprobs")
+    content = scored["logprobs"]["content"]  # swift's own ChatCompletionResponseChoice.logprobs
+    assert len(content) == len(scored["token_ids"]) > 0
+    assert [e["logprob"] for e in content] == [fake_logprob(t) for t in scored["token_ids"]]
+    assert scored["rollout_logprobs"] == [[e["logprob"] for e in content]]
     (seen,) = served[1].seen_for("sampling")
     params = seen.params
     assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.5, 0.9, 5, 1.1)

@@ -53,6 +53,7 @@ LAYERS = {
         "rollout",
         "packing",
         "detection",
+        "evaluation",
         "data",
         "models",
         "dist",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from stagectl.rollout.protocol import InferBody, InferResponse, RequestConfig
+from stagectl.rollout.protocol import InferBody, InferResponse, RequestConfig, RolloutItem
 from stagectl.rollout.requests import read_answer_item, to_generation
 from stagectl.rollout.swift_fields import refusals
 
@@ -104,7 +104,6 @@ def test_unknown_names_still_fail(where: str, value: dict[str, Any]) -> None:
         ("request_config.min_p", None, {"min_p": 0.05}),
         ("request_config.presence_penalty", None, {"presence_penalty": 0.1}),
         ("request_config.frequency_penalty", None, {"frequency_penalty": 0.1}),
-        ("request_config.logprobs", None, {"logprobs": True}),
         ("request_config.top_logprobs", None, {"top_logprobs": 5}),
         ("request_config.prompt_logprobs", None, {"prompt_logprobs": 0}),
         ("request_config.structured_outputs_regex", None, {"structured_outputs_regex": ".*"}),
@@ -133,7 +132,7 @@ def test_top_level_fields_refused_by_name(extra: dict[str, Any]) -> None:
 
 
 def test_every_refusal_is_listed_at_once() -> None:
-    body = InferBody.model_validate(_swift_body({"videos": ["v"]}, {"num_beams": 2, "logprobs": True}))
+    body = InferBody.model_validate(_swift_body({"videos": ["v"]}, {"num_beams": 2, "top_logprobs": 3}))
     assert len(refusals(body)) == 3
 
 
@@ -174,3 +173,15 @@ def test_read_refuses_multi_turn_and_a_bad_version() -> None:
 def test_version_is_never_serialised_inside_the_response() -> None:
     response = InferResponse.model_validate({"choices": [CHOICE], "version": 3})
     assert response.version == 3 and "version" not in response.model_dump()
+
+
+def test_our_wire_item_round_trips_through_our_reader() -> None:
+    logprobs = {"content": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -1.0}]}
+    ours = InferResponse.model_validate(
+        {"choices": [{**CHOICE, "token_ids": [97, 98], "logprobs": logprobs}], "version": 4}
+    )
+    wire = RolloutItem.of(ours).model_dump(mode="json")
+    assert "version" not in wire["response"] and wire["rollout_infos"] == {"weight_version": 4}
+    assert wire["response_token_ids"] == [[97, 98]] and wire["rollout_logprobs"] == [[-0.5, -1.0]]
+    back = read_answer_item(wire)
+    assert back.version == 4 and to_generation(back).logprobs == [-0.5, -1.0]

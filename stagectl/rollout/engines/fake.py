@@ -3,7 +3,8 @@ the real server without a model.
 
 Token ids are UTF-8 bytes. The prompt is the rendered messages, with `<image WxH>` for each image;
 the response is `echo <last user text> seed=<seed> ver=<version> w=<sum of weight "w0">`, cut to
-`max_tokens` bytes and at stop strings. It batches through the real `BatchingWorker`, and
+`max_tokens` bytes and at stop strings. With `logprobs`, token k (byte b) has log-probability
+`fake_logprob(b) = -b / 256`, so a test can tell which tokens a score was computed from. It batches through the real `BatchingWorker`, and
 `step_delay_ms` makes each batch take that long, so concurrent requests visibly share batches.
 """
 
@@ -17,7 +18,7 @@ import torch
 
 from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.batching import BatchingWorker
-from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
+from stagectl.rollout.engine import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.rollout.text import cut_at_stop
 from stagectl.rollout.weights import spec_of
 
@@ -30,6 +31,11 @@ def default_weights(num_mib: int = 0, block_mib: int = 4) -> dict[str, torch.Ten
         mib = min(block_mib, num_mib - k * block_mib)
         weights[f"block{k}"] = torch.zeros(mib * rows_per_mib, 1024)
     return weights
+
+
+def fake_logprob(token_id: int) -> float:
+    """The fake engine's log-probability of token (byte) `token_id`: deterministic, in (-1, 0]."""
+    return -token_id / 256
 
 
 def _decode(ids: Sequence[int]) -> str:
@@ -112,9 +118,10 @@ class FakeEngine:
         ids = list(reply.encode("utf-8"))
         truncated = len(ids) > params.max_new_tokens
         ids, text, hit = cut_at_stop(ids[: params.max_new_tokens], params.stop, _decode)
-        return EngineResult(
-            prompt_ids, ids, text, "length" if truncated and not hit else "stop", self._version
-        )
+        logprobs = [fake_logprob(i) for i in ids] if params.logprobs else None
+        pieces = [bytes([i]) for i in ids] if params.logprobs else None
+        finish: FinishReason = "length" if truncated and not hit else "stop"
+        return EngineResult(prompt_ids, ids, text, finish, self._version, logprobs, pieces)
 
     def weight_specs(self) -> dict[str, TensorSpec]:
         return {name: spec_of(t) for name, t in self.weights.items()}

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from stagectl.detection.vocab import token_bytes_table
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
@@ -84,6 +86,7 @@ class HFEngine:
             max_new_tokens=params.max_new_tokens,
             temperature=0.0,
             repetition_penalty=params.repetition_penalty,
+            logprobs=params.logprobs,
         )
         processors: list[LogitsProcessor] = []
         if params.temperature > 0:
@@ -105,8 +108,19 @@ class HFEngine:
         for job, generation in zip(jobs, generations, strict=True):
             ids, text, hit = cut_at_stop(generation.token_ids, params.stop, self._decode)
             finish = "stop" if hit else generation.finish_reason
-            results.append(EngineResult(list(job.prompt.input_ids), ids, text, finish, version))
+            logprobs = generation.logprobs[: len(ids)] if generation.logprobs is not None else None
+            pieces = [self._token_bytes[i] for i in ids] if logprobs is not None else None
+            results.append(
+                EngineResult(list(job.prompt.input_ids), ids, text, finish, version, logprobs, pieces)
+            )
         return results
+
+    @cached_property
+    def _token_bytes(self) -> list[bytes]:
+        """Exact bytes of every token id (built on the first request that asks for logprobs)."""
+        return token_bytes_table(
+            self.bundle.tokenizer, int(self.model.get_output_embeddings().weight.shape[0])
+        )
 
     def _decode(self, ids: Sequence[int]) -> str:
         return str(self.bundle.tokenizer.decode(list(ids), skip_special_tokens=True))

@@ -33,6 +33,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ import torch
 from safetensors import safe_open
 
 from stagectl.config.rollout import VllmEngineArgs
+from stagectl.detection.vocab import token_bytes_table
 from stagectl.models import qwen_vl
 from stagectl.models.chat import chat_template_ids
 from stagectl.models.loading import (
@@ -202,6 +204,8 @@ class VllmEngine:
             stop=list(p.stop),
             stop_token_ids=self.stop_token_ids,
             detokenize=bool(p.stop),  # vLLM only needs its own text to find stop strings
+            # 0: the sampled token's own log-probability, from the raw logits (vLLM's default logprobs_mode)
+            logprobs=0 if p.logprobs else None,
         )
 
     def _result(self, job: _Job, output: Any, version: int) -> EngineResult:
@@ -210,7 +214,18 @@ class VllmEngine:
             raise RuntimeError(f"vLLM ended a request with finish_reason {completion.finish_reason!r}")
         ids, text, hit = cut_at_stop(list(completion.token_ids), job.request.params.stop, self._decode)
         finish: FinishReason = "stop" if hit else completion.finish_reason
-        return EngineResult(list(output.prompt_token_ids), ids, text, finish, version)
+        logprobs: list[float] | None = None
+        pieces: list[bytes] | None = None
+        if job.request.params.logprobs:
+            # completion.logprobs: per generated token, {token_id: Logprob}; it always holds the sampled id
+            logprobs = [float(step[i].logprob) for i, step in zip(ids, completion.logprobs, strict=False)]
+            pieces = [self._token_bytes[i] for i in ids]
+        return EngineResult(list(output.prompt_token_ids), ids, text, finish, version, logprobs, pieces)
+
+    @cached_property
+    def _token_bytes(self) -> list[bytes]:
+        """Exact bytes of every token id (built on the first request that asks for logprobs)."""
+        return token_bytes_table(self.tokenizer, _vocab_size(self.path))
 
     def _decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))

@@ -1,0 +1,93 @@
+"""`stagectl eval CONFIG [--model PATH | --server URL] [--data JSONL] [--out DIR] [--nproc N] [--set k=v]`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from stagectl.cli.common import fail
+
+SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1", "precision", "recall")
+
+
+def command(
+    config: Path = typer.Argument(..., help="YAML config (the training config: model, data.eval, sampling)."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="Checkpoint to evaluate: a model dir or a train-ab checkpoint-N dir (model.name_or_path).",
+    ),
+    server: str | None = typer.Option(
+        None,
+        "--server",
+        help="Evaluate a running rollout server instead (its token: rollout_matching.vllm.server.auth_token_env); "
+        "the model's tokenizer (--model / model.name_or_path) parses its answers.",
+    ),
+    data: Path | None = typer.Option(None, "--data", help="JSONL to evaluate on (data.eval.jsonl)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output directory (default: {training.output_dir}/eval)."
+    ),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks sharding the images (torchrun)."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set data.eval.max_samples=500"),
+) -> None:
+    """Evaluate a checkpoint (or a rollout server) on a JSONL set: COCO bbox AP/AR, F1 at IoU 0.5, invalid and
+    duplicate rates, a per-class AP table; writes DIR/metrics.json and DIR/predictions.coco.json."""
+    from stagectl.config import ConfigError, load_config
+    from stagectl.launch import inside_torchrun, relaunch_under_torchrun
+
+    sets = list(overrides)
+    if model is not None:
+        sets.append(f"model.name_or_path={model}")
+    if data is not None:
+        sets += [f"data.eval.jsonl={data.expanduser().absolute()}", "data.eval.synthetic=null"]
+    if nproc is not None:
+        sets.append(f"launch.nproc_per_node={nproc}")
+    try:
+        cfg = load_config(config, sets, world_size=None if inside_torchrun() else nproc)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    out_dir = out if out is not None else Path(cfg.training.output_dir) / "eval"
+    if cfg.launch.nproc_per_node * cfg.launch.nnodes > 1 and not inside_torchrun():
+        args = ["eval", str(config), "--out", str(out_dir), *(a for s in sets for a in ("--set", s))]
+        if server is not None:
+            args += ["--server", server]
+        code = relaunch_under_torchrun(args, cfg.launch)
+        if code:
+            raise typer.Exit(code)
+        return
+    _evaluate(cfg, out_dir, server)
+
+
+def _evaluate(cfg: object, out_dir: Path, server: str | None) -> None:
+    from stagectl import dist
+    from stagectl.config import StagectlConfig
+    from stagectl.evaluation.session import run_eval
+    from stagectl.rollout.errors import RolloutServerError
+
+    assert isinstance(cfg, StagectlConfig)
+    world = dist.read_world()
+    try:
+        dist.init_distributed(world, cfg.launch.watchdog)
+        run = run_eval(cfg, out_dir, server_url=server, rank=world.rank, world_size=world.world_size)
+        dist.teardown()
+    except (ValueError, FileNotFoundError, RolloutServerError, dist.CollectiveError) as exc:
+        fail(str(exc) or type(exc).__name__)
+    if run is None or int(os.environ.get("RANK", "0")) != 0:
+        return
+    m = run.report.metrics
+    typer.echo("  ".join(f"{name}={m[name]:.4f}" for name in SHOWN))
+    typer.echo(
+        f"images={m['n_images']} (of {run.num_available})  invalid_rate={m['invalid_rate']:.3f}  "
+        f"dup_rate={m['dup_rate']:.3f}  unknown_category={m['n_unknown_category']}  "
+        f"{run.images_per_s:.2f} images/s"
+    )
+    if m["n_images"] < run.num_available:
+        typer.echo(
+            f"note: evaluated the first {m['n_images']} of {run.num_available} samples (data.eval.max_samples); "
+            f"--set data.eval.max_samples={run.num_available} for all",
+            err=True,
+        )
+    typer.echo(f"eval: wrote {', '.join(str(p) for p in run.written)}")

@@ -1,0 +1,59 @@
+"""Judging one rollout against its ground truth, on plain data: strict parse, Hungarian match,
+duplicates and the rollout-quality counters. Channel-B training and evaluation share it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.detection.dedup import find_duplicates
+from stagectl.detection.matching import MatchResult, hungarian_match
+from stagectl.detection.parse import RolloutParse, parse_rollout
+from stagectl.detection.serialize import BoxedObject
+from stagectl.detection.stats import RolloutStats
+from stagectl.detection.targets import sample_counters
+from stagectl.detection.vocab import TokenVocab
+
+
+def match_objects(
+    preds: Sequence[BoxedObject], gt: Sequence[BoxedObject], rm: RolloutMatchingConfig
+) -> MatchResult:
+    """Hungarian match of predicted to ground-truth boxes with `rm`'s IoU gate and costs."""
+    return hungarian_match(
+        [obj.bbox_2d for obj in preds],
+        [obj.bbox_2d for obj in gt],
+        iou_gate=rm.iou_gate,
+        fp_cost=rm.fp_cost,
+        fn_cost=rm.fn_cost,
+    )
+
+
+def judge_rollout(
+    token_ids: Sequence[int],
+    gt: Sequence[BoxedObject],
+    vocab: TokenVocab,
+    rm: RolloutMatchingConfig,
+    *,
+    duplicate_iou_threshold: float,
+) -> tuple[RolloutParse, MatchResult, list[int], RolloutStats]:
+    """Strict parse + Hungarian match of one response (generated ids) against ground-truth objects, the
+    indices of its duplicate predictions, and its counters (duplicates count as predictions: a matched
+    one is a hit, else an FP)."""
+    parse = parse_rollout(token_ids, vocab)
+    match = match_objects(parse.valid_objects, gt, rm)
+    duplicates = find_duplicates(parse.valid_objects, duplicate_iou_threshold)
+    counters = sample_counters(parse, match, len(gt))
+    stats = RolloutStats(
+        n_samples=1,
+        n_gt=counters.n_gt,
+        n_valid=counters.n_valid_pred,
+        n_dropped=counters.n_dropped,
+        n_matched=counters.n_matched,
+        n_fp=counters.n_fp,
+        n_fn=counters.n_fn,
+        n_truncated=int(parse.truncated),
+        n_invalid=int(parse.invalid_rollout),
+        n_rollout_tokens=len(token_ids),
+        n_dup=len(duplicates),
+    )
+    return parse, match, duplicates, stats

@@ -1,0 +1,161 @@
+"""COCO-format ground truth and results built from detection samples, and COCO bbox metrics.
+
+Ids. A sample's COCO ids ride along in the JSONL (`image_id` on a line, `category_id` on an object, as
+`stagectl convert coco` writes them); predictions then go back in COCO's own ids. Data without them gets
+image ids by line order (1, 2, ...) and category ids by sorted `desc` (1, 2, ...). Ids are all-or-none:
+a file where some lines (or objects) carry them and others do not is refused, since the assigned ids
+could collide with the given ones.
+
+Boxes. Samples store norm-1000 bins; both ground truth and predictions are decoded to pixel corners with
+the same codec and written as COCO `[x, y, w, h]` = `[x1, y1, x2 - x1, y2 - y1]`. An annotation's `area`
+is that box's `w * h`: the JSONL has no segmentation, and COCOeval sorts objects into small / medium /
+large by the annotation's `area` field, so APs/APm/APl here use box areas (converted COCO data whose
+official `area` is the mask area can land a few objects in another size bucket). Nothing is crowd.
+
+Metrics come from faster-coco-eval (`COCOeval_faster`): it gives the same numbers as pycocotools (the
+reference; bench/bench_coco_eval.py compares all 12 summary numbers) about 10x faster, which matters
+because train-ab's periodic eval runs on rank 0 while the other ranks wait (docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stagectl.data.sample import DetectionSample, bins_to_pixel_box
+from stagectl.detection.coords import Box
+
+# COCOeval's `stats`, in its order (AR at maxDets 1/10/100; the size buckets at 100 detections)
+COCO_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+
+
+@dataclass(frozen=True)
+class CocoIds:
+    """Image ids (one per sample, in order) and the category id of every known `desc`."""
+
+    image_ids: list[int]
+    category_of_desc: dict[str, int]
+    category_names: dict[int, str]  # id -> name (the first desc seen with that id)
+    from_data: bool  # the ids came with the data (COCO); False: assigned here
+
+
+def assign_ids(samples: Sequence[DetectionSample], source: str) -> CocoIds:
+    """COCO ids for `samples` (see the module docstring); `ValueError` names the offending line."""
+    has_image = [s.image_id is not None for s in samples]
+    objects = [(k, obj) for k, s in enumerate(samples) for obj in s.objects]
+    has_category = [obj.category_id is not None for _, obj in objects]
+    for name, flags in (("image_id", has_image), ("category_id", has_category)):
+        if any(flags) and not all(flags):
+            k = flags.index(False)
+            where = f"line {k + 1}" if name == "image_id" else f"line {objects[k][0] + 1}"
+            raise ValueError(
+                f"{source}: {where} has no {name} while other lines have one; COCO ids must be on every "
+                "line and object or on none (re-run `stagectl convert coco`, or drop them all)"
+            )
+    if all(has_image) and samples:
+        image_ids = [int(s.image_id) for s in samples if s.image_id is not None]
+        seen: dict[int, int] = {}
+        for k, image_id in enumerate(image_ids):
+            if image_id in seen:
+                raise ValueError(
+                    f"{source}: line {k + 1} repeats image_id {image_id} of line {seen[image_id] + 1}"
+                )
+            seen[image_id] = k
+    else:
+        image_ids = list(range(1, len(samples) + 1))
+    names: dict[int, str] = {}
+    category_of_desc: dict[str, int] = {}
+    if all(has_category) and objects:
+        for k, obj in objects:
+            assert obj.category_id is not None
+            known = category_of_desc.setdefault(obj.desc, obj.category_id)
+            if known != obj.category_id:
+                raise ValueError(
+                    f"{source}: line {k + 1}: desc {obj.desc!r} has category_id {obj.category_id} here but "
+                    f"{known} elsewhere; one name must map to one category"
+                )
+            names.setdefault(obj.category_id, obj.desc)
+    else:
+        for index, desc in enumerate(sorted({obj.desc for _, obj in objects}), start=1):
+            category_of_desc[desc] = index
+            names[index] = desc
+    return CocoIds(image_ids, category_of_desc, names, from_data=all(has_image) and all(has_category))
+
+
+def xywh(bins: Box, width: int, height: int) -> list[float]:
+    """A norm-1000 box as COCO `[x, y, w, h]` in pixels."""
+    x1, y1, x2, y2 = bins_to_pixel_box(bins, width, height)
+    return [x1, y1, x2 - x1, y2 - y1]
+
+
+def ground_truth(samples: Sequence[DetectionSample], ids: CocoIds) -> dict[str, Any]:
+    """The samples as a COCO instances dict (`images`, `annotations`, `categories`)."""
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    for sample, image_id in zip(samples, ids.image_ids, strict=True):
+        images.append(
+            {"id": image_id, "width": sample.width, "height": sample.height, "file_name": sample.images[0]}
+        )
+        for obj in sample.objects:
+            box = xywh(obj.bbox_2d, sample.width, sample.height)
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": ids.category_of_desc[obj.desc],
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                }
+            )
+    categories = [{"id": cid, "name": name} for cid, name in sorted(ids.category_names.items())]
+    return {"images": images, "annotations": annotations, "categories": categories}
+
+
+@dataclass(frozen=True)
+class CocoMetrics:
+    summary: dict[str, float]  # COCO_METRICS -> value (-1: no ground truth in that size bucket)
+    per_class_ap: dict[str, float]  # category name -> AP at IoU .50:.95 (-1: no ground truth of it)
+    pr_recall: list[float]  # the 101 recall thresholds
+    pr_precision: list[float]  # precision at IoU 0.5, all sizes, 100 detections, mean over classes
+
+
+def coco_metrics(gt: dict[str, Any], results: Sequence[dict[str, Any]]) -> CocoMetrics:
+    """COCO bbox metrics of `results` (COCO results rows) against `gt` (a COCO instances dict)."""
+    from faster_coco_eval import COCO, COCOeval_faster
+
+    recall = [round(0.01 * k, 2) for k in range(101)]
+    names = {c["id"]: c["name"] for c in gt["categories"]}
+    if not results or not gt["annotations"]:  # COCO's loadRes refuses an empty list; nothing is found
+        has_gt = {a["category_id"] for a in gt["annotations"]}
+        value = 0.0 if gt["annotations"] else -1.0
+        return CocoMetrics(
+            dict.fromkeys(COCO_METRICS, value),
+            {name: (0.0 if cid in has_gt else -1.0) for cid, name in names.items()},
+            recall,
+            [0.0] * len(recall),
+        )
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its own table
+        coco_gt = COCO(copy.deepcopy(gt))
+        evaluator = COCOeval_faster(coco_gt, coco_gt.loadRes(copy.deepcopy(list(results))), "bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    summary = {
+        name: float(v) for name, v in zip(COCO_METRICS, evaluator.stats[: len(COCO_METRICS)], strict=True)
+    }
+    precision = np.asarray(evaluator.eval["precision"])  # (T iou, R recall, K class, A area, M maxDets)
+    per_class = {}
+    for k, cid in enumerate(evaluator.params.catIds):
+        values = precision[:, :, k, 0, -1]
+        values = values[values > -1]
+        per_class[names[cid]] = float(values.mean()) if values.size else -1.0
+    at_50 = precision[0, :, :, 0, -1]  # (R, K)
+    curve = [float(row[row > -1].mean()) if (row > -1).any() else 0.0 for row in at_50]
+    return CocoMetrics(summary, per_class, recall, curve)

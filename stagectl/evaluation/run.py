@@ -1,0 +1,194 @@
+"""Running an evaluation (the impure shell around `evaluation.core`): rollouts from the model in this
+process or from rollout servers, sharded over ranks, a progress bar, and the files of `stagectl eval`.
+
+Images are cut into chunks of `custom.extra.rollout_matching.decode_batch_size` in order; chunk c goes
+to rank c % world_size, so every chunk is generated in the same batch whatever the number of ranks
+(greedy results do not depend on it), and image k is sampled with seed k when decoding samples. Rank 0
+gathers every rank's per-image outcomes and computes the metrics once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stagectl.config import StagectlConfig
+from stagectl.config.rollout import DecodingConfig
+from stagectl.data.sample import DetectionSample
+from stagectl.detection.vocab import TokenVocab
+from stagectl.evaluation.coco import CocoIds
+from stagectl.evaluation.core import EvalReport, ImageOutcome, judge_image
+from stagectl.files import atomic_write_text
+from stagectl.models.generate import Generation
+from stagectl.models.sampling import SamplingSpec
+from stagectl.rollout.protocol import RequestConfig
+
+METRICS_FILE = "metrics.json"
+PREDICTIONS_FILE = "predictions.coco.json"
+GROUND_TRUTH_FILE = "ground_truth.coco.json"
+
+Generate = Callable[[Sequence[int], int], list[Generation]]  # (sample indices, base seed) -> generations
+
+
+def eval_sampling(cfg: StagectlConfig) -> SamplingSpec:
+    """How eval rollouts sample: `data.eval.decoding` (greedy by default), the rollout length and
+    repetition penalty of `custom.extra.rollout_matching`; always with logprobs (object scores)."""
+    rm = cfg.custom.extra.rollout_matching
+    ev = cfg.data.eval if cfg.data is not None else None
+    decoding = ev.decoding if ev is not None else DecodingConfig(temperature=0.0)
+    return SamplingSpec(
+        max_new_tokens=rm.max_new_tokens,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        top_k=decoding.top_k,
+        repetition_penalty=rm.repetition_penalty,
+        logprobs=True,
+    )
+
+
+def shard_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's chunks of sample indices: chunk c (indices c*chunk_size ...) goes to rank c % world_size."""
+    chunks = [list(range(s, min(s + chunk_size, num_samples))) for s in range(0, num_samples, chunk_size)]
+    return chunks[rank::world_size]
+
+
+def in_process_generate(
+    bundle: Any, samples: Sequence[DetectionSample], vocab: TokenVocab, spec: SamplingSpec
+) -> Generate:
+    """Rollouts from `bundle.model` in this process (the learner's `generate_batch`), one batch per chunk,
+    prompts encoded as the learner encodes them."""
+    from stagectl.models.chat import encode_prompt
+    from stagectl.models.generate import PromptInputs, generate_batch
+    from stagectl.models.images import open_rgb
+
+    pad = bundle.tokenizer.pad_token_id
+    pad_token_id = int(pad) if pad is not None else 0  # as the learner's SampleEncoder pads
+
+    def prompt(index: int) -> PromptInputs:
+        images = [open_rgb(path) for path in samples[index].images]
+        p = encode_prompt(bundle.tokenizer, bundle.require_image_processor(), images)
+        return PromptInputs(p.input_ids, p.mm_token_type_ids, p.pixel_values, p.image_grid_thw)
+
+    def generate(indices: Sequence[int], seed: int) -> list[Generation]:
+        model = bundle.model
+        was_training = model.training
+        model.eval()
+        try:
+            return generate_batch(
+                model,
+                [prompt(i) for i in indices],
+                spec,
+                stop_token_ids=sorted(vocab.stop_ids),  # as the learner's own rollouts stop
+                pad_token_id=pad_token_id,
+                seed=seed,
+            )
+        finally:
+            model.train(was_training)
+
+    return generate
+
+
+def server_generate(client: Any, samples: Sequence[DetectionSample], spec: SamplingSpec) -> Generate:
+    """Rollouts from rollout servers: one `/infer/` call per chunk, request k seeded `seed + k`."""
+    from stagectl.rollout.requests import detection_infer_request, to_generation
+
+    def generate(indices: Sequence[int], seed: int) -> list[Generation]:
+        config = RequestConfig.from_sampling(spec, seed, return_details=True)
+        responses = client.infer([detection_infer_request(samples[i]) for i in indices], config)
+        return [to_generation(r) for r in responses]
+
+    return generate
+
+
+class EvalProgress:
+    """Images done and images/s: a rich bar on a terminal, a plain line per chunk otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.total = total
+        self.enabled = enabled
+        self.done = 0
+        self.started = time.perf_counter()
+        console = Console(stderr=True)
+        self._progress: Progress | None = None
+        if enabled and console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]eval"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self._task = self._progress.add_task("images", total=total, rate="")
+            self._progress.start()
+
+    @property
+    def images_per_s(self) -> float:
+        return self.done / max(time.perf_counter() - self.started, 1e-9)
+
+    def advance(self, num_images: int) -> None:
+        self.done += num_images
+        if not self.enabled:
+            return
+        rate = f"{self.images_per_s:.2f} images/s"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=self.done, rate=rate)
+        else:
+            print(f"eval: {self.done}/{self.total} images, {rate}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def judge_chunks(
+    chunks: Sequence[Sequence[int]],
+    generate: Generate,
+    samples: Sequence[DetectionSample],
+    vocab: TokenVocab,
+    ids: CocoIds,
+    *,
+    duplicate_iou_threshold: float,
+    progress: EvalProgress | None = None,
+) -> list[ImageOutcome]:
+    """Generate and judge every chunk (image k seeded k)."""
+    outcomes = []
+    for chunk in chunks:
+        generations = generate(chunk, chunk[0])
+        for index, generation in zip(chunk, generations, strict=True):
+            outcomes.append(
+                judge_image(
+                    index,
+                    samples[index],
+                    generation,
+                    vocab,
+                    ids,
+                    duplicate_iou_threshold=duplicate_iou_threshold,
+                )
+            )
+        if progress is not None:
+            progress.advance(len(chunk))
+    return outcomes
+
+
+def write_report(out_dir: Path, report: EvalReport, ids: CocoIds, extra: dict[str, Any]) -> list[Path]:
+    """`metrics.json`, `predictions.coco.json` and, when the data had no COCO ids, `ground_truth.coco.json`
+    (each written whole: a file is either complete or absent)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    files: list[tuple[str, Any]] = [(PREDICTIONS_FILE, report.predictions)]
+    if not ids.from_data:
+        files.append((GROUND_TRUTH_FILE, report.ground_truth))
+    files.append((METRICS_FILE, {**report.metrics, **extra}))  # last: its presence means a complete eval
+    for name, payload in files:
+        path = out_dir / name
+        atomic_write_text(path, json.dumps(payload, indent=1 if name == METRICS_FILE else None) + "\n")
+        written.append(path)
+    return written
