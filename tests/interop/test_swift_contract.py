@@ -13,16 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+from PIL import Image
 
+from stagectl.config import load_config
+from stagectl.models.chat import encode_prompt
+from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.rollout.app import build_app
 from stagectl.rollout.client import RolloutClient, RolloutRequestError, to_generation
 from stagectl.rollout.engine import EngineRequest, EngineResult
 from stagectl.rollout.engines.fake import FakeEngine, fake_logprob
+from stagectl.rollout.engines.hf import HFEngine
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.service import RolloutService, ServerSettings
-from stagectl.rollout.serving import ThreadedServer
+from stagectl.rollout.serving import ThreadedServer, build_engine
 from tests.interop.helpers import SWIFT_SIDE, require_interop_python, swift_client
+
+INSTRUCTION = "Find every object."
 
 
 class RecordingEngine(FakeEngine):
@@ -257,3 +265,38 @@ def test_answer_shapes_as_swift_parses_them(swift_python: Path, served: tuple[st
     assert now == "RolloutOutput"
     assert old.startswith("refused:") and "'version'" in old
     assert loose == "ChatCompletionResponse (choices left as dicts)"
+
+
+def test_swift_client_greedy_token_ids_from_the_tiny_vl_model(swift_python: Path, tmp_path: Path) -> None:
+    """The one run with a real model (the tiny Qwen2.5-VL on the hf engine, an image request): swift's
+    client gets the greedy token ids transformers' own greedy decode gives, and the prompt ids."""
+    image_path = tmp_path / "img.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (56, 84, 3), dtype=np.uint8)).save(image_path)
+    engine = build_engine(load_config(None, ["model.name_or_path=builtin:tiny-qwen2.5-vl"]))
+    assert isinstance(engine, HFEngine)
+    bundle = engine.bundle
+    server = ThreadedServer(build_app(RolloutService(engine, ServerSettings(image_roots=[tmp_path])))).start()
+    try:
+        case = {
+            "requests": [{**_msg(f"<image>{INSTRUCTION}"), "images": [str(image_path)]}],
+            "request_config": {"temperature": 0, "max_tokens": 12, "return_details": True},
+        }
+        ((item,),) = [r["items"] for r in swift_client(swift_python, server.url, [case])]
+    finally:
+        server.stop()
+    prompt = encode_prompt(
+        bundle.tokenizer, bundle.image_processor, [Image.open(image_path).convert("RGB")], INSTRUCTION
+    )
+    (local,) = generate_batch(
+        bundle.model,
+        [
+            PromptInputs(
+                prompt.input_ids, prompt.mm_token_type_ids, prompt.pixel_values, prompt.image_grid_thw
+            )
+        ],
+        SamplingSpec(max_new_tokens=12, temperature=0.0),
+        stop_token_ids=[bundle.end_of_turn_id, int(bundle.tokenizer.pad_token_id)],
+        pad_token_id=int(bundle.tokenizer.pad_token_id),
+    )
+    assert item["type"] == "RolloutOutput" and item["token_ids"] == local.token_ids and local.token_ids
+    assert item["prompt_token_ids"] == list(prompt.input_ids)
