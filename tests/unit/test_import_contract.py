@@ -42,6 +42,7 @@ ROLLOUT_SERVER = {
     "serving",
     "staging",
     "stream",
+    "swift_fields",
     "sync",
     "text",
 }
