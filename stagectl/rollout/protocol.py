@@ -1,8 +1,9 @@
 """The wire contract of the rollout server, shared by the server (`rollout.app`) and the client.
 
-Inference follows the `swift rollout` contract, so the learner can also be pointed at a swift
-server: `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a list of
-`InferResponse`. stagectl's own server adds `GET /version/`, `GET /stats/` and the weight endpoints:
+Inference follows the `swift rollout` contract (ms-swift 4.6.0's client is tested against it, see
+docs/swift_interop.md): `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a
+list of `RolloutItem` (swift's `RolloutOutput`: an `InferResponse` plus the weight version in
+`rollout_infos`). stagectl's own server adds `GET /version/`, `GET /stats/` and the weight endpoints:
 
 - `POST /update_weights/?sync_id=&chunk_index=&digest=&version=[&base_version=]` with a raw safetensors
   body (one chunk, `application/octet-stream`, streamed; `digest` is its XXH3-128 in hex); chunks are
@@ -15,8 +16,10 @@ Seeds: request `i` of one `/infer/` call is sampled with `request_config.seed + 
 given), so a request keeps its seed when the client retries or splits a chunk (it sends each half
 with the seed shifted by the half's offset) and a rollout is reproducible from the logged base seed.
 
-Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); responses tolerate extra
-fields because a swift server sends more than stagectl reads. No pickle anywhere: JSON and
+Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); the `/infer/` models take every
+field swift's client sends, null meaning the default (`rollout.swift_fields` refuses, with a 400, the
+values stagectl cannot honour). Responses tolerate extra fields because a swift server sends more than
+stagectl reads. No pickle anywhere: JSON and
 safetensors only.
 """
 
