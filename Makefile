@@ -3,11 +3,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
+INTEROP_VENV ?= .venv-interop
 PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-cpu.txt
 
-.PHONY: install install-dev vllm-env train lint typecheck test test-fast test-unit test-integration test-vllm test-gpu bench clean
+.PHONY: install install-dev vllm-env interop-env train lint typecheck test test-fast test-unit test-integration test-vllm test-interop test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,14 @@ $(VLLM_VENV)/.installed: scripts/setup_vllm_env.sh
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
+
+# ms-swift (pinned) in its own virtual environment: the tests/interop tier runs swift's client and response
+# models there, in subprocesses, against stagectl's server and client.
+$(INTEROP_VENV)/.installed: scripts/setup_interop_env.sh
+	bash scripts/setup_interop_env.sh $(INTEROP_VENV)
+	touch $@
+
+interop-env: $(INTEROP_VENV)/.installed
 
 # The main job: Stage-2 AB training of the tiny Qwen2.5-VL on synthetic shapes (CPU, a few minutes).
 train: install
@@ -52,16 +61,20 @@ test-integration: install-dev
 test-vllm: install-dev vllm-env
 	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests/vllm -q
 
+test-interop: install-dev interop-env
+	STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_VENV=$(INTEROP_VENV) $(VENV)/bin/pytest tests/interop -q
+
 test-gpu: install-dev
 	$(VENV)/bin/pytest tests/gpu -q
 
 # Every tier that can run here: lint, types, then unit, integration (incl. faults), vllm (its own venv,
-# .venv-vllm) and gpu (skips without CUDA).
-test: lint typecheck vllm-env
-	STAGECTL_REQUIRE_VLLM=1 $(VENV)/bin/pytest tests -q --durations=25
+# .venv-vllm), interop (ms-swift in .venv-interop) and gpu (skips without CUDA).
+test: lint typecheck vllm-env interop-env
+	STAGECTL_REQUIRE_VLLM=1 STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_VENV=$(INTEROP_VENV) \
+		$(VENV)/bin/pytest tests -q --durations=25
 
 bench: install-dev
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache runs
+	rm -rf $(VENV) $(VLLM_VENV) $(INTEROP_VENV) .pytest_cache .mypy_cache .ruff_cache runs

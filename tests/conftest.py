@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-TIERS = {"integration": "integration", "vllm": "vllm", "gpu": "gpu", "faults": "integration"}
+TIERS = {
+    "integration": "integration",
+    "vllm": "vllm",
+    "interop": "interop",
+    "gpu": "gpu",
+    "faults": "integration",
+}
 
 # Keep the tiny-model cache inside the test session's reach but shared across tests (built once).
 os.environ.setdefault("STAGECTL_CACHE_DIR", str(Path.home() / ".cache" / "stagectl"))

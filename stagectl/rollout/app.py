@@ -33,7 +33,7 @@ from stagectl.rollout.protocol import (
     GroupStartBody,
     HealthResponse,
     InferBody,
-    InferResponse,
+    RolloutItem,
     ShmSyncBody,
     StatsResponse,
     SyncResponse,
@@ -108,9 +108,9 @@ async def stats(request: Request) -> StatsResponse:
 
 
 @swift_router.post("/infer/")
-def infer(body: InferBody, request: Request) -> list[InferResponse]:
+def infer(body: InferBody, request: Request) -> list[RolloutItem]:
     # A plain `def`: FastAPI runs it on its thread pool, so concurrent calls reach the batching worker together.
-    return _service(request).infer(body)
+    return [RolloutItem.of(response) for response in _service(request).infer(body)]
 
 
 @router.post(WEIGHT_CHUNK_PATH)

@@ -56,6 +56,7 @@ from stagectl.rollout.protocol import (
 from stagectl.rollout.requests import (
     contiguous_parts,
     detection_request,
+    read_answer_item,
     request_config,
     to_generation,
     with_seed_offset,
@@ -79,7 +80,7 @@ __all__ = [  # the request helpers are re-exported: callers need one import for 
 log = logging.getLogger("stagectl.rollout.client")
 Transport = Literal["http", "disk", "shm", "collective"]
 T = TypeVar("T")
-_RESPONSES = TypeAdapter(list[InferResponse])
+_ITEMS = TypeAdapter(list[Any])  # each item read by `read_answer_item` (either swift shape)
 MIB = 1024 * 1024
 
 
@@ -224,7 +225,21 @@ class RolloutClient:
             time.sleep(0.25)
 
     def versions(self) -> list[VersionResponse]:
-        return [VersionResponse.model_validate(self._get(k, "/version/")) for k in range(len(self.base_urls))]
+        """Every server's weight version: what Channel-B training starts from. A server without
+        `/version/` (a `swift rollout` or `swift deploy` server) is refused here, at start-up."""
+        return [self._version(k) for k in range(len(self.base_urls))]
+
+    def _version(self, k: int) -> VersionResponse:
+        response = self._clients[k].get(f"{self.base_urls[k]}/version/")
+        if response.status_code == 404:
+            raise RolloutRequestError(
+                f"{self.base_urls[k]} has no /version/: it is not a stagectl rollout server (a `swift rollout` "
+                "server?). Channel-B training needs the weight version of every rollout and stagectl's weight "
+                "sync, which a swift server gives neither of; serve with `stagectl rollout-server`. A swift "
+                "server can serve inference only (Stage-B, eval): see docs/swift_interop.md"
+            )
+        _raise_for_status(response, self.base_urls[k], "/version/")
+        return VersionResponse.model_validate(response.json())
 
     def world_size(self) -> int:
         return sum(int(self._get(k, "/get_world_size/")["world_size"]) for k in range(len(self.base_urls)))
@@ -294,8 +309,8 @@ class RolloutClient:
             raise _Retryable(f"HTTP {response.status_code}: {_detail(response)}")
         _raise_for_status(response, self.base_urls[k], "/infer/")
         try:
-            results = _RESPONSES.validate_json(response.content)
-        except ValidationError as exc:
+            results = [read_answer_item(item) for item in _ITEMS.validate_json(response.content)]
+        except (ValidationError, ValueError) as exc:
             raise RolloutServerError(f"{url} answered with an unexpected body: {exc}") from None
         if len(results) != len(body.infer_requests):
             raise RolloutServerError(

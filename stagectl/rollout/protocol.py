@@ -1,8 +1,9 @@
 """The wire contract of the rollout server, shared by the server (`rollout.app`) and the client.
 
-Inference follows the `swift rollout` contract, so the learner can also be pointed at a swift
-server: `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a list of
-`InferResponse`. stagectl's own server adds `GET /version/`, `GET /stats/` and the weight endpoints:
+Inference follows the `swift rollout` contract (ms-swift 4.6.0's client is tested against it, see
+docs/swift_interop.md): `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a
+list of `RolloutItem` (swift's `RolloutOutput`: an `InferResponse` plus the weight version in
+`rollout_infos`). stagectl's own server adds `GET /version/`, `GET /stats/` and the weight endpoints:
 
 - `POST /update_weights/?sync_id=&chunk_index=&digest=&version=[&base_version=]` with a raw safetensors
   body (one chunk, `application/octet-stream`, streamed; `digest` is its XXH3-128 in hex); chunks are
@@ -15,8 +16,10 @@ Seeds: request `i` of one `/infer/` call is sampled with `request_config.seed + 
 given), so a request keeps its seed when the client retries or splits a chunk (it sends each half
 with the seed shifted by the half's offset) and a rollout is reproducible from the logged base seed.
 
-Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); responses tolerate extra
-fields because a swift server sends more than stagectl reads. No pickle anywhere: JSON and
+Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); the `/infer/` models take every
+field swift's client sends, null meaning the default (`rollout.swift_fields` refuses, with a 400, the
+values stagectl cannot honour). Responses tolerate extra fields because a swift server sends more than
+stagectl reads. No pickle anywhere: JSON and
 safetensors only.
 """
 
@@ -26,7 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stagectl.models.sampling import SamplingSpec
 
@@ -39,6 +42,19 @@ WEIGHT_CHUNK_PATH = "/update_weights/"  # one weight chunk: POST, on the app por
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _SwiftRequest(_Request):
+    """A model swift's client fills: `null` for a known field means its default (swift sends `top_p:
+    null`, `stop: null`, ...); unknown names still fail. Fields stagectl cannot honour are accepted at
+    their defaults and refused by name otherwise (`rollout.swift_fields`, a 400)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
 
 
 class _Response(BaseModel):
@@ -58,13 +74,33 @@ class Message(_Request):
     """A string (each `<image>` tag takes the next entry of `images`, as in swift) or a list of items."""
 
 
-class InferRequest(_Request):
+class InferRequest(_SwiftRequest):
+    """One request, as swift's `RolloutInferRequest` (every field swift's client sends is accepted)."""
+
     messages: list[Message] = Field(min_length=1)
     images: list[str] = Field(default_factory=list)
     """Image paths (under the server's `image_roots`) or inline `data:image/...;base64,` URLs, in order."""
+    audios: list[Any] = Field(default_factory=list)
+    """swift's audio inputs: only `[]` (stagectl serves images and text)."""
+    videos: list[Any] = Field(default_factory=list)
+    """swift's video inputs: only `[]`."""
+    tools: list[Any] | None = None
+    """swift's agent tools: only null or `[]` (no tool-call template)."""
+    objects: dict[str, Any] = Field(default_factory=dict)
+    """swift's grounding objects for the template: only `{}`."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra chat-template arguments: only `{}` (stagectl's template takes none)."""
+    data_dict: dict[str, Any] = Field(default_factory=dict)
+    """swift's dataset passthrough for a multi-turn scheduler: only `{}` (stagectl's server has none)."""
+    uuid: str | None = Field(None, max_length=256)
+    """Request id: echoed as the response's `id` (swift uses it as the request id too)."""
+    add_eos: bool | Literal["auto"] | None = None
+    """swift's suffix policy for scoring completed responses: only null (stagectl scores nothing)."""
 
 
-class RequestConfig(_Request):
+class RequestConfig(_SwiftRequest):
+    """Sampling settings, as swift's `RequestConfig`; null means the default shown here."""
+
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(1.0, ge=0)
     """0 decodes greedily."""
@@ -82,9 +118,28 @@ class RequestConfig(_Request):
     """Return `choices[0].logprobs`: per generated token, the log-probability of the chosen token under
     the model's own distribution (before temperature, top-k/top-p and repetition penalty), aligned with
     `choices[0].token_ids` (OpenAI's / swift's field; no alternatives: `top_logprobs` is always empty)."""
-    n: int = Field(1, ge=1, le=1)
-    """Completions per request: stagectl's server generates exactly one."""
-    stream: Literal[False] = False
+    n: int = Field(1, ge=1)
+    """Completions per request: stagectl's server generates exactly one (more is refused)."""
+    stream: bool = False
+    """Streaming answers: only false."""
+    min_p: float | None = Field(None, ge=0, le=1)
+    """Min-p sampling: only null or 0 (not implemented by stagectl's engines)."""
+    num_beams: int = Field(1, ge=1)
+    """Beam search: only 1."""
+    top_logprobs: int | None = Field(None, ge=0)
+    """Alternatives per token: only null or 0 (`logprobs.content[i].top_logprobs` is always empty)."""
+    prompt_logprobs: int | None = Field(None, ge=0)
+    """Prompt-token logprobs: only null."""
+    best_of: int | None = Field(None, ge=1)
+    """Candidates per request: only null or 1."""
+    presence_penalty: float = 0.0
+    """Only 0 (stagectl's engines apply `repetition_penalty` only)."""
+    frequency_penalty: float = 0.0
+    """Only 0."""
+    length_penalty: float = 1.0
+    """A beam-search setting: only 1."""
+    structured_outputs_regex: str | None = None
+    """Guided decoding: only null."""
 
     @classmethod
     def from_sampling(
@@ -114,9 +169,15 @@ class RequestConfig(_Request):
         )
 
 
-class InferBody(_Request):
+class InferBody(_SwiftRequest):
     infer_requests: list[InferRequest]
     request_config: RequestConfig = Field(default_factory=RequestConfig)
+    metrics: list[Any] | None = None
+    """swift's client-side metric objects: only null or `[]` (the server computes none)."""
+    use_tqdm: bool | None = None
+    """A server-side progress bar: only null or false."""
+    adapter_request: dict[str, Any] | None = None
+    """A LoRA adapter to generate with: only null (stagectl serves one set of weights)."""
 
 
 class ChatMessage(_Response):
@@ -157,12 +218,56 @@ class Usage(_Response):
 
 
 class InferResponse(_Response):
+    """swift's `ChatCompletionResponse`: what a swift deploy server answers per request, and the `response`
+    of a `RolloutItem`."""
+
     model: str = ""
     choices: list[Choice] = Field(min_length=1)
     usage: Usage = Field(default_factory=Usage)
+    id: str = ""
+    object: str = "chat.completion"
+    created: int = 0
     prompt_token_ids: list[int] | None = None
-    version: int | None = None
-    """stagectl's server: the weight version that generated this response (absent from swift)."""
+    version: int | None = Field(None, exclude=True)
+    """The weight version that generated this response: read from `RolloutItem.rollout_infos` (stagectl's
+    server; None from swift's). Never serialised here: swift's parser refuses an unknown top-level key."""
+
+
+WEIGHT_VERSION_KEY = "weight_version"  # the key of the weight version in `RolloutItem.rollout_infos`
+
+
+class RolloutItem(_Response):
+    """One item of the `/infer/` answer in swift's `RolloutOutput` shape (what a `swift rollout` server
+    answers, and what swift's client parses first); stagectl's server adds the weight version in
+    `rollout_infos` (a free-form dict to swift). See docs/swift_interop.md."""
+
+    @classmethod
+    def of(cls, response: InferResponse) -> RolloutItem:
+        """The wire item of one of stagectl's responses (token ids and logprobs also as swift's per-turn lists)."""
+        choice = response.choices[0]
+        logprobs = [] if choice.logprobs is None else [[e.logprob for e in choice.logprobs.content]]
+        return cls(
+            response=response,
+            response_token_ids=[] if choice.token_ids is None else [choice.token_ids],
+            rollout_infos={WEIGHT_VERSION_KEY: response.version},
+            rollout_logprobs=logprobs,
+        )
+
+    response: InferResponse
+    response_token_ids: list[list[int]] = Field(default_factory=list)
+    """The generated token ids per turn (one turn here), when `return_details` asked for them."""
+    rollout_infos: dict[str, Any] = Field(default_factory=dict)
+    rollout_logprobs: list[list[float]] = Field(default_factory=list)
+    """The generated tokens' logprobs per turn, when `logprobs` asked for them (swift's trainer reads
+    them for its importance-sampling correction)."""
+
+    @field_validator("response_token_ids", mode="before")
+    @classmethod
+    def _one_turn_as_list(cls, value: Any) -> Any:
+        """A flat list is one turn, as swift's own `RolloutOutput` reads it."""
+        if isinstance(value, list) and value and isinstance(value[0], int):
+            return [value]
+        return value
 
 
 class HealthResponse(_Response):

@@ -1,10 +1,12 @@
 """Pure helpers around the wire models: building detection requests and request configs, reading
-token ids out of responses, and the chunk arithmetic of the client (contiguous parts, seed offsets)."""
+`/infer/` answers (stagectl's or a swift server's, both shapes) and token ids out of them, and the chunk
+arithmetic of the client (contiguous parts, seed offsets)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.data.sample import DetectionSample
@@ -13,11 +15,13 @@ from stagectl.models.generate import Generation
 from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.protocol import (
     IMAGE_TAG,
+    WEIGHT_VERSION_KEY,
     ContentItem,
     InferRequest,
     InferResponse,
     Message,
     RequestConfig,
+    RolloutItem,
 )
 
 
@@ -55,6 +59,31 @@ def sampling_of(rm: RolloutMatchingConfig, *, logprobs: bool = False) -> Samplin
 def request_config(rm: RolloutMatchingConfig, seed: int | None, *, logprobs: bool = False) -> RequestConfig:
     """Channel-B's sampling settings as a request config (token ids always returned)."""
     return RequestConfig.from_sampling(sampling_of(rm, logprobs=logprobs), seed, return_details=True)
+
+
+def read_answer_item(item: Any) -> InferResponse:
+    """One `/infer/` answer item as the learner reads it. Two shapes, as swift's own client reads them:
+    swift's `RolloutOutput` (`{"response": {...}, "response_token_ids": [[...]], "rollout_infos": {...}}`:
+    stagectl's and `swift rollout` servers) or a bare `ChatCompletionResponse` (`swift deploy`). The
+    weight version comes from `rollout_infos.weight_version` (None from a swift server); token ids from
+    `choices[0].token_ids`, else from the one turn of `response_token_ids`. Raises pydantic's
+    `ValidationError` or `ValueError` on anything else."""
+    if not (isinstance(item, dict) and "response" in item):
+        return InferResponse.model_validate(item)
+    rollout = RolloutItem.model_validate(item)
+    response = rollout.response
+    if len(rollout.response_token_ids) > 1:
+        raise ValueError(
+            f"a multi-turn rollout ({len(rollout.response_token_ids)} turns of response_token_ids): "
+            "stagectl trains single-turn detection rollouts only"
+        )
+    choice = response.choices[0]
+    if choice.token_ids is None and rollout.response_token_ids:
+        choice = choice.model_copy(update={"token_ids": rollout.response_token_ids[0]})
+    version = rollout.rollout_infos.get(WEIGHT_VERSION_KEY)
+    if version is not None and not isinstance(version, int):
+        raise ValueError(f"rollout_infos.{WEIGHT_VERSION_KEY} is {version!r}, not an integer")
+    return response.model_copy(update={"choices": [choice, *response.choices[1:]], "version": version})
 
 
 def to_generation(response: InferResponse) -> Generation:

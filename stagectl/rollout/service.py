@@ -4,6 +4,8 @@ shape swift-style responses, run weight syncs, count. `rollout.app` maps HTTP on
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from stagectl.rollout.protocol import (
     VersionResponse,
 )
 from stagectl.rollout.shm import SHM_DIR, remove_stale
+from stagectl.rollout.swift_fields import refusals
 from stagectl.rollout.sync import WeightSync
 from stagectl.rollout.text import normalize_messages
 
@@ -62,6 +65,9 @@ class RolloutService:
         self._count_lock = threading.Lock()
 
     def infer(self, body: InferBody) -> list[InferResponse]:
+        refused = refusals(body)
+        if refused:
+            raise BadRequest("; ".join(refused))
         if not body.infer_requests:
             return []
         config = body.request_config
@@ -87,10 +93,15 @@ class RolloutService:
             raise BadRequest(f"cannot encode the request: {exc}") from None
         with self._count_lock:
             self.num_requests += len(requests)
-        return [self._response(result, config.return_details) for result in results]
+        return [
+            self._response(result, config.return_details, item.uuid)
+            for result, item in zip(results, body.infer_requests, strict=True)
+        ]
 
-    def _response(self, result: EngineResult, details: bool) -> InferResponse:
+    def _response(self, result: EngineResult, details: bool, request_id: str | None) -> InferResponse:
         return InferResponse(
+            id=request_id or f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
             model=self.engine.model_name,
             choices=[
                 Choice(

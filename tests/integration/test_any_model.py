@@ -109,7 +109,7 @@ def test_hf_server_answers_and_stops_at_the_end_of_turn(arch: str, planted: dict
     finally:
         server.stop()
     assert response.status_code == 200, response.text
-    (item,) = response.json()
+    (item,) = [entry["response"] for entry in response.json()]  # swift's RolloutOutput shape
     choice = item["choices"][0]
     # The planted answer: k ordinary tokens, then the end-of-turn; nothing after it.
     assert choice["token_ids"] == plant.expected

@@ -45,6 +45,7 @@ ROLLOUT_SERVER = {
     "serving",
     "staging",
     "stream",
+    "swift_fields",
     "sync",
     "text",
 }

@@ -47,7 +47,7 @@ def test_vllm_serves_the_checkpoint_unchanged_and_stops_at_the_end_of_turn(
     mirror = load_bundle(str(planted.path), add_coord_tokens=False)  # as transformers loads it
     response = httpx.post(f"{url}/infer/", json=infer_body(arch), timeout=300)
     assert response.status_code == 200, response.text
-    (item,) = response.json()
+    (item,) = [entry["response"] for entry in response.json()]  # swift's RolloutOutput shape
     choice = item["choices"][0]
     assert item["prompt_token_ids"] == prompt_of(mirror, arch).input_ids  # the hf engine's chat encoding
     # transformers' greedy answer: k ordinary tokens, then the end-of-turn, then nothing.
