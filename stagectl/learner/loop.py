@@ -21,6 +21,7 @@ import torch
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import sharding
 from stagectl.learner.channel_a import ChannelA
@@ -75,6 +76,14 @@ class Trainer:
         )
         self.params = trainable_parameters(st.bundle.model)
         self.update_probe = UpdateProbe(self.params)
+        training = cfg.training
+        say(
+            "train-ab",
+            f"{training.parallelism} over {self.world.world_size} rank(s), master weights "
+            f"{st.precision.param_dtype_name}, compute {training.mixed_precision}, storage {cfg.model.torch_dtype}; "
+            f"trainable {st.freeze.num_trainable:,} of {st.freeze.num_trainable + st.freeze.num_frozen:,} parameters"
+            + (f" (frozen: {', '.join(st.freeze.frozen_parts)})" if st.freeze.frozen_parts else ""),
+        )
         self.num_updates = int(st.extra_state.get("num_updates", 0))
         self.channel_a = ChannelA(st, self.runner)
         self.client: RolloutClient | None = None
