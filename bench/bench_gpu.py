@@ -100,6 +100,7 @@ def learner(
         runner.run_batch(pack, scale=1.0, sync=True, acc=StepAccumulator())
     _synchronize(device)
     seconds = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)  # 15 GB of float32 gradients the vLLM half needs back
     tokens = sum(p.num_tokens for p in packs[1:])
     lm_params = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
     peak = peak_tflops(torch.cuda.get_device_name()) if device == "cuda" else None
@@ -202,7 +203,7 @@ def run(packing_length: int = 4096, num_packs: int = 8, num_requests: int = 64, 
     result["learner"] = learner(bundle, model, packing_length, num_packs)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp)
-        model.to(torch.bfloat16)
+        torch.nn.Module.to(model, torch.bfloat16)  # what vLLM serves (transformers types `.to` oddly)
         model.save_pretrained(checkpoint)
         del model
         torch.cuda.empty_cache()

@@ -83,8 +83,8 @@ def test_train_ab_bf16_on_gpu_matches_float32_on_cpu(
             gpu["loss"],
             cpu["loss"],
         )
-        # float32 masters under bf16 compute: the optimizer moves (nearly) every element that got a gradient
-        assert gpu["optim/update_nonzero_frac"] > 0.9
+        # float32 masters under bf16 compute: the optimizer moves as many elements as in float32
+        assert gpu["optim/update_nonzero_frac"] == pytest.approx(cpu["optim/update_nonzero_frac"], abs=0.05)
 
 
 def test_fsdp_on_two_gpus_trains_the_same_losses_as_ddp(tmp_path: Path) -> None:
