@@ -19,8 +19,9 @@ from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, 
 ATTNS = ["sdpa", "flash_attention_2"]
 # bf16 logits of the tiny model (|logits| ~ 1) are ~0.007 off float32 (measured on CPU autocast); a packing
 # bug (segments attending to each other, positions not restarting) moves them by ~1.
+# Losses of a 3-step tiny run, bf16 autocast against float32, differ by < 1e-4 relative (measured on CPU).
 BF16_ATOL = 0.05
-BF16_LOSS_REL = 0.02
+BF16_LOSS_REL = 5e-3
 
 
 @pytest.mark.parametrize("attn", ATTNS)
@@ -84,7 +85,7 @@ def test_train_ab_bf16_on_gpu_matches_float32_on_cpu(
             cpu["loss"],
         )
         # float32 masters under bf16 compute: the optimizer moves as many elements as in float32
-        assert gpu["optim/update_nonzero_frac"] == pytest.approx(cpu["optim/update_nonzero_frac"], abs=0.05)
+        assert gpu["optim/update_nonzero_frac"] == pytest.approx(cpu["optim/update_nonzero_frac"], abs=0.01)
 
 
 def test_fsdp_on_two_gpus_trains_the_same_losses_as_ddp(tmp_path: Path) -> None:
