@@ -8,7 +8,8 @@ dict, so a meta build would leave them uninitialised.) The tokenizer and image p
 Qwen2.5-VL's (same special-token layout).
 
 - learner: the learner's own forward/backward (`PackRunner.run_batch`: float32 masters, bf16 autocast,
-  Channel-A loss) over packs of `packing_length` 4096 from synthetic 448x448 samples, no optimizer step.
+  Channel-A loss) over packs of `packing_length` 4096 from synthetic 448x448 samples (collated before the clock starts), no
+  optimizer step.
   tokens/s counts real packed tokens. MFU = 6 * N * tokens/s / peak, N = language-model parameters (the tied
   head counted once, so its matmul is counted); the vision tower's FLOPs and attention's
   (quadratic) FLOPs are NOT counted, so this MFU is a lower bound. Peak: dense bf16 by device name, PEAK_TFLOPS.
@@ -135,7 +136,7 @@ def _vllm_python() -> str | None:
     return None
 
 
-def vllm_rollout(bundle: Any, checkpoint: Path, num_requests: int, max_tokens: int) -> dict[str, Any]:
+def vllm_rollout(checkpoint: Path, num_requests: int, max_tokens: int) -> dict[str, Any]:
     from PIL import Image
 
     from stagectl.rollout.client import RolloutClient, to_generation
@@ -210,7 +211,7 @@ def run(packing_length: int = 4096, num_packs: int = 8, num_requests: int = 64, 
         bundle.tokenizer.save_pretrained(checkpoint)
         assert bundle.image_processor is not None  # the tiny Qwen2.5-VL has one
         bundle.image_processor.save_pretrained(checkpoint)
-        result["vllm"] = vllm_rollout(bundle, checkpoint, num_requests, max_tokens)
+        result["vllm"] = vllm_rollout(checkpoint, num_requests, max_tokens)
     return result
 
 
