@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if directory in parts:
                 item.add_marker(getattr(pytest.mark, marker))
         if "gpu" in parts and not cuda:
-            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+            item.add_marker(pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False here"))
 
 
 def _cuda_available() -> bool:

@@ -1,0 +1,65 @@
+"""Builders shared by test tiers (never import one test module from another): the three image segments
+of different grids that the packed-vs-unpacked checks pack, and one segment's logits on its own."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image, ImageDraw
+
+from stagectl.collate import CoordGroup, Segment
+from stagectl.models.chat import encode_answer_text, encode_prompt, encode_training
+from stagectl.models.loading import ModelBundle
+
+ANSWERS = [
+    '{"object_1": {"desc": "red circle", "bbox_2d": ["<|coord_1|>", "<|coord_2|>", "<|coord_300|>", "<|coord_400|>"]}}',
+    "{}",
+    '{"object_1": {"desc": "blue square", "bbox_2d": ["<|coord_10|>", "<|coord_20|>", "<|coord_30|>", '
+    '"<|coord_40|>"]}, "object_2": {"desc": "green star", "bbox_2d": ["<|coord_5|>", "<|coord_6|>", '
+    '"<|coord_700|>", "<|coord_800|>"]}}',
+]
+IMAGE_SIZES = [(112, 112), (168, 112), (84, 140)]  # different grids -> different vision token counts
+
+
+def image_segments(bundle: ModelBundle) -> list[Segment]:
+    """Three Channel-A segments, one image each, of three different lengths."""
+    segments = []
+    coord_ids = set(bundle.coord_token_ids)
+    for k, (size, answer) in enumerate(zip(IMAGE_SIZES, ANSWERS, strict=True)):
+        image = Image.new("RGB", size, (40 * k, 120, 200))
+        ImageDraw.Draw(image).ellipse((10, 10, 50 + 10 * k, 60), fill=(255, 0, 0))
+        prompt = encode_prompt(bundle.tokenizer, bundle.image_processor, [image])
+        sample = encode_training(prompt, encode_answer_text(bundle.tokenizer, answer), bundle.end_of_turn_id)
+        n, start = len(sample.input_ids), sample.assistant_start
+        coord_positions = [t for t in range(start, n) if sample.input_ids[t] in coord_ids]
+        groups = [
+            CoordGroup(
+                tuple(coord_positions[i : i + 4]),  # type: ignore[arg-type]
+                tuple(bundle.coord_token_ids.index(sample.input_ids[t]) for t in coord_positions[i : i + 4]),  # type: ignore[arg-type]
+            )
+            for i in range(0, len(coord_positions), 4)
+        ]
+        segments.append(
+            Segment(
+                input_ids=sample.input_ids,
+                ce_weights=[0.0] * start + [1.0] * (n - start),
+                mm_token_type_ids=sample.mm_token_type_ids,
+                pixel_values=sample.pixel_values,
+                image_grid_thw=sample.image_grid_thw,
+                coord_groups=groups,
+            )
+        )
+    assert len({len(s) for s in segments}) == 3
+    return segments
+
+
+def single_logits(model: torch.nn.Module, segment: Segment, device: str = "cpu") -> torch.Tensor:
+    """`segment`'s logits (T, V) from a forward of that segment alone (no packing, no padding)."""
+    pixels, grid = segment.pixel_values, segment.image_grid_thw
+    out = model(
+        input_ids=torch.tensor([segment.input_ids], device=device),
+        mm_token_type_ids=torch.tensor([segment.mm_token_type_ids], device=device),
+        pixel_values=None if pixels is None else pixels.to(device),
+        image_grid_thw=None if grid is None else grid.to(device),
+        use_cache=False,
+    )
+    return out.logits[0]
