@@ -14,6 +14,7 @@ from bench.common import interleaved_times_s, summary
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
+from stagectl.learner.loss import LossWeights
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import load_bundle
@@ -46,10 +47,16 @@ def run(
         collate_padded(segments[i : i + padded_batch_size], pad_id)
         for i in range(0, num_segments, padded_batch_size)
     ]
-    coord_ids = torch.tensor(bundle.coord_token_ids)
+    runner = PackRunner(
+        ddp_model=model,
+        base_model=model,
+        loss_weights=LossWeights(),
+        coord_token_ids=torch.tensor(bundle.coord_token_ids),
+        packing_length=packing_length,
+        device=torch.device("cpu"),
+    )
     t_packed, t_padded = interleaved_times_s(
-        [lambda: _train_pass(model, packed, coord_ids), lambda: _train_pass(model, padded, coord_ids)],
-        repeats,
+        [lambda: _train_pass(runner, packed), lambda: _train_pass(runner, padded)], repeats
     )
     real_tokens = sum(lengths)
     padded_tokens = sum(b.input_ids.numel() for b in padded)
