@@ -20,7 +20,8 @@ REQUIRE_ENV = "STAGECTL_REQUIRE_INTEROP"
 def require_interop_python() -> Path:
     """The ms-swift environment's interpreter (`$STAGECTL_INTEROP_VENV`, default `.venv-interop` in the
     checkout), or skip (fail under `STAGECTL_REQUIRE_INTEROP=1`) when it does not exist."""
-    venv = Path(os.environ.get("STAGECTL_INTEROP_VENV", str(ROOT / ".venv-interop")))
+    # a relative path (the Makefile passes `.venv-interop`) is the checkout's, whatever the working directory
+    venv = ROOT / os.environ.get("STAGECTL_INTEROP_VENV", ".venv-interop")
     python = venv / "bin" / "python"
     if not python.is_file():
         reason = f"no ms-swift environment at {venv}: run `make interop-env` to create it"
