@@ -74,6 +74,7 @@ class ScriptedEngine:
     name = "scripted"
     model_name = "scripted"
     version = 0
+    max_model_len = 32768  # context the server's bounds check requests against
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
