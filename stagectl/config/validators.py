@@ -17,7 +17,7 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
-from stagectl.config.validators_training import validate_parallelism, validate_precision
+from stagectl.config.validators_training import validate_adapter, validate_parallelism, validate_precision
 
 
 def validate_b_ratio_present(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -497,6 +497,7 @@ VALIDATORS = (
     validate_packing_batch,
     validate_precision,
     validate_parallelism,
+    validate_adapter,
 )
 
 

@@ -110,11 +110,13 @@ class WeightPublisher:
 
     def _state_dict(self) -> dict[str, torch.Tensor]:
         """Full CPU tensors in the servers' dtype (FSDP2 shards gathered: a collective on every rank)."""
-        from stagectl.learner import sharding
+        from stagectl.learner import adapter, sharding
 
         if sharding.is_sharded(self.model):
             return sharding.full_state_dict(self.model, dtype=self.storage_dtype)
         dtype = self.storage_dtype
+        if adapter.has_adapter(self.model):  # the plain model: original names, the adapter merged in
+            return adapter.merged_state_dict(self.model, dtype=dtype)
         return {
             name: t.detach().to("cpu", dtype=dtype) if dtype is not None else t.detach().to("cpu")
             for name, t in self.model.state_dict().items()
