@@ -85,12 +85,14 @@ def validate_adapter(cfg: StagectlConfig, world_size: int) -> list[Problem]:
         return []
     if not is_train_ab(cfg):
         if cfg.guidance is None:
-            return []  # the rollout server and validate-config of a partial config: nothing trains
+            # like training.*, a learner key in a server config (the training YAML the server is started
+            # from): with vllm.sync.mode: adapter the hf server merges synced adapters onto its base
+            return []
         return [
             Problem(
                 "model.adapter",
-                "is trained by train-ab only; Stage-B and the rollout server load model.name_or_path as it is "
-                "(point them at a checkpoint's merged model/ or a `stagectl export` directory instead)",
+                "is trained by train-ab; Stage-B loads a plain model: point model.name_or_path at a "
+                "train-ab checkpoint's merged model/ (or a `stagectl export` of it)",
             )
         ]
     training = cfg.training

@@ -8,8 +8,8 @@ model (checkpoint `model/`, full weight syncs, `stagectl export`) goes through `
 gives the original parameter names and the merged weights; `adapter/` holds peft's own format, which
 `PeftModel.from_pretrained` loads.
 
-The merge (`merge_weight`) is peft's, written out so the rollout server can apply a synced adapter
-without peft: LoRA W' = W + s·B·A with s = alpha / r; DoRA W' = m / ‖W + s·B·A‖_row · (W + s·B·A).
+The merge (`stagectl.models.lora.merge_weight`) is peft's, written out so the rollout server applies a
+synced adapter without peft and bit-identically to `merged_state_dict`.
 """
 
 from __future__ import annotations
@@ -23,18 +23,13 @@ from torch import nn
 
 from stagectl.config.model_data import AdapterConfig
 from stagectl.learner.parts import FreezeReport
+from stagectl.models.lora import merge_weight, target_regex
 
 ADAPTER_DIR = "adapter"  # in a checkpoint: peft's save_pretrained layout
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."  # how a PeftModel's saved adapter names its tensors
 ADAPTER_NAME = "default"
-
-
-def target_regex(cfg: AdapterConfig) -> str:
-    """peft `target_modules` as a full-match regex: the chosen linear layers of the language model only
-    (the Qwen-VL vision blocks also have `gate_proj`/`up_proj`/`down_proj`)."""
-    return rf".*language_model\..*\.({'|'.join(cfg.target_modules)})"
 
 
 def peft_config(cfg: AdapterConfig) -> Any:
@@ -44,7 +39,7 @@ def peft_config(cfg: AdapterConfig) -> Any:
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=target_regex(cfg),
+        target_modules=target_regex(cfg.target_modules),
         use_dora=cfg.type == "dora",
         bias="none",
     )
@@ -87,21 +82,6 @@ def _adapter_params(layer: Any) -> list[nn.Parameter]:
     if ADAPTER_NAME in layer.lora_magnitude_vector:
         params.append(layer.lora_magnitude_vector[ADAPTER_NAME].weight)
     return params
-
-
-def merge_weight(
-    base: torch.Tensor,  # (out, in)
-    lora_a: torch.Tensor,  # (r, in)
-    lora_b: torch.Tensor,  # (out, r)
-    scaling: float,
-    magnitude: torch.Tensor | None = None,  # (out,) DoRA only
-) -> torch.Tensor:
-    """The merged weight (out, in) in float32: LoRA W + s·B·A; DoRA m / ‖W + s·B·A‖_row · (W + s·B·A)."""
-    weight = base.float() + scaling * (lora_b.float() @ lora_a.float())
-    if magnitude is None:
-        return weight
-    norm = torch.linalg.norm(weight, dim=1)  # (out,)
-    return (magnitude.float() / norm).unsqueeze(1) * weight
 
 
 def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -100,6 +100,7 @@ class Trainer:
             self.world,
             num_updates=self.num_updates,
             storage_dtype=st.precision.storage_dtype,
+            adapter_sync=rm.vllm.sync.mode == "adapter",
         )
         if cfg.stage2_ab.channel_b.mode == "async":
             async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)

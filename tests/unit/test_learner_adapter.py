@@ -124,4 +124,4 @@ def test_adapter_config_rules(overrides: list[str], message: str) -> None:
 def test_adapter_config_defaults_and_freeze_vit_combine() -> None:
     cfg = load_config(None, [*TRAIN, "model.freeze_vit=true"], world_size=2)
     assert cfg.model.adapter is not None and cfg.model.adapter.target_modules[0] == "q_proj"
-    assert adapter.target_regex(cfg.model.adapter).startswith(r".*language_model\.")
+    assert adapter.target_regex(cfg.model.adapter.target_modules).startswith(r".*language_model\.")
