@@ -7,13 +7,20 @@ import itertools
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from stagectl.rollout.launcher import start_server_process
-from tests.integration.helpers import ROOT, read_metrics, run_cli, tiny_train_config, write_config
+from tests.integration.helpers import (
+    ROOT,
+    base_state,
+    greedy_ids,
+    read_metrics,
+    run_cli,
+    tiny_train_config,
+    write_config,
+)
 
 
 def _a_only(tmp_path: Path, name: str, parallelism: str, **training: object) -> dict:
@@ -133,7 +140,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
             timeout=500,
         )
         assert resumed.returncode == 0, resumed.stderr[-4000:]
-        served = _greedy_ids(server.url)
+        served = greedy_ids(server.url)
     finally:
         server.stop()
     rows = read_metrics(out)
@@ -149,7 +156,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
     final = out / "checkpoint-8"
     saved = load_file(str(final / "model" / "model.safetensors"))
     assert {t.dtype for t in saved.values()} == {torch.bfloat16}
-    base = _base_state()
+    base = base_state()
     for name, tensor in saved.items():
         if name.startswith("model.visual.") and ".merger." not in name:
             assert torch.equal(tensor, base[name].to(torch.bfloat16)), f"frozen {name} moved"
@@ -163,22 +170,6 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
         env={"OMP_NUM_THREADS": "1"},
     )
     try:
-        assert _greedy_ids(reference.url) == served
+        assert greedy_ids(reference.url) == served
     finally:
         reference.stop()
-
-
-def _greedy_ids(url: str) -> list[list[int]]:
-    prompts = ["Describe the picture.", "List the objects as JSON.", "object_1"]
-    body = {
-        "infer_requests": [{"messages": [{"role": "user", "content": p}]} for p in prompts],
-        "request_config": {"max_tokens": 12, "temperature": 0, "return_details": True},
-    }
-    answer = httpx.post(f"{url}/infer/", json=body, timeout=60).raise_for_status().json()
-    return [item["choices"][0]["token_ids"] for item in answer]
-
-
-def _base_state() -> dict[str, torch.Tensor]:
-    from stagectl.models.loading import load_bundle
-
-    return {k: v.detach() for k, v in load_bundle("builtin:tiny-qwen2.5-vl").model.state_dict().items()}
