@@ -4,6 +4,7 @@ the greedy ids of a server started on the last checkpoint's merged `model/`. One
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -11,7 +12,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
 from stagectl.rollout.launcher import start_server_process
-from tests.integration.helpers import ROOT, base_state, greedy_ids, read_metrics, run_cli
+from tests.integration.helpers import (
+    ROOT,
+    base_state,
+    greedy_ids,
+    read_metrics,
+    run_cli,
+    tiny_train_config,
+    write_config,
+)
 
 EXAMPLE = "examples/tiny/train_ab_lora.yaml"
 
@@ -85,3 +94,41 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
         assert greedy_ids(reference.url) == served
     finally:
         reference.stop()
+
+
+def test_adapter_resume_is_exact_under_ddp(tmp_path: Path) -> None:
+    """2 DDP ranks, Channel-A only: a run resumed from checkpoint-2 trains steps 2-3 with the same losses
+    and ends with the same adapter (the base comes from model.name_or_path, the adapter from adapter/)."""
+
+    def config(name: str, **training: object) -> dict:
+        return tiny_train_config(
+            tmp_path,
+            model={"adapter": {"type": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+            training={
+                "gradient_accumulation_steps": 2,
+                "max_steps": 4,
+                "save_steps": 2,
+                "learning_rate": 1e-2,
+                "output_dir": str(tmp_path / name),
+                **training,
+            },
+            launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
+            stage2_ab={"schedule": {"b_ratio": 0.0}, "channel_b": {"mode": "step"}},
+        )
+
+    first = run_cli("train-ab", str(write_config(tmp_path / "first.yaml", config("first"))), timeout=400)
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "first" / "checkpoint-2", resumed_dir / "checkpoint-2")
+    cfg = config("resumed", resume_from_checkpoint="latest")
+    again = run_cli("train-ab", str(write_config(tmp_path / "resumed.yaml", cfg)), timeout=400)
+    assert again.returncode == 0, again.stderr[-4000:]
+    original = {r["step"]: r for r in read_metrics(tmp_path / "first")}
+    resumed = {r["step"]: r for r in read_metrics(resumed_dir)}
+    assert original[3]["loss"] != original[0]["loss"]  # the adapter trains
+    for step in (2, 3):
+        assert resumed[step]["loss"] == original[step]["loss"], step
+    a = load_file(str(tmp_path / "first" / "checkpoint-4" / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(resumed_dir / "checkpoint-4" / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

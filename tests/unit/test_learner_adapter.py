@@ -125,3 +125,30 @@ def test_adapter_config_defaults_and_freeze_vit_combine() -> None:
     cfg = load_config(None, [*TRAIN, "model.freeze_vit=true"], world_size=2)
     assert cfg.model.adapter is not None and cfg.model.adapter.target_modules[0] == "q_proj"
     assert adapter.target_regex(cfg.model.adapter.target_modules).startswith(r".*language_model\.")
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [("lora", "float32"), ("dora", "bfloat16")])
+def test_hf_server_merges_a_synced_adapter_bit_identically_to_the_checkpoint(kind: str, dtype: str) -> None:
+    """`sync.mode: adapter`: the hf engine's specs are the adapter's (peft names, float32), and after
+    `apply_weights` it serves exactly the weights `merged_state_dict` writes to a checkpoint's model/."""
+    from stagectl.rollout.serving import build_engine
+    from stagectl.rollout.weights import spec_of
+
+    learner = _adapted(kind)
+    overrides = [
+        f"model.adapter={{type: {kind}, r: 4, alpha: 8}}",
+        "custom.extra.rollout_matching.vllm.sync.mode=adapter",
+        f"model.torch_dtype={dtype}",
+    ]
+    engine = build_engine(load_config(None, overrides))
+    try:
+        sent = adapter.adapter_state_dict(learner)
+        assert {k: spec_of(v) for k, v in sent.items()} == engine.weight_specs()
+        engine.apply_weights(sent, 3)
+        served = engine.model.state_dict()  # type: ignore[attr-defined]
+        expected = adapter.merged_state_dict(learner, dtype=getattr(torch, dtype))
+        assert set(served) == set(expected) and engine.version == 3
+        different = [k for k in expected if not torch.equal(served[k], expected[k])]
+        assert not different, different[:3]
+    finally:
+        engine.close()
