@@ -55,7 +55,7 @@ class WeightPublisher:
         self.ver: int = dist.broadcast_object(max(v.version for v in versions) if versions else 0)
         # `sync.mode: adapter`: hf-engine servers merge a pushed adapter themselves; any other engine (vLLM)
         # gets the merged weights (a full sync of the plain model), the same tensors a checkpoint's model/ holds
-        adapter_engines = all(v.engine == "hf" for v in versions)
+        adapter_engines = adapter_sync and all(v.engine == "hf" for v in versions)
         self.sends_adapter: bool = adapter_sync and dist.broadcast_object(adapter_engines)
         # a fresh server already serves the base weights; anything else gets a push first
         self.pushed_at_update = 0 if self.ver == 0 and num_updates == 0 else -1
