@@ -87,6 +87,21 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
     for name in ("lm_head.weight", "model.visual.blocks.0.mlp.gate_proj.weight"):
         assert torch.equal(saved[name], base[name]), f"frozen base weight {name} moved"
 
+    # adapter/ is peft's format: peft's own merge of it onto the base is exactly model/
+    from peft import PeftModel
+
+    from stagectl.models.loading import load_bundle
+
+    base_model = load_bundle("builtin:tiny-qwen2.5-vl", add_coord_tokens=True).model
+    by_peft = PeftModel.from_pretrained(base_model, str(final / "adapter")).merge_and_unload().state_dict()
+    assert set(by_peft) == set(saved) and all(torch.equal(by_peft[k], saved[k]) for k in saved)
+    # `stagectl export` of the run is a plain model directory holding the merged weights
+    from stagectl.models.export import export_model
+
+    export_model(str(out), tmp_path / "exported")
+    exported = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "exported")).state_dict()
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
+
     reference = start_server_process(
         ["--model", str(final / "model"), "--port", "0"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}
     )
