@@ -10,6 +10,39 @@ from pydantic import Field, model_validator
 from stagectl.config.base import StrictModel
 from stagectl.config.rollout import DecodingConfig
 
+LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class AdapterConfig(StrictModel):
+    """A LoRA / DoRA adapter (peft) on the language model's linear layers. With an adapter the whole base
+    model is frozen and only the adapter trains (the vision tower and aligner get no adapter: ms-swift's
+    default scope); `freeze_vit` / `freeze_aligner` change nothing then, and `freeze_llm` is refused since
+    the adapter lives in the language model."""
+
+    type: Literal["lora", "dora"] = "lora"
+    """`lora`: W + (alpha/r)·B·A. `dora`: LoRA plus a learned per-row magnitude (peft's `use_dora`)."""
+    r: int = Field(8, ge=1, le=1024)
+    """Rank of the A (r × in) and B (out × r) matrices."""
+    alpha: int = Field(16, ge=1)
+    """LoRA alpha: the update is scaled by alpha / r."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input during training (0 keeps Channel-A/B logits deterministic)."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LM_LINEARS))
+    """Names of the language model's linear layers that get an adapter, matched inside the language model
+    only (never the vision tower, whose MLP also has `gate_proj`/`up_proj`/`down_proj`): any of
+    q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj."""
+
+    @model_validator(mode="after")
+    def _known_targets(self) -> AdapterConfig:
+        unknown = [t for t in self.target_modules if t not in LM_LINEARS]
+        if not self.target_modules or unknown:
+            raise ValueError(
+                f"target_modules {unknown or '[]'}: choose one or more of {', '.join(LM_LINEARS)}"
+            )
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"target_modules {self.target_modules}: a name is listed twice")
+        return self
+
 
 class ModelConfig(StrictModel):
     name_or_path: str = "builtin:tiny-qwen2.5-vl"
@@ -30,11 +63,23 @@ class ModelConfig(StrictModel):
     ms-swift's `freeze_aligner`)."""
     freeze_llm: bool = False
     """Freeze the language model, embeddings and LM head included (ms-swift's `freeze_llm`)."""
+    adapter: AdapterConfig | None = None
+    """Train a LoRA / DoRA adapter instead of the full model (train-ab only; see `AdapterConfig`).
+    Checkpoints hold the merged weights in `model/` and the adapter in `adapter/`."""
     device_map: str | None = None
     """Hugging Face device map for single-process inference (`auto`); under torchrun every rank
     loads the full model on its own device and this is ignored."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
     """Attention kernel; None lets transformers choose (sdpa on CPU)."""
+
+    @model_validator(mode="after")
+    def _adapter_in_the_llm(self) -> ModelConfig:
+        if self.adapter is not None and self.freeze_llm:
+            raise ValueError(
+                "adapter with freeze_llm: true: the adapter lives in the language model; with an adapter "
+                "the base model is frozen anyway, so unset freeze_llm"
+            )
+        return self
 
 
 SideFractionBound = Annotated[float, Field(ge=0.05, le=0.9)]  # = stagectl.data.synthetic.SIDE_FRACTION_LIMITS

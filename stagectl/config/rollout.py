@@ -45,7 +45,9 @@ class VllmServerConfig(StrictModel):
 
 class VllmSyncConfig(StrictModel):
     mode: Literal["full", "adapter"] = "full"
-    """Weight sync mode. stagectl implements `full` (every parameter); `adapter` is rejected."""
+    """`full`: every parameter of the plain model (with `model.adapter`: the merged weights). `adapter`:
+    only the adapter tensors of `model.adapter` (peft's names, float32), which an `hf`-engine server merges
+    onto its float32 base copy; a `vllm`-engine server gets the merged weights instead (a full sync)."""
     transport: Literal["http", "disk", "shm", "collective", "nccl"] = "http"
     """`http`: chunked safetensors streamed to `/update_weights/` (on the server's weight-stream port);
     `shm`: a snapshot in `/dev/shm` that every server maps (learner rank 0 and the servers on one node:

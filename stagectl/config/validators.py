@@ -17,7 +17,7 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
-from stagectl.config.validators_training import validate_parallelism, validate_precision
+from stagectl.config.validators_training import validate_adapter, validate_parallelism, validate_precision
 
 
 def validate_b_ratio_present(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -87,13 +87,24 @@ def validate_async_needs_server_rollouts(cfg: StagectlConfig, world_size: int) -
 
 
 def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
-    rm = cfg.custom.extra.rollout_matching
-    if rm.vllm.sync.mode != "full":
+    """`adapter` sends the adapter only: it needs `model.adapter` and the http transport (full syncs)."""
+    sync = cfg.custom.extra.rollout_matching.vllm.sync
+    if sync.mode != "adapter":
+        return []
+    key = "custom.extra.rollout_matching.vllm.sync.mode"
+    if cfg.model.adapter is None:
         return [
             Problem(
-                "custom.extra.rollout_matching.vllm.sync.mode",
-                "stagectl syncs full weights only (versioned full weight sync, which async mode relies on); "
-                "set vllm.sync.mode: full",
+                key, "adapter syncs the adapter of model.adapter, which is not set; set it or use mode: full"
+            )
+        ]
+    if sync.transport != "http" or sync.delta:
+        return [
+            Problem(
+                key,
+                f"adapter syncs run over transport http without delta (the adapter is small), not "
+                f"transport: {sync.transport}{', delta: true' if sync.delta else ''}; set transport: http, "
+                "delta: false, or mode: full",
             )
         ]
     return []
@@ -497,6 +508,7 @@ VALIDATORS = (
     validate_packing_batch,
     validate_precision,
     validate_parallelism,
+    validate_adapter,
 )
 
 

@@ -77,3 +77,40 @@ def validate_parallelism(cfg: StagectlConfig, world_size: int) -> list[Problem]:
             )
         )
     return problems
+
+
+def validate_adapter(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    """`model.adapter` is trained by train-ab (ddp or one process) on a float32 master base."""
+    if cfg.model.adapter is None:
+        return []
+    if not is_train_ab(cfg):
+        if cfg.guidance is None:
+            # like training.*, a learner key in a server config (the training YAML the server is started
+            # from): with vllm.sync.mode: adapter the hf server merges synced adapters onto its base
+            return []
+        return [
+            Problem(
+                "model.adapter",
+                "is trained by train-ab; Stage-B loads a plain model: point model.name_or_path at a "
+                "train-ab checkpoint's merged model/ (or a `stagectl export` of it)",
+            )
+        ]
+    training = cfg.training
+    problems = []
+    if training.parallelism == "fsdp":
+        problems.append(
+            Problem(
+                "training.parallelism",
+                "fsdp with model.adapter is not supported (the adapter is small: DDP replicates it cheaply); "
+                "use parallelism: ddp",
+            )
+        )
+    if training.allow_low_precision_params:
+        problems.append(
+            Problem(
+                "training.allow_low_precision_params",
+                "with model.adapter the frozen base is held in float32 like the adapter; a base held in "
+                "model.torch_dtype is not supported yet; remove the key (use training.mixed_precision: bf16)",
+            )
+        )
+    return problems

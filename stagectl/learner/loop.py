@@ -22,8 +22,8 @@ import torch
 from stagectl import dist
 from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.console import say
+from stagectl.learner import adapter, sharding
 from stagectl.learner import checkpoint as ckpt
-from stagectl.learner import sharding
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
@@ -109,6 +109,7 @@ class Trainer:
             self.world,
             num_updates=self.num_updates,
             storage_dtype=st.precision.storage_dtype,
+            adapter_sync=rm.vllm.sync.mode == "adapter",
         )
         if cfg.stage2_ab.channel_b.mode == "async":
             async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
@@ -316,6 +317,9 @@ class Trainer:
                 model_state = sharding.full_state_dict(
                     model, dtype=st.precision.storage_dtype, keep=self.world.is_main
                 )
+            elif adapter.has_adapter(model):
+                # model/ holds the merged weights (what vLLM and transformers load); adapter/ the adapter
+                model_state = adapter.merged_state_dict(model, dtype=st.precision.storage_dtype)
             elif st.precision.storage_dtype != st.precision.param_dtype:
                 model_state = {
                     k: v.detach().to("cpu", dtype=st.precision.storage_dtype)
@@ -356,12 +360,19 @@ class Trainer:
     ) -> None:
         st = self.state
         # ddp with model/ in another dtype: the float32 masters are kept beside it for an exact resume
-        keep_masters = sharded_dir is None and model_state is not None
+        # (with an adapter the base is model.name_or_path and adapter/ holds the trained tensors in float32)
+        adapter_cfg = self.cfg.model.adapter
+        keep_masters = sharded_dir is None and model_state is not None and adapter_cfg is None
 
         def save_processors(path: Any) -> None:
             st.bundle.tokenizer.save_pretrained(path)
             if st.bundle.image_processor is not None:  # text-only models have none
                 st.bundle.image_processor.save_pretrained(path)
+            if adapter_cfg is not None:  # `path` is the checkpoint's model/: adapter/ goes beside it
+                base = self.cfg.model.name_or_path
+                adapter.save_adapter(
+                    st.bundle.model, adapter_cfg, base, Path(path).parent / adapter.ADAPTER_DIR
+                )
 
         extra: dict[str, Any] = {"num_updates": self.num_updates}
         if isinstance(self.channel_b, AsyncChannelB):

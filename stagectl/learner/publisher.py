@@ -45,13 +45,18 @@ class WeightPublisher:
         *,
         num_updates: int,
         storage_dtype: torch.dtype | None = None,
+        adapter_sync: bool = False,
     ) -> None:
         self.client = client
         self.model = model
         self.world = world
         self.storage_dtype = storage_dtype  # the servers' dtype: float32 masters are converted to it
-        served = max(v.version for v in client.versions()) if world.is_main else 0
-        self.ver: int = dist.broadcast_object(served)
+        versions = client.versions() if world.is_main else []
+        self.ver: int = dist.broadcast_object(max(v.version for v in versions) if versions else 0)
+        # `sync.mode: adapter`: hf-engine servers merge a pushed adapter themselves; any other engine (vLLM)
+        # gets the merged weights (a full sync of the plain model), the same tensors a checkpoint's model/ holds
+        adapter_engines = adapter_sync and all(v.engine == "hf" for v in versions)
+        self.sends_adapter: bool = adapter_sync and dist.broadcast_object(adapter_engines)
         # a fresh server already serves the base weights; anything else gets a push first
         self.pushed_at_update = 0 if self.ver == 0 and num_updates == 0 else -1
         self.num_syncs = 0
@@ -110,11 +115,15 @@ class WeightPublisher:
 
     def _state_dict(self) -> dict[str, torch.Tensor]:
         """Full CPU tensors in the servers' dtype (FSDP2 shards gathered: a collective on every rank)."""
-        from stagectl.learner import sharding
+        from stagectl.learner import adapter, sharding
 
         if sharding.is_sharded(self.model):
             return sharding.full_state_dict(self.model, dtype=self.storage_dtype, keep=self.world.is_main)
         dtype = self.storage_dtype
+        if self.sends_adapter:  # peft's names, float32: the servers merge onto their float32 base
+            return adapter.adapter_state_dict(self.model)
+        if adapter.has_adapter(self.model):  # the plain model: original names, the adapter merged in
+            return adapter.merged_state_dict(self.model, dtype=dtype)
         return {
             name: t.detach().to("cpu", dtype=dtype) if dtype is not None else t.detach().to("cpu")
             for name, t in self.model.state_dict().items()

@@ -21,8 +21,8 @@ from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
 from stagectl.dist import World, device_for, init_distributed
 from stagectl.files import check_output_dir, write_resolved_config
+from stagectl.learner import adapter, sharding
 from stagectl.learner import checkpoint as ckpt
-from stagectl.learner import sharding
 from stagectl.learner.optim import build_optimizer
 from stagectl.learner.parts import FreezeReport, freeze_parts
 from stagectl.learner.precision import Precision
@@ -84,8 +84,10 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         # rank 0 alone resolves the checkpoint (`latest` ignores incomplete ones) and every rank
         # follows it, so no rank can pick another checkpoint (e.g. one written while it looked)
         resume, rank_state = shared_resume(cfg, world)
-        # every rank loads the same weights: the base model, or the checkpoint's on resume
-        source = str(resume / "model") if resume else cfg.model.name_or_path
+        # every rank loads the same weights: the base model, or the checkpoint's on resume (with an
+        # adapter the base never changes: it comes from model.name_or_path, the adapter from `adapter/`)
+        adapter_cfg = cfg.model.adapter
+        source = str(resume / "model") if resume and adapter_cfg is None else cfg.model.name_or_path
         try:
             resolve_model_path(source)
         except (FileNotFoundError, ValueError) as exc:
@@ -99,9 +101,17 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         )
         if resume is not None:
             ckpt.load_master_weights(resume, bundle.model)
-        freeze = freeze_parts(
-            bundle.model, vit=cfg.model.freeze_vit, aligner=cfg.model.freeze_aligner, llm=cfg.model.freeze_llm
-        )
+        if adapter_cfg is None:
+            freeze = freeze_parts(
+                bundle.model,
+                vit=cfg.model.freeze_vit,
+                aligner=cfg.model.freeze_aligner,
+                llm=cfg.model.freeze_llm,
+            )
+        else:
+            freeze = adapter.apply_adapter(bundle.model, adapter_cfg)
+            if resume is not None:
+                adapter.load_adapter(bundle.model, resume / adapter.ADAPTER_DIR)
         bundle.model.train()
         bundle.model.config.use_cache = False
         if cfg.training.gradient_checkpointing:

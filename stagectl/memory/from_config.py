@@ -8,7 +8,7 @@ from typing import Literal
 
 from stagectl.cache import cache_root
 from stagectl.config import StagectlConfig
-from stagectl.memory.estimate import TrainingKnobs
+from stagectl.memory.estimate import AdapterKnobs, TrainingKnobs
 from stagectl.memory.shapes import ModelShape, shape_from_checkpoint
 
 BUILTIN_PREFIX = "builtin:"  # = stagectl.models.tiny.BUILTIN_PREFIX (that module imports torch)
@@ -17,6 +17,10 @@ BUILTIN_PREFIX = "builtin:"  # = stagectl.models.tiny.BUILTIN_PREFIX (that modul
 def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
     """Every config key the estimate depends on."""
     training, model = cfg.training, cfg.model
+    adapter = None
+    if model.adapter is not None:
+        a = model.adapter
+        adapter = AdapterKnobs(type=a.type, r=a.r, target_modules=tuple(a.target_modules))
     return TrainingKnobs(
         world_size=world_size,
         parallelism=training.parallelism,
@@ -26,6 +30,7 @@ def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
         freeze_vit=model.freeze_vit,
         freeze_aligner=model.freeze_aligner,
         freeze_llm=model.freeze_llm,
+        adapter=adapter,
         torch_dtype=cfg.model.torch_dtype,
         global_max_length=cfg.global_max_length,
         per_device_train_batch_size=cfg.training.per_device_train_batch_size,

@@ -98,18 +98,30 @@ def build_engine(cfg: StagectlConfig) -> Engine:
         from stagectl.models.loading import load_bundle
         from stagectl.rollout.engines.hf import HFEngine
 
+        adapter_sync = (
+            cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
+        )
         bundle = load_bundle(
             cfg.model.name_or_path,
-            torch_dtype=cfg.model.torch_dtype,
+            # adapter syncs merge onto the float32 base (as the learner's checkpoints do), then serve the dtype
+            torch_dtype="float32" if adapter_sync else cfg.model.torch_dtype,
             device="cuda" if torch.cuda.is_available() else "cpu",
             attn_implementation=cfg.model.attn_implementation,
             add_coord_tokens=detection,
         )
+        merger = None
+        if adapter_sync:
+            from stagectl.rollout.engines.hf_adapter import AdapterMerger
+
+            assert cfg.model.adapter is not None
+            merger = AdapterMerger(bundle.model, cfg.model.adapter)
+            bundle.model.to(getattr(torch, cfg.model.torch_dtype))
         return HFEngine(
             bundle,
             model_name=cfg.model.name_or_path,
             max_batch_size=rs.max_batch_size,
             batch_wait_ms=rs.batch_wait_ms,
+            adapter=merger,
         )
     from stagectl.models.loading import resolve_model_path
     from stagectl.rollout.engines.vllm import VllmEngine

@@ -83,3 +83,23 @@ def write_config(path: Path, cfg: dict[str, Any]) -> Path:
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def greedy_ids(url: str) -> list[list[int]]:
+    """A server's greedy token ids for three fixed prompts (what a weight sync must reproduce)."""
+    import httpx
+
+    prompts = ["Describe the picture.", "List the objects as JSON.", "object_1"]
+    body = {
+        "infer_requests": [{"messages": [{"role": "user", "content": p}]} for p in prompts],
+        "request_config": {"max_tokens": 12, "temperature": 0, "return_details": True},
+    }
+    answer = httpx.post(f"{url}/infer/", json=body, timeout=60).raise_for_status().json()
+    return [item["choices"][0]["token_ids"] for item in answer]
+
+
+def base_state() -> dict[str, Any]:
+    """The tiny Qwen2.5-VL's float32 state dict, as the learner loads it before training."""
+    from stagectl.models.loading import load_bundle
+
+    return {k: v.detach() for k, v in load_bundle("builtin:tiny-qwen2.5-vl").model.state_dict().items()}

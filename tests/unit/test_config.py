@@ -119,9 +119,20 @@ def test_async_requires_server_rollouts(tmp_path: Path) -> None:
     assert "rollout_backend: vllm" in probs["custom.extra.rollout_matching.rollout_backend"]
 
 
-def test_async_requires_full_sync(tmp_path: Path) -> None:
+def test_adapter_sync_needs_an_adapter_and_http(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, "custom.extra.rollout_matching.vllm.sync.mode=adapter")
-    assert "sync.mode: full" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
+    assert "model.adapter, which is not set" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
+    probs = problems_of(
+        tmp_path,
+        ASYNC,
+        "custom.extra.rollout_matching.vllm.sync.mode=adapter",
+        "model.adapter={r: 4}",
+        "custom.extra.rollout_matching.vllm.sync.transport=shm",
+    )
+    assert "transport: shm" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
+    overrides = ["custom.extra.rollout_matching.vllm.sync.mode=adapter", "model.adapter={r: 4}"]
+    cfg = load_config(write(tmp_path, ASYNC), overrides, world_size=2)
+    assert cfg.model.adapter is not None and cfg.model.adapter.r == 4
 
 
 def test_async_requires_server_mode(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ preprocessing and `<|image_pad|>` expansion) on the calling thread; the worker g
 equal sampling parameters into one left-padded `generate_batch` call (up to `max_batch_size`, waiting
 `batch_wait_ms` to fill), with per-request seeds (`PerRowSampler`) and stop strings. Generation stops
 at the checkpoint's own stop ids (`ModelBundle.stop_token_ids`: the chat template's end-of-turn and
-every eos id). `apply_weights` copies verified tensors into the model under the same lock the worker
+every eos id). Under `vllm.sync.mode: adapter` a sync carries only the adapter, which `AdapterMerger`
+merges onto its float32 base copy. `apply_weights` copies verified tensors into the model under the same lock the worker
 holds while generating, so a batch sees either the old or the new weights, never a mix.
 """
 
@@ -25,6 +26,7 @@ from stagectl.models.loading import ModelBundle
 from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
+from stagectl.rollout.engines.hf_adapter import AdapterMerger
 from stagectl.rollout.engines.sampling import PerRowSampler
 from stagectl.rollout.guards import check_context
 from stagectl.rollout.text import cut_at_stop
@@ -41,9 +43,16 @@ class HFEngine:
     name = "hf"
 
     def __init__(
-        self, bundle: ModelBundle, *, model_name: str, max_batch_size: int, batch_wait_ms: float
+        self,
+        bundle: ModelBundle,
+        *,
+        model_name: str,
+        max_batch_size: int,
+        batch_wait_ms: float,
+        adapter: AdapterMerger | None = None,
     ) -> None:
         self.bundle = bundle
+        self.adapter = adapter  # `vllm.sync.mode: adapter`: syncs carry the adapter, merged in here
         self.model_name = model_name
         self.model = bundle.model
         self.model.eval()
@@ -130,10 +139,14 @@ class HFEngine:
         return str(self.bundle.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def weight_specs(self) -> dict[str, TensorSpec]:
+        if self.adapter is not None:
+            return dict(self.adapter.specs)
         return {name: spec_of(t) for name, t in self.model.state_dict().items()}
 
     def apply_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         state = self.model.state_dict()  # tensors share storage with the model's parameters/buffers
+        if self.adapter is not None:  # merged outside the lock: generation goes on meanwhile
+            weights = self.adapter.merged(weights)
         with self._lock, torch.no_grad():
             for name, tensor in weights.items():
                 state[name].copy_(tensor)
