@@ -95,7 +95,7 @@ def greedy_ids(url: str) -> list[list[int]]:
         "request_config": {"max_tokens": 12, "temperature": 0, "return_details": True},
     }
     answer = httpx.post(f"{url}/infer/", json=body, timeout=60).raise_for_status().json()
-    return [item["choices"][0]["token_ids"] for item in answer]
+    return [item["response"]["choices"][0]["token_ids"] for item in answer]  # swift's RolloutOutput shape
 
 
 def base_state() -> dict[str, Any]:
