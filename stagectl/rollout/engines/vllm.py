@@ -8,7 +8,8 @@ concurrent clients share vLLM's continuous batching. Generated ids are decoded a
 strings exactly as in the `hf` engine, so both engines give the same `EngineResult` for the same ids.
 
 A sync hands the verified tensors (named as in the learner's `state_dict()`, `learner_specs`) to vLLM's
-`reload_weights` and drops the prefix cache (its KV blocks were computed with the old weights), all
+`reload_weights` and drops the prefix cache (its KV blocks were computed with the old weights) and, for
+a vision-language model, the encoder cache (image embeddings of the old vision tower), all
 under the lock the worker holds while generating, so a batch sees the old or the new weights, never
 a mix. The tensors cross no process boundary: the engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before vLLM is imported), hence `tensor_parallel_size` 1.
@@ -245,6 +246,10 @@ class VllmEngine:
         with self._lock:
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
             self._llm.reset_prefix_cache()  # cached prefix KV was computed with the old weights
+            if self.vision_language:
+                # Image embeddings too (left alone, the next request with a cached image fails with
+                # "Encoder cache miss", or would reuse embeddings of the old vision tower).
+                self._llm.llm_engine.reset_encoder_cache()
             self._version = version
 
     def batch_sizes(self) -> dict[int, int]:
