@@ -15,7 +15,17 @@ from stagectl.schedule import channel_for_step
 from tests.integration.helpers import run_cli
 
 ASYNC = "stage2_ab/async/"
-TRAIN_AB_PLOTS = ("loss", "rollout", "eval", "pr_curve", "b_ratio", "async_queue", "async_drops", "timing")
+TRAIN_AB_PLOTS = (
+    "loss",
+    "rollout",
+    "eval",
+    "pr_curve",
+    "b_ratio",
+    "async_queue",
+    "async_drops",
+    "timing",
+    "optimizer",
+)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]], torn_tail: str = "") -> None:
@@ -42,6 +52,7 @@ def train_ab_rows(num_steps: int, b_ratio: str, async_mode: bool, skips: set[int
             "loss/ce": 7.5 - 0.09 * step,
             "loss/coord_ce": 0.0,
             "grad_norm": 4.0,
+            "optim/update_nonzero_frac": 0.9,
             "tokens": 1400 + 10 * (step % 5),
             "time/step_s": 0.4 if kind == "A" else 0.9,
             "time/rollout_s": 0.0,
@@ -130,7 +141,7 @@ def test_async_run_report(tmp_path: Path) -> None:
 
     result = run_cli("report", str(run_dir), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert f"report: wrote {run_dir / 'report.md'} and 8 plot(s)" in result.stdout  # eval.png + pr_curve.png
+    assert f"report: wrote {run_dir / 'report.md'} and 9 plot(s)" in result.stdout  # eval.png + pr_curve.png
 
     text = (run_dir / "report.md").read_text()
     num_b = sum(r["kind"] == "B" for r in rows)
@@ -172,7 +183,12 @@ def test_step_mode_run_without_b_steps_skips_plots_and_says_why(tmp_path: Path) 
     assert "- async queue depth / ver_lag: step-mode run" in text
     assert "partial run: the last logged step is 4 of `training.max_steps` = 20." in text
     assert "no `final_state.json`" in text
-    assert sorted(p.name for p in (run_dir / "report").iterdir()) == ["b_ratio.png", "loss.png", "timing.png"]
+    assert sorted(p.name for p in (run_dir / "report").iterdir()) == [
+        "b_ratio.png",
+        "loss.png",
+        "optimizer.png",
+        "timing.png",
+    ]
     for path in (run_dir / "report").iterdir():
         assert_readable_png(path)
 
