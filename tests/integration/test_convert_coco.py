@@ -92,3 +92,25 @@ def test_coco_converts_and_trains_with_the_example_config(tmp_path: Path) -> Non
     assert [row["kind"] for row in read_metrics(run_dir)] == ["A", "B"]
     (row,) = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert row["step"] == 2 and row["n_samples"] == 5 and row["n_gt"] == NUM_KEPT
+
+    # ... and `stagectl eval` scores the checkpoint in COCO's own ids
+    eval_dir = tmp_path / "eval"
+    sets_eval = {k: v for k, v in sets.items() if k.startswith(("data.", "custom.", "global_max"))}
+    eval_args = [arg for key, value in sets_eval.items() for arg in ("--set", f"{key}={value}")]
+    evaluated = run_cli(
+        "eval",
+        "examples/coco/train_ab.yaml",
+        "--model",
+        str(run_dir / "checkpoint-2" / "model"),
+        "--data",
+        str(out),
+        "--out",
+        str(eval_dir),
+        *eval_args,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    assert {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1"} <= set(metrics)
+    predictions = json.loads((eval_dir / "predictions.coco.json").read_text())
+    known_images = set(range(100, 100 + len(IMAGES)))
+    assert all(p["image_id"] in known_images and p["category_id"] in {1, 18, 44} for p in predictions)
