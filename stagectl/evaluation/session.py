@@ -63,17 +63,38 @@ def run_eval(
 ) -> EvalRun | None:
     """Evaluate `cfg.model.name_or_path` (or the servers at `server_url`) on `data.eval`; returns the run
     on rank 0 (None on other ranks). Call inside torchrun's process group when `world_size` > 1."""
-    from stagectl import dist
-    from stagectl.detection.vocab import TokenVocab
     from stagectl.files import check_output_dir
-    from stagectl.models.loading import load_bundle, load_tokenizer, resolve_model_path
 
     samples, num_available, source = load_eval_samples(cfg)
     if not samples:
         raise ValueError(f"nothing to evaluate ({source}): give --data JSONL or set data.eval")
     ids = assign_ids(samples, source)
+    created = rank == 0 and not out_dir.exists()
     if rank == 0:
         check_output_dir(out_dir, "--out")
+    try:
+        return _evaluate(cfg, out_dir, samples, num_available, source, ids, server_url, rank, world_size)
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed start leaves no empty --out directory behind
+        raise
+
+
+def _evaluate(
+    cfg: StagectlConfig,
+    out_dir: Path,
+    samples: list[DetectionSample],
+    num_available: int,
+    source: str,
+    ids: Any,
+    server_url: str | None,
+    rank: int,
+    world_size: int,
+) -> EvalRun | None:
+    from stagectl import dist
+    from stagectl.detection.vocab import TokenVocab
+    from stagectl.models.loading import load_bundle, load_tokenizer, resolve_model_path
+
     model_path = checkpoint_dir(cfg.model.name_or_path)
     try:
         resolve_model_path(model_path)
