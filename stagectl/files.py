@@ -15,21 +15,9 @@ RESOLVED_CONFIG = "config.yaml"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that readers see either the old or the new content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    done = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        done = True
-    finally:
-        if not done:
-            tmp.unlink(missing_ok=True)
+    """Replace `path` with `text` so that readers see either the old or the new content (the mode a plain
+    `open` would give it: see `atomic_write_lines`)."""
+    atomic_write_lines(path, [text])
 
 
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
