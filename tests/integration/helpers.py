@@ -103,3 +103,14 @@ def base_state() -> dict[str, Any]:
     from stagectl.models.loading import load_bundle
 
     return {k: v.detach() for k, v in load_bundle("builtin:tiny-qwen2.5-vl").model.state_dict().items()}
+
+
+def external_server_overrides(out: Path, url: str) -> list[str]:
+    """`--set` arguments that point an example config's run at `out` and at an external server `url`
+    instead of its embedded one."""
+    sets = {
+        "training.output_dir": str(out),
+        "rollout_server.embedded": "false",
+        "custom.extra.rollout_matching.vllm.server.servers": f"[{{base_url: '{url}'}}]",
+    }
+    return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]

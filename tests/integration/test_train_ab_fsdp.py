@@ -15,6 +15,7 @@ from stagectl.rollout.launcher import start_server_process
 from tests.integration.helpers import (
     ROOT,
     base_state,
+    external_server_overrides,
     greedy_ids,
     read_metrics,
     run_cli,
@@ -118,14 +119,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
         env={"OMP_NUM_THREADS": "1"},
     )
     out = tmp_path / "run"
-    common = [
-        "--set",
-        f"training.output_dir={out}",
-        "--set",
-        "rollout_server.embedded=false",
-        "--set",
-        f"custom.extra.rollout_matching.vllm.server.servers=[{{base_url: '{server.url}'}}]",
-    ]
+    common = external_server_overrides(out, server.url)
     try:
         first = run_cli("train-ab", "examples/tiny/train_ab_fsdp.yaml", *common, timeout=500)
         assert first.returncode == 0, first.stderr[-4000:]

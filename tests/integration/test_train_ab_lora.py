@@ -15,6 +15,7 @@ from stagectl.rollout.launcher import start_server_process
 from tests.integration.helpers import (
     ROOT,
     base_state,
+    external_server_overrides,
     greedy_ids,
     read_metrics,
     run_cli,
@@ -44,14 +45,7 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
         env={"OMP_NUM_THREADS": "1"},
     )
     out = tmp_path / "run"
-    common = [
-        "--set",
-        f"training.output_dir={out}",
-        "--set",
-        "rollout_server.embedded=false",
-        "--set",
-        f"custom.extra.rollout_matching.vllm.server.servers=[{{base_url: '{server.url}'}}]",
-    ]
+    common = external_server_overrides(out, server.url)
     try:
         first = run_cli("train-ab", EXAMPLE, *common, timeout=500)
         assert first.returncode == 0, first.stderr[-4000:]
