@@ -146,9 +146,14 @@ def _gpu_section() -> str:
         return (
             "Not run: no GPU was available to the session that generated this file. The `tests/gpu` tier and the "
             "Qwen2.5-VL-3B-sized benchmark (`python -m bench gpu`: learner tokens/s and MFU at bf16, packing_length "
-            "4096; vLLM rollout tokens/s) run where CUDA is."
+            "4096; rollout tokens/s) run where CUDA is."
         )
-    return "```\n" + path.read_text() + "\n```"
+    from bench.bench_gpu import markdown
+
+    saved = json.loads(path.read_text())
+    return f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s._\n\n" + markdown(
+        saved["result"]
+    )
 
 
 if __name__ == "__main__":

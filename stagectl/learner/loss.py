@@ -50,6 +50,14 @@ class LossTerms:
         }
 
 
+def loss_rows(ce_weights: torch.Tensor, coord_positions: torch.Tensor) -> torch.Tensor:
+    """The sorted positions whose logits the loss reads: t - 1 for every CE-weighted token t and every
+    coordinate slot. A detection pack supervises its answers only (the image and prompt tokens, most of
+    the pack, have weight 0), so the LM head and the float32 logits need only these rows."""
+    ce_rows = (ce_weights.reshape(-1)[1:] > 0).nonzero().flatten()
+    return torch.unique(torch.cat([ce_rows, coord_positions.reshape(-1) - 1]))  # sorted
+
+
 def compute_loss(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -58,18 +66,24 @@ def compute_loss(
     coord_gt_bins: torch.Tensor,
     coord_token_ids: torch.Tensor,
     weights: LossWeights,
+    rows: torch.Tensor | None = None,
 ) -> LossTerms:
-    """logits [L, V] (one packed sequence); input_ids [L]; ce_weights [L] where ce_weights[t] scales the
-    CE of predicting input_ids[t] from logits[t - 1] (ce_weights[0] is ignored); coord_positions [G, 4]
-    token positions of the coordinate slots; coord_gt_bins [G, 4] in 0..999; coord_token_ids [1000]."""
+    """logits [L, V] (one packed sequence), or [K, V] for the positions `rows` (`loss_rows`) alone;
+    input_ids [L]; ce_weights [L] where ce_weights[t] scales the CE of predicting input_ids[t] from
+    logits[t - 1] (ce_weights[0] is ignored); coord_positions [G, 4] token positions of the coordinate
+    slots; coord_gt_bins [G, 4] in 0..999; coord_token_ids [1000]."""
     logits = logits.float()
     zero = logits.new_zeros(())
+
+    def at(positions: torch.Tensor) -> torch.Tensor:  # logits of these sequence positions
+        return logits[positions if rows is None else torch.searchsorted(rows, positions)]
+
     # --- weighted masked CE on next-token prediction: logits[t-1] predicts input_ids[t]
     w = ce_weights[1:].to(logits.dtype)  # [L-1]
     active = w > 0
     num_ce = int(active.sum())
     if num_ce:
-        pred_logits = logits[:-1][active]  # [N, V]
+        pred_logits = at(active.nonzero().flatten())  # [N, V]
         targets = input_ids[1:][active]  # [N]
         ce_tok = F.cross_entropy(pred_logits, targets, reduction="none")  # [N]
         ce = (ce_tok * w[active]).sum() / num_ce
@@ -78,7 +92,7 @@ def compute_loss(
     # --- geometry on coordinate slots
     num_boxes = int(coord_positions.shape[0])
     if num_boxes:
-        slot_logits = logits[coord_positions.reshape(-1) - 1]  # [G*4, V]
+        slot_logits = at(coord_positions.reshape(-1) - 1)  # [G*4, V]
         coord_logits = slot_logits[:, coord_token_ids]  # [G*4, 1000]
         probs = coord_logits.softmax(dim=-1)
         bins = torch.arange(coord_logits.shape[-1], device=logits.device, dtype=probs.dtype)

@@ -8,6 +8,8 @@ gradient all-reduce happens only on the last backward of the optimizer step (`no
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +18,20 @@ import torch
 from stagectl import dist
 from stagectl.collate import PackedBatch
 from stagectl.learner import sharding
-from stagectl.learner.loss import LossWeights, compute_loss
+from stagectl.learner.loss import LossWeights, compute_loss, loss_rows
 from stagectl.learner.precision import Precision
+
+
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether `model.forward` can compute logits for chosen positions (transformers' causal LMs can; a
+    model wrapped by peft forwards the keyword to its base)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_takes(type(base), "logits_to_keep")
+
+
+@functools.cache
+def _forward_takes(cls: type, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters
 
 
 @dataclass
@@ -64,8 +78,14 @@ class PackRunner:
             allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()
         autocast = self.precision.autocast(self.device, enabled=not sharded)  # fsdp casts by its policy
         with dist.phase("forward/backward", "step_s"), allreduce, context:
+            inputs = batch.model_inputs()
+            rows = None
+            if batch.input_ids.shape[0] == 1 and takes_logits_to_keep(self.base_model):
+                # the LM head on the supervised rows only: (L, V) float32 logits would be GBs at 4096 x 152k
+                rows = loss_rows(batch.ce_weights, batch.coord_positions)
+                inputs["logits_to_keep"] = rows
             with autocast:
-                logits = self.ddp_model(**batch.model_inputs()).logits  # (1, L, V)
+                logits = self.ddp_model(**inputs).logits  # (1, K, V), or (B, L, V)
             terms = compute_loss(
                 logits.reshape(-1, logits.shape[-1]),
                 batch.input_ids.reshape(-1),
@@ -74,6 +94,7 @@ class PackRunner:
                 batch.coord_targets,
                 self.coord_token_ids,
                 self.loss_weights,
+                rows=rows,
             )
             loss = terms.total * scale
             (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()

@@ -40,6 +40,7 @@ from stagectl.models.tiny import BUILTIN_PREFIX, resolve_builtin
 from stagectl.models.tokenizer import add_coord_tokens as add_coord_tokens_to
 from stagectl.models.tokenizer import coord_token_ids
 from stagectl.models.turns import generation_eos_ids, stop_token_ids
+from stagectl.models.vision_attention import use_varlen_vision_attention
 
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 TorchDtype = Literal["float32", "bfloat16", "float16"]
@@ -179,6 +180,7 @@ def load_bundle(
         dtype=_DTYPES[torch_dtype],
         attn_implementation=attn_implementation,
     )
+    use_varlen_vision_attention(model)  # one attention call per vision layer instead of one per window
     embedding_rows = model.config.get_text_config().vocab_size
     if num_added and len(tokenizer) > embedding_rows:
         # Real checkpoints pad their embeddings; grow them only when the new tokens do not fit.

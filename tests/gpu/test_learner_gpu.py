@@ -102,3 +102,27 @@ def test_fsdp_on_two_gpus_trains_the_same_losses_as_ddp(tmp_path: Path) -> None:
         assert b["loss"] == pytest.approx(a["loss"], rel=BF16_LOSS_REL), (a["step"], a["loss"], b["loss"])
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=0.05)
     assert (tmp_path / "fsdp" / "checkpoint-3" / "train_state").is_dir()  # a DCP checkpoint, sharded
+
+
+def test_vision_attention_in_one_call_equals_the_per_window_loop_in_bf16() -> None:
+    """On CUDA in bf16 the vision tower's attention is PyTorch's flash `varlen_attn` (one call per layer);
+    transformers' sdpa loop over windows is the reference, forward and backward."""
+    from stagectl.models import vision_attention
+
+    bundle = load_bundle("builtin:tiny-qwen2.5-vl", device="cuda")
+    model, vision = bundle.model, bundle.model.config.vision_config
+    assert vision._attn_implementation == vision_attention.VARLEN
+    assert vision_attention._torch_varlen() is not None, "this torch has no torch.nn.attention.varlen"
+    batch = collate_pack(image_segments(bundle), model).to("cuda")
+    results = []
+    for implementation in (vision_attention.VARLEN, "sdpa"):
+        vision._attn_implementation = implementation
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(**batch.model_inputs()).logits.float()
+        logits.logsumexp(-1).mean().backward()
+        grad = model.model.visual.blocks[0].attn.qkv.weight.grad.clone()
+        results.append((logits.detach(), grad))
+    (got, got_grad), (want, want_grad) = results
+    torch.testing.assert_close(got, want, atol=BF16_ATOL, rtol=0)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-3, rtol=0.05)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stagectl.learner.loss import LossWeights, complete_iou, compute_loss
+from stagectl.learner.loss import LossWeights, complete_iou, compute_loss, loss_rows
 
 V = 1100
 COORD_IDS = torch.arange(100, 1100)  # <|coord_k|> has id 100 + k
@@ -127,3 +127,27 @@ def test_coord_gate_penalises_non_coordinate_tokens_in_slots() -> None:
     bad = compute_loss(off_coords, ids, torch.zeros(7), positions, gt, COORD_IDS, LossWeights())
     assert float(good.coord_gate) < 1e-4  # it does not care which bin
     assert float(bad.coord_gate) > 10
+
+
+def test_loss_on_supervised_rows_equals_loss_on_every_row() -> None:
+    """The learner computes logits only at `loss_rows`; the terms and the gradient are those of the full
+    logits (the rows the loss never reads get no gradient either way)."""
+    torch.manual_seed(1)
+    length = 12
+    ids = torch.randint(0, V, (length,))
+    w = torch.tensor([0.0, 0, 0, 0, 1, 0, 0, 0, 0, 0.5, 1, 0])  # CE off at the slots, as in Channel-B
+    positions = torch.tensor([[5, 6, 7, 8]])
+    gt = torch.tensor([[10, 200, 600, 990]])
+    full = torch.randn(length, V, requires_grad=True)
+    expected = compute_loss(full, ids, w, positions, gt, COORD_IDS, LossWeights(coord_ce=0.5))
+    expected.total.backward()
+    rows = loss_rows(w, positions)
+    assert rows.tolist() == [3, 4, 5, 6, 7, 8, 9]  # t - 1 for each weighted t, and each slot
+    kept = full.detach()[rows].clone().requires_grad_(True)
+    got = compute_loss(kept, ids, w, positions, gt, COORD_IDS, LossWeights(coord_ce=0.5), rows=rows)
+    got.total.backward()
+    for name in ("total", "ce", "bbox_smoothl1", "bbox_ciou", "coord_ce", "coord_gate"):
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=0, atol=0)
+    assert full.grad is not None and kept.grad is not None
+    torch.testing.assert_close(kept.grad, full.grad[rows], rtol=0, atol=0)
+    assert float(full.grad[[r for r in range(length) if r not in rows.tolist()]].abs().sum()) == 0.0
