@@ -37,6 +37,7 @@ from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.setup import LearnerState, build_learner
+from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
@@ -80,7 +81,8 @@ class Trainer:
         say(
             "train-ab",
             f"{training.parallelism} over {self.world.world_size} rank(s), master weights "
-            f"{st.precision.param_dtype_name}, compute {training.mixed_precision}, storage {cfg.model.torch_dtype}; "
+            f"{st.precision.param_dtype_name}, compute {training.mixed_precision}, storage {cfg.model.torch_dtype}, "
+            f"attention {describe_attention(st.bundle.model)}; "
             f"trainable {st.freeze.num_trainable:,} of {st.freeze.num_trainable + st.freeze.num_frozen:,} parameters"
             + (f" (frozen: {', '.join(st.freeze.frozen_parts)})" if st.freeze.frozen_parts else ""),
         )

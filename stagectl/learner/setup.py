@@ -97,7 +97,11 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         precision = Precision.from_config(cfg)
         # master weights in float32 (or the stored dtype itself, only when the user opted in)
         bundle = load_bundle(
-            source, torch_dtype=precision.param_dtype_name, device=str(device), add_coord_tokens=True
+            source,
+            torch_dtype=precision.param_dtype_name,
+            device=str(device),
+            attn_implementation=cfg.model.attn_implementation,
+            add_coord_tokens=True,
         )
         if resume is not None:
             ckpt.load_master_weights(resume, bundle.model)

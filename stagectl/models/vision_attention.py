@@ -73,3 +73,14 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
     AttentionInterface.register(VARLEN, varlen_vision_attention)
     vision._attn_implementation = VARLEN
     return True
+
+
+def describe_attention(model: torch.nn.Module) -> str:
+    """`sdpa`, or `sdpa (vision: one varlen call per layer)`: what the start-up line names."""
+    config = model.config
+    text = config.get_text_config()._attn_implementation
+    vision = getattr(config, "vision_config", None)
+    if vision is None:
+        return str(text)
+    name = vision._attn_implementation
+    return f"{text} (vision: {'one varlen call per layer' if name == VARLEN else name})"

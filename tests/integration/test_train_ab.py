@@ -122,8 +122,10 @@ def test_resume_reproduces_the_uninterrupted_run(gas4_run: tuple, tmp_path: Path
 
 def test_two_ranks_a_only_end_with_identical_weights(tmp_path: Path) -> None:
     cfg = tiny_train_config(tmp_path, stage2_ab={"schedule": {"b_ratio": 0.0}}, training={"max_steps": 2})
+    cfg["model"]["attn_implementation"] = "eager"  # read by the learner, named in its start-up line
     result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), "--nproc", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "attention eager (vision: eager)" in result.stdout + result.stderr
     assert "launching: " in result.stderr and "stagectl.torchrun" in result.stderr
     digests = json.loads((tmp_path / "run" / "final_state.json").read_text())["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
