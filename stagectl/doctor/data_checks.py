@@ -14,7 +14,9 @@ from stagectl.data.jsonl import DataError, load_jsonl_dataset, read_box_format
 from stagectl.data.sample import DetectionSample
 from stagectl.doctor.report import Check, fail, ok, skip, warn
 
-DATA_FIX = "fix or remove the lines named (every image path is relative to data.image_root or the JSONL's directory)"
+DATA_FIX = (
+    "fix or remove the lines named (every image path is relative to data.image_root or the JSONL's directory)"
+)
 
 
 def load_samples(data: DataConfig) -> tuple[list[DetectionSample] | None, list[Check]]:

@@ -31,7 +31,9 @@ def check_packed_forward(
 
     name = "packing.forward"
     limit = cfg.global_max_length
-    fitting = [i for i in range(len(samples)) if lengths[i] <= limit][: min(LOOKAHEAD, cfg.training.packing_buffer)]
+    fitting = [i for i in range(len(samples)) if lengths[i] <= limit][
+        : min(LOOKAHEAD, cfg.training.packing_buffer)
+    ]
     if not fitting:
         return fail(name, "no sample fits global_max_length", "see data.longest_sample")
     chosen = [fitting[k] for k in select_pack([lengths[i] for i in fitting], limit)]
@@ -64,4 +66,6 @@ def check_packed_forward(
             message,
             "set training.packing: false (padded micro-batches) and report the model type and transformers version",
         )
-    return ok(name, f"packed = unpacked logits within {worst:.2g} (tolerance {tolerance:.2g}) on a pack of {what}")
+    return ok(
+        name, f"packed = unpacked logits within {worst:.2g} (tolerance {tolerance:.2g}) on a pack of {what}"
+    )

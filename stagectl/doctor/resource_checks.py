@@ -69,8 +69,11 @@ def check_disk(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> Check
         f"masters {_size(size.train_state_bytes)}) need {_size(needed)}; {_size(free)} free at {where}"
     )
     if not os.access(where, os.W_OK):
-        return fail(name, f"{where} is not writable (training.output_dir {cfg.training.output_dir})",
-                    "point training.output_dir at a writable directory")
+        return fail(
+            name,
+            f"{where} is not writable (training.output_dir {cfg.training.output_dir})",
+            "point training.output_dir at a writable directory",
+        )
     if needed > free:
         limit = cfg.training.save_total_limit
         return fail(
@@ -92,7 +95,9 @@ def check_shm(cfg: StagectlConfig, shape: ModelShape) -> Check:
         return skip(name, "no shm weight transport configured")
     needed = shape.counts.total * DTYPE_BYTES[cfg.model.torch_dtype]
     if not SHM_DIR.is_dir():
-        return fail(name, f"{SHM_DIR} does not exist", "use custom.extra.rollout_matching.vllm.sync.transport: http")
+        return fail(
+            name, f"{SHM_DIR} does not exist", "use custom.extra.rollout_matching.vllm.sync.transport: http"
+        )
     free = shutil.disk_usage(SHM_DIR).free
     what = f"one weight snapshot needs {_size(needed)}; {_size(free)} free in {SHM_DIR}"
     if needed > free:

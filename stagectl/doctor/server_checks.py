@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from stagectl import __version__
+import stagectl
 from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.doctor.report import Check, fail, ok, skip, warn
 from stagectl.rollout.protocol import VersionResponse, read_token
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 PROBE_TIMEOUT_S = 5.0
 SERVERS_KEY = "custom.extra.rollout_matching.vllm.server"
-START_FIX = "start it with `stagectl rollout-server CONFIG` (the same config), or fix " + SERVERS_KEY + ".servers"
+START_FIX = (
+    "start it with `stagectl rollout-server CONFIG` (the same config), or fix " + SERVERS_KEY + ".servers"
+)
 
 
 def external_servers(cfg: StagectlConfig) -> tuple[list[str], Check | None]:
@@ -42,7 +44,9 @@ def external_servers(cfg: StagectlConfig) -> tuple[list[str], Check | None]:
 
 def expected_sync_dtype(cfg: StagectlConfig) -> str:
     """The dtype the learner's weight syncs carry to an `rollout_server.engine` server."""
-    adapter_sync = cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
+    adapter_sync = (
+        cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
+    )
     if adapter_sync and cfg.rollout_server.engine == "hf":
         return "float32"  # peft's adapter tensors, merged by the server onto its float32 base
     return cfg.model.torch_dtype
@@ -103,12 +107,18 @@ def check_server(
             ),
         ]
     if response.status_code != 200:
-        return [*checks, fail(f"{name}.version", f"{url}/version/ answers HTTP {response.status_code}", START_FIX)]
+        return [
+            *checks,
+            fail(f"{name}.version", f"{url}/version/ answers HTTP {response.status_code}", START_FIX),
+        ]
     checks.append(ok(f"{name}.auth", "token accepted" if has_token else "no token needed"))
     try:
         info = VersionResponse.model_validate(response.json())
     except (ValueError, ValidationError) as exc:
-        return [*checks, fail(f"{name}.version", f"{url}/version/ sent an unreadable answer: {exc}", START_FIX)]
+        return [
+            *checks,
+            fail(f"{name}.version", f"{url}/version/ sent an unreadable answer: {exc}", START_FIX),
+        ]
     checks += [_version(name, info), _engine(cfg, name, info), _weight_transport(cfg, name, url, info)]
     return checks
 
@@ -118,13 +128,13 @@ def _version(name: str, info: VersionResponse) -> Check:
     if not info.stagectl_version:
         return warn(
             f"{name}.version",
-            f"the server does not report its stagectl version (older than this {__version__}); {serving}",
+            f"the server does not report its stagectl version (older than this {stagectl.__version__}); {serving}",
             "restart it with this stagectl",
         )
-    if info.stagectl_version != __version__:
+    if info.stagectl_version != stagectl.__version__:
         return fail(
             f"{name}.version",
-            f"the server runs stagectl {info.stagectl_version}, this learner {__version__}",
+            f"the server runs stagectl {info.stagectl_version}, this learner {stagectl.__version__}",
             "install the same stagectl on the server and the learner",
         )
     return ok(f"{name}.version", f"stagectl {info.stagectl_version}, {serving}")
@@ -195,7 +205,7 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     from stagectl.rollout.errors import RolloutRequestError, WeightPushError
 
     name = "server.push"
-    urls, none = external_servers(cfg)
+    _, none = external_servers(cfg)
     if none is not None:
         return skip(name, none.message)
     rm = cfg.custom.extra.rollout_matching

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stagectl import __version__
+import stagectl
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.guards import CallLimits, TooManyTokens, check_call
 from stagectl.rollout.paths import load_image
@@ -131,7 +131,7 @@ class RolloutService:
             model=self.engine.model_name,
             engine=self.engine.name,
             weight_stream_port=self.weight_stream_port,
-            stagectl_version=__version__,
+            stagectl_version=stagectl.__version__,
             sync_dtype=self.sync_dtype,
         )
 
