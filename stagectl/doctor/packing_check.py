@@ -41,8 +41,11 @@ def check_packed_forward(
     segments = [encoder.channel_a_segment(i) for i in chosen]
     model = bundle.model
     device = next(model.parameters()).device
-    with torch.no_grad():
+    try:
         batch = collate.collate_pack(segments, model).to(device)
+    except ValueError as exc:  # a model family whose packed positions stagectl cannot build
+        return fail(name, str(exc), "train-ab trains Qwen-VL models (model.name_or_path)")
+    with torch.no_grad():
         packed = model(**batch.model_inputs()).logits[0].float()  # (L, V)
         worst, scale = 0.0, 0.0
         for segment, start in zip(segments, batch.segment_starts, strict=True):

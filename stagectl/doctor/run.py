@@ -17,7 +17,7 @@ from stagectl.doctor.data_checks import (
     sample_lengths,
 )
 from stagectl.doctor.model_checks import check_tokenizer, load_model
-from stagectl.doctor.report import Check, skip
+from stagectl.doctor.report import Check, fail, skip
 from stagectl.doctor.resource_checks import check_resources
 from stagectl.doctor.server_checks import check_push, check_servers
 
@@ -61,9 +61,13 @@ def run_doctor(options: DoctorOptions, emit: Callable[[Check], None] = lambda ch
     else:
         from stagectl.doctor.packing_check import check_packed_forward
 
-        lengths = sample_lengths(bundle, samples)
-        add(*check_longest_sample(cfg, lengths))
-        add(check_packed_forward(cfg, bundle, samples, lengths))
+        try:
+            lengths = sample_lengths(bundle, samples)
+        except ValueError as exc:  # e.g. a vision-language family whose images stagectl cannot encode
+            add(fail("data.longest_sample", str(exc), "train-ab trains Qwen-VL models (model.name_or_path)"))
+        else:
+            add(*check_longest_sample(cfg, lengths))
+            add(check_packed_forward(cfg, bundle, samples, lengths))
     if options.push:
         add(check_push(cfg, bundle) if bundle is not None else skip("server.push", "needs the model"))
     return checks

@@ -288,3 +288,17 @@ def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.Monke
     single = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
     (line,) = check_gpu(single, shape, 1)
     assert line.status == "ok" and "of 1024.0 GiB on Tiny GPU" in line.message
+
+
+def test_cli_nproc_sets_the_world_size_as_train_ab_does(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from stagectl.cli.app import app
+
+    path = _write(tmp_path, _config(tmp_path))
+    result = CliRunner().invoke(app, ["doctor", str(path), "--nproc", "2", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert [c["status"] for c in report["checks"]] == ["fail"]  # nothing else runs on an invalid config
+    assert report["checks"][0]["message"].startswith("stage2_ab.channel_b.mode: 'step' runs Channel-B")
+    assert "the world size is 2" in report["checks"][0]["message"]
