@@ -1,4 +1,5 @@
-"""`stagectl doctor CONFIG [--set k=v]... [--world-size N] [--push] [--json]`: the preflight (docs/doctor.md)."""
+"""`stagectl doctor CONFIG [--set k=v]... [--nproc N] [--world-size N] [--push] [--json]`: the preflight
+(docs/doctor.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import typer
 def command(
     config: Path = typer.Argument(..., help="The train-ab YAML config to check."),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.max_steps=10"),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=1, help="Learner processes per node, as for train-ab (overrides launch)."
+    ),
     world_size: int | None = typer.Option(
         None, "--world-size", min=1, help="World size the run will have (default: $WORLD_SIZE or launch)."
     ),
@@ -26,7 +30,8 @@ def command(
     from stagectl.doctor.run import DoctorOptions, run_doctor
 
     started = time.perf_counter()
-    options = DoctorOptions(config=config, overrides=list(overrides), world_size=world_size, push=push)
+    sets = [*overrides, f"launch.nproc_per_node={nproc}"] if nproc is not None else list(overrides)
+    options = DoctorOptions(config=config, overrides=sets, world_size=world_size, push=push)
     emit = (lambda check: None) if as_json else (lambda check: typer.echo(check.line()))
     checks = run_doctor(options, emit)
     seconds = time.perf_counter() - started
