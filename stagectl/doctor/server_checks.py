@@ -65,7 +65,12 @@ def check_servers(cfg: StagectlConfig) -> list[Check]:
     if any(url.startswith("https://") for url in urls):
         from stagectl.rollout.tls import client_context
 
-        tls = client_context(server_cfg.tls_ca_file, skip_verify=server_cfg.tls_skip_verify)
+        try:
+            tls = client_context(server_cfg.tls_ca_file, skip_verify=server_cfg.tls_skip_verify)
+        except ValueError as exc:
+            return [
+                fail("server.tls", str(exc), f"set {SERVERS_KEY}.tls_ca_file to the servers' CA certificate")
+            ]
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     checks: list[Check] = []
     with httpx.Client(timeout=PROBE_TIMEOUT_S, verify=tls or True) as http:

@@ -192,3 +192,15 @@ def test_a_push_the_server_refuses_fails(
         other.stop()
     assert line.name == "server.push" and line.status == "fail"
     assert line.message.startswith("http push failed: ") and "another checkpoint" in line.fix
+
+
+def test_an_unreadable_ca_file_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    bad_ca = tmp_path / "ca.pem"
+    bad_ca.write_text("not a certificate")
+    url = "https://127.0.0.1:9"
+    cfg = _cfg(tmp_path, url)
+    cfg.custom.extra.rollout_matching.vllm.server.tls_ca_file = bad_ca
+    (line,) = check_servers(cfg)
+    assert line.name == "server.tls" and line.status == "fail"
+    assert line.message.startswith(f"tls_ca_file: cannot load {bad_ca}")
