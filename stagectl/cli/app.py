@@ -10,6 +10,7 @@ import typer
 from stagectl.cli import (
     convert,
     demo_data,
+    doctor,
     evaluate,
     export,
     report,
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 
 app.command("validate-config")(validate_config.command)
+app.command("doctor")(doctor.command)
 app.command("train-ab")(train_ab.command)
 app.command("rollout-server")(rollout_server.command)
 app.command("stage-b")(stage_b.command)

@@ -129,6 +129,29 @@ def load_jsonl_dataset(
     return samples
 
 
+def read_box_format(
+    path: str | os.PathLike[str], image_root: str | os.PathLike[str] | None = None
+) -> Literal["pixel", "norm1000"] | None:
+    """What `box_format: auto` makes of the file's boxes (lines that do not parse are left out; the loader
+    reports them): `pixel`, `norm1000`, or None when every box fits both readings."""
+    path = Path(path)
+    root = Path(os.path.abspath(Path(image_root) if image_root is not None else path.parent))
+    raws: list[_RawSample] = []
+    seen_images: dict[str, str | None] = {}
+    with path.open("rb") as handle:
+        for line_no, raw_line in enumerate(handle, start=1):
+            try:
+                line = _decode(raw_line)
+                if line.strip():
+                    raws.append(_parse_line(line, line_no, root, seen_images, False))
+            except _LineError:
+                continue  # counted and reported by `load_jsonl_dataset`
+    try:
+        return _detect_box_format(raws)
+    except _LineError:
+        return None
+
+
 def _decode(raw_line: bytes) -> str:
     try:
         return raw_line.decode("utf-8")

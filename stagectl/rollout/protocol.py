@@ -285,6 +285,11 @@ class VersionResponse(_Response):
     weight_stream_port: int | None = None
     """The port of the weight-stream listener (same host; `POST /update_weights/` there); None: send
     weight chunks to this port."""
+    stagectl_version: str = ""
+    """The server's stagectl version ("" from a server older than this field)."""
+    sync_dtype: str = ""
+    """The dtype a weight sync must carry (most of the engine's tensors: the serving dtype, or float32 for
+    an hf server that merges pushed adapters); "" from a server older than this field."""
 
 
 class CommitBody(_Request):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import stagectl
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.guards import CallLimits, TooManyTokens, check_call
 from stagectl.rollout.paths import load_image
@@ -21,6 +23,7 @@ from stagectl.rollout.protocol import (
     InferResponse,
     StatsResponse,
     SyncResponse,
+    TensorSpec,
     TokenLogprob,
     Usage,
     VersionResponse,
@@ -62,6 +65,7 @@ class RolloutService:
         remove_stale(settings.shm_dir)  # shm snapshots of learners killed mid-sync
         self.num_requests = 0
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
+        self.sync_dtype = sync_dtype(engine.weight_specs().values())
         self._count_lock = threading.Lock()
 
     def infer(self, body: InferBody) -> list[InferResponse]:
@@ -127,6 +131,8 @@ class RolloutService:
             model=self.engine.model_name,
             engine=self.engine.name,
             weight_stream_port=self.weight_stream_port,
+            stagectl_version=stagectl.__version__,
+            sync_dtype=self.sync_dtype,
         )
 
     def stats(self) -> StatsResponse:
@@ -149,6 +155,12 @@ class RolloutService:
     def close(self) -> None:
         self.engine.close()
         remove_stale(self.settings.shm_dir)
+
+
+def sync_dtype(specs: Iterable[TensorSpec]) -> str:
+    """The dtype most of the engine's weights have: what a weight sync must carry ("" without weights)."""
+    counts = Counter(spec.dtype for spec in specs)
+    return counts.most_common(1)[0][0] if counts else ""
 
 
 def _choice_logprobs(result: EngineResult) -> ChoiceLogprobs | None:

@@ -1,7 +1,7 @@
 """Dependencies point one way. Every `stagectl` import (module level, function level and type-only alike)
 must go from a layer to the same package or to a lower layer:
 
-    entry   cli, __main__, torchrun, launch
+    entry   cli, __main__, torchrun, launch, doctor (the preflight probes every role)
     role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
     core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
             packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
@@ -50,7 +50,7 @@ ROLLOUT_SERVER = {
     "text",
 }
 LAYERS = {
-    "entry": {"cli", "__main__", "torchrun", "launch"},
+    "entry": {"cli", "__main__", "torchrun", "launch", "doctor"},
     "role": {"learner", "stage_b", "report", "rollout_server"},
     "core": {
         "prefetch",

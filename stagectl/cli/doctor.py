@@ -1,0 +1,42 @@
+"""`stagectl doctor CONFIG [--set k=v]... [--nproc N] [--world-size N] [--push] [--json]`: the preflight
+(docs/doctor.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+
+def command(
+    config: Path = typer.Argument(..., help="The train-ab YAML config to check."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.max_steps=10"),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=1, help="Learner processes per node, as for train-ab (overrides launch)."
+    ),
+    world_size: int | None = typer.Option(
+        None, "--world-size", min=1, help="World size the run will have (default: $WORLD_SIZE or launch)."
+    ),
+    push: bool = typer.Option(
+        False, "--push", help="Also push the model's weights to every rollout server once (a new version)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for CI) instead of lines."),
+) -> None:
+    """Check a config before a run: config, data, model, packed forward, rollout servers, resources.
+    One line per check (OK / WARN / FAIL / SKIP, and the fix); exit 1 when any check fails."""
+    from stagectl.doctor.report import exit_code, summary, to_json
+    from stagectl.doctor.run import DoctorOptions, run_doctor
+
+    started = time.perf_counter()
+    sets = [*overrides, f"launch.nproc_per_node={nproc}"] if nproc is not None else list(overrides)
+    options = DoctorOptions(config=config, overrides=sets, world_size=world_size, push=push)
+    emit = (lambda check: None) if as_json else (lambda check: typer.echo(check.line()))
+    checks = run_doctor(options, emit)
+    seconds = time.perf_counter() - started
+    if as_json:
+        typer.echo(json.dumps(to_json(checks, seconds), indent=2))
+    else:
+        typer.echo(f"{summary(checks)} in {seconds:.1f} s")
+    raise typer.Exit(exit_code(checks))

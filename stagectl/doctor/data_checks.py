@@ -1,0 +1,148 @@
+"""Data checks: every line parses and every image exists and opens (`data.file`), the box format is
+unambiguous (`data.box_format`), and the longest Channel-A sample fits `global_max_length`
+(`data.longest_sample`, needs the tokenizer and image processor).
+
+The longest-sample check encodes one prompt per distinct tuple of image sizes (a blank image of that
+size gives the same number of vision tokens as the real one) and tokenises every answer: exact, and
+seconds for COCO-sized sets where encoding every image would take most of an hour."""
+
+from __future__ import annotations
+
+from stagectl.config import StagectlConfig
+from stagectl.config.model_data import DataConfig
+from stagectl.data.jsonl import DataError, load_jsonl_dataset, read_box_format
+from stagectl.data.sample import DetectionSample
+from stagectl.doctor.report import Check, fail, ok, skip, warn
+
+DATA_FIX = (
+    "fix or remove the lines named (every image path is relative to data.image_root or the JSONL's directory)"
+)
+
+
+def load_samples(data: DataConfig) -> tuple[list[DetectionSample] | None, list[Check]]:
+    """The training samples as train-ab reads them (images opened and verified), or None and a fail line."""
+    if data.synthetic is not None:
+        from stagectl.data.synthetic import generate_synthetic
+
+        syn = data.synthetic
+        samples = generate_synthetic(syn.num_samples, syn.seed, **syn.generator_kwargs())
+        return samples, [ok("data.file", f"synthetic shapes: {len(samples)} samples drawn (seed {syn.seed})")]
+    assert data.train_jsonl is not None  # DataConfig: exactly one source
+    try:
+        samples = load_jsonl_dataset(
+            data.train_jsonl, data.image_root, box_format=data.box_format, verify_images=True
+        )
+    except DataError as exc:
+        more = f" (and {exc.num_errors - 1} more bad lines)" if exc.num_errors > 1 else ""
+        return None, [fail("data.file", f"{exc.errors[0]}{more}", DATA_FIX)]
+    num_images = len({path for s in samples for path in s.images})
+    return samples, [
+        ok("data.file", f"{data.train_jsonl}: {len(samples)} samples, {num_images} images exist and open")
+    ]
+
+
+def check_eval_file(data: DataConfig) -> list[Check]:
+    """The held-out split (`data.eval.jsonl`), read as train-ab's periodic eval reads it."""
+    if data.eval is None or data.eval.jsonl is None:
+        return []
+    try:
+        samples = load_jsonl_dataset(
+            data.eval.jsonl, data.eval.image_root, box_format=data.box_format, verify_images=True
+        )
+    except DataError as exc:
+        more = f" (and {exc.num_errors - 1} more bad lines)" if exc.num_errors > 1 else ""
+        return [fail("data.eval_file", f"{exc.errors[0]}{more}", DATA_FIX)]
+    return [ok("data.eval_file", f"{data.eval.jsonl}: {len(samples)} samples, every image opens")]
+
+
+def check_box_format(data: DataConfig) -> list[Check]:
+    """Whether the file's boxes can only be read one way, and that way is the configured one."""
+    name = "data.box_format"
+    if data.synthetic is not None:
+        return [ok(name, "synthetic boxes are norm1000")]
+    assert data.train_jsonl is not None
+    if not data.train_jsonl.is_file():
+        return [skip(name, f"{data.train_jsonl} not found (see data.file)")]
+    configured = data.box_format
+    detected = read_box_format(data.train_jsonl, data.image_root)
+    if detected is None:
+        if configured == "auto":
+            return [
+                fail(
+                    name,
+                    "box_format auto cannot tell pixel from norm1000 boxes: every box fits both readings",
+                    "set data.box_format: pixel or norm1000",
+                )
+            ]
+        return [
+            warn(
+                name,
+                f"every box also fits the other reading; only box_format: {configured} decides",
+                f"make sure the file's boxes are {configured} (`stagectl convert coco` and `demo-data` "
+                "write norm1000)",
+            )
+        ]
+    if configured == "auto":
+        return [ok(name, f"auto reads the boxes as {detected}, unambiguously")]
+    if detected != configured:
+        return [
+            fail(
+                name,
+                f"box_format is {configured}, but some boxes only fit the {detected} reading",
+                f"set data.box_format: {detected}",
+            )
+        ]
+    return [ok(name, f"boxes are {configured}, unambiguously")]
+
+
+def sample_lengths(bundle: object, samples: list[DetectionSample]) -> list[int]:
+    """Tokens of every sample's Channel-A segment (prompt + GT answer + end of turn), as
+    `learner.segments.SampleEncoder.channel_a_length` counts them."""
+    from PIL import Image
+
+    from stagectl.detection.targets import build_channel_a_segment
+    from stagectl.detection.vocab import TokenVocab
+    from stagectl.models.chat import encode_answer_text, encode_prompt
+    from stagectl.models.loading import ModelBundle
+
+    assert isinstance(bundle, ModelBundle)
+    tokenizer = bundle.tokenizer
+    processor = bundle.require_image_processor()
+    vocab = TokenVocab.from_tokenizer(tokenizer)
+    prompt_lengths: dict[tuple[tuple[int, int], ...], int] = {}
+    lengths = []
+    for sample in samples:
+        sizes = tuple(_image_size(path) for path in sample.images)
+        if sizes not in prompt_lengths:
+            blanks = [Image.new("RGB", size) for size in sizes]
+            prompt_lengths[sizes] = len(encode_prompt(tokenizer, processor, blanks).input_ids)
+        target = build_channel_a_segment(
+            sample.objects, encode=lambda text: encode_answer_text(tokenizer, text), vocab=vocab
+        )
+        lengths.append(prompt_lengths[sizes] + len(target.input_ids))
+    return lengths
+
+
+def _image_size(path: str) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as image:  # reads the header only
+        return image.size
+
+
+def check_longest_sample(cfg: StagectlConfig, lengths: list[int]) -> list[Check]:
+    name = "data.longest_sample"
+    limit = cfg.global_max_length
+    too_long = [i for i, n in enumerate(lengths) if n > limit]
+    longest = max(range(len(lengths)), key=lambda i: lengths[i])
+    if too_long:
+        return [
+            fail(
+                name,
+                f"{len(too_long)} of {len(lengths)} samples exceed global_max_length {limit} (sample "
+                f"{longest} has {lengths[longest]} tokens); train-ab stops at the first one it draws",
+                f"set global_max_length >= {lengths[longest]}, or drop or shrink those samples "
+                "(fewer objects, smaller images)",
+            )
+        ]
+    return [ok(name, f"the longest sample (index {longest}) has {lengths[longest]} tokens of {limit}")]

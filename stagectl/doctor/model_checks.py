@@ -1,0 +1,105 @@
+"""Model checks: the tokenizer's chat template and stop ids (`model.chat_template`), the coordinate tokens
+(`model.coord_tokens`), then the weights load as train-ab loads them (`model.load`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.doctor.report import Check, fail, ok, warn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from stagectl.models.loading import ModelBundle
+
+MODEL_FIX = "set model.name_or_path to a local Qwen-VL checkpoint directory or builtin:tiny-qwen2.5-vl"
+
+
+def check_tokenizer(cfg: StagectlConfig) -> tuple[bool, list[Check]]:
+    """Chat template, stop ids and coordinate tokens, from the checkpoint's tokenizer as it is on disk.
+    Returns whether loading the weights is worth trying, and the lines."""
+    from stagectl.models.loading import checkpoint_stop_ids, load_tokenizer, resolve_model_path
+    from stagectl.models.turns import template_end_of_turn_id
+
+    name = cfg.model.name_or_path
+    try:
+        path = resolve_model_path(name)
+        tokenizer = load_tokenizer(name, add_coord_tokens=False)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        return False, [fail("model.load", f"model.name_or_path {name}: {exc}", MODEL_FIX)]
+    try:
+        end_of_turn, stops = checkpoint_stop_ids(path, tokenizer)
+    except ValueError as exc:
+        return False, [
+            fail(
+                "model.chat_template",
+                f"{path}: {exc}",
+                "use the instruct (chat) checkpoint, whose tokenizer_config.json or chat_template.jinja has "
+                "the chat template, and a generation_config.json naming eos_token_id",
+            )
+        ]
+    shown = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in stops)
+    if template_end_of_turn_id(tokenizer) is None:
+        chat = warn(
+            "model.chat_template",
+            f"the chat template closes no turn with a special token; answers end at eos {end_of_turn}, "
+            f"rollouts stop at {shown}",
+            "use a chat checkpoint whose template ends assistant turns with a special token (Qwen: <|im_end|>)",
+        )
+    else:
+        chat = ok(
+            "model.chat_template",
+            f"end of turn {tokenizer.convert_ids_to_tokens(end_of_turn)} ({end_of_turn}); rollouts stop at {shown}",
+        )
+    return True, [chat, _coord_tokens(cfg, tokenizer)]
+
+
+def _coord_tokens(cfg: StagectlConfig, tokenizer: PreTrainedTokenizerBase) -> Check:
+    from stagectl.models.tokenizer import coord_token_ids
+
+    name = "model.coord_tokens"
+    try:
+        ids = coord_token_ids(tokenizer)
+    except ValueError as exc:
+        if uses_server_rollouts(cfg) and cfg.rollout_server.engine == "vllm":
+            return fail(
+                name,
+                f"{exc}: a vLLM rollout server serves the checkpoint as it is and refuses detection without them",
+                f"`stagectl export {cfg.model.name_or_path} OUT --add-coord-tokens`, then set "
+                "model.name_or_path to OUT for the learner and the servers",
+            )
+        return warn(
+            name,
+            f"{exc}: train-ab adds the 1000 tokens with fresh embeddings, so Channel-B rollouts emit no "
+            "usable boxes until Channel-A has taught them",
+            "start from a checkpoint that already has them (a Stage-1 / SFT checkpoint, or "
+            "`stagectl export ... --add-coord-tokens` and a short Channel-A-only run)",
+        )
+    return ok(name, f"<|coord_0|>..<|coord_999|> present (ids {ids[0]}..{ids[-1]})")
+
+
+def load_model(cfg: StagectlConfig, device: str) -> tuple[ModelBundle | None, Check]:
+    """The model as train-ab loads it: float32 master weights, coordinate tokens added when missing."""
+    from stagectl.models.loading import load_bundle
+
+    started = time.perf_counter()
+    try:
+        bundle = load_bundle(
+            cfg.model.name_or_path, torch_dtype="float32", device=device, add_coord_tokens=True
+        )
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        return None, fail("model.load", f"model.name_or_path {cfg.model.name_or_path}: {exc}", MODEL_FIX)
+    seconds = time.perf_counter() - started
+    if not bundle.vision_language:
+        return None, fail(
+            "model.load",
+            f"{bundle.path} is a text-only {bundle.model_type} model: train-ab trains on images",
+            MODEL_FIX,
+        )
+    num_params = sum(p.numel() for p in bundle.model.parameters())
+    return bundle, ok(
+        "model.load",
+        f"{bundle.model_type} from {bundle.path}: {num_params / 1e6:,.1f} M parameters in {seconds:.1f} s on {device}",
+    )

@@ -1,0 +1,155 @@
+"""Resource checks: free disk for the checkpoints the run keeps (`resources.disk`), /dev/shm for the shm
+weight transport (`resources.shm`), and the per-rank GPU memory estimate against the card
+(`resources.gpu`, where CUDA is present; `stagectl.memory`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from stagectl.config import StagectlConfig, effective_world_size, uses_server_rollouts
+from stagectl.doctor.report import Check, fail, ok, skip, warn
+from stagectl.memory.estimate import DTYPE_BYTES, GIB, estimate_memory, trainable_params
+from stagectl.memory.from_config import knobs_from_config, model_shape
+from stagectl.memory.shapes import ModelShape
+
+SHM_DIR = Path("/dev/shm")  # = stagectl.rollout.shm.SHM_DIR (that module imports torch)
+GPU_WARN_FRACTION = 0.9  # an estimate above this share of the card is a warning (fragmentation, kernels)
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    model_bytes: int  # model/ in the storage dtype
+    train_state_bytes: int  # AdamW moments and float32 masters (when model/ is stored in another dtype)
+
+    @property
+    def total(self) -> int:
+        return self.model_bytes + self.train_state_bytes
+
+
+def checkpoint_size(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> CheckpointSize:
+    """Bytes of one `checkpoint-N/` (see `stagectl.learner.checkpoint` for the layout)."""
+    knobs = knobs_from_config(cfg, world_size)
+    total, trainable = shape.counts.total, trainable_params(shape, knobs)
+    storage = DTYPE_BYTES[cfg.model.torch_dtype]
+    masters = total * 4 if knobs.param_bytes == 4 and storage != 4 else 0
+    return CheckpointSize(
+        model_bytes=total * storage, train_state_bytes=2 * trainable * knobs.param_bytes + masters
+    )
+
+
+def num_checkpoints_on_disk(cfg: StagectlConfig) -> int:
+    """The most checkpoints the run holds at once: `save_total_limit` plus the one being written before the
+    oldest is removed, or every checkpoint it writes (every `save_steps` and the final one)."""
+    t = cfg.training
+    written = (t.max_steps // t.save_steps if t.save_steps else 0) + 1
+    if t.save_total_limit is None:
+        return written
+    return min(written, t.save_total_limit + 1)
+
+
+def free_bytes(path: Path) -> tuple[Path, int]:
+    """Free bytes on the filesystem that would hold `path` (its nearest existing ancestor)."""
+    probe = path.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    return probe, shutil.disk_usage(probe).free
+
+
+def check_disk(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> Check:
+    name = "resources.disk"
+    size = checkpoint_size(cfg, shape, world_size)
+    count = num_checkpoints_on_disk(cfg)
+    needed = count * size.total
+    where, free = free_bytes(cfg.training.output_dir)
+    what = (
+        f"{count} checkpoint(s) of {_size(size.total)} (model/ {_size(size.model_bytes)}, optimizer and "
+        f"masters {_size(size.train_state_bytes)}) need {_size(needed)}; {_size(free)} free at {where}"
+    )
+    if not os.access(where, os.W_OK):
+        return fail(
+            name,
+            f"{where} is not writable (training.output_dir {cfg.training.output_dir})",
+            "point training.output_dir at a writable directory",
+        )
+    if needed > free:
+        limit = cfg.training.save_total_limit
+        return fail(
+            name,
+            what,
+            f"free space, point training.output_dir at a larger disk, or set training.save_total_limit "
+            f"(now {limit}) lower",
+        )
+    return ok(name, what)
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def check_shm(cfg: StagectlConfig, shape: ModelShape) -> Check:
+    name = "resources.shm"
+    if not uses_server_rollouts(cfg) or cfg.custom.extra.rollout_matching.vllm.sync.transport != "shm":
+        return skip(name, "no shm weight transport configured")
+    needed = shape.counts.total * DTYPE_BYTES[cfg.model.torch_dtype]
+    if not SHM_DIR.is_dir():
+        return fail(
+            name, f"{SHM_DIR} does not exist", "use custom.extra.rollout_matching.vllm.sync.transport: http"
+        )
+    free = shutil.disk_usage(SHM_DIR).free
+    what = f"one weight snapshot needs {_size(needed)}; {_size(free)} free in {SHM_DIR}"
+    if needed > free:
+        return fail(
+            name,
+            what,
+            "enlarge /dev/shm (docker: --shm-size) or use custom.extra.rollout_matching.vllm.sync.transport: http",
+        )
+    return ok(name, what)
+
+
+def check_gpu(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> list[Check]:
+    import torch
+
+    name = "resources.gpu"
+    if not torch.cuda.is_available():
+        return [skip(name, "no CUDA device here: the per-rank memory estimate needs one to compare with")]
+    checks = []
+    nproc, visible = cfg.launch.nproc_per_node, torch.cuda.device_count()
+    if nproc > visible:
+        checks.append(
+            fail(
+                "resources.gpus",
+                f"launch.nproc_per_node is {nproc} but this node has {visible} visible CUDA device(s)",
+                f"set launch.nproc_per_node (or --nproc) to at most {visible}, or check CUDA_VISIBLE_DEVICES",
+            )
+        )
+    knobs = knobs_from_config(cfg, world_size)
+    estimate = estimate_memory(shape, knobs)
+    card = torch.cuda.get_device_properties(0).total_memory
+    what = (
+        f"estimated peak {estimate.total / GIB:.1f} GiB per rank ({knobs.parallelism}, world size {world_size}, "
+        f"mixed_precision {knobs.mixed_precision}) of {card / GIB:.1f} GiB on {torch.cuda.get_device_name(0)}"
+    )
+    relief = (
+        "training.parallelism: fsdp, training.gradient_checkpointing: true, model.freeze_vit: true, "
+        "or a smaller global_max_length (docs/memory.md)"
+    )
+    if estimate.total > card:
+        checks.append(fail(name, what, relief))
+    elif estimate.total > GPU_WARN_FRACTION * card:
+        checks.append(warn(name, what + f" (> {GPU_WARN_FRACTION:.0%})", relief))
+    else:
+        checks.append(ok(name, what))
+    return checks
+
+
+def check_resources(cfg: StagectlConfig, world_size: int | None) -> list[Check]:
+    """Every resource line; the model's shape comes from its config.json and safetensors headers."""
+    n = effective_world_size(cfg, world_size)
+    try:
+        shape = model_shape(cfg.model.name_or_path)
+    except ValueError as exc:
+        return [skip("resources", f"model shape unknown ({exc}); see model.load")]
+    return [check_disk(cfg, shape, n), check_shm(cfg, shape), *check_gpu(cfg, shape, n)]

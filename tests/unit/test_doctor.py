@@ -1,0 +1,304 @@
+"""`stagectl doctor`'s checks that need no model: config, data files, box format, resources, the report.
+Each check is made to fail on purpose and its line read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from PIL import Image
+
+from stagectl.config import StagectlConfig, load_config
+from stagectl.doctor import resource_checks
+from stagectl.doctor.config_check import check_config
+from stagectl.doctor.data_checks import check_box_format, check_eval_file, check_longest_sample, load_samples
+from stagectl.doctor.report import Check, exit_code, fail, ok, skip, summary, to_json, warn
+from stagectl.doctor.resource_checks import (
+    check_disk,
+    check_gpu,
+    check_shm,
+    checkpoint_size,
+    num_checkpoints_on_disk,
+)
+from stagectl.memory.from_config import model_shape
+
+
+def _config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "model": {"name_or_path": "builtin:tiny-qwen2.5-vl"},
+        "data": {"synthetic": {"num_samples": 8, "seed": 0, "image_size": 112, "max_objects": 2}},
+        "global_max_length": 512,
+        "training": {"max_steps": 2, "output_dir": str(tmp_path / "run")},
+        "stage2_ab": {"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "step"}},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    return cfg
+
+
+def _write(tmp_path: Path, cfg: dict[str, Any]) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _only(checks: list[Check], name: str) -> Check:
+    found = [c for c in checks if c.name == name]
+    assert len(found) == 1, checks
+    return found[0]
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_line_json_and_exit_code() -> None:
+    checks = [ok("a", "fine"), warn("b", "odd", "look"), skip("c", "n/a")]
+    assert exit_code(checks) == 0
+    assert checks[1].line() == "WARN  b: odd | fix: look"
+    assert checks[0].line() == "OK    a: fine"
+    checks.append(fail("d", "broken", "mend it"))
+    assert exit_code(checks) == 1
+    assert summary(checks) == "doctor FAILED: 1 ok, 1 warn, 1 fail, 1 skip"
+    data = json.loads(json.dumps(to_json(checks, 1.234)))
+    assert data["ok"] is False and data["seconds"] == 1.23
+    assert data["checks"][3] == {"name": "d", "status": "fail", "message": "broken", "fix": "mend it"}
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_config_valid_for_its_world_size(tmp_path: Path) -> None:
+    path = _write(tmp_path, _config(tmp_path, training={"effective_batch_size": 3}))
+    cfg, lines = check_config(path, [], world_size=1)
+    assert cfg is not None and lines[0].status == "ok" and "world size 1" in lines[0].message
+    # the same config at the world size the run will have: one fail line per problem, each naming its key
+    cfg, lines = check_config(path, [], world_size=2)
+    assert cfg is None
+    assert [c.status for c in lines] == ["fail", "fail"]
+    assert lines[0].message.startswith("stage2_ab.channel_b.mode: 'step' runs Channel-B on one learner rank")
+    assert lines[1].message.startswith("training.effective_batch_size: 3 is not a multiple")
+    assert "(1 x 2 = 2)" in lines[1].message
+
+
+def test_config_override_and_missing_section_fail(tmp_path: Path) -> None:
+    path = _write(tmp_path, _config(tmp_path))
+    _, lines = check_config(path, ["training.learnin_rate=1"], world_size=1)
+    assert lines[0].status == "fail" and "training.learnin_rate" in lines[0].message
+    cfg = _config(tmp_path)
+    del cfg["data"]
+    _, lines = check_config(_write(tmp_path, cfg), [], world_size=1)
+    assert (
+        lines[0].status == "fail"
+        and "has no data section: doctor checks train-ab configs" in lines[0].message
+    )
+
+
+# ---------------------------------------------------------------- data
+
+
+def _png(path: Path, size: tuple[int, int] = (112, 112)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (10, 200, 30)).save(path)
+
+
+def _jsonl(tmp_path: Path, boxes: list[list[float]], images: list[str] | None = None) -> Path:
+    path = tmp_path / "train.jsonl"
+    images = images or [f"img/{k}.png" for k in range(len(boxes))]
+    lines = [
+        {"images": [image], "width": 112, "height": 112, "objects": [{"desc": "red circle", "bbox_2d": box}]}
+        for image, box in zip(images, boxes, strict=True)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _data_cfg(tmp_path: Path, jsonl: Path, box_format: str = "norm1000", **data: Any) -> StagectlConfig:
+    cfg = _config(tmp_path, data={"train_jsonl": str(jsonl), "box_format": box_format, **data})
+    del cfg["data"]["synthetic"]
+    return load_config(_write(tmp_path, cfg), world_size=1)
+
+
+def test_data_file_every_image_exists_and_opens(tmp_path: Path) -> None:
+    for k in range(3):
+        _png(tmp_path / f"img/{k}.png")
+    jsonl = _jsonl(tmp_path, [[10, 10, 500, 500]] * 3)
+    samples, lines = load_samples(_data_cfg(tmp_path, jsonl).data)  # type: ignore[arg-type]
+    assert samples is not None and len(samples) == 3
+    assert lines[0].status == "ok" and "3 samples, 3 images exist and open" in lines[0].message
+
+    (tmp_path / "img/1.png").write_bytes(b"\x89PNG truncated")  # corrupt
+    (tmp_path / "img/2.png").unlink()  # missing
+    samples, lines = load_samples(_data_cfg(tmp_path, jsonl).data)  # type: ignore[arg-type]
+    assert samples is None
+    assert lines[0].status == "fail" and lines[0].name == "data.file"
+    assert lines[0].message.startswith(f"{jsonl}:2: image {tmp_path / 'img/1.png'} is not a readable image")
+    assert lines[0].message.endswith("(and 1 more bad lines)")
+
+
+def test_eval_file_is_checked_too(tmp_path: Path) -> None:
+    _png(tmp_path / "img/0.png")
+    jsonl = _jsonl(tmp_path, [[10, 10, 500, 500]])
+    held_out = tmp_path / "eval.jsonl"
+    held_out.write_text(json.dumps({"images": ["img/9.png"], "width": 8, "height": 8, "objects": []}) + "\n")
+    cfg = _data_cfg(tmp_path, jsonl, eval={"jsonl": str(held_out)})
+    (line,) = check_eval_file(cfg.data)  # type: ignore[arg-type]
+    assert line.status == "fail" and line.name == "data.eval_file"
+    assert f"{held_out}:1: image not found" in line.message
+
+
+def test_box_format(tmp_path: Path) -> None:
+    for k in range(2):
+        _png(tmp_path / f"img/{k}.png")
+    # every box fits 112 x 112 pixels and norm-1000 bins alike
+    both = _jsonl(tmp_path, [[10, 10, 50, 60], [1, 2, 3, 4]])
+    (line,) = check_box_format(_data_cfg(tmp_path, both, "auto").data)  # type: ignore[arg-type]
+    assert line.status == "fail" and "cannot tell pixel from norm1000" in line.message
+    assert line.fix == "set data.box_format: pixel or norm1000"
+    (line,) = check_box_format(_data_cfg(tmp_path, both, "pixel").data)  # type: ignore[arg-type]
+    assert line.status == "warn" and "only box_format: pixel decides" in line.message
+    # 500 is outside a 112-pixel image: only the norm-1000 reading fits
+    bins = _jsonl(tmp_path, [[10, 10, 500, 500], [1, 2, 3, 4]])
+    (line,) = check_box_format(_data_cfg(tmp_path, bins, "norm1000").data)  # type: ignore[arg-type]
+    assert line.status == "ok" and "unambiguously" in line.message
+    (line,) = check_box_format(_data_cfg(tmp_path, bins, "pixel").data)  # type: ignore[arg-type]
+    assert line.status == "fail" and line.fix == "set data.box_format: norm1000"
+    fractional = _jsonl(tmp_path, [[10.5, 10, 50, 60], [1, 2, 3, 4]])
+    (line,) = check_box_format(_data_cfg(tmp_path, fractional, "norm1000").data)  # type: ignore[arg-type]
+    assert line.status == "fail" and line.fix == "set data.box_format: pixel"
+
+
+def test_longest_sample_fits(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)  # global_max_length 512
+    (line,) = check_longest_sample(cfg, [100, 512, 300])
+    assert line.status == "ok" and "(index 1) has 512 tokens of 512" in line.message
+    (line,) = check_longest_sample(cfg, [100, 600, 513])
+    assert line.status == "fail"
+    assert line.message.startswith("2 of 3 samples exceed global_max_length 512 (sample 1 has 600 tokens)")
+    assert line.fix.startswith("set global_max_length >= 600")
+
+
+# ---------------------------------------------------------------- resources
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "save_steps", "limit", "expected"),
+    [(24, 12, None, 3), (24, 0, None, 1), (100, 10, 2, 3), (24, 12, 5, 3), (5, 10, 1, 1)],
+)
+def test_checkpoints_on_disk(max_steps: int, save_steps: int, limit: int | None, expected: int) -> None:
+    cfg = StagectlConfig.model_validate(
+        {"training": {"max_steps": max_steps, "save_steps": save_steps, "save_total_limit": limit}}
+    )
+    assert num_checkpoints_on_disk(cfg) == expected
+
+
+def test_checkpoint_size_counts_storage_masters_and_adamw(tmp_path: Path) -> None:
+    from stagectl.models.loading import resolve_model_path
+
+    resolve_model_path("builtin:tiny-qwen2.5-vl")  # built on first use
+    shape = model_shape("builtin:tiny-qwen2.5-vl")
+    n = shape.counts.total
+    fp32 = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
+    assert checkpoint_size(fp32, shape, 1).total == 4 * n + 2 * 4 * n
+    bf16 = load_config(
+        _write(
+            tmp_path,
+            _config(tmp_path, model={"torch_dtype": "bfloat16"}, training={"mixed_precision": "bf16"}),
+        ),
+        world_size=1,
+    )
+    size = checkpoint_size(bf16, shape, 1)
+    assert (size.model_bytes, size.train_state_bytes) == (2 * n, 4 * n + 2 * 4 * n)
+
+
+def test_disk_fails_without_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagectl.models.loading import resolve_model_path
+
+    resolve_model_path("builtin:tiny-qwen2.5-vl")
+    shape = model_shape("builtin:tiny-qwen2.5-vl")
+    cfg = load_config(
+        _write(
+            tmp_path, _config(tmp_path, training={"max_steps": 8, "save_steps": 2, "save_total_limit": 2})
+        ),
+        world_size=1,
+    )
+    line = check_disk(cfg, shape, 1)
+    assert line.status == "ok" and line.message.startswith("3 checkpoint(s) of ")
+    # a full disk: the filesystem of output_dir reports 1 MiB free
+    real = resource_checks.free_bytes
+    monkeypatch.setattr(resource_checks, "free_bytes", lambda path: (real(path)[0], 2**20))
+    line = check_disk(cfg, shape, 1)
+    assert line.status == "fail" and "1.0 MiB free at" in line.message
+    assert "training.save_total_limit (now 2) lower" in line.fix
+    assert not (tmp_path / "run").exists()  # the check creates no run directory
+
+
+def test_shm_fails_where_the_transport_needs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagectl.models.loading import resolve_model_path
+
+    resolve_model_path("builtin:tiny-qwen2.5-vl")
+    shape = model_shape("builtin:tiny-qwen2.5-vl")
+    plain = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
+    assert check_shm(plain, shape).status == "skip"
+    rollouts = {
+        "rollout_backend": "vllm",
+        "vllm": {"server": {"servers": [{"base_url": "http://127.0.0.1:9"}]}, "sync": {"transport": "shm"}},
+    }
+    cfg = load_config(
+        _write(tmp_path, _config(tmp_path, custom={"extra": {"rollout_matching": rollouts}})), world_size=1
+    )
+    monkeypatch.setattr(resource_checks, "SHM_DIR", tmp_path)
+    assert check_shm(cfg, shape).status == "ok"
+    monkeypatch.setattr(resource_checks, "SHM_DIR", tmp_path / "no-shm")
+    line = check_shm(cfg, shape)
+    assert line.status == "fail" and line.message == f"{tmp_path / 'no-shm'} does not exist"
+
+
+def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from stagectl.models.loading import resolve_model_path
+
+    resolve_model_path("builtin:tiny-qwen2.5-vl")
+    shape = model_shape("builtin:tiny-qwen2.5-vl")
+    cfg = load_config(
+        _write(
+            tmp_path,
+            _config(tmp_path, launch={"nproc_per_node": 2}, stage2_ab={"schedule": {"b_ratio": 0.0}}),
+        ),
+        world_size=2,
+    )
+    if not torch.cuda.is_available():
+        (line,) = check_gpu(cfg, shape, 2)
+        assert line.status == "skip" and "no CUDA" in line.message
+    # a node with one small card (the test stands in for CUDA)
+    card = SimpleNamespace(total_memory=2**20)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: card)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Tiny GPU")
+    lines = check_gpu(cfg, shape, 2)
+    assert [(c.name, c.status) for c in lines] == [("resources.gpus", "fail"), ("resources.gpu", "fail")]
+    assert "nproc_per_node is 2 but this node has 1 visible" in lines[0].message
+    assert "of 0.0 GiB on Tiny GPU" in lines[1].message and "fsdp" in lines[1].fix
+    card.total_memory = 2**40
+    single = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
+    (line,) = check_gpu(single, shape, 1)
+    assert line.status == "ok" and "of 1024.0 GiB on Tiny GPU" in line.message
+
+
+def test_cli_nproc_sets_the_world_size_as_train_ab_does(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from stagectl.cli.app import app
+
+    path = _write(tmp_path, _config(tmp_path))
+    result = CliRunner().invoke(app, ["doctor", str(path), "--nproc", "2", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert [c["status"] for c in report["checks"]] == ["fail"]  # nothing else runs on an invalid config
+    assert report["checks"][0]["message"].startswith("stage2_ab.channel_b.mode: 'step' runs Channel-B")
+    assert "the world size is 2" in report["checks"][0]["message"]
