@@ -87,7 +87,11 @@ def load_model(cfg: StagectlConfig, device: str) -> tuple[ModelBundle | None, Ch
     started = time.perf_counter()
     try:
         bundle = load_bundle(
-            cfg.model.name_or_path, torch_dtype="float32", device=device, add_coord_tokens=True
+            cfg.model.name_or_path,
+            torch_dtype="float32",
+            device=device,
+            attn_implementation=cfg.model.attn_implementation,  # as train-ab loads it
+            add_coord_tokens=True,
         )
     except (FileNotFoundError, ValueError, OSError) as exc:
         return None, fail("model.load", f"model.name_or_path {cfg.model.name_or_path}: {exc}", MODEL_FIX)
