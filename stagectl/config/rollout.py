@@ -70,7 +70,7 @@ class VllmSyncConfig(StrictModel):
 
 class VllmConfig(StrictModel):
     mode: Literal["server", "colocate"] = "server"
-    """`server`: rollouts come from rollout servers (section 6 protocol). `colocate` is not supported:
+    """`server`: rollouts come from rollout servers (the `/infer/` protocol of docs/design.md). `colocate` is not supported:
     use `rollout_backend: hf` for in-process rollouts."""
     server: VllmServerConfig = Field(default_factory=VllmServerConfig)
     """Where the rollout servers are."""
