@@ -44,7 +44,8 @@ from stagectl.rollout.service import BadRequest, RolloutService
 from stagectl.rollout.stream import WeightStreamServer
 from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, NoGroupError, WeightSyncError
 
-access_log = logging.getLogger("stagectl.rollout.access")
+ACCESS_LOGGER = "stagectl.rollout.access"
+access_log = logging.getLogger(ACCESS_LOGGER)
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
 
 T = TypeVar("T")

@@ -21,7 +21,9 @@ REPO = Path(__file__).parents[2]
 def test_committed_reference_equals_the_generated_one(rel: str) -> None:
     committed = (REPO / rel).read_text(encoding="utf-8") if (REPO / rel).is_file() else ""
     generated = docgen.generated_files()[rel]
-    assert committed == generated, f"{rel} is stale: run `python -m stagectl.cli.docgen` and commit the result"
+    assert committed == generated, (
+        f"{rel} is stale: run `python -m stagectl.cli.docgen` and commit the result"
+    )
 
 
 def test_reference_names_every_option_and_key() -> None:
@@ -50,7 +52,9 @@ def test_reference_names_every_option_and_key() -> None:
 # one of the extensions the repository's own docs, code and configs use.
 EXT = r"\.(?:md|py|ya?ml)"
 LINK = re.compile(r"\]\(([^)\s#]+" + EXT + r")(?:#[^)]*)?\)")
-PATH = re.compile(r"(?<![\w/.~${}<*-])((?:\.{1,2}/)?(?:[\w.-]+/)+[\w.-]+" + EXT + r"|[A-Z][A-Z_]+\.md)(?![\w/])")
+PATH = re.compile(
+    r"(?<![\w/.~${}<*-])((?:\.{1,2}/)?(?:[\w.-]+/)+[\w.-]+" + EXT + r"|[A-Z][A-Z_]+\.md)(?![\w/])"
+)
 TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini"}
 # Files stagectl writes at run time, named in docs as outputs (they are not repository files).
 RUN_TIME_NAMES = {"README.md"}
@@ -78,7 +82,9 @@ def prose_of(path: Path) -> str:
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
     ]
     parts += [
-        tok.string for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT
+        tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
     ]
     return "\n".join(parts)
 
@@ -96,14 +102,18 @@ def missing_references(path: Path) -> list[str]:
             continue
         top = ref.split("/")[0]
         names_repo_dir = "/" not in ref or top in (".", "..") or any((b / top).is_dir() for b in bases)
-        if (ref in links and path.suffix == ".md" or names_repo_dir) and not any((base / ref).exists() for base in bases):
+        if ((ref in links and path.suffix == ".md") or names_repo_dir) and not any(
+            (base / ref).exists() for base in bases
+        ):
             missing.append(ref)
     return missing
 
 
 def test_no_reference_to_a_file_that_is_not_in_the_repository() -> None:
     problems = [
-        f"{path.relative_to(REPO)}: {ref}" for path in tracked_text_files() for ref in missing_references(path)
+        f"{path.relative_to(REPO)}: {ref}"
+        for path in tracked_text_files()
+        for ref in missing_references(path)
     ]
     assert not problems, "references to files not in the repository:\n" + "\n".join(problems)
 
