@@ -49,12 +49,17 @@ def test_reference_names_every_option_and_key() -> None:
 # ---------------------------------------------------------------- references to repository files
 
 # A link `[text](path)`, or a path with a directory part, or an upper-case bare name (`DESIGN.md`), ending in
-# one of the extensions the repository's own docs, code and configs use.
+# one of the extensions the repository's own docs, code and configs use; a `.md` may name a section
+# (`docs/design.md#strict-parse`), which must then be one of its headings.
 EXT = r"\.(?:md|py|ya?ml)"
-LINK = re.compile(r"\]\(([^)\s#]+" + EXT + r")(?:#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)\s#]+" + EXT + r")(?:#([^)\s]*))?\)")
 PATH = re.compile(
-    r"(?<![\w/.~${}<*-])((?:\.{1,2}/)?(?:[\w.-]+/)+[\w.-]+" + EXT + r"|[A-Z][A-Z_]+\.md)(?![\w/])"
+    r"(?<![\w/.~${}<*-])((?:\.{1,2}/)?(?:[\w.-]+/)+[\w.-]+"
+    + EXT
+    + r"|[A-Z][A-Z_]+\.md)(?:#([\w-]+))?(?![\w/])"
 )
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*$", re.M)
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini"}
 # Files stagectl writes at run time, named in docs as outputs (they are not repository files).
 RUN_TIME_NAMES = {"README.md"}
@@ -89,30 +94,47 @@ def prose_of(path: Path) -> str:
     return "\n".join(parts)
 
 
+def anchors_of(markdown: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but `-` and `_` dropped, spaces to `-`, repeats
+    numbered (`-1`, `-2`); headings inside code fences do not count."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in HEADING.findall(FENCE.sub("", markdown.read_text(encoding="utf-8"))):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
 def missing_references(path: Path) -> list[str]:
     """Links, and paths whose first directory is one of the repository's (`docs/...`, `examples/...`,
-    `engines/hf.py` next to the file), that name no file; `RUN_DIR/report.md`, `swift/...` (another
-    project) or `path/to.yaml` start elsewhere and are not repository references."""
+    `engines/hf.py` next to the file), that name no file or no section of it; `RUN_DIR/report.md`,
+    `swift/...` (another project) or `path/to.yaml` start elsewhere and are not repository references."""
     prose = prose_of(path)
-    links = set(LINK.findall(prose))
+    links = {ref for ref, _ in LINK.findall(prose)}
     missing = []
     bases = [path.parent, REPO, REPO / "stagectl", REPO / "tests"]
-    for ref in sorted(links | set(PATH.findall(prose))):
+    for ref, anchor in sorted(set(LINK.findall(prose)) | set(PATH.findall(prose))):
         if ref in RUN_TIME_NAMES or ref.startswith(("http", "/")):
             continue
         top = ref.split("/")[0]
         names_repo_dir = "/" not in ref or top in (".", "..") or any((b / top).is_dir() for b in bases)
-        if ((ref in links and path.suffix == ".md") or names_repo_dir) and not any(
-            (base / ref).exists() for base in bases
-        ):
+        if not ((ref in links and path.suffix == ".md") or names_repo_dir):
+            continue
+        target = next((base / ref for base in bases if (base / ref).exists()), None)
+        if target is None:
             missing.append(ref)
-    return missing
+        elif anchor and target.suffix == ".md" and anchor not in anchors_of(target):
+            missing.append(f"{ref}#{anchor}")
+    return sorted(set(missing))
 
 
 def test_no_reference_to_a_file_that_is_not_in_the_repository() -> None:
+    this_file = Path(__file__).resolve()  # its own examples below name missing files on purpose
     problems = [
         f"{path.relative_to(REPO)}: {ref}"
         for path in tracked_text_files()
+        if path.resolve() != this_file
         for ref in missing_references(path)
     ]
     assert not problems, "references to files not in the repository:\n" + "\n".join(problems)
@@ -121,10 +143,16 @@ def test_no_reference_to_a_file_that_is_not_in_the_repository() -> None:
 def test_the_reference_scan_catches_a_missing_file(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        "See [the design](DESIGN.md#parse), docs/nowhere.md and `examples/tiny/gone.yaml`;"
-        " README.md, [ok](page.md) and https://x.org/a.md are fine.\n"
+        "# A page\n\n## The `/infer/` call\n\nSee [the design](DESIGN.md#parse), docs/nowhere.md and"
+        " `examples/tiny/gone.yaml`; [no such section](page.md#nowhere). README.md, [ok](page.md),"
+        " [a section](page.md#the-infer-call) and https://x.org/a.md are fine.\n"
     )
-    assert missing_references(page) == ["DESIGN.md", "docs/nowhere.md", "examples/tiny/gone.yaml"]
+    assert missing_references(page) == [
+        "DESIGN.md",
+        "docs/nowhere.md",
+        "examples/tiny/gone.yaml",
+        "page.md#nowhere",
+    ]
     module = tmp_path / "m.py"
     module.write_text('"""Rules (DESIGN.md section 5)."""\nx = 1  # see docs/gone.md\npath = a / "b.py"\n')
     assert missing_references(module) == ["DESIGN.md", "docs/gone.md"]
