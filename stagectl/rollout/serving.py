@@ -220,9 +220,9 @@ def configure_access_log(target: str | None) -> None:
     """Where the per-request JSON lines (`stagectl.rollout.access`, both ports) go: None drops them, `-`
     writes them to stderr, anything else is a file they are appended to (created with its directory)."""
     access = logging.getLogger(ACCESS_LOGGER)
-    for handler in list(access.handlers):
-        access.removeHandler(handler)
-        handler.close()
+    for old in list(access.handlers):
+        access.removeHandler(old)
+        old.close()
     access.propagate = False
     access.setLevel(logging.INFO)
     if target is None:
@@ -233,8 +233,11 @@ def configure_access_log(target: str | None) -> None:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
         path = Path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:  # a directory, no permission, a read-only file system: before the model loads
+            raise ValueError(f"--access-log {target}: cannot open it for appending ({exc})") from None
     handler.setFormatter(logging.Formatter("%(message)s"))
     access.addHandler(handler)
 

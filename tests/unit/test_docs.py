@@ -9,6 +9,7 @@ import re
 import subprocess
 import tokenize
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,8 @@ def test_reference_names_every_option_and_key() -> None:
     from stagectl.config import StagectlConfig
 
     cli = docgen.cli_reference()
-    for command in typer.main.get_command(app).commands.values():
+    root: Any = typer.main.get_command(app)
+    for command in root.commands.values():
         for sub in getattr(command, "commands", {"": command}).values():
             for param in sub.params:
                 for opt in param.opts if param.param_type_name == "option" else [param.name.upper()]:

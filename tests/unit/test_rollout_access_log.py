@@ -85,3 +85,13 @@ def test_off_by_default(
         time.sleep(0.5)  # the line would be written just after the response
     assert '"event": "access"' not in capfd.readouterr().err
     assert not [r for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+def test_a_path_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    access = logging.getLogger(ACCESS_LOGGER)
+    saved = (list(access.handlers), access.propagate, access.level)
+    try:
+        with pytest.raises(ValueError, match=r"--access-log .*: cannot open it for appending"):
+            configure_access_log(str(tmp_path))  # a directory
+    finally:
+        access.handlers[:], access.propagate, access.level = saved[0], saved[1], saved[2]
