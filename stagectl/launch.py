@@ -141,6 +141,7 @@ def embedded_rollout_server(
     args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
     args += ["--set", f"rollout_server.image_roots={roots!r}"]
     args += ["--host", "127.0.0.1", "--port", "0", "--weights-dir", str((out / "weight_sync").absolute())]
+    args += ["--access-log", "-"]  # its output goes to rollout_server.log, not to the terminal
     env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}"})
     server = start_server_process(args, log_path=out / "rollout_server.log", timeout_s=timeout_s, env=env)
     try:

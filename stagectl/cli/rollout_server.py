@@ -21,6 +21,12 @@ def command(
     overrides: list[str] = typer.Option(
         [], "--set", help="Override a key: --set rollout_server.max_batch_size=4"
     ),
+    access_log: str | None = typer.Option(
+        None,
+        "--access-log",
+        help="Write one JSON line per request to this file (appended), or to stderr with '-'; "
+        "default: no access log.",
+    ),
 ) -> None:
     """Serve rollouts over HTTP (swift-rollout compatible /infer/, plus weight sync)."""
     from stagectl.config import ConfigError, load_config
@@ -46,6 +52,6 @@ def command(
     from stagectl.rollout.serving import run_server
 
     try:
-        run_server(cfg, weight_dirs=weights_dirs)
+        run_server(cfg, weight_dirs=weights_dirs, access_log=access_log)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))

@@ -88,6 +88,7 @@ def _train(cfg: object) -> None:
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
+    from stagectl.learner.metrics import rollout_f1_summary
 
     assert isinstance(cfg, StagectlConfig)
     rank = int(os.environ.get("RANK", "0"))
@@ -113,3 +114,6 @@ def _train(cfg: object) -> None:
             f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True
         )
     say("train-ab", f"done, {step} optimizer steps; run dir {cfg.training.output_dir}")
+    f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)
+    if f1_line is not None:
+        say("train-ab", f1_line)

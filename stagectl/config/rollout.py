@@ -70,7 +70,7 @@ class VllmSyncConfig(StrictModel):
 
 class VllmConfig(StrictModel):
     mode: Literal["server", "colocate"] = "server"
-    """`server`: rollouts come from rollout servers (section 6 protocol). `colocate` is not supported:
+    """`server`: rollouts come from rollout servers (the `/infer/` protocol of docs/design.md). `colocate` is not supported:
     use `rollout_backend: hf` for in-process rollouts."""
     server: VllmServerConfig = Field(default_factory=VllmServerConfig)
     """Where the rollout servers are."""
@@ -143,9 +143,8 @@ class RolloutServerConfig(StrictModel):
     max_weight_chunk_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     """Larger weight chunks get 413."""
     weight_stream_port: int | None = Field(0, ge=0, le=65535)
-    """Port of the weight-stream listener (same host): `http` weight chunks go there, read from the socket
-    by blocking threads (0.62 of a raw loopback socket at 1 GB here, 0.20-0.28 through the app port). 0
-    picks a free one (the server advertises it in `/version/`); null turns it off and chunks go to `port`.
+    """Port of the weight-stream listener (same host): `http` weight chunks go there, read straight from
+    the socket by blocking threads (much faster than the app port: BENCHMARKS.md). 0 picks a free one (the server advertises it in `/version/`); null turns it off and chunks go to `port`.
     Set a fixed port when the learner reaches the server through a tunnel or a firewall."""
     image_roots: list[Path] = Field(default_factory=list)
     """Image paths in requests must resolve under one of these (inline data URLs are always allowed)."""

@@ -15,7 +15,7 @@ the pixel size of the image the boxes refer to. Two optional ids ride along from
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
 Boxes are read as `box_format`:
-- `"norm1000"` (the default, and what `stagectl demo-data` writes): integers 0..999 (DESIGN.md section 5);
+- `"norm1000"` (the default, and what `stagectl demo-data` writes): integers 0..999 (docs/design.md#data-and-the-answer-format);
 - `"pixel"`: numbers with `0 <= x <= width`, `0 <= y <= height` (corners on the 0..W-1 axis; a right or
   bottom edge equal to `width`/`height`, the exclusive-edge habit, is accepted and clamps to bin 999);
 - `"auto"`: decided once for the whole file: pixel if any coordinate is fractional or above 999,

@@ -1,12 +1,10 @@
 """The detection sample every data source produces, and the pixel <-> norm-1000 box codec it is stored in.
 
-A sample is `{images, width, height, objects: [{desc, bbox_2d}]}` (DESIGN.md section 5). Boxes are
+A sample is `{images, width, height, objects: [{desc, bbox_2d}]}` (docs/design.md#data-and-the-answer-format). Boxes are
 stored as norm-1000 bins: integers 0..999 with `bin = round(999 * x / (W - 1))`, clamped to 0..999,
 decoded as `x = bin / 999 * (W - 1)`. Pixel coordinates are corner positions on the 0..W-1 axis, so a
 box that covers the whole image is `(0, 0, W-1, H-1)` -> `(0, 0, 999, 999)`.
-
-Note: `stagectl/detection/coords.py` owns the same codec for the coordinate tokens; it was not committed
-when this module was written, so the two helpers below are a private copy of the same formula.
+The codec itself is `stagectl/detection/coords.py`'s; this module gives it its data names.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The synthetic shapes data set: 1..max_objects coloured shapes per image with exact boxes (DESIGN.md s. 9).
+"""The synthetic shapes data set: 1..max_objects coloured shapes per image with exact boxes
+(docs/design.md#running-offline).
 
 Each image is a plain dark background with non-overlapping circles, squares and triangles in red,
 green, blue or yellow; the desc is "<colour> <shape>". Shape sides are drawn uniformly from

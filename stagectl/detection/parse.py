@@ -3,7 +3,7 @@
 `parse_rollout(response_token_ids, vocab_or_table_or_tokenizer) -> RolloutParse`. It never raises on
 model output (any sequence of ints; ids outside the vocabulary read as a byte that breaks the JSON).
 
-Rules (DESIGN.md section 5):
+Rules (docs/design.md#strict-parse):
 - The response is cut at the first end-of-turn (or `<|endoftext|>`): a hard stop.
 - The token bytes are joined and scanned once as JSON. Leading whitespace is allowed; anything else
   before the opening `{` (or no `{` at all) is an invalid rollout: prefix `{`, zero objects,

@@ -1,6 +1,6 @@
 """Objects -> the one-line assistant JSON, and the FN-append fragment that extends a rollout prefix.
 
-The answer format (DESIGN.md section 5):
+The answer format (docs/design.md#data-and-the-answer-format):
 `{"object_1": {"desc": "red square", "bbox_2d": ["<|coord_12|>", "<|coord_34|>", "<|coord_256|>", "<|coord_480|>"]}, ...}`
 keys `object_1..N`, `desc` first, objects sorted top-to-bottom then left-to-right, `{}` when empty.
 Descriptions are JSON-escaped (`json.dumps(..., ensure_ascii=False)`), so quotes, backslashes and

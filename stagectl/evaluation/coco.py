@@ -13,8 +13,8 @@ large by the annotation's `area` field, so APs/APm/APl here use box areas (conve
 official `area` is the mask area can land a few objects in another size bucket). Nothing is crowd.
 
 Metrics come from faster-coco-eval (`COCOeval_faster`): it gives the same numbers as pycocotools (the
-reference; bench/bench_coco_eval.py compares all 12 summary numbers) 5-10x faster, which matters
-because train-ab's periodic eval runs on rank 0 while the other ranks wait (docs/evaluation.md).
+reference; bench/bench_coco_eval.py compares all 12 summary numbers) in less time (BENCHMARKS.md), which
+matters because train-ab's periodic eval runs on rank 0 while the other ranks wait (docs/evaluation.md).
 """
 
 from __future__ import annotations

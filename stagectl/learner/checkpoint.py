@@ -31,6 +31,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from stagectl.models.quiet import hf_progress_bars_off
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 MASTER_WEIGHTS = "master_weights.safetensors"
@@ -168,7 +170,8 @@ def save_inference_model(model: Any, path: Path, state_dict: dict[str, torch.Ten
     use_cache = model.config.use_cache
     model.config.use_cache = True
     try:
-        model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
+        with hf_progress_bars_off():
+            model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     finally:
         model.config.use_cache = use_cache
     if state_dict:

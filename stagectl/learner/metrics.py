@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +153,22 @@ def _truncate_after(path: Path, step: int) -> None:
     path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
+def rollout_f1_summary(f1s: Sequence[float]) -> str | None:
+    """The end-of-run line about Channel-B rollout F1 (None when the run made no B step). All zeros get
+    a word that this is what an untrained model gives, so a first run does not look broken."""
+    if not f1s:
+        return None
+    line = f"Channel-B rollout F1 last {f1s[-1]:.3f}, best {max(f1s):.3f} over {len(f1s)} B steps"
+    if max(f1s) > 0:
+        return line
+    return (
+        f"{line}. F1 0 means no rollout object matched a ground-truth box at IoU >= iou_gate yet: expected "
+        "for a model that does not yet answer in the detection format, such as the built-in tiny model "
+        "(random weights) after a few dozen steps; its loss is what falls. A tiny model that learns the "
+        "shapes: examples/tiny/learn_shapes.yaml (2,500 steps)"
+    )
+
+
 class ProgressBar:
     """A rich progress bar with the latest loss / kind / F1; plain lines when not a terminal."""
 
@@ -159,6 +176,7 @@ class ProgressBar:
         self.enabled = enabled
         self.total = total_steps
         self.console = Console(stderr=True)
+        self.rollout_f1s: list[float] = []  # every B step's rollout F1 this run (the end-of-run line)
         self._progress: Progress | None = None
         if enabled and self.console.is_terminal:
             self._progress = Progress(
@@ -174,6 +192,8 @@ class ProgressBar:
             self._progress.start()
 
     def update(self, step: int, row: dict[str, Any], log: bool) -> None:
+        if "rollout/f1" in row:
+            self.rollout_f1s.append(float(row["rollout/f1"]))
         if not self.enabled:
             return
         info = f"{row['kind']} loss={row['loss']:.4f}"

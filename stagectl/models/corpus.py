@@ -50,7 +50,7 @@ def _coord(i: int) -> str:
 
 
 def _answer(objects: list[tuple[str, tuple[int, int, int, int]]]) -> str:
-    """One assistant line in the exact detection answer format (see DESIGN.md section 5)."""
+    """One assistant line in the exact detection answer format (docs/design.md#data-and-the-answer-format)."""
     items = []
     for n, (desc, box) in enumerate(objects, start=1):
         coords = ", ".join(f'"{_coord(b)}"' for b in box)

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from transformers.utils import logging as hf_logging
-
 from stagectl.detection.coords import NUM_BINS, coord_token
 from stagectl.models.loading import TorchDtype, load_bundle, resolve_model_path
+from stagectl.models.quiet import hf_progress_bars_off
 from stagectl.models.tiny import BUILTIN_PREFIX
 
 TRAINER_STATE = "trainer_state.json"  # = stagectl.learner.checkpoint.TRAINER_STATE
@@ -105,13 +104,8 @@ def export_model(
 
 
 def _save_quietly(model: Any, path: Path) -> None:
-    show_progress = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with hf_progress_bars_off():
         model.save_pretrained(path, safe_serialization=True)
-    finally:
-        if show_progress:
-            hf_logging.enable_progress_bar()
 
 
 def _saved_dtype(model_dir: Path) -> TorchDtype:

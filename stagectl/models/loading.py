@@ -36,6 +36,7 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from stagectl.models import qwen_vl
+from stagectl.models.quiet import hf_progress_bars_off
 from stagectl.models.tiny import BUILTIN_PREFIX, resolve_builtin
 from stagectl.models.tokenizer import add_coord_tokens as add_coord_tokens_to
 from stagectl.models.tokenizer import coord_token_ids
@@ -174,12 +175,13 @@ def load_bundle(
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     end_of_turn, stops = checkpoint_stop_ids(path, tokenizer)
     num_added = add_coord_tokens_to(tokenizer) if add_coord_tokens else 0
-    model = model_class_for(config).from_pretrained(
-        str(path),
-        config=config,
-        dtype=_DTYPES[torch_dtype],
-        attn_implementation=attn_implementation,
-    )
+    with hf_progress_bars_off():
+        model = model_class_for(config).from_pretrained(
+            str(path),
+            config=config,
+            dtype=_DTYPES[torch_dtype],
+            attn_implementation=attn_implementation,
+        )
     use_varlen_vision_attention(model)  # one attention call per vision layer instead of one per window
     embedding_rows = model.config.get_text_config().vocab_size
     if num_added and len(tokenizer) > embedding_rows:

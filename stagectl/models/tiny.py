@@ -42,10 +42,10 @@ from transformers import (
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
 )
-from transformers.utils import logging as hf_logging
 
 from stagectl.cache import cache_root as stagectl_cache_root
 from stagectl.models.images import build_image_processor
+from stagectl.models.quiet import hf_progress_bars_off
 from stagectl.models.tiny_chat import (
     ChatArch,
     build_chat_tokenizer,
@@ -201,13 +201,8 @@ def build_tiny_model(arch: TinyArch, out_dir: str | Path) -> Path:
 
 
 def _save_quietly(model: PreTrainedModel, out: Path) -> None:
-    show_progress = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a one-shard save needs no progress bar
-    try:
+    with hf_progress_bars_off():  # a one-shard save needs no progress bar
         model.save_pretrained(out)
-    finally:
-        if show_progress:
-            hf_logging.enable_progress_bar()
 
 
 def _build_chat_model(arch: ChatArch, out: Path) -> None:

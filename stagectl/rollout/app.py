@@ -44,7 +44,10 @@ from stagectl.rollout.service import BadRequest, RolloutService
 from stagectl.rollout.stream import WeightStreamServer
 from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, NoGroupError, WeightSyncError
 
-access_log = logging.getLogger("stagectl.rollout.access")
+ACCESS_LOGGER = "stagectl.rollout.access"
+STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"
+log = logging.getLogger("stagectl.rollout.app")
+access_log = logging.getLogger(ACCESS_LOGGER)
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
 
 T = TypeVar("T")
@@ -309,6 +312,7 @@ def build_app(service: RolloutService) -> FastAPI:
                 stream.stop()
             app.state.weight_executor.shutdown(wait=True)
             service.close()
+            log.info(STOPPED_LINE)  # uvicorn runs at warning: this is the line that says shutdown finished
 
     app = FastAPI(title="stagectl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service

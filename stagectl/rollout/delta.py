@@ -44,7 +44,7 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def bits_np(tensor: torch.Tensor) -> np.ndarray:
     """`bits` as a numpy array (no copy). The comparisons, gathers and scatters of a delta run in numpy:
-    single-threaded and memory-bound, where torch's thread pool stalls badly on a busy host (10x here)."""
+    single-threaded and memory-bound, where torch's thread pool stalls badly on a busy host."""
     return bits(tensor).numpy()
 
 

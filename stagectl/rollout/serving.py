@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from stagectl.config import StagectlConfig
 from stagectl.config.rollout import RolloutServerConfig
 from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
-from stagectl.rollout.app import build_app
+from stagectl.rollout.app import ACCESS_LOGGER, build_app
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
 from stagectl.rollout.protocol import LISTENING_PREFIX, read_token
@@ -206,8 +206,8 @@ def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
         server_context(settings.tls_certfile, settings.tls_keyfile)  # a clear error naming the files, now
     config = uvicorn.Config(
         app,
-        log_level="info",
-        access_log=False,  # our AccessLog middleware writes one JSON line per request
+        log_level="warning",  # uvicorn's start-up chatter stays out of our output; its errors still show
+        access_log=False,  # our AccessLog middleware writes one JSON line per request (`configure_access_log`)
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         http=HeaderTimeoutH11Protocol,
         ssl_certfile=settings.tls_certfile,  # uvicorn's own TLS: the listening socket serves https
@@ -216,9 +216,38 @@ def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def run_server(cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = ()) -> None:
+def configure_access_log(target: str | None) -> None:
+    """Where the per-request JSON lines (`stagectl.rollout.access`, both ports) go: None drops them, `-`
+    writes them to stderr, anything else is a file they are appended to (created with its directory)."""
+    access = logging.getLogger(ACCESS_LOGGER)
+    for old in list(access.handlers):
+        access.removeHandler(old)
+        old.close()
+    access.propagate = False
+    access.setLevel(logging.INFO)
+    if target is None:
+        access.addHandler(logging.NullHandler())
+        access.setLevel(logging.WARNING)
+        return
+    if target == "-":
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        path = Path(target)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:  # a directory, no permission, a read-only file system: before the model loads
+            raise ValueError(f"--access-log {target}: cannot open it for appending ({exc})") from None
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+
+
+def run_server(
+    cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = (), access_log: str | None = None
+) -> None:
     """Load the engine, bind, print the address, serve until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    configure_access_log(access_log)
     rs = cfg.rollout_server
     # fail on a bad token or TLS setup before loading the model
     settings = server_settings(rs, weight_dirs, call_limits(cfg))

@@ -3,8 +3,8 @@ app's) on a port of its own, served by blocking threads that read each chunk's b
 socket into a reused buffer and feed it to the staging (one copy and one XXH3 pass per byte).
 
 Why a second listener: on the app's port a chunk's bytes go through uvicorn's pure-Python HTTP parser and
-the event loop in pieces of at most 256 KiB, which held `http` sync at about a quarter of what a plain
-loopback socket carries on a 2-core host. Here the body is read with `readinto` in 8 MiB pieces; the
+the event loop in pieces of at most 256 KiB, which held `http` sync far below what a plain loopback
+socket carries (BENCHMARKS.md, "Weight sync"). Here the body is read with `readinto` in 8 MiB pieces; the
 request line and headers still go through the standard library's HTTP parser.
 
 Guards, as on the app's port: the bearer token (`guards.bearer_ok`), the chunk-size limit (413), a deadline

@@ -13,11 +13,10 @@ Zero copies on the client: a chunk is its safetensors header plus memoryviews of
 piece of the body straight into its staging buffer, hashing on the way; the digest is compared at the
 end of the chunk, and any mismatch fails the whole sync.
 
-Checksum: XXH3-128 (`digest_hex`), ~28 GB/s here against sha256's ~1.8 GB/s (sha256 capped the whole
-sync at ~1.8 GB/s). Its job is integrity against corruption (a truncated or garbled chunk or file),
-not authenticity: the weight endpoints are bearer-token authenticated and loopback by default, and
-anyone holding the token can push any weights anyway, so a cryptographic hash would buy nothing.
-(DESIGN.md section 6 still says sha256 per chunk: issue #17 replaced it; docs/weight_sync.md.)
+Checksum: XXH3-128 (`digest_hex`), not sha256, whose speed would cap every sync (docs/weight_sync.md).
+Its job is integrity against corruption (a truncated or garbled chunk or file), not authenticity: the
+weight endpoints are bearer-token authenticated and loopback by default, and anyone holding the token
+can push any weights anyway, so a cryptographic hash would buy nothing.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from PIL import Image
 from stagectl.models.chat import encode_answer_text, encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
+from stagectl.rollout.app import STOPPED_LINE
 from stagectl.rollout.client import RolloutClient, WeightPushError, detection_request, to_generation
 from stagectl.rollout.launcher import start_server_process
 from stagectl.rollout.protocol import InferRequest, RequestConfig
@@ -89,7 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     yield Served(server.url, mirror, images)
     # SIGTERM: uvicorn finishes in-flight requests, runs the shutdown (engine closed), then re-raises the signal.
     assert server.stop() in (0, -signal.SIGTERM), "\n".join(server.tail)
-    assert any("Application shutdown complete" in line for line in server.tail)
+    assert any(STOPPED_LINE in line for line in server.tail)
 
 
 @pytest.fixture

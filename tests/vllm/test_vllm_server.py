@@ -17,6 +17,7 @@ import torch
 from stagectl.models.chat import encode_answer_text, encode_messages
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
+from stagectl.rollout.app import STOPPED_LINE
 from stagectl.rollout.client import RolloutClient, WeightPushError, to_generation
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
@@ -83,7 +84,7 @@ def served() -> Iterator[Served]:
     yield Served(server.url, mirror)
     # SIGTERM: uvicorn finishes in-flight requests, runs the shutdown (engine closed), then re-raises it.
     assert server.stop() in (0, -signal.SIGTERM), "\n".join(server.tail)
-    assert any("Application shutdown complete" in line for line in server.tail), "\n".join(server.tail)
+    assert any(STOPPED_LINE in line for line in server.tail), "\n".join(server.tail)
 
 
 @pytest.fixture

@@ -1,0 +1,40 @@
+"""The end-of-run line of train-ab: rollout F1 over the run's B steps, and a word when it stayed 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagectl.learner.metrics import ProgressBar, rollout_f1_summary
+
+
+def _row(kind: str, f1: float | None = None) -> dict[str, object]:
+    row: dict[str, object] = {"kind": kind, "loss": 1.0, "time/step_s": 0.1}
+    if f1 is not None:
+        row["rollout/f1"] = f1
+    return row
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_bar_collects_every_b_step_f1(enabled: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    bar = ProgressBar(4, enabled=enabled)
+    for step, row in enumerate([_row("A"), _row("B", 0.0), _row("A"), _row("B", 0.25)]):
+        bar.update(step, row, log=True)
+    bar.close()
+    assert bar.rollout_f1s == [0.0, 0.25]
+
+
+def test_no_b_step_no_line() -> None:
+    assert rollout_f1_summary([]) is None
+
+
+def test_all_zero_says_it_is_expected_for_an_untrained_model() -> None:
+    line = rollout_f1_summary([0.0, 0.0, 0.0])
+    assert line is not None
+    assert line.startswith("Channel-B rollout F1 last 0.000, best 0.000 over 3 B steps. F1 0 means")
+    assert "expected" in line and "examples/tiny/learn_shapes.yaml" in line
+
+
+def test_a_model_that_finds_objects_gets_the_numbers_only() -> None:
+    assert (
+        rollout_f1_summary([0.0, 0.5, 0.25]) == "Channel-B rollout F1 last 0.250, best 0.500 over 3 B steps"
+    )
