@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -25,6 +24,7 @@ from typing import Any, cast
 from transformers.utils import logging as hf_logging
 
 from stagectl.detection.coords import NUM_BINS, coord_token
+from stagectl.files import make_output_dir
 from stagectl.models.loading import TorchDtype, load_bundle, resolve_model_path
 from stagectl.models.tiny import BUILTIN_PREFIX
 
@@ -75,7 +75,7 @@ def export_model(
     dtype = torch_dtype or _saved_dtype(model_dir)
     bundle = load_bundle(str(model_dir), torch_dtype=dtype, add_coord_tokens=add_coord_tokens)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = make_output_dir(out.parent, prefix=f".{out.name}.")  # the umask's mode, not mkdtemp's 0700
     try:
         bundle.model.config.use_cache = True  # a learner checkpoint may have saved it off
         _save_quietly(bundle.model, staging)
