@@ -76,18 +76,20 @@ def count_rows(path: Path) -> int:
         return sum(1 for line in handle if line.strip())
 
 
-def apply_policy(out: Path, found: str | None, policy: RunDirPolicy, *, key: str, command: str) -> str | None:
+def apply_policy(
+    out: Path, found: str | None, policy: RunDirPolicy, *, key: str, command: str, can_resume: bool = True
+) -> str | None:
     """Refuse, or move aside, the run `found` in `out` (None: nothing there). Returns the one line to print
-    when something was done; `ValueError` (naming `key` and both flags) when the user must choose."""
+    when something was done; `ValueError` (naming `key` and the flags) when the user must choose."""
     if found is None or policy.resume:
         return None
     if policy.overwrite:
         moved = move_aside(out)
         return f"--overwrite: moved the previous run in {out} ({found}) to {moved}; delete it when sure"
+    resume = "--resume to continue it, " if can_resume else ""
     raise ValueError(
-        f"{key}: {out} already holds a run ({found}); nothing was changed. Pass --resume to continue it, "
-        f"--overwrite to move it aside (to {out.name}.replaced-<time>), or choose another directory "
-        f"(stagectl {command} ... --set {key}=NEW_DIR)"
+        f"{key}: {out} already holds a run ({found}); nothing was changed. Pass {resume}--overwrite to move "
+        f"it aside (to {out.name}.replaced-<time>), or choose another directory ({command})"
     )
 
 
@@ -160,7 +162,8 @@ def prepare_train_dir(out: Path, resume: Path | str | None, overwrite: bool) -> 
             "checkpoint to continue from; pass --overwrite to move it aside and start again"
         )
     policy = RunDirPolicy(resume=resume is not None, overwrite=overwrite)
-    return apply_policy(out, found, policy, key="training.output_dir", command="train-ab")
+    hint = "stagectl train-ab ... --set training.output_dir=NEW_DIR"
+    return apply_policy(out, found, policy, key="training.output_dir", command=hint)
 
 
 def has_complete_checkpoint(out: Path) -> bool:

@@ -34,6 +34,11 @@ REMOVED_KEYS: dict[str, str] = {
     "rollout_server.slow_infer_ms": (
         "removed: it was a test knob; the test suite slows the server down from outside"
     ),
+    "guidance.reset_on_rerun": (
+        "removed: a run directory that holds a run is refused unless you say what you want: "
+        "stagectl stage-b --resume continues from its guidance, --overwrite moves it aside and starts "
+        "from guidance.path"
+    ),
     "launch.dist_timeout_s": (
         "removed: collective deadlines are per phase now; use launch.watchdog.step_s (and "
         "launch.watchdog.{startup_s, weight_sync_s, checkpoint_s, eval_s, shutdown_s})"
