@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from stagectl.config.base import StrictModel
+from stagectl.config.dtypes import MixedPrecision
 from stagectl.config.reporting import WandbConfig
 
 
@@ -36,7 +37,7 @@ class TrainingConfig(StrictModel):
     """Number of optimizer steps (updates, not micro-steps)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; null disables clipping."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: MixedPrecision = "no"
     """Compute dtype of forward/backward. Master weights and AdamW state stay float32 whatever this is;
     `bf16` / `fp16` compute in that dtype (autocast under ddp, FSDP2's `MixedPrecisionPolicy` under fsdp)
     and reduce gradients in float32; `fp16` adds a dynamic loss scaler. `model.torch_dtype` is then the
