@@ -68,6 +68,21 @@ def make_output_dir(parent: Path, prefix: str) -> Path:
     return path
 
 
+def follow_umask(root: Path) -> None:
+    """Give every file under `root` 0666 and every directory 0777, less the umask: what `open` and `mkdir`
+    give. For trees written by libraries that stage files with mkstemp (transformers' `save_pretrained`
+    leaves model.safetensors 0600), so a model directory is readable by whoever the umask allows."""
+    umask = _umask()
+    os.chmod(root, 0o777 & ~umask)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o777 & ~umask)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~umask)
+
+
 def _umask() -> int:
     umask = os.umask(0)  # the only way to read it; single-threaded CLI callers
     os.umask(umask)

@@ -24,7 +24,7 @@ from typing import Any, cast
 from transformers.utils import logging as hf_logging
 
 from stagectl.detection.coords import NUM_BINS, coord_token
-from stagectl.files import make_output_dir
+from stagectl.files import follow_umask, make_output_dir
 from stagectl.models.loading import TorchDtype, load_bundle, resolve_model_path
 from stagectl.models.tiny import BUILTIN_PREFIX
 
@@ -95,6 +95,7 @@ def export_model(
             vocab_size=int(bundle.model.config.get_text_config().vocab_size),
         )
         (staging / "README.md").write_text(model_card(summary))
+        follow_umask(staging)  # save_pretrained leaves model.safetensors 0600
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(staging, out)
