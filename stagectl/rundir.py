@@ -24,7 +24,14 @@ from pathlib import Path
 from stagectl.files import RESOLVED_CONFIG
 
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
-TRAIN_FILES = (RESOLVED_CONFIG, "metrics.jsonl", "final_state.json", "wandb_run_id", "tensorboard", "weight_sync")
+TRAIN_FILES = (
+    RESOLVED_CONFIG,
+    "metrics.jsonl",
+    "final_state.json",
+    "wandb_run_id",
+    "tensorboard",
+    "weight_sync",
+)
 EVAL_MARKERS = ("metrics.json", "predictions.coco.json", "ground_truth.coco.json")
 STAGE_B_MARKERS = ("guidance.json", "trajectories.jsonl", "selections.jsonl")
 
@@ -170,7 +177,8 @@ def has_complete_checkpoint(out: Path) -> bool:
     """A `checkpoint-N/` with its trainer_state.json (the rule of `learner.checkpoint.list_checkpoints`,
     restated here without importing torch)."""
     return out.is_dir() and any(
-        p.name.startswith("checkpoint-") and p.name[len("checkpoint-") :].isdigit()
+        p.name.startswith("checkpoint-")
+        and p.name[len("checkpoint-") :].isdigit()
         and (p / "trainer_state.json").is_file()
         for p in out.iterdir()
     )
@@ -185,7 +193,7 @@ def resume_note(checkpoint: Path, step: int, max_steps: int) -> str:
         )
     return (
         f"resuming from {checkpoint}: {step} optimizer steps done, continuing with step {step + 1} of "
-        f"{max_steps} (metrics.jsonl rows with \"step\" >= {step} are replaced, earlier ones kept)"
+        f'{max_steps} (metrics.jsonl rows with "step" >= {step} are replaced, earlier ones kept)'
     )
 
 

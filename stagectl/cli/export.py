@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from stagectl.models.loading import TorchDtype
 
 
-
 def command(
     checkpoint: str = typer.Argument(
         ..., help="A train-ab checkpoint-N dir, a run dir (its newest checkpoint), or any model dir."

@@ -31,7 +31,9 @@ def command(
         None, "--nproc", min=1, help="Processes; > 1 re-launches under torchrun (CPU ranks use gloo)."
     ),
     resume: bool = typer.Option(
-        False, "--resume", help="Continue the run in the run directory from its guidance (artifacts appended)."
+        False,
+        "--resume",
+        help="Continue the run in the run directory from its guidance (artifacts appended).",
     ),
     overwrite: bool = typer.Option(
         False,

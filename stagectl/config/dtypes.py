@@ -51,7 +51,9 @@ def _mixed_precision(value: Any) -> Any:
         try:
             return _SHORT[canonical_dtype(value)]
         except ValueError:
-            raise ValueError(f"unknown compute dtype {value!r}; use no (float32), bf16 (bfloat16) or fp16 (float16, half)") from None
+            raise ValueError(
+                f"unknown compute dtype {value!r}; use no (float32), bf16 (bfloat16) or fp16 (float16, half)"
+            ) from None
     return value
 
 

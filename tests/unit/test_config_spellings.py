@@ -53,21 +53,27 @@ def test_an_unknown_dtype_names_the_spellings() -> None:
 
 @pytest.mark.parametrize("typed", ["bf16", "half", "fp32"])
 def test_export_dtype_flag_takes_the_common_spellings(tmp_path: Path, typed: str) -> None:
-    result = CliRunner().invoke(app, ["export", str(tmp_path / "missing"), str(tmp_path / "out"), "--dtype", typed])
+    result = CliRunner().invoke(
+        app, ["export", str(tmp_path / "missing"), str(tmp_path / "out"), "--dtype", typed]
+    )
     assert result.exit_code == 1
     assert "--dtype" not in result.output  # got past the flag: the error is about the missing checkpoint
     assert "missing" in result.output
 
 
 def test_export_refuses_an_unknown_dtype_by_name(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["export", str(tmp_path / "m"), str(tmp_path / "out"), "--dtype", "bf17"])
+    result = CliRunner().invoke(
+        app, ["export", str(tmp_path / "m"), str(tmp_path / "out"), "--dtype", "bf17"]
+    )
     assert result.exit_code == 1 and "--dtype: unknown dtype 'bf17'" in result.output
 
 
 def test_a_section_emptied_by_deleting_b_ratio_gives_one_clear_message(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     # the user deleted the only key under schedule: YAML reads `schedule:` as null
-    path.write_text("data: {synthetic: {num_samples: 8}}\nstage2_ab:\n  schedule:\n  channel_b: {mode: step}\n")
+    path.write_text(
+        "data: {synthetic: {num_samples: 8}}\nstage2_ab:\n  schedule:\n  channel_b: {mode: step}\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     (problem,) = info.value.problems
