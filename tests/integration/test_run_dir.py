@@ -4,6 +4,7 @@ continues it (each step's metrics row exactly once); --overwrite moves it aside 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -30,7 +31,10 @@ def umask_022():
 
 def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) -> None:
     cfg = tiny_train_config(
-        tmp_path, training={"max_steps": 4, "save_steps": 2}, stage2_ab={"schedule": {"b_ratio": 0.0}}
+        tmp_path,
+        training={"max_steps": 4, "save_steps": 2},
+        stage2_ab={"schedule": {"b_ratio": 0.0}},
+        data={"eval": {"synthetic": {"num_samples": 2, "seed": 5, "max_objects": 1}, "every_steps": 2}},
     )
     config = write_config(tmp_path / "cfg.yaml", cfg)
     out = tmp_path / "run"
@@ -71,6 +75,13 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
     assert rows[:2] == finished[:2]  # kept as they were
     for again, original in zip(rows[2:], finished[2:], strict=True):
         assert again["loss"] == pytest.approx(original["loss"], rel=1e-4)  # the same steps, re-run
+    evals = [json.loads(line)["step"] for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert evals == [
+        2,
+        4,
+    ]  # the eval at step 4 re-ran and replaced its row; step 2's (before the checkpoint) kept
+    shown = [json.loads(line)["step"] for line in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert shown == [2, 2, 4, 4]
     after_resume = hashes(out)
 
     # start again: the old run moves aside whole, said in one line
@@ -86,6 +97,8 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint-2",
         "config.yaml",
+        "eval.jsonl",
+        "eval_samples.jsonl",
         "final_state.json",
         "metrics.jsonl",
     ]
