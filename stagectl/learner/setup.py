@@ -157,7 +157,10 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         b_sampler.num_consumed = int(rank_state["b_consumed"])
         extra = {**state.extra, "rank_state": rank_state}
     if world.is_main:
-        write_resolved_config(out, to_plain(cfg))
+        plain = dict(to_plain(cfg))
+        # --overwrite acted on this start only: config.yaml reused to resume or re-run must not move the run aside
+        plain["training"] = {**plain["training"], "overwrite_output_dir": False}
+        write_resolved_config(out, plain)
     return LearnerState(
         cfg=cfg,
         resolved=resolved,

@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
 
@@ -94,6 +95,8 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
     )
     assert hashes(aside) == after_resume
     assert [r["step"] for r in read_metrics(out)] == [0, 1]
+    # --overwrite acted on that start only: the run's config.yaml, reused to resume, does not move it aside
+    assert yaml.safe_load((out / "config.yaml").read_text())["training"]["overwrite_output_dir"] is False
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint-2",
         "config.yaml",
