@@ -3,6 +3,7 @@ anything starts, and the resolved config (`config.yaml` in the run directory, fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -33,9 +34,7 @@ def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
             handle.writelines(lines)
             handle.flush()
             os.fsync(handle.fileno())
-        umask = os.umask(0)  # the only way to read it; single-threaded CLI callers
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
         done = True
     finally:
@@ -44,7 +43,10 @@ def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
 
 
 def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None:
-    """Fail before anything starts when the run directory cannot be written."""
+    """Fail before anything starts when the run directory cannot be written. Leaves the disk as it found it:
+    directories made for the probe are removed again (the run creates its directory when it first writes),
+    so a start that fails later leaves no empty run directory behind."""
+    missing = [p for p in (output_dir, *output_dir.parents) if not p.exists()]  # innermost first
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe = output_dir / ".write-probe"
@@ -52,6 +54,39 @@ def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None
         probe.unlink()
     except OSError as exc:
         raise ValueError(f"{key}: cannot write to {output_dir}: {exc.strerror or exc}") from None
+    finally:
+        for made in missing:
+            with contextlib.suppress(OSError):  # another process may have written into it meanwhile
+                made.rmdir()
+
+
+def make_output_dir(parent: Path, prefix: str) -> Path:
+    """`tempfile.mkdtemp` in `parent` with the mode a plain `mkdir` gives (0777 less the umask), not
+    mkdtemp's 0700: a staged directory renamed into place is read by other users (vLLM servers, jobs)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
+
+
+def follow_umask(root: Path) -> None:
+    """Give every file under `root` 0666 and every directory 0777, less the umask: what `open` and `mkdir`
+    give. For trees written by libraries that stage files with mkstemp (transformers' `save_pretrained`
+    leaves model.safetensors 0600), so a model directory is readable by whoever the umask allows."""
+    umask = _umask()
+    os.chmod(root, 0o777 & ~umask)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o777 & ~umask)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~umask)
+
+
+def _umask() -> int:
+    umask = os.umask(0)  # the only way to read it; single-threaded CLI callers
+    os.umask(umask)
+    return umask
 
 
 def write_resolved_config(run_dir: Path, plain: Mapping[str, Any]) -> Path:

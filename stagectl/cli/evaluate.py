@@ -30,12 +30,17 @@ def command(
         None, "--out", help="Output directory (default: {training.output_dir}/eval)."
     ),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks sharding the images (torchrun)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="DIR holds an earlier eval: move it aside to DIR.replaced-<time> first."
+    ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set data.eval.max_samples=500"),
 ) -> None:
     """Evaluate a checkpoint (or a rollout server) on a JSONL set: COCO bbox AP/AR, F1 at IoU 0.5, invalid and
-    duplicate rates, a per-class AP table; writes DIR/metrics.json and DIR/predictions.coco.json."""
+    duplicate rates, a per-class AP table; writes DIR/metrics.json and DIR/predictions.coco.json. A DIR that
+    holds an earlier eval is refused unless --overwrite."""
     from stagectl.config import ConfigError, load_config
     from stagectl.launch import inside_torchrun, relaunch_under_torchrun
+    from stagectl.rundir import EVAL_MARKERS, RunDirPolicy, apply_policy, files_summary
 
     sets = list(overrides)
     if model is not None:
@@ -50,6 +55,20 @@ def command(
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
     out_dir = out if out is not None else Path(cfg.training.output_dir) / "eval"
+    if not inside_torchrun():  # once, before any rank starts (the ranks get the same --out)
+        try:
+            note = apply_policy(
+                out_dir,
+                files_summary(out_dir, EVAL_MARKERS),
+                RunDirPolicy(overwrite=overwrite),
+                key="--out",
+                command="--out NEW_DIR",
+                can_resume=False,
+            )
+        except ValueError as exc:
+            fail(str(exc))
+        if note is not None:
+            typer.echo(note, err=True)
     if cfg.launch.nproc_per_node * cfg.launch.nnodes > 1 and not inside_torchrun():
         args = ["eval", str(config), "--out", str(out_dir), *(a for s in sets for a in ("--set", s))]
         if server is not None:

@@ -12,8 +12,6 @@ from stagectl.cli.common import fail
 if TYPE_CHECKING:
     from stagectl.models.loading import TorchDtype
 
-DTYPES = ("float32", "bfloat16", "float16")
-
 
 def command(
     checkpoint: str = typer.Argument(
@@ -21,7 +19,7 @@ def command(
     ),
     out: Path = typer.Argument(..., help="New (or empty) directory to write the model into."),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="float32, bfloat16 or float16 (default: as saved)."
+        None, "--dtype", help="float32 (fp32), bfloat16 (bf16) or float16 (fp16, half); default: as saved."
     ),
     add_coord_tokens: bool = typer.Option(
         False,
@@ -31,15 +29,20 @@ def command(
 ) -> None:
     """Write a model that transformers and vLLM load as they load the base: weights, config, tokenizer
     with chat template, image processor and a model card; no optimizer or trainer state."""
-    if dtype is not None and dtype not in DTYPES:
-        fail(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    from stagectl.config.dtypes import canonical_dtype
+
+    if dtype is not None:
+        try:
+            dtype = canonical_dtype(dtype)
+        except ValueError as exc:
+            fail(f"--dtype: {exc}")
     from stagectl.models.export import export_model  # heavy: torch + transformers
 
     try:
         summary = export_model(
             checkpoint,
             out,
-            torch_dtype=cast("TorchDtype | None", dtype),  # checked against DTYPES above
+            torch_dtype=cast("TorchDtype | None", dtype),  # canonical_dtype above
             add_coord_tokens=add_coord_tokens,
         )
     except (ValueError, FileNotFoundError) as exc:

@@ -1,4 +1,4 @@
-"""`stagectl stage-b CONFIG [--gpus 0,1,2,3 | --nproc N] [--set key=value ...]`."""
+"""`stagectl stage-b CONFIG [--gpus 0,1,2,3 | --nproc N] [--resume | --overwrite] [--set key=value ...]`."""
 
 from __future__ import annotations
 
@@ -30,11 +30,25 @@ def command(
     nproc: int | None = typer.Option(
         None, "--nproc", min=1, help="Processes; > 1 re-launches under torchrun (CPU ranks use gloo)."
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in the run directory from its guidance (artifacts appended).",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="The run directory holds a run: move it aside to DIR.replaced-<time> and start from guidance.path.",
+    ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set runner.epochs=2"),
 ) -> None:
-    """Run the Stage-B guidance loop (re-launches itself under single-node torchrun for > 1 process)."""
+    """Run the Stage-B guidance loop (re-launches itself under single-node torchrun for > 1 process). A run
+    directory ({output.root}/{output.run_name}/{mission}) that holds a run is refused unless --resume or
+    --overwrite says what to do with it."""
     from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.launch import inside_torchrun
+    from stagectl.rundir import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
+    from stagectl.stage_b.runner import run_dir_of, valid_mission
 
     devices: list[str] = []
     if gpus is not None:
@@ -57,6 +71,22 @@ def command(
         fail(f"{config}: not a Stage-B config; set mission, tickets and guidance.path")
     if cfg.launch.nnodes != 1:
         fail("stage-b runs on one node; set launch.nnodes: 1")
+    # once, before any rank starts (the ranks continue whatever guidance is there); a bad mission name is
+    # reported by the runner
+    if not inside_torchrun() and valid_mission(cfg.mission):
+        run_dir = run_dir_of(cfg)
+        try:
+            note = apply_policy(
+                run_dir,
+                files_summary(run_dir, STAGE_B_MARKERS),
+                RunDirPolicy(resume=resume, overwrite=overwrite),
+                key="output.root",
+                command="--set output.run_name=NEW_NAME",
+            )
+        except ValueError as exc:
+            fail(str(exc))
+        if note is not None:
+            typer.echo(note, err=True)
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():

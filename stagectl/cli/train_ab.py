@@ -1,4 +1,4 @@
-"""`stagectl train-ab CONFIG [--nproc N] [--set key=value ...]`."""
+"""`stagectl train-ab CONFIG [--nproc N] [--resume | --overwrite] [--set key=value ...]`."""
 
 from __future__ import annotations
 
@@ -17,29 +17,56 @@ def command(
     nproc: int | None = typer.Option(
         None, "--nproc", min=1, help="Learner processes; > 1 re-launches under torchrun (overrides launch)."
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in training.output_dir from its newest checkpoint (resume_from_checkpoint: "
+        "latest unless the config names one); a new run when there is none yet.",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="training.output_dir holds a run: move it aside to OUTPUT_DIR.replaced-<time> and start a new one.",
+    ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.max_steps=10"),
 ) -> None:
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
-    rollout server first when rollout_server.embedded is true)."""
+    rollout server first when rollout_server.embedded is true). A training.output_dir that already holds
+    a run is refused unless --resume or --overwrite says what to do with it."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
+    from stagectl.rundir import prepare_train_dir
 
+    if resume and overwrite:
+        fail("--resume and --overwrite contradict each other; give one of them")
     sets = list(overrides)
     if nproc is not None:
         sets.append(f"launch.nproc_per_node={nproc}")
+    if overwrite:
+        sets.append("training.overwrite_output_dir=true")
+    world_size = None if inside_torchrun() else nproc
     try:
-        cfg: StagectlConfig = load_config(config, sets, world_size=None if inside_torchrun() else nproc)
+        cfg: StagectlConfig = load_config(config, sets, world_size=world_size)
+        if resume and cfg.training.resume_from_checkpoint is None:
+            sets.append("training.resume_from_checkpoint=latest")
+            cfg = load_config(config, sets, world_size=world_size)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
     if cfg.stage2_ab is None:
         fail(f"{config}: train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)")
+    restart = (config, bool(overrides) or nproc is not None)  # for the end line of a stopped run
     if inside_torchrun():
-        _train(cfg)
+        _train(cfg, restart)
         return
+    t = cfg.training
     try:
-        check_output_dir(cfg.training.output_dir)  # before a server or any rank starts
+        if cfg.launch.nnodes == 1:  # multi-node: global rank 0 alone decides (learner.setup)
+            note = prepare_train_dir(t.output_dir, t.resume_from_checkpoint, t.overwrite_output_dir)
+            if note is not None:
+                typer.echo(note, err=True)
+        check_output_dir(t.output_dir)  # before a server or any rank starts
     except ValueError as exc:
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
@@ -59,7 +86,7 @@ def command(
             if code:
                 raise typer.Exit(code)
         else:
-            _train(cfg)
+            _train(cfg, restart)
 
 
 @contextlib.contextmanager
@@ -82,19 +109,27 @@ def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
     return relaunch_under_torchrun(args, cfg.launch)
 
 
-def _train(cfg: object) -> None:
+def _train(cfg: object, restart: tuple[Path, bool]) -> None:
     from stagectl.config import StagectlConfig
     from stagectl.console import say
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
     from stagectl.learner.metrics import rollout_f1_summary
+    from stagectl.rundir import DirSnapshot, stop_note
 
     assert isinstance(cfg, StagectlConfig)
     rank = int(os.environ.get("RANK", "0"))
+    out = cfg.training.output_dir
+    before = DirSnapshot.take(out)
     try:
-        trainer = Trainer(cfg)
-        step = trainer.run()
+        try:
+            trainer = Trainer(cfg)
+            step = trainer.run()
+        except BaseException:
+            if rank == 0:
+                before.undo_failed_start()  # a start that failed before its first step leaves no trace
+            raise
     except SharedError as exc:  # decided on rank 0 and raised on every rank: rank 0 reports it
         if rank != 0:
             raise typer.Exit(1) from None
@@ -110,10 +145,10 @@ def _train(cfg: object) -> None:
             )
         return
     if trainer.stopped_by_signal is not None:
-        typer.echo(
-            f"stopped by signal {trainer.stopped_by_signal} after step {step}; checkpoint saved", err=True
-        )
-    say("train-ab", f"done, {step} optimizer steps; run dir {cfg.training.output_dir}")
+        config, extra_options = restart
+        typer.echo(stop_note(trainer.stopped_by_signal, config, step, out, extra_options), err=True)
+        return
+    say("train-ab", f"done, {step} optimizer steps; run dir {out}")
     f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)
     if f1_line is not None:
         say("train-ab", f1_line)

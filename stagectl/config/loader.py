@@ -34,6 +34,11 @@ REMOVED_KEYS: dict[str, str] = {
     "rollout_server.slow_infer_ms": (
         "removed: it was a test knob; the test suite slows the server down from outside"
     ),
+    "guidance.reset_on_rerun": (
+        "removed: a run directory that holds a run is refused unless you say what you want: "
+        "stagectl stage-b --resume continues from its guidance, --overwrite moves it aside and starts "
+        "from guidance.path"
+    ),
     "launch.dist_timeout_s": (
         "removed: collective deadlines are per phase now; use launch.watchdog.step_s (and "
         "launch.watchdog.{startup_s, weight_sync_s, checkpoint_s, eval_s, shutdown_s})"
@@ -72,6 +77,7 @@ def load_config(
         except ValueError as exc:
             problems.append(Problem(_override_key(override), str(exc)))
     problems += _pop_removed_keys(raw)
+    _empty_sections_to_mappings(raw, StagectlConfig)
     cfg, schema_problems = _validate_schema(raw)
     problems += schema_problems
     if cfg is not None:
@@ -186,6 +192,26 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
             raise ValueError(f"cannot set {key}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _empty_sections_to_mappings(raw: dict[str, Any], model: type[BaseModel]) -> None:
+    """A section key with nothing under it (`schedule:` after its last key was deleted) is YAML null; read it
+    as an empty section, so the message is about the key that is missing, not "should be a dictionary".
+    Only for sections of one model type that cannot be null (where null means "no such section", or the
+    section is a union, the value is left alone)."""
+    fields = {field.alias or name: field for name, field in model.model_fields.items()}
+    fields.update(model.model_fields)
+    for key, value in raw.items():
+        field = fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        types = _model_types(field.annotation)
+        if len(types) != 1:
+            continue
+        if value is None and type(None) not in getattr(field.annotation, "__args__", ()):
+            raw[key] = value = {}
+        if isinstance(value, dict):
+            _empty_sections_to_mappings(value, types[0])
 
 
 def _pop_removed_keys(raw: dict[str, Any]) -> list[Problem]:

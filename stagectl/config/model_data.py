@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from stagectl.config.base import StrictModel
+from stagectl.config.dtypes import StorageDtype
 from stagectl.config.rollout import DecodingConfig
 
 LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -51,7 +52,7 @@ class ModelConfig(StrictModel):
     `builtin:tiny-qwen2-vl`, `builtin:tiny-qwen3-vl`, the text-only `builtin:tiny-qwen2`, or the text chat
     models `builtin:tiny-llama3`, `builtin:tiny-qwen3`, `builtin:tiny-gemma3` (built offline on first use,
     then cached)."""
-    torch_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    torch_dtype: StorageDtype = "float32"
     """The dtype weights are stored and served in: inference (rollout server, Stage-B) loads the model in
     it, and train-ab writes checkpoints and syncs weights in it. train-ab trains float32 master weights
     whatever this is; its compute dtype is `training.mixed_precision` (bf16 storage wants

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from stagectl.config.base import StrictModel
+from stagectl.config.dtypes import EngineDtype
 
 
 class DecodingConfig(StrictModel):
@@ -120,7 +121,7 @@ class VllmEngineArgs(StrictModel):
     """Context length cap (prompt + rollout)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (faster start, slower decode). The CPU build always runs eager."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: EngineDtype = "auto"
     """Engine dtype; `auto` takes `model.torch_dtype` (the dtype the learner syncs weights in)."""
     kv_cache_mb: int | None = Field(None, ge=1)
     """KV cache size in MiB. null: vLLM sizes it from `gpu_memory_utilization` on a GPU; on a CPU-only

@@ -16,8 +16,6 @@ class GuidanceConfig(StrictModel):
     """Starting guidance JSON of the mission (copied into the run directory, never edited in place)."""
     retention: int = Field(10, ge=1)
     """Timestamped snapshots kept per mission."""
-    reset_on_rerun: bool = False
-    """Start again from `path` when the run directory already has guidance (else continue from it)."""
 
 
 class OutputConfig(StrictModel):

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from stagectl.config.base import StrictModel
+from stagectl.config.dtypes import MixedPrecision
 from stagectl.config.reporting import WandbConfig
 
 
@@ -36,7 +37,7 @@ class TrainingConfig(StrictModel):
     """Number of optimizer steps (updates, not micro-steps)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; null disables clipping."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: MixedPrecision = "no"
     """Compute dtype of forward/backward. Master weights and AdamW state stay float32 whatever this is;
     `bf16` / `fp16` compute in that dtype (autocast under ddp, FSDP2's `MixedPrecisionPolicy` under fsdp)
     and reduce gradients in float32; `fp16` adds a dynamic loss scaler. `model.torch_dtype` is then the
@@ -74,7 +75,12 @@ class TrainingConfig(StrictModel):
     save_total_limit: int | None = Field(None, ge=1)
     """Keep at most this many step checkpoints (oldest removed first); null keeps all."""
     resume_from_checkpoint: Path | Literal["latest"] | None = None
-    """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir`."""
+    """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir` (`--resume`;
+    with no checkpoint there yet, `latest` starts a new run). Continues the run in `output_dir`:
+    metrics.jsonl is appended, its rows after the checkpoint's step replaced (docs/run_directories.md)."""
+    overwrite_output_dir: bool = False
+    """Start a new run even though `output_dir` holds one (`--overwrite`): the old run is moved aside to
+    `{output_dir}.replaced-<time>`. Without it (or `resume_from_checkpoint`) such a start is refused."""
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """Extra metric sinks besides metrics.jsonl: `tensorboard` (the `tensorboard` extra) and `wandb`
     (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them."""

@@ -17,7 +17,12 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
-from stagectl.config.validators_training import validate_adapter, validate_parallelism, validate_precision
+from stagectl.config.validators_training import (
+    validate_adapter,
+    validate_parallelism,
+    validate_precision,
+    validate_run_dir_choice,
+)
 
 
 def validate_b_ratio_present(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -509,6 +514,7 @@ VALIDATORS = (
     validate_precision,
     validate_parallelism,
     validate_adapter,
+    validate_run_dir_choice,
 )
 
 

@@ -114,3 +114,17 @@ def validate_adapter(cfg: StagectlConfig, world_size: int) -> list[Problem]:
             )
         )
     return problems
+
+
+def validate_run_dir_choice(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    """Continuing the run in output_dir and moving it aside are opposite answers to the same question."""
+    training = cfg.training
+    if training.overwrite_output_dir and training.resume_from_checkpoint is not None:
+        return [
+            Problem(
+                "training.overwrite_output_dir",
+                "contradicts training.resume_from_checkpoint (continue the run in output_dir, or move it "
+                "aside and start again: choose one; --resume and --overwrite set these keys)",
+            )
+        ]
+    return []

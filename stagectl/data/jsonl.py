@@ -163,10 +163,12 @@ def _parse_line(
     line: str, line_no: int, root: Path, seen_images: dict[str, str | None], verify_images: bool
 ) -> _RawSample:
     """Check one line's structure (everything that does not depend on the box format)."""
+    text = line.rstrip("\r\n")  # with the newline, an error at the end of the line reads "line 2, column 1"
     try:
-        record = json.loads(line)
+        record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _LineError(f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+        where = " (the end of the line: a truncated line?)" if exc.pos >= len(text) else ""
+        raise _LineError(f"malformed JSON: {exc.msg} (column {exc.pos + 1}{where})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of > 4300 digits, nesting too deep
         raise _LineError(f"malformed JSON: {str(exc) or type(exc).__name__}") from None
     if not isinstance(record, dict):

@@ -31,6 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from stagectl.files import follow_umask
 from stagectl.models.quiet import hf_progress_bars_off
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -174,6 +175,7 @@ def save_inference_model(model: Any, path: Path, state_dict: dict[str, torch.Ten
             model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     finally:
         model.config.use_cache = use_cache
+    follow_umask(path)  # save_pretrained leaves model.safetensors 0600; vLLM may run as another user
     if state_dict:
         # save_pretrained names the parameters' dtype (float32 masters); the file holds state_dict's
         _set_config_dtype(

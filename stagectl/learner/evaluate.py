@@ -22,6 +22,7 @@ from stagectl.evaluation.coco import assign_ids
 from stagectl.evaluation.core import PER_IMAGE_FIELDS, ImageOutcome, summarize
 from stagectl.evaluation.run import eval_sampling, in_process_generate, judge_chunks, shard_chunks
 from stagectl.evaluation.session import load_eval_samples
+from stagectl.learner.metrics import keep_rows_before
 from stagectl.models.loading import ModelBundle
 
 EVAL_FILE = "eval.jsonl"
@@ -31,8 +32,12 @@ SHOWN_SAMPLES = 4  # rollouts per eval written out as text, to see what the mode
 
 
 class Evaluator:
-    def __init__(self, cfg: StagectlConfig, bundle: ModelBundle, encoder_vocab: TokenVocab) -> None:
+    def __init__(
+        self, cfg: StagectlConfig, bundle: ModelBundle, encoder_vocab: TokenVocab, *, resume_step: int = 0
+    ) -> None:
         self.cfg = cfg
+        # a resumed run replaces the rows of evals after its checkpoint (they are re-run), at its first eval
+        self._replace_after: int | None = resume_step if resume_step else None
         self.bundle = bundle
         self.vocab = encoder_vocab
         self.samples, _, source = load_eval_samples(cfg)
@@ -67,6 +72,11 @@ class Evaluator:
             duplicate_iou_threshold=self.duplicate_iou_threshold,
         )
         report = summarize(self.samples, outcomes, self.ids)
+        if self._replace_after is not None:
+            for path in (self.path, self.samples_path):
+                if path.exists():
+                    keep_rows_before(path, self._replace_after + 1)  # eval steps count steps done
+            self._replace_after = None
         row = {
             "step": step,
             **report.metrics,

@@ -94,7 +94,11 @@ class Trainer:
             MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
         )
         self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
-        self.evaluator = Evaluator(cfg, st.bundle, st.encoder.vocab) if self.world.is_main else None
+        self.evaluator = (
+            Evaluator(cfg, st.bundle, st.encoder.vocab, resume_step=st.start_step)
+            if self.world.is_main
+            else None
+        )
         self._stop_signal: int | None = None
 
     def _build_channel_b(self) -> ChannelB:

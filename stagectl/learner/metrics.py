@@ -25,6 +25,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from stagectl.files import atomic_write_lines
+from stagectl.rundir import count_rows
+
 if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
 
@@ -45,10 +48,11 @@ class MetricsWriter:
     ) -> None:
         self.path = output_dir / METRICS_FILE
         output_dir.mkdir(parents=True, exist_ok=True)
-        if resume_step and self.path.exists():
-            _truncate_after(self.path, resume_step)
-        # a fresh run starts a fresh file; a resumed one continues after the restored step
-        self._handle = self.path.open("a" if resume_step else "w", encoding="utf-8")
+        # a resumed run keeps the rows before the restored step and replaces the later ones, at its first
+        # row (a resume that fails before training a step changes nothing); a new run never truncates rows
+        self._resume_step = resume_step
+        _refuse_truncation(self.path, resume_step)
+        self._handle: Any = None if resume_step else self.path.open("w", encoding="utf-8")
         self._tb: Any = None
         if tensorboard:
             try:
@@ -65,6 +69,7 @@ class MetricsWriter:
     def for_training(cls, cfg: StagectlConfig, *, resume_step: int = 0) -> MetricsWriter:
         """The writer `training.report_to` asks for, in `training.output_dir`."""
         t = cfg.training
+        _refuse_truncation(t.output_dir / METRICS_FILE, resume_step)  # before a W&B run is started
         wandb = WandbSink.start(cfg, resume_step=resume_step) if "wandb" in t.report_to else None
         return cls(
             t.output_dir, tensorboard="tensorboard" in t.report_to, resume_step=resume_step, wandb=wandb
@@ -72,6 +77,10 @@ class MetricsWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         clean = {k: _finite(v) for k, v in row.items()}
+        if self._handle is None:
+            if self.path.exists():
+                keep_rows_before(self.path, self._resume_step)
+            self._handle = self.path.open("a", encoding="utf-8")
         self._handle.write(json.dumps(clean) + "\n")
         self._handle.flush()
         if self._tb is not None:
@@ -82,7 +91,8 @@ class MetricsWriter:
             self._wandb.log(clean)
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
@@ -141,16 +151,27 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _truncate_after(path: Path, step: int) -> None:
-    """On resume, drop rows of steps >= `step` (they are about to be re-run)."""
+def _refuse_truncation(path: Path, resume_step: int) -> None:
+    if not resume_step and count_rows(path):
+        raise ValueError(
+            f"{path} already has rows and this run is not a resume; refusing to truncate it "
+            "(train-ab --resume continues that run, --overwrite moves it aside)"
+        )
+
+
+def keep_rows_before(path: Path, step: int) -> None:
+    """On resume, drop the rows of steps >= `step` (they are about to be re-run) and a torn last line from a
+    crash; every other line is kept as it was. Atomic: the file is whole before or after."""
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("step", -1) < step:
-                kept.append(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line from a crash
-    path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line from a crash
+            if isinstance(row, dict) and row.get("step", -1) < step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    atomic_write_lines(path, kept)
 
 
 def rollout_f1_summary(f1s: Sequence[float]) -> str | None:

@@ -14,6 +14,7 @@ import torch
 from stagectl import dist
 from stagectl.config import StagectlConfig, resolve_config, to_plain
 from stagectl.config.root import Resolved
+from stagectl.console import say
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.sampler import ShardedSampler
@@ -28,6 +29,7 @@ from stagectl.learner.parts import FreezeReport, freeze_parts
 from stagectl.learner.precision import Precision
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
+from stagectl.rundir import prepare_train_dir, resume_note
 
 
 @dataclass
@@ -76,6 +78,10 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     resolved = resolve_config(cfg, world.world_size)
     out = cfg.training.output_dir
     if world.is_main:
+        # the run-directory policy again (a no-op after the CLI's on one node; the only check multi-node)
+        note = prepare_train_dir(out, cfg.training.resume_from_checkpoint, cfg.training.overwrite_output_dir)
+        if note is not None:
+            say("train-ab", note)
         check_output_dir(out)
     # cheap checks first, so a bad path fails in seconds and before any model is loaded
     samples = load_train_samples(cfg)
@@ -141,17 +147,24 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     )
     optimizer, scheduler = build_optimizer(bundle.model, cfg.training)
     start_step, extra = 0, {}
+    if resume is None and cfg.training.resume_from_checkpoint is not None and world.is_main:
+        say("train-ab", f"resume: no checkpoint in {out} yet; starting a new run")
     if resume is not None:
         state = ckpt.load_trainer_state(resume)
         with dist.phase("start-up: load the optimizer state", "startup_s"):
             ckpt.load_optimizer_state(resume, bundle.model, optimizer, scheduler)
         ckpt.restore_rng(ckpt.load_rng_states(resume)[world.rank])
         start_step = state.global_step
+        if world.is_main:
+            say("train-ab", resume_note(resume, start_step, cfg.training.max_steps))
         a_sampler.num_consumed = int(rank_state["a_consumed"])
         b_sampler.num_consumed = int(rank_state["b_consumed"])
         extra = {**state.extra, "rank_state": rank_state}
     if world.is_main:
-        write_resolved_config(out, to_plain(cfg))
+        plain = dict(to_plain(cfg))
+        # --overwrite acted on this start only: config.yaml reused to resume or re-run must not move the run aside
+        plain["training"] = {**plain["training"], "overwrite_output_dir": False}
+        write_resolved_config(out, plain)
     return LearnerState(
         cfg=cfg,
         resolved=resolved,

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from stagectl.detection.coords import NUM_BINS, coord_token
+from stagectl.files import follow_umask, make_output_dir
 from stagectl.models.loading import TorchDtype, load_bundle, resolve_model_path
 from stagectl.models.quiet import hf_progress_bars_off
 from stagectl.models.tiny import BUILTIN_PREFIX
@@ -74,7 +74,7 @@ def export_model(
     dtype = torch_dtype or _saved_dtype(model_dir)
     bundle = load_bundle(str(model_dir), torch_dtype=dtype, add_coord_tokens=add_coord_tokens)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = make_output_dir(out.parent, prefix=f".{out.name}.")  # the umask's mode, not mkdtemp's 0700
     try:
         bundle.model.config.use_cache = True  # a learner checkpoint may have saved it off
         _save_quietly(bundle.model, staging)
@@ -94,6 +94,7 @@ def export_model(
             vocab_size=int(bundle.model.config.get_text_config().vocab_size),
         )
         (staging / "README.md").write_text(model_card(summary))
+        follow_umask(staging)  # save_pretrained leaves model.safetensors 0600
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(staging, out)

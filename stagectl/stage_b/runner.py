@@ -59,6 +59,11 @@ class RunSummary:
     num_reflections: int
 
 
+def valid_mission(name: str) -> bool:
+    """A mission is a plain name: it becomes a directory under output.root/output.run_name."""
+    return bool(_MISSION_NAME.match(name))
+
+
 def run_dir_of(cfg: StagectlConfig) -> Path:
     assert cfg.mission is not None
     return cfg.output.root / cfg.output.run_name / cfg.mission
@@ -115,7 +120,7 @@ def _prepare(cfg: StagectlConfig) -> Prepared:
     """Rank 0: read and check the tickets and the guidance (nothing is written yet)."""
     assert cfg.mission is not None and cfg.guidance is not None  # validate_stage_b
     try:
-        if not _MISSION_NAME.match(cfg.mission):
+        if not valid_mission(cfg.mission):
             raise ValueError(f"mission {cfg.mission!r} must be a plain name (letters, digits, _ . -)")
         ticket_set = load_tickets(cfg.tickets, cfg.mission)
         for problem in ticket_set.problems[:MAX_REPORTED_LINES]:
@@ -124,7 +129,7 @@ def _prepare(cfg: StagectlConfig) -> Prepared:
             say("stage-b", f"... and {len(ticket_set.problems) - MAX_REPORTED_LINES} more bad ticket line(s)")
         run_dir = run_dir_of(cfg)
         store = GuidanceStore(run_dir, cfg.guidance.retention)
-        existing = None if cfg.guidance.reset_on_rerun else store.load()
+        existing = store.load()  # the CLI refused a run directory holding a run unless --resume
         guidance = existing or read_guidance_file(cfg.guidance.path)
     except (ValueError, OSError) as exc:
         return Prepared([], None, False, error=str(exc))

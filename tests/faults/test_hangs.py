@@ -113,7 +113,8 @@ def _soak(tmp_path: Path, args: list[str], name: str, timeout_s: float) -> list[
     seconds = []
     for k in range(SOAK_RUNS):
         started = time.monotonic()
-        with fault_run(args, tmp_path, name=f"{name}-{k}") as run:
+        # the same run again: --overwrite moves the previous one aside (a no-op on the first)
+        with fault_run([*args, "--overwrite"], tmp_path, name=f"{name}-{k}") as run:
             code = run.finish(timeout_s)
             assert code == 0, f"{name} run {k + 1} of {SOAK_RUNS} exited {code}:\n{run.tail()}"
             left = run.wait_no_leftovers(5.0)

@@ -5,6 +5,8 @@ checkpoint's (what `vllm serve` maps); `stagectl export` turns it into a clean d
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -153,7 +155,7 @@ def test_export_writes_a_clean_model_to_publish(run_dir: Path, tmp_path: Path) -
     assert again.stderr.strip() == f"error: {out} exists and is not an empty directory; choose a new path"
 
     half = tmp_path / "bf16"
-    done = run_cli("export", str(run_dir / "checkpoint-2"), str(half), "--dtype", "bfloat16", timeout=300)
+    done = run_cli("export", str(run_dir / "checkpoint-2"), str(half), "--dtype", "bf16", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
     assert {t.dtype for t in _tensors(half).values()} == {torch.bfloat16}
@@ -165,8 +167,14 @@ def test_export_adds_coordinate_tokens_for_a_vllm_detection_base(tmp_path: Path)
     with pytest.raises(ValueError, match="--add-coord-tokens"):  # the vllm engine cannot add tokens itself
         VllmEngine(llama, VllmEngineArgs(), **args)  # type: ignore[arg-type]
     out = tmp_path / "llama-coord"
-    done = run_cli("export", "builtin:tiny-llama3", str(out), "--add-coord-tokens", timeout=300)
+    umask = os.umask(0o022)  # the export inherits it: a directory others (vLLM, jobs) can read
+    try:
+        done = run_cli("export", "builtin:tiny-llama3", str(out), "--add-coord-tokens", timeout=300)
+    finally:
+        os.umask(umask)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755  # not mkdtemp's 0700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o644}
     bundle = load_bundle(str(out), add_coord_tokens=False)  # loaded as it is on disk
     assert len(bundle.coord_token_ids) == 1000
     assert bundle.model.config.vocab_size >= len(bundle.tokenizer) > 1000

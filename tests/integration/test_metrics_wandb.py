@@ -134,6 +134,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path: Path, monkeypatch:
     assert [run.run_id for run, _ in sessions] == [run_id, run_id]  # one W&B run, two sessions
     assert [[h["_step"] for h in history] for _, history in sessions] == [[0], [1]]
     assert {run.display_name for run, _ in sessions} == {"shapes"}
+    (cfg.training.output_dir / METRICS_FILE).unlink()  # what --overwrite does: the old rows are gone
     fresh = MetricsWriter.for_training(cfg)  # a fresh start (resume_step 0) is a new W&B run
     fresh.close()
     assert (cfg.training.output_dir / WANDB_RUN_ID_FILE).read_text().strip() != run_id

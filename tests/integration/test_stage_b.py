@@ -284,17 +284,25 @@ def test_tiny_model_example_runs_end_to_end(tmp_path: Path) -> None:
     assert len(read_jsonl(run_dir / "selections.jsonl")) == 3
 
 
-def test_rerun_continues_from_the_run_guidance_unless_reset(tmp_path: Path) -> None:
+def test_rerun_is_refused_unless_resume_or_overwrite(tmp_path: Path) -> None:
     config = write_config(tmp_path / "cfg.yaml", stage_b_config(tmp_path, runner={"epochs": 1}))
     run_dir = tmp_path / "out" / "r" / MISSION
     first = run_cli("stage-b", str(config), timeout=120)
     assert first.returncode == 0, first.stderr[-3000:]
     step = json.loads((run_dir / "guidance.json").read_text())["step"]
     assert step >= 1 and len(read_jsonl(run_dir / "selections.jsonl")) == 16
-    second = run_cli("stage-b", str(config), timeout=120)
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    refused = run_cli("stage-b", str(config), timeout=120)
+    assert refused.returncode == 1 and "already holds a run" in refused.stderr
+    assert "--resume" in refused.stderr and "--overwrite" in refused.stderr
+    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    second = run_cli("stage-b", str(config), "--resume", timeout=120)
     assert second.returncode == 0 and f"continuing from guidance step {step}" in second.stderr
     selections = read_jsonl(run_dir / "selections.jsonl")
     assert len(selections) == 32 and {r["guidance_step"] for r in selections[16:]} == {step}
-    third = run_cli("stage-b", str(config), "--set", "guidance.reset_on_rerun=true", timeout=120)
+    third = run_cli("stage-b", str(config), "--overwrite", timeout=120)
     assert third.returncode == 0 and "starting from guidance step 0" in third.stderr
+    assert "--overwrite: moved the previous run" in third.stderr
     assert len(read_jsonl(run_dir / "selections.jsonl")) == 16
+    (aside,) = run_dir.parent.glob(f"{MISSION}.replaced-*")
+    assert len(read_jsonl(aside / "selections.jsonl")) == 32  # the previous run, whole

@@ -190,6 +190,7 @@ def test_missing_model_dir_one_line_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "model.name_or_path" in result.stderr and "no_such_model" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # a failed start leaves no empty run directory behind
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
@@ -225,6 +226,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 0, stderr[-2000:]
     assert "stopped by signal" in stderr
+    assert f"Continue with: stagectl train-ab {config} --resume" in stderr  # the end line says how
     rows = read_metrics(tmp_path / "run")
     assert 1 <= len(rows) < 200
     state = json.loads((tmp_path / "run" / f"checkpoint-{len(rows)}" / "trainer_state.json").read_text())

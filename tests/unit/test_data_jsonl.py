@@ -203,3 +203,23 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
     empty.write_text("\n\n")
     with pytest.raises(DataError, match="no samples"):
         load_jsonl_dataset(empty)
+
+
+@pytest.mark.parametrize(
+    ("tail", "where"),
+    [
+        ("", "(the end of the line: a truncated line?)"),  # a line cut short, e.g. by a crash while writing
+        (", oops}", ""),  # a bare word where a key belongs
+    ],
+)
+def test_malformed_json_names_the_real_column(tmp_path: Path, tail: str, where: str) -> None:
+    good = json.dumps(_record())
+    line = good[:-1] + tail  # drop the closing brace: the error is at len(good), or at the bare word
+    path = _write(tmp_path, [_record(), line])
+    column = len(good) if not tail else len(good) - 1 + len(", ") + 1
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path)
+    (message,) = info.value.errors
+    assert message.startswith(f"{path}:2: malformed JSON")
+    assert f"(column {column}{' ' + where if where else ''})" in message, message
+    assert column > 100  # not "column 1"

@@ -64,6 +64,7 @@ LAYERS = {
         "schedule",
         "watchdog",
         "files",
+        "rundir",
         "collate",
         "console",
         "seeds",

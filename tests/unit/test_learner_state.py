@@ -98,16 +98,19 @@ def test_metrics_rows_and_resume_truncation(tmp_path: Path) -> None:
     writer.close()
     with (tmp_path / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 4, "kin')  # torn line from a crash
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    MetricsWriter(tmp_path, resume_step=2).close()  # a resume that fails before its first step
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before
     resumed = MetricsWriter(tmp_path, resume_step=2)
     resumed.write({"step": 2, "kind": "B", "loss": 9.0})
+    resumed.write({"step": 3, "kind": "A", "loss": 8.0})
     resumed.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[0]["bad"] is None and rows[2]["kind"] == "B"
-    fresh = MetricsWriter(tmp_path)  # a new run in the same directory starts over
-    fresh.write({"step": 0, "kind": "A", "loss": 1.0})
-    fresh.close()
-    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # each step once: 2 and 3 replaced, not doubled
+    assert rows[0]["bad"] is None and rows[2]["kind"] == "B" and rows[3]["loss"] == 8.0
+    with pytest.raises(ValueError, match="refusing to truncate"):
+        MetricsWriter(tmp_path)  # a new run never truncates another run's rows
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 4
 
 
 def test_metrics_tensorboard(tmp_path: Path) -> None:
