@@ -36,6 +36,7 @@ from stagectl.learner.parts import trainable_parameters
 from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
+from stagectl.learner.samples import SamplesWriter
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.packing import packing_lower_bound
 from stagectl.prefetch.fence import SyncFence
@@ -91,6 +92,10 @@ class Trainer:
         self.metrics = (
             MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
         )
+        resume_step = st.start_step if st.resumed_from is not None else None
+        self.samples = (
+            SamplesWriter(cfg.training.output_dir, resume_step=resume_step) if self.world.is_main else None
+        )
         self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
         self.evaluator = Evaluator(cfg, st.bundle, st.encoder.vocab) if self.world.is_main else None
         self._stop_signal: int | None = None
@@ -101,6 +106,7 @@ class Trainer:
         rm = cfg.custom.extra.rollout_matching
         chunk = st.resolved.rollout_decode_batch_size
         if not uses_server_rollouts(cfg):
+            self._warn_unused_async_state()
             return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
         self.client = make_client(cfg)
         publisher = WeightPublisher(
@@ -115,9 +121,14 @@ class Trainer:
             async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
             if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
                 with dist.phase("weight sync", "weight_sync_s"):
-                    publisher.sync(async_b.fence, async_b.fence_timeout_s)
+                    publisher.sync(
+                        async_b.fence, async_b.fence_timeout_s, target=self._resume_version(publisher.ver)
+                    )
                 async_b.queue.set_current_ver(publisher.ver)
+            if st.resumed_from is not None:
+                self._restore_async(async_b)
             return async_b
+        self._warn_unused_async_state()
         source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence(), lambda: publisher.ver)
         step_b = StepChannelB(
             cfg,
@@ -129,6 +140,46 @@ class Trainer:
         )
         step_b.num_updates = self.num_updates
         return step_b
+
+    def _resume_version(self, server_ver: int) -> int:
+        """The version a resumed async run pushes its weights as: the checkpoint's own version when those
+        are exactly its weights (saved right after a successful sync) and no server is past it, so its
+        queued packs keep their age; else the next version above both (the packs age by one)."""
+        saved = self.state.extra_state.get("ver")
+        if saved is None:
+            return server_ver + 1
+        if self.state.extra_state.get("ver_is_weights", False) and int(saved) > server_ver:
+            return int(saved)
+        return max(int(saved), server_ver) + 1
+
+    def _restore_async(self, async_b: AsyncChannelB) -> None:
+        """Put the checkpoint's async state back (or warn, once, that it has none)."""
+        st = self.state
+        assert st.resumed_from is not None
+        saved = ckpt.load_async_state(st.resumed_from, self.world.rank)
+        if saved is None:
+            say(
+                "train-ab",
+                f"warning: {st.resumed_from.name} holds no async state (written before stagectl saved it): "
+                "its queued packs and the rollouts in flight were not saved; the B stream continues after "
+                "every sample the prefetcher had taken, trained or not",
+            )
+            return
+        async_b.restore(saved)
+        say(
+            "train-ab",
+            f"resumed the async state of {st.resumed_from.name}: {len(saved['packs'])} queued pack(s) on "
+            f"rank 0 (version {async_b.ver}), B stream from position {saved['stream_pos']}",
+        )
+
+    def _warn_unused_async_state(self) -> None:
+        st = self.state
+        if st.resumed_from is not None and (st.resumed_from / ckpt.ASYNC_STATE).is_file():
+            say(
+                "train-ab",
+                f"warning: {st.resumed_from.name} was written by an async run; channel_b.mode is not async "
+                "now, so its queued packs are not trained",
+            )
 
     # ------------------------------------------------------------------ run
 
@@ -214,6 +265,10 @@ class Trainer:
         extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
+            per_rank = dist.gather_objects(acc.samples)
+            if self.samples is not None:
+                assert per_rank is not None
+                self.samples.write(step, per_rank)
             changed_sum, sampled_sum = dist.all_reduce_floats([float(changed), float(sampled)])
             extra["optim/update_nonzero_frac"] = changed_sum / sampled_sum if sampled_sum else 0.0
             if self.state.grad_scaler is not None:
@@ -345,7 +400,7 @@ class Trainer:
         return {
             "a_consumed": st.a_sampler.num_consumed,
             "b_consumed": st.b_sampler.num_consumed,
-            "a_buffer": self.channel_a.buffered_indices(),
+            **self.channel_a.buffer_state(),
             **self.channel_b.rank_state(),
         }
 
@@ -375,8 +430,11 @@ class Trainer:
                 )
 
         extra: dict[str, Any] = {"num_updates": self.num_updates}
+        async_states = None
         if isinstance(self.channel_b, AsyncChannelB):
             extra["ver"] = self.channel_b.ver
+            extra["ver_is_weights"] = self.channel_b.weights_are_ver
+            async_states = [r.pop("async") for r in rank_states]  # to async_state.pt, not the JSON
         ckpt.save_checkpoint(
             self.cfg.training.output_dir,
             step,
@@ -394,6 +452,7 @@ class Trainer:
                 extra=extra,
             ),
             total_limit=self.cfg.training.save_total_limit,
+            async_states=async_states,
         )
 
     def _write_final_state(self, step: int) -> None:
@@ -426,6 +485,8 @@ class Trainer:
             self.progress.close()
             if self.metrics is not None:
                 self.metrics.close()
+            if self.samples is not None:
+                self.samples.close()
             self.state.ddp_model = None  # before the process group: see dist.teardown
             self.runner.ddp_model = None
             dist.teardown(final_barrier=finished)

@@ -68,7 +68,9 @@ class FakeSource:
     def build(
         self, indices: Sequence[int], generations: Sequence[Generation]
     ) -> tuple[list[Any], RolloutStats]:
-        return [(segment(self.tokens), RolloutStats(n_samples=1)) for _ in indices], RolloutStats()
+        return [
+            (k, segment(self.tokens), RolloutStats(n_samples=1)) for k in range(len(indices))
+        ], RolloutStats()
 
 
 def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) -> Prefetcher:
