@@ -36,7 +36,7 @@ from stagectl.learner.parts import trainable_parameters
 from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
-from stagectl.learner.samples import SamplesWriter
+from stagectl.learner.samples import SampleRecord, SamplesWriter
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.packing import packing_lower_bound
 from stagectl.prefetch.fence import SyncFence
@@ -265,10 +265,7 @@ class Trainer:
         extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
-            per_rank = dist.gather_objects(acc.samples)
-            if self.samples is not None:
-                assert per_rank is not None
-                self.samples.write(step, per_rank)
+            self._log_samples(step, acc.samples)
             changed_sum, sampled_sum = dist.all_reduce_floats([float(changed), float(sampled)])
             extra["optim/update_nonzero_frac"] = changed_sum / sampled_sum if sampled_sum else 0.0
             if self.state.grad_scaler is not None:
@@ -276,6 +273,13 @@ class Trainer:
             return self._row(
                 step, decision.kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started
             )
+
+    def _log_samples(self, step: int, records: list[SampleRecord]) -> None:
+        """`samples.jsonl`: every rank's trained samples of the step, gathered to rank 0 and appended."""
+        per_rank = dist.gather_objects(records)
+        if self.samples is not None:
+            assert per_rank is not None
+            self.samples.write(step, per_rank)
 
     def _optimizer_update(self) -> tuple[float, tuple[int, int]]:
         """Clip, step, schedule; returns the gradient norm (before clipping) and this rank's
