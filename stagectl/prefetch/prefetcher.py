@@ -203,7 +203,7 @@ class Prefetcher:
 
     def _commit(self) -> None:
         """Record the state after the last finished burst (call under `_lock`, or before `start`)."""
-        self._committed = {
+        self._committed: dict[str, Any] = {
             "stream_pos": self.sampler.num_consumed,
             "num_chunks": self.num_chunks,
             "tokens_per_rollout": self._tokens_per_rollout,
