@@ -24,6 +24,7 @@ from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.console import say
 from stagectl.learner import adapter, sharding
 from stagectl.learner import checkpoint as ckpt
+from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
@@ -106,7 +107,7 @@ class Trainer:
         rm = cfg.custom.extra.rollout_matching
         chunk = st.resolved.rollout_decode_batch_size
         if not uses_server_rollouts(cfg):
-            self._warn_unused_async_state()
+            warn_unused_async_state(st)
             return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
         self.client = make_client(cfg)
         publisher = WeightPublisher(
@@ -120,15 +121,11 @@ class Trainer:
         if cfg.stage2_ab.channel_b.mode == "async":
             async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
             if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
-                with dist.phase("weight sync", "weight_sync_s"):
-                    publisher.sync(
-                        async_b.fence, async_b.fence_timeout_s, target=self._resume_version(publisher.ver)
-                    )
-                async_b.queue.set_current_ver(publisher.ver)
+                resume_sync(async_b, st)
             if st.resumed_from is not None:
-                self._restore_async(async_b)
+                restore_async(async_b, st)
             return async_b
-        self._warn_unused_async_state()
+        warn_unused_async_state(st)
         source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence(), lambda: publisher.ver)
         step_b = StepChannelB(
             cfg,
@@ -140,46 +137,6 @@ class Trainer:
         )
         step_b.num_updates = self.num_updates
         return step_b
-
-    def _resume_version(self, server_ver: int) -> int:
-        """The version a resumed async run pushes its weights as: the checkpoint's own version when those
-        are exactly its weights (saved right after a successful sync) and no server is past it, so its
-        queued packs keep their age; else the next version above both (the packs age by one)."""
-        saved = self.state.extra_state.get("ver")
-        if saved is None:
-            return server_ver + 1
-        if self.state.extra_state.get("ver_is_weights", False) and int(saved) > server_ver:
-            return int(saved)
-        return max(int(saved), server_ver) + 1
-
-    def _restore_async(self, async_b: AsyncChannelB) -> None:
-        """Put the checkpoint's async state back (or warn, once, that it has none)."""
-        st = self.state
-        assert st.resumed_from is not None
-        saved = ckpt.load_async_state(st.resumed_from, self.world.rank)
-        if saved is None:
-            say(
-                "train-ab",
-                f"warning: {st.resumed_from.name} holds no async state (written before stagectl saved it): "
-                "its queued packs and the rollouts in flight were not saved; the B stream continues after "
-                "every sample the prefetcher had taken, trained or not",
-            )
-            return
-        async_b.restore(saved)
-        say(
-            "train-ab",
-            f"resumed the async state of {st.resumed_from.name}: {len(saved['packs'])} queued pack(s) on "
-            f"rank 0 (version {async_b.ver}), B stream from position {saved['stream_pos']}",
-        )
-
-    def _warn_unused_async_state(self) -> None:
-        st = self.state
-        if st.resumed_from is not None and (st.resumed_from / ckpt.ASYNC_STATE).is_file():
-            say(
-                "train-ab",
-                f"warning: {st.resumed_from.name} was written by an async run; channel_b.mode is not async "
-                "now, so its queued packs are not trained",
-            )
 
     # ------------------------------------------------------------------ run
 

@@ -14,6 +14,8 @@ that wants Channel-B waits for its packs, so no B step turns into A by timing): 
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -54,11 +56,16 @@ def _trained(run_dir: Path) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def whole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("whole")
     with fault_run(["train-ab", str(_config(root))], root, fault=WAIT) as run:
         assert run.finish(400) == 0, run.tail()
-    return _trained(root / "run")
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(whole_run: Path) -> dict[str, object]:
+    return _trained(whole_run)
 
 
 @pytest.mark.parametrize(
@@ -94,3 +101,33 @@ def test_async_run_killed_and_resumed_trains_what_the_uninterrupted_run_trains(
     b_positions = resumed["streams"][("B", 0)]  # type: ignore[index]
     assert b_positions, "no B sample trained"
     report(fault=f"async resume after {kill}", survived=True, resumed_from=resumes_from, data_lost=0)
+
+
+def test_a_checkpoint_without_async_state_resumes_with_a_warning(whole_run: Path, tmp_path: Path) -> None:
+    """A checkpoint in the format written before async state was saved (no `async_state.pt`, no
+    `ver_is_weights`, no `a_buffer_pos`, `b_consumed` = everything the prefetcher had taken) still resumes;
+    it says its async state was not saved, and the B stream goes on after what had been taken."""
+    config = _config(tmp_path)
+    old = tmp_path / "run" / "checkpoint-4"
+    shutil.copytree(whole_run / "checkpoint-4", old)
+    (old / "async_state.pt").unlink()
+    state = json.loads((old / "trainer_state.json").read_text())
+    state["extra"].pop("ver_is_weights")
+    queued = []
+    for rank in state["data_state"]["ranks"]:
+        rank.pop("a_buffer_pos")
+        queued.append(rank["b_consumed"])
+        rank["b_consumed"] += 3  # the old rule: taken counts, trained or not
+    (old / "trainer_state.json").write_text(json.dumps(state))
+    args = ["train-ab", str(config), "--set", "training.resume_from_checkpoint=latest"]
+    with fault_run(args, tmp_path, fault=WAIT, name="old") as run:
+        assert run.finish(400) == 0, run.tail()
+        output = run.output()
+    assert "checkpoint-4 holds no async state" in output and "were not saved" in output
+    rows = read_samples(tmp_path / "run" / "samples.jsonl")
+    assert rows and min(r["step"] for r in rows) == 4
+    for rank, taken in enumerate(queued):
+        b_positions = [r["stream_pos"] for r in rows if r["channel"] == "B" and r["rank"] == rank]
+        assert (
+            b_positions and min(b_positions) == taken + 3
+        )  # the queued packs were lost, as the warning says
