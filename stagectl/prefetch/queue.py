@@ -173,8 +173,9 @@ class ReadyPackQueue(Generic[T]):
 
     def restore(self, packs: list[tuple[int, T]], counters: dict[str, int], size: Callable[[T], int]) -> None:
         """Refill an empty queue from `state()`'s output: the counters as saved, then each pack under
-        `push`'s rules (a pack now outside the version window is dropped and counted) without counting it
-        as pushed again."""
+        `push`'s rules without counting it as pushed again. A pack outside the version window — older than
+        it, or newer than the current version (a resume whose weight push did not land) — is dropped and
+        counted as stale."""
         with self._lock:
             if self._items:
                 raise RuntimeError("restore() into a queue that already holds packs")
@@ -184,6 +185,11 @@ class ReadyPackQueue(Generic[T]):
             self._drop_stale = int(counters["drop_stale_total"])
             self._dropped_segments = int(counters["dropped_segments_total"])
         for ver, pack in packs:
+            if ver > self._current_ver:
+                with self._lock:
+                    self._drop_stale += 1
+                    self._dropped_segments += size(pack)
+                continue
             if self.push(pack, ver, size(pack)):
                 with self._lock:
                     self._pushed -= 1

@@ -193,3 +193,13 @@ def test_restore_keeps_packs_inside_the_window_and_drops_and_counts_the_rest() -
     after = resumed.counters()
     assert after.pushed_total == 2  # restored, not pushed again
     assert after.drop_stale_total == 1 and after.dropped_segments_total == 3
+
+
+def test_restore_drops_packs_newer_than_the_current_version() -> None:
+    """A resume whose weight push did not land leaves the version below the saved packs': they could never
+    be trained (nor go stale), so they are dropped and counted."""
+    resumed: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=1)
+    counters = {"pushed_total": 1, "popped_total": 0, "drop_oldest_total": 0, "drop_stale_total": 0}
+    resumed.restore([(4, "ahead")], {**counters, "dropped_segments_total": 0}, size=lambda pack: 2)
+    assert resumed.depth() == 0
+    assert resumed.counters().drop_stale_total == 1 and resumed.counters().dropped_segments_total == 2
