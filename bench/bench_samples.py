@@ -1,11 +1,16 @@
-"""The cost of the per-sample audit trail (`samples.jsonl`): train-ab steps/s with it (the product) and
-without it (the learner's per-step gather + write replaced by a no-op through `bench/no_samples/`, a
-bench-only hook), side by side on the same tiny workload, runs interleaved.
+"""The cost of the per-sample audit trail (`samples.jsonl`), two ways, on the same tiny workload:
+
+- end to end: train-ab steps/s with it (the product) and without it (the learner's per-step gather + write
+  replaced by a no-op through `bench/samples_hook/`, a bench-only hook), runs interleaved;
+- in the run: the same hook times every call of the gather + write on each rank of the "with" runs; per
+  step the smaller of the ranks' times (the rank that arrives last at the gather waits least, so its time
+  is the cost itself, not the other rank's lateness), as a share of the median step time of that run.
+  This share does not move with the machine's load the way two separate runs do.
 
 Workload: 2 learner ranks (torchrun, gloo), one intra-op thread each (`OMP_NUM_THREADS=1`), the tiny
 model, Channel-A only with packing (the fastest steps, so the largest relative overhead), GAS 2.
-Steps/s per run: steps after the first `WARMUP` / their summed `time/step_s` (rank 0's whole step,
-the gather and the write included).
+Steps/s per run: 1 / the median `time/step_s` of the steps after the first `WARMUP` (rank 0's whole
+step, the gather and the write included; the median, because other work on the machine comes in bursts).
 
 Run: `python -m bench samples`. `run()` returns the numbers as a dict.
 """
@@ -24,7 +29,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).parents[1]
-NO_SAMPLES = Path(__file__).parent / "no_samples"
+HOOK = Path(__file__).parent / "samples_hook"
 MAX_STEPS, WARMUP, REPEATS = 40, 5, 3
 
 
@@ -45,14 +50,19 @@ def _config(out: Path) -> dict[str, Any]:
     }
 
 
-def _steps_per_s(with_samples: bool, tmp: Path, k: int) -> tuple[float, int]:
+def _steps_per_s(with_samples: bool, tmp: Path, k: int) -> tuple[float, int, float]:
     name = f"{'with' if with_samples else 'without'}-{k}"
     out = tmp / name
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(_config(out)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    if not with_samples:
-        env["PYTHONPATH"] = os.pathsep.join([str(NO_SAMPLES), str(ROOT)])
+    timings = tmp / f"{name}-timings"
+    timings.mkdir()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HOOK), str(ROOT)]),
+        "STAGECTL_BENCH_SAMPLES": f"time:{timings}" if with_samples else "off",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "stagectl", "train-ab", str(config)],
         cwd=ROOT,
@@ -64,20 +74,26 @@ def _steps_per_s(with_samples: bool, tmp: Path, k: int) -> tuple[float, int]:
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    timed = [r["time/step_s"] for r in rows[WARMUP:]]
+    median_step_s = statistics.median(r["time/step_s"] for r in rows[WARMUP:])
     lines = (out / "samples.jsonl").read_text().count("\n") if (out / "samples.jsonl").exists() else 0
-    return len(timed) / sum(timed), lines
+    share = 0.0
+    if with_samples:
+        per_rank = [[float(x) for x in (timings / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
+        cost_s = [min(pair) for pair in zip(*per_rank, strict=True)][WARMUP:]
+        share = statistics.median(cost_s) / median_step_s
+    return 1.0 / median_step_s, lines, share
 
 
 def run() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-samples-") as tmp_dir:
         tmp = Path(tmp_dir)
-        with_s, without_s, lines = [], [], []
+        with_s, without_s, lines, shares = [], [], [], []
         for k in range(REPEATS):  # interleaved: load drift hits both sides alike
-            rate, num_lines = _steps_per_s(True, tmp, k)
+            rate, num_lines, share = _steps_per_s(True, tmp, k)
             with_s.append(rate)
             lines.append(num_lines)
-            rate, num_lines = _steps_per_s(False, tmp, k)
+            shares.append(share)
+            rate, num_lines, _ = _steps_per_s(False, tmp, k)
             assert num_lines == 0, "the no-op hook did not take"
             without_s.append(rate)
     ratios = [w / wo for w, wo in zip(with_s, without_s, strict=True)]
@@ -89,6 +105,7 @@ def run() -> dict[str, Any]:
         "pair_ratios": ratios,
         "ratio_median": statistics.median(with_s) / statistics.median(without_s),
         "lines_per_run": lines,
+        "in_run_cost_share": shares,
     }
 
 
