@@ -33,6 +33,7 @@ MODULES = {
     "eval": "bench.bench_eval",
     "learning": "bench.bench_learning",
     "memory": "bench.bench_memory",
+    "samples": "bench.bench_samples",
     "gpu": "bench.bench_gpu",
 }
 TITLES = {
@@ -49,6 +50,7 @@ TITLES = {
     "eval": "stagectl eval throughput",
     "learning": "Learning check (A-only vs AB)",
     "memory": "Memory per rank: measured vs the memory model",
+    "samples": "Per-sample audit trail (samples.jsonl) overhead",
     "gpu": "GPU",
 }
 

@@ -491,6 +491,32 @@ def eval_(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def samples(r: dict[str, Any]) -> list[str]:
+    with_s, without_s = r["with_steps_per_s"], r["without_steps_per_s"]
+    shares = r["in_run_cost_share"]
+    lines = [
+        "What `samples.jsonl` (one line per trained sample, gathered to rank 0 every step) costs: train-ab "
+        "steps/s (1 / median step time) with it and without it (the gather and write replaced by a no-op, "
+        "bench-only hook), and, inside each run with it, the gather + write timed on every rank (per step "
+        "the smaller of the two ranks' times) as a share of the run's median step. 2 ranks (gloo), tiny "
+        "model, Channel-A only with packing (the fastest steps: the largest relative cost), GAS 2, "
+        f"`OMP_NUM_THREADS=1`, {r['max_steps']} steps, the first {r['warmup']} left out, runs interleaved.",
+        "",
+        "| run pair | with (steps/s) | without (steps/s) | with / without | gather + write, share of a step |",
+        "|---|---|---|---|---|",
+    ]
+    for k, (w, wo, ratio, share) in enumerate(zip(with_s, without_s, r["pair_ratios"], shares, strict=True)):
+        lines.append(f"| {k + 1} | {w:.2f} | {wo:.2f} | {ratio:.3f} | {100 * share:.2f}% |")
+    lines += [
+        "",
+        f"Median with / median without: {r['ratio_median']:.3f} (pairs {min(r['pair_ratios']):.3f} to "
+        f"{max(r['pair_ratios']):.3f}: the machine's load moves single runs more than the trail does); "
+        f"measured inside the runs the trail takes {100 * min(shares):.2f}-{100 * max(shares):.2f}% of a "
+        f"step. {r['lines_per_run'][0]} lines per run.",
+    ]
+    return lines
+
+
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -513,6 +539,7 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "memory": memory,
     "coco_eval": coco_eval,
     "eval": eval_,
+    "samples": samples,
 }
 
 

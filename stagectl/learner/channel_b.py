@@ -54,8 +54,8 @@ class ChannelB(Protocol):
         """Cumulative Channel-B metrics for the step's row (may be a collective)."""
         ...
 
-    def rank_state(self) -> dict[str, int]:
-        """This rank's Channel-B stream positions, saved with a checkpoint."""
+    def rank_state(self) -> dict[str, Any]:
+        """This rank's Channel-B stream positions (async: and its async state), saved with a checkpoint."""
         ...
 
     def close(self) -> None:
@@ -132,18 +132,19 @@ def build_b_segments(
     *,
     desc_ce_weight: float,
     packing_length: int,
-) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
-    """Each kept rollout's segment with its counters, and the summed counters of the dropped ones."""
-    kept: list[tuple[Segment, RolloutStats]] = []
+) -> tuple[list[tuple[int, Segment, RolloutStats]], RolloutStats]:
+    """Each kept rollout as (its offset in `indices`, its segment, its counters), and the summed counters
+    of the dropped ones (the offset says which sample a segment trains: the audit trail needs it)."""
+    kept: list[tuple[int, Segment, RolloutStats]] = []
     dropped = RolloutStats()
-    for index, generation in zip(indices, generations, strict=True):
+    for offset, (index, generation) in enumerate(zip(indices, generations, strict=True)):
         segment, stats = build_b_segment(
             index, generation, encoder, rm, cb, desc_ce_weight=desc_ce_weight, packing_length=packing_length
         )
         if segment is None:
             dropped.add(stats)
         else:
-            kept.append((segment, stats))
+            kept.append((offset, segment, stats))
     return kept, dropped
 
 

@@ -8,6 +8,11 @@ one version: all-reduce MIN) let rank 0 decide `{kind, ver}` and broadcast it; e
 exactly its held packs of that version (or releases them all for a Channel-A step). `run` trains one pack
 per micro-step. Every `sync_every_steps` updates `after_update` runs the weight sync (`WeightPublisher`)
 and advances `ver` on every rank.
+
+Checkpoints: `rank_state` is the rank's async state (the prefetcher's `snapshot`: queued packs with their
+versions and rollouts, carried leftovers, the B-stream position after the last finished burst, the pacing
+estimate and counters; plus this class's step counters); `restore` puts it back on resume, after the
+resume's weight sync has set the current version.
 """
 
 from __future__ import annotations
@@ -110,6 +115,8 @@ class AsyncChannelB:
         self.num_steps = 0
         self.num_skipped = 0
         self.rollouts_trained = 0
+        # the servers' version `ver` holds exactly the learner's current weights (a fresh run: the base)
+        self.weights_are_ver = True
 
     def _collate(self, segments: list[Segment]) -> PackedBatch:
         if self.cfg.training.packing:
@@ -160,6 +167,7 @@ class AsyncChannelB:
             self.runner.run_batch(
                 pack.batch, scale=pack.num_segments / total, sync=micro == self.gas - 1, acc=acc
             )
+            acc.samples += [("B", r.sample, r.stream_pos, pack.ver, self.ver) for r in pack.rollouts]
         self.rollouts_trained += total
         with dist.phase("rollout statistics reduction", "step_s"):
             summed = RolloutStats.from_list(dist.all_reduce_floats(stats.as_list()))
@@ -173,9 +181,11 @@ class AsyncChannelB:
     def after_update(self, num_updates: int) -> dict[str, Any]:
         if num_updates % self.acfg.sync_every_steps:
             self.open_step = self.next_step
+            self.weights_are_ver = False
             return {}
         with dist.phase("weight sync", "weight_sync_s"):
             outcome = self.publisher.sync(self.fence, self.fence_timeout_s)
+        self.weights_are_ver = outcome.status == "ok"
         self.queue.set_current_ver(self.ver)
         self.open_step = self.next_step
         return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
@@ -196,6 +206,7 @@ class AsyncChannelB:
             q.dropped_segments_total,
             c.rollouts_total - c.segments_total,  # too long to pack
             c.carry_dropped_total,
+            c.lost_total,
         ]
         (
             depth,
@@ -209,6 +220,7 @@ class AsyncChannelB:
             dropped_segments,
             too_long,
             carry,
+            lost,
         ) = dist.all_reduce_ints(local, "sum")
         dropped = dropped_segments + too_long + carry
         return {
@@ -223,14 +235,34 @@ class AsyncChannelB:
             "stage2_ab/async/rollouts_trained_total": trained,
             "stage2_ab/async/rollouts_dropped_total": dropped,
             "stage2_ab/async/drop_rate": dropped / requested if requested else 0.0,
+            "stage2_ab/async/rollouts_lost_total": lost,
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
             "stage2_ab/async/sync_total": self.publisher.num_syncs,
             "stage2_ab/async/sync_fail_total": self.publisher.num_failures,
             "stage2_ab/async/prefetch_busy_s": dist.all_reduce_floats([c.busy_s])[0],
         }
 
-    def rank_state(self) -> dict[str, int]:
-        return {"b_chunks": self.prefetcher.num_chunks}
+    def rank_state(self) -> dict[str, Any]:
+        """The B-stream position and seed counter after the last finished burst, and under `async` the
+        whole async state (`restore`'s input); taken between steps, one consistent snapshot."""
+        snap = self.prefetcher.snapshot()
+        snap["steps"] = {
+            "num_b_steps": self.num_b_steps,
+            "num_steps": self.num_steps,
+            "num_skipped": self.num_skipped,
+            "rollouts_trained": self.rollouts_trained,
+        }
+        return {"b_consumed": snap["stream_pos"], "b_chunks": snap["num_chunks"], "async": snap}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Resume from `rank_state()["async"]` of a checkpoint: before `start`, after the resume's weight
+        sync (the queue judges the saved packs against the current version)."""
+        self.prefetcher.restore(saved)
+        steps = saved["steps"]
+        self.num_b_steps = int(steps["num_b_steps"])
+        self.num_steps = int(steps["num_steps"])
+        self.num_skipped = int(steps["num_skipped"])
+        self.rollouts_trained = int(steps["rollouts_trained"])
 
     def close(self, deadline_s: float = 30.0) -> None:
         """Stop event -> close the HTTP sessions (ends a rollout call in flight) -> join the prefetcher

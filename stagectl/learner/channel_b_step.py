@@ -64,6 +64,7 @@ class StepChannelB:
         return Decision("B" if policy_wants_b else "A"), {}
 
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
+        first_pos = self.state.b_sampler.num_consumed
         indices = self.state.b_sampler.take(self.state.resolved.rollouts_per_step)
         extra: dict[str, Any] = {}
         if self.publisher is not None:
@@ -72,9 +73,12 @@ class StepChannelB:
         seed = rollout_seed(self.cfg.training.seed, step)
         calls_before = self.source.num_calls
         if self.pipeline:
-            stats, rollout_s, wait_s = self._pipelined(indices, seed, acc)
+            stats, rollout_s, wait_s, kept = self._pipelined(indices, seed, acc)
         else:
-            stats, rollout_s, wait_s = self._sequential(indices, seed, acc)
+            stats, rollout_s, wait_s, kept = self._sequential(indices, seed, acc)
+        # step mode rolls out with the weights it trains: both versions are the updates made so far
+        ver = self.num_updates
+        acc.samples += [("B", indices[k], first_pos + k, ver, ver) for k in kept]
         return {
             **extra,
             **stats.metrics(),
@@ -91,7 +95,7 @@ class StepChannelB:
     def metrics(self) -> dict[str, Any]:
         return {}
 
-    def rank_state(self) -> dict[str, int]:
+    def rank_state(self) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
@@ -99,7 +103,8 @@ class StepChannelB:
 
     # ------------------------------------------------------------------ the two paths
 
-    def _segments(self, indices: Sequence[int], seed: int) -> tuple[list[Segment], RolloutStats]:
+    def _segments(self, indices: Sequence[int], seed: int) -> tuple[list[Segment], RolloutStats, list[int]]:
+        """The kept segments, the counters of every rollout, and the kept ones' offsets in `indices`."""
         generations = self.source.rollout(indices, seed)
         kept, dropped = build_b_segments(
             indices,
@@ -112,9 +117,9 @@ class StepChannelB:
         )
         stats = RolloutStats()
         stats.add(dropped)
-        for _, s in kept:
+        for _, _, s in kept:
             stats.add(s)
-        return [segment for segment, _ in kept], stats
+        return [segment for _, segment, _ in kept], stats, [offset for offset, _, _ in kept]
 
     def _train(self, segments: Sequence[Segment], denominator: int, acc: StepAccumulator) -> None:
         """The fewest packs of `segments` (`packing: false`: padded batches of the per-device size), one
@@ -135,20 +140,20 @@ class StepChannelB:
 
     def _sequential(
         self, indices: list[int], seed: int, acc: StepAccumulator
-    ) -> tuple[RolloutStats, float, float]:
+    ) -> tuple[RolloutStats, float, float, list[int]]:
         started = time.perf_counter()
-        segments, stats = self._segments(indices, seed)
+        segments, stats, kept = self._segments(indices, seed)
         rollout_s = time.perf_counter() - started
         self._train(segments, max(1, len(segments)), acc)
-        return stats, rollout_s, rollout_s
+        return stats, rollout_s, rollout_s, kept
 
     def _pipelined(
         self, indices: list[int], seed: int, acc: StepAccumulator
-    ) -> tuple[RolloutStats, float, float]:
+    ) -> tuple[RolloutStats, float, float, list[int]]:
         """A producer thread rolls out chunk k+1 while the learner trains on chunk k (queue of 1). The
         producer stops at its next chunk when the learner fails."""
-        handoff: queue.Queue[tuple[list[Segment], RolloutStats] | BaseException | None] = queue.Queue(
-            maxsize=1
+        handoff: queue.Queue[tuple[list[Segment], RolloutStats, list[int]] | BaseException | None] = (
+            queue.Queue(maxsize=1)
         )
         stop = threading.Event()
         busy = [0.0]
@@ -159,7 +164,10 @@ class StepChannelB:
                     if stop.is_set():
                         return
                     t0 = time.perf_counter()
-                    item = self._segments(indices[start : start + self.chunk_size], seed + start)
+                    segments, chunk_stats, offsets = self._segments(
+                        indices[start : start + self.chunk_size], seed + start
+                    )
+                    item = (segments, chunk_stats, [start + k for k in offsets])
                     busy[0] += time.perf_counter() - t0
                     _put(handoff, item, stop)
                 _put(handoff, None, stop)
@@ -170,6 +178,7 @@ class StepChannelB:
         producer.start()
         stats = RolloutStats()
         kept = 0
+        kept_offsets: list[int] = []
         wait_s = 0.0
         try:
             while True:
@@ -180,7 +189,8 @@ class StepChannelB:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                segments, chunk_stats = item
+                segments, chunk_stats, offsets = item
+                kept_offsets += offsets
                 stats.add(chunk_stats)
                 kept += len(segments)
                 self._train(segments, len(indices), acc)
@@ -193,7 +203,7 @@ class StepChannelB:
                     producer.join(0.05)
         if kept:  # from shares of the requested rollouts to shares of the kept ones (the step's rule)
             _rescale(self.runner.base_model, acc, len(indices) / kept)
-        return stats, busy[0], wait_s
+        return stats, busy[0], wait_s, kept_offsets
 
 
 def _put(handoff: queue.Queue[Any], item: Any, stop: threading.Event) -> None:

@@ -10,6 +10,10 @@ Layout of `{output_dir}/checkpoint-{step}/`:
   train_state/        fsdp: master weights and AdamW state, sharded (torch.distributed.checkpoint; every
                       rank writes its shards, so multi-node runs need `output_dir` on a shared filesystem)
   rng.pt              torch/python/numpy RNG state of every rank (index = rank)
+  async_state.pt      async Channel-B runs: every rank's async state (index = rank; plain data): its queued
+                      packs (version, pack stats, each rollout's sample, B-stream position and token ids),
+                      the leftovers carried to the next burst, the B-stream position after the last
+                      finished burst, the pacing estimate and the counters (see `prefetch.prefetcher`)
   trainer_state.json  global_step, every rank's data stream positions (`data_state.ranks[r]`),
                       the world size that wrote it, policy version, counters
 """
@@ -36,6 +40,7 @@ from stagectl.models.quiet import hf_progress_bars_off
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+ASYNC_STATE = "async_state.pt"
 MASTER_WEIGHTS = "master_weights.safetensors"
 SHARDED_STATE = "train_state"
 
@@ -101,6 +106,7 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor] | None = None,
     master_state: dict[str, torch.Tensor] | None = None,
     sharded_dir: Path | None = None,
+    async_states: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write `checkpoint-{step}` atomically: everything goes to a temp dir that is renamed at the end,
     so a crash leaves either the whole checkpoint or none (plus a `.tmp-*` dir that the next save removes).
@@ -110,7 +116,8 @@ def save_checkpoint(
 
     `model_state` (the full state dict in the storage dtype) is what `model/` holds when given (fsdp, or
     a storage dtype other than the parameters'); `master_state` is written as `master_weights.safetensors`;
-    `sharded_dir` (the ranks' `train_state` shards) is moved in, and then `optimizer` is None."""
+    `sharded_dir` (the ranks' `train_state` shards) is moved in, and then `optimizer` is None;
+    `async_states` (one per rank) is written as `async_state.pt`."""
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".tmp-checkpoint-{step}-{os.getpid()}"
     try:
@@ -124,6 +131,8 @@ def save_checkpoint(
             save_file(master_state, str(tmp / MASTER_WEIGHTS))
         if sharded_dir is not None:
             os.replace(sharded_dir, tmp / SHARDED_STATE)
+        if async_states is not None:
+            torch.save(async_states, tmp / ASYNC_STATE)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -245,6 +254,18 @@ def load_rank_state(path: Path, rank: int) -> dict[str, Any]:
     if "ranks" in data:
         return dict(data["ranks"][rank])
     return {"a_consumed": data["a_consumed"], "b_consumed": data["b_consumed"]}
+
+
+def load_async_state(path: Path, rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s async state, or None for a checkpoint without one (a step-mode run, or one written
+    before async state was saved)."""
+    file = path / ASYNC_STATE
+    if not file.is_file():
+        return None
+    states = torch.load(file, weights_only=True)
+    if not isinstance(states, list) or len(states) <= rank or not isinstance(states[rank], dict):
+        raise ValueError(f"training.resume_from_checkpoint: {file} holds no async state for rank {rank}")
+    return dict(states[rank])
 
 
 def load_master_weights(path: Path, model: torch.nn.Module) -> None:

@@ -24,6 +24,7 @@ from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.console import say
 from stagectl.learner import adapter, sharding
 from stagectl.learner import checkpoint as ckpt
+from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
@@ -36,6 +37,7 @@ from stagectl.learner.parts import trainable_parameters
 from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
+from stagectl.learner.samples import SampleRecord, SamplesWriter
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
@@ -93,6 +95,10 @@ class Trainer:
         self.metrics = (
             MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
         )
+        resume_step = st.start_step if st.resumed_from is not None else None
+        self.samples = (
+            SamplesWriter(cfg.training.output_dir, resume_step=resume_step) if self.world.is_main else None
+        )
         self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
         self.evaluator = (
             Evaluator(cfg, st.bundle, st.encoder.vocab, resume_step=st.start_step)
@@ -107,6 +113,7 @@ class Trainer:
         rm = cfg.custom.extra.rollout_matching
         chunk = st.resolved.rollout_decode_batch_size
         if not uses_server_rollouts(cfg):
+            warn_unused_async_state(st)
             return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
         self.client = make_client(cfg)
         publisher = WeightPublisher(
@@ -120,10 +127,11 @@ class Trainer:
         if cfg.stage2_ab.channel_b.mode == "async":
             async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
             if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
-                with dist.phase("weight sync", "weight_sync_s"):
-                    publisher.sync(async_b.fence, async_b.fence_timeout_s)
-                async_b.queue.set_current_ver(publisher.ver)
+                resume_sync(async_b, st)
+            if st.resumed_from is not None:
+                restore_async(async_b, st)
             return async_b
+        warn_unused_async_state(st)
         source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence(), lambda: publisher.ver)
         step_b = StepChannelB(
             cfg,
@@ -220,6 +228,7 @@ class Trainer:
         extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
+            self._log_samples(step, acc.samples)
             changed_sum, sampled_sum = dist.all_reduce_floats([float(changed), float(sampled)])
             extra["optim/update_nonzero_frac"] = changed_sum / sampled_sum if sampled_sum else 0.0
             if self.state.grad_scaler is not None:
@@ -227,6 +236,13 @@ class Trainer:
             return self._row(
                 step, decision.kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started
             )
+
+    def _log_samples(self, step: int, records: list[SampleRecord]) -> None:
+        """`samples.jsonl`: every rank's trained samples of the step, gathered to rank 0 and appended."""
+        per_rank = dist.gather_objects(records)
+        if self.samples is not None:
+            assert per_rank is not None
+            self.samples.write(step, per_rank)
 
     def _optimizer_update(self) -> tuple[float, tuple[int, int]]:
         """Clip, step, schedule; returns the gradient norm (before clipping) and this rank's
@@ -351,7 +367,7 @@ class Trainer:
         return {
             "a_consumed": st.a_sampler.num_consumed,
             "b_consumed": st.b_sampler.num_consumed,
-            "a_buffer": self.channel_a.buffered_indices(),
+            **self.channel_a.buffer_state(),
             **self.channel_b.rank_state(),
         }
 
@@ -381,8 +397,11 @@ class Trainer:
                 )
 
         extra: dict[str, Any] = {"num_updates": self.num_updates}
+        async_states = None
         if isinstance(self.channel_b, AsyncChannelB):
             extra["ver"] = self.channel_b.ver
+            extra["ver_is_weights"] = self.channel_b.weights_are_ver
+            async_states = [r.pop("async") for r in rank_states]  # to async_state.pt, not the JSON
         ckpt.save_checkpoint(
             self.cfg.training.output_dir,
             step,
@@ -400,6 +419,7 @@ class Trainer:
                 extra=extra,
             ),
             total_limit=self.cfg.training.save_total_limit,
+            async_states=async_states,
         )
 
     def _write_final_state(self, step: int) -> None:
@@ -432,6 +452,8 @@ class Trainer:
             self.progress.close()
             if self.metrics is not None:
                 self.metrics.close()
+            if self.samples is not None:
+                self.samples.close()
             self.state.ddp_model = None  # before the process group: see dist.teardown
             self.runner.ddp_model = None
             dist.teardown(final_barrier=finished)

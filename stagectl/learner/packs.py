@@ -20,6 +20,7 @@ from stagectl.collate import PackedBatch
 from stagectl.learner import sharding
 from stagectl.learner.loss import LossWeights, compute_loss, loss_rows
 from stagectl.learner.precision import Precision
+from stagectl.learner.samples import SampleRecord
 
 
 def takes_logits_to_keep(model: Any) -> bool:
@@ -46,6 +47,7 @@ class StepAccumulator:
     capacity_tokens: int = 0
     num_backward: int = 0
     min_fill: float = 1.0  # the emptiest micro-batch of the step (tokens / its capacity)
+    samples: list[SampleRecord] = field(default_factory=list)  # what was trained: `samples.jsonl`
 
     def add_terms(self, values: dict[str, float], scale: float) -> None:
         for key, value in values.items():

@@ -84,16 +84,20 @@ class WeightPublisher:
         self.pushed_at_update = num_updates
         return outcome
 
-    def sync(self, fence: SyncFence, fence_timeout_s: float | None) -> SyncOutcome:
+    def sync(
+        self, fence: SyncFence, fence_timeout_s: float | None, *, target: int | None = None
+    ) -> SyncOutcome:
         """Async mode, every rank: close the fence (no rollout call in flight on this rank), meet, rank 0
         pushes the next version, every rank learns the outcome (and the version pushed). An unreachable server skips this sync (the
-        next retries); a rejected push ends every rank with its message."""
+        next retries); a rejected push ends every rank with its message. `target`: push as this version
+        instead of the next (a resumed run re-labels its checkpoint's weights with their saved version);
+        it must be above every version the servers report."""
         with fence.sync(timeout_s=fence_timeout_s):
             dist.barrier()
             started = time.perf_counter()
             state_dict = self._state_dict()  # under fsdp a collective: every rank gathers
             gather_s = time.perf_counter() - started
-            outcome = self._push(state_dict, gather_s) if self.world.is_main else SyncOutcome("ok")
+            outcome = self._push(state_dict, gather_s, target) if self.world.is_main else SyncOutcome("ok")
             del state_dict
             outcome = dist.broadcast_object(outcome)
         if outcome.status == "error":
@@ -129,13 +133,15 @@ class WeightPublisher:
             for name, t in self.model.state_dict().items()
         }
 
-    def _push(self, state_dict: dict[str, torch.Tensor], gather_s: float = 0.0) -> SyncOutcome:
+    def _push(
+        self, state_dict: dict[str, torch.Tensor], gather_s: float = 0.0, version: int | None = None
+    ) -> SyncOutcome:
         """Rank 0: push the weights as the next version. Normally `ver + 1`; after a failed push, one
         above the highest version any server reports, so servers that committed the failed push and
         servers that did not all move to one new version (none refuses it as not newer)."""
         started = time.perf_counter() - gather_s
         try:
-            target = self.ver + 1
+            target = self.ver + 1 if version is None else version
             if self._maybe_diverged:
                 target = max(target, max(v.version for v in self.client.versions()) + 1)
             with torch.no_grad():

@@ -25,6 +25,13 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   learner keeps training Channel-A while the server is away; once an outage outlasts
   `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the thread stops and
   keeps the exception; the learner re-raises it (`raise_if_failed`). A thread never swallows an error.
+- Checkpoints (lossless resume): the thread publishes a *commit point* under `_lock` at the end of every
+  burst (its packs queued, its leftovers carried, the B-stream position, seed counter, estimate and
+  counters after it). `snapshot` reads the commit point, the carried segments and the queue under the
+  same lock, so a checkpoint never sees half a burst: the samples of a burst still in flight lie past
+  the saved stream position and are generated again after a resume. `restore` rebuilds the saved
+  packs and leftovers from their rollouts (token ids; the segments are a pure function of them) and
+  queues them under the staleness rule of an uninterrupted run.
 - Shutdown: the owner sets the stop event (`request_stop`), closes the HTTP client (which ends a call
   in flight), then joins (`join`) with a deadline; a failure caused by the shutdown itself is not an
   error. A thread still alive after the deadline is an error the owner raises.
@@ -37,8 +44,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 import httpx
 
@@ -57,6 +64,17 @@ class PrefetchError(RuntimeError):
     """The prefetcher stopped on an error (kept as `__cause__`); raised in the learner."""
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """One B-stream sample's rollout: which sample, where in the rank's B stream, and what was generated
+    (its segment is a pure function of these, so a checkpoint saves this and rebuilds the segment)."""
+
+    sample: int  # index in the data set
+    stream_pos: int  # position in this rank's B stream (from 0, across epochs)
+    token_ids: list[int]
+    finish_reason: str
+
+
 @dataclass
 class ReadyPack:
     """One packed micro-batch of Channel-B segments, all from rollouts of weight version `ver`."""
@@ -65,6 +83,7 @@ class ReadyPack:
     num_segments: int
     stats: RolloutStats  # of the rollouts whose segments are in this pack
     ver: int
+    rollouts: list[Rollout] = field(default_factory=list)  # one per segment, in segment order
 
 
 class Section(Protocol):
@@ -83,10 +102,12 @@ class VersionedSource(Protocol):
         ...
 
 
-# (sample indices, their rollouts) -> (each kept segment with its rollout's stats, stats of the dropped ones)
+# (sample indices, their rollouts) -> (each kept rollout as (offset in the indices, segment, stats),
+# stats of the dropped ones)
 BuildSegments = Callable[
-    [Sequence[int], Sequence[Generation]], tuple[list[tuple[Segment, RolloutStats]], RolloutStats]
+    [Sequence[int], Sequence[Generation]], tuple[list[tuple[int, Segment, RolloutStats]], RolloutStats]
 ]
+Built = tuple[Rollout, Segment, RolloutStats]
 
 
 @dataclass
@@ -97,6 +118,7 @@ class PrefetchCounters:
     rollouts_total: int = 0  # rollouts requested and received
     segments_total: int = 0  # of them, turned into segments (too-long ones are dropped)
     carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
+    lost_total: int = 0  # B-stream samples taken by a burst that failed (never trained)
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs
     last_error: str = ""
 
@@ -131,8 +153,10 @@ class Prefetcher:
         self._consecutive = 0
         self._outage_since: float | None = None
         self._tokens_per_rollout = self.initial_tokens_per_rollout
-        self._carry: list[tuple[Segment, RolloutStats]] = []
+        self._carry: list[Built] = []
         self._carry_ver = -1
+        self._lock = threading.Lock()  # the commit point, the carry and the queue's pushes move together
+        self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
     # ------------------------------------------------------------------ owner side
@@ -175,6 +199,72 @@ class Prefetcher:
                 f"Channel-B prefetcher (rank {self.rank}) failed: {self.error()}"
             ) from self._error
 
+    # ------------------------------------------------------------------ checkpoint and resume
+
+    def _commit(self) -> None:
+        """Record the state after the last finished burst (call under `_lock`, or before `start`)."""
+        self._committed: dict[str, Any] = {
+            "stream_pos": self.sampler.num_consumed,
+            "num_chunks": self.num_chunks,
+            "tokens_per_rollout": self._tokens_per_rollout,
+            "counters": asdict(self.counters),
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The rank's async state as plain data (ints, floats, strings, lists, dicts): the commit point,
+        the carried leftovers and every queued pack with its version and rollouts. Called by the learner
+        between steps (no pack held); a burst in flight is not part of it."""
+        with self._lock:
+            entries, queue_counters = self.queue.state()
+            return {
+                **self._committed,
+                "carry_ver": self._carry_ver,
+                "carry": [asdict(r) for r, _, _ in self._carry],
+                "packs": [
+                    {
+                        "ver": ver,
+                        "stats": pack.stats.as_list(),
+                        "rollouts": [asdict(r) for r in pack.rollouts],
+                    }
+                    for ver, pack in entries
+                ],
+                "queue_counters": queue_counters,
+            }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from `snapshot`'s output (before `start`; the queue's version already current):
+        the B stream at the saved position, the leftovers carried, the packs rebuilt and queued under
+        the staleness rule (a pack outside the window is dropped and counted)."""
+        assert not self._thread.is_alive(), "restore before start"
+        self.sampler.num_consumed = int(state["stream_pos"])
+        self.num_chunks = int(state["num_chunks"])
+        self._tokens_per_rollout = float(state["tokens_per_rollout"])
+        self.counters = PrefetchCounters(**state["counters"])
+        self._carry = self._rebuild([Rollout(**r) for r in state["carry"]])
+        self._carry_ver = int(state["carry_ver"])
+        packs = []
+        for saved in state["packs"]:
+            built = self._rebuild([Rollout(**r) for r in saved["rollouts"]])
+            batch = self.collate([segment for _, segment, _ in built])
+            stats = RolloutStats.from_list(saved["stats"])
+            ver = int(saved["ver"])
+            packs.append((ver, ReadyPack(batch, len(built), stats, ver, [r for r, _, _ in built])))
+        self.queue.restore(packs, state["queue_counters"], size=lambda pack: pack.num_segments)
+        self._commit()
+
+    def _rebuild(self, rollouts: list[Rollout]) -> list[Built]:
+        """The segments of saved rollouts (a pure function of the sample and its tokens)."""
+        generations = [Generation(list(r.token_ids), r.finish_reason) for r in rollouts]  # type: ignore[arg-type]
+        kept, _ = self.build_segments([r.sample for r in rollouts], generations)
+        if len(kept) != len(rollouts):
+            lost = sorted(set(range(len(rollouts))) - {offset for offset, _, _ in kept})
+            raise ValueError(
+                f"checkpoint async state: the saved rollouts of samples {[rollouts[k].sample for k in lost]} "
+                "no longer make a segment that fits global_max_length (was it lowered?); resume with the "
+                "checkpoint's global_max_length"
+            )
+        return [(rollouts[offset], segment, stats) for offset, segment, stats in kept]
+
     # ------------------------------------------------------------------ thread
 
     def _run(self) -> None:
@@ -212,32 +302,42 @@ class Prefetcher:
                 self._pack(built, dropped, section.ver, num_packs)
         except (RolloutServerError, httpx.TransportError, TimeoutError, ConnectionError) as exc:
             if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
+                self._commit_failed()
                 self._on_failure(exc, transient=True)
             return
         except Exception as exc:
             if not self._stop.is_set():
+                self._commit_failed()
                 self._on_failure(exc, transient=False)
             return
         self.counters.busy_s += time.perf_counter() - started
 
-    def _take_carry(self, ver: int) -> list[tuple[Segment, RolloutStats]]:
-        """The segments the last burst could not fit, if they are of `ver`; older ones are dropped."""
-        carried, self._carry = self._carry, []
-        if carried and self._carry_ver != ver:
-            self.counters.carry_dropped_total += len(carried)
-            return []
-        return carried
+    def _commit_failed(self) -> None:
+        """A burst failed: the samples it took are gone (counted); its leftovers stay carried."""
+        with self._lock:
+            self.counters.lost_total += self.sampler.num_consumed - self._committed["stream_pos"]
+            self._commit()
+
+    def _take_carry(self, ver: int) -> list[Built]:
+        """The segments the last burst could not fit, if they are of `ver`; older ones are dropped (and
+        that is committed at once). The carry itself is replaced only when this burst commits."""
+        if self._carry and self._carry_ver != ver:
+            with self._lock:
+                self.counters.carry_dropped_total += len(self._carry)
+                self._carry = []
+                self._commit()
+        return list(self._carry)
 
     def _roll_out(
-        self, section: Section, target_tokens: int, carried: list[tuple[Segment, RolloutStats]]
-    ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+        self, section: Section, target_tokens: int, carried: list[Built]
+    ) -> tuple[list[Built], RolloutStats]:
         """Roll out until the segments reach `target_tokens`: a first request for `FIRST_SHARE` of what
         the running estimate says is needed (an estimate that runs low must not overshoot the packs),
         then top-ups for what is still missing (rounded up), at most `MAX_ROUNDS` requests in all."""
         built = list(carried)
         dropped = RolloutStats()
         for round_ in range(self.MAX_ROUNDS):
-            missing = target_tokens - sum(len(segment) for segment, _ in built)
+            missing = target_tokens - sum(len(segment) for _, segment, _ in built)
             if missing <= 0:
                 break
             share = self.FIRST_SHARE if round_ == 0 else 1.0
@@ -246,13 +346,13 @@ class Prefetcher:
             built += kept
             dropped.add(lost)
             # running estimate of tokens per requested rollout (too-long rollouts count as nothing)
-            observed = sum(len(segment) for segment, _ in kept) / count
+            observed = sum(len(segment) for _, segment, _ in kept) / count
             self._tokens_per_rollout = 0.5 * self._tokens_per_rollout + 0.5 * max(1.0, observed)
         return built, dropped
 
     def _roll_out_count(
-        self, section: Section, count: int, carried: list[tuple[Segment, RolloutStats]]
-    ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+        self, section: Section, count: int, carried: list[Built]
+    ) -> tuple[list[Built], RolloutStats]:
         """`training.packing: false`: exactly the rollouts that make `count` segments (too-long ones are
         replaced by top-ups, at most `MAX_ROUNDS` requests)."""
         built = list(carried)
@@ -266,24 +366,39 @@ class Prefetcher:
             dropped.add(lost)
         return built, dropped
 
-    def _request(
-        self, section: Section, count: int
-    ) -> tuple[list[tuple[Segment, RolloutStats]], RolloutStats]:
+    def _request(self, section: Section, count: int) -> tuple[list[Built], RolloutStats]:
+        first_pos = self.sampler.num_consumed
         indices = self.sampler.take(count)
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
-        kept, lost = self.build_segments(indices, section.rollout(indices, seed))
+        generations = section.rollout(indices, seed)
+        kept, lost = self.build_segments(indices, generations)
         self.counters.rollouts_total += count
         self.counters.segments_total += len(kept)
-        return kept, lost
+        built = [
+            (
+                Rollout(
+                    indices[k], first_pos + k, list(generations[k].token_ids), generations[k].finish_reason
+                ),
+                segment,
+                stats,
+            )
+            for k, segment, stats in kept
+        ]
+        return built, lost
 
-    def _pack(
-        self, built: list[tuple[Segment, RolloutStats]], dropped: RolloutStats, ver: int, num_packs: int
-    ) -> None:
-        self.counters.success_total += 1
-        if not built:
-            return
-        lengths = [len(segment) for segment, _ in built]
+    def _pack(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
+        """Queue the burst's packs, carry its leftovers and commit, all under `_lock`."""
+        with self._lock:
+            self.counters.success_total += 1
+            if built:
+                self._queue_packs(built, dropped, ver, num_packs)
+            else:
+                self._carry = []
+            self._commit()
+
+    def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
+        lengths = [len(segment) for _, segment, _ in built]
         if self.segments_per_pack is not None:
             size = self.segments_per_pack
             groups = [
@@ -299,9 +414,10 @@ class Prefetcher:
             if k == 0:
                 stats.add(dropped)  # rollouts that made no segment still count in the step's metrics
             for i in group:
-                stats.add(built[i][1])
-            batch = self.collate([built[i][0] for i in group])
-            self.queue.push(ReadyPack(batch, len(group), stats, ver), ver, size=len(group))
+                stats.add(built[i][2])
+            batch = self.collate([built[i][1] for i in group])
+            rollouts = [built[i][0] for i in group]
+            self.queue.push(ReadyPack(batch, len(group), stats, ver, rollouts), ver, size=len(group))
             self.counters.produced_packs += 1
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:

@@ -17,7 +17,8 @@ counted in rollouts too.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Generic, TypeVar
 
 from stagectl.prefetch.staleness import eligible_versions, is_stale
@@ -148,14 +149,50 @@ class ReadyPackQueue(Generic[T]):
 
     def counters(self) -> QueueCounters:
         with self._lock:
-            return QueueCounters(
-                depth=len(self._items),
-                pushed_total=self._pushed,
-                popped_total=self._popped,
-                drop_oldest_total=self._drop_oldest,
-                drop_stale_total=self._drop_stale,
-                dropped_segments_total=self._dropped_segments,
-            )
+            return self._counters()
+
+    def _counters(self) -> QueueCounters:  # under the lock
+        return QueueCounters(
+            depth=len(self._items),
+            pushed_total=self._pushed,
+            popped_total=self._popped,
+            drop_oldest_total=self._drop_oldest,
+            drop_stale_total=self._drop_stale,
+            dropped_segments_total=self._dropped_segments,
+        )
+
+    # ------------------------------------------------------------------ checkpoint and resume
+
+    def state(self) -> tuple[list[tuple[int, T]], dict[str, int]]:
+        """(every queued pack with its version, in queue order; the counters) for a checkpoint. Taken
+        between steps: a held pack here is a programming error."""
+        with self._lock:
+            assert not any(e.held for e in self._items), "queue state taken while packs are held"
+            counters = asdict(self._counters())
+            return [(e.ver, e.pack) for e in self._items], counters
+
+    def restore(self, packs: list[tuple[int, T]], counters: dict[str, int], size: Callable[[T], int]) -> None:
+        """Refill an empty queue from `state()`'s output: the counters as saved, then each pack under
+        `push`'s rules without counting it as pushed again. A pack outside the version window — older than
+        it, or newer than the current version (a resume whose weight push did not land) — is dropped and
+        counted as stale."""
+        with self._lock:
+            if self._items:
+                raise RuntimeError("restore() into a queue that already holds packs")
+            self._pushed = int(counters["pushed_total"])
+            self._popped = int(counters["popped_total"])
+            self._drop_oldest = int(counters["drop_oldest_total"])
+            self._drop_stale = int(counters["drop_stale_total"])
+            self._dropped_segments = int(counters["dropped_segments_total"])
+        for ver, pack in packs:
+            if ver > self._current_ver:
+                with self._lock:
+                    self._drop_stale += 1
+                    self._dropped_segments += size(pack)
+                continue
+            if self.push(pack, ver, size(pack)):
+                with self._lock:
+                    self._pushed -= 1
 
     def _purge_stale(self) -> None:
         kept = []

@@ -17,9 +17,10 @@ import yaml
 from stagectl.report.detect import EVAL_METRICS, METRICS, Run, find_runs
 from stagectl.report.jsonl import read_jsonl
 from stagectl.report.markdown import fmt, render_eval, render_index, render_stage_b, render_train_ab
+from stagectl.report.plots_samples import epochs_plot, staleness_plot
 from stagectl.report.plots_stage_b import write_stage_b_plots
 from stagectl.report.plots_train_ab import pr_curve_plot, write_train_ab_plots
-from stagectl.report.sections import Figures
+from stagectl.report.sections import Figures, Skipped
 from stagectl.report.stage_b import summarize_stage_b
 from stagectl.report.train_ab import (
     config_value,
@@ -31,6 +32,7 @@ from stagectl.report.train_ab import (
 )
 
 REPORT_MD = "report.md"
+SAMPLES = "samples.jsonl"
 PLOT_DIR = "report"
 
 
@@ -79,7 +81,9 @@ def write_train_ab_report(run_dir: Path) -> Written:
         )
     if not (run_dir / "final_state.json").is_file():
         notes.append("no `final_state.json`: the run did not finish (or is still running).")
-    figures = write_train_ab_plots(rows, eval_file.rows, target, _fresh_plot_dir(run_dir))
+    plot_dir = _fresh_plot_dir(run_dir)
+    figures = write_train_ab_plots(rows, eval_file.rows, target, plot_dir)
+    notes += _sample_plots(run_dir, config, figures, plot_dir)
     mode = config_value(config, "stage2_ab.channel_b.mode") or ("async" if summary.is_async else "step")
     ranks = config_value(config, "launch.nproc_per_node")
     subtitle = (
@@ -91,6 +95,33 @@ def write_train_ab_report(run_dir: Path) -> Written:
         "train-ab run report", subtitle, summary, summarize_eval(eval_file.rows), figures, PLOT_DIR, notes
     )
     return _write(run_dir, text, figures)
+
+
+def _sample_plots(
+    run_dir: Path, config: dict[str, Any] | None, figures: Figures, plot_dir: Path
+) -> list[str]:
+    """The `samples.jsonl` plots (B staleness per step, samples per epoch); notes on what was skipped."""
+    samples = read_jsonl(run_dir / SAMPLES)
+    if not samples.path.is_file():
+        figures.add(Skipped("per-sample plots", f"no `{SAMPLES}` (a run from before the audit trail)"))
+        return []
+    rows = [r for r in samples.rows if {"step", "channel", "rank", "sample", "stream_pos"} <= r.keys()]
+    world_size = max((int(r["rank"]) for r in rows), default=0) + 1
+    figures.add(staleness_plot(rows, plot_dir))
+    figures.add(epochs_plot(rows, _num_samples(config), world_size, plot_dir))
+    return samples.notes()
+
+
+def _num_samples(config: dict[str, Any] | None) -> int | None:
+    """The training set's size from the run's config: the synthetic count, or the JSONL's lines."""
+    synthetic = config_value(config, "data.synthetic.num_samples")
+    if isinstance(synthetic, int):
+        return synthetic
+    train_jsonl = config_value(config, "data.train_jsonl")
+    if isinstance(train_jsonl, str) and Path(train_jsonl).is_file():
+        with open(train_jsonl, encoding="utf-8", errors="replace") as handle:
+            return sum(1 for line in handle if line.strip())
+    return None
 
 
 def write_eval_report(eval_dir: Path) -> Written:

@@ -95,6 +95,7 @@ def write_config(run_dir: Path, b_ratio: Any, mode: str, max_steps: int) -> None
         "training": {"max_steps": max_steps, "output_dir": str(run_dir)},
         "launch": {"nproc_per_node": 2 if mode == "async" else 1},
         "stage2_ab": {"schedule": {"b_ratio": b_ratio}, "channel_b": {"mode": mode}},
+        "data": {"synthetic": {"num_samples": 16}},
     }
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
 
@@ -123,6 +124,18 @@ def test_async_run_report(tmp_path: Path) -> None:
     write_jsonl(run_dir / "metrics.jsonl", rows, torn_tail='{"step": 40, "kind": "A", "lo')
     write_config(run_dir, "1/3", "async", max_steps=40)
     (run_dir / "final_state.json").write_text("{}")
+    samples, next_pos = [], {("A", 0): 0, ("A", 1): 0, ("B", 0): 0, ("B", 1): 0}
+    for r in rows:  # 2 samples per rank and step; B ones 1 or 2 versions old
+        for rank in (0, 1):
+            for _ in range(2):
+                key = (r["kind"], rank)
+                line = {"step": r["step"], "channel": r["kind"], "rank": rank, "sample": next_pos[key] % 16}
+                line["stream_pos"] = next_pos[key]
+                next_pos[key] += 1
+                if r["kind"] == "B":
+                    line.update(gen_version=r["step"] - 1 - r["step"] % 2, train_version=r["step"])
+                samples.append(line)
+    write_jsonl(run_dir / "samples.jsonl", samples)
     write_jsonl(
         run_dir / "eval.jsonl",
         [
@@ -141,7 +154,8 @@ def test_async_run_report(tmp_path: Path) -> None:
 
     result = run_cli("report", str(run_dir), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert f"report: wrote {run_dir / 'report.md'} and 9 plot(s)" in result.stdout  # eval.png + pr_curve.png
+    # eval.png + pr_curve.png + the two samples.jsonl plots
+    assert f"report: wrote {run_dir / 'report.md'} and 11 plot(s)" in result.stdout
 
     text = (run_dir / "report.md").read_text()
     num_b = sum(r["kind"] == "B" for r in rows)
@@ -160,7 +174,7 @@ def test_async_run_report(tmp_path: Path) -> None:
     assert "| `loss/ce` | 7.5 (step 0) |" in text
     assert "torn last line" in text and "line(s): 41" in text
     assert "## Not plotted" not in text
-    for name in TRAIN_AB_PLOTS:
+    for name in (*TRAIN_AB_PLOTS, "samples_staleness", "samples_epochs"):
         assert f"](report/{name}.png)" in text
         assert_readable_png(run_dir / "report" / f"{name}.png")
 

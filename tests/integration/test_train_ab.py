@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stagectl.learner.samples import read_samples
 from stagectl.schedule import channel_for_step
 from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
 
@@ -118,6 +119,23 @@ def test_resume_reproduces_the_uninterrupted_run(gas4_run: tuple, tmp_path: Path
         assert got["packing/n_segments"] == want["packing/n_segments"] and got["tokens"] == want["tokens"]
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
         assert got.get("rollout/seed") == want.get("rollout/seed")
+    # the same samples from the same stream positions, line for line (A's look-ahead buffer included)
+    whole = [s for s in read_samples(run_dir / "samples.jsonl") if s["step"] >= 2]
+    assert read_samples(resumed_dir / "samples.jsonl") == whole
+
+
+def test_samples_jsonl_lists_every_trained_segment(gas4_run: tuple) -> None:
+    """One line per trained segment, on its step and channel, B lines with the weights' version."""
+    _, run_dir, rows = gas4_run
+    samples = read_samples(run_dir / "samples.jsonl")
+    for row in rows:
+        mine = [s for s in samples if s["step"] == row["step"]]
+        assert len(mine) == row["packing/n_segments"] and {s["channel"] for s in mine} == {row["kind"]}
+        if row["kind"] == "B":
+            assert all(s["gen_version"] == s["train_version"] == row["optimizer_updates"] - 1 for s in mine)
+    for channel in ("A", "B"):  # a stream position is never trained twice
+        positions = [s["stream_pos"] for s in samples if s["channel"] == channel]
+        assert len(positions) == len(set(positions))
 
 
 def test_two_ranks_a_only_end_with_identical_weights(tmp_path: Path) -> None:

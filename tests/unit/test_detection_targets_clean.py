@@ -232,7 +232,7 @@ def b_step_targets(target: str, rollouts: Sequence[str]) -> list[tuple[list[int]
     n = len(CHAR.encode("<prompt>"))
     return [
         (seg.input_ids[n:], seg.ce_weights[n:], [p - n for g in seg.coord_groups for p in g.positions])
-        for seg, _ in kept
+        for _, seg, _ in kept
     ]
 
 
@@ -279,7 +279,7 @@ def test_b_step_stats_count_duplicates() -> None:
         desc_ce_weight=1.0,
         packing_length=100_000,
     )
-    metrics = kept[0][1].metrics()
+    metrics = kept[0][2].metrics()
     assert metrics["rollout/dup_total"] == 1 and metrics["rollout/dup_rate"] == 0.25
 
 

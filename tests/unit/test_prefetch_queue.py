@@ -176,3 +176,30 @@ def test_stress_the_gate_never_loses_a_held_pack() -> None:
         producer.join()
     assert taken > 500  # the race was real: many decisions went to B while pushes evicted others
     assert q.counters().drop_oldest_total > 1000
+
+
+def test_restore_keeps_packs_inside_the_window_and_drops_and_counts_the_rest() -> None:
+    saved: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
+    saved.set_current_ver(1)
+    saved.push("old", ver=0, size=3)
+    saved.push("new", ver=1, size=2)
+    packs, counters = saved.state()
+    assert packs == [(0, "old"), (1, "new")] and counters["pushed_total"] == 2
+
+    resumed: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
+    resumed.set_current_ver(3)  # the resumed run is two versions further: version 0 is outside the window
+    resumed.restore(packs, counters, size=lambda pack: {"old": 3, "new": 2}[pack])
+    assert resumed.state()[0] == [(1, "new")]
+    after = resumed.counters()
+    assert after.pushed_total == 2  # restored, not pushed again
+    assert after.drop_stale_total == 1 and after.dropped_segments_total == 3
+
+
+def test_restore_drops_packs_newer_than_the_current_version() -> None:
+    """A resume whose weight push did not land leaves the version below the saved packs': they could never
+    be trained (nor go stale), so they are dropped and counted."""
+    resumed: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=1)
+    counters = {"pushed_total": 1, "popped_total": 0, "drop_oldest_total": 0, "drop_stale_total": 0}
+    resumed.restore([(4, "ahead")], {**counters, "dropped_segments_total": 0}, size=lambda pack: 2)
+    assert resumed.depth() == 0
+    assert resumed.counters().drop_stale_total == 1 and resumed.counters().dropped_segments_total == 2

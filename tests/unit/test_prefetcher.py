@@ -40,6 +40,8 @@ class FakeSection:
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
         self.source.requests.append(len(indices))
+        if self.source.gate is not None:  # a burst held in flight until the test opens the gate
+            assert self.source.gate.wait(10.0)
         if self.source.fail_with is not None:
             raise self.source.fail_with
         return [Generation([i], "stop") for i in indices]
@@ -54,6 +56,7 @@ class FakeSource:
         self.requests: list[int] = []
         self.sections = 0
         self.fail_with: Exception | None = None
+        self.gate: threading.Event | None = None
         self.in_section = threading.Event()
 
     @contextmanager
@@ -68,7 +71,9 @@ class FakeSource:
     def build(
         self, indices: Sequence[int], generations: Sequence[Generation]
     ) -> tuple[list[Any], RolloutStats]:
-        return [(segment(self.tokens), RolloutStats(n_samples=1)) for _ in indices], RolloutStats()
+        return [
+            (k, segment(self.tokens), RolloutStats(n_samples=1)) for k in range(len(indices))
+        ], RolloutStats()
 
 
 def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) -> Prefetcher:
@@ -265,3 +270,54 @@ def test_segments_that_fit_no_pack_start_the_next_burst_of_the_same_version() ->
     queue.set_current_ver(1)
     pf._burst(1)  # the version moved on: the carried segment is dropped and counted
     assert pf.counters.carry_dropped_total == 1 and queue.pop_for_ver(1).ver == 1
+
+
+def test_a_checkpoint_snapshot_leaves_out_the_burst_in_flight_and_restore_rebuilds_the_rest() -> None:
+    """The snapshot holds the queued pack (with its rollouts' samples and stream positions) and the stream
+    position after the last *finished* burst; the burst in flight is not in it, so a resumed prefetcher
+    takes those samples again from the front of its stream. Nothing twice, nothing skipped."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=1, target_packs=2)
+    pf._burst(1)
+    done, chunks_done = pf.sampler.num_consumed, len(source.requests)
+    first = queue.state()[0][0][1]
+    assert [r.stream_pos for r in first.rollouts] == list(range(first.num_segments))
+    source.gate = threading.Event()
+    in_flight = threading.Thread(target=pf._burst, args=(1,))
+    in_flight.start()
+    assert wait_for(lambda: pf.sampler.num_consumed > done, 5.0)  # the second burst has taken samples
+    snap = pf.snapshot()
+    source.gate.set()
+    in_flight.join(5.0)
+    assert queue.depth() == 2  # the uninterrupted prefetcher finished its burst
+    assert snap["stream_pos"] == done and snap["num_chunks"] == chunks_done
+    assert [len(p["rollouts"]) for p in snap["packs"]] == [first.num_segments]
+    assert snap["counters"]["rollouts_total"] == done  # the in-flight burst's rollouts are not counted
+
+    resumed_queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    resumed = make(FakeSource(), resumed_queue, gas=1, target_packs=2)
+    resumed.restore(snap)
+    restored = resumed_queue.state()[0]
+    assert [(ver, pack.rollouts) for ver, pack in restored] == [(0, first.rollouts)]
+    assert (
+        restored[0][1].num_segments == first.num_segments and len(restored[0][1].batch) == first.num_segments
+    )
+    assert resumed.sampler.num_consumed == done and resumed.counters.rollouts_total == done
+    resumed._burst(1)  # the samples that were in flight are generated again, from the front of the stream
+    again = resumed_queue.state()[0][1][1]
+    assert again.rollouts[0].stream_pos == done
+    assert [r.sample for r in again.rollouts] == [r.sample for r in queue.state()[0][1][1].rollouts]
+
+
+def test_restore_refuses_rollouts_that_no_longer_make_a_segment() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=1, target_packs=1)
+    pf._burst(1)
+    snap = pf.snapshot()
+    shrunk = FakeSource()
+    shrunk.build = lambda indices, generations: ([], RolloutStats())  # type: ignore[method-assign]
+    resumed = make(shrunk, ReadyPackQueue(queue_limit=50, version_window=1))
+    with pytest.raises(ValueError, match="no longer make a segment that fits global_max_length"):
+        resumed.restore(snap)

@@ -9,6 +9,13 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   learner rank RANK raises `RuntimeError` (a rank failing mid-step, after the others entered it);
 - `kill_in_checkpoint:STEP` - the learner SIGKILLs itself while writing checkpoint STEP (model files
   already written to the temp dir, `optimizer.pt` not yet);
+- `kill_at_step:STEP` - learner rank 0 SIGKILLs the learner's process group (torchrun and every rank)
+  as optimizer step STEP (0-based) begins: the job dies between checkpoints, the CLI front survives;
+- `kill_in_push:SYNC` - learner rank 0 SIGKILLs the learner's process group inside its SYNC-th async
+  weight push (1-based): the sync fence closed, the prefetcher's next burst waiting on it;
+- `wait_for_packs:SECONDS` - an async learner rank whose step wants Channel-B waits (up to SECONDS) until
+  its queue holds a B step's packs of one eligible version, so no B step turns into A for lack of packs
+  (makes the channel of every step, and so what is trained, independent of timing);
 - `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
   SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
 - `kill_in_broadcast:CALL` - the rollout server SIGKILLs itself when its CALL-th weight-group broadcast
@@ -108,6 +115,57 @@ def _kill_in_checkpoint(module: ModuleType, step: str) -> None:
         return original(obj, f, *args, **kwargs)
 
     torch.save = save
+
+
+def _kill_learner_group(description: str) -> None:
+    _fire(description)
+    os.killpg(os.getpgrp(), signal.SIGKILL)  # torchrun's session: the agent and every rank
+
+
+def _kill_at_step(module: ModuleType, step: str) -> None:
+    if os.environ.get("RANK", "0") != "0":
+        return
+    cls = module.Trainer
+    original = cls.train_step
+
+    def train_step(self: Any, at: int) -> Any:
+        if at == int(step):
+            _kill_learner_group(f"SIGKILL of the learner at step {step}")
+        return original(self, at)
+
+    cls.train_step = train_step
+
+
+def _kill_in_push(module: ModuleType, sync: str) -> None:
+    if os.environ.get("RANK", "0") != "0":
+        return
+    cls = module.WeightPublisher
+    original = cls._push
+    calls = [0]
+
+    def push(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == int(sync):
+            _kill_learner_group(f"SIGKILL of the learner inside weight push {sync}")
+        return original(self, *args, **kwargs)
+
+    cls._push = push
+
+
+def _wait_for_packs(module: ModuleType, seconds: str) -> None:
+    cls = module.AsyncChannelB
+    original = cls.decide
+
+    def decide(self: Any, step: int, policy_wants_b: bool) -> Any:
+        deadline = time.monotonic() + float(seconds)
+        while policy_wants_b and time.monotonic() < deadline and self.prefetcher.error() is None:
+            _, counts = self.queue.eligible_counts()
+            if any(count >= self.gas for count in counts):
+                break
+            time.sleep(0.02)
+        return original(self, step, policy_wants_b)
+
+    cls.decide = decide
 
 
 def _kill_in_broadcast(module: ModuleType, call: str) -> None:
@@ -305,6 +363,9 @@ def _raise_in_judge(module: ModuleType, rank: str, batch: str) -> None:
 FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "raise_in_micro_step": ("stagectl.learner.packs", _raise_in_micro_step),
     "kill_in_checkpoint": ("stagectl.learner.checkpoint", _kill_in_checkpoint),
+    "kill_at_step": ("stagectl.learner.loop", _kill_at_step),
+    "kill_in_push": ("stagectl.learner.publisher", _kill_in_push),
+    "wait_for_packs": ("stagectl.learner.channel_b_async", _wait_for_packs),
     "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
     "kill_in_broadcast": ("stagectl.rollout.collective", _kill_in_broadcast),
     "kill_in_shm_push": ("stagectl.rollout.client", _kill_in_shm_push),
