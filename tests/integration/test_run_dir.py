@@ -104,4 +104,5 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
         "eval_samples.jsonl",
         "final_state.json",
         "metrics.jsonl",
+        "samples.jsonl",
     ]
