@@ -31,6 +31,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from stagectl.learner.optim import apply_schedule
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 MASTER_WEIGHTS = "master_weights.safetensors"
@@ -268,6 +270,7 @@ def load_optimizer_state(
     else:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    apply_schedule(optimizer, scheduler)  # the resumed config's lr for the next step, not the saved one
 
 
 def load_rng_states(path: Path) -> list[dict[str, Any]]:
