@@ -50,6 +50,26 @@ def shard(model: nn.Module, precision: Precision, device: torch.device, world_si
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
+def shard_from_rank0(
+    model: nn.Module, precision: Precision, device: torch.device, world_size: int, *, is_main: bool
+) -> None:
+    """`shard` a model that only rank 0 loaded: the other ranks built it on the meta device
+    (`load_bundle(on_meta=True)`), so a rank's peak while loading is its shards, not the whole model.
+    Rank 0 keeps its whole state dict until every rank has its shards from it (one broadcast per
+    tensor); buffers (rotary frequencies, which meta ranks never computed) are broadcast as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    whole = model.state_dict() if is_main else {}
+    shard(model, precision, device, world_size)
+    if not is_main:
+        model.to_empty(device=device)  # storage for this rank's shards and the buffers, values next
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, whole, options=options)
+    del whole
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
+
+
 def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 

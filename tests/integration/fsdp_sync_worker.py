@@ -1,7 +1,8 @@
-"""One rank of `test_weight_sync_fsdp` (run with torchrun, 2 gloo ranks): a small model sharded with FSDP2,
-synced by the learner's `WeightPublisher` to a fake-engine server that rank 0 runs in process, over each
+"""One rank of `test_weight_sync_fsdp` (run with torchrun, 2 gloo ranks): a small model that only rank 0
+builds with values (rank 1 builds it on the meta device) sharded with `sharding.shard_from_rank0`, then synced by the learner's `WeightPublisher` to a fake-engine server that rank 0 runs in process, over each
 transport in turn. After each sync rank 0 checks the served weights against the whole state dict
-gathered the old way (`sharding.full_state_dict`) and prints one JSON line per sync.
+gathered the old way (`sharding.full_state_dict`) and prints one JSON line per sync. Before the syncs every
+rank prints whether its gathered weights and its buffers equal a model built with values on that rank.
 
 A last sync goes to a server whose first tensor has another shape: the push is refused at its first chunk,
 with the rest of the stream untaken, and every rank must still leave the sync (the ranks' all-gathers
@@ -17,11 +18,10 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from stagectl import dist
 from stagectl.learner import sharding
+from stagectl.learner.precision import Precision
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.app import build_app
@@ -35,11 +35,15 @@ CHUNK_BYTES = 300  # smaller than most tensors: they go out in row ranges over s
 
 
 class Net(nn.Module):
+    _no_split_modules = ("Linear",)  # what `sharding.shard` wraps on its own, as a model's blocks
+
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(37, 16)  # 37 rows: uneven shards over 2 ranks
         self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
         self.head = nn.Linear(16, 5)
+        # like a rotary embedding's frequencies: computed at construction, never in a state dict
+        self.register_buffer("freqs", torch.arange(8.0) / 8, persistent=False)
 
 
 def _serve(shapes: dict[str, torch.Tensor]) -> tuple[ThreadedServer, FakeEngine]:
@@ -52,13 +56,20 @@ def main() -> None:
     world = dist.read_world()
     torch_dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = Net()
-    plain = {name: t.detach().clone() for name, t in model.state_dict().items()}
-    mesh = init_device_mesh("cpu", (world.world_size,))
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    reference = Net()  # what every rank should hold once rank 0 has sent its values
+    plain = {name: t.detach().clone() for name, t in reference.state_dict().items()}
+    if world.is_main:
+        model = reference
+    else:
+        with torch.device("meta"):
+            model = Net()
+    precision = Precision(torch.float32, None, STORAGE, False)
+    sharding.shard_from_rank0(model, precision, torch.device("cpu"), world.world_size, is_main=world.is_main)
     assert sharding.is_sharded(model)
+    loaded = sharding.full_state_dict(model)
+    same = all(torch.equal(loaded[name], plain[name]) for name in plain)
+    same_buffers = torch.equal(model.freqs, torch.arange(8.0) / 8)
+    print(json.dumps({"rank": world.rank, "loaded_equal": same, "buffers_equal": same_buffers}), flush=True)
     servers = []
     if world.is_main:
         good = _serve(plain)

@@ -1,5 +1,5 @@
-"""Weight sync from FSDP2 shards streamed a tensor at a time (2 gloo ranks, `fsdp_sync_worker.py`): every
-transport serves exactly the weights a whole-state-dict gather gives, and a push refused at its first
+"""FSDP2 on 2 gloo ranks (`fsdp_sync_worker.py`): a model only rank 0 loads reaches every rank's shards
+(`shard_from_rank0`); weight sync from the shards streamed a tensor at a time: every transport serves exactly the weights a whole-state-dict gather gives, and a push refused at its first
 chunk ends the sync on every rank with the server's message instead of leaving a rank in an all-gather."""
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def test_a_streamed_fsdp_sync_serves_the_gathered_weights_over_every_transport(t
         raise AssertionError(f"the ranks hung:\n{stdout[-2000:]}\n{stderr[-4000:]}") from None
     assert proc.returncode == 0, stderr[-4000:]
     rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    loads = sorted((r["rank"], r["loaded_equal"], r["buffers_equal"]) for r in rows if "loaded_equal" in r)
+    assert loads == [(0, True, True), (1, True, True)]  # rank 1 built on meta, filled from rank 0
     syncs = [r for r in rows if "transport" in r]
     assert [r["transport"] for r in syncs] == ["http", "collective", "shm"]
     for k, row in enumerate(syncs):
