@@ -33,6 +33,7 @@ MODULES = {
     "eval": "bench.bench_eval",
     "learning": "bench.bench_learning",
     "memory": "bench.bench_memory",
+    "fsdp": "bench.bench_fsdp",
     "gpu": "bench.bench_gpu",
 }
 TITLES = {
@@ -49,6 +50,7 @@ TITLES = {
     "eval": "stagectl eval throughput",
     "learning": "Learning check (A-only vs AB)",
     "memory": "Memory per rank: measured vs the memory model",
+    "fsdp": "FSDP host memory: weight sync from shards, gradient accumulation",
     "gpu": "GPU",
 }
 

@@ -440,6 +440,49 @@ def memory(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def fsdp(r: dict[str, Any]) -> list[str]:
+    sync0 = r["sync"][0]["ranks"][0]
+    lines = [
+        f"2 gloo ranks, the tiny Qwen2.5-VL with a widened language model ({r['layers']} layers, MLP width "
+        f"{r['intermediate']}): {sync0['state_mib'] * 2:.0f} MiB of float32 weights, largest tensor "
+        f"{sync0['largest_tensor_float32_mib']:.0f} MiB, sharded by `sharding.shard`. *Extra* = the process's RSS "
+        "high-water mark during the part minus its RSS when the part began (VmHWM reset through "
+        "`/proc/self/clear_refs`; glibc pinned to mmap allocations of 64 KiB or more, so freed tensors leave "
+        "the RSS). `python -m bench fsdp`.",
+        "",
+        f"**Weight sync** to a fake-engine server (its own process) in bfloat16 ({sync0['state_mib']:.0f} MiB "
+        "on the wire); the second of two syncs. *gathered*: the whole state dict gathered on rank 0, then "
+        "pushed (the learner before this change); *streamed*: `WeightPublisher.sync`, a tensor at a time.",
+        "",
+        "| mode | transport | chunk MiB | rank 0 extra MiB | rank 1 extra MiB | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in r["sync"]:
+        k0, k1 = case["ranks"]
+        lines.append(
+            f"| {case['mode']} | {case['transport']} | {case['chunk_mib']} | {k0['peak_extra_mib']:.0f} | "
+            f"{k1['peak_extra_mib']:.0f} | {k0['seconds']:.2f} |"
+        )
+    lines += [
+        "",
+        f"**Gradient accumulation**, {r['micro_steps']} micro-steps of 256 tokens per optimizer step, "
+        f"{r['steps']} steps (the first, which creates AdamW's state, not counted); each setting run twice, "
+        "interleaved. *unsharded*: gradients kept whole until the last micro-step (the learner's choice); "
+        "*reduce-scatter*: sharded on every micro-step.",
+        "",
+        "| gradients between micro-steps | rank 0 extra MiB | rank 1 extra MiB | s / step rank 0 | s / step rank 1 |",
+        "|---|---|---|---|---|",
+    ]
+    for case in r["accum"]:
+        k0, k1 = case["ranks"]
+        label = "reduce-scatter" if case["reduce_every_micro_step"] else "unsharded"
+        lines.append(
+            f"| {label} | {k0['peak_extra_mib']:.0f} | {k1['peak_extra_mib']:.0f} | "
+            f"{k0['seconds_per_step']:.2f} | {k1['seconds_per_step']:.2f} |"
+        )
+    return lines
+
+
 def coco_eval(r: dict[str, Any]) -> list[str]:
     py, fast = r["median_s"]["pycocotools"], r["median_s"]["faster_coco_eval"]
     return [
@@ -511,6 +554,7 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cli": cli,
     "learning": learning,
     "memory": memory,
+    "fsdp": fsdp,
     "coco_eval": coco_eval,
     "eval": eval_,
 }

@@ -74,7 +74,9 @@ class TrainingConfig(StrictModel):
     save_total_limit: int | None = Field(None, ge=1)
     """Keep at most this many step checkpoints (oldest removed first); null keeps all."""
     resume_from_checkpoint: Path | Literal["latest"] | None = None
-    """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir`."""
+    """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir`. The learning
+    rate follows this run's schedule keys (`max_steps`, `warmup_steps`, ...) from the checkpoint's step on,
+    the first resumed step included: a larger `max_steps` extends the schedule."""
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """Extra metric sinks besides metrics.jsonl: `tensorboard` (the `tensorboard` extra) and `wandb`
     (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them."""
