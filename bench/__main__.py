@@ -50,7 +50,7 @@ TITLES = {
     "eval": "stagectl eval throughput",
     "learning": "Learning check (A-only vs AB)",
     "memory": "Memory per rank: measured vs the memory model",
-    "fsdp": "FSDP host memory: weight sync from shards, gradient accumulation",
+    "fsdp": "FSDP host memory: loading, weight sync from shards, gradient accumulation",
     "gpu": "GPU",
 }
 

@@ -17,9 +17,9 @@ RSS at once and an earlier part's freed memory cannot hide a later part's peak.
 - `load`: building the model and sharding it, every rank with the whole float32 model first (the learner
   before `shard_from_rank0`) or rank 0 alone with rank 1 on the meta device (`sharding.shard_from_rank0`).
 - `accum`: 4 forward/backward micro-steps of 64 random token ids per optimizer step (the model's own LM
-  loss), gradients kept unsharded until the last micro-step (`set_requires_gradient_sync
-  (False)` before it, what the learner does) or reduce-scattered on every micro-step; peak extra memory
-  and seconds per optimizer step over the steps after the first.
+  loss), gradients kept unsharded until the last micro-step (`set_requires_gradient_sync(False)` before
+  it, what the learner did before) or reduce-scattered on every micro-step (what it does now); peak extra
+  memory and seconds per optimizer step over the steps after the first.
 
 Run: `python -m bench fsdp` (rewrites its BENCHMARKS.md section), or `python -m bench.bench_fsdp` (JSON).
 """
@@ -233,8 +233,6 @@ def _accum_worker(
 ) -> dict[str, Any]:
     import torch
 
-    from stagectl.learner import sharding
-
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     g = torch.Generator().manual_seed(int(os.environ["RANK"]))
     seconds, extra = [], []
@@ -242,7 +240,7 @@ def _accum_worker(
         base = _reset_peak()
         start = time.perf_counter()
         for k in range(micro_steps):
-            sharding.set_gradient_sync(model, reduce_every or k == micro_steps - 1)
+            model.set_requires_gradient_sync(reduce_every or k == micro_steps - 1)
             ids = torch.randint(0, 1000, (1, tokens), generator=g)
             model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()

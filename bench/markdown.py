@@ -445,14 +445,30 @@ def fsdp(r: dict[str, Any]) -> list[str]:
     lines = [
         f"2 gloo ranks, the tiny Qwen2.5-VL with a widened language model ({r['layers']} layers, MLP width "
         f"{r['intermediate']}): {sync0['state_mib'] * 2:.0f} MiB of float32 weights, largest tensor "
-        f"{sync0['largest_tensor_float32_mib']:.0f} MiB, sharded by `sharding.shard`. *Extra* = the process's RSS "
-        "high-water mark during the part minus its RSS when the part began (VmHWM reset through "
+        f"{sync0['largest_tensor_float32_mib']:.0f} MiB, sharded by the learner's `sharding.shard`. *Extra* = the "
+        "process's RSS high-water mark during the part minus its RSS when the part began (VmHWM reset through "
         "`/proc/self/clear_refs`; glibc pinned to mmap allocations of 64 KiB or more, so freed tensors leave "
-        "the RSS). `python -m bench fsdp`.",
+        "the RSS). Command: `python -m bench fsdp`.",
+        "",
+        "**Loading and sharding.** *every rank*: each rank builds the whole float32 model, then shards it (the "
+        "learner before); *rank 0*: rank 0 builds it, rank 1 builds it on the meta device and gets its shards "
+        "from rank 0 (`sharding.shard_from_rank0`, the learner now).",
+        "",
+        "| who loads | rank 0 extra MiB | rank 1 extra MiB | rank 0 / rank 1 held after MiB |",
+        "|---|---|---|---|",
+    ]
+    for case in r["load"]:
+        k0, k1 = case["ranks"]
+        label = "rank 0" if case["mode"] == "rank0" else "every rank"
+        lines.append(
+            f"| {label} | {k0['peak_extra_mib']:.0f} | {k1['peak_extra_mib']:.0f} | "
+            f"{k0['held_after_mib']:.0f} / {k1['held_after_mib']:.0f} |"
+        )
+    lines += [
         "",
         f"**Weight sync** to a fake-engine server (its own process) in bfloat16 ({sync0['state_mib']:.0f} MiB "
         "on the wire); the second of two syncs. *gathered*: the whole state dict gathered on rank 0, then "
-        "pushed (the learner before this change); *streamed*: `WeightPublisher.sync`, a tensor at a time.",
+        "pushed (the learner before); *streamed*: `WeightPublisher.sync`, a tensor at a time (the learner now).",
         "",
         "| mode | transport | chunk MiB | rank 0 extra MiB | rank 1 extra MiB | seconds |",
         "|---|---|---|---|---|---|",
@@ -465,10 +481,11 @@ def fsdp(r: dict[str, Any]) -> list[str]:
         )
     lines += [
         "",
-        f"**Gradient accumulation**, {r['micro_steps']} micro-steps of 256 tokens per optimizer step, "
-        f"{r['steps']} steps (the first, which creates AdamW's state, not counted); each setting run twice, "
-        "interleaved. *unsharded*: gradients kept whole until the last micro-step (the learner's choice); "
-        "*reduce-scatter*: sharded on every micro-step.",
+        f"**Gradient accumulation**, {r['micro_steps']} micro-steps of {r['tokens']} random tokens per optimizer "
+        f"step, {r['steps']} steps (the first, which creates AdamW's state, not counted: extra = the largest "
+        "of the others, seconds = their median); each setting run twice, interleaved. *unsharded*: gradients "
+        "kept whole until the last micro-step (`set_requires_gradient_sync(False)` before it; the learner "
+        "before); *reduce-scatter*: sharded after every micro-step (the learner now).",
         "",
         "| gradients between micro-steps | rank 0 extra MiB | rank 1 extra MiB | s / step rank 0 | s / step rank 1 |",
         "|---|---|---|---|---|",
@@ -478,7 +495,7 @@ def fsdp(r: dict[str, Any]) -> list[str]:
         label = "reduce-scatter" if case["reduce_every_micro_step"] else "unsharded"
         lines.append(
             f"| {label} | {k0['peak_extra_mib']:.0f} | {k1['peak_extra_mib']:.0f} | "
-            f"{k0['seconds_per_step']:.2f} | {k1['seconds_per_step']:.2f} |"
+            f"{k0['seconds_per_step']:.1f} | {k1['seconds_per_step']:.1f} |"
         )
     return lines
 

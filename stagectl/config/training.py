@@ -51,13 +51,6 @@ class TrainingConfig(StrictModel):
     (`fully_shard` per transformer block of the language model and the vision tower, then the root):
     parameters, gradients and optimizer state sharded over the ranks; checkpoints are sharded
     (torch.distributed.checkpoint) with `model/` still one plain Hugging Face directory."""
-    fsdp_gradient_sync: Literal["micro_step", "step"] = "micro_step"
-    """fsdp with `gradient_accumulation_steps` > 1: `micro_step` reduce-scatters the gradients after every
-    micro-step, so each rank holds only its shard of them (1/N); `step` keeps them unsharded (the whole
-    trainable model in float32 on every rank) until the step's last micro-step and reduce-scatters once.
-    Measured on 2 CPU ranks, 4 micro-steps (docs/precision_and_sharding.md): `step` took 18% less time per
-    step and 126 MiB (25%) more peak memory on a 292 MiB model; for Qwen2.5-VL-7B on 8 ranks its gradients
-    are ~31 GB per rank instead of ~3.9 GB. fsdp only (ddp all-reduces once per step)."""
     gradient_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass (language model and vision
     tower): activation memory per block drops to its inputs, at about one extra forward of compute."""

@@ -48,17 +48,7 @@ def validate_precision(cfg: StagectlConfig, world_size: int) -> list[Problem]:
 def validate_parallelism(cfg: StagectlConfig, world_size: int) -> list[Problem]:
     """fsdp shards over ranks and needs every rank to run the same forwards: Channel-B from a server."""
     training = cfg.training
-    if not is_train_ab(cfg):
-        return []
-    if training.parallelism != "fsdp":
-        if "fsdp_gradient_sync" in training.model_fields_set:
-            return [
-                Problem(
-                    "training.fsdp_gradient_sync",
-                    f"applies to parallelism: fsdp only; under {training.parallelism} gradients are all-reduced "
-                    "once per step (on its last micro-step); remove the key or set training.parallelism: fsdp",
-                )
-            ]
+    if not is_train_ab(cfg) or training.parallelism != "fsdp":
         return []
     problems = []
     if world_size < 2:

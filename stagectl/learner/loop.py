@@ -73,7 +73,6 @@ class Trainer:
             device=st.device,
             precision=st.precision,
             grad_scaler=st.grad_scaler,
-            reduce_every_micro_step=cfg.training.fsdp_gradient_sync == "micro_step",
         )
         self.params = trainable_parameters(st.bundle.model)
         self.update_probe = UpdateProbe(self.params)

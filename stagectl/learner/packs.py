@@ -3,7 +3,7 @@
 Each pack's loss is a mean over its own tokens/boxes; it is scaled by the pack's share of the step's
 segments, so the step's gradient is a segment-weighted mean however the segments were packed. DDP
 gradient all-reduce happens only on the last backward of the optimizer step (`no_sync` elsewhere); FSDP2
-reduce-scatters after every backward or only the last one (`training.fsdp_gradient_sync`).
+reduce-scatters after every backward, so gradients stay sharded between micro-steps.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ class PackRunner:
     device: torch.device
     precision: Precision = field(default_factory=lambda: Precision(torch.float32, None, torch.float32, False))
     grad_scaler: torch.amp.GradScaler | None = None
-    reduce_every_micro_step: bool = True  # fsdp: `training.fsdp_gradient_sync: micro_step`
 
     def run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
         """One forward/backward of an already collated pack, loss scaled by `scale`."""
@@ -59,9 +58,9 @@ class PackRunner:
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         allreduce: contextlib.AbstractContextManager[Any]
         if sharded:
-            # FSDP2 all-gathers in every forward; gradients reduce-scatter after every micro-step
-            # (sharded between them) or on the last only (kept whole between them): fsdp_gradient_sync
-            sharding.set_gradient_sync(self.ddp_model, sync or self.reduce_every_micro_step)
+            # FSDP2 all-gathers in every forward and reduce-scatters after every backward: gradients stay
+            # sharded between micro-steps (kept whole instead, every rank would hold the whole model's
+            # float32 gradients; measured: docs/precision_and_sharding.md)
             allreduce = dist.collective("FSDP2 all-gather / reduce-scatter")
         else:
             allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()

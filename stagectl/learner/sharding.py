@@ -74,13 +74,6 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def set_gradient_sync(model: nn.Module, sync: bool) -> None:
-    """FSDP2: reduce-scatter gradients on this backward (True) or keep them unsharded and accumulate
-    locally until the step's last micro-step (False)."""
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(sync)
-
-
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a DTensor (a collective: every rank calls it); any other tensor as it is."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

@@ -68,7 +68,6 @@ class TrainingKnobs:
     allow_low_precision_params: bool = False
     torch_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gradient_checkpointing: bool = False
-    fsdp_unsharded_grads: bool = False  # fsdp, gradient accumulation, `fsdp_gradient_sync: step`
     freeze_vit: bool = False
     freeze_aligner: bool = False
     freeze_llm: bool = False
@@ -220,13 +219,9 @@ def estimate_memory(shape: ModelShape, knobs: TrainingKnobs) -> MemoryEstimate:
     else:
         block = max(shape.llm_layer_params, shape.vision_block_params)
         buffers = shape.root_params * cb + 2 * block * cb + block * 4
-    grads = _ceil_div(trainable * pb, shard)
-    if knobs.parallelism == "fsdp" and knobs.fsdp_unsharded_grads:
-        # kept whole between micro-steps, accumulated in FSDP2's reduce dtype (float32 under mixed precision)
-        grads = trainable * (4 if knobs.mixed_precision != "no" else pb)
     return MemoryEstimate(
         weights=_ceil_div(all_params * pb, shard),
-        grads=grads,
+        grads=_ceil_div(trainable * pb, shard),
         optimizer=_ceil_div(2 * trainable * pb, shard),
         activations=activation_bytes(shape, knobs),
         logits=logits_bytes(shape, knobs),

@@ -8,7 +8,6 @@ from typing import Literal
 
 from stagectl.cache import cache_root
 from stagectl.config import StagectlConfig
-from stagectl.config.root import resolve_gas
 from stagectl.memory.estimate import AdapterKnobs, TrainingKnobs
 from stagectl.memory.shapes import ModelShape, shape_from_checkpoint
 
@@ -28,7 +27,6 @@ def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
         mixed_precision=training.mixed_precision,
         allow_low_precision_params=training.allow_low_precision_params,
         gradient_checkpointing=training.gradient_checkpointing,
-        fsdp_unsharded_grads=training.fsdp_gradient_sync == "step" and _accumulates(cfg, world_size),
         freeze_vit=model.freeze_vit,
         freeze_aligner=model.freeze_aligner,
         freeze_llm=model.freeze_llm,
@@ -38,11 +36,6 @@ def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
         per_device_train_batch_size=cfg.training.per_device_train_batch_size,
         attention=_attention(cfg.model.attn_implementation),
     )
-
-
-def _accumulates(cfg: StagectlConfig, world_size: int) -> bool:
-    """Whether a step runs more than one micro-step per rank (gradient accumulation)."""
-    return (resolve_gas(cfg, world_size) or 1) > 1
 
 
 def _attention(attn_implementation: str | None) -> Literal["flash_attention_2", "sdpa", "eager"]:

@@ -406,18 +406,6 @@ def test_fsdp_needs_two_ranks_bf16_and_server_rollouts(tmp_path: Path) -> None:
     assert "rollout server" in probs["custom.extra.rollout_matching.rollout_backend"]
 
 
-def test_fsdp_gradient_sync_is_an_fsdp_key(tmp_path: Path) -> None:
-    probs = problems_of(tmp_path, A_ONLY, "training.fsdp_gradient_sync=step", world_size=2)
-    assert "applies to parallelism: fsdp only" in probs["training.fsdp_gradient_sync"]
-    cfg = load_config(
-        write(tmp_path, A_ONLY),
-        ["training.parallelism=fsdp", "training.fsdp_gradient_sync=step"],
-        world_size=2,
-    )
-    assert cfg.training.fsdp_gradient_sync == "step"
-    assert load_config(write(tmp_path, A_ONLY), [], world_size=2).training.fsdp_gradient_sync == "micro_step"
-
-
 def test_fsdp_accepts_a_only_and_async_server_runs(tmp_path: Path) -> None:
     load_config(write(tmp_path, A_ONLY), ["training.parallelism=fsdp"], world_size=2)
     load_config(write(tmp_path, ASYNC, "async.yaml"), ["training.parallelism=fsdp"], world_size=2)

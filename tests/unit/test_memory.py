@@ -17,7 +17,6 @@ from stagectl.memory.estimate import (
     activation_bytes,
     estimate_memory,
     logits_bytes,
-    trainable_params,
 )
 from stagectl.memory.from_config import checkpoint_dir
 from stagectl.memory.reference import REFERENCE_CONFIGS
@@ -261,28 +260,6 @@ def test_knobs_read_the_config() -> None:
     assert (knobs.world_size, knobs.global_max_length, knobs.per_device_train_batch_size) == (8, 4096, 2)
     assert (knobs.torch_dtype, knobs.attention, knobs.num_tokens) == ("bfloat16", "flash_attention_2", 8192)
     assert knobs_from_config(load_config(None, []), world_size=1).attention == "sdpa"  # transformers' default
-
-
-@pytest.mark.parametrize("gas", [1, 4])
-def test_fsdp_gradients_kept_whole_between_micro_steps_are_not_sharded(gas: int) -> None:
-    from stagectl.config import load_config
-    from stagectl.memory.from_config import knobs_from_config
-
-    base = [
-        "training.parallelism=fsdp",
-        "training.mixed_precision=bf16",
-        f"training.gradient_accumulation_steps={gas}",
-    ]
-    sharded = knobs_from_config(load_config(None, base, world_size=8), world_size=8)
-    whole = knobs_from_config(load_config(None, [*base, "training.fsdp_gradient_sync=step"], world_size=8), 8)
-    assert not sharded.fsdp_unsharded_grads and whole.fsdp_unsharded_grads == (gas > 1)
-    shape = _shape(REAL[0])
-    per_step, per_micro_step = estimate_memory(shape, whole), estimate_memory(shape, sharded)
-    if gas > 1:  # the whole trainable model in float32 on every rank, not 1/8 of it
-        assert per_step.grads == trainable_params(shape, whole) * 4
-        assert per_micro_step.grads == -(-trainable_params(shape, whole) * 4 // 8)
-    else:  # one micro-step always reduce-scatters
-        assert per_step.grads == per_micro_step.grads
 
 
 def test_checkpoint_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
