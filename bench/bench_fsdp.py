@@ -14,6 +14,7 @@ RSS at once and an earlier part's freed memory cannot hide a later part's peak.
   same tensors in bfloat16 (the storage dtype). `gathered` is what the learner did before streaming: the
   whole state dict gathered into rank 0's CPU memory in the storage dtype, then pushed
   (`sharding.full_state_dict` + `push_weights`); `streamed` is `WeightPublisher.sync` (a tensor at a time).
+  Their times side by side: one pair of ranks alternating streamed and gathered http syncs, 4 of each.
 - `load`: building the model and sharding it, every rank with the whole float32 model first (the learner
   before `shard_from_rank0`) or rank 0 alone with rank 1 on the meta device (`sharding.shard_from_rank0`).
 - `accum`: 4 forward/backward micro-steps of 64 random token ids per optimizer step (the model's own LM
@@ -42,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).parents[1]
 MODEL = "builtin:tiny-qwen2.5-vl"
 MIB = 1 << 20
+TIMING_ROUNDS = 4
 SYNC_CASES = (  # (mode, transport, chunk MiB)
     ("gathered", "http", 64),
     ("streamed", "http", 64),
@@ -83,6 +85,7 @@ def run(
         {"mode": m, "transport": t, "chunk_mib": c, "ranks": _launch(["sync", m, t, str(c)], shape)}
         for m, t, c in SYNC_CASES
     ]
+    timing = {"ranks": _launch(["sync", "alternate", "http", "64"], shape)}
     accum = [
         {
             "reduce_every_micro_step": every,
@@ -98,6 +101,7 @@ def run(
         "tokens": tokens,
         "load": load,
         "sync": sync,
+        "sync_timing": timing,
         "accum": accum,
     }
 
@@ -201,7 +205,11 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
     client = RolloutClient([url], transport=transport, chunk_bytes=chunk_mib * MIB)  # type: ignore[arg-type]
     publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=torch.bfloat16)
     seconds, extra = [], []
-    for _ in range(2):  # a warm-up (the server allocates its staging, the weight group forms), then measured
+    # a warm-up (the server allocates its staging, the weight group forms), then measured; `alternate`:
+    # streamed and gathered syncs in turn, `TIMING_ROUNDS` of each, for their times side by side
+    modes = [mode, mode] if mode != "alternate" else ["streamed"] + ["streamed", "gathered"] * TIMING_ROUNDS
+    by_mode: dict[str, list[float]] = {"streamed": [], "gathered": []}
+    for k, mode in enumerate(modes):
         dist.barrier()
         base = _reset_peak()
         start = time.perf_counter()
@@ -216,6 +224,8 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
             del state
         seconds.append(time.perf_counter() - start)
         extra.append(_status_bytes("VmHWM") - base)
+        if k:
+            by_mode[mode].append(seconds[-1])
     client.close()
     if server is not None:
         server.stop()
@@ -225,6 +235,7 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
         "seconds": seconds[-1],
         "state_mib": state_bytes / MIB,
         "largest_tensor_float32_mib": largest / MIB,
+        "seconds_by_mode": by_mode,
     }
 
 

@@ -467,7 +467,8 @@ def fsdp(r: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"**Weight sync** to a fake-engine server (its own process) in bfloat16 ({sync0['state_mib']:.0f} MiB "
-        "on the wire); the second of two syncs. *gathered*: the whole state dict gathered on rank 0, then "
+        "on the wire); the second of two syncs (its seconds: that one sync, the machine loaded by other work; "
+        "the side-by-side timing follows the table). *gathered*: the whole state dict gathered on rank 0, then "
         "pushed (the learner before); *streamed*: `WeightPublisher.sync`, a tensor at a time (the learner now).",
         "",
         "| mode | transport | chunk MiB | rank 0 extra MiB | rank 1 extra MiB | seconds |",
@@ -479,6 +480,18 @@ def fsdp(r: dict[str, Any]) -> list[str]:
             f"| {case['mode']} | {case['transport']} | {case['chunk_mib']} | {k0['peak_extra_mib']:.0f} | "
             f"{k1['peak_extra_mib']:.0f} | {k0['seconds']:.2f} |"
         )
+    if "sync_timing" in r:
+        times = r["sync_timing"]["ranks"][0]["seconds_by_mode"]
+        median = {mode: sorted(v)[len(v) // 2 - 1 : len(v) // 2 + 1] for mode, v in times.items()}
+        lines += [
+            "",
+            "Seconds of an http sync (64 MiB chunks), streamed and gathered syncs alternating in one pair of "
+            f"ranks ({r['sync_timing'].get('note', 'the same run')}): streamed "
+            + ", ".join(f"{t:.2f}" for t in times["streamed"])
+            + f" (median {sum(median['streamed']) / 2:.2f}); gathered "
+            + ", ".join(f"{t:.2f}" for t in times["gathered"])
+            + f" (median {sum(median['gathered']) / 2:.2f}).",
+        ]
     lines += [
         "",
         f"**Gradient accumulation**, {r['micro_steps']} micro-steps of {r['tokens']} random tokens per optimizer "
