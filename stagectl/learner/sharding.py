@@ -117,7 +117,6 @@ class GatheredStream:
         }
         self._items = iter(state.items())
         self._lock = threading.Lock()  # one take at a time, whichever thread takes
-        self.num_taken = 0
 
     def _take(self) -> tuple[str, torch.Tensor] | None:
         with self._lock:
@@ -126,7 +125,6 @@ class GatheredStream:
                 return None
             name, tensor = item
             whole = full_tensor(tensor.detach())
-            self.num_taken += 1
             if not self.keep:
                 return name, whole
             return name, whole.to("cpu", dtype=self.dtype) if self.dtype is not None else whole.to("cpu")
