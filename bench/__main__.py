@@ -34,6 +34,7 @@ MODULES = {
     "learning": "bench.bench_learning",
     "memory": "bench.bench_memory",
     "samples": "bench.bench_samples",
+    "fsdp": "bench.bench_fsdp",
     "gpu": "bench.bench_gpu",
 }
 TITLES = {
@@ -51,6 +52,7 @@ TITLES = {
     "learning": "Learning check (A-only vs AB)",
     "memory": "Memory per rank: measured vs the memory model",
     "samples": "Per-sample audit trail (samples.jsonl) overhead",
+    "fsdp": "FSDP host memory: loading, weight sync from shards, gradient accumulation",
     "gpu": "GPU",
 }
 

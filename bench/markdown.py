@@ -440,6 +440,79 @@ def memory(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def fsdp(r: dict[str, Any]) -> list[str]:
+    sync0 = r["sync"][0]["ranks"][0]
+    lines = [
+        f"2 gloo ranks, the tiny Qwen2.5-VL with a widened language model ({r['layers']} layers, MLP width "
+        f"{r['intermediate']}): {sync0['state_mib'] * 2:.0f} MiB of float32 weights, largest tensor "
+        f"{sync0['largest_tensor_float32_mib']:.0f} MiB, sharded by the learner's `sharding.shard`. *Extra* = the "
+        "process's RSS high-water mark during the part minus its RSS when the part began (VmHWM reset through "
+        "`/proc/self/clear_refs`; glibc pinned to mmap allocations of 64 KiB or more, so freed tensors leave "
+        "the RSS). Command: `python -m bench fsdp`.",
+        "",
+        "**Loading and sharding.** *every rank*: each rank builds the whole float32 model, then shards it (the "
+        "learner before); *rank 0*: rank 0 builds it, rank 1 builds it on the meta device and gets its shards "
+        "from rank 0 (`sharding.shard_from_rank0`, the learner now).",
+        "",
+        "| who loads | rank 0 extra MiB | rank 1 extra MiB | rank 0 / rank 1 held after MiB |",
+        "|---|---|---|---|",
+    ]
+    for case in r["load"]:
+        k0, k1 = case["ranks"]
+        label = "rank 0" if case["mode"] == "rank0" else "every rank"
+        lines.append(
+            f"| {label} | {k0['peak_extra_mib']:.0f} | {k1['peak_extra_mib']:.0f} | "
+            f"{k0['held_after_mib']:.0f} / {k1['held_after_mib']:.0f} |"
+        )
+    lines += [
+        "",
+        f"**Weight sync** to a fake-engine server (its own process) in bfloat16 ({sync0['state_mib']:.0f} MiB "
+        "on the wire); the second of two syncs (its seconds: that one sync, the machine loaded by other work; "
+        "the side-by-side timing follows the table). *gathered*: the whole state dict gathered on rank 0, then "
+        "pushed (the learner before); *streamed*: `WeightPublisher.sync`, a tensor at a time (the learner now).",
+        "",
+        "| mode | transport | chunk MiB | rank 0 extra MiB | rank 1 extra MiB | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in r["sync"]:
+        k0, k1 = case["ranks"]
+        lines.append(
+            f"| {case['mode']} | {case['transport']} | {case['chunk_mib']} | {k0['peak_extra_mib']:.0f} | "
+            f"{k1['peak_extra_mib']:.0f} | {k0['seconds']:.2f} |"
+        )
+    if "sync_timing" in r:
+        times = r["sync_timing"]["ranks"][0]["seconds_by_mode"]
+        median = {mode: sorted(v)[len(v) // 2 - 1 : len(v) // 2 + 1] for mode, v in times.items()}
+        lines += [
+            "",
+            "Seconds of an http sync (64 MiB chunks), streamed and gathered syncs alternating in one pair of "
+            f"ranks ({r['sync_timing'].get('note', 'the same run')}): streamed "
+            + ", ".join(f"{t:.2f}" for t in times["streamed"])
+            + f" (median {sum(median['streamed']) / 2:.2f}); gathered "
+            + ", ".join(f"{t:.2f}" for t in times["gathered"])
+            + f" (median {sum(median['gathered']) / 2:.2f}).",
+        ]
+    lines += [
+        "",
+        f"**Gradient accumulation**, {r['micro_steps']} micro-steps of {r['tokens']} random tokens per optimizer "
+        f"step, {r['steps']} steps (the first, which creates AdamW's state, not counted: extra = the largest "
+        "of the others, seconds = their median); each setting run twice, interleaved. *unsharded*: gradients "
+        "kept whole until the last micro-step (`set_requires_gradient_sync(False)` before it; the learner "
+        "before); *reduce-scatter*: sharded after every micro-step (the learner now).",
+        "",
+        "| gradients between micro-steps | rank 0 extra MiB | rank 1 extra MiB | s / step rank 0 | s / step rank 1 |",
+        "|---|---|---|---|---|",
+    ]
+    for case in r["accum"]:
+        k0, k1 = case["ranks"]
+        label = "reduce-scatter" if case["reduce_every_micro_step"] else "unsharded"
+        lines.append(
+            f"| {label} | {k0['peak_extra_mib']:.0f} | {k1['peak_extra_mib']:.0f} | "
+            f"{k0['seconds_per_step']:.1f} | {k1['seconds_per_step']:.1f} |"
+        )
+    return lines
+
+
 def coco_eval(r: dict[str, Any]) -> list[str]:
     py, fast = r["median_s"]["pycocotools"], r["median_s"]["faster_coco_eval"]
     return [
@@ -537,6 +610,7 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cli": cli,
     "learning": learning,
     "memory": memory,
+    "fsdp": fsdp,
     "coco_eval": coco_eval,
     "eval": eval_,
     "samples": samples,

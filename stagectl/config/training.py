@@ -77,7 +77,9 @@ class TrainingConfig(StrictModel):
     resume_from_checkpoint: Path | Literal["latest"] | None = None
     """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir` (`--resume`;
     with no checkpoint there yet, `latest` starts a new run). Continues the run in `output_dir`:
-    metrics.jsonl is appended, its rows after the checkpoint's step replaced (docs/run_directories.md)."""
+    metrics.jsonl is appended, its rows after the checkpoint's step replaced (docs/run_directories.md).
+    The learning rate follows this run's schedule keys (`max_steps`, `warmup_steps`, ...) from the
+    checkpoint's step on, the first resumed step included: a larger `max_steps` extends the schedule."""
     overwrite_output_dir: bool = False
     """Start a new run even though `output_dir` holds one (`--overwrite`): the old run is moved aside to
     `{output_dir}.replaced-<time>`. Without it (or `resume_from_checkpoint`) such a start is refused."""

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from stagectl.files import follow_umask
+from stagectl.learner.optim import apply_schedule
 from stagectl.models.quiet import hf_progress_bars_off
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -294,6 +295,7 @@ def load_optimizer_state(
     else:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    apply_schedule(optimizer, scheduler)  # the resumed config's lr for the next step, not the saved one
 
 
 def load_rng_states(path: Path) -> list[dict[str, Any]]:

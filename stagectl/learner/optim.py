@@ -33,3 +33,19 @@ def build_optimizer(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
+
+
+def apply_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set every param group's lr to the schedule's value for the next step (`scheduler.last_epoch`).
+
+    After a resume the optimizer holds the lr it saved, computed under the checkpoint's config, and
+    `LambdaLR` only recomputes it at its next `step()`, after the first resumed step ran. With a larger
+    `training.max_steps` that first step would still run at the old schedule's value (0 at the end of a
+    cosine), so the lr is recomputed from the resumed config here."""
+    lrs = [
+        base_lr * lmbda(scheduler.last_epoch)
+        for base_lr, lmbda in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what `get_last_lr()` (the metrics' `lr`) reports

@@ -2,7 +2,8 @@
 
 Each pack's loss is a mean over its own tokens/boxes; it is scaled by the pack's share of the step's
 segments, so the step's gradient is a segment-weighted mean however the segments were packed. DDP
-gradient all-reduce happens only on the last backward of the optimizer step (`no_sync` elsewhere).
+gradient all-reduce happens only on the last backward of the optimizer step (`no_sync` elsewhere); FSDP2
+reduce-scatters after every backward, so gradients stay sharded between micro-steps.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class PackRunner:
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         allreduce: contextlib.AbstractContextManager[Any]
         if sharded:
-            # FSDP2 all-gathers in every forward; gradients reduce-scatter on the last micro-step only
-            sharding.set_gradient_sync(self.ddp_model, sync)
+            # FSDP2 all-gathers in every forward and reduce-scatters after every backward: gradients stay
+            # sharded between micro-steps (kept whole instead, every rank would hold the whole model's
+            # float32 gradients; measured: docs/precision_and_sharding.md)
             allreduce = dist.collective("FSDP2 all-gather / reduce-scatter")
         else:
             allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()

@@ -12,7 +12,9 @@ and `sync` (async mode, every rank: a collective with the sync fence closed arou
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from stagectl import dist
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import PushReport, RolloutClient
 from stagectl.rollout.errors import RolloutRequestError, WeightPushError
+from stagectl.rollout.weights import WeightState
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ class WeightPublisher:
         """Step mode (one rank): push if the weights changed since the last push. Raises on failure."""
         if self.pushed_at_update == num_updates:
             return None
-        outcome = self._push(self._state_dict())
+        with self._weights() as weights:
+            outcome = self._push(weights)
         if outcome.status != "ok":
             raise WeightPushError(outcome.message)
         self._advance(outcome)
@@ -94,11 +98,9 @@ class WeightPublisher:
         it must be above every version the servers report."""
         with fence.sync(timeout_s=fence_timeout_s):
             dist.barrier()
-            started = time.perf_counter()
-            state_dict = self._state_dict()  # under fsdp a collective: every rank gathers
-            gather_s = time.perf_counter() - started
-            outcome = self._push(state_dict, gather_s, target) if self.world.is_main else SyncOutcome("ok")
-            del state_dict
+            # under fsdp every rank gathers each tensor in turn while rank 0 sends it (see `_weights`)
+            with self._weights() as weights:
+                outcome = self._push(weights, target) if self.world.is_main else SyncOutcome("ok")
             outcome = dist.broadcast_object(outcome)
         if outcome.status == "error":
             raise dist.SharedError(
@@ -117,12 +119,31 @@ class WeightPublisher:
         self.seconds_total += outcome.seconds
         self.bytes_total += outcome.num_bytes
 
-    def _state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU tensors in the servers' dtype (FSDP2 shards gathered: a collective on every rank)."""
-        from stagectl.learner import adapter, sharding
+    @contextlib.contextmanager
+    def _weights(self) -> Iterator[WeightState]:
+        """What a push sends, in the servers' dtype. Under fsdp a `TensorStream` that gathers one tensor
+        at a time from the shards while rank 0 sends it (the push holds a chunk or a tensor, never the
+        model); every rank takes every tensor (all-gathers), whatever the push did, before the block
+        ends. A delta sync compares whole tensors, so it gets the whole state dict gathered first."""
+        from stagectl.learner import sharding
 
-        if sharding.is_sharded(self.model):
-            return sharding.full_state_dict(self.model, dtype=self.storage_dtype, keep=self.world.is_main)
+        if not sharding.is_sharded(self.model):
+            yield self._state_dict()
+            return
+        keep = self.world.is_main
+        if keep and self.client.keeps_delta_base():
+            yield sharding.full_state_dict(self.model, dtype=self.storage_dtype, keep=True)
+            return
+        gathered = sharding.GatheredStream(self.model, dtype=self.storage_dtype, keep=keep)
+        try:
+            yield gathered.stream()
+        finally:
+            gathered.drain()
+
+    def _state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU tensors in the servers' dtype of an unsharded model."""
+        from stagectl.learner import adapter
+
         dtype = self.storage_dtype
         if self.sends_adapter:  # peft's names, float32: the servers merge onto their float32 base
             return adapter.adapter_state_dict(self.model)
@@ -133,13 +154,11 @@ class WeightPublisher:
             for name, t in self.model.state_dict().items()
         }
 
-    def _push(
-        self, state_dict: dict[str, torch.Tensor], gather_s: float = 0.0, version: int | None = None
-    ) -> SyncOutcome:
+    def _push(self, state_dict: WeightState, version: int | None = None) -> SyncOutcome:
         """Rank 0: push the weights as the next version. Normally `ver + 1`; after a failed push, one
         above the highest version any server reports, so servers that committed the failed push and
         servers that did not all move to one new version (none refuses it as not newer)."""
-        started = time.perf_counter() - gather_s
+        started = time.perf_counter()
         try:
             target = self.ver + 1 if version is None else version
             if self._maybe_diverged:

@@ -101,15 +101,18 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         device = device_for(world)
         seed_everything(cfg.training.seed)
         precision = Precision.from_config(cfg)
-        # master weights in float32 (or the stored dtype itself, only when the user opted in)
+        # master weights in float32 (or the stored dtype itself, only when the user opted in); under
+        # fsdp only rank 0 reads them, the other ranks build the structure on meta and get their shards
+        on_meta = cfg.training.parallelism == "fsdp" and world.distributed and not world.is_main
         bundle = load_bundle(
             source,
             torch_dtype=precision.param_dtype_name,
             device=str(device),
             attn_implementation=cfg.model.attn_implementation,
             add_coord_tokens=True,
+            on_meta=on_meta,
         )
-        if resume is not None:
+        if resume is not None and not on_meta:
             ckpt.load_master_weights(resume, bundle.model)
         if adapter_cfg is None:
             freeze = freeze_parts(
@@ -130,7 +133,12 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         ddp_model: Any = bundle.model
         if cfg.training.parallelism == "fsdp":
             with dist.collective("FSDP2 sharding"):
-                sharding.shard(bundle.model, precision, device, world.world_size)
+                if world.distributed:
+                    sharding.shard_from_rank0(
+                        bundle.model, precision, device, world.world_size, is_main=world.is_main
+                    )
+                else:
+                    sharding.shard(bundle.model, precision, device, world.world_size)
         elif world.distributed:
             with dist.collective("DDP construction (parameter broadcast)"):
                 ddp_model = torch.nn.parallel.DistributedDataParallel(

@@ -10,9 +10,11 @@ compute dtype, gradients reduce-scattered in float32 onto float32 shards.
 Every rank must run the same number of forward/backward passes (each forward all-gathers): Channel-A
 runs `gas` micro-batches per rank and async Channel-B exactly `gas` packs per rank, so they do.
 
-Whole tensors leave the shards three ways, each a collective every rank joins:
+Whole tensors leave the shards four ways, each a collective every rank joins:
 - `full_tensors`: one full tensor at a time (the final weight digest);
-- `full_state_dict`: everything on the CPU of the rank that keeps it (checkpoints' `model/`, weight sync);
+- `GatheredStream`: the same as a `TensorStream` a weight sync sends as it arrives (rank 0's extra memory
+  during a sync is a tensor or a chunk, not the model);
+- `full_state_dict`: everything on the CPU of the rank that keeps it (checkpoints' `model/`, a delta sync);
 - `gathered`: every parameter unsharded in place until the block ends (rank 0 can then generate on its
   own, e.g. the held-out eval, without a collective per forward).
 """
@@ -20,6 +22,7 @@ Whole tensors leave the shards three ways, each a collective every rank joins:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +34,8 @@ from torch.distributed.tensor import DTensor
 
 from stagectl.learner.parts import transformer_blocks
 from stagectl.learner.precision import Precision
+from stagectl.rollout.protocol import TensorSpec
+from stagectl.rollout.weights import TensorStream, dtype_name
 
 
 def shard(model: nn.Module, precision: Precision, device: torch.device, world_size: int) -> None:
@@ -45,15 +50,28 @@ def shard(model: nn.Module, precision: Precision, device: torch.device, world_si
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
+def shard_from_rank0(
+    model: nn.Module, precision: Precision, device: torch.device, world_size: int, *, is_main: bool
+) -> None:
+    """`shard` a model that only rank 0 loaded: the other ranks built it on the meta device
+    (`load_bundle(on_meta=True)`), so a rank's peak while loading is its shards, not the whole model.
+    Rank 0 keeps its whole state dict until every rank has its shards from it (one broadcast per
+    tensor); buffers (rotary frequencies, which meta ranks never computed) are broadcast as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    whole = model.state_dict() if is_main else {}
+    shard(model, precision, device, world_size)
+    if not is_main:
+        model.to_empty(device=device)  # storage for this rank's shards and the buffers, values next
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, whole, options=options)
+    del whole
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
+
+
 def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
-
-
-def set_gradient_sync(model: nn.Module, sync: bool) -> None:
-    """FSDP2: reduce-scatter gradients on this backward (True) or keep them unsharded and accumulate
-    locally until the step's last micro-step (False)."""
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(sync)
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -80,6 +98,47 @@ def full_state_dict(
         if keep:
             out[name] = whole
     return out
+
+
+class GatheredStream:
+    """The model's state dict whole, one tensor at a time, each an all-gather of its shards: every rank
+    must take every tensor, in order, exactly once per stream. Rank 0 hands `stream()` to a push (which
+    may stop early on a failure, and may take tensors on a read-ahead thread); every rank then calls
+    `drain()`, which takes what is left (waiting for a take in flight on another thread), so the ranks'
+    all-gathers always pair up. Ranks that do not keep the tensors (`keep=False`) drop each at once."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None, *, keep: bool = True) -> None:
+        self.dtype = dtype
+        self.keep = keep
+        state = model.state_dict()
+        self.specs = {
+            name: TensorSpec(tuple(t.shape), dtype_name(dtype if dtype is not None else t.dtype))
+            for name, t in state.items()
+        }
+        self._items = iter(state.items())
+        self._lock = threading.Lock()  # one take at a time, whichever thread takes
+
+    def _take(self) -> tuple[str, torch.Tensor] | None:
+        with self._lock:
+            item = next(self._items, None)
+            if item is None:
+                return None
+            name, tensor = item
+            whole = full_tensor(tensor.detach())
+            if not self.keep:
+                return name, whole
+            return name, whole.to("cpu", dtype=self.dtype) if self.dtype is not None else whole.to("cpu")
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        while (item := self._take()) is not None:
+            yield item
+
+    def stream(self) -> TensorStream:
+        return TensorStream(dict(self.specs), self._tensors())
+
+    def drain(self) -> None:
+        while self._take() is not None:
+            pass
 
 
 @contextlib.contextmanager

@@ -164,10 +164,13 @@ def load_bundle(
     device: str = "cpu",
     attn_implementation: str | None = None,
     add_coord_tokens: bool = True,
+    on_meta: bool = False,
 ) -> ModelBundle:
     """Load model + tokenizer + image processor; the model is in eval mode on `device`.
 
-    `add_coord_tokens=False` loads the checkpoint exactly as it is (Stage-B, plain serving)."""
+    `add_coord_tokens=False` loads the checkpoint exactly as it is (Stage-B, plain serving).
+    `on_meta=True` builds the model's structure on the meta device and reads no weight (`device` is
+    ignored): an fsdp rank other than 0, which gets its shards from rank 0 (`sharding.shard_from_rank0`)."""
     if torch_dtype not in _DTYPES:
         raise ValueError(f"torch_dtype {torch_dtype!r} is not one of {', '.join(_DTYPES)}")
     path = resolve_model_path(name_or_path)
@@ -175,19 +178,27 @@ def load_bundle(
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     end_of_turn, stops = checkpoint_stop_ids(path, tokenizer)
     num_added = add_coord_tokens_to(tokenizer) if add_coord_tokens else 0
-    with hf_progress_bars_off():
-        model = model_class_for(config).from_pretrained(
-            str(path),
-            config=config,
-            dtype=_DTYPES[torch_dtype],
-            attn_implementation=attn_implementation,
-        )
+    if on_meta:
+        with torch.device("meta"):
+            model = model_class_for(config).from_config(
+                config, dtype=_DTYPES[torch_dtype], attn_implementation=attn_implementation
+            )
+    else:
+        with hf_progress_bars_off():
+            model = model_class_for(config).from_pretrained(
+                str(path),
+                config=config,
+                dtype=_DTYPES[torch_dtype],
+                attn_implementation=attn_implementation,
+            )
     use_varlen_vision_attention(model)  # one attention call per vision layer instead of one per window
     embedding_rows = model.config.get_text_config().vocab_size
     if num_added and len(tokenizer) > embedding_rows:
-        # Real checkpoints pad their embeddings; grow them only when the new tokens do not fit.
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
-    model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the real signature
+        # Real checkpoints pad their embeddings; grow them only when the new tokens do not fit. (On meta
+        # the new rows get no values: no mean to take; they come from rank 0 with the rest.)
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64, mean_resizing=not on_meta)
+    if not on_meta:
+        model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the real signature
     model.eval()
     return ModelBundle(
         model=model,

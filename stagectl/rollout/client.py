@@ -27,7 +27,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
-import torch
 from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.rollout import RolloutMatchingConfig
@@ -63,7 +62,15 @@ from stagectl.rollout.requests import (
 )
 from stagectl.rollout.shm import SHM_DIR, remove_stale, shm_path, write_snapshot
 from stagectl.rollout.tls import client_context
-from stagectl.rollout.weights import WeightChunk, dtype_name, encode_chunks, encode_pieces
+from stagectl.rollout.weights import (
+    TensorStream,
+    WeightChunk,
+    WeightState,
+    encode_chunks,
+    encode_pieces,
+    spec_num_bytes,
+    spec_of,
+)
 
 __all__ = [  # the request helpers are re-exported: callers need one import for the whole client side
     "PushReport",
@@ -99,7 +106,9 @@ class PushReport:
     delta: bool = False  # True when only changed blocks went out
 
 
-def _state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+def _state_bytes(state: WeightState) -> int:
+    if isinstance(state, TensorStream):
+        return state.num_bytes
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
@@ -322,7 +331,7 @@ class RolloutClient:
 
     def push_weights(
         self,
-        state_dict: Mapping[str, torch.Tensor],
+        state_dict: WeightState,
         version: int,
         transport: Transport | None = None,
         *,
@@ -331,18 +340,26 @@ class RolloutClient:
         """Sync `state_dict` (every tensor the servers' models have, same names/shapes/dtypes) to every
         server as `version`; raises `WeightPushError` (old weights keep serving) on failure.
 
+        A `TensorStream` (the learner's FSDP shards gathered a tensor at a time) is sent as it arrives by
+        every transport, holding a chunk (http) or a tensor (collective, shm, disk) at a time. The one
+        exception is a delta sync, which compares whole tensors against its host copy of the last push:
+        it collects the stream into a dict first. A push that fails part-way leaves the rest of the
+        stream untaken; the caller drains it (its tensors may be collectives other ranks wait in).
+
         With delta sync on (http only) and `base_version` equal to the version of this client's last
         successful push, only the changed elements are sent (see `rollout.delta`); a server that refuses the
         base gets a full sync instead (counted in `delta_fallbacks`)."""
         chosen = transport or self.transport
         start = time.perf_counter()
-        tracked = self._delta is not None and chosen == "http"
+        tracked = self.keeps_delta_base(chosen)
+        if tracked and isinstance(state_dict, TensorStream):
+            state_dict = dict(state_dict.checked())
         plan = None
         try:
             if chosen == "http":
                 sent = None
                 if tracked and base_version is not None and self._delta_base() == base_version:
-                    assert self._delta is not None
+                    assert self._delta is not None and not isinstance(state_dict, TensorStream)
                     plan = self._delta.plan(state_dict, self.chunk_bytes)
                     try:
                         sent = self._push_http(
@@ -367,6 +384,7 @@ class RolloutClient:
             raise
         if self._delta is not None:
             if tracked:
+                assert not isinstance(state_dict, TensorStream)
                 self._delta.pushed(version, state_dict, plan)
             else:
                 self._delta.reset()
@@ -393,6 +411,11 @@ class RolloutClient:
             report.seconds,
         )
         return report
+
+    def keeps_delta_base(self, transport: Transport | None = None) -> bool:
+        """True when a push over `transport` (default: the configured one) keeps a host copy of the whole
+        state dict for delta sync."""
+        return self._delta is not None and (transport or self.transport) == "http"
 
     def _delta_base(self) -> int | None:
         return self._delta.ver if self._delta is not None else None
@@ -435,7 +458,7 @@ class RolloutClient:
         _check_versions(responses, version)
         return num_bytes, num_chunks
 
-    def _push_shm(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+    def _push_shm(self, state_dict: WeightState, version: int) -> int:
         """One snapshot in shared memory, mapped by every server (all on this node); removed here whatever
         happens (a SIGKILL leaves it to the next start's `remove_stale`)."""
         path = shm_path(uuid.uuid4().hex, self.shm_dir)
@@ -448,24 +471,28 @@ class RolloutClient:
             path.unlink(missing_ok=True)
         return num_bytes
 
-    def _push_collective(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+    def _push_collective(self, state_dict: WeightState, version: int) -> int:
         """Announce the tensors to every server (each checks them and starts receiving), broadcast them in
         that order through the weight group, then let every server apply them. After any failure the
         group is dropped on both sides and the next push forms a new one."""
-        tensors = {name: t.detach().contiguous().cpu() for name, t in state_dict.items()}
+        if isinstance(state_dict, TensorStream):
+            specs, tensors = state_dict.specs, state_dict.checked()
+        else:
+            whole = {name: t.detach().contiguous().cpu() for name, t in state_dict.items()}
+            specs, tensors = {name: spec_of(t) for name, t in whole.items()}, iter(whole.items())
         sync_id = uuid.uuid4().hex
         announce = {
             "sync_id": sync_id,
             "version": version,
             "tensors": [
-                {"name": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
-                for name, t in tensors.items()
+                {"name": name, "dtype": spec.dtype, "shape": list(spec.shape)} for name, spec in specs.items()
             ],
         }
         try:
             group = self._start_collective(announce)
-            for tensor in tensors.values():
+            for _, tensor in tensors:
                 group.broadcast(tensor)
+                del tensor  # a stream's tensor is the only copy: let it go before the next arrives
             finish = {"sync_id": sync_id, "version": version}
             responses = self._on_every_server(
                 lambda k: self._post(k, "/update_weights/group/finish/", json=finish)
@@ -477,7 +504,7 @@ class RolloutClient:
                 raise WeightPushError(str(exc), unreachable=True) from None
             raise
         _check_versions(responses, version)
-        return _state_bytes(tensors)
+        return sum(spec_num_bytes(spec) for spec in specs.values())
 
     def _start_collective(self, announce: dict[str, Any]) -> WeightGroup:
         """Every server checks the announced tensors and starts receiving; a server outside the group
@@ -525,7 +552,7 @@ class RolloutClient:
         )
         return group
 
-    def _push_disk(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+    def _push_disk(self, state_dict: WeightState, version: int) -> int:
         if self.disk_dir is None:
             raise ValueError("disk weight sync needs custom.extra.rollout_matching.vllm.sync.disk_dir")
         self.disk_dir.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
-import torch
+import xxhash
 
-from stagectl.rollout.weights import encode_chunks
+from stagectl.rollout.weights import TensorStream, WeightState, byte_view, encode_chunks, safetensors_prefix
 
 log = logging.getLogger("stagectl.rollout.shm")
 SHM_DIR = Path("/dev/shm")
@@ -58,12 +57,23 @@ def remove_stale(shm_dir: Path = SHM_DIR) -> list[Path]:
     return removed
 
 
-def write_snapshot(path: Path, state: Mapping[str, torch.Tensor]) -> tuple[str, int]:
+def write_snapshot(path: Path, state: WeightState) -> tuple[str, int]:
     """Write `state` as one safetensors file (created exclusively, mode 0600); returns (XXH3-128 digest
-    of the file, tensor bytes)."""
-    (chunk,) = encode_chunks(state, 2**62)
+    of the file, tensor bytes). A `TensorStream` is written a tensor at a time as it arrives (its header
+    comes from its specs), so no more than one of its tensors is held here."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
+        if isinstance(state, TensorStream):
+            prefix = safetensors_prefix(state.specs.items(), {})
+            digest = xxhash.xxh3_128(prefix)
+            f.write(prefix)
+            for _, tensor in state.checked():
+                view = byte_view(tensor)
+                digest.update(view)
+                f.write(view)
+                del tensor, view
+            return digest.hexdigest(), state.num_bytes
+        (chunk,) = encode_chunks(state, 2**62)
         for part in chunk.parts(64 << 20):
             f.write(part)
     return chunk.digest, chunk.num_bytes - len(chunk.header)

@@ -109,8 +109,47 @@ class Piece:
         return self.tensor.numel() * self.tensor.element_size() + extra
 
 
+@dataclass
+class TensorStream:
+    """A state dict that arrives one tensor at a time (e.g. gathered from FSDP shards, `learner.weight_stream`):
+    `specs` names every tensor with its shape and dtype up front, in the order `tensors` yields them. A
+    consumer sends each tensor and lets it go before it takes the next, so what it holds at once is bounded
+    by a tensor (or a chunk), not by the model. Taking the next tensor may be a collective: a consumer
+    takes them in order from one thread at a time."""
+
+    specs: dict[str, TensorSpec]
+    tensors: Iterator[tuple[str, torch.Tensor]]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(spec_num_bytes(spec) for spec in self.specs.values())
+
+    def checked(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors as CPU contiguous tensors, each checked against its spec, in the specs' order."""
+        expected = iter(self.specs.items())
+        for name, tensor in self.tensors:
+            want_name, want = next(expected, (None, None))
+            if name != want_name or want is None or spec_of(tensor) != want:
+                raise ValueError(
+                    f"weight stream: got {name!r} {spec_of(tensor)}, its specs announced {want_name!r} {want}"
+                )
+            yield name, tensor.detach().to("cpu").contiguous()
+        missing = [name for name, _ in expected]
+        if missing:
+            raise ValueError(
+                f"weight stream ended before {len(missing)} announced tensors, e.g. {missing[0]!r}"
+            )
+
+
+WeightState = Mapping[str, torch.Tensor] | TensorStream  # what a push takes
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def spec_num_bytes(spec: TensorSpec) -> int:
+    return spec.num_elements * ELEMENT_SIZES[ST_CODES[spec.dtype]]
 
 
 def spec_of(tensor: torch.Tensor) -> TensorSpec:
@@ -142,15 +181,17 @@ def cpu_tensors(state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.
         yield name, t
 
 
-def full_pieces(state: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterator[Piece]:
-    """Every tensor, split into row ranges where it is larger than `chunk_bytes`."""
-    for name, tensor in cpu_tensors(state):
+def full_pieces(state: WeightState, chunk_bytes: int) -> Iterator[Piece]:
+    """Every tensor, split into row ranges where it is larger than `chunk_bytes` (a stream's tensors one
+    at a time, as they arrive)."""
+    tensors = state.checked() if isinstance(state, TensorStream) else cpu_tensors(state)
+    for name, tensor in tensors:
         for span in row_ranges(tensor, chunk_bytes):
             piece = tensor if span is None else tensor[span[0] : span[1]]
             yield Piece(name, span, piece)
 
 
-def encode_chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterator[WeightChunk]:
+def encode_chunks(state: WeightState, chunk_bytes: int) -> Iterator[WeightChunk]:
     """Safetensors chunks of at most `chunk_bytes` tensor bytes each (lazily; views, not copies)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
@@ -185,7 +226,6 @@ def row_ranges(tensor: torch.Tensor, chunk_bytes: int) -> list[tuple[int, int] |
 
 
 def _chunk(index: int, pieces: list[Piece]) -> WeightChunk:
-    header: dict[str, object] = {}
     metadata = {}
     rows = {p.name: list(p.rows) for p in pieces if p.rows is not None}
     if rows:
@@ -193,30 +233,13 @@ def _chunk(index: int, pieces: list[Piece]) -> WeightChunk:
     sparse = [p.name for p in pieces if p.index is not None]
     if sparse:
         metadata[SPARSE_KEY] = json.dumps(sparse)
-    if metadata:
-        header["__metadata__"] = metadata
     entries = []
     for p in pieces:
         entries.append((p.name, p.tensor.contiguous()))
         if p.index is not None:
             entries.append((p.name + INDEX_SUFFIX, p.index.contiguous()))
-    views = []
-    offset = 0
-    for name, tensor in entries:
-        view = byte_view(tensor)
-        code = ST_CODES.get(dtype_name(tensor.dtype))
-        if code is None:
-            raise ValueError(f"{name}: dtype {tensor.dtype} cannot be sent in a weight sync")
-        header[name] = {
-            "dtype": code,
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + view.nbytes],
-        }
-        views.append(view)
-        offset += view.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8-byte alignment
-    prefix = struct.pack("<Q", len(text)) + text
+    views = [byte_view(tensor) for _, tensor in entries]
+    prefix = safetensors_prefix([(name, spec_of(tensor)) for name, tensor in entries], metadata)
     return WeightChunk(
         index=index,
         header=prefix,
@@ -224,6 +247,24 @@ def _chunk(index: int, pieces: list[Piece]) -> WeightChunk:
         digest=digest_hex(prefix, *views),
         num_tensors=len(pieces),
     )
+
+
+def safetensors_prefix(entries: Iterable[tuple[str, TensorSpec]], metadata: Mapping[str, str]) -> bytes:
+    """The 8-byte length + JSON header of a safetensors blob holding `entries` back to back, in order."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for name, spec in entries:
+        code = ST_CODES.get(spec.dtype)
+        if code is None:
+            raise ValueError(f"{name}: dtype {spec.dtype} cannot be sent in a weight sync")
+        nbytes = spec.num_elements * ELEMENT_SIZES[code]
+        header[name] = {"dtype": code, "shape": list(spec.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8-byte alignment
+    return struct.pack("<Q", len(text)) + text
 
 
 def decode_chunk(data: bytes) -> list[Piece]:

@@ -3,7 +3,6 @@ and weight sync from shards. One run per topology; the rest is checked on what t
 
 from __future__ import annotations
 
-import itertools
 import shutil
 from pathlib import Path
 
@@ -142,10 +141,11 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
     assert any(r["kind"] == "B" for r in rows)
     synced = [r for r in rows if "weight_sync/bytes" in r]
     assert synced and all(r["weight_sync/state_bytes"] < 3_000_000 for r in synced)  # bf16: ~2.4 MB
-    # float32 masters under bf16 compute move most trainable elements on every step whose learning rate
-    # was not 0 (a row's `lr` is the next step's: the cosine of the first run ends at 0 on step 8)
-    moved = [r["optim/update_nonzero_frac"] for prev, r in itertools.pairwise(rows) if prev["lr"] > 0]
-    assert len(moved) == 8 and min(moved) > 0.5
+    # float32 masters under bf16 compute move most trainable elements on every step, the first resumed one
+    # too: the first run's cosine ended at 0 on step 8, and the resumed run (max_steps 10) trains step 8 at
+    # its own schedule's lr, not at the 0 the optimizer saved
+    moved = [r["optim/update_nonzero_frac"] for r in rows]
+    assert len(moved) == 10 and min(moved) > 0.5, moved
 
     final = out / "checkpoint-8"
     assert {t.dtype for t in load_file(str(final / "model" / "model.safetensors")).values()} == {

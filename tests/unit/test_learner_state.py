@@ -119,3 +119,43 @@ def test_metrics_tensorboard(tmp_path: Path) -> None:
     writer.write({"step": 0, "kind": "A", "loss": 1.5})
     writer.close()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("warmup_steps", [0, 2])
+def test_resuming_with_more_steps_trains_its_first_step_at_the_new_schedule(
+    tmp_path: Path, warmup_steps: int
+) -> None:
+    """A cosine that reached 0 at max_steps 4, resumed with max_steps 8: the first resumed step (4) runs at
+    the new schedule's lr for step 4, not at the 0 the optimizer saved (its parameters move)."""
+    first_cfg = TrainingConfig(max_steps=4, warmup_steps=warmup_steps, learning_rate=1e-3)
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, first_cfg)
+    for _ in range(4):
+        model.lin(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the end of the first run's cosine
+    path = ckpt.save_checkpoint(
+        tmp_path,
+        4,
+        model=model,
+        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rng_states=[ckpt.rng_state()],
+        trainer_state=ckpt.TrainerState(4, {"a_consumed": 4, "b_consumed": 0}, {"num_updates": 4}),
+    )
+    resumed_cfg = TrainingConfig(max_steps=8, warmup_steps=warmup_steps, learning_rate=1e-3)
+    optimizer, scheduler = build_optimizer(model, resumed_cfg)
+    ckpt.load_optimizer_state(path, model, optimizer, scheduler)
+    expected = 1e-3 * lr_factor(4, resumed_cfg)
+    assert expected > 0
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    assert scheduler.get_last_lr() == pytest.approx([expected])
+    before = model.lin.weight.detach().clone()
+    model.lin(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(model.lin.weight, before)
+    scheduler.step()  # and the schedule goes on from there: step 5 of 8
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_factor(5, resumed_cfg))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from stagectl.rollout.shm import write_snapshot
 from stagectl.rollout.staging import StagedWeights, verify_full
 from stagectl.rollout.weights import (
     Piece,
+    TensorStream,
     WeightSyncError,
     decode_chunk,
     digest_hex,
@@ -125,3 +129,36 @@ def test_verify_full() -> None:
 def test_garbage_chunk_is_rejected(data: bytes) -> None:
     with pytest.raises(WeightSyncError, match="not a valid safetensors chunk"):
         decode_chunk(data)
+
+
+def _stream(state: dict[str, torch.Tensor]) -> TensorStream:
+    return TensorStream({name: spec_of(t) for name, t in state.items()}, iter(list(state.items())))
+
+
+@pytest.mark.parametrize("chunk_bytes", [500, 1 << 20])
+def test_a_stream_encodes_to_the_same_chunks_as_its_state_dict(chunk_bytes: int) -> None:
+    state = _state()
+    whole = [(c.index, c.data, c.digest) for c in encode_chunks(state, chunk_bytes)]
+    streamed = [(c.index, c.data, c.digest) for c in encode_chunks(_stream(state), chunk_bytes)]
+    assert streamed == whole and len(whole) > (1 if chunk_bytes == 500 else 0)
+
+
+def test_a_streamed_snapshot_is_the_same_file_as_the_state_dicts(tmp_path: Path) -> None:
+    state = _state()
+    assert write_snapshot(tmp_path / "a", state) == write_snapshot(tmp_path / "b", _stream(state))
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    assert _stream(state).num_bytes == sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_a_stream_that_breaks_its_specs_is_refused() -> None:
+    state = _state()
+    specs = {name: spec_of(t) for name, t in state.items()}
+    swapped = TensorStream(specs, iter([("norm", state["norm"]), ("embed", state["embed"])]))
+    with pytest.raises(ValueError, match="announced 'embed'"):
+        list(swapped.checked())
+    short = TensorStream(specs, iter([("embed", state["embed"])]))
+    with pytest.raises(ValueError, match="ended before 4 announced tensors"):
+        list(short.checked())
+    wrong_dtype = TensorStream(specs, iter([("embed", state["embed"].double())]))
+    with pytest.raises(ValueError, match="float64"):
+        list(wrong_dtype.checked())
