@@ -32,7 +32,7 @@ def takes_logits_to_keep(model: Any) -> bool:
 
 
 @functools.cache
-def _forward_takes(cls: type, name: str) -> bool:
+def _forward_takes(cls: Any, name: str) -> bool:
     return name in inspect.signature(cls.forward).parameters
 
 

@@ -75,7 +75,7 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
     return True
 
 
-def describe_attention(model: torch.nn.Module) -> str:
+def describe_attention(model: Any) -> str:
     """`sdpa`, or `sdpa (vision: one varlen call per layer)`: what the start-up line names."""
     config = model.config
     text = config.get_text_config()._attn_implementation
