@@ -9,7 +9,6 @@ reduce-scatters after every backward, so gradients stay sharded between micro-st
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +30,13 @@ def takes_logits_to_keep(model: Any) -> bool:
     return _forward_takes(type(base), "logits_to_keep")
 
 
-@functools.cache
-def _forward_takes(cls: Any, name: str) -> bool:
-    return name in inspect.signature(cls.forward).parameters
+_TAKES: dict[tuple[type, str], bool] = {}
+
+
+def _forward_takes(cls: type, name: str) -> bool:
+    if (cls, name) not in _TAKES:
+        _TAKES[cls, name] = name in inspect.signature(cls.forward).parameters  # type: ignore[attr-defined]
+    return _TAKES[cls, name]
 
 
 @dataclass
