@@ -124,7 +124,11 @@ class GatheredStream:
             if item is None:
                 return None
             name, tensor = item
-            whole = full_tensor(tensor.detach())
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            # a read-ahead thread starts on cuda:0 whatever this rank's device: gather on the shard's own
+            on_device = torch.cuda.device(local.device) if local.is_cuda else contextlib.nullcontext()
+            with on_device:
+                whole = full_tensor(tensor.detach())
             if not self.keep:
                 return name, whole
             return name, whole.to("cpu", dtype=self.dtype) if self.dtype is not None else whole.to("cpu")
