@@ -24,6 +24,7 @@ def command(
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
+    from stagectl.placement import check_devices
 
     sets = list(overrides)
     if nproc is not None:
@@ -40,6 +41,7 @@ def command(
         return
     try:
         check_output_dir(cfg.training.output_dir)  # before a server or any rank starts
+        check_devices(cfg)
     except ValueError as exc:
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
@@ -88,10 +90,12 @@ def _train(cfg: object) -> None:
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
+    from stagectl.placement import place_learner_rank
 
     assert isinstance(cfg, StagectlConfig)
     rank = int(os.environ.get("RANK", "0"))
     try:
+        place_learner_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))  # before the model and any thread
         trainer = Trainer(cfg)
         step = trainer.run()
     except SharedError as exc:  # decided on rank 0 and raised on every rank: rank 0 reports it

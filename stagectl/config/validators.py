@@ -17,6 +17,7 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
+from stagectl.config.placement import validate_placement
 from stagectl.config.validators_training import validate_adapter, validate_parallelism, validate_precision
 
 
@@ -509,6 +510,7 @@ VALIDATORS = (
     validate_precision,
     validate_parallelism,
     validate_adapter,
+    validate_placement,
 )
 
 

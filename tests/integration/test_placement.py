@@ -1,0 +1,86 @@
+"""A train-ab run with an embedded server, learner and server pinned to disjoint CPUs: the affinity each
+process really has (read from /proc while it runs) and the server's `CUDA_VISIBLE_DEVICES`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stagectl.launch import kill_tree
+from tests.integration.helpers import ROOT, read_metrics, tiny_train_config, write_config
+
+HOST_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def _status(pid: int, field: str) -> str | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _server_child(pid: int) -> int | None:
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        for child in children:
+            if b"rollout-server" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+    except OSError:
+        return None
+    return None
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.mark.skipif(len(HOST_CPUS) < 2, reason="needs 2 CPUs to pin learner and server apart")
+def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
+    learner_cpu, server_cpu = HOST_CPUS[0], HOST_CPUS[-1]
+    out = tmp_path / "run"
+    cfg = tiny_train_config(
+        tmp_path,
+        training={"max_steps": 4, "output_dir": str(out)},
+        custom={"extra": {"rollout_matching": {"rollout_backend": "vllm", "max_new_tokens": 16}}},
+        stage2_ab={"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "async"}},
+        launch={"cpus": [learner_cpu]},
+        rollout_server={"embedded": True, "cpus": [server_cpu], "devices": [1, 3]},
+    )
+    # ids map through the launcher's own CUDA_VISIBLE_DEVICES (names no real GPU: the run stays on the CPU)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
+    argv = [sys.executable, "-m", "stagectl", "train-ab", str(write_config(tmp_path / "cfg.yaml", cfg))]
+    log = (tmp_path / "stderr.txt").open("w+")  # a file, not a pipe: a full pipe would stall the run
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    seen: dict[str, str | None] = {"learner": None, "server": None, "server_cuda": None}
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            learner = _status(proc.pid, "Cpus_allowed_list")
+            if learner == str(learner_cpu):  # pinned once training starts (after the server listens)
+                seen["learner"] = learner
+            server = _server_child(proc.pid)
+            if server is not None:
+                seen["server"] = _status(server, "Cpus_allowed_list") or seen["server"]
+                seen["server_cuda"] = _environ(server).get("CUDA_VISIBLE_DEVICES")
+            if seen["learner"] and seen["server"] == str(server_cpu):
+                break
+            time.sleep(0.05)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid, grace_s=5.0)
+        log.close()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 0, stderr[-4000:]
+    assert seen == {"learner": str(learner_cpu), "server": str(server_cpu), "server_cuda": "GPU-b,GPU-d"}
+    assert f"learner rank 0 on CPU(s) [{learner_cpu}], 1 torch thread(s)" in stderr
+    assert any(r["kind"] == "B" for r in read_metrics(out))
