@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from stagectl.config.placement import validate_placement
 from stagectl.config.root import (
     LOOPBACK_HOSTS,
     Problem,
@@ -17,7 +18,6 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
-from stagectl.config.placement import validate_placement
 from stagectl.config.validators_training import validate_adapter, validate_parallelism, validate_precision
 
 

@@ -110,6 +110,7 @@ class AsyncChannelB:
         self.num_steps = 0
         self.num_skipped = 0
         self.rollouts_trained = 0
+        self._prefetch_seconds = (0.0, 0.0)  # the prefetcher's (build_s, collate_s) at the last metrics row
 
     def _collate(self, segments: list[Segment]) -> PackedBatch:
         if self.cfg.training.packing:
@@ -125,6 +126,10 @@ class AsyncChannelB:
 
     def decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         """Prefetcher status, then the policy and feasibility gates (collectives on every rank)."""
+        with self.runner.timer.time("wait_packs"):
+            return self._decide(step, policy_wants_b)
+
+    def _decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         t0 = time.perf_counter()
         errors = dist.all_gather_objects(self.prefetcher.error())
         for rank, error in enumerate(errors):
@@ -174,8 +179,13 @@ class AsyncChannelB:
         if num_updates % self.acfg.sync_every_steps:
             self.open_step = self.next_step
             return {}
+        fence_before = self.fence.wait_s_total
+        started = time.perf_counter()
         with dist.phase("weight sync", "weight_sync_s"):
             outcome = self.publisher.sync(self.fence, self.fence_timeout_s)
+        fence_s = self.fence.wait_s_total - fence_before
+        self.runner.timer.add("fence", fence_s)
+        self.runner.timer.add("weight_sync", time.perf_counter() - started - fence_s)
         self.queue.set_current_ver(self.ver)
         self.open_step = self.next_step
         return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
@@ -211,7 +221,12 @@ class AsyncChannelB:
             carry,
         ) = dist.all_reduce_ints(local, "sum")
         dropped = dropped_segments + too_long + carry
+        build_s, collate_s = c.build_s, c.collate_s  # rank 0's prefetcher, like the learner's phase timers
+        last_build_s, last_collate_s = self._prefetch_seconds
+        self._prefetch_seconds = (build_s, collate_s)
         return {
+            "time/prefetch_build_s": build_s - last_build_s,
+            "time/prefetch_collate_s": collate_s - last_collate_s,
             "stage2_ab/async/queue_depth": depth,
             "stage2_ab/async/ver_current": self.ver,
             "stage2_ab/async/drop_stale_total": stale,

@@ -196,6 +196,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
+        self.runner.timer.reset()
         acc = StepAccumulator()
         # rank 0 decides, every rank follows (the schedule is pure, but one decider rules out drift)
         with dist.phase("step-kind broadcast", "step_s"):
@@ -210,7 +211,8 @@ class Trainer:
             extra.update(self.channel_b.run(step, decision, acc))
         else:
             self.channel_a.run(self.gas, acc)
-        grad_norm, (changed, sampled) = self._optimizer_update()
+        with self.runner.timer.time("optimizer"):
+            grad_norm, (changed, sampled) = self._optimizer_update()
         extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
@@ -291,6 +293,7 @@ class Trainer:
             "packing/n_segments": n_segments,
         }
         row.update(extra)
+        row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall
         if "time/weight_sync_s" in row and step_s > 0:
             row["weight_sync/step_fraction"] = row["time/weight_sync_s"] / step_s
         if self.client is not None:

@@ -98,6 +98,8 @@ class PrefetchCounters:
     segments_total: int = 0  # of them, turned into segments (too-long ones are dropped)
     carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs
+    build_s: float = 0.0  # of it, turning rollouts into segments (parse, match, targets, encode)
+    collate_s: float = 0.0  # of it, packing and collating segments into micro-batches
     last_error: str = ""
 
 
@@ -272,7 +274,10 @@ class Prefetcher:
         indices = self.sampler.take(count)
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
-        kept, lost = self.build_segments(indices, section.rollout(indices, seed))
+        generations = section.rollout(indices, seed)
+        started = time.perf_counter()
+        kept, lost = self.build_segments(indices, generations)
+        self.counters.build_s += time.perf_counter() - started
         self.counters.rollouts_total += count
         self.counters.segments_total += len(kept)
         return kept, lost
@@ -283,6 +288,7 @@ class Prefetcher:
         self.counters.success_total += 1
         if not built:
             return
+        started = time.perf_counter()
         lengths = [len(segment) for segment, _ in built]
         if self.segments_per_pack is not None:
             size = self.segments_per_pack
@@ -301,8 +307,10 @@ class Prefetcher:
             for i in group:
                 stats.add(built[i][1])
             batch = self.collate([built[i][0] for i in group])
+            self.counters.collate_s += time.perf_counter() - started
             self.queue.push(ReadyPack(batch, len(group), stats, ver), ver, size=len(group))
             self.counters.produced_packs += 1
+            started = time.perf_counter()
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:
         self.counters.fail_total += 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stagectl.launch import kill_tree
-from tests.integration.helpers import ROOT, read_metrics, tiny_train_config, write_config
+from tests.integration.helpers import ROOT, check_phase_times, read_metrics, tiny_train_config, write_config
 
 HOST_CPUS = sorted(os.sched_getaffinity(0))
 
@@ -83,4 +83,6 @@ def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr[-4000:]
     assert seen == {"learner": str(learner_cpu), "server": str(server_cpu), "server_cuda": "GPU-b,GPU-d"}
     assert f"learner rank 0 on CPU(s) [{learner_cpu}], 1 torch thread(s)" in stderr
-    assert any(r["kind"] == "B" for r in read_metrics(out))
+    rows = read_metrics(out)
+    assert any(r["kind"] == "B" for r in rows)
+    check_phase_times(rows)
