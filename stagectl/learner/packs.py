@@ -18,7 +18,7 @@ from stagectl.collate import PackedBatch
 from stagectl.learner import sharding
 from stagectl.learner.loss import LossWeights, compute_loss
 from stagectl.learner.precision import Precision
-from stagectl.learner.timing import PhaseTimer
+from stagectl.timing import PhaseTimer
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The learner's phases per step (`time/<phase>_s` of `stagectl.learner.timing`) as stacked bars: where
+"""The learner's phases per step (`time/<phase>_s` of `stagectl.timing`) as stacked bars: where
 each step's wall time went, and how much of it the learner spent waiting."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from stagectl.learner.timing import PHASES, phase_key
 from stagectl.report.plotting import label_axes, new_figure, save
 from stagectl.report.sections import Plot, Skipped
 from stagectl.report.values import Row, number
+from stagectl.timing import PHASES, phase_key
 
 LABELS = {
     "wait_packs": "waiting for rollouts / packs",

@@ -119,7 +119,7 @@ def external_server_overrides(out: Path, url: str) -> list[str]:
 def check_phase_times(rows: list[dict[str, Any]]) -> None:
     """Every row logs the learner's phases (`time/<phase>_s`), none negative, together at most the step's
     wall time; every step runs forward/backward, and a B step waits for or builds its packs somewhere."""
-    from stagectl.learner.timing import PHASES
+    from stagectl.timing import PHASES
 
     for r in rows:
         phases = {p: r[f"time/{p}_s"] for p in PHASES}
