@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stagectl.config import StagectlConfig
-from stagectl.config.placement import rank_cpus, resolve_cpus
+from stagectl.config.placement import rank_cpus, resolve_cpus, server_on_learner_node
 from stagectl.console import say
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
@@ -99,12 +99,13 @@ def pin_cpus(cpus: Sequence[int]) -> None:
     torch.set_num_threads(len(cpus))
 
 
-def place_learner_rank(cfg: StagectlConfig, local_rank: int) -> None:
-    """At the start of a learner rank: its devices (a one-rank learner sets its own) and its CPU slice."""
+def place_learner_rank(cfg: StagectlConfig, local_rank: int) -> tuple[int, ...] | None:
+    """At the start of a learner rank: its devices (a one-rank learner sets its own) and its CPU slice.
+    Returns the CPUs its async prefetcher thread goes to (`launch.prefetcher_cpus`; None: stay)."""
     place_devices_here("launch.devices", cfg.launch.devices)
     plan = resolve_cpus(cfg, os.sched_getaffinity(0))
     if plan.learner is None:
-        return
+        return None
     cpus = rank_cpus(plan.learner, cfg.launch.nproc_per_node, local_rank)
     pin_cpus(cpus)
     say(
@@ -112,6 +113,9 @@ def place_learner_rank(cfg: StagectlConfig, local_rank: int) -> None:
         f"learner rank {local_rank} on CPU(s) {list(cpus)}, {len(cpus)} torch thread(s)",
         every_rank=True,
     )
+    if cfg.launch.prefetcher_cpus == "server" and plan.server is not None and server_on_learner_node(cfg):
+        return plan.server
+    return None
 
 
 def place_server(cfg: StagectlConfig) -> None:

@@ -11,6 +11,10 @@ bookkeeping: schedule broadcast, metrics reductions, evaluation).
 - `optimizer`: clipping, the optimizer and scheduler step.
 - `fence`: async weight sync, waiting for the rollout calls in flight to finish.
 - `weight_sync`: pushing the weights to the servers (after the fence closed).
+
+Beside the phases, CPU seconds of the step: `time/learner_thread_cpu_s` (the learner's own thread) and
+`time/other_threads_cpu_s` (every other thread of the process: the prefetcher, its HTTP calls, the weight
+push's sender threads). With the learner pinned to its own cores, the second comes out of the first's.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ class PhaseTimer:
     """Seconds per phase of the current step (`reset` at the step's start, `row` at its end)."""
 
     def __init__(self) -> None:
-        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.reset()
 
     def reset(self) -> None:
+        """Start a step (on the learner's thread: its CPU clock is the one read)."""
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._cpu_at_reset = (time.process_time(), time.thread_time())
 
     def add(self, phase: str, seconds: float) -> None:
         assert phase in self.seconds, phase
@@ -48,4 +54,11 @@ class PhaseTimer:
             self.add(phase, time.perf_counter() - started)
 
     def row(self) -> dict[str, float]:
-        return {phase_key(phase): seconds for phase, seconds in self.seconds.items()}
+        """The step's phase seconds and CPU seconds (call on the learner's thread, at the step's end)."""
+        process_cpu = time.process_time() - self._cpu_at_reset[0]
+        thread_cpu = time.thread_time() - self._cpu_at_reset[1]
+        return {
+            **{phase_key(phase): seconds for phase, seconds in self.seconds.items()},
+            "time/learner_thread_cpu_s": thread_cpu,
+            "time/other_threads_cpu_s": max(0.0, process_cpu - thread_cpu),
+        }

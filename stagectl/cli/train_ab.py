@@ -95,8 +95,9 @@ def _train(cfg: object) -> None:
     assert isinstance(cfg, StagectlConfig)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        place_learner_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))  # before the model and any thread
-        trainer = Trainer(cfg)
+        # before the model and any thread
+        prefetcher_cpus = place_learner_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+        trainer = Trainer(cfg, prefetcher_cpus=prefetcher_cpus)
         step = trainer.run()
     except SharedError as exc:  # decided on rank 0 and raised on every rank: rank 0 reports it
         if rank != 0:

@@ -134,3 +134,8 @@ class LaunchConfig(StrictModel):
     each rank pinned to its slice (`sched_setaffinity`) with one torch thread per CPU. null: the host's
     CPUs that `rollout_server.cpus` does not use when that is set (and the server is on this node), else
     nothing is pinned."""
+    prefetcher_cpus: Literal["server", "learner"] = "server"
+    """Where each rank's async Channel-B prefetcher thread runs when the learner and the server are both pinned
+    on this node: `server`: on the server's CPUs (its rollout requests, parsing, matching and collating
+    are rollout-side work that would otherwise take CPU time from the rank's forward/backward);
+    `learner`: on the rank's own CPUs."""

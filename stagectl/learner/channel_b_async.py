@@ -43,6 +43,7 @@ class AsyncChannelB:
         runner: PackRunner,
         client: RolloutClient,
         publisher: WeightPublisher,
+        prefetcher_cpus: tuple[int, ...] | None = None,
     ) -> None:
         assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio is not None
         self.acfg = cfg.stage2_ab.channel_b.async_
@@ -102,6 +103,7 @@ class AsyncChannelB:
             rank=self.world.rank,
             segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
+            cpus=prefetcher_cpus,
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None

@@ -53,8 +53,10 @@ def make_client(cfg: StagectlConfig) -> RolloutClient:
 
 
 class Trainer:
-    def __init__(self, cfg: StagectlConfig) -> None:
+    def __init__(self, cfg: StagectlConfig, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
+        """`prefetcher_cpus`: the CPUs the async prefetcher thread runs on (None: the rank's own)."""
         self.cfg = cfg
+        self.prefetcher_cpus = prefetcher_cpus
         self.world = dist.read_world()
         self.state: LearnerState = build_learner(cfg, self.world)
         st = self.state
@@ -112,7 +114,7 @@ class Trainer:
             adapter_sync=rm.vllm.sync.mode == "adapter",
         )
         if cfg.stage2_ab.channel_b.mode == "async":
-            async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
+            async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher, self.prefetcher_cpus)
             if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
                 with dist.phase("weight sync", "weight_sync_s"):
                     publisher.sync(async_b.fence, async_b.fence_timeout_s)

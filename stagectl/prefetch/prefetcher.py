@@ -33,6 +33,7 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -123,6 +124,7 @@ class Prefetcher:
     segments_per_pack: int | None = None  # training.packing: false: a pack is this many padded segments
     num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
+    cpus: Sequence[int] | None = None  # pin the thread (and the request threads it starts) to these CPUs
     idle_wait_s: float = 0.02
     MAX_ROUNDS = 3  # requests per burst: the first, then top-ups while short of the target
     FIRST_SHARE = 0.8  # the first request asks for this share of the estimated need
@@ -181,6 +183,8 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
+            if self.cpus is not None:  # this thread only (Linux: pid 0 is the calling thread)
+                os.sched_setaffinity(0, self.cpus)
             while not self._stop.is_set():
                 packs = self._packs_wanted()
                 if packs == 0:

@@ -27,6 +27,15 @@ def _status(pid: int, field: str) -> str | None:
     return None
 
 
+def _thread_cpus(pid: int) -> set[str]:
+    """Cpus_allowed_list of every thread of `pid`."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return set()
+    return {cpus for task in tasks if (cpus := _status(int(task.name), "Cpus_allowed_list")) is not None}
+
+
 def _server_child(pid: int) -> int | None:
     try:
         children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -60,18 +69,20 @@ def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "stagectl", "train-ab", str(write_config(tmp_path / "cfg.yaml", cfg))]
     log = (tmp_path / "stderr.txt").open("w+")  # a file, not a pipe: a full pipe would stall the run
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    seen: dict[str, str | None] = {"learner": None, "server": None, "server_cuda": None}
+    seen: dict[str, str | None] = {"learner": None, "server": None, "server_cuda": None, "prefetcher": None}
     try:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
             learner = _status(proc.pid, "Cpus_allowed_list")
             if learner == str(learner_cpu):  # pinned once training starts (after the server listens)
                 seen["learner"] = learner
+                if str(server_cpu) in _thread_cpus(proc.pid):  # the prefetcher thread, on the server's CPU
+                    seen["prefetcher"] = str(server_cpu)
             server = _server_child(proc.pid)
             if server is not None:
                 seen["server"] = _status(server, "Cpus_allowed_list") or seen["server"]
                 seen["server_cuda"] = _environ(server).get("CUDA_VISIBLE_DEVICES")
-            if seen["learner"] and seen["server"] == str(server_cpu):
+            if seen["prefetcher"] and seen["server"] == str(server_cpu):
                 break
             time.sleep(0.05)
         proc.wait(timeout=240)
@@ -81,7 +92,12 @@ def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
         log.close()
     stderr = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 0, stderr[-4000:]
-    assert seen == {"learner": str(learner_cpu), "server": str(server_cpu), "server_cuda": "GPU-b,GPU-d"}
+    assert seen == {
+        "learner": str(learner_cpu),
+        "server": str(server_cpu),
+        "server_cuda": "GPU-b,GPU-d",
+        "prefetcher": str(server_cpu),  # launch.prefetcher_cpus: server (the default)
+    }
     assert f"learner rank 0 on CPU(s) [{learner_cpu}], 1 torch thread(s)" in stderr
     rows = read_metrics(out)
     assert any(r["kind"] == "B" for r in rows)
