@@ -87,6 +87,24 @@ def validate_placement(cfg: StagectlConfig, world_size: int) -> list[Problem]:
                 f"{launch.nproc_per_node}; list {launch.nproc_per_node} ids or set nproc_per_node to match",
             )
         )
+    if problems:  # the rules below count the ids
+        return problems
+    if rs.devices is not None and rs.engine == "hf" and len(rs.devices) > 1:
+        problems.append(
+            Problem(
+                "rollout_server.devices",
+                f"the hf engine runs on one device, {len(rs.devices)} given; list one, or use engine: vllm "
+                "with vllm.tensor_parallel_size equal to the number of devices",
+            )
+        )
+    if rs.devices is not None and rs.engine == "vllm" and rs.vllm.tensor_parallel_size != len(rs.devices):
+        problems.append(
+            Problem(
+                "rollout_server.devices",
+                f"{len(rs.devices)} device(s) for a vLLM engine of tensor_parallel_size "
+                f"{rs.vllm.tensor_parallel_size}: list as many devices as rollout_server.vllm.tensor_parallel_size",
+            )
+        )
     if problems:
         return problems
     host = os.sched_getaffinity(0)

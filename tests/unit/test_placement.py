@@ -14,6 +14,7 @@ from stagectl.config.placement import rank_cpus, resolve_cpus, server_on_learner
 from stagectl.placement import visible_devices
 
 HOST_CPUS = sorted(os.sched_getaffinity(0))
+LAYOUT = {"embedded": True, "devices": [6, 7], "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
 
 
 def config(embedded: bool = True, **sections: Any) -> StagectlConfig:
@@ -41,18 +42,17 @@ def test_no_placement_no_problem() -> None:
 
 def test_server_devices_overlapping_the_learner_are_refused_with_the_cost() -> None:
     # 8 learner ranks take devices 0..7 by default: the server's 6 and 7 are theirs
-    msg = problems(config(launch={"nproc_per_node": 8}, rollout_server={"embedded": True, "devices": [6, 7]}))
+    msg = problems(config(launch={"nproc_per_node": 8}, rollout_server=LAYOUT))
     assert "[6, 7]" in msg["rollout_server.devices"]
     assert "allow_shared_devices" in msg["rollout_server.devices"]
     assert "slows the other down" in msg["rollout_server.devices"]
 
 
 def test_six_learner_two_rollout_layout_is_accepted() -> None:
-    assert (
-        problems(config(launch={"nproc_per_node": 6}, rollout_server={"embedded": True, "devices": [6, 7]}))
-        == {}
+    assert problems(config(launch={"nproc_per_node": 6}, rollout_server=LAYOUT)) == {}
+    explicit = config(
+        launch={"nproc_per_node": 2, "devices": [0, 3]}, rollout_server={**LAYOUT, "devices": [1, 2]}
     )
-    explicit = config(launch={"nproc_per_node": 2, "devices": [0, 3]}, rollout_server={"devices": [1, 2]})
     assert problems(explicit) == {}
 
 
@@ -95,6 +95,14 @@ def test_repeated_ids_and_device_count_per_rank() -> None:
     )
     msg = problems(config(launch={"nproc_per_node": 2, "devices": [0]}))
     assert "one device per learner rank" in msg["launch.devices"]
+
+
+def test_devices_match_the_engine() -> None:
+    two = {"embedded": True, "devices": [6, 7]}
+    assert "hf engine runs on one device" in problems(config(rollout_server=two))["rollout_server.devices"]
+    vllm = {**two, "engine": "vllm", "vllm": {"tensor_parallel_size": 1}}
+    assert "tensor_parallel_size" in problems(config(rollout_server=vllm))["rollout_server.devices"]
+    assert problems(config(rollout_server={**vllm, "vllm": {"tensor_parallel_size": 2}})) == {}
 
 
 def test_every_rank_needs_a_cpu() -> None:
