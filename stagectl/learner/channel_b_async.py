@@ -104,6 +104,7 @@ class AsyncChannelB:
             segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
             cpus=prefetcher_cpus,
+            sync_pending=lambda: self.fence.sync_pending,
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
@@ -208,6 +209,7 @@ class AsyncChannelB:
             q.dropped_segments_total,
             c.rollouts_total - c.segments_total,  # too long to pack
             c.carry_dropped_total,
+            c.cut_short_total,
         ]
         (
             depth,
@@ -221,6 +223,7 @@ class AsyncChannelB:
             dropped_segments,
             too_long,
             carry,
+            cut_short,
         ) = dist.all_reduce_ints(local, "sum")
         dropped = dropped_segments + too_long + carry
         build_s, collate_s = c.build_s, c.collate_s  # rank 0's prefetcher, like the learner's phase timers
@@ -240,6 +243,7 @@ class AsyncChannelB:
             "stage2_ab/async/rollouts_trained_total": trained,
             "stage2_ab/async/rollouts_dropped_total": dropped,
             "stage2_ab/async/drop_rate": dropped / requested if requested else 0.0,
+            "stage2_ab/async/bursts_cut_short_total": cut_short,
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
             "stage2_ab/async/sync_total": self.publisher.num_syncs,
             "stage2_ab/async/sync_fail_total": self.publisher.num_failures,

@@ -76,6 +76,12 @@ class SyncFence:
                 self._cond.notify_all()
 
     @property
+    def sync_pending(self) -> bool:
+        """A sync waits for the calls in flight (a section that makes more calls should end soon)."""
+        with self._cond:
+            return self._sync_pending
+
+    @property
     def in_flight(self) -> int:
         with self._cond:
             return self._in_flight

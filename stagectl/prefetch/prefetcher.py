@@ -16,7 +16,8 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 - Version purity: a burst runs inside one fenced section of the source (the sync fence stays closed
   until its packs are queued), so every rollout of a burst comes from one version — the one captured
   when the section passed the fence — and its packs are queued before the next sync can start: the next
-  step's gate always sees them.
+  step's gate always sees them. A sync that arrives while a burst is open waits for the request in flight
+  only: the burst skips its remaining top-ups and packs what it has (`cut_short_total`).
 - Pacing: nothing is requested while `pacing.packs_wanted` is zero (the queue holds what the coming B
   steps can train), and never more than fits under `prefetch_target_packs`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
@@ -98,6 +99,7 @@ class PrefetchCounters:
     rollouts_total: int = 0  # rollouts requested and received
     segments_total: int = 0  # of them, turned into segments (too-long ones are dropped)
     carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
+    cut_short_total: int = 0  # bursts that skipped their top-ups because a weight sync was waiting
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs
     build_s: float = 0.0  # of it, turning rollouts into segments (parse, match, targets, encode)
     collate_s: float = 0.0  # of it, packing and collating segments into micro-batches
@@ -125,6 +127,7 @@ class Prefetcher:
     num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
     cpus: Sequence[int] | None = None  # pin the thread (and the request threads it starts) to these CPUs
+    sync_pending: Callable[[], bool] = lambda: False  # a weight sync waits for this burst's section to end
     idle_wait_s: float = 0.02
     MAX_ROUNDS = 3  # requests per burst: the first, then top-ups while short of the target
     FIRST_SHARE = 0.8  # the first request asks for this share of the estimated need
@@ -246,6 +249,8 @@ class Prefetcher:
             missing = target_tokens - sum(len(segment) for segment, _ in built)
             if missing <= 0:
                 break
+            if round_ > 0 and self._sync_waits():
+                break
             share = self.FIRST_SHARE if round_ == 0 else 1.0
             count = max(1, math.ceil(share * missing / max(1.0, self._tokens_per_rollout)))
             kept, lost = self._request(section, count)
@@ -263,14 +268,24 @@ class Prefetcher:
         replaced by top-ups, at most `MAX_ROUNDS` requests)."""
         built = list(carried)
         dropped = RolloutStats()
-        for _ in range(self.MAX_ROUNDS):
+        for round_ in range(self.MAX_ROUNDS):
             missing = count - len(built)
             if missing <= 0:
+                break
+            if round_ > 0 and self._sync_waits():
                 break
             kept, lost = self._request(section, missing)
             built += kept
             dropped.add(lost)
         return built, dropped
+
+    def _sync_waits(self) -> bool:
+        """A weight sync is waiting for this burst's section: skip the top-ups (the learner would wait a whole
+        rollout call more) and pack what arrived into the packs asked for, less full."""
+        if not self.sync_pending():
+            return False
+        self.counters.cut_short_total += 1
+        return True
 
     def _request(
         self, section: Section, count: int
