@@ -208,6 +208,20 @@ def run(max_steps: int = 18, only: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
+def prefetcher_ab(max_steps: int = 8, repeats: int = 2) -> None:
+    """`launch.prefetcher_cpus` learner vs server on the example config, async, separated, interleaved."""
+    cores = sorted(os.sched_getaffinity(0))
+    keys = ("trained_tokens_per_s", "learner_thread_cpu_share", "share/forward_backward", "share/fence")
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        for rep in range(repeats):
+            for where in ("learner", "server"):
+                name = f"example_async_prefetcher_{where}_{rep}"
+                cfg = _config(Path(tmp) / name, "example", "async", max_steps, (cores[0], cores[1]))
+                cfg["launch"]["prefetcher_cpus"] = where
+                s = summarise(_train(name, cfg, Path(tmp)), "async")
+                print(f"prefetcher on {where} ({rep}):", {k: round(s[k], 3) for k in keys}, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
