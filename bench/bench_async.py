@@ -231,7 +231,13 @@ def main() -> None:
     parser.add_argument(
         "--save", action="store_true", help="write bench/results/async.json and BENCHMARKS.md"
     )
+    parser.add_argument(
+        "--prefetcher-ab", action="store_true", help="only: prefetcher on learner vs server CPUs"
+    )
     args = parser.parse_args()
+    if args.prefetcher_ab:
+        prefetcher_ab(args.steps)
+        return
     result = run(args.steps, args.only)
     print(json.dumps(result["compare"], indent=2))
     if args.save:

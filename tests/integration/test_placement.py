@@ -62,7 +62,7 @@ def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
         custom={"extra": {"rollout_matching": {"rollout_backend": "vllm", "max_new_tokens": 16}}},
         stage2_ab={"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "async"}},
         launch={"cpus": [learner_cpu]},
-        rollout_server={"embedded": True, "cpus": [server_cpu], "devices": [1, 3]},
+        rollout_server={"embedded": True, "cpus": [server_cpu], "devices": [3]},
     )
     # ids map through the launcher's own CUDA_VISIBLE_DEVICES (names no real GPU: the run stays on the CPU)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
@@ -95,7 +95,7 @@ def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
     assert seen == {
         "learner": str(learner_cpu),
         "server": str(server_cpu),
-        "server_cuda": "GPU-b,GPU-d",
+        "server_cuda": "GPU-d",
         "prefetcher": str(server_cpu),  # launch.prefetcher_cpus: server (the default)
     }
     assert f"learner rank 0 on CPU(s) [{learner_cpu}], 1 torch thread(s)" in stderr

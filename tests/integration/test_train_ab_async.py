@@ -93,8 +93,11 @@ def test_example_async_config_completes(tmp_path: Path) -> None:
     last = rows[-1]
     assert last["stage2_ab/async/rollouts_requested_total"] > 0
     assert last["stage2_ab/async/drop_oldest_total"] == 0  # pacing never overfills the queue
-    for r in (r for r in rows if r["kind"] == "B"):  # one ready pack per micro-step, filled by tokens
-        assert r["packing/fill"] >= 0.8
+    # one ready pack per micro-step, filled by tokens; a burst cut short by a waiting sync packs its first
+    # request only (0.8 of the estimated need), so its packs may be less full
+    floor = 0.8 if last["stage2_ab/async/bursts_cut_short_total"] == 0 else 0.6
+    for r in (r for r in rows if r["kind"] == "B"):
+        assert r["packing/fill"] >= floor
     assert (out / "rollout_server.log").read_text().count('"path": "/infer/"') > 0
 
 
