@@ -65,6 +65,23 @@ def async_section(r: dict[str, Any]) -> list[str]:
     ]
     for key, c in r["compare"].items():
         lines.append(f"| {key} | {c['async_over_step']:.2f}x | {c['bound']:.2f}x | {c['of_bound']:.2f} |")
+    separated_cpu = [
+        run["learner_thread_cpu_share"]
+        for name, run in r["runs"].items()
+        if name.endswith("/separated") and "learner_thread_cpu_share" in run
+    ]
+    if separated_cpu:
+        lines += [
+            "",
+            f"Quietness check: the learner thread's CPU time was {min(separated_cpu):.2f}-{max(separated_cpu):.2f} "
+            "of the wall in the separated runs (a pinned learner on a quiet core is near 1 outside its waits); "
+            + (
+                "well below that, other work shared the pinned cores and the table measures the machine more "
+                "than the placement."
+                if max(separated_cpu) < 0.8
+                else "the pinned cores were the runs' own."
+            ),
+        ]
     example = r["compare"].get("example/separated")
     heavy = r["compare"].get("b1.0/separated")
     heavy_idle = r["runs"].get("b1.0/async/separated", {}).get("learner_idle_fraction")
