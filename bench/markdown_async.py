@@ -7,6 +7,8 @@ from typing import Any
 
 from bench.bench_async import CONFIGS, PLACEMENTS
 
+FULL_STEPS = 18  # bench_async.run's default
+
 ROWS = (
     ("trained_tokens_per_s", "trained tokens/s", "{:.0f}"),
     ("wall_per_step_s", "wall per step (s)", "{:.2f}"),
@@ -48,7 +50,12 @@ def async_section(r: dict[str, Any]) -> list[str]:
         "",
         f"{r['max_steps']} steps per run"
         + (f"; 1-minute load average {load[0]:.1f} at the start, {load[-1]:.1f} at the end" if load else "")
-        + (" (**a loaded machine: a short check, not the result**)" if load and max(load) > 3 else "")
+        + (" (**a loaded machine**)" if load and max(load) > 3 else "")
+        + (
+            f" (**a short check**: `python -m bench async` runs {FULL_STEPS})"
+            if r["max_steps"] < FULL_STEPS
+            else ""
+        )
         + ".",
         "",
         "| run | " + " | ".join(label for _, label, _ in ROWS) + " |",

@@ -61,4 +61,4 @@ def test_step_mode_bound_and_async_ratio() -> None:
     text = "\n".join(async_section({"max_steps": 8, "loadavg": [9.0, 9.5], "runs": {
         "b0.5/step/separated": step, "b0.5/async/separated": fast}, "compare": ratios}))  # fmt: skip
     assert "| b0.5/separated | 2.00x | 2.00x | 1.00 |" in text
-    assert "a loaded machine" in text
+    assert "a loaded machine" in text and "a short check" in text
