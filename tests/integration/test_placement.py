@@ -102,3 +102,56 @@ def test_learner_and_server_run_on_their_own_cpus(tmp_path: Path) -> None:
     rows = read_metrics(out)
     assert any(r["kind"] == "B" for r in rows)
     check_phase_times(rows)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            for task in Path(f"/proc/{parent}/task").iterdir():
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found += children
+                queue += children
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(len(HOST_CPUS) < 2, reason="needs 2 CPUs for 2 pinned ranks")
+def test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices(tmp_path: Path) -> None:
+    """Two A-only ranks under torchrun: `launch.cpus` split one CPU per rank, `launch.devices` in every
+    rank's environment (mapped through the launcher's CUDA_VISIBLE_DEVICES, which names no real GPU)."""
+    out = tmp_path / "run"
+    cfg = tiny_train_config(
+        tmp_path,
+        training={"max_steps": 3, "output_dir": str(out)},
+        stage2_ab={"schedule": {"b_ratio": 0.0}, "channel_b": {"mode": "step"}},
+        launch={"nproc_per_node": 2, "cpus": HOST_CPUS[:2], "devices": [1, 0]},
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+    argv = [sys.executable, "-m", "stagectl", "train-ab", str(write_config(tmp_path / "cfg.yaml", cfg))]
+    log = (tmp_path / "stderr.txt").open("w+")
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    pinned = {str(c) for c in HOST_CPUS[:2]}
+    seen: dict[str, tuple[str | None, str | None]] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and len(seen) < 2:
+            for pid in _descendants(proc.pid):
+                try:
+                    environ = _environ(pid)
+                except OSError:
+                    continue
+                rank = environ.get("RANK")  # a torchrun worker (the agent has none)
+                cpus = _status(pid, "Cpus_allowed_list")
+                if rank is not None and cpus in pinned:  # pinned once the rank starts training
+                    seen[rank] = (cpus, environ.get("CUDA_VISIBLE_DEVICES"))
+            time.sleep(0.05)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid, grace_s=5.0)
+        log.close()
+    assert proc.returncode == 0, (tmp_path / "stderr.txt").read_text()[-4000:]
+    assert seen == {"0": (str(HOST_CPUS[0]), "GPU-b,GPU-a"), "1": (str(HOST_CPUS[1]), "GPU-b,GPU-a")}
