@@ -1,166 +1,251 @@
-"""Async Channel-B on the tiny workload (1 learner rank + an embedded hf rollout server, one intra-op
-thread each), next to step mode:
+"""Async Channel-B against step mode on the tiny workload (1 learner rank + an embedded hf rollout server),
+with the learner and the server on separate cores and sharing the machine.
 
-- `step`: step mode, b_ratio 0.5, GAS 2, 8 rollouts per B step (the baseline);
-- `async_bs1`: async, packing (a micro-batch is one sequence of up to 2048 tokens), b_ratio 0.5,
-  sync every 2 steps;
-- `async_bs2`: async, `packing: false` with 2 padded samples per micro-batch, otherwise the same;
-- `async_bs1_sync1`: async, packing, B only, sync every step, queue 3, target 2 — the configuration
-  whose old pacing threw away three rollouts of four.
+Configs (each run in step mode and async mode, one learner rank):
+- `b0.5`: b_ratio 0.5, GAS 2, `global_max_length` 2048, 48 new tokens, 8 rollouts per step-mode B step,
+  async packed bs 1 (a micro-batch is one sequence) with sync every 2 steps; step mode also with
+  `enable_pipeline`;
+- `example`: the settings of examples/tiny/train_ab_async.yaml (1024 tokens, 96 new tokens, queue 8,
+  target 4, sync every 2) on one learner rank instead of two (`--nproc 1`: two ranks and a server need
+  three cores);
+- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8.
 
-Per run: wall time per step, the overlap ratio max(R, T) / W (R = rollout busy time, T = learner busy
-time, W = wall time; 1.0 = perfect overlap), the learner idle fraction, the realised B ratio, the fill of
-the B micro-batches, and the rollout drop rate (rollouts generated and never trained / generated), over
-the whole run and in steady state (after the first 4 steps, before the last 2).
+Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
+`rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
+places both).
 
-Run: `python -m bench.bench_async`. `run()` returns the numbers as a dict.
+Per run, after 2 warm-up steps: trained tokens/s, wall per step, R (rollout busy: step mode's rollout
+time, async's prefetcher busy time), the learner's idle time (`time/wait_packs_s` + `time/fence_s`), T = W -
+idle, overlap max(R, T) / W, the idle fraction, the drop rate, the weight-sync share of the wall, and the
+share of every learner phase. Per config and placement: async / step trained tokens/s, and the overlap
+bound (R + T) / max(R, T) from step mode's own R and T = W - R (what perfect overlap would give).
+
+Run: `python -m bench async` (the full section, ~35 min on 2 quiet cores), or
+`python -m bench.bench_async --steps 8` (a short check; add `--save` to write the section anyway).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from stagectl.timing import PHASES
+
 ROOT = Path(__file__).parents[1]
-WARMUP, TAIL = 4, 2
+WARMUP, TAIL = 2, 1
+CONFIGS = {
+    "b0.5": ("step", "step_pipeline", "async"),
+    "example": ("step", "async"),
+    "b1.0": ("step", "async"),
+}
+PLACEMENTS = ("separated", "shared")
 
 
-def _config(out: Path, name: str, max_steps: int) -> dict[str, Any]:
-    sync1 = name == "async_bs1_sync1"
-    padded = name == "async_bs2"
-    return {
+def _config(
+    out: Path, config: str, mode: str, max_steps: int, cpus: tuple[int, int] | None
+) -> dict[str, Any]:
+    example = config == "example"
+    b_only = config == "b1.0"
+    cfg: dict[str, Any] = {
         "model": {"name_or_path": "builtin:tiny-qwen2.5-vl"},
         "data": {"synthetic": {"num_samples": 256, "seed": 0, "image_size": 112, "max_objects": 3}},
-        "global_max_length": 2048,
+        "global_max_length": 1024 if example else 2048,
         "training": {
-            "packing": not padded,
-            "per_device_train_batch_size": 2 if padded else 1,
+            "packing": True,
+            "per_device_train_batch_size": 1,
             "gradient_accumulation_steps": 2,
-            "learning_rate": 1e-3,
+            "learning_rate": 2e-3 if example else 1e-3,
             "max_steps": max_steps,
             "output_dir": str(out),
         },
+        "launch": {"nproc_per_node": 1},
         "custom": {
             "extra": {
                 "rollout_matching": {
                     "rollout_backend": "vllm",
-                    "max_new_tokens": 48,
+                    "max_new_tokens": 96 if example else 48,
                     "vllm": {"mode": "server", "sync": {"mode": "full", "transport": "http"}},
                 }
             }
         },
         "stage2_ab": {
-            "schedule": {"b_ratio": 1.0 if sync1 else 0.5},
+            "schedule": {"b_ratio": 1.0 if b_only else 0.5},
             "channel_b": {
-                "mode": "step" if name == "step" else "async",
+                "mode": "step" if mode.startswith("step") else "async",
+                "enable_pipeline": mode == "step_pipeline",
                 "rollouts_per_step": 8,
-                "rollout_decode_batch_size": 8 if sync1 else 4,
+                "rollout_decode_batch_size": 8 if b_only else 4,
                 "async": {
-                    "queue_limit": 3 if sync1 else 8,
+                    "queue_limit": 3 if b_only else 8,
                     "version_window": 1,
-                    "prefetch_target_packs": 2 if sync1 else 4,
-                    "sync_every_steps": 1 if sync1 else 2,
+                    "prefetch_target_packs": 2 if b_only else 4,
+                    "sync_every_steps": 1 if b_only else 2,
                 },
             },
         },
         "rollout_server": {"embedded": True, "max_batch_size": 8},
     }
+    if cpus is not None:
+        cfg["launch"]["cpus"] = [cpus[0]]
+        cfg["rollout_server"]["cpus"] = [cpus[1]]
+    return cfg
 
 
-def _train(name: str, max_steps: int, tmp: Path) -> list[dict[str, Any]]:
-    out = tmp / name
+def _train(name: str, cfg: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
     config = tmp / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(_config(out, name, max_steps)))
-    # one intra-op thread for the learner and the server alike: on 2 shared cores, oversubscribed torch
-    # threads make step times swing by 10x and would decide the comparison
+    config.write_text(yaml.safe_dump(cfg))
+    # one intra-op thread for each side when nothing is pinned (pinned runs get one per CPU from stagectl):
+    # on 2 shared cores, oversubscribed torch threads make step times swing by 10x
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "stagectl", "train-ab", str(config)],
         cwd=ROOT,
-        check=True,
         capture_output=True,
+        text=True,
         env=env,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    out = Path(cfg["training"]["output_dir"])
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _drop_rate(first: dict[str, Any], last: dict[str, Any]) -> float:
-    key = "stage2_ab/async/rollouts_"
-    requested = last[key + "requested_total"] - first[key + "requested_total"]
-    dropped = last[key + "dropped_total"] - first[key + "dropped_total"]
-    return dropped / requested if requested else 0.0
+def _sum(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(float(r.get(key, 0.0)) for r in rows)
 
 
-def _summarise(all_rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    rows = all_rows[2:]  # warm-up: the first steps include one-off compile/cache effects
-    wall = sum(r["time/step_s"] for r in rows)
-    b_rows = [r for r in rows if r["kind"] == "B"]
+def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """One run's figures over its rows after the warm-up (the last `TAIL` rows too: the final save)."""
+    rows = all_rows[WARMUP : len(all_rows) - TAIL]
+    wall = _sum(rows, "time/step_s")
+    idle = _sum(rows, "time/wait_packs_s") + _sum(rows, "time/fence_s")
     out: dict[str, Any] = {
         "steps": len(rows),
-        "b_steps": len(b_rows),
+        "b_steps": sum(r["kind"] == "B" for r in rows),
         "wall_per_step_s": wall / len(rows),
-        "trained_tokens_per_s": sum(r["tokens"] for r in rows) / wall if wall else 0.0,
-        "b_ratio_realized": len(b_rows) / len(rows),
-        "b_fill": sum(r["packing/fill"] for r in b_rows) / max(1, len(b_rows)),
+        "trained_tokens_per_s": _sum(rows, "tokens") / wall,
+        "learner_idle_fraction": idle / wall,
+        "weight_sync_share": _sum(rows, "time/weight_sync_s") / wall,
+        **{f"share/{phase}": _sum(rows, f"time/{phase}_s") / wall for phase in PHASES},
+        "learner_thread_cpu_share": _sum(rows, "time/learner_thread_cpu_s") / wall,
+        "other_threads_cpu_share": _sum(rows, "time/other_threads_cpu_s") / wall,
     }
-    if name == "step":
-        rollout_busy = sum(r.get("time/rollout_s", 0.0) for r in rows)
-        learner_busy = wall - rollout_busy  # step mode: the learner waits for every rollout
-        idle = rollout_busy
-        out.update(drop_rate=0.0, drop_rate_steady=0.0)
+    if mode.startswith("step"):
+        rollout_busy = _sum(rows, "time/rollout_s")
+        out["drop_rate"] = 0.0
     else:
-        last = all_rows[-1]
-        wait = sum(r.get("time/wait_s", 0.0) + r.get("time/weight_sync_s", 0.0) for r in rows)
-        rollout_busy = (
-            rows[-1]["stage2_ab/async/prefetch_busy_s"] - rows[0]["stage2_ab/async/prefetch_busy_s"]
-        )
-        learner_busy = wall - wait
-        idle = wait
-        steady = all_rows[WARMUP : len(all_rows) - TAIL]
-        out.update(
-            drop_rate=last["stage2_ab/async/drop_rate"],
-            drop_rate_steady=_drop_rate(steady[0], steady[-1]),
-            rollouts_requested=last["stage2_ab/async/rollouts_requested_total"],
-            rollouts_trained=last["stage2_ab/async/rollouts_trained_total"],
-            drop_oldest=last["stage2_ab/async/drop_oldest_total"],
-            drop_stale=last["stage2_ab/async/drop_stale_total"],
-        )
+        key = "stage2_ab/async/"
+        first, last = all_rows[WARMUP - 1], rows[-1]
+        rollout_busy = last[key + "prefetch_busy_s"] - first[key + "prefetch_busy_s"]
+        requested = last[key + "rollouts_requested_total"] - first[key + "rollouts_requested_total"]
+        dropped = last[key + "rollouts_dropped_total"] - first[key + "rollouts_dropped_total"]
+        out["drop_rate"] = dropped / requested if requested else 0.0
+        out["share/prefetch_build"] = (
+            _sum(rows, "time/prefetch_build_s") + _sum(rows, "time/prefetch_collate_s")
+        ) / wall
+    learner_busy = wall - idle
     out.update(
         rollout_busy_s=rollout_busy,
         learner_busy_s=learner_busy,
-        overlap_ratio=max(rollout_busy, learner_busy) / wall if wall else 0.0,
-        learner_idle_fraction=idle / wall if wall else 0.0,
+        overlap_ratio=max(rollout_busy, learner_busy) / wall,
     )
     return out
 
 
-RUNS = ("step", "async_bs1", "async_bs2", "async_bs1_sync1")
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per config and placement: async / step tokens/s and step mode's overlap bound (R + T) / max(R, T)
+    with R its rollout time and T = W - R."""
+    out: dict[str, Any] = {}
+    for config in CONFIGS:
+        for placement in PLACEMENTS:
+            step, async_ = runs.get(f"{config}/step/{placement}"), runs.get(f"{config}/async/{placement}")
+            if step is None or async_ is None:
+                continue
+            wall = step["wall_per_step_s"] * step["steps"]
+            r = step["rollout_busy_s"]
+            bound = wall / max(r, wall - r)
+            ratio = async_["trained_tokens_per_s"] / step["trained_tokens_per_s"]
+            out[f"{config}/{placement}"] = {
+                "async_over_step": ratio,
+                "bound": bound,
+                "of_bound": ratio / bound,
+            }
+    return out
 
 
-def run(max_steps: int = 18) -> dict[str, Any]:
+def run(max_steps: int = 18, only: list[str] | None = None) -> dict[str, Any]:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise RuntimeError("the separated runs need 2 CPUs")
+    cpus = (cores[0], cores[1])
+    results: dict[str, Any] = {"max_steps": max_steps, "loadavg": [os.getloadavg()[0]], "runs": {}}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-        results = {name: _summarise(_train(name, max_steps, Path(tmp)), name) for name in RUNS}
-    results["speedup_wall_per_step"] = (
-        results["step"]["wall_per_step_s"] / results["async_bs1"]["wall_per_step_s"]
-    )
-    results["speedup_tokens_per_s"] = (
-        results["async_bs1"]["trained_tokens_per_s"] / results["step"]["trained_tokens_per_s"]
-    )
+        # interleaved: the two placements of one run back to back, so load drifts hit both alike
+        for config, modes in CONFIGS.items():
+            for mode in modes:
+                for placement in PLACEMENTS:
+                    name = f"{config}/{mode}/{placement}"
+                    if only and not any(name.startswith(o) for o in only):
+                        continue
+                    out = Path(tmp) / name.replace("/", "_")
+                    cfg = _config(out, config, mode, max_steps, cpus if placement == "separated" else None)
+                    rows = _train(name.replace("/", "_"), cfg, Path(tmp))
+                    results["runs"][name] = summarise(rows, mode)
+                    print(name, {k: round(v, 3) for k, v in results["runs"][name].items()}, flush=True)
+    results["loadavg"].append(os.getloadavg()[0])
+    results["total_s"] = time.perf_counter() - started
+    results["compare"] = compare(results["runs"])
     return results
 
 
+def prefetcher_ab(max_steps: int = 8, repeats: int = 2) -> None:
+    """`launch.prefetcher_cpus` learner vs server on the example config, async, separated, interleaved."""
+    cores = sorted(os.sched_getaffinity(0))
+    keys = ("trained_tokens_per_s", "learner_thread_cpu_share", "share/forward_backward", "share/fence")
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        for rep in range(repeats):
+            for where in ("learner", "server"):
+                name = f"example_async_prefetcher_{where}_{rep}"
+                cfg = _config(Path(tmp) / name, "example", "async", max_steps, (cores[0], cores[1]))
+                cfg["launch"]["prefetcher_cpus"] = where
+                s = summarise(_train(name, cfg, Path(tmp)), "async")
+                print(f"prefetcher on {where} ({rep}):", {k: round(s[k], 3) for k in keys}, flush=True)
+
+
 def main() -> None:
-    result = run()
-    for name in RUNS:
-        print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result[name].items()})
-    print(f"wall per optimizer step, step / async (bs 1): {result['speedup_wall_per_step']:.2f}x")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=18, help="optimizer steps per run (2 warm-up, 1 tail)")
+    parser.add_argument("--only", action="append", help="run names starting with this (e.g. b0.5/async)")
+    parser.add_argument(
+        "--save", action="store_true", help="write bench/results/async.json and BENCHMARKS.md"
+    )
+    parser.add_argument(
+        "--prefetcher-ab", action="store_true", help="only: prefetcher on learner vs server CPUs"
+    )
+    args = parser.parse_args()
+    if args.prefetcher_ab:
+        prefetcher_ab(args.steps)
+        return
+    result = run(args.steps, args.only)
+    print(json.dumps(result["compare"], indent=2))
+    if args.save:
+        from bench.__main__ import RESULTS, write_markdown
+
+        meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": result["total_s"]}
+        (RESULTS / "async.json").write_text(json.dumps({"meta": meta, "result": result}, indent=2))
+        write_markdown()
 
 
 if __name__ == "__main__":

@@ -251,50 +251,9 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
 
 
 def async_(r: dict[str, Any]) -> list[str]:
-    names = ("step", "async_bs1", "async_bs2", "async_bs1_sync1")
-    keys = [
-        ("steps", "{:d}"),
-        ("b_steps", "{:d}"),
-        ("wall_per_step_s", "{:.2f}"),
-        ("overlap_ratio", "{:.2f}"),
-        ("learner_idle_fraction", "{:.2f}"),
-        ("trained_tokens_per_s", "{:.0f}"),
-        ("b_ratio_realized", "{:.2f}"),
-        ("b_fill", "{:.2f}"),
-        ("rollouts_requested", "{:d}"),
-        ("rollouts_trained", "{:d}"),
-        ("drop_oldest", "{:d}"),
-        ("drop_stale", "{:d}"),
-        ("drop_rate", "{:.3f}"),
-        ("drop_rate_steady", "{:.3f}"),
-    ]
-    lines = [
-        "The tiny workload (1 learner rank, embedded hf rollout server, GAS 2, `global_max_length` 2048): step "
-        "mode (b_ratio 0.5, 8 rollouts per B step); async with packing (bs 1: one sequence per micro-batch) "
-        "and with `packing: false` and 2 padded samples (bs 2), b_ratio 0.5, sync every 2 steps; and async "
-        "bs 1 with B only, sync every step, queue 3, target 2. Overlap = max(R, T) / W (R rollout busy, T "
-        "learner busy, W wall); drop rate = rollouts generated and never trained / generated (steady: after "
-        "the first 4 steps, before the last 2).",
-        "",
-        "| metric | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
-    for key, fmt in keys:
-        cells = [fmt.format(r[n][key]) if key in r[n] else "—" for n in names]
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    steady_ok = all(r[n]["drop_rate_steady"] <= 0.05 for n in names[1:])
-    lines += [
-        "",
-        f"Wall per optimizer step, step / async bs 1: {r['speedup_wall_per_step']:.2f}x"
-        + (
-            f"; trained tokens per second, async bs 1 / step: {r['speedup_tokens_per_s']:.2f}x (a packed step "
-            "trains more tokens, so time per step alone understates it)"
-            if "speedup_tokens_per_s" in r
-            else ""
-        )
-        + f". Target: steady-state drop rate <= 5% in every async run — {verdict(steady_ok)}.",
-    ]
-    return lines
+    from bench.markdown_async import async_section
+
+    return async_section(r)
 
 
 def cli(r: dict[str, Any]) -> list[str]:
@@ -653,18 +612,12 @@ def plot(name: str, r: dict[str, Any]) -> str | None:
         ax.set_yscale("log")
         ax.set_title("Matching time vs number of objects")
     elif name == "async":
-        modes = [m for m in ("step", "async_bs1", "async_bs2", "async_bs1_sync1") if m in r]
-        keys = ["overlap_ratio", "learner_idle_fraction", "drop_rate"]
-        for k, key in enumerate(keys):
-            ax.bar(
-                [i + (k - 1) * 0.27 for i in range(len(modes))],
-                [r[m][key] for m in modes],
-                width=0.27,
-                label=key,
-            )
-        ax.set_xticks(range(len(modes)), modes)
-        ax.set_ylabel("fraction")
-        ax.set_title("Step vs async Channel-B: overlap, idle, drops")
+        from bench.markdown_async import async_plot
+
+        fig.set_size_inches(11, 5)
+        if not async_plot(r, ax):
+            plt.close(fig)
+            return None
     else:
         plt.close(fig)
         return None

@@ -142,7 +142,10 @@ def embedded_rollout_server(
     args += ["--set", f"rollout_server.image_roots={roots!r}"]
     args += ["--host", "127.0.0.1", "--port", "0", "--weights-dir", str((out / "weight_sync").absolute())]
     args += ["--access-log", "-"]  # its output goes to rollout_server.log, not to the terminal
-    env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}"})
+    from stagectl.placement import cuda_env
+
+    devices = cuda_env("rollout_server.devices", cfg.rollout_server.devices)
+    env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}", **devices})
     server = start_server_process(args, log_path=out / "rollout_server.log", timeout_s=timeout_s, env=env)
     try:
         yield str(server.url)
@@ -162,8 +165,11 @@ def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -
         master_port=launch.master_port,
         rdzv_endpoint=launch.rdzv_endpoint,
     )
+    from stagectl.placement import cuda_env
+
+    devices = cuda_env("launch.devices", launch.devices)  # every rank sees the node's learner devices
     print(f"launching: {shlex.join(argv)}", file=sys.stderr, flush=True)
-    return run_torchrun(argv, child_env({RUN_ID_ENV: run_id}, single_node=launch.nnodes == 1))
+    return run_torchrun(argv, child_env({RUN_ID_ENV: run_id, **devices}, single_node=launch.nnodes == 1))
 
 
 def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:

@@ -49,6 +49,13 @@ def command(
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
 
+    from stagectl.placement import place_server
+
+    try:
+        place_server(cfg)  # before the engine (and CUDA) starts
+    except ValueError as exc:
+        fail(str(exc))
+
     from stagectl.rollout.serving import run_server
 
     try:

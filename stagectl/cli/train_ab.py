@@ -36,6 +36,7 @@ def command(
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
+    from stagectl.placement import check_devices
     from stagectl.rundir import prepare_train_dir
 
     if resume and overwrite:
@@ -67,6 +68,7 @@ def command(
             if note is not None:
                 typer.echo(note, err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts
+        check_devices(cfg)
     except ValueError as exc:
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
@@ -116,6 +118,7 @@ def _train(cfg: object, restart: tuple[Path, bool]) -> None:
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
     from stagectl.learner.metrics import rollout_f1_summary
+    from stagectl.placement import place_learner_rank
     from stagectl.rundir import DirSnapshot, stop_note
 
     assert isinstance(cfg, StagectlConfig)
@@ -124,7 +127,9 @@ def _train(cfg: object, restart: tuple[Path, bool]) -> None:
     before = DirSnapshot.take(out)
     try:
         try:
-            trainer = Trainer(cfg)
+            # before the model and any thread
+            prefetcher_cpus = place_learner_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+            trainer = Trainer(cfg, prefetcher_cpus=prefetcher_cpus)
             step = trainer.run()
         except BaseException:
             if rank == 0:

@@ -170,5 +170,18 @@ class RolloutServerConfig(StrictModel):
     """PEM private key of `tls_certfile`."""
     embedded: bool = False
     """`train-ab` starts this server as a child process on a free loopback port and stops it at exit."""
+    devices: list[int] | None = Field(None, min_length=1)
+    """CUDA devices of the server process, set as its `CUDA_VISIBLE_DEVICES` (ids as the launching process
+    sees them: under an existing `CUDA_VISIBLE_DEVICES`, 0 is its first entry). On the learner's node they
+    must not overlap the learner's devices (`launch.devices`, default 0 .. nproc_per_node-1) unless
+    `allow_shared_devices`. null: every visible device (the engine takes the first)."""
+    cpus: list[int] | None = Field(None, min_length=1)
+    """CPU ids the server process is pinned to (`sched_setaffinity`), with one torch thread per CPU. On the
+    learner's node, a side left null gets the host's CPUs the other side does not use. null on both sides:
+    nothing is pinned."""
+    allow_shared_devices: bool = False
+    """Accept a learner and a server on the learner's node that share CUDA devices or CPUs. Sharing costs
+    the overlap async Channel-B exists for: rollouts then run on the learner's hardware, and each side
+    slows the other down (memory, compute, cache)."""
     vllm: VllmEngineArgs = Field(default_factory=VllmEngineArgs)
     """vLLM engine arguments (engine `vllm`)."""

@@ -133,3 +133,17 @@ class LaunchConfig(StrictModel):
     fresh random id."""
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     """Per-phase deadlines of multi-rank runs."""
+    devices: list[int] | None = Field(None, min_length=1)
+    """CUDA devices of this node's learner ranks (one per rank, `nproc_per_node` of them), set as their
+    `CUDA_VISIBLE_DEVICES`; rank k uses the k-th. Ids as the launching process sees them. null: devices
+    0 .. nproc_per_node-1."""
+    cpus: list[int] | None = Field(None, min_length=1)
+    """CPU ids of this node's learner ranks, split into contiguous, near-equal slices (one per local rank),
+    each rank pinned to its slice (`sched_setaffinity`) with one torch thread per CPU. null: the host's
+    CPUs that `rollout_server.cpus` does not use when that is set (and the server is on this node), else
+    nothing is pinned."""
+    prefetcher_cpus: Literal["server", "learner"] = "server"
+    """Where each rank's async Channel-B prefetcher thread runs when the learner and the server are both pinned
+    on this node: `server`: on the server's CPUs (its rollout requests, parsing, matching and collating
+    are rollout-side work that would otherwise take CPU time from the rank's forward/backward);
+    `learner`: on the rank's own CPUs."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from stagectl.config.placement import validate_placement
 from stagectl.config.root import (
     LOOPBACK_HOSTS,
     Problem,
@@ -515,6 +516,7 @@ VALIDATORS = (
     validate_parallelism,
     validate_adapter,
     validate_run_dir_choice,
+    validate_placement,
 )
 
 

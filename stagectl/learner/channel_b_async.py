@@ -48,6 +48,7 @@ class AsyncChannelB:
         runner: PackRunner,
         client: RolloutClient,
         publisher: WeightPublisher,
+        prefetcher_cpus: tuple[int, ...] | None = None,
     ) -> None:
         assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio is not None
         self.acfg = cfg.stage2_ab.channel_b.async_
@@ -107,6 +108,8 @@ class AsyncChannelB:
             rank=self.world.rank,
             segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
+            cpus=prefetcher_cpus,
+            sync_pending=lambda: self.fence.sync_pending,
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
@@ -117,6 +120,7 @@ class AsyncChannelB:
         self.rollouts_trained = 0
         # the servers' version `ver` holds exactly the learner's current weights (a fresh run: the base)
         self.weights_are_ver = True
+        self._prefetch_seconds = (0.0, 0.0)  # the prefetcher's (build_s, collate_s) at the last metrics row
 
     def _collate(self, segments: list[Segment]) -> PackedBatch:
         if self.cfg.training.packing:
@@ -132,6 +136,10 @@ class AsyncChannelB:
 
     def decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         """Prefetcher status, then the policy and feasibility gates (collectives on every rank)."""
+        with self.runner.timer.time("wait_packs"):
+            return self._decide(step, policy_wants_b)
+
+    def _decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         t0 = time.perf_counter()
         errors = dist.all_gather_objects(self.prefetcher.error())
         for rank, error in enumerate(errors):
@@ -183,9 +191,14 @@ class AsyncChannelB:
             self.open_step = self.next_step
             self.weights_are_ver = False
             return {}
+        fence_before = self.fence.wait_s_total
+        started = time.perf_counter()
         with dist.phase("weight sync", "weight_sync_s"):
             outcome = self.publisher.sync(self.fence, self.fence_timeout_s)
         self.weights_are_ver = outcome.status == "ok"
+        fence_s = self.fence.wait_s_total - fence_before
+        self.runner.timer.add("fence", fence_s)
+        self.runner.timer.add("weight_sync", time.perf_counter() - started - fence_s)
         self.queue.set_current_ver(self.ver)
         self.open_step = self.next_step
         return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
@@ -207,6 +220,7 @@ class AsyncChannelB:
             c.rollouts_total - c.segments_total,  # too long to pack
             c.carry_dropped_total,
             c.lost_total,
+            c.cut_short_total,
         ]
         (
             depth,
@@ -221,9 +235,15 @@ class AsyncChannelB:
             too_long,
             carry,
             lost,
+            cut_short,
         ) = dist.all_reduce_ints(local, "sum")
         dropped = dropped_segments + too_long + carry
+        build_s, collate_s = c.build_s, c.collate_s  # rank 0's prefetcher, like the learner's phase timers
+        last_build_s, last_collate_s = self._prefetch_seconds
+        self._prefetch_seconds = (build_s, collate_s)
         return {
+            "time/prefetch_build_s": build_s - last_build_s,
+            "time/prefetch_collate_s": collate_s - last_collate_s,
             "stage2_ab/async/queue_depth": depth,
             "stage2_ab/async/ver_current": self.ver,
             "stage2_ab/async/drop_stale_total": stale,
@@ -236,6 +256,7 @@ class AsyncChannelB:
             "stage2_ab/async/rollouts_dropped_total": dropped,
             "stage2_ab/async/drop_rate": dropped / requested if requested else 0.0,
             "stage2_ab/async/rollouts_lost_total": lost,
+            "stage2_ab/async/bursts_cut_short_total": cut_short,
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
             "stage2_ab/async/sync_total": self.publisher.num_syncs,
             "stage2_ab/async/sync_fail_total": self.publisher.num_failures,

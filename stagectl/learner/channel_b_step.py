@@ -68,7 +68,8 @@ class StepChannelB:
         indices = self.state.b_sampler.take(self.state.resolved.rollouts_per_step)
         extra: dict[str, Any] = {}
         if self.publisher is not None:
-            outcome = self.publisher.ensure_current(self.num_updates)
+            with self.runner.timer.time("weight_sync"):
+                outcome = self.publisher.ensure_current(self.num_updates)
             extra.update(self.publisher.metrics(outcome))
         seed = rollout_seed(self.cfg.training.seed, step)
         calls_before = self.source.num_calls
@@ -103,9 +104,14 @@ class StepChannelB:
 
     # ------------------------------------------------------------------ the two paths
 
-    def _segments(self, indices: Sequence[int], seed: int) -> tuple[list[Segment], RolloutStats, list[int]]:
-        """The kept segments, the counters of every rollout, and the kept ones' offsets in `indices`."""
+    def _segments(
+        self, indices: Sequence[int], seed: int, *, on_learner: bool = True
+    ) -> tuple[list[Segment], RolloutStats, list[int]]:
+        """The kept segments, the counters of every rollout, and the kept ones' offsets in `indices`;
+        `on_learner`: this is the learner's thread, whose phases are timed."""
+        started = time.perf_counter()
         generations = self.source.rollout(indices, seed)
+        rolled = time.perf_counter()
         kept, dropped = build_b_segments(
             indices,
             generations,
@@ -119,6 +125,9 @@ class StepChannelB:
         stats.add(dropped)
         for _, _, s in kept:
             stats.add(s)
+        if on_learner:
+            self.runner.timer.add("wait_packs", rolled - started)
+            self.runner.timer.add("collate", time.perf_counter() - rolled)
         return [segment for _, segment, _ in kept], stats, [offset for offset, _, _ in kept]
 
     def _train(self, segments: Sequence[Segment], denominator: int, acc: StepAccumulator) -> None:
@@ -126,16 +135,18 @@ class StepChannelB:
         forward/backward each, scaled by their share of `denominator` segments."""
         training = self.cfg.training
         if training.packing:
-            groups = pack_segments([len(s) for s in segments], self.runner.packing_length)
+            with self.runner.timer.time("collate"):
+                groups = pack_segments([len(s) for s in segments], self.runner.packing_length)
         else:
             size = training.per_device_train_batch_size
             groups = [list(range(k, min(k + size, len(segments)))) for k in range(0, len(segments), size)]
         for group in groups:
             members = [segments[i] for i in group]
-            if training.packing:
-                batch = collate_pack(members, self.runner.base_model)
-            else:
-                batch = collate_padded(members, self.state.encoder.pad_token_id)
+            with self.runner.timer.time("collate"):
+                if training.packing:
+                    batch = collate_pack(members, self.runner.base_model)
+                else:
+                    batch = collate_padded(members, self.state.encoder.pad_token_id)
             self.runner.run_batch(batch, scale=len(group) / denominator, sync=True, acc=acc)
 
     def _sequential(
@@ -165,7 +176,7 @@ class StepChannelB:
                         return
                     t0 = time.perf_counter()
                     segments, chunk_stats, offsets = self._segments(
-                        indices[start : start + self.chunk_size], seed + start
+                        indices[start : start + self.chunk_size], seed + start, on_learner=False
                     )
                     item = (segments, chunk_stats, [start + k for k in offsets])
                     busy[0] += time.perf_counter() - t0
@@ -185,6 +196,7 @@ class StepChannelB:
                 t0 = time.perf_counter()
                 item = handoff.get()
                 wait_s += time.perf_counter() - t0
+                self.runner.timer.add("wait_packs", time.perf_counter() - t0)
                 if item is None:
                     break
                 if isinstance(item, BaseException):

@@ -56,8 +56,10 @@ def make_client(cfg: StagectlConfig) -> RolloutClient:
 
 
 class Trainer:
-    def __init__(self, cfg: StagectlConfig) -> None:
+    def __init__(self, cfg: StagectlConfig, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
+        """`prefetcher_cpus`: the CPUs the async prefetcher thread runs on (None: the rank's own)."""
         self.cfg = cfg
+        self.prefetcher_cpus = prefetcher_cpus
         self.world = dist.read_world()
         self.state: LearnerState = build_learner(cfg, self.world)
         st = self.state
@@ -125,7 +127,7 @@ class Trainer:
             adapter_sync=rm.vllm.sync.mode == "adapter",
         )
         if cfg.stage2_ab.channel_b.mode == "async":
-            async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher)
+            async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher, self.prefetcher_cpus)
             if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
                 resume_sync(async_b, st)
             if st.resumed_from is not None:
@@ -210,6 +212,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
+        self.runner.timer.reset()
         acc = StepAccumulator()
         # rank 0 decides, every rank follows (the schedule is pure, but one decider rules out drift)
         with dist.phase("step-kind broadcast", "step_s"):
@@ -224,7 +227,8 @@ class Trainer:
             extra.update(self.channel_b.run(step, decision, acc))
         else:
             self.channel_a.run(self.gas, acc)
-        grad_norm, (changed, sampled) = self._optimizer_update()
+        with self.runner.timer.time("optimizer"):
+            grad_norm, (changed, sampled) = self._optimizer_update()
         extra.update(self.channel_b.after_update(self.num_updates))
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
@@ -313,6 +317,7 @@ class Trainer:
             "packing/n_segments": n_segments,
         }
         row.update(extra)
+        row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall
         if "time/weight_sync_s" in row and step_s > 0:
             row["weight_sync/step_fraction"] = row["time/weight_sync_s"] / step_s
         if self.client is not None:

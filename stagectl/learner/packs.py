@@ -21,6 +21,7 @@ from stagectl.learner import sharding
 from stagectl.learner.loss import LossWeights, compute_loss, loss_rows
 from stagectl.learner.precision import Precision
 from stagectl.learner.samples import SampleRecord
+from stagectl.timing import PhaseTimer
 
 
 def takes_logits_to_keep(model: Any) -> bool:
@@ -68,9 +69,14 @@ class PackRunner:
     device: torch.device
     precision: Precision = field(default_factory=lambda: Precision(torch.float32, None, torch.float32, False))
     grad_scaler: torch.amp.GradScaler | None = None
+    timer: PhaseTimer = field(default_factory=PhaseTimer)  # the step's phase seconds (forward_backward here)
 
     def run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
         """One forward/backward of an already collated pack, loss scaled by `scale`."""
+        with self.timer.time("forward_backward"):
+            self._run_batch(batch, scale=scale, sync=sync, acc=acc)
+
+    def _run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
         batch = batch.to(self.device)
         sharded = sharding.is_sharded(self.ddp_model)
         no_sync = getattr(self.ddp_model, "no_sync", None)

@@ -23,6 +23,7 @@ class SyncFence:
         self._local = threading.local()
         self.num_calls = 0
         self.num_syncs = 0
+        self.wait_s_total = 0.0  # syncs waiting for calls in flight (and for an earlier sync) to end
 
     @contextmanager
     def call(self) -> Iterator[None]:
@@ -47,7 +48,8 @@ class SyncFence:
         """Pause new calls, wait for in-flight ones (TimeoutError after `timeout_s`), run the body."""
         if getattr(self._local, "inside", False):
             raise RuntimeError("sync from inside a fenced call would wait for itself")
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = None if timeout_s is None else started + timeout_s
         with self._cond:
             while self._sync_pending:  # one sync at a time
                 self._cond.wait()
@@ -64,6 +66,7 @@ class SyncFence:
                 self._sync_pending = False
                 self._cond.notify_all()
                 raise
+            self.wait_s_total += time.monotonic() - started
         try:
             yield
         finally:
@@ -71,6 +74,12 @@ class SyncFence:
                 self._sync_pending = False
                 self.num_syncs += 1
                 self._cond.notify_all()
+
+    @property
+    def sync_pending(self) -> bool:
+        """A sync waits for the calls in flight (a section that makes more calls should end soon)."""
+        with self._cond:
+            return self._sync_pending
 
     @property
     def in_flight(self) -> int:

@@ -16,7 +16,8 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 - Version purity: a burst runs inside one fenced section of the source (the sync fence stays closed
   until its packs are queued), so every rollout of a burst comes from one version — the one captured
   when the section passed the fence — and its packs are queued before the next sync can start: the next
-  step's gate always sees them.
+  step's gate always sees them. A sync that arrives while a burst is open waits for the request in flight
+  only: the burst skips its remaining top-ups and packs what it has (`cut_short_total`).
 - Pacing: nothing is requested while `pacing.packs_wanted` is zero (the queue holds what the coming B
   steps can train), and never more than fits under `prefetch_target_packs`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
@@ -40,6 +41,7 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -119,7 +121,10 @@ class PrefetchCounters:
     segments_total: int = 0  # of them, turned into segments (too-long ones are dropped)
     carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
     lost_total: int = 0  # B-stream samples taken by a burst that failed (never trained)
+    cut_short_total: int = 0  # bursts that skipped their top-ups because a weight sync was waiting
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs
+    build_s: float = 0.0  # of it, turning rollouts into segments (parse, match, targets, encode)
+    collate_s: float = 0.0  # of it, packing and collating segments into micro-batches
     last_error: str = ""
 
 
@@ -143,6 +148,8 @@ class Prefetcher:
     segments_per_pack: int | None = None  # training.packing: false: a pack is this many padded segments
     num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
+    cpus: Sequence[int] | None = None  # pin the thread (and the request threads it starts) to these CPUs
+    sync_pending: Callable[[], bool] = lambda: False  # a weight sync waits for this burst's section to end
     idle_wait_s: float = 0.02
     MAX_ROUNDS = 3  # requests per burst: the first, then top-ups while short of the target
     FIRST_SHARE = 0.8  # the first request asks for this share of the estimated need
@@ -269,6 +276,8 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
+            if self.cpus is not None:  # this thread only (Linux: pid 0 is the calling thread)
+                os.sched_setaffinity(0, self.cpus)
             while not self._stop.is_set():
                 packs = self._packs_wanted()
                 if packs == 0:
@@ -340,6 +349,8 @@ class Prefetcher:
             missing = target_tokens - sum(len(segment) for _, segment, _ in built)
             if missing <= 0:
                 break
+            if round_ > 0 and self._sync_waits():
+                break
             share = self.FIRST_SHARE if round_ == 0 else 1.0
             count = max(1, math.ceil(share * missing / max(1.0, self._tokens_per_rollout)))
             kept, lost = self._request(section, count)
@@ -357,14 +368,24 @@ class Prefetcher:
         replaced by top-ups, at most `MAX_ROUNDS` requests)."""
         built = list(carried)
         dropped = RolloutStats()
-        for _ in range(self.MAX_ROUNDS):
+        for round_ in range(self.MAX_ROUNDS):
             missing = count - len(built)
             if missing <= 0:
+                break
+            if round_ > 0 and self._sync_waits():
                 break
             kept, lost = self._request(section, missing)
             built += kept
             dropped.add(lost)
         return built, dropped
+
+    def _sync_waits(self) -> bool:
+        """A weight sync is waiting for this burst's section: skip the top-ups (the learner would wait a whole
+        rollout call more) and pack what arrived into the packs asked for, less full."""
+        if not self.sync_pending():
+            return False
+        self.counters.cut_short_total += 1
+        return True
 
     def _request(self, section: Section, count: int) -> tuple[list[Built], RolloutStats]:
         first_pos = self.sampler.num_consumed
@@ -372,7 +393,9 @@ class Prefetcher:
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
         generations = section.rollout(indices, seed)
+        started = time.perf_counter()
         kept, lost = self.build_segments(indices, generations)
+        self.counters.build_s += time.perf_counter() - started
         self.counters.rollouts_total += count
         self.counters.segments_total += len(kept)
         built = [
@@ -398,6 +421,7 @@ class Prefetcher:
             self._commit()
 
     def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
+        started = time.perf_counter()
         lengths = [len(segment) for _, segment, _ in built]
         if self.segments_per_pack is not None:
             size = self.segments_per_pack
@@ -416,9 +440,11 @@ class Prefetcher:
             for i in group:
                 stats.add(built[i][2])
             batch = self.collate([built[i][1] for i in group])
+            self.counters.collate_s += time.perf_counter() - started
             rollouts = [built[i][0] for i in group]
             self.queue.push(ReadyPack(batch, len(group), stats, ver, rollouts), ver, size=len(group))
             self.counters.produced_packs += 1
+            started = time.perf_counter()
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:
         self.counters.fail_total += 1

@@ -9,6 +9,7 @@ from pathlib import Path
 from matplotlib.ticker import AutoLocator
 
 from stagectl.report.markdown import fmt_ratio
+from stagectl.report.plots_phases import phase_plot
 from stagectl.report.plotting import (
     B_COLOR,
     count_axis,
@@ -63,6 +64,7 @@ def write_train_ab_plots(
     figures.add(queue_plot(rows, out_dir))
     figures.add(drops_plot(rows, skips, out_dir))
     figures.add(timing_plot(rows, out_dir))
+    figures.add(phase_plot(rows, out_dir))
     figures.add(optimizer_plot(rows, out_dir))
     return figures
 

@@ -58,7 +58,7 @@ class TrainAbSummary:
     prefetch_fail_total: float | None = None
     sync_total: float | None = None
     sync_fail_total: float | None = None
-    num_weight_syncs: int = 0  # rows with a successful sync (`time/weight_sync_s`), any mode
+    num_weight_syncs: int = 0  # rows with a successful sync (`weight_sync/bytes` and its time), any mode
     num_delta_syncs: int = 0
     sync_s_total: float = 0.0
     sync_mb_sent: float = 0.0
@@ -212,7 +212,12 @@ def _add_async(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
 
 
 def _add_weight_syncs(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
-    synced = [row for row in rows if number(row, "time/weight_sync_s") is not None]
+    # every row has time/weight_sync_s (0 without a sync); a successful push also logs its bytes
+    synced = [
+        row
+        for row in rows
+        if number(row, "weight_sync/bytes") is not None and number(row, "time/weight_sync_s") is not None
+    ]
     summary.num_weight_syncs = len(synced)
     summary.num_delta_syncs = sum(1 for row in synced if number(row, "weight_sync/delta"))
     summary.sync_s_total = sum(number(row, "time/weight_sync_s") or 0.0 for row in synced)

@@ -16,7 +16,6 @@ import pytest
 import torch
 from PIL import Image
 
-from stagectl.config.rollout import RolloutServerConfig
 from stagectl.models.chat import encode_answer_text, encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
@@ -126,9 +125,29 @@ def _gpu_memory_used_mib() -> list[int]:
     return [int(line) for line in out.split()]
 
 
+def _pids_per_gpu() -> dict[int, set[int]]:
+    """GPU index -> the processes holding memory on it (empty sets where a container hides the pids)."""
+
+    def query(what: str) -> list[list[str]]:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-{what}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return [[f.strip() for f in line.split(",")] for line in out.splitlines() if line.strip()]
+
+    index_of = {uuid: int(index) for index, uuid in query("gpu=index,uuid")}
+    found: dict[int, set[int]] = {index: set() for index in index_of.values()}
+    for pid, uuid in query("compute-apps=pid,gpu_uuid"):
+        if uuid in index_of and pid.isdigit():
+            found[index_of[uuid]].add(int(pid))
+    return found
+
+
 def test_embedded_server_runs_on_its_own_device(tmp_path: Path) -> None:
-    if "devices" not in RolloutServerConfig.model_fields:
-        pytest.skip("needs rollout_server.devices (#26)")
+    """Learner on GPU 0 (one rank), embedded server on GPU 1 (`rollout_server.devices: [1]`): memory shows
+    up on both, and no process holds memory on both (where nvidia-smi shows the processes)."""
     require_gpus(2)
     out = tmp_path / "run"
     cfg = tiny_train_config(
@@ -140,11 +159,16 @@ def test_embedded_server_runs_on_its_own_device(tmp_path: Path) -> None:
     )
     baseline = _gpu_memory_used_mib()
     peaks = list(baseline)
+    pids: dict[int, set[int]] = {0: set(), 1: set()}
+    before = _pids_per_gpu()
     done = threading.Event()
 
     def watch() -> None:  # the learner holds GPU 0; the server's model must show up on GPU 1 only
         while not done.wait(0.5):
             peaks[:] = [max(a, b) for a, b in zip(peaks, _gpu_memory_used_mib(), strict=True)]
+            for index, found in _pids_per_gpu().items():
+                if index in pids:
+                    pids[index] |= found - before.get(index, set())
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -156,3 +180,5 @@ def test_embedded_server_runs_on_its_own_device(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     assert any(r["kind"] == "B" for r in read_metrics(out))
     assert peaks[0] - baseline[0] > 100 and peaks[1] - baseline[1] > 100, (baseline, peaks)
+    if pids[0] and pids[1]:  # two processes, each on its own device
+        assert not pids[0] & pids[1], pids

@@ -114,3 +114,16 @@ def external_server_overrides(out: Path, url: str) -> list[str]:
         "custom.extra.rollout_matching.vllm.server.servers": f"[{{base_url: '{url}'}}]",
     }
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+
+
+def check_phase_times(rows: list[dict[str, Any]]) -> None:
+    """Every row logs the learner's phases (`time/<phase>_s`), none negative, together at most the step's
+    wall time; every step runs forward/backward, and a B step waits for or builds its packs somewhere."""
+    from stagectl.timing import PHASES
+
+    for r in rows:
+        phases = {p: r[f"time/{p}_s"] for p in PHASES}
+        assert all(v >= 0 for v in phases.values()), (r["step"], phases)
+        assert sum(phases.values()) <= r["time/step_s"] + 1e-6, (r["step"], phases, r["time/step_s"])
+        assert phases["forward_backward"] > 0, r["step"]
+        assert phases["optimizer"] > 0, r["step"]

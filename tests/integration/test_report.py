@@ -24,6 +24,7 @@ TRAIN_AB_PLOTS = (
     "async_queue",
     "async_drops",
     "timing",
+    "phases",
     "optimizer",
 )
 
@@ -57,6 +58,12 @@ def train_ab_rows(num_steps: int, b_ratio: str, async_mode: bool, skips: set[int
             "time/step_s": 0.4 if kind == "A" else 0.9,
             "time/rollout_s": 0.0,
             "time/wait_s": 0.01,
+            "time/wait_packs_s": 0.01,
+            "time/collate_s": 0.0 if async_mode or kind == "A" else 0.05,
+            "time/forward_backward_s": 0.3 if kind == "A" else 0.5,
+            "time/optimizer_s": 0.02,
+            "time/fence_s": 0.01 if async_mode and step % 2 else 0.0,
+            "time/weight_sync_s": 0.1 if step % 2 else 0.0,
             "packing/fill": 0.7,
             "packing/n_packs": 2,
             "packing/lower_bound": 2,
@@ -154,8 +161,8 @@ def test_async_run_report(tmp_path: Path) -> None:
 
     result = run_cli("report", str(run_dir), timeout=120)
     assert result.returncode == 0, result.stderr
-    # eval.png + pr_curve.png + the two samples.jsonl plots
-    assert f"report: wrote {run_dir / 'report.md'} and 11 plot(s)" in result.stdout
+    # eval.png + pr_curve.png + the two samples.jsonl plots + phases.png
+    assert f"report: wrote {run_dir / 'report.md'} and 12 plot(s)" in result.stdout
 
     text = (run_dir / "report.md").read_text()
     num_b = sum(r["kind"] == "B" for r in rows)
@@ -201,6 +208,7 @@ def test_step_mode_run_without_b_steps_skips_plots_and_says_why(tmp_path: Path) 
         "b_ratio.png",
         "loss.png",
         "optimizer.png",
+        "phases.png",
         "timing.png",
     ]
     for path in (run_dir / "report").iterdir():

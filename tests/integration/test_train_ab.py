@@ -10,7 +10,13 @@ import pytest
 
 from stagectl.learner.samples import read_samples
 from stagectl.schedule import channel_for_step
-from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
+from tests.integration.helpers import (
+    check_phase_times,
+    read_metrics,
+    run_cli,
+    tiny_train_config,
+    write_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +51,7 @@ def test_one_row_per_step_and_kind_follows_schedule(gas4_run: tuple) -> None:
 
 def test_exactly_one_optimizer_update_per_step(gas4_run: tuple) -> None:
     _, run_dir, rows = gas4_run
+    check_phase_times(rows)
     assert [r["optimizer_updates"] for r in rows] == [1, 2, 3, 4]
     state = json.loads((run_dir / "final_state.json").read_text())
     assert state["num_updates"] == 4 and state["global_step"] == 4
@@ -66,6 +73,8 @@ def test_b_loop_runs_once_on_last_micro_step(gas4_run: tuple) -> None:
         ):
             assert key in r
         assert "rollout/parse_truncated_rate" in r and r["time/rollout_s"] > 0
+        # step mode: the learner itself waits for the rollouts and builds the packs
+        assert r["time/wait_packs_s"] > 0 and r["time/collate_s"] > 0
     a_rows = [r for r in rows if r["kind"] == "A"]
     assert all("rollout/f1" not in r for r in a_rows)
     assert all(r["num_backward"] == 4 for r in a_rows)  # one packed sequence per micro-step

@@ -13,7 +13,14 @@ from pathlib import Path
 from stagectl.rollout.launcher import start_server_process
 from stagectl.schedule import channel_for_step
 from tests.faults.helpers import fault_run
-from tests.integration.helpers import ROOT, read_metrics, run_cli, tiny_train_config, write_config
+from tests.integration.helpers import (
+    ROOT,
+    check_phase_times,
+    read_metrics,
+    run_cli,
+    tiny_train_config,
+    write_config,
+)
 
 
 def async_config(tmp_path: Path, **sections: object) -> dict:
@@ -75,6 +82,10 @@ def test_example_async_config_completes(tmp_path: Path) -> None:
     rows = read_metrics(out)
     assert len(rows) == 16
     check_async_invariants(rows, window=1)
+    check_phase_times(rows)
+    synced = [r for r in rows if "weight_sync/bytes" in r]
+    assert synced and all(r["time/weight_sync_s"] > 0 for r in synced)
+    assert sum(r["time/prefetch_build_s"] for r in rows) > 0  # the prefetcher thread built the packs
     assert sum(r["kind"] == "B" for r in rows) >= 3
     digests = json.loads((out / "final_state.json").read_text())["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
@@ -82,8 +93,11 @@ def test_example_async_config_completes(tmp_path: Path) -> None:
     last = rows[-1]
     assert last["stage2_ab/async/rollouts_requested_total"] > 0
     assert last["stage2_ab/async/drop_oldest_total"] == 0  # pacing never overfills the queue
-    for r in (r for r in rows if r["kind"] == "B"):  # one ready pack per micro-step, filled by tokens
-        assert r["packing/fill"] >= 0.8
+    # one ready pack per micro-step, filled by tokens; a burst cut short by a waiting sync packs its first
+    # request only (0.8 of the estimated need), so its packs may be less full
+    floor = 0.8 if last["stage2_ab/async/bursts_cut_short_total"] == 0 else 0.6
+    for r in (r for r in rows if r["kind"] == "B"):
+        assert r["packing/fill"] >= floor
     assert (out / "rollout_server.log").read_text().count('"path": "/infer/"') > 0
 
 
@@ -166,7 +180,7 @@ def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:
 
 
 def _sync_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if "time/weight_sync_s" in r]
+    return [r for r in rows if "weight_sync/bytes" in r]
 
 
 def test_async_with_delta_sync(tmp_path: Path) -> None:

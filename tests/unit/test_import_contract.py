@@ -5,7 +5,7 @@ must go from a layer to the same package or to a lower layer:
     role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
     core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
             packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
-            memory
+            memory, placement, timing
     config  config
 
 Inside `core`, packages may use each other but never in a cycle; inside `role`, one role never imports
@@ -70,6 +70,8 @@ LAYERS = {
         "seeds",
         "cache",
         "memory",
+        "placement",
+        "timing",
         "__init__",
     },
     "config": {"config"},

@@ -29,10 +29,12 @@ def test_sync_waits_for_in_flight_call() -> None:
     syncer.start()
     time.sleep(0.1)
     assert order == []  # the sync is waiting for the call
+    assert fence.sync_pending  # what a section making more calls checks to end early
     release.set()
     t.join(5)
     syncer.join(5)
     assert order == ["call done", "sync"]
+    assert not fence.sync_pending and fence.wait_s_total >= 0.1  # the sync's wait, for time/fence_s
 
 
 def _sync(fence: SyncFence, order: list[str]) -> None:

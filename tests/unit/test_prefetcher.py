@@ -122,6 +122,18 @@ def test_a_burst_fills_exactly_the_packs_pacing_wants_at_the_fill_ratio() -> Non
     assert queue.depth() == 0 and pf._packs_wanted() == 4
 
 
+def test_a_waiting_sync_cuts_the_burst_to_the_request_in_flight() -> None:
+    """The learner's weight sync waits for an open burst: the burst skips its top-ups and packs what the
+    first request brought into the packs asked for (less full), all queued before the sync goes on."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4, sync_pending=lambda: True)
+    pf._burst(pf._packs_wanted())
+    assert source.requests == [29] and pf.counters.cut_short_total == 1  # no top-up of 7
+    packs = [queue.pop_for_ver(0) for _ in range(4)]
+    assert sum(p.num_segments for p in packs) == 29 and queue.depth() == 0
+
+
 def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> None:
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()

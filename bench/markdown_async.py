@@ -1,0 +1,129 @@
+"""The async-vs-step section of BENCHMARKS.md (`bench.bench_async`): the runs table, the ratio and bound
+per config, and a plot of where each run's learner time went."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.bench_async import CONFIGS, PLACEMENTS
+
+FULL_STEPS = 18  # bench_async.run's default
+
+ROWS = (
+    ("trained_tokens_per_s", "trained tokens/s", "{:.0f}"),
+    ("wall_per_step_s", "wall per step (s)", "{:.2f}"),
+    ("overlap_ratio", "overlap max(R, T) / W", "{:.2f}"),
+    ("learner_idle_fraction", "learner idle fraction", "{:.3f}"),
+    ("drop_rate", "drop rate", "{:.3f}"),
+    ("weight_sync_share", "weight-sync share of wall", "{:.3f}"),
+    ("share/forward_backward", "forward/backward share", "{:.3f}"),
+    ("share/collate", "collate share (learner thread)", "{:.3f}"),
+    ("share/prefetch_build", "prefetcher build + collate (its thread)", "{:.3f}"),
+    ("learner_thread_cpu_share", "learner thread CPU / wall", "{:.2f}"),
+    ("other_threads_cpu_share", "other threads' CPU / wall", "{:.3f}"),
+)
+
+
+def run_names(r: dict[str, Any]) -> list[str]:
+    return [
+        f"{c}/{m}/{p}"
+        for c, modes in CONFIGS.items()
+        for m in modes
+        for p in PLACEMENTS
+        if f"{c}/{m}/{p}" in r["runs"]
+    ]
+
+
+def async_section(r: dict[str, Any]) -> list[str]:
+    if "runs" not in r:  # results of the earlier bench (before the placement table)
+        return ["Results predate the separated table; re-run `python -m bench async`."]
+    load = r.get("loadavg", [])
+    names = run_names(r)
+    lines = [
+        "One learner rank and an embedded hf rollout server on the tiny model. `separated`: learner and server "
+        "pinned to one core each (`launch.cpus`, `rollout_server.cpus`; the async prefetcher thread on the "
+        "server's core, `launch.prefetcher_cpus: server`); `shared`: nothing pinned, one torch thread each. "
+        "Configs: `b0.5` (b_ratio 0.5, 48 new tokens, async packed bs 1, sync every 2), `example` "
+        "(examples/tiny/train_ab_async.yaml on one rank), `b1.0` (B only, sync every step). R = rollout busy "
+        "(step: its rollout time; async: the prefetcher's busy time), idle = `time/wait_packs_s` + "
+        "`time/fence_s`, T = W - idle; figures after 2 warm-up steps.",
+        "",
+        f"{r['max_steps']} steps per run"
+        + (f"; 1-minute load average {load[0]:.1f} at the start, {load[-1]:.1f} at the end" if load else "")
+        + (" (**a loaded machine**)" if load and max(load) > 3 else "")
+        + (
+            f" (**a short check**: `python -m bench async` runs {FULL_STEPS})"
+            if r["max_steps"] < FULL_STEPS
+            else ""
+        )
+        + ".",
+        "",
+        "| run | " + " | ".join(label for _, label, _ in ROWS) + " |",
+        "|---|" + "---|" * len(ROWS),
+    ]
+    for name in names:
+        run = r["runs"][name]
+        cells = [fmt.format(run[key]) if key in run else "—" for key, _, fmt in ROWS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| config / placement | async / step trained tokens/s | overlap bound (R + T) / max(R, T) | of the bound |",
+        "|---|---|---|---|",
+    ]
+    for key, c in r["compare"].items():
+        lines.append(f"| {key} | {c['async_over_step']:.2f}x | {c['bound']:.2f}x | {c['of_bound']:.2f} |")
+    separated_cpu = [
+        run["learner_thread_cpu_share"]
+        for name, run in r["runs"].items()
+        if name.endswith("/separated") and "learner_thread_cpu_share" in run
+    ]
+    if separated_cpu:
+        lines += [
+            "",
+            f"Quietness check: the learner thread's CPU time was {min(separated_cpu):.2f}-{max(separated_cpu):.2f} "
+            "of the wall in the separated runs (a pinned learner on a quiet core is near 1 outside its waits); "
+            + (
+                "well below that, other work shared the pinned cores and the table measures the machine more "
+                "than the placement."
+                if max(separated_cpu) < 0.8
+                else "the pinned cores were the runs' own."
+            ),
+        ]
+    example = r["compare"].get("example/separated")
+    heavy = r["compare"].get("b1.0/separated")
+    heavy_idle = r["runs"].get("b1.0/async/separated", {}).get("learner_idle_fraction")
+    lines.append("")
+    if example is not None:
+        lines.append(
+            f"Target: async reaches >= 0.9 of the bound on the example config (separated): {example['of_bound']:.2f}."
+        )
+    if heavy is not None and heavy_idle is not None:
+        lines.append(
+            f"Target: rollout-heavy (b1.0, separated) async / step >= 1.6x with learner idle <= 10%: "
+            f"{heavy['async_over_step']:.2f}x, idle {heavy_idle:.1%}."
+        )
+    return lines
+
+
+def async_plot(r: dict[str, Any], ax: Any) -> bool:
+    """Stacked shares of each run's wall: the learner's phases and its idle rest."""
+    if "runs" not in r:
+        return False
+    names = run_names(r)
+    parts = (
+        ("share/forward_backward", "forward/backward"),
+        ("share/optimizer", "optimizer"),
+        ("share/collate", "collate (learner)"),
+        ("share/wait_packs", "waiting for rollouts/packs"),
+        ("share/fence", "fence"),
+        ("share/weight_sync", "weight sync"),
+    )
+    bottom = [0.0] * len(names)
+    for key, label in parts:
+        values = [r["runs"][n].get(key, 0.0) for n in names]
+        ax.bar(range(len(names)), values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(range(len(names)), [n.replace("/", "\n") for n in names], fontsize=6)
+    ax.set_ylabel("share of wall time")
+    ax.set_title("Where the learner's wall time goes (async vs step, separated vs shared)")
+    return True

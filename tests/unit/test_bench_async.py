@@ -1,0 +1,64 @@
+"""`python -m bench async`'s arithmetic on made-up metrics rows: idle, overlap, the async / step ratio and
+step mode's overlap bound, and the section it renders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.bench_async import compare, summarise
+from bench.markdown_async import async_section
+
+
+def step_row(step: int, *, step_s: float, rollout_s: float, tokens: int) -> dict[str, Any]:
+    return {
+        "step": step,
+        "kind": "B" if step % 2 else "A",
+        "tokens": tokens,
+        "time/step_s": step_s,
+        "time/rollout_s": rollout_s,
+        "time/wait_packs_s": rollout_s,
+        "time/forward_backward_s": step_s - rollout_s - 0.1,
+        "time/optimizer_s": 0.1,
+        "time/weight_sync_s": 0.0,
+    }
+
+
+def async_row(step: int, *, busy_s: float, sync_s: float = 0.0) -> dict[str, Any]:
+    key = "stage2_ab/async/"
+    return {
+        "step": step,
+        "kind": "B" if step % 2 else "A",
+        "tokens": 1000,
+        "time/step_s": 1.0,
+        "time/wait_packs_s": 0.05,
+        "time/fence_s": 0.05,
+        "time/forward_backward_s": 0.8,
+        "time/weight_sync_s": sync_s,
+        key + "prefetch_busy_s": busy_s,
+        key + "rollouts_requested_total": 10 * step,
+        key + "rollouts_dropped_total": step,
+    }
+
+
+def test_step_mode_bound_and_async_ratio() -> None:
+    # step mode: every step 2 s, of which 1 s rollouts (R = T): perfect overlap would double the throughput
+    step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
+    assert step["steps"] == 5
+    assert step["learner_idle_fraction"] == pytest.approx(0.5)
+    assert step["overlap_ratio"] == pytest.approx(0.5)
+    assert step["trained_tokens_per_s"] == pytest.approx(500.0)
+    # async: 1 s per step, idle 0.1 s, the prefetcher busy 0.6 s per step
+    rows = [async_row(s, busy_s=0.6 * s, sync_s=0.1 if s % 2 else 0.0) for s in range(8)]
+    fast = summarise(rows, "async")
+    assert fast["learner_idle_fraction"] == pytest.approx(0.1)
+    assert fast["overlap_ratio"] == pytest.approx(0.9)  # max(R = 0.6, T = 0.9) / 1
+    assert fast["drop_rate"] == pytest.approx(0.1)
+    assert fast["weight_sync_share"] == pytest.approx(0.04)  # 2 syncs of 0.1 s in 5 steps of 1 s
+    ratios = compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})
+    assert ratios["b0.5/separated"] == pytest.approx({"async_over_step": 2.0, "bound": 2.0, "of_bound": 1.0})
+    text = "\n".join(async_section({"max_steps": 8, "loadavg": [9.0, 9.5], "runs": {
+        "b0.5/step/separated": step, "b0.5/async/separated": fast}, "compare": ratios}))  # fmt: skip
+    assert "| b0.5/separated | 2.00x | 2.00x | 1.00 |" in text
+    assert "a loaded machine" in text and "a short check" in text
