@@ -4,9 +4,10 @@ Under `sdpa`, transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision attention sp
 window / image boundary and calls attention once per piece, from Python: a pack of 16 images runs ~1,900
 attention calls per step, and on an H100 the vision tower took half the step, launch-bound
 (BENCHMARKS.md, GPU section). Names containing "flash" take transformers' `cu_seqlens` path instead, so this
-module registers one (`VARLEN`) that computes the same block-diagonal attention in one call: PyTorch's own
-flash `varlen_attn` on CUDA in bf16/fp16, else one `scaled_dot_product_attention` over a block-diagonal
-mask. The language model keeps its own implementation; only the vision config is switched.
+module registers one (`VARLEN`) that computes the same block-diagonal attention: PyTorch's own flash
+`varlen_attn` in one call on CUDA in bf16/fp16, else one `scaled_dot_product_attention` per distinct piece
+length over a batch of equal-length pieces. The language model keeps its own implementation; only the
+vision config is switched.
 """
 
 from __future__ import annotations
@@ -52,11 +53,31 @@ def varlen_vision_attention(
         q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, H, D)
         out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling)
         return out.unsqueeze(0), None
-    lengths = (cu[1:] - cu[:-1]).long()
-    piece = torch.repeat_interleave(torch.arange(len(lengths), device=query.device), lengths)
-    mask = piece[:, None] == piece[None, :]  # (T, T): a patch attends within its own window / image
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+    return _equal_length_batches(query, key, value, cu, scaling), None
+
+
+def _equal_length_batches(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """The pieces grouped by length, one `scaled_dot_product_attention` per distinct length (a window
+    size, an image size) over a batch of pieces: a few calls, and never attention across the whole
+    sequence (a dense block-diagonal mask would cost (sum of lengths)^2)."""
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    starts = cu[:-1].long()
+    outputs, order = [], []
+    for length in sorted(set(lengths)):
+        pieces = torch.tensor([k for k, n in enumerate(lengths) if n == length], device=query.device)
+        index = (starts[pieces, None] + torch.arange(length, device=query.device)).reshape(-1)
+        q, k, v = (
+            t[0][:, index].unflatten(1, (len(pieces), length)).transpose(0, 1) for t in (query, key, value)
+        )
+        out = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # (pieces, H, length, D)
+        outputs.append(out.transpose(0, 1).flatten(1, 2))  # (H, pieces * length, D)
+        order.append(index)
+    position = torch.cat(order)
+    inverse = torch.empty_like(position)
+    inverse[position] = torch.arange(len(position), device=position.device)
+    return torch.cat(outputs, dim=1)[:, inverse].transpose(0, 1).unsqueeze(0).contiguous()  # (1, T, H, D)
 
 
 def use_varlen_vision_attention(model: torch.nn.Module) -> bool:

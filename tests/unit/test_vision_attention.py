@@ -23,7 +23,9 @@ def _logits_and_grads(model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor,
 
 
 @pytest.mark.parametrize("name", ["builtin:tiny-qwen2.5-vl", "builtin:tiny-qwen3-vl"])
-def test_one_call_per_layer_equals_the_per_window_loop(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batched_vision_attention_equals_the_per_window_loop(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.manual_seed(0)
     bundle = load_bundle(name)
     model, vision = bundle.model, bundle.model.config.vision_config
@@ -36,14 +38,18 @@ def test_one_call_per_layer_equals_the_per_window_loop(name: str, monkeypatch: p
         calls.append(tuple(q.shape))
         return sdpa(q, *args, **kwargs)
 
-    monkeypatch.setattr(vision_attention.F, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
     got, got_grads = _logits_and_grads(model, batch)
-    monkeypatch.undo()
-    num_patches = int(batch.pixel_values.shape[0])
-    # one call per vision layer over every patch (the language model's own sdpa calls are the rest)
-    assert sum(c[2] == num_patches for c in calls) == vision.depth
+    ours, calls[:] = len(calls), []
     vision._attn_implementation = "sdpa"  # transformers' own: one call per window / image
     want, want_grads = _logits_and_grads(model, batch)
+    theirs = len(calls)
+    monkeypatch.undo()
+    # the language model's calls are in both counts; the vision tower's are batched by piece length
+    num_lm_layers = model.config.get_text_config().num_hidden_layers
+    assert num_lm_layers < ours <= theirs, (ours, theirs)
+    if name == "builtin:tiny-qwen2.5-vl":  # equal-size windows: one call each for many
+        assert ours < theirs, (ours, theirs)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert got_grads.keys() == want_grads.keys() and got_grads
     for key, grad in want_grads.items():
