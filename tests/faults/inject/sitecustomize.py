@@ -13,8 +13,9 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   as optimizer step STEP (0-based) begins: the job dies between checkpoints, the CLI front survives;
 - `kill_in_push:SYNC` - learner rank 0 SIGKILLs the learner's process group inside its SYNC-th async
   weight push (1-based): the sync fence closed, the prefetcher's next burst waiting on it;
-- `wait_for_packs:SECONDS` - an async learner rank whose step wants Channel-B waits (up to SECONDS) until
-  its queue holds a B step's packs of one eligible version, so no B step turns into A for lack of packs
+- `wait_for_packs:SECONDS` - async learner ranks whose step wants Channel-B wait (up to SECONDS, together)
+  until every rank's queue holds a B step's packs of one common eligible version, so no B step turns into A
+  for lack of packs
   (makes the channel of every step, and so what is trained, independent of timing);
 - `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
   SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
@@ -157,10 +158,17 @@ def _wait_for_packs(module: ModuleType, seconds: str) -> None:
     original = cls.decide
 
     def decide(self: Any, step: int, policy_wants_b: bool) -> Any:
+        from stagectl import dist
+
+        # the gate needs `gas` packs of ONE version on EVERY rank: wait until the ranks' minimum has them
+        # (each rank waiting for its own packs is not enough: two ranks may hold different versions)
         deadline = time.monotonic() + float(seconds)
-        while policy_wants_b and time.monotonic() < deadline and self.prefetcher.error() is None:
-            _, counts = self.queue.eligible_counts()
-            if any(count >= self.gas for count in counts):
+        while policy_wants_b:
+            _, counts = self.queue.eligible_counts()  # the same versions on every rank
+            if any(count >= self.gas for count in dist.all_reduce_ints(counts, "min")):
+                break
+            give_up = time.monotonic() >= deadline or self.prefetcher.error() is not None
+            if dist.all_reduce_ints([int(give_up)], "max")[0]:
                 break
             time.sleep(0.02)
         return original(self, step, policy_wants_b)
