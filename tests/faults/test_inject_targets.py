@@ -30,6 +30,9 @@ SPECS = [
     "raise_in_prefetch:0",
     "slow_infer:0",
     "raise_in_judge:0:0",
+    "kill_at_step:1",
+    "kill_in_push:1",
+    "wait_for_packs:1",
 ]
 
 
