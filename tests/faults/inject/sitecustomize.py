@@ -137,7 +137,8 @@ def _kill_at_step(module: ModuleType, step: str) -> None:
     cls.train_step = train_step
 
 
-def _kill_in_push(module: ModuleType, sync: str) -> None:
+def _on_push(module: ModuleType, sync: str, act: Callable[[], None]) -> None:
+    """On learner rank 0, `act()` inside the SYNC-th weight push (1-based), before it sends anything."""
     if os.environ.get("RANK", "0") != "0":
         return
     cls = module.WeightPublisher
@@ -147,10 +148,14 @@ def _kill_in_push(module: ModuleType, sync: str) -> None:
     def push(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         if calls[0] == int(sync):
-            _kill_learner_group(f"SIGKILL of the learner inside weight push {sync}")
+            act()
         return original(self, *args, **kwargs)
 
     cls._push = push
+
+
+def _kill_in_push(module: ModuleType, sync: str) -> None:
+    _on_push(module, sync, lambda: _kill_learner_group(f"SIGKILL of the learner inside weight push {sync}"))
 
 
 def _wait_for_packs(module: ModuleType, seconds: str) -> None:
@@ -270,20 +275,11 @@ def _stop_in_micro_step(module: ModuleType, rank: str, call: str) -> None:
 
 
 def _stop_in_push(module: ModuleType, sync: str) -> None:
-    if os.environ.get("RANK", "0") != "0":
-        return
-    cls = module.WeightPublisher
-    original = cls._push
-    calls = [0]
+    def freeze() -> None:
+        _fire(f"rank 0 freezes (SIGSTOP) inside weight push {sync}")
+        os.kill(os.getpid(), signal.SIGSTOP)
 
-    def push(self: Any, *args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == int(sync):
-            _fire(f"rank 0 freezes (SIGSTOP) inside weight push {sync}")
-            os.kill(os.getpid(), signal.SIGSTOP)
-        return original(self, *args, **kwargs)
-
-    cls._push = push
+    _on_push(module, sync, freeze)
 
 
 def _resume_view(module: ModuleType, rank: str) -> None:
