@@ -1,8 +1,8 @@
 """One rank of `test_weight_sync_fsdp` (run with torchrun, 2 gloo ranks): a small model that only rank 0
 builds with values (rank 1 builds it on the meta device) sharded with `sharding.shard_from_rank0`, then synced by the learner's `WeightPublisher` to a fake-engine server that rank 0 runs in process, over each
 transport in turn. After each sync rank 0 checks the served weights against the whole state dict
-gathered the old way (`sharding.full_state_dict`) and prints one JSON line per sync. Before the syncs every
-rank prints whether its gathered weights and its buffers equal a model built with values on that rank.
+gathered the old way (`sharding.full_state_dict`) and writes one JSON line per sync. Before the syncs every
+rank writes whether its gathered weights and its buffers equal a model built with values on that rank.
 
 A last sync goes to a server whose first tensor has another shape: the push is refused at its first chunk,
 with the rest of the stream untaken, and every rank must still leave the sync (the ranks' all-gathers
@@ -52,6 +52,13 @@ def _serve(shapes: dict[str, torch.Tensor]) -> tuple[ThreadedServer, FakeEngine]
     return ThreadedServer(build_app(RolloutService(engine, settings))).start(), engine
 
 
+def _report(rank: int, row: dict[str, object]) -> None:
+    """One JSON line to this rank's own file: the ranks share torchrun's stdout, and two ranks printing at
+    once have interleaved two lines into one (a CI run failed on it)."""
+    with open(Path(sys.argv[1]) / f"rank{rank}.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def main() -> None:
     world = dist.read_world()
     torch_dist.init_process_group("gloo")
@@ -69,7 +76,7 @@ def main() -> None:
     loaded = sharding.full_state_dict(model)
     same = all(torch.equal(loaded[name], plain[name]) for name in plain)
     same_buffers = torch.equal(model.freqs, torch.arange(8.0) / 8)
-    print(json.dumps({"rank": world.rank, "loaded_equal": same, "buffers_equal": same_buffers}), flush=True)
+    _report(world.rank, {"rank": world.rank, "loaded_equal": same, "buffers_equal": same_buffers})
     servers = []
     if world.is_main:
         good = _serve(plain)
@@ -88,7 +95,7 @@ def main() -> None:
             served = servers[0][1].weights
             equal = sorted(name for name in expected if torch.equal(served[name], expected[name]))
             row = {"transport": transport, "status": outcome.status, "version": outcome.version}
-            print(json.dumps(row | {"equal": equal, "names": sorted(expected)}), flush=True)
+            _report(world.rank, row | {"equal": equal, "names": sorted(expected)})
         client.close()
     bad_url = dist.broadcast_object(servers[1][0].url if world.is_main else "")
     client = RolloutClient([bad_url], chunk_bytes=CHUNK_BYTES)
@@ -98,7 +105,7 @@ def main() -> None:
         refused = ""
     except dist.SharedError as exc:
         refused = str(exc)
-    print(json.dumps({"rank": world.rank, "refused": refused}), flush=True)
+    _report(world.rank, {"rank": world.rank, "refused": refused})
     client.close()
     dist.barrier()
     for server, _ in servers:
