@@ -194,14 +194,21 @@ class AsyncChannelB:
         fence_before = self.fence.wait_s_total
         started = time.perf_counter()
         with dist.phase("weight sync", "weight_sync_s"):
-            outcome = self.publisher.sync(self.fence, self.fence_timeout_s)
+            outcome = self.publisher.sync(self.fence, self.fence_timeout_s, then=self.after_sync)
         self.weights_are_ver = outcome.status == "ok"
         fence_s = self.fence.wait_s_total - fence_before
         self.runner.timer.add("fence", fence_s)
         self.runner.timer.add("weight_sync", time.perf_counter() - started - fence_s)
-        self.queue.set_current_ver(self.ver)
         self.open_step = self.next_step
         return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
+
+    def after_sync(self, outcome: object) -> None:
+        """Inside the sync's fence, every rank: the queue takes the new version (packs now outside the window
+        go), then the ranks measure which packs of the older versions EVERY rank holds (those versions can no
+        longer grow) for pacing (`ReadyPackQueue.set_shared`)."""
+        self.queue.set_current_ver(self.ver)
+        versions, counts = self.queue.eligible_counts()  # the same versions on every rank
+        self.queue.set_shared(versions, dist.all_reduce_ints(counts, "min"))
 
     def metrics(self) -> dict[str, Any]:
         """`stage2_ab/async/*` summed over ranks (queue depth: the sum of every rank's depth)."""

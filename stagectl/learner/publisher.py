@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,28 +89,38 @@ class WeightPublisher:
         return outcome
 
     def sync(
-        self, fence: SyncFence, fence_timeout_s: float | None, *, target: int | None = None
+        self,
+        fence: SyncFence,
+        fence_timeout_s: float | None,
+        *,
+        target: int | None = None,
+        then: Callable[[SyncOutcome], None] | None = None,
     ) -> SyncOutcome:
         """Async mode, every rank: close the fence (no rollout call in flight on this rank), meet, rank 0
         pushes the next version, every rank learns the outcome (and the version pushed). An unreachable server skips this sync (the
         next retries); a rejected push ends every rank with its message. `target`: push as this version
         instead of the next (a resumed run re-labels its checkpoint's weights with their saved version);
-        it must be above every version the servers report."""
+        it must be above every version the servers report. `then(outcome)` runs on every rank once the
+        version has moved, with the fence still closed (a collective is allowed there)."""
         with fence.sync(timeout_s=fence_timeout_s):
             dist.barrier()
             # under fsdp every rank gathers each tensor in turn while rank 0 sends it (see `_weights`)
             with self._weights() as weights:
                 outcome = self._push(weights, target) if self.world.is_main else SyncOutcome("ok")
             outcome = dist.broadcast_object(outcome)
-        if outcome.status == "error":
-            raise dist.SharedError(
-                f"weight sync to version {self.ver + 1} failed on rank 0: {outcome.message}"
-            )
-        if outcome.status == "unreachable":
-            self.num_failures += 1
-        else:
-            self._advance(outcome)
-        self.last = outcome
+            if outcome.status == "error":
+                raise dist.SharedError(
+                    f"weight sync to version {self.ver + 1} failed on rank 0: {outcome.message}"
+                )
+            # the version moves before the fence opens: a rollout section that starts the moment it opens
+            # must already see the new version, or the servers' answers would not match it
+            if outcome.status == "unreachable":
+                self.num_failures += 1
+            else:
+                self._advance(outcome)
+            self.last = outcome
+            if then is not None:  # every rank, inside the fence: no rollout section can start meanwhile
+                then(outcome)
         return outcome
 
     def _advance(self, outcome: SyncOutcome) -> None:

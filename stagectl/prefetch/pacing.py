@@ -6,7 +6,10 @@ version_window`, i.e. for the steps up to the `(version_window + 1)`-th weight s
 schedule says which of those steps want Channel-B. A B step takes `gas` packs of ONE version on every
 rank (the oldest feasible version first), so packs only count in whole groups of `gas`:
 
-- demand = `gas` x (B steps in the horizon) - the complete groups of older versions already queued;
+- demand = `gas` x (B steps in the horizon) - the complete groups of older versions that EVERY rank holds
+  (`QueueView.shared`: a group only this rank holds can never pass the gate, so it covers nothing; counting
+  it once let two ranks each hold a group of a different version and neither produce more, which turned
+  a B step into Channel-A);
 - room = `prefetch_target_packs` - packs of other versions queued;
 - wanted = min(demand, room) rounded down to a multiple of `gas`, less the current version's packs
   already queued.
@@ -43,6 +46,7 @@ class QueueView:
     versions: Sequence[int]
     counts: Sequence[int]
     current_ver: int
+    shared: Sequence[int] | None = None  # packs of each version every rank holds (None: `counts`)
 
 
 def eligible_horizon(next_step: int, sync_every_steps: int, version_window: int) -> range:
@@ -67,8 +71,9 @@ def packs_wanted(next_step: int, queue: QueueView, rules: PacingRules, open_step
     current now moves one sync earlier than `next_step` alone would say."""
     gas = rules.gas
     current = sum(c for v, c in zip(queue.versions, queue.counts, strict=True) if v == queue.current_ver)
+    shared = queue.counts if queue.shared is None else queue.shared
     older_groups = sum(
-        (c // gas) * gas for v, c in zip(queue.versions, queue.counts, strict=True) if v < queue.current_ver
+        (c // gas) * gas for v, c in zip(queue.versions, shared, strict=True) if v < queue.current_ver
     )
     others = sum(queue.counts) - current
     horizon = eligible_horizon(

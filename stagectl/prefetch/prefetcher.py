@@ -223,6 +223,7 @@ class Prefetcher:
         between steps (no pack held); a burst in flight is not part of it."""
         with self._lock:
             entries, queue_counters = self.queue.state()
+            shared = self.queue.shared()
             return {
                 **self._committed,
                 "carry_ver": self._carry_ver,
@@ -236,6 +237,7 @@ class Prefetcher:
                     for ver, pack in entries
                 ],
                 "queue_counters": queue_counters,
+                "shared": None if shared is None else sorted(shared.items()),
             }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -257,6 +259,7 @@ class Prefetcher:
             ver = int(saved["ver"])
             packs.append((ver, ReadyPack(batch, len(built), stats, ver, [r for r, _, _ in built])))
         self.queue.restore(packs, state["queue_counters"], size=lambda pack: pack.num_segments)
+        self.queue.restore_shared(state.get("shared"))  # absent from checkpoints written before it was kept
         self._commit()
 
     def _rebuild(self, rollouts: list[Rollout]) -> list[Built]:
@@ -290,8 +293,8 @@ class Prefetcher:
             self._error = exc
 
     def _packs_wanted(self) -> int:
-        versions, counts = self.queue.eligible_counts()
-        view = QueueView(versions, counts, self.current_ver())
+        versions, counts, shared = self.queue.pacing_counts()
+        view = QueueView(versions, counts, self.current_ver(), shared)
         return packs_wanted(self.next_step(), view, self.rules, open_step=self.open_step())
 
     def _burst(self, num_packs: int) -> None:

@@ -12,6 +12,12 @@ When full, `push` drops the oldest pack that is not held (`drop_oldest_total`); 
 held, the new pack itself is dropped. Packs that fall out of the version window are dropped and counted
 (`drop_stale_total`) and are never returned. Each pack carries a size (its segments) so the drops can be
 counted in rollouts too.
+
+The shared view (`set_shared`, read by pacing through `pacing_counts`): for each version older than the
+current one, how many of its packs EVERY rank holds (the minimum over ranks, measured at the weight sync
+that made it older, when it could no longer grow; lowered by each B step that takes packs of it). Pacing
+counts an older group as covering a coming B step only if every rank has it: a group one rank holds alone
+can never pass the gate.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class ReadyPackQueue(Generic[T]):
         self._items: list[_Entry[T]] = []  # push order; held entries keep their place
         self._lock = threading.Lock()
         self._current_ver = 0
+        self._shared: dict[int, int] | None = None  # None: never measured (each rank's own counts stand)
         self._pushed = self._popped = self._drop_oldest = self._drop_stale = self._dropped_segments = 0
 
     # ------------------------------------------------------------------ producer
@@ -100,6 +107,37 @@ class ReadyPackQueue(Generic[T]):
             versions = eligible_versions(self._current_ver, self.version_window)
             return versions, [sum(1 for e in self._items if e.ver == v) for v in versions]
 
+    def set_shared(self, versions: list[int], counts: list[int]) -> None:
+        """The packs of each version every rank holds (the minimum over ranks of `eligible_counts`),
+        measured right after a weight sync; only the versions older than the current one are kept."""
+        with self._lock:
+            self._shared = {v: c for v, c in zip(versions, counts, strict=True) if v < self._current_ver}
+
+    def restore_shared(self, pairs: list[tuple[int, int]] | None) -> None:
+        """Put back a checkpoint's shared view (`sorted(shared().items())`); None: not measured (a
+        checkpoint written before it was kept): each rank's own counts stand until the next sync."""
+        with self._lock:
+            self._shared = None if pairs is None else {int(v): int(c) for v, c in pairs}
+
+    def shared(self) -> dict[int, int] | None:
+        with self._lock:
+            return None if self._shared is None else dict(self._shared)
+
+    def pacing_counts(self) -> tuple[list[int], list[int], list[int]]:
+        """(versions oldest first, this rank's packs of each, the packs of each that every rank holds as
+        far as this rank knows: the shared view for older versions, this rank's own count otherwise)."""
+        with self._lock:
+            self._purge_stale()
+            versions = eligible_versions(self._current_ver, self.version_window)
+            own = [sum(1 for e in self._items if e.ver == v) for v in versions]
+            if self._shared is None:
+                return versions, own, list(own)
+            shared = [
+                min(c, self._shared.get(v, 0)) if v < self._current_ver else c
+                for v, c in zip(versions, own, strict=True)
+            ]
+            return versions, own, shared
+
     def hold(self, gas: int) -> tuple[list[int], list[int]]:
         """Hold up to `gas` packs of every eligible version (oldest packs first) and return
         (versions oldest first, packs held of each). Held packs stay until `take_held`/`release_held`."""
@@ -124,6 +162,8 @@ class ReadyPackQueue(Generic[T]):
             for entry in self._items:
                 entry.held = False
             self._popped += len(taken)
+            if self._shared is not None and ver in self._shared:  # every rank took as many of `ver`
+                self._shared[ver] = max(0, self._shared[ver] - len(taken))
             return [e.pack for e in taken]
 
     def release_held(self) -> None:

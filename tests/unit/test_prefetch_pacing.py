@@ -102,3 +102,17 @@ def test_a_sync_still_ahead_for_the_step_in_flight_shortens_the_horizon() -> Non
     assert packs_wanted(2, queued, r, open_step=1) == 0
     assert packs_wanted(2, queued, r) == 2  # the horizon once step 1's sync has happened: B steps 3, 5
     assert packs_wanted(2, QueueView([0], [0], current_ver=0), r, open_step=1) == 2
+
+
+def test_an_older_group_only_this_rank_holds_covers_no_b_step() -> None:
+    """The cross-rank race (stop 23): this rank holds a group of version 4, the other rank a group of 5.
+    Counted from this rank's own queue the group of 4 covers the next B step and nothing more is made, so
+    the gate (gas packs of ONE version on every rank) finds none and the B step trains Channel-A. Counted
+    from what every rank holds it covers nothing, and this rank makes a group of 5."""
+    r = rules(version_window=2, target_packs=6, max_steps=7)  # steps 5 and 6 are B: 4 packs in demand
+    own_view = QueueView([3, 4, 5], [0, 2, 0], current_ver=5)
+    assert packs_wanted(5, own_view, r) == 2  # the group of 4 counted: one B step short
+    shared_view = QueueView([3, 4, 5], [0, 2, 0], current_ver=5, shared=[0, 0, 0])
+    assert packs_wanted(5, shared_view, r) == 4
+    every_rank = QueueView([3, 4, 5], [0, 2, 0], current_ver=5, shared=[0, 2, 0])
+    assert packs_wanted(5, every_rank, r) == 2

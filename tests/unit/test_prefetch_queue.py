@@ -203,3 +203,26 @@ def test_restore_drops_packs_newer_than_the_current_version() -> None:
     resumed.restore([(4, "ahead")], {**counters, "dropped_segments_total": 0}, size=lambda pack: 2)
     assert resumed.depth() == 0
     assert resumed.counters().drop_stale_total == 1 and resumed.counters().dropped_segments_total == 2
+
+
+def test_the_shared_view_counts_older_packs_every_rank_holds_and_follows_takes() -> None:
+    q: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
+    for name in ("a", "b", "c", "d"):
+        q.push(name, 0)
+    assert q.pacing_counts() == ([0], [4], [4])  # never measured: this rank's own counts stand
+    q.set_current_ver(1)
+    q.set_shared([0, 1], [2, 0])  # the other rank holds 2 packs of version 0; the current one is not kept
+    assert q.shared() == {0: 2}
+    q.push("e", 1)
+    assert q.pacing_counts() == ([0, 1], [4, 1], [2, 1])
+    versions, held = q.hold(2)
+    assert (versions, held) == ([0, 1], [2, 1])
+    assert q.take_held(0) == ["a", "b"]  # every rank takes 2 of version 0: none left that all ranks hold
+    assert q.pacing_counts() == ([0, 1], [2, 1], [0, 1])
+    saved = sorted((q.shared() or {}).items())
+    other: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
+    other.set_current_ver(1)
+    other.restore_shared(saved)
+    assert other.shared() == {0: 0}
+    other.restore_shared(None)  # a checkpoint from before the view was kept
+    assert other.shared() is None

@@ -15,7 +15,9 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   weight push (1-based): the sync fence closed, the prefetcher's next burst waiting on it;
 - `wait_for_packs:SECONDS` - async learner ranks whose step wants Channel-B wait (up to SECONDS, together)
   until every rank's queue holds a B step's packs of one common eligible version, so no B step turns into A
-  for lack of packs
+  for lack of packs; and before each weight sync every rank waits (up to SECONDS) until its prefetcher
+  wants no more packs of the current version, so every burst pacing asks for at a version is generated
+  at that version, not at the next one when the prefetcher thread runs late
   (makes the channel of every step, and so what is trained, independent of timing);
 - `kill_in_sync:SYNC:CHUNK` - the rollout server SIGKILLs itself when chunk CHUNK (0-based) of the
   SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
@@ -179,6 +181,18 @@ def _wait_for_packs(module: ModuleType, seconds: str) -> None:
         return original(self, step, policy_wants_b)
 
     cls.decide = decide
+    original_after_update = cls.after_update
+
+    def after_update(self: Any, num_updates: int) -> Any:
+        if num_updates % self.acfg.sync_every_steps == 0:  # a sync comes: finish this version's bursts
+            deadline = time.monotonic() + float(seconds)
+            while self.prefetcher._packs_wanted() > 0 and self.prefetcher.error() is None:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+        return original_after_update(self, num_updates)
+
+    cls.after_update = after_update
 
 
 def _kill_in_broadcast(module: ModuleType, call: str) -> None:
