@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.faults.helpers import FaultRun, fault_run, report
-from tests.integration.helpers import read_metrics, tiny_train_config, write_config
-from tests.integration.test_stage_b import stage_b_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import (
+    async_config,
+    read_metrics,
+    stage_b_config,
+    tiny_train_config,
+    write_config,
+)
 
 STEP_S = 8.0  # the watchdog deadline these tests set (real runs: 600 s)
 SLACK_S = 10.0  # "every process gone within the deadline + 10 s"

@@ -8,8 +8,7 @@ import shutil
 from pathlib import Path
 
 from tests.faults.helpers import fault_run
-from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import async_config, read_metrics, run_cli, tiny_train_config, write_config
 
 
 def _a_only(tmp_path: Path, max_steps: int) -> Path:

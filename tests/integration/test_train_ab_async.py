@@ -11,65 +11,16 @@ import time
 from pathlib import Path
 
 from stagectl.rollout.launcher import start_server_process
-from stagectl.schedule import channel_for_step
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import (
     ROOT,
+    async_config,
+    check_async_invariants,
     check_phase_times,
     read_metrics,
     run_cli,
-    tiny_train_config,
     write_config,
 )
-
-
-def async_config(tmp_path: Path, **sections: object) -> dict:
-    base = tiny_train_config(
-        tmp_path,
-        training={"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 8},
-        launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
-        custom={
-            "extra": {
-                "rollout_matching": {
-                    "rollout_backend": "vllm",
-                    "max_new_tokens": 24,
-                    "vllm": {"mode": "server", "server": {"timeout_s": 60}},
-                }
-            }
-        },
-        stage2_ab={
-            "schedule": {"b_ratio": 0.5},
-            "channel_b": {
-                "mode": "async",
-                "rollout_decode_batch_size": 4,
-                "async": {
-                    "queue_limit": 8,
-                    "version_window": 1,
-                    "prefetch_target_packs": 4,
-                    "sync_every_steps": 2,
-                },
-            },
-        },
-        rollout_server={"embedded": True, "max_batch_size": 8},
-    )
-    from tests.integration.helpers import deep_merge
-
-    return deep_merge(base, sections)  # type: ignore[arg-type]
-
-
-def check_async_invariants(rows: list[dict], window: int) -> None:
-    for r in rows:
-        wanted = channel_for_step(r["step"], 0.5)
-        assert r["policy_wants_b"] == (wanted == "B")
-        if r["stage2_ab/async/b_step_skipped_due_to_queue"]:
-            assert wanted == "B" and r["kind"] == "A"
-        else:
-            assert r["kind"] == wanted
-        if r["kind"] == "B":
-            assert 0 <= r["stage2_ab/async/ver_lag"] <= window
-            assert r["num_backward"] == 2  # rank 0: one forward/backward per micro-step (GAS = 2)
-            assert r["packing/n_packs"] == 2 * 2  # one pack per micro-step on each of the 2 ranks
-            assert "rollout/f1" in r
 
 
 def test_example_async_config_completes(tmp_path: Path) -> None:
