@@ -10,13 +10,16 @@ from hypothesis import strategies as st
 from stagectl.detection.serialize import serialize_objects
 from stagectl.detection.vocab import TokenVocab
 from stagectl.models.tokenizer import build_tiny_tokenizer
+from tests.helpers import fuzz_examples
 from tests.unit.helpers import parse_checked, random_objects, toy_tokenizer
 
 TOKENIZER = build_tiny_tokenizer()
 VOCAB = TokenVocab.from_tokenizer(TOKENIZER)
 FUSED = toy_tokenizer(['"]}}', '"]},', '"]}', "}}", "},", ' "', '{"', '":', '",', "object_", "desc"])
 JSONISH = FUSED.ids(*'{}[]:, "x\\', '"]}}', '"]},', "},", ' "', '{"', '":', "object_", "desc", "<|coord_1|>")
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @SETTINGS
