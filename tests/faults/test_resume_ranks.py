@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import async_config, read_metrics, run_cli, tiny_train_config, write_config
 
@@ -21,10 +23,24 @@ def _a_only(tmp_path: Path, max_steps: int) -> Path:
     return write_config(tmp_path / f"cfg-{max_steps}.yaml", cfg)
 
 
-def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-rank A-only run of 2 steps with checkpoint-2, shared by the tests below (each resumes a copy)."""
+    tmp_path = tmp_path_factory.mktemp("two-steps")
     first = run_cli("train-ab", str(_a_only(tmp_path, 2)))
     assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = tmp_path / "run"
+    return tmp_path / "run"
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(
+    two_steps: Path, tmp_path: Path
+) -> None:
+    run_dir = _copy_of(two_steps, tmp_path)
     # checkpoint-3 is being written (no trainer state, no optimizer yet); rank 1's view lists it anyway
     shutil.copytree(run_dir / "checkpoint-2" / "model", run_dir / "checkpoint-3" / "model")
     args = ["train-ab", str(_a_only(tmp_path, 4)), "--set", "training.resume_from_checkpoint=latest"]
@@ -37,9 +53,8 @@ def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(
     assert digests[0] == digests[1]
 
 
-def test_resume_with_another_world_size_is_refused_by_name(tmp_path: Path) -> None:
-    first = run_cli("train-ab", str(_a_only(tmp_path, 2)))
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_resume_with_another_world_size_is_refused_by_name(two_steps: Path, tmp_path: Path) -> None:
+    _copy_of(two_steps, tmp_path)
     config = _a_only(tmp_path, 4)
     result = run_cli(
         "train-ab", str(config), "--nproc", "1", "--set", "training.resume_from_checkpoint=latest"
