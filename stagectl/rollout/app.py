@@ -19,7 +19,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stagectl.rollout.collective import GroupError, GroupInfo
 from stagectl.rollout.guards import TooManyRequests, TooManyTokens, bearer_ok
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
@@ -41,8 +40,10 @@ from stagectl.rollout.protocol import (
     WorldSizeResponse,
 )
 from stagectl.rollout.service import BadRequest, RolloutService
-from stagectl.rollout.stream import WeightStreamServer
-from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, NoGroupError, WeightSyncError
+from stagectl.weightsync.collective import GroupError, GroupInfo
+from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.stream import WeightStreamServer
+from stagectl.weightsync.wire import DIGEST_PATTERN
 
 ACCESS_LOGGER = "stagectl.rollout.access"
 STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"
@@ -199,8 +200,8 @@ def _too_many_requests(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
-    conflict = isinstance(exc, (DeltaBaseError, NoGroupError))
-    return JSONResponse({"detail": str(exc)}, status_code=409 if conflict else 400)
+    status = status_of(exc) if isinstance(exc, WeightSyncError) else 400
+    return JSONResponse({"detail": str(exc)}, status_code=status)
 
 
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
@@ -302,7 +303,9 @@ def build_app(service: RolloutService) -> FastAPI:
         settings = service.settings
         stream = None
         if settings.weight_stream_port is not None:
-            stream = WeightStreamServer(service, settings.weight_stream_host, settings.weight_stream_port)
+            stream = WeightStreamServer(
+                service.sync, settings, settings.weight_stream_host, settings.weight_stream_port
+            )
             service.weight_stream_port = stream.start().port
         try:
             yield

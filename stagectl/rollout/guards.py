@@ -1,5 +1,5 @@
 """The rollout server's request guards, written once for both ports: the bearer-token comparison and the
-bounds on the work one `/infer/` call may ask for. Pure: the HTTP layers (`rollout.app`, `rollout.stream`)
+bounds on the work one `/infer/` call may ask for. Pure: the HTTP layers (`rollout.app`, `weightsync.stream`)
 and the engines call these and map the distinct failures onto distinct status codes."""
 
 from __future__ import annotations

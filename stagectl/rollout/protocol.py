@@ -304,7 +304,7 @@ class AbortBody(_Request):
 
 
 class GroupInitBody(_Request):
-    """`transport: collective`: join the learner's weight group (see `rollout.collective`)."""
+    """`transport: collective`: join the learner's weight group (see `weightsync.collective`)."""
 
     master_address: str = Field(min_length=1, max_length=256)
     master_port: int = Field(ge=1, le=65535)

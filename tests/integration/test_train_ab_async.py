@@ -206,7 +206,7 @@ def test_async_with_delta_sync(tmp_path: Path) -> None:
     for r in syncs:
         assert 0 < r["weight_sync/bytes"] <= r["weight_sync/state_bytes"] + 64 * 1024  # + chunk headers
         assert 0 < r["weight_sync/step_fraction"] < 1 and r["weight_sync/mb_per_s"] > 0
-    assert read_metrics(out)[-1]["rollout_client/delta_fallbacks"] == 0
+    assert read_metrics(out)[-1]["weight_sync/delta_fallbacks"] == 0
 
 
 def test_async_with_shm_sync(tmp_path: Path) -> None:

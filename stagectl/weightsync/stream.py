@@ -27,15 +27,17 @@ import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from stagectl.rollout.guards import bearer_ok
 from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH
-from stagectl.rollout.service import RolloutService
-from stagectl.rollout.staging import ChunkReceiver
 from stagectl.rollout.tls import server_context
-from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
+from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.staging import ChunkReceiver
+from stagectl.weightsync.wire import DIGEST_PATTERN
 
 access_log = logging.getLogger("stagectl.rollout.access")
 log = logging.getLogger(__name__)
@@ -50,6 +52,21 @@ _BUSY = (
     + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
     + _BUSY_BODY
 )
+
+
+class StreamSettings(Protocol):
+    """What the port reads of the server's settings (`rollout.service.ServerSettings` has them all)."""
+
+    @property
+    def auth_token(self) -> str | None: ...
+    @property
+    def max_weight_chunk_bytes(self) -> int: ...
+    @property
+    def body_timeout_s(self) -> float: ...
+    @property
+    def tls_certfile(self) -> Path | None: ...
+    @property
+    def tls_keyfile(self) -> Path | None: ...
 
 
 class _Refused(Exception):
@@ -131,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _Refused:
             self._drain(length)
             raise
-        sync = self.server.service.sync
+        sync = self.server.sync
         try:
             receiver = sync.begin_chunk(
                 query["sync_id"],
@@ -144,16 +161,16 @@ class _Handler(BaseHTTPRequestHandler):
             # Refused before the body (e.g. a delta against another base: 409). Drain it, so the answer
             # goes out on a connection the client can keep using.
             self._drain(length)
-            raise _Refused(409 if isinstance(exc, DeltaBaseError) else 400, str(exc)) from None
+            raise _Refused(status_of(exc), str(exc)) from None
         self._receive(receiver, length)
         try:
             num = sync.finish_chunk(receiver)
         except WeightSyncError as exc:
-            raise _Refused(409 if isinstance(exc, DeltaBaseError) else 400, str(exc)) from None
+            raise _Refused(status_of(exc), str(exc)) from None
         return {"sync_id": query["sync_id"], "chunk_index": query["chunk_index"], "num_tensors": num}
 
     def _check_token(self) -> None:
-        expected = self.server.service.settings.auth_token
+        expected = self.server.settings.auth_token
         if expected is not None and not bearer_ok(self.headers.get("Authorization"), expected):
             raise _Refused(401, "missing or wrong bearer token", close=True)
 
@@ -166,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not text.isdigit():
             raise _Refused(411, "a weight chunk needs Content-Length", close=True)
         length = int(text)
-        limit = self.server.service.settings.max_weight_chunk_bytes
+        limit = self.server.settings.max_weight_chunk_bytes
         if length > limit:
             raise _Refused(413, f"request body of {length} bytes exceeds {limit}", close=True)
         return length
@@ -175,7 +192,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Read `length` body bytes within the body deadline: straight into the staging where the receiver
         says where they go (`destination`), else through this connection's buffer into `feed` (the
         header, an errored chunk) or nowhere (`receiver` None: draining a refused body)."""
-        settings = self.server.service.settings
+        settings = self.server.settings
         deadline = time.monotonic() + settings.body_timeout_s
         remaining = length
         while remaining:
@@ -218,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             finished = True
         finally:
             if not finished:
-                self.server.service.sync.fail_chunk(receiver, "the chunk's body did not arrive whole")
+                self.server.sync.fail_chunk(receiver, "the chunk's body did not arrive whole")
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         payload = json.dumps(body).encode()
@@ -262,9 +279,10 @@ class WeightStreamServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, sync: WeightSync, settings: StreamSettings, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        settings = service.settings
         context = None
         if settings.tls_certfile is not None and settings.tls_keyfile is not None:
             context = server_context(settings.tls_certfile, settings.tls_keyfile)  # before binding anything
@@ -272,7 +290,8 @@ class WeightStreamServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as exc:
             raise ValueError(f"cannot bind the weight-stream port {host}:{port}: {exc.strerror}") from None
-        self.service = service
+        self.sync = sync
+        self.settings = settings
         if context is not None:
             self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.port: int = self.server_address[1]
