@@ -220,7 +220,10 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     dtype = getattr(torch, cfg.model.torch_dtype)
     state = {n: t.detach().to("cpu", dtype=dtype) for n, t in bundle.model.state_dict().items()}
     fix = "read the server's log; a shape or dtype mismatch means the server runs another checkpoint"
-    disk_dir = rm.vllm.sync.disk_dir or cfg.training.output_dir / "weight_sync"
+    sync = rm.vllm.sync
+    disk_dir = (
+        sync.disk_dir if sync.transport == "disk" else None
+    ) or cfg.training.output_dir / "weight_sync"
     created = [p for p in (disk_dir, *disk_dir.parents) if not p.exists()]  # removed again if left empty
     try:
         with WeightSyncClient.from_config(rm, disk_dir=disk_dir) as client:

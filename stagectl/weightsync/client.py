@@ -17,10 +17,11 @@ import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync, RolloutMatchingConfig
 from stagectl.rollout.client import server_version
 from stagectl.rollout.protocol import VersionResponse, read_token
 from stagectl.rollout.tls import client_context
@@ -95,18 +96,22 @@ class WeightSyncClient:
         server, sync = rm.vllm.server, rm.vllm.sync
         urls = list(base_urls) if base_urls is not None else [s.base_url for s in server.servers]
         token = read_token(server.auth_token_env, "custom.extra.rollout_matching.vllm.server.auth_token_env")
+        own: dict[str, Any] = {}  # the keys of the configured transport's section (each has only its own)
+        if isinstance(sync, HttpSync):
+            own = {"chunk_bytes": int(sync.chunk_mb * MIB), "delta": sync.delta}
+        elif isinstance(sync, CollectiveSync):
+            own = {"group_address": sync.group_address}
+        elif isinstance(sync, DiskSync):
+            own = {"disk_dir": sync.disk_dir if sync.disk_dir is not None else disk_dir}
         return cls(
             urls,
-            transport=_transport(sync.transport),
+            transport=sync.transport,
             timeout_s=server.timeout_s,
             read_timeout_s=server.infer_timeout_s,
             auth_token=token,
-            chunk_bytes=int(sync.chunk_mb * MIB),
-            disk_dir=sync.disk_dir if sync.disk_dir is not None else disk_dir,
-            delta=sync.delta,
-            group_address=sync.group_address,
             tls_ca_file=server.tls_ca_file,
             tls_skip_verify=server.tls_skip_verify,
+            **own,
         )
 
     def versions(self) -> list[VersionResponse]:
@@ -169,9 +174,3 @@ class WeightSyncClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _transport(name: str) -> Transport:
-    if name not in ("http", "disk", "shm", "collective"):
-        raise ValueError(f"weight sync transport {name!r} is not built (config validation refuses it)")
-    return name  # type: ignore[return-value]

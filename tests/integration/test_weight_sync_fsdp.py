@@ -54,7 +54,11 @@ def test_a_streamed_fsdp_sync_serves_the_gathered_weights_over_every_transport(t
         stdout, stderr = proc.communicate()
         raise AssertionError(f"the ranks hung:\n{stdout[-2000:]}\n{stderr[-4000:]}") from None
     assert proc.returncode == 0, stderr[-4000:]
-    rows = [json.loads(line) for rank in (0, 1) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for rank in (0, 1)
+        for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()
+    ]
     loads = sorted((r["rank"], r["loaded_equal"], r["buffers_equal"]) for r in rows if "loaded_equal" in r)
     assert loads == [(0, True, True), (1, True, True)]  # rank 1 built on meta, filled from rank 0
     syncs = [r for r in rows if "transport" in r]

@@ -86,7 +86,7 @@ def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                     "infer_timeout_s": 0,
                     "auth_token_env": "TOK",
                 },
-                "sync": {"transport": "disk", "chunk_mb": 2},
+                "sync": {"transport": "disk"},
             },
         }
     )
@@ -98,7 +98,6 @@ def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         assert client.base_urls == ["http://127.0.0.1:1"]
     with WeightSyncClient.from_config(rm, disk_dir=tmp_path) as sync:
         assert sync.base_urls == ["http://127.0.0.1:1"] and isinstance(sync.sender, DiskSender)
-        assert sync.transport == "disk" and sync.chunk_bytes == 2 * 1024 * 1024
-        assert sync.disk_dir == tmp_path
+        assert sync.transport == "disk" and sync.disk_dir == tmp_path
     with RolloutClient.from_config(rm, base_urls=["http://127.0.0.1:2"]) as client:
         assert client.base_urls == ["http://127.0.0.1:2"]
