@@ -12,18 +12,28 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stagectl.rollout.guards import TooManyRequests, TooManyTokens, bearer_ok
+from stagectl.rollout.guards import (
+    BodyBudget,
+    BodyTimeout,
+    BodyTooLarge,
+    TooManyRequests,
+    TooManyTokens,
+    Unauthorized,
+    check_token,
+    validation_detail,
+)
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
     WEIGHT_CHUNK_PATH,
     AbortBody,
+    ChunkQuery,
     ChunkResponse,
     CommitBody,
     DiskSyncBody,
@@ -43,7 +53,6 @@ from stagectl.rollout.service import BadRequest, RolloutService
 from stagectl.weightsync.collective import GroupError, GroupInfo
 from stagectl.weightsync.errors import WeightSyncError, status_of
 from stagectl.weightsync.stream import WeightStreamServer
-from stagectl.weightsync.wire import DIGEST_PATTERN
 
 ACCESS_LOGGER = "stagectl.rollout.access"
 STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"
@@ -74,9 +83,10 @@ async def _weight_call(request: Request, func: Callable[..., T], *args: Any) -> 
 
 async def require_token(request: Request) -> None:
     """Every route but `/health/`: `Authorization: Bearer <token>` when the server has a token (401 otherwise)."""
-    expected = _service(request).settings.auth_token
-    if expected is not None and not bearer_ok(request.headers.get("authorization"), expected):
-        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    try:
+        check_token(request.headers.get("authorization"), _service(request).settings.auth_token)
+    except Unauthorized as exc:
+        raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
 
 
 async def require_token_unless_open_infer(request: Request) -> None:
@@ -118,20 +128,19 @@ def infer(body: InferBody, request: Request) -> list[RolloutItem]:
 
 
 @router.post(WEIGHT_CHUNK_PATH)
-async def update_weights(
-    request: Request,
-    sync_id: str = Query(min_length=1, max_length=128),
-    chunk_index: int = Query(ge=0),
-    digest: str = Query(pattern=DIGEST_PATTERN),
-    version: int = Query(ge=0),
-    base_version: int | None = Query(None, ge=0),
-) -> ChunkResponse:
+async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]) -> ChunkResponse:
     # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
     # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
     sync = _service(request).sync
     try:
         receiver = await _weight_call(
-            request, sync.begin_chunk, sync_id, chunk_index, digest, version, base_version
+            request,
+            sync.begin_chunk,
+            query.sync_id,
+            query.chunk_index,
+            query.digest,
+            query.version,
+            query.base_version,
         )
     except WeightSyncError:
         # Refused before its body was read (e.g. a delta against another base: 409). Drain the body (no copy)
@@ -148,7 +157,7 @@ async def update_weights(
         if not finished:
             await _weight_call(request, sync.fail_chunk, receiver, "the chunk's body did not arrive whole")
     num = await _weight_call(request, sync.finish_chunk, receiver)
-    return ChunkResponse(sync_id=sync_id, chunk_index=chunk_index, num_tensors=num)
+    return ChunkResponse(sync_id=query.sync_id, chunk_index=query.chunk_index, num_tensors=num)
 
 
 @router.post("/update_weights/commit/")
@@ -206,11 +215,7 @@ def _bad_request(request: Request, exc: Exception) -> JSONResponse:
 
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [
-        {"field": ".".join(str(p) for p in err["loc"] if p != "body") or "<body>", "message": err["msg"]}
-        for err in exc.errors()
-    ]
-    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    detail, errors = validation_detail(exc.errors())
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
 
 
@@ -229,31 +234,32 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["path"])
+        budget = BodyBudget(self.limit_for(scope["path"]), self.body_timeout_s)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            response = JSONResponse(
-                {"detail": f"request body of {int(declared)} bytes exceeds {limit}"}, 413, headers=CLOSE
-            )
-            await response(scope, receive, send)
+        try:
+            if declared is not None and declared.isdigit():
+                budget.declared(int(declared))
+        except BodyTooLarge as exc:
+            await JSONResponse({"detail": str(exc)}, 413, headers=CLOSE)(scope, receive, send)
             return
         received = 0
         complete = False
-        deadline = time.monotonic() + self.body_timeout_s
 
         async def limited() -> Message:
             nonlocal received, complete
             if complete:  # after the body: only the disconnect notice, which may come much later
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                left_s = budget.remaining_s()  # before `receive()` makes a coroutine it would then drop
+                message = await asyncio.wait_for(receive(), left_s)
+                received += len(message.get("body", b""))
+                budget.received(received)
             except TimeoutError:
-                raise HTTPException(
-                    408, f"request body not received within {self.body_timeout_s:g} s", headers=CLOSE
-                ) from None
-            received += len(message.get("body", b""))
-            if received > limit:
-                raise HTTPException(413, f"request body exceeds {limit} bytes", headers=CLOSE)
+                raise HTTPException(408, str(budget.expired()), headers=CLOSE) from None
+            except BodyTimeout as exc:
+                raise HTTPException(408, str(exc), headers=CLOSE) from None
+            except BodyTooLarge as exc:
+                raise HTTPException(413, str(exc), headers=CLOSE) from None
             complete = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 

@@ -37,7 +37,6 @@ from stagectl.weightsync.errors import WeightSyncError
 ROWS_KEY = "stagectl.rows"
 SPARSE_KEY = "stagectl.sparse"  # JSON list of names sent as values + `<name>@index` (delta only)
 INDEX_SUFFIX = "@index"
-DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own cap
 # torch dtype name -> safetensors dtype code
 ST_CODES = {

@@ -126,3 +126,28 @@ def test_a_server_that_is_not_there_is_unreachable() -> None:
         assert lost.value.unreachable
     finally:
         servers.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"chunk_index": 0, "digest": "0" * 32, "version": 1}, "sync_id"),
+        ({"sync_id": "s", "chunk_index": -1, "digest": "0" * 32, "version": 1}, "chunk_index"),
+        ({"sync_id": "s", "chunk_index": 0, "digest": "xyz", "version": 1}, "digest"),
+        (
+            {"sync_id": "s", "chunk_index": 0, "digest": "0" * 32, "version": 1, "base_version": "a"},
+            "base_version",
+        ),
+    ],
+)
+def test_both_ports_check_a_chunk_query_with_one_model(
+    url: str, query: dict[str, object], field: str
+) -> None:
+    """`protocol.ChunkQuery` on both ports: the same 422 and the same detail, naming the field."""
+    answers = [
+        httpx.post(target, params=query, content=b"x" * 8)  # type: ignore[arg-type]
+        for target in (f"{url}/update_weights/", _stream_url(url))
+    ]
+    assert [a.status_code for a in answers] == [422, 422]
+    app_detail, stream_detail = (a.json()["detail"] for a in answers)
+    assert app_detail == stream_detail and app_detail.startswith(f"{field}: ")
