@@ -99,6 +99,11 @@ async def require_token_unless_open_infer(request: Request) -> None:
 health_router = APIRouter()
 swift_router = APIRouter(dependencies=[Depends(require_token_unless_open_infer)])
 router = APIRouter(dependencies=[Depends(require_token)])
+# one router per weight-sync transport: the app mounts those in `ServerSettings.weight_transports` only
+weight_routers = {
+    transport: APIRouter(dependencies=[Depends(require_token)])
+    for transport in ("http", "collective", "shm", "disk")
+}
 
 
 @health_router.get("/health/")
@@ -127,7 +132,7 @@ def infer(body: InferBody, request: Request) -> list[RolloutItem]:
     return [RolloutItem.of(response) for response in _service(request).infer(body)]
 
 
-@router.post(WEIGHT_CHUNK_PATH)
+@weight_routers["http"].post(WEIGHT_CHUNK_PATH)
 async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]) -> ChunkResponse:
     # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
     # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
@@ -160,7 +165,7 @@ async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]
     return ChunkResponse(sync_id=query.sync_id, chunk_index=query.chunk_index, num_tensors=num)
 
 
-@router.post("/update_weights/commit/")
+@weight_routers["http"].post("/update_weights/commit/")
 async def commit(body: CommitBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).commit, body.sync_id, body.version, body.num_chunks)
 
@@ -170,7 +175,7 @@ async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
     return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
 
 
-@router.post("/update_weights/group/init/")
+@weight_routers["collective"].post("/update_weights/group/init/")
 async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     info = GroupInfo(body.master_address, body.master_port, body.rank, body.world_size, body.timeout_s)
     try:
@@ -180,26 +185,26 @@ async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     return {"rank": body.rank}
 
 
-@router.post("/update_weights/group/start/")
+@weight_routers["collective"].post("/update_weights/group/start/")
 async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
     tensors = [(t.name, t.dtype, tuple(t.shape)) for t in body.tensors]
     await _weight_call(request, _service(request).sync.group_start, body.sync_id, body.version, tensors)
     return {"sync_id": body.sync_id}
 
 
-@router.post("/update_weights/group/finish/")
+@weight_routers["collective"].post("/update_weights/group/finish/")
 async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).sync.group_finish, body.sync_id, body.version)
 
 
-@router.post("/update_weights/from_shm/")
+@weight_routers["shm"].post("/update_weights/from_shm/")
 async def from_shm(body: ShmSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(
         request, _service(request).sync.load_from_shm, body.path, body.version, body.digest
     )
 
 
-@router.post("/update_weights/from_disk/")
+@weight_routers["disk"].post("/update_weights/from_disk/")
 async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).load_from_disk, body.path, body.version)
 
@@ -308,7 +313,7 @@ def build_app(service: RolloutService) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings = service.settings
         stream = None
-        if settings.weight_stream_port is not None:
+        if settings.weight_stream_port is not None and "http" in settings.weight_transports:
             stream = WeightStreamServer(
                 service.sync, settings, settings.weight_stream_host, settings.weight_stream_port
             )
@@ -328,6 +333,8 @@ def build_app(service: RolloutService) -> FastAPI:
     app.state.weight_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-sync")
     for routes in (health_router, swift_router, router):
         app.include_router(routes)
+    for transport in sorted(service.settings.weight_transports):
+        app.include_router(weight_routers[transport])
     for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
     app.add_exception_handler(TooManyRequests, _too_many_requests)

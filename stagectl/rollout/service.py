@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import stagectl
+from stagectl.config.rollout import TRANSPORTS
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.guards import CallLimits, TooManyTokens, check_call
 from stagectl.rollout.paths import load_image
@@ -55,6 +56,8 @@ class ServerSettings:
     weight_stream_port: int | None = 0  # its port (0: a free one; None: off, chunks go to the app's port)
     tls_certfile: Path | None = None  # both set: TLS on both ports (`rollout.tls`)
     tls_keyfile: Path | None = None
+    # the weight-sync transports whose routes the app mounts (an embedded server: its learner's one only)
+    weight_transports: frozenset[str] = frozenset(TRANSPORTS)
 
 
 class RolloutService:

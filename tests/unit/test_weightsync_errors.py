@@ -6,14 +6,17 @@ thread, the fake engine, its weight-stream port on)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from stagectl.config import load_config
 from stagectl.rollout.app import build_app
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.service import RolloutService, ServerSettings
-from stagectl.rollout.serving import ThreadedServer
+from stagectl.rollout.serving import ThreadedServer, weight_transports
 from stagectl.weightsync.base import Servers
 from stagectl.weightsync.errors import (
     DeltaBaseError,
@@ -151,3 +154,44 @@ def test_both_ports_check_a_chunk_query_with_one_model(
     assert [a.status_code for a in answers] == [422, 422]
     app_detail, stream_detail = (a.json()["detail"] for a in answers)
     assert app_detail == stream_detail and app_detail.startswith(f"{field}: ")
+
+
+def _weight_paths(transports: frozenset[str]) -> set[str]:
+    engine = FakeEngine(default_weights(), batch_wait_ms=0)
+    app = build_app(RolloutService(engine, ServerSettings(weight_transports=transports)))
+    return set(app.openapi()["paths"]) & {  # the paths the app serves
+        "/update_weights/",
+        "/update_weights/commit/",
+        "/update_weights/abort/",
+        "/update_weights/group/init/",
+        "/update_weights/group/start/",
+        "/update_weights/group/finish/",
+        "/update_weights/from_shm/",
+        "/update_weights/from_disk/",
+    }
+
+
+def test_the_app_mounts_only_the_configured_transports_routes() -> None:
+    assert _weight_paths(frozenset({"shm"})) == {"/update_weights/abort/", "/update_weights/from_shm/"}
+    assert _weight_paths(frozenset({"http"})) == {
+        "/update_weights/",
+        "/update_weights/commit/",
+        "/update_weights/abort/",
+    }
+    assert len(_weight_paths(frozenset({"http", "collective", "shm", "disk"}))) == 8
+    engine = FakeEngine(default_weights(), batch_wait_ms=0)
+    shm_only = TestClient(
+        build_app(RolloutService(engine, ServerSettings(weight_transports=frozenset({"shm"}))))
+    )
+    assert shm_only.post("/update_weights/commit/", json={}).status_code == 404  # not served at all
+    assert shm_only.post("/update_weights/from_shm/", json={}).status_code == 422  # served: the body is wrong
+
+
+def test_an_embedded_server_takes_its_learners_transport_only(tmp_path: Path) -> None:
+    yaml = "custom:\n  extra:\n    rollout_matching:\n      rollout_backend: vllm\n"
+    (tmp_path / "c.yaml").write_text(yaml)
+    sync = "custom.extra.rollout_matching.vllm.sync.transport=disk"
+    embedded = load_config(tmp_path / "c.yaml", [sync, "rollout_server.embedded=true"])
+    standalone = load_config(tmp_path / "c.yaml", [sync])
+    assert weight_transports(embedded) == {"disk"}
+    assert weight_transports(standalone) == {"http", "collective", "shm", "disk"}
