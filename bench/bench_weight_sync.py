@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stagectl.rollout.delta import bits_np
 from stagectl.rollout.engines.fake import default_weights
 from stagectl.rollout.launcher import ServerProcess
-from stagectl.rollout.shm import SHM_DIR
-from stagectl.rollout.weights import byte_view
+from stagectl.weightsync.base import Transport
+from stagectl.weightsync.delta import bits_np
+from stagectl.weightsync.shm import SHM_DIR
+from stagectl.weightsync.wire import byte_view
 
 SIZES_MIB = (100, 1000)
 BLOCK_MIB = 4
@@ -49,6 +50,9 @@ CHUNK_MIB = 64
 DELTA_CHANGED = 0.01  # share of elements changed between delta pushes (bf16 at lr ~1e-5 sees ~6%)
 TRANSPORTS = ("http", "shm", "disk", "delta", "collective")
 LRS = (1e-3, 1e-4, 1e-5, 1e-6)
+
+
+SENDERS: tuple[Transport, ...] = ("http", "shm", "disk", "collective")  # one client each
 
 
 def _serve(weights_dir: str, state_mib: int) -> None:
@@ -120,7 +124,7 @@ def _touch_elements(state: dict[str, torch.Tensor], g: torch.Generator) -> None:
 
 
 def run_size(repeats: int, state_mib: int) -> dict[str, object]:
-    from stagectl.rollout.client import RolloutClient
+    from stagectl.weightsync.client import WeightSyncClient
 
     g = torch.Generator().manual_seed(0)
     state = {
@@ -148,21 +152,30 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
             url = server.wait_listening(120)
             assert sink.stdout is not None
             port = int(sink.stdout.readline())
+            clients = {
+                transport: WeightSyncClient(
+                    [url], transport=transport, chunk_bytes=CHUNK_MIB << 20, disk_dir=weights_dir
+                )
+                for transport in SENDERS
+            }
             with (
-                RolloutClient([url], chunk_bytes=CHUNK_MIB << 20, disk_dir=weights_dir) as client,
-                RolloutClient([url], chunk_bytes=CHUNK_MIB << 20, delta=True) as delta,
+                clients["http"] as client,
+                clients["shm"],
+                clients["disk"],
+                clients["collective"],
+                WeightSyncClient([url], chunk_bytes=CHUNK_MIB << 20, delta=True) as delta,
             ):
                 version = 1
                 client.push_weights(state, version)  # warm-up: the server allocates its staging
                 version += 1
-                client.push_weights(state, version, transport="collective")  # warm-up: the group forms
+                clients["collective"].push_weights(state, version)  # warm-up: the group forms
                 for _ in range(repeats):  # every measurement once per round, so noise hits them alike
                     seconds["raw_socket"].append(raw_socket_s(state, port))
                     seconds["memcpy"].append(memcpy_s(state, into))
                     seconds["tmpfs"].append(tmpfs_s(state, into))
-                    for transport in ("http", "shm", "disk", "collective"):
+                    for transport in SENDERS:
                         version += 1
-                        report = client.push_weights(state, version, transport=transport)  # type: ignore[arg-type]
+                        report = clients[transport].push_weights(state, version)
                         seconds[transport].append(report.seconds)
                     version += 1
                     delta.push_weights(state, version, base_version=version - 1)  # full: the delta's base
@@ -212,7 +225,7 @@ def unchanged_fractions(
     over the parameters that got a gradient, and the delta's bytes as a share of the state dict; medians
     over the steps after the first (Adam's first step moves every element with a gradient by ~lr)."""
     from stagectl.models.loading import load_bundle
-    from stagectl.rollout.delta import DeltaTracker, bits
+    from stagectl.weightsync.delta import DeltaTracker, bits
 
     rows = []
     for dtype in ("float32", "bfloat16"):

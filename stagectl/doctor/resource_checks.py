@@ -15,7 +15,7 @@ from stagectl.memory.estimate import DTYPE_BYTES, GIB, estimate_memory, trainabl
 from stagectl.memory.from_config import knobs_from_config, model_shape
 from stagectl.memory.shapes import ModelShape
 
-SHM_DIR = Path("/dev/shm")  # = stagectl.rollout.shm.SHM_DIR (that module imports torch)
+SHM_DIR = Path("/dev/shm")  # = stagectl.weightsync.shm.SHM_DIR (that module imports torch)
 GPU_WARN_FRACTION = 0.9  # an estimate above this share of the card is a warning (fragmentation, kernels)
 
 

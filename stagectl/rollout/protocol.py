@@ -304,7 +304,7 @@ class AbortBody(_Request):
 
 
 class GroupInitBody(_Request):
-    """`transport: collective`: join the learner's weight group (see `rollout.collective`)."""
+    """`transport: collective`: join the learner's weight group (see `weightsync.collective`)."""
 
     master_address: str = Field(min_length=1, max_length=256)
     master_port: int = Field(ge=1, le=65535)
@@ -345,6 +345,20 @@ class ShmSyncBody(_Request):
     version: int = Field(ge=0)
     digest: str = Field(pattern=r"^[0-9a-fA-F]{32}$")
     """XXH3-128 of the whole file, hex."""
+
+
+DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"  # XXH3-128 of a weight chunk, hex
+
+
+class ChunkQuery(BaseModel):
+    """The query of `POST /update_weights/` (one weight chunk), checked by this one model on the app's port
+    and on the weight-stream port alike (422 naming the field)."""
+
+    sync_id: str = Field(min_length=1, max_length=128)
+    chunk_index: int = Field(ge=0)
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    version: int = Field(ge=0)
+    base_version: int | None = Field(None, ge=0)  # a delta's base; absent for a full sync
 
 
 class ChunkResponse(_Response):

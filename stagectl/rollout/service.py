@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import stagectl
+from stagectl.config.rollout import TRANSPORTS
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.guards import CallLimits, TooManyTokens, check_call
 from stagectl.rollout.paths import load_image
@@ -28,10 +29,10 @@ from stagectl.rollout.protocol import (
     Usage,
     VersionResponse,
 )
-from stagectl.rollout.shm import SHM_DIR, remove_stale
 from stagectl.rollout.swift_fields import refusals
-from stagectl.rollout.sync import WeightSync
 from stagectl.rollout.text import normalize_messages
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.shm import SHM_DIR, remove_stale
 
 
 class BadRequest(ValueError):
@@ -51,10 +52,12 @@ class ServerSettings:
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
     shm_dir: Path = SHM_DIR  # where `transport: shm` snapshots live
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
-    weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`rollout.stream`): its address,
+    weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`weightsync.stream`): its address,
     weight_stream_port: int | None = 0  # its port (0: a free one; None: off, chunks go to the app's port)
     tls_certfile: Path | None = None  # both set: TLS on both ports (`rollout.tls`)
     tls_keyfile: Path | None = None
+    # the weight-sync transports whose routes the app mounts (an embedded server: its learner's one only)
+    weight_transports: frozenset[str] = frozenset(TRANSPORTS)
 
 
 class RolloutService:

@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient, WeightPushError
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
-from stagectl.rollout.shm import SHM_DIR, shm_path, write_snapshot
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.weightsync.shm import SHM_DIR, shm_path, write_snapshot
 from tests.faults.helpers import INJECT_DIR
 from tests.integration.helpers import ROOT
 
@@ -51,7 +52,7 @@ def _version(url: str) -> int:
 
 def test_corrupted_or_truncated_snapshot_keeps_the_old_version(served: tuple[str, FakeEngine]) -> None:
     url, engine = served
-    with RolloutClient([url], transport="shm") as client:
+    with WeightSyncClient([url], transport="shm") as client:
         client.push_weights(_state(1.0), 1)
     assert _version(url) == 1 and bool((engine.weights["block0"] == 1.0).all())
     for damage, sync_id in (("flip", "c0ffee01"), ("truncate", "c0ffee02")):
@@ -76,7 +77,7 @@ def test_corrupted_or_truncated_snapshot_keeps_the_old_version(served: tuple[str
         f"{url}/update_weights/from_shm/", json={"path": "/etc/passwd", "version": 2, "digest": "0" * 32}
     )
     assert response.status_code == 400 and "not a stagectl snapshot" in response.json()["detail"]
-    with RolloutClient([url], transport="shm") as client:
+    with WeightSyncClient([url], transport="shm") as client:
         client.push_weights(_state(3.0), 2)
     assert _version(url) == 2 and bool((engine.weights["block0"] == 3.0).all())
     assert _snapshots_of(os.getpid()) == []
@@ -96,7 +97,7 @@ def test_server_killed_while_mapping_a_snapshot(tmp_path: Path) -> None:
     server = _fake_server(tmp_path, "kill_in_sync:2:0")  # dies when it opens the second sync
     try:
         url = server.wait_listening(60)
-        with RolloutClient([url], transport="shm") as client:
+        with WeightSyncClient([url], transport="shm") as client:
             client.push_weights(_state(1.0), 1)
             assert _version(url) == 1
             with pytest.raises(WeightPushError):
@@ -110,17 +111,17 @@ def test_server_killed_while_mapping_a_snapshot(tmp_path: Path) -> None:
 
 LEARNER = """
 import sys, torch
-from stagectl.rollout.client import RolloutClient
+from stagectl.weightsync.client import WeightSyncClient
 from stagectl.rollout.engines.fake import default_weights
 state = {n: torch.full_like(t, 5.0) for n, t in default_weights(num_mib=1, block_mib=1).items()}
-with RolloutClient([sys.argv[1]], transport="shm") as client:
+with WeightSyncClient([sys.argv[1]], transport="shm") as client:
     client.push_weights(state, int(sys.argv[2]))
 """
 
 
 def test_learner_killed_with_a_snapshot_written(served: tuple[str, FakeEngine], tmp_path: Path) -> None:
     url, engine = served
-    with RolloutClient([url], transport="shm") as client:
+    with WeightSyncClient([url], transport="shm") as client:
         client.push_weights(_state(1.0), 1)
     env = {
         **os.environ,
@@ -136,7 +137,7 @@ def test_learner_killed_with_a_snapshot_written(served: tuple[str, FakeEngine], 
     dead_pid = int(pid_record.stem.split("-")[1])
     assert len(_snapshots_of(dead_pid)) == 1  # SIGKILL left it behind...
     assert _version(url) == 1 and bool((engine.weights["block0"] == 1.0).all())  # ...and nothing changed
-    with RolloutClient([url], transport="shm") as client:  # the next start cleans up after the dead
+    with WeightSyncClient([url], transport="shm") as client:  # the next start cleans up after the dead
         assert _snapshots_of(dead_pid) == []
         client.push_weights(_state(2.0), 2)
     assert _version(url) == 2

@@ -25,10 +25,10 @@ from stagectl.learner.precision import Precision
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.engines.fake import FakeEngine
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
+from stagectl.weightsync.client import WeightSyncClient
 
 STORAGE = torch.bfloat16
 CHUNK_BYTES = 300  # smaller than most tensors: they go out in row ranges over several chunks
@@ -84,7 +84,9 @@ def main() -> None:
         servers = [good, bad]
     url = dist.broadcast_object(servers[0][0].url if world.is_main else "")
     for transport in ("http", "collective", "shm"):
-        client = RolloutClient([url], transport=transport, chunk_bytes=CHUNK_BYTES, shm_dir=Path(sys.argv[1]))
+        client = WeightSyncClient(
+            [url], transport=transport, chunk_bytes=CHUNK_BYTES, shm_dir=Path(sys.argv[1])
+        )
         publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=STORAGE)
         with torch.no_grad():  # new weights for this sync, different on every shard
             for param in model.parameters():
@@ -98,7 +100,7 @@ def main() -> None:
             _report(world.rank, row | {"equal": equal, "names": sorted(expected)})
         client.close()
     bad_url = dist.broadcast_object(servers[1][0].url if world.is_main else "")
-    client = RolloutClient([bad_url], chunk_bytes=CHUNK_BYTES)
+    client = WeightSyncClient([bad_url], chunk_bytes=CHUNK_BYTES)
     publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=STORAGE)
     try:
         publisher.sync(SyncFence(), None)

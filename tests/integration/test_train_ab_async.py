@@ -68,7 +68,7 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
     for r in synced:
         assert 0 < r["weight_sync/bytes"] <= r["weight_sync/state_bytes"] + 64 * 1024  # + chunk headers
         assert 0 < r["weight_sync/step_fraction"] < 1 and r["weight_sync/mb_per_s"] > 0
-    assert last["rollout_client/delta_fallbacks"] == 0
+    assert last["weight_sync/delta_fallbacks"] == 0
 
 
 def test_killed_server_skips_b_and_never_hangs(tmp_path: Path) -> None:

@@ -30,15 +30,15 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from stagectl.rollout.collective import GroupError, GroupInfo, WeightGroup
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.paths import resolve_under_roots
 from stagectl.rollout.protocol import SyncResponse
-from stagectl.rollout.shm import SHM_DIR, parse_shm_name
-from stagectl.rollout.staging import ChunkReceiver, StagedWeights, verify_full
-from stagectl.rollout.weights import DeltaBaseError, NoGroupError, WeightSyncError
+from stagectl.weightsync.collective import GroupError, GroupInfo, WeightGroup
+from stagectl.weightsync.errors import DeltaBaseError, NoGroupError, WeightSyncError
+from stagectl.weightsync.shm import SHM_DIR, parse_shm_name
+from stagectl.weightsync.staging import ChunkReceiver, StagedWeights, verify_full
 
-log = logging.getLogger("stagectl.rollout.sync")
+log = logging.getLogger("stagectl.weightsync.receiver")
 
 
 class WeightSync:

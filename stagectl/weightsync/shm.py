@@ -1,4 +1,7 @@
-"""`transport: shm` files: safetensors snapshots in `/dev/shm` named `stagectl-<owner pid>-<sync id>.safetensors`.
+"""Transport `shm` (learner and servers on one node): `ShmSender` writes one snapshot that every server maps
+(`WeightSync.load_from_shm` on the server side reads it).
+
+Snapshot files: safetensors snapshots in `/dev/shm` named `stagectl-<owner pid>-<sync id>.safetensors`.
 
 The learner writes one (`write_snapshot`, the tensors' own bytes, no serialisation copy) and removes it
 when the push ends however it ends; the server removes it once read. A process killed with SIGKILL
@@ -11,13 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import uuid
 from pathlib import Path
 
 import xxhash
 
-from stagectl.rollout.weights import TensorStream, WeightState, byte_view, encode_chunks, safetensors_prefix
+from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
+from stagectl.weightsync.wire import TensorStream, WeightState, byte_view, encode_chunks, safetensors_prefix
 
-log = logging.getLogger("stagectl.rollout.shm")
+log = logging.getLogger("stagectl.weightsync.shm")
 SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"^stagectl-(\d{1,10})-([0-9a-f]{1,64})\.safetensors$")
 
@@ -77,3 +82,37 @@ def write_snapshot(path: Path, state: WeightState) -> tuple[str, int]:
         for part in chunk.parts(64 << 20):
             f.write(part)
     return chunk.digest, chunk.num_bytes - len(chunk.header)
+
+
+class ShmSender:
+    """One snapshot in shared memory, mapped by every server (all on this node); removed here whatever
+    happens (a SIGKILL leaves it to the next start's `remove_stale`)."""
+
+    transport: Transport = "shm"
+
+    def __init__(self, servers: Servers, shm_dir: Path = SHM_DIR) -> None:
+        if not shm_dir.is_dir():
+            raise ValueError(f"weight sync transport shm needs {shm_dir} (a tmpfs); use http or disk here")
+        remove_stale(shm_dir)  # snapshots of learners killed before they could clean up
+        self.servers = servers
+        self.shm_dir = shm_dir
+
+    def keeps_delta_base(self) -> bool:
+        return False
+
+    def push(self, state: WeightState, version: int, base_version: int | None) -> Sent:
+        path = shm_path(uuid.uuid4().hex, self.shm_dir)
+        total = state_bytes(state)
+        try:
+            digest, num_bytes = write_snapshot(path, state)
+            body = {"path": str(path), "version": version, "digest": digest}
+            responses = self.servers.on_every(
+                lambda k: self.servers.post(k, "/update_weights/from_shm/", json=body)
+            )
+            check_versions(responses, version)
+        finally:
+            path.unlink(missing_ok=True)
+        return Sent(num_bytes, 1, total)
+
+    def close(self) -> None:
+        pass
