@@ -158,7 +158,7 @@ def config_reference() -> str:
 
 def _model_section(prefix: str, model: type[BaseModel], title: str | None = None) -> list[str]:
     """One table for the model's own leaf keys, then one section per nested model, depth first (a union of
-    sections: one per variant, titled by its tag, e.g. `vllm.sync` with `transport: shm`)."""
+    sections: one per variant, titled by its tag, e.g. `vllm.sync` with `transport: disk`)."""
     rows: list[str] = []
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
@@ -186,7 +186,7 @@ def _model_section(prefix: str, model: type[BaseModel], title: str | None = None
 
 
 def _variant_tag(model: type[BaseModel]) -> str:
-    """`transport: shm`: the single-value `Literal` key that tells a union's variants apart."""
+    """`transport: disk`: the single-value `Literal` key that tells a union's variants apart."""
     for name, field in model.model_fields.items():
         args = typing.get_args(field.annotation)
         if typing.get_origin(field.annotation) is Literal and len(args) == 1:

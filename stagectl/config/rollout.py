@@ -44,7 +44,7 @@ class VllmServerConfig(StrictModel):
     can impersonate the server and read the token). Excludes `tls_ca_file`."""
 
 
-TRANSPORTS = ("http", "collective", "shm", "disk")
+TRANSPORTS = ("http", "collective", "disk")
 
 
 def _transport_tag(value: Any) -> str:
@@ -68,7 +68,7 @@ class HttpSync(StrictModel):
     port), committed once every server staged every chunk."""
 
     transport: Literal["http"] = "http"
-    """The weight-sync transport: `http`, `collective`, `shm` or `disk`; each takes only its own keys."""
+    """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
     mode: Literal["full", "adapter"] = "full"
     """`full`: every parameter of the plain model (with `model.adapter`: the merged weights). `adapter`:
     only the adapter tensors of `model.adapter` (peft's names, float32), which an `hf`-engine server merges
@@ -89,6 +89,12 @@ class HttpSync(StrictModel):
                 "designed, docs/weight_sync.md); use transport: collective (the same broadcast protocol over "
                 "a gloo group) or http"
             )
+        if value == "shm":
+            raise ValueError(
+                'shm was removed (measured slower than disk everywhere, BENCHMARKS.md "Weight sync"); use '
+                "transport: disk with disk_dir on a tmpfs such as /dev/shm/stagectl for the same in-memory "
+                "snapshot"
+            )
         if value not in TRANSPORTS:
             raise ValueError(f"unknown transport {value!r}; use one of: {', '.join(TRANSPORTS)}")
         return value
@@ -99,7 +105,7 @@ class CollectiveSync(StrictModel):
     own and each tensor is broadcast from the learner."""
 
     transport: Literal["collective"]
-    """The weight-sync transport: `http`, `collective`, `shm` or `disk`; each takes only its own keys."""
+    """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
     mode: Literal["full"] = "full"
     """`full`: every parameter of the plain model (adapter syncs run over http)."""
     group_address: str = "127.0.0.1"
@@ -109,24 +115,12 @@ class CollectiveSync(StrictModel):
     _full = field_validator("mode", mode="before")(_full_only)
 
 
-class ShmSync(StrictModel):
-    """`transport: shm`: a snapshot in `/dev/shm` that every server maps (learner rank 0 and the servers on
-    one node: loopback server URLs only)."""
-
-    transport: Literal["shm"]
-    """The weight-sync transport: `http`, `collective`, `shm` or `disk`; each takes only its own keys."""
-    mode: Literal["full"] = "full"
-    """`full`: every parameter of the plain model (adapter syncs run over http)."""
-
-    _full = field_validator("mode", mode="before")(_full_only)
-
-
 class DiskSync(StrictModel):
     """`transport: disk`: a snapshot under `disk_dir` that each server loads by path (under its
     `--weights-dir`)."""
 
     transport: Literal["disk"]
-    """The weight-sync transport: `http`, `collective`, `shm` or `disk`; each takes only its own keys."""
+    """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
     mode: Literal["full"] = "full"
     """`full`: every parameter of the plain model (adapter syncs run over http)."""
     disk_dir: Path | None = None
@@ -138,7 +132,6 @@ class DiskSync(StrictModel):
 VllmSyncConfig = Annotated[
     Annotated[HttpSync, Tag("http")]
     | Annotated[CollectiveSync, Tag("collective")]
-    | Annotated[ShmSync, Tag("shm")]
     | Annotated[DiskSync, Tag("disk")],
     Discriminator(_transport_tag),
 ]

@@ -119,14 +119,6 @@ def validate_sync_transport(cfg: StagectlConfig, world_size: int) -> list[Proble
                 "vllm.sync.group_address to an address of the learner's node the servers can reach",
             )
         )
-    if sync.transport == "shm" and remote:
-        problems.append(
-            Problem(
-                "custom.extra.rollout_matching.vllm.sync.transport",
-                f"shm works only with servers on the learner's node, but {', '.join(remote)} is not a "
-                "loopback address; use transport: http for remote servers (or list them as 127.0.0.1)",
-            )
-        )
     return problems
 
 

@@ -195,8 +195,6 @@ def _weight_transport(cfg: StagectlConfig, name: str, url: str, info: VersionRes
             f"collective: this node can host the weight group at {sync.group_address} (--push proves the "
             "servers reach it)",
         )
-    if sync.transport == "shm":
-        return ok(check_name, "shm: the server is on this node (see resources.shm)")
     return ok(check_name, f"{sync.transport}: snapshots by path (--push proves the server may read them)")
 
 

@@ -43,7 +43,6 @@ from stagectl.rollout.protocol import (
     HealthResponse,
     InferBody,
     RolloutItem,
-    ShmSyncBody,
     StatsResponse,
     SyncResponse,
     VersionResponse,
@@ -102,7 +101,7 @@ router = APIRouter(dependencies=[Depends(require_token)])
 # one router per weight-sync transport: the app mounts those in `ServerSettings.weight_transports` only
 weight_routers = {
     transport: APIRouter(dependencies=[Depends(require_token)])
-    for transport in ("http", "collective", "shm", "disk")
+    for transport in ("http", "collective", "disk")
 }
 
 
@@ -195,13 +194,6 @@ async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
 @weight_routers["collective"].post("/update_weights/group/finish/")
 async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).sync.group_finish, body.sync_id, body.version)
-
-
-@weight_routers["shm"].post("/update_weights/from_shm/")
-async def from_shm(body: ShmSyncBody, request: Request) -> SyncResponse:
-    return await _weight_call(
-        request, _service(request).sync.load_from_shm, body.path, body.version, body.digest
-    )
 
 
 @weight_routers["disk"].post("/update_weights/from_disk/")

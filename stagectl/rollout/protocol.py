@@ -10,7 +10,6 @@ list of `RolloutItem` (swift's `RolloutOutput`: an `InferResponse` plus the weig
   sent in order 0, 1, 2, ... A delta names `base_version`: a server not serving it answers 409.
 - `POST /update_weights/commit/` with `CommitBody`; `POST /update_weights/abort/` with `AbortBody`.
 - `POST /update_weights/from_disk/` with `DiskSyncBody` (a snapshot under an allowed directory).
-- `POST /update_weights/from_shm/` with `ShmSyncBody` (a `/dev/shm/stagectl-<pid>-<id>.safetensors` snapshot).
 
 Seeds: request `i` of one `/infer/` call is sampled with `request_config.seed + i` (when a seed is
 given), so a request keeps its seed when the client retries or splits a chunk (it sends each half
@@ -337,14 +336,6 @@ class DiskSyncBody(_Request):
     path: str
     """A `.safetensors` snapshot under one of the server's weight directories."""
     version: int = Field(ge=0)
-
-
-class ShmSyncBody(_Request):
-    path: str
-    """`/dev/shm/stagectl-<pid>-<id>.safetensors`, written by a learner on this node."""
-    version: int = Field(ge=0)
-    digest: str = Field(pattern=r"^[0-9a-fA-F]{32}$")
-    """XXH3-128 of the whole file, hex."""
 
 
 DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"  # XXH3-128 of a weight chunk, hex

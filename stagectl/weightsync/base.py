@@ -2,7 +2,7 @@
 
 A `WeightSender` pushes a state dict (or a `TensorStream`) to every rollout server as one version, or
 raises `WeightPushError` and every server keeps serving its previous version. One sender per transport
-(`weightsync.http`, `.collective`, `.shm`, `.disk`), chosen once by `weightsync.factory.build_sender`.
+(`weightsync.http`, `.collective`, `.disk`), chosen once by `weightsync.factory.build_sender`.
 The server side of each transport is in the same module as its sender; the staging, verification and
 commit they share is `weightsync.receiver.WeightSync`.
 """
@@ -23,7 +23,7 @@ from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 from stagectl.weightsync.wire import TensorStream, WeightState
 
-Transport = Literal["http", "collective", "shm", "disk"]
+Transport = Literal["http", "collective", "disk"]
 T = TypeVar("T")
 log = logging.getLogger("stagectl.weightsync")
 

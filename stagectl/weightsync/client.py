@@ -28,7 +28,6 @@ from stagectl.rollout.tls import client_context
 from stagectl.weightsync.base import PushReport, Servers, Transport
 from stagectl.weightsync.factory import build_sender
 from stagectl.weightsync.http import HttpSender
-from stagectl.weightsync.shm import SHM_DIR
 from stagectl.weightsync.wire import WeightState
 
 log = logging.getLogger("stagectl.weightsync.client")
@@ -48,7 +47,6 @@ class WeightSyncClient:
         disk_dir: str | Path | None = None,
         connect_timeout_s: float = 10.0,
         delta: bool = False,
-        shm_dir: Path = SHM_DIR,
         group_address: str = "127.0.0.1",
         tls_ca_file: Path | None = None,
         tls_skip_verify: bool = False,
@@ -74,7 +72,6 @@ class WeightSyncClient:
                 chunk_bytes=chunk_bytes,
                 delta=delta,
                 disk_dir=self.disk_dir,
-                shm_dir=shm_dir,
                 group_address=group_address,
             )
         except ValueError:
@@ -136,7 +133,7 @@ class WeightSyncClient:
         server as `version`; raises `WeightPushError` (old weights keep serving) on failure.
 
         A `TensorStream` (the learner's FSDP shards gathered a tensor at a time) is sent as it arrives by
-        every transport, holding a chunk (http) or a tensor (collective, shm, disk) at a time. The one
+        every transport, holding a chunk (http) or a tensor (collective, disk) at a time. The one
         exception is a delta sync, which compares whole tensors against its host copy of the last push:
         it collects the stream into a dict first. A push that fails part-way leaves the rest of the
         stream untaken; the caller drains it (its tensors may be collectives other ranks wait in).

@@ -8,7 +8,6 @@ from stagectl.weightsync.base import Servers, Transport, WeightSender
 from stagectl.weightsync.collective import CollectiveSender
 from stagectl.weightsync.disk import DiskSender
 from stagectl.weightsync.http import HttpSender
-from stagectl.weightsync.shm import SHM_DIR, ShmSender
 
 
 def build_sender(
@@ -18,17 +17,12 @@ def build_sender(
     chunk_bytes: int = 64 * 1024 * 1024,
     delta: bool = False,
     disk_dir: Path | None = None,
-    shm_dir: Path = SHM_DIR,
     group_address: str = "127.0.0.1",
 ) -> WeightSender:
     if transport == "http":
         return HttpSender(servers, chunk_bytes, delta=delta)
     if transport == "collective":
         return CollectiveSender(servers, group_address)
-    if transport == "shm":
-        return ShmSender(servers, shm_dir)
     if transport == "disk":
         return DiskSender(servers, disk_dir)
-    raise ValueError(
-        f"weight sync transport {transport!r} is not built (one of: http, collective, shm, disk)"
-    )
+    raise ValueError(f"weight sync transport {transport!r} is not built (one of: http, collective, disk)")

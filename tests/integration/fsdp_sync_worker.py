@@ -48,7 +48,7 @@ class Net(nn.Module):
 
 def _serve(shapes: dict[str, torch.Tensor]) -> tuple[ThreadedServer, FakeEngine]:
     engine = FakeEngine({name: torch.zeros(t.shape, dtype=STORAGE) for name, t in shapes.items()})
-    settings = ServerSettings(shm_dir=Path(sys.argv[1]))
+    settings = ServerSettings(weight_dirs=[Path(sys.argv[1])])
     return ThreadedServer(build_app(RolloutService(engine, settings))).start(), engine
 
 
@@ -83,9 +83,9 @@ def main() -> None:
         bad = _serve({**plain, "embed.weight": torch.zeros(38, 16)})  # the first tensor: wrong shape
         servers = [good, bad]
     url = dist.broadcast_object(servers[0][0].url if world.is_main else "")
-    for transport in ("http", "collective", "shm"):
+    for transport in ("http", "collective", "disk"):
         client = WeightSyncClient(
-            [url], transport=transport, chunk_bytes=CHUNK_BYTES, shm_dir=Path(sys.argv[1])
+            [url], transport=transport, chunk_bytes=CHUNK_BYTES, disk_dir=Path(sys.argv[1]) / "weight_sync"
         )
         publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=STORAGE)
         with torch.no_grad():  # new weights for this sync, different on every shard

@@ -29,7 +29,7 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
     versions, chunks on the weight-stream port, commits) must carry the token; the first sync is full (no
     base yet), later ones are deltas against the version the server serves, each logged with its figures.
     The other transports are covered in process: `test_weight_sync_collective.py` (a gloo weight group
-    formed once and reused), `tests/faults/test_shm_faults.py` (shm pushes, no snapshot left in /dev/shm),
+    formed once and reused), `tests/faults/test_disk_faults.py` (disk pushes, no snapshot left behind),
     and `test_weight_sync_fsdp.py` (every transport from inside 2 torchrun ranks)."""
     out = tmp_path / "run"
     sets = {

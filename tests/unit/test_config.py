@@ -127,7 +127,7 @@ def test_adapter_sync_needs_an_adapter_and_http(tmp_path: Path) -> None:
         ASYNC,
         "custom.extra.rollout_matching.vllm.sync.mode=adapter",
         "model.adapter={r: 4}",
-        "custom.extra.rollout_matching.vllm.sync.transport=shm",
+        "custom.extra.rollout_matching.vllm.sync.transport=disk",
     )
     assert (
         "adapter syncs run over transport: http only" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
@@ -159,15 +159,6 @@ def test_async_valid(tmp_path: Path) -> None:
 SYNC = "custom.extra.rollout_matching.vllm.sync"
 
 
-def test_shm_sync_refuses_a_remote_server(tmp_path: Path) -> None:
-    servers = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://10.0.0.7:8000'}]"
-    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=shm", servers)
-    assert "10.0.0.7" in probs[f"{SYNC}.transport"] and "transport: http" in probs[f"{SYNC}.transport"]
-    local = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://127.0.0.1:8000'}]"
-    cfg = load_config(write(tmp_path, ASYNC), [f"{SYNC}.transport=shm", local], world_size=2)
-    assert cfg.custom.extra.rollout_matching.vllm.sync.transport == "shm"
-
-
 def test_delta_sync_needs_http(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=disk", f"{SYNC}.delta=true")
     assert (
@@ -180,7 +171,7 @@ def test_delta_sync_needs_http(tmp_path: Path) -> None:
 
 def test_unknown_sync_transport_names_the_key(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=ipc")
-    assert f"{SYNC}.transport" in probs and "shm" in probs[f"{SYNC}.transport"]
+    assert f"{SYNC}.transport" in probs and "disk" in probs[f"{SYNC}.transport"]
 
 
 def test_nccl_transport_gets_a_migration_message(tmp_path: Path) -> None:
@@ -189,12 +180,18 @@ def test_nccl_transport_gets_a_migration_message(tmp_path: Path) -> None:
     assert "nccl was never implemented" in message and "use transport: collective" in message
 
 
+def test_shm_transport_gets_a_migration_message(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=shm")
+    message = probs[f"{SYNC}.transport"]
+    assert "shm was removed" in message and "use transport: disk with disk_dir on a tmpfs" in message
+
+
 @pytest.mark.parametrize(
     ("transport", "key", "owner"),
     [
         ("http", "group_address=10.0.0.2", "transport: collective"),
         ("http", "disk_dir=/tmp/w", "transport: disk"),
-        ("shm", "chunk_mb=8", "transport: http"),
+        ("disk", "chunk_mb=8", "transport: http"),
         ("collective", "delta=true", "transport: http"),
         ("disk", "group_address=10.0.0.2", "transport: collective"),
     ],

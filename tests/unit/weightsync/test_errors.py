@@ -166,25 +166,26 @@ def _weight_paths(transports: frozenset[str]) -> set[str]:
         "/update_weights/group/init/",
         "/update_weights/group/start/",
         "/update_weights/group/finish/",
-        "/update_weights/from_shm/",
         "/update_weights/from_disk/",
     }
 
 
 def test_the_app_mounts_only_the_configured_transports_routes() -> None:
-    assert _weight_paths(frozenset({"shm"})) == {"/update_weights/abort/", "/update_weights/from_shm/"}
+    assert _weight_paths(frozenset({"disk"})) == {"/update_weights/abort/", "/update_weights/from_disk/"}
     assert _weight_paths(frozenset({"http"})) == {
         "/update_weights/",
         "/update_weights/commit/",
         "/update_weights/abort/",
     }
-    assert len(_weight_paths(frozenset({"http", "collective", "shm", "disk"}))) == 8
+    assert len(_weight_paths(frozenset({"http", "collective", "disk"}))) == 7
     engine = FakeEngine(default_weights(), batch_wait_ms=0)
-    shm_only = TestClient(
-        build_app(RolloutService(engine, ServerSettings(weight_transports=frozenset({"shm"}))))
+    disk_only = TestClient(
+        build_app(RolloutService(engine, ServerSettings(weight_transports=frozenset({"disk"}))))
     )
-    assert shm_only.post("/update_weights/commit/", json={}).status_code == 404  # not served at all
-    assert shm_only.post("/update_weights/from_shm/", json={}).status_code == 422  # served: the body is wrong
+    assert disk_only.post("/update_weights/commit/", json={}).status_code == 404  # not served at all
+    assert (
+        disk_only.post("/update_weights/from_disk/", json={}).status_code == 422
+    )  # served: the body is wrong
 
 
 def test_an_embedded_server_takes_its_learners_transport_only(tmp_path: Path) -> None:
@@ -194,4 +195,4 @@ def test_an_embedded_server_takes_its_learners_transport_only(tmp_path: Path) ->
     embedded = load_config(tmp_path / "c.yaml", [sync, "rollout_server.embedded=true"])
     standalone = load_config(tmp_path / "c.yaml", [sync])
     assert weight_transports(embedded) == {"disk"}
-    assert weight_transports(standalone) == {"http", "collective", "shm", "disk"}
+    assert weight_transports(standalone) == {"http", "collective", "disk"}

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stagectl.weightsync.disk import write_snapshot
 from stagectl.weightsync.errors import WeightSyncError
-from stagectl.weightsync.shm import write_snapshot
 from stagectl.weightsync.staging import StagedWeights, verify_full
 from stagectl.weightsync.wire import Piece, TensorStream, decode_chunk, digest_hex, encode_chunks, spec_of
 
