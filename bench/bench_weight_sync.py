@@ -5,12 +5,11 @@ against the machine's own limits measured in the same run on the same bytes:
   tensors' memory, `recv_into` one reused buffer) -- the ceiling for `http`;
 - `memcpy`: the bytes copied once into resident buffers;
 - `tmpfs write+read`: the bytes written to a /dev/shm file and read back into resident buffers -- the
-  ceiling for `shm`.
+  ceiling for `disk` with its `disk_dir` on a tmpfs.
 
 Transports: `http` (streamed zero-copy chunks, XXH3-128, read by the server's weight-stream port straight into
 the staging, swapped on commit), `collective` (a gloo weight group: one broadcast per tensor after a
-metadata check; formed at the warm-up),
-`shm` (one /dev/shm snapshot mapped by the server), `disk` (one snapshot under the run directory loaded
+metadata check; formed at the warm-up), `disk` (one snapshot under the run directory loaded
 by path), `delta` (http after 1% of the elements changed, scattered; MB/s counts the whole state dict, `sent MB`
 what went out). The server is a separate process (this module with `--serve`) running the
 real app over the fake echo engine holding tensors of the same shapes, so the figures are transport +
@@ -41,18 +40,18 @@ from stagectl.rollout.engines.fake import default_weights
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.weightsync.base import Transport
 from stagectl.weightsync.delta import bits_np
-from stagectl.weightsync.shm import SHM_DIR
 from stagectl.weightsync.wire import byte_view
 
 SIZES_MIB = (100, 1000)
 BLOCK_MIB = 4
 CHUNK_MIB = 64
 DELTA_CHANGED = 0.01  # share of elements changed between delta pushes (bf16 at lr ~1e-5 sees ~6%)
-TRANSPORTS = ("http", "shm", "disk", "delta", "collective")
+TRANSPORTS = ("http", "disk", "delta", "collective")  # shm was removed (#25)
 LRS = (1e-3, 1e-4, 1e-5, 1e-6)
+TMPFS_DIR = Path("/dev/shm")  # the tmpfs baseline
 
 
-SENDERS: tuple[Transport, ...] = ("http", "shm", "disk", "collective")  # one client each
+SENDERS: tuple[Transport, ...] = ("http", "disk", "collective")  # one client each
 
 
 def _serve(weights_dir: str, state_mib: int) -> None:
@@ -101,7 +100,7 @@ def memcpy_s(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor]) -> f
 
 
 def tmpfs_s(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor]) -> float:
-    path = SHM_DIR / f"stagectl-bench-{os.getpid()}.bin"
+    path = TMPFS_DIR / f"stagectl-bench-{os.getpid()}.bin"
     start = time.perf_counter()
     try:
         with path.open("wb") as f:
@@ -160,7 +159,6 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
             }
             with (
                 clients["http"] as client,
-                clients["shm"],
                 clients["disk"],
                 clients["collective"],
                 WeightSyncClient([url], chunk_bytes=CHUNK_MIB << 20, delta=True) as delta,
@@ -209,9 +207,8 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
         "http_over_raw_socket": out["http"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "disk_over_raw_socket": out["disk"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "delta_over_raw_socket": out["delta"]["mb_per_s_median"] / raw,  # type: ignore[index]
-        "shm_over_raw_socket": out["shm"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "collective_over_raw_socket": out["collective"]["mb_per_s_median"] / raw,  # type: ignore[index]
-        "shm_over_tmpfs": out["shm"]["mb_per_s_median"] / tmpfs,  # type: ignore[index]
+        "disk_over_tmpfs": out["disk"]["mb_per_s_median"] / tmpfs,  # type: ignore[index]
     }
     out["final_version"] = final_version
     return out
@@ -268,11 +265,11 @@ def run(repeats: int = 3, sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, o
     out["loadavg"] = [load_start, os.getloadavg()[0]]  # the machine is shared: how busy it was
     largest = sizes[-1]
     http_s = largest["http"]["seconds_median"]  # type: ignore[index]
-    shm_s = largest["shm"]["seconds_median"]  # type: ignore[index]
+    disk_s = largest["disk"]["seconds_median"]  # type: ignore[index]
     out["sync_fraction"] = (
-        f"A {largest['state_mb']:.0f} MB full sync takes {http_s:.2f} s over http and {shm_s:.2f} s over shm here: "
+        f"A {largest['state_mb']:.0f} MB full sync takes {http_s:.2f} s over http and {disk_s:.2f} s over disk here: "
         f"at `sync_every_steps: 1` it stays under 10% of a training step when a step takes more than "
-        f"{10 * http_s:.0f} s (http) or {10 * shm_s:.0f} s (shm)."
+        f"{10 * http_s:.0f} s (http) or {10 * disk_s:.0f} s (disk)."
     )
     return out
 

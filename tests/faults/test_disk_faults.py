@@ -1,4 +1,4 @@
-"""`transport: disk` under faults (in process, what tests/faults/test_shm_faults.py covered for the removed
+"""`transport: disk` under faults (in process, what the shm fault tests covered for the removed
 shm transport): a truncated snapshot keeps the old version; a push the server refuses, or a server that is
 gone, leaves no snapshot in `disk_dir`; a killed learner's leftovers are removed by the next sender."""
 
