@@ -173,9 +173,7 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
         "`http`: streamed zero-copy safetensors chunks, XXH3-128 per chunk, read by the server's weight-stream port "
         "straight into the staging (`readinto`), swapped on commit; `collective`: a gloo weight group (learner rank 0, "
         "server rank 1), one broadcast per tensor after a metadata check, applied on finish; "
-        "`shm` (results of runs before its removal, #25): one /dev/shm snapshot mapped, hashed and staged by the "
-        "server; `disk`: one snapshot under the run "
-        "directory loaded by path; `delta`: http after 1% of the elements changed, scattered (MB/s counts the whole "
+        "`disk`: one snapshot under the run directory (here on a real disk, not a tmpfs) loaded by path; `delta`: http after 1% of the elements changed, scattered (MB/s counts the whole "
         "state dict). Ratios use medians.",
         "",
         "| state dict | path | median s | MB/s median | MB/s best | vs raw socket | vs tmpfs |",
@@ -243,7 +241,7 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
             "copy of the staging into its weights (one memcpy of the state dict, under the generation lock). "
             "Before: chunks through uvicorn/h11 on the app port reached 0.20-0.28 of the raw socket, and every "
             "request to the server paid a ~44 ms delayed-ACK stall (the listening socket was not created as TCP, "
-            "so asyncio never set TCP_NODELAY; fixed). shm pays one write into tmpfs, one read of it by the "
+            "so asyncio never set TCP_NODELAY; fixed). disk pays one write of the snapshot, one read of it by the "
             "server and one copy into the engine; collective pays gloo's framing and one copy per tensor on each "
             "side. "
             "The machine is shared"

@@ -91,7 +91,7 @@ class HttpSync(StrictModel):
             )
         if value == "shm":
             raise ValueError(
-                'shm was removed (measured slower than disk everywhere, BENCHMARKS.md "Weight sync"); use '
+                "shm was removed (slower than disk through the page cache in every measurement, docs/weight_sync.md); use "
                 "transport: disk with disk_dir on a tmpfs such as /dev/shm/stagectl for the same in-memory "
                 "snapshot"
             )
