@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -69,20 +70,23 @@ def test_one_status_per_server_error() -> None:
     assert status_of(WeightSyncError("x")) == 400
 
 
+def _post_chunk(servers: Servers, url: str, port: str, params: dict[str, object], chunk: Any) -> None:
+    """One weight chunk to the app's `/update_weights/` or to the weight-stream port."""
+    if port == "app":
+        headers = {"Content-Type": "application/octet-stream"}
+        servers.post_url(f"{url}/update_weights/", 0, params=params, content=chunk.data, headers=headers)
+    else:
+        with ChunkSender({}, 10.0) as sender:
+            sender.post(0, _stream_url(url), params, chunk)
+
+
 @pytest.mark.parametrize("port", ["app", "stream"])
 def test_a_delta_against_another_base_is_409_and_delta_refused_on_both_ports(url: str, port: str) -> None:
     params, chunk = _chunk_params(base_version=5)  # the server serves version 0
     servers = _servers(url)
     try:
         with pytest.raises(DeltaRefused, match="HTTP 409: delta sync s against base version 5 refused"):
-            if port == "app":
-                headers = {"Content-Type": "application/octet-stream"}
-                servers.post_url(
-                    f"{url}/update_weights/", 0, params=params, content=chunk.data, headers=headers
-                )
-            else:
-                with ChunkSender({}, 10.0) as sender:
-                    sender.post(0, _stream_url(url), params, chunk)
+            _post_chunk(servers, url, port, params, chunk)
     finally:
         servers.close()
 
@@ -93,14 +97,7 @@ def test_a_bad_chunk_is_400_and_a_plain_refusal_on_both_ports(url: str, port: st
     servers = _servers(url)
     try:
         with pytest.raises(WeightPushError, match=r"HTTP 400: .*checksum mismatch") as refused:
-            if port == "app":
-                headers = {"Content-Type": "application/octet-stream"}
-                servers.post_url(
-                    f"{url}/update_weights/", 0, params=params, content=chunk.data, headers=headers
-                )
-            else:
-                with ChunkSender({}, 10.0) as sender:
-                    sender.post(0, _stream_url(url), params, chunk)
+            _post_chunk(servers, url, port, params, chunk)
         assert type(refused.value) is WeightPushError and not refused.value.unreachable
     finally:
         servers.close()
