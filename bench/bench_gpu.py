@@ -163,9 +163,9 @@ def rollout(engine: str, python: str, checkpoint: Path, num_requests: int, max_t
     from PIL import Image
 
     from stagectl.rollout.client import RolloutClient, to_generation
-    from stagectl.rollout.launcher import ServerProcess
     from stagectl.rollout.protocol import RequestConfig
     from stagectl.rollout.requests import detection_request
+    from stagectl.rollout.server.launcher import ServerProcess
 
     images = checkpoint / "images"
     images.mkdir()

@@ -1,4 +1,4 @@
-"""The wire contract of the rollout server, shared by the server (`rollout.app`) and the client.
+"""The wire contract of the rollout server, shared by the server (`rollout.server.app`) and the client.
 
 Inference follows the `swift rollout` contract (ms-swift 4.6.0's client is tested against it, see
 docs/swift_interop.md): `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a
@@ -16,7 +16,7 @@ given), so a request keeps its seed when the client retries or splits a chunk (i
 with the seed shifted by the half's offset) and a rollout is reproducible from the logged base seed.
 
 Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); the `/infer/` models take every
-field swift's client sends, null meaning the default (`rollout.swift_fields` refuses, with a 400, the
+field swift's client sends, null meaning the default (`rollout.server.swift_fields` refuses, with a 400, the
 values stagectl cannot honour). Responses tolerate extra fields because a swift server sends more than
 stagectl reads. No pickle anywhere: JSON and
 safetensors only.
@@ -46,7 +46,7 @@ class _Request(BaseModel):
 class _SwiftRequest(_Request):
     """A model swift's client fills: `null` for a known field means its default (swift sends `top_p:
     null`, `stop: null`, ...); unknown names still fail. Fields stagectl cannot honour are accepted at
-    their defaults and refused by name otherwise (`rollout.swift_fields`, a 400)."""
+    their defaults and refused by name otherwise (`rollout.server.swift_fields`, a 400)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -62,7 +62,7 @@ _BUSY = (
 
 
 class StreamSettings(Protocol):
-    """What the port reads of the server's settings (`rollout.service.ServerSettings` has them all)."""
+    """What the port reads of the server's settings (`rollout.server.service.ServerSettings` has them all)."""
 
     @property
     def auth_token(self) -> str | None: ...

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stagectl.rollout.app import build_app
-from stagectl.rollout.engines.fake import FakeEngine
-from stagectl.rollout.service import RolloutService, ServerSettings
-from stagectl.rollout.serving import ThreadedServer
+from stagectl.rollout.server.app import build_app
+from stagectl.rollout.server.engines.fake import FakeEngine
+from stagectl.rollout.server.service import RolloutService, ServerSettings
+from stagectl.rollout.server.serving import ThreadedServer
 from tests.faults.helpers import report
 
 ROOT = Path(__file__).parents[2]
@@ -157,7 +157,7 @@ def test_no_pickle_or_code_execution_paths_in_the_package() -> None:
 def test_idle_and_trickling_header_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that connects and sends nothing, or trickles a header without ever finishing it, is
     disconnected after the header timeout, while a normal request on the same server still works."""
-    from stagectl.rollout import serving
+    from stagectl.rollout.server import serving
 
     monkeypatch.setattr(serving, "HEADER_TIMEOUT_S", 1.0)
     engine = FakeEngine(batch_wait_ms=0)

@@ -16,7 +16,7 @@ import pytest
 
 from stagectl.config import StagectlConfig
 from stagectl.launch import data_image_roots, free_port
-from stagectl.rollout.launcher import start_server_process
+from stagectl.rollout.server.launcher import start_server_process
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import async_config, read_metrics, tiny_train_config, write_config
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 from PIL import Image
 
-from stagectl.rollout.app import build_app
 from stagectl.rollout.client import RolloutClient, RolloutRequestError, RolloutServerError, detection_request
-from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.service import RolloutService, ServerSettings
-from stagectl.rollout.serving import ThreadedServer
+from stagectl.rollout.server.app import build_app
+from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
+from stagectl.rollout.server.service import RolloutService, ServerSettings
+from stagectl.rollout.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from stagectl.rollout.launcher import start_server_process
+from stagectl.rollout.server.launcher import start_server_process
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import (
     ROOT,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stagectl.rollout.launcher import start_server_process
+from stagectl.rollout.server.launcher import start_server_process
 from tests.integration.helpers import (
     ROOT,
     base_state,

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
-from stagectl.rollout.launcher import start_server_process
+from stagectl.rollout.server.launcher import start_server_process
 from tests.integration.helpers import (
     ROOT,
     base_state,

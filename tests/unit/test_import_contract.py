@@ -2,8 +2,9 @@
 must go from a layer to the same package or to a lower layer:
 
     entry   cli, __main__, torchrun, launch, doctor (the preflight probes every role)
-    role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
-    core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
+    role    learner, stage_b, report, the rollout server (the subpackage `rollout.server`)
+    core    prefetch, the rollout package's leaves: client, wire format, engine interface, guards
+            (every `rollout` module outside `rollout.server`),
             weightsync (both sides of every transport: it may import the rollout leaves, never a role),
             packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
             memory, placement, timing
@@ -22,10 +23,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2] / "stagectl"
 
-# the rollout package's leaves (the inference client, the wire format, the engine interface, the guards):
-# what `weightsync` and the roles may import
-ROLLOUT_CORE = {"client", "engine", "errors", "guards", "paths", "protocol", "requests", "tls"}
-ROLLOUT_SERVER = {"app", "batching", "engines", "launcher", "service", "serving", "swift_fields", "text"}
 LAYERS = {
     "entry": {"cli", "__main__", "torchrun", "launch", "doctor"},
     "role": {"learner", "stage_b", "report", "rollout_server"},
@@ -58,14 +55,12 @@ RANK = {"entry": 3, "role": 2, "core": 1, "config": 0}
 
 
 def unit_of(module: str) -> str:
-    """The unit a module belongs to: its top package under stagectl, with the rollout package split into
-    `rollout` (client, wire format) and `rollout_server`."""
+    """The unit a module belongs to: its top package under stagectl, with the rollout package split by
+    path into `rollout_server` (`stagectl.rollout.server` and below: a role) and `rollout` (the rest: the
+    leaves that `weightsync` and the roles may import)."""
     parts = module.split(".")[1:] or ["__init__"]
-    if parts[0] == "rollout" and len(parts) > 1:
-        if parts[1] in ROLLOUT_SERVER:
-            return "rollout_server"
-        if parts[1] not in ROLLOUT_CORE:
-            raise AssertionError(f"{module}: new rollout module; add it to ROLLOUT_CORE or ROLLOUT_SERVER")
+    if parts[:2] == ["rollout", "server"]:
+        return "rollout_server"
     return parts[0]
 
 
@@ -197,7 +192,15 @@ def test_the_checker_sees_an_uphill_edge_and_a_cycle() -> None:
         "schedule (core) -> learner (role): stagectl.schedule -> stagectl.learner.loop"
     ]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    assert uphill_edges({"stagectl.learner.x": {"stagectl.rollout.service"}})  # role -> another role
+    assert uphill_edges({"stagectl.learner.x": {"stagectl.rollout.server.service"}})  # role -> another role
+    # the rollout package splits by path alone: `rollout.server` and below is the server role
+    assert (
+        unit_of("stagectl.rollout.server.engines.vllm")
+        == unit_of("stagectl.rollout.server")
+        == "rollout_server"
+    )
+    assert unit_of("stagectl.rollout.protocol") == unit_of("stagectl.rollout") == "rollout"
+    assert uphill_edges({"stagectl.weightsync.x": {"stagectl.rollout.server.app"}})  # core -> role
 
 
 def main() -> None:

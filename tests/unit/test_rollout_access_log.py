@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stagectl.rollout.app import ACCESS_LOGGER, build_app
-from stagectl.rollout.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.service import RolloutService, ServerSettings
-from stagectl.rollout.serving import ThreadedServer, configure_access_log
+from stagectl.rollout.server.app import ACCESS_LOGGER, build_app
+from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
+from stagectl.rollout.server.service import RolloutService, ServerSettings
+from stagectl.rollout.server.serving import ThreadedServer, configure_access_log
 
 
 def _eventually(read_more: Callable[[], str], count: int) -> str:

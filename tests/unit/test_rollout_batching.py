@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from stagectl.rollout.batching import BatchingWorker, take_batch
+from stagectl.rollout.server.batching import BatchingWorker, take_batch
 
 
 @pytest.mark.parametrize(

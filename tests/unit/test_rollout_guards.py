@@ -25,7 +25,7 @@ from stagectl.rollout.guards import (
     check_token,
     validation_detail,
 )
-from stagectl.rollout.serving import call_limits, server_settings
+from stagectl.rollout.server.serving import call_limits, server_settings
 from stagectl.rollout.tls import client_context, server_context
 
 SERVER_ROLLOUTS = [

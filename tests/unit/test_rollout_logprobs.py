@@ -10,10 +10,10 @@ import torch
 
 from stagectl.models.generate import ChosenLogprobs
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.engines.fake import FakeEngine, fake_logprob
 from stagectl.rollout.protocol import InferBody, InferRequest, InferResponse, Message, RequestConfig
 from stagectl.rollout.requests import to_generation
-from stagectl.rollout.service import RolloutService, ServerSettings
+from stagectl.rollout.server.engines.fake import FakeEngine, fake_logprob
+from stagectl.rollout.server.service import RolloutService, ServerSettings
 
 
 @pytest.fixture

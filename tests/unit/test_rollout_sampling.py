@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stagectl.rollout.engines.sampling import PerRowSampler, warp_logits
+from stagectl.rollout.server.engines.sampling import PerRowSampler, warp_logits
 
 
 def test_top_k_keeps_the_k_best() -> None:

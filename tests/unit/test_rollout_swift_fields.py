@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from stagectl.rollout.protocol import InferBody, InferResponse, RequestConfig, RolloutItem
 from stagectl.rollout.requests import read_answer_item, to_generation
-from stagectl.rollout.swift_fields import refusals
+from stagectl.rollout.server.swift_fields import refusals
 
 # What ms-swift 4.6.0's VLLMInferClient posts for `RolloutInferRequest(messages=...)` and a default
 # `RequestConfig()`: `asdict` of its dataclasses, nulls included.

@@ -8,7 +8,7 @@ import pytest
 
 from stagectl.models.chat import detection_messages
 from stagectl.rollout.protocol import ContentItem, Message
-from stagectl.rollout.text import cut_at_stop, normalize_messages
+from stagectl.rollout.server.text import cut_at_stop, normalize_messages
 
 
 def _decode(ids: Sequence[int]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from stagectl.rollout.serving import bind_socket
+from stagectl.rollout.server.serving import bind_socket
 
 
 def test_accepted_connections_have_nagle_off() -> None:

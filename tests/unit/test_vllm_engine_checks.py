@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from stagectl.models.loading import load_bundle, load_model_config, resolve_model_path
 from stagectl.rollout.engine import TensorSpec
-from stagectl.rollout.engines.vllm import checkpoint_specs, learner_specs, torchvision_problem
+from stagectl.rollout.server.engines.vllm import checkpoint_specs, learner_specs, torchvision_problem
 
 
 def test_specs_of_a_qwen25_vl_checkpoint_are_the_learners_names() -> None:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from stagectl.rollout.engine import TensorSpec
-from stagectl.rollout.engines.vllm import checkpoint_specs
+from stagectl.rollout.server.engines.vllm import checkpoint_specs
 
 
 def _checkpoint(path: Path, *, tied: bool) -> Path:

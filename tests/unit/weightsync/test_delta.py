@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stagectl.rollout.engines.fake import FakeEngine
+from stagectl.rollout.server.engines.fake import FakeEngine
 from stagectl.weightsync.delta import DeltaTracker, bits
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
 from stagectl.weightsync.receiver import WeightSync

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save as st_save
 
-from stagectl.rollout.engines.fake import FakeEngine
+from stagectl.rollout.server.engines.fake import FakeEngine
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.wire import ROWS_KEY, decode_chunk, digest_hex, encode_chunks

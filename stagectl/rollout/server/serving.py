@@ -25,11 +25,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from stagectl.config import StagectlConfig
 from stagectl.config.rollout import TRANSPORTS, RolloutServerConfig
 from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
-from stagectl.rollout.app import ACCESS_LOGGER, build_app
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
 from stagectl.rollout.protocol import LISTENING_PREFIX, read_token
-from stagectl.rollout.service import RolloutService, ServerSettings
+from stagectl.rollout.server.app import ACCESS_LOGGER, build_app
+from stagectl.rollout.server.service import RolloutService, ServerSettings
 from stagectl.rollout.tls import server_context
 
 GRACEFUL_SHUTDOWN_S = 30
@@ -97,7 +97,7 @@ def build_engine(cfg: StagectlConfig) -> Engine:
         import torch
 
         from stagectl.models.loading import load_bundle
-        from stagectl.rollout.engines.hf import HFEngine
+        from stagectl.rollout.server.engines.hf import HFEngine
 
         adapter_sync = (
             cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
@@ -112,7 +112,7 @@ def build_engine(cfg: StagectlConfig) -> Engine:
         )
         merger = None
         if adapter_sync:
-            from stagectl.rollout.engines.hf_adapter import AdapterMerger
+            from stagectl.rollout.server.engines.hf_adapter import AdapterMerger
 
             assert cfg.model.adapter is not None
             merger = AdapterMerger(bundle.model, cfg.model.adapter)
@@ -125,7 +125,7 @@ def build_engine(cfg: StagectlConfig) -> Engine:
             adapter=merger,
         )
     from stagectl.models.loading import resolve_model_path
-    from stagectl.rollout.engines.vllm import VllmEngine
+    from stagectl.rollout.server.engines.vllm import VllmEngine
 
     return VllmEngine(
         resolve_model_path(cfg.model.name_or_path),

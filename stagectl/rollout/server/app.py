@@ -48,14 +48,14 @@ from stagectl.rollout.protocol import (
     VersionResponse,
     WorldSizeResponse,
 )
-from stagectl.rollout.service import BadRequest, RolloutService
+from stagectl.rollout.server.service import BadRequest, RolloutService
 from stagectl.weightsync.collective import GroupError, GroupInfo
 from stagectl.weightsync.errors import WeightSyncError, status_of
 from stagectl.weightsync.stream import WeightStreamServer
 
 ACCESS_LOGGER = "stagectl.rollout.access"
 STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"
-log = logging.getLogger("stagectl.rollout.app")
+log = logging.getLogger("stagectl.rollout.server.app")
 access_log = logging.getLogger(ACCESS_LOGGER)
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
 

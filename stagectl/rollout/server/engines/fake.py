@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.rollout.guards import check_context
-from stagectl.rollout.text import cut_at_stop
+from stagectl.rollout.server.batching import BatchingWorker
+from stagectl.rollout.server.text import cut_at_stop
 from stagectl.weightsync.wire import spec_of
 
 

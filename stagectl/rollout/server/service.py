@@ -1,5 +1,5 @@
 """What the rollout server does, without HTTP: validate and load request inputs, call the engine,
-shape swift-style responses, run weight syncs, count. `rollout.app` maps HTTP onto these methods."""
+shape swift-style responses, run weight syncs, count. `rollout.server.app` maps HTTP onto these methods."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from stagectl.rollout.protocol import (
     Usage,
     VersionResponse,
 )
-from stagectl.rollout.swift_fields import refusals
-from stagectl.rollout.text import normalize_messages
+from stagectl.rollout.server.swift_fields import refusals
+from stagectl.rollout.server.text import normalize_messages
 from stagectl.weightsync.receiver import WeightSync
 
 

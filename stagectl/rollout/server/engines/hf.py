@@ -24,12 +24,12 @@ from stagectl.models.chat import encode_messages
 from stagectl.models.generate import PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
-from stagectl.rollout.engines.hf_adapter import AdapterMerger
-from stagectl.rollout.engines.sampling import PerRowSampler
 from stagectl.rollout.guards import check_context
-from stagectl.rollout.text import cut_at_stop
+from stagectl.rollout.server.batching import BatchingWorker
+from stagectl.rollout.server.engines.hf_adapter import AdapterMerger
+from stagectl.rollout.server.engines.sampling import PerRowSampler
+from stagectl.rollout.server.text import cut_at_stop
 from stagectl.weightsync.wire import spec_of
 
 

@@ -56,10 +56,10 @@ from stagectl.models.loading import (
     model_class_for,
 )
 from stagectl.models.tokenizer import IMAGE_PAD, coord_token_ids, token_id
-from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.rollout.guards import check_context
-from stagectl.rollout.text import cut_at_stop
+from stagectl.rollout.server.batching import BatchingWorker
+from stagectl.rollout.server.text import cut_at_stop
 
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 DEFAULT_CPU_KV_CACHE_MB = 256

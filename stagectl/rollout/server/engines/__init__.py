@@ -1,0 +1,1 @@
+"""stagectl.rollout.server.engines."""
