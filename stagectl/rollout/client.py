@@ -31,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.rollout.errors import RolloutRequestError, RolloutServerError
+from stagectl.rollout.http import raise_for_status, response_detail, server_version
 from stagectl.rollout.protocol import (
     InferBody,
     InferRequest,
@@ -171,7 +172,7 @@ class RolloutClient:
 
     def _get(self, k: int, path: str) -> Any:
         response = self._clients[k].get(f"{self.base_urls[k]}{path}")
-        _raise_for_status(response, self.base_urls[k], path)
+        raise_for_status(response, self.base_urls[k], path)
         return response.json()
 
     # --- inference -------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ class RolloutClient:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500 or response.status_code in (408, 429):
             raise _Retryable(f"HTTP {response.status_code}: {response_detail(response)}")
-        _raise_for_status(response, self.base_urls[k], "/infer/")
+        raise_for_status(response, self.base_urls[k], "/infer/")
         try:
             results = [read_answer_item(item) for item in _ITEMS.validate_json(response.content)]
         except (ValidationError, ValueError) as exc:
@@ -250,33 +251,3 @@ class RolloutClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def server_version(http: httpx.Client, base_url: str) -> VersionResponse:
-    """One server's weight version. A server without `/version/` (a `swift rollout` or `swift deploy`
-    server) is refused (`RolloutRequestError`): Channel-B training needs it."""
-    response = http.get(f"{base_url}/version/")
-    if response.status_code == 404:
-        raise RolloutRequestError(
-            f"{base_url} has no /version/: it is not a stagectl rollout server (a `swift rollout` "
-            "server?). Channel-B training needs the weight version of every rollout and stagectl's weight "
-            "sync, which a swift server gives neither of; serve with `stagectl rollout-server`. A swift "
-            "server can serve inference only (Stage-B, eval): see docs/swift_interop.md"
-        )
-    _raise_for_status(response, base_url, "/version/")
-    return VersionResponse.model_validate(response.json())
-
-
-def response_detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    return str(body.get("detail", body)) if isinstance(body, dict) else str(body)[:500]
-
-
-def _raise_for_status(response: httpx.Response, base_url: str, path: str) -> None:
-    if response.status_code >= 400:
-        raise RolloutRequestError(
-            f"{base_url}{path}: HTTP {response.status_code}: {response_detail(response)}"
-        )

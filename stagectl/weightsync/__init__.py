@@ -7,6 +7,7 @@ routes and `stream.WeightStreamServer` call it). One module per transport holds 
 receiving half: `http` (+ `stream`, its port), `collective`, `disk`. Shared: `wire` (chunk
 format, checksum), `staging`, `delta`, `errors` (one type per failure, one HTTP status each).
 
-Imports: the rollout package's leaves (`rollout.protocol`, `.engine`, `.paths`, `.tls`, `.errors`,
-`.client` for its response helpers) and `config`; never a role (learner, rollout server).
+Imports: the rollout package's leaves (`rollout.protocol`, `.engine`, `.paths`, `.tls`, `.guards`,
+`.http` for reading a server's answers) and `config`; never the inference client (`rollout.client`) nor a
+role (learner, rollout server).
 """

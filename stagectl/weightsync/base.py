@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
-from stagectl.rollout.client import response_detail
+from stagectl.rollout.http import response_detail
 from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 from stagectl.weightsync.wire import TensorStream, WeightState

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync, RolloutMatchingConfig
-from stagectl.rollout.client import server_version
+from stagectl.rollout.http import server_version
 from stagectl.rollout.protocol import VersionResponse, read_token
 from stagectl.rollout.tls import client_context
 from stagectl.weightsync.base import PushReport, Servers, Transport

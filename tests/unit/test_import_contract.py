@@ -169,6 +169,13 @@ def test_inference_callers_build_no_weight_machinery() -> None:
         assert not {m for m in reached if m.startswith("stagectl.weightsync")}, module
 
 
+def test_weight_sync_builds_no_inference_client() -> None:
+    """Weight sync reads a server's answers through the rollout leaves (`rollout.http`), never the client."""
+    graph = module_graph()
+    reached = _closure(graph, {m for m in graph if m.startswith("stagectl.weightsync")})
+    assert "stagectl.rollout.client" not in reached
+
+
 def _closure(graph: dict[str, set[str]], start: set[str]) -> set[str]:
     seen, todo = set(start), list(start)
     while todo:
