@@ -2,10 +2,11 @@
 
 Learner side: `client.WeightSyncClient.push_weights(state, version)` hands the state dict (or a
 `TensorStream`) to one `base.WeightSender`, built by `factory.build_sender` from `vllm.sync.transport`.
-Server side: `receiver.WeightSync` receives, verifies, stages and commits (the rollout server's weight
-routes and `stream.WeightStreamServer` call it). One module per transport holds its sender and names its
-receiving half: `http` (+ `stream`, its port), `collective`, `disk`. Shared: `wire` (chunk
-format, checksum), `staging`, `delta`, `errors` (one type per failure, one HTTP status each).
+Server side: one receiver per transport, in that transport's module next to its sender (`http.HttpReceiver`,
+with `stream` its weight-stream port; `collective.GroupReceiver`; `disk.DiskReceiver`), each over the
+staging, commit and failure handling they share (`receiver.WeightSync`); the rollout server builds and
+mounts the configured ones. Shared: `wire` (chunk format, checksum), `staging`, `delta`, `errors` (one
+type per failure, one HTTP status each).
 
 Imports: the rollout package's leaves (`rollout.protocol`, `.engine`, `.paths`, `.tls`, `.guards`,
 `.http` for reading a server's answers) and `config`; never the inference client (`rollout.client`) nor a

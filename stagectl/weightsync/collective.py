@@ -1,5 +1,6 @@
-"""Transport `collective`: `CollectiveSender` (the learner) and the weight group both sides join (the
-server's side of a sync is `WeightSync.group_init / group_start / group_finish`).
+"""Transport `collective`: `CollectiveSender` (the learner), `GroupReceiver` (the server: `group_init`,
+`group_start`, `group_finish`, over the shared staging of `weightsync.receiver.WeightSync`) and the weight
+group both sides join.
 
 The weight group: the learner (rank 0, the store's host) and every rollout
 server (ranks 1..n) in one torch.distributed process group of their own, outside the learner's training
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -27,8 +29,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions
-from stagectl.weightsync.errors import NotInGroup, WeightPushError
+from stagectl.weightsync.errors import NoGroupError, NotInGroup, WeightPushError, WeightSyncError
+from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.wire import TensorStream, WeightState, spec_num_bytes, spec_of
 
 log = logging.getLogger("stagectl.weightsync.collective")
@@ -207,3 +211,121 @@ class CollectiveSender:
 
     def close(self) -> None:
         self._group = None  # its store and gloo threads go with it
+
+
+class GroupReceiver:
+    """Transport `collective`, the server's side: join the learner's weight group (`group_init`), check a
+    sync's announced tensors and receive their broadcasts into the shared staging (`group_start`), then
+    commit (`group_finish`). A failed sync drops the group too (it is left mid-collective); the learner
+    re-initialises it."""
+
+    def __init__(self, sync: WeightSync) -> None:
+        self.sync = sync
+        self._group: WeightGroup | None = None  # the learner's weight group, once joined
+
+    def group_init(self, info: GroupInfo) -> None:
+        """Join the learner's weight group, replacing any earlier one (blocks until it formed)."""
+        sync = self.sync
+        with sync.lock:
+            if isinstance(sync.writer, _Receiving):
+                sync.fail("a new weight group replaces the one this sync was receiving from")
+            self._group = None
+        group = WeightGroup(info)  # outside the lock: it waits for the learner and every other server
+        with sync.lock:
+            self._group = group
+        log.info(
+            "joined weight group %s:%d as rank %d of %d",
+            info.master_address,
+            info.master_port,
+            info.rank,
+            info.world_size,
+        )
+
+    def group_start(
+        self, sync_id: str, version: int, tensors: Sequence[tuple[str, str, tuple[int, ...]]]
+    ) -> None:
+        """Check the announced tensors (names, dtypes, shapes, every tensor once) before any byte moves,
+        then receive their broadcasts into the staging on a thread of their own; `group_finish` applies."""
+        sync = self.sync
+        with sync.lock:
+            if self._group is None:
+                raise NoGroupError(
+                    "no weight group on this server (it restarted, or a failed sync dropped it): the learner "
+                    "re-initialises it with POST /update_weights/group/init/"
+                )
+            sync.supersede(sync_id)
+            sync.check_above_serving(version)
+            staged = sync.start(sync_id, "collective", version, None)
+            try:
+                destinations = []
+                for name, dtype, shape in tensors:
+                    staged.reserve(name, None, dtype, tuple(shape))
+                    destinations.append(staged.buffers[name])
+                staged.check_complete()
+            except WeightSyncError as exc:
+                sync.fail(str(exc))
+                raise WeightSyncError(
+                    f"{exc}; sync {sync_id} refused before any byte moved, still serving version {sync.engine.version}"
+                ) from None
+            receiving = _Receiving(sync_id, self._group, destinations, self._drop_group)
+            sync.writer = receiving
+        receiving.thread.start()
+
+    def group_finish(self, sync_id: str, version: int) -> SyncResponse:
+        """Wait for the broadcasts of `sync_id` to land, then check and apply as a commit does."""
+        sync = self.sync
+        with sync.lock:
+            receiving = sync.writer
+            if not isinstance(receiving, _Receiving) or receiving.sync_id != sync_id:
+                raise WeightSyncError(
+                    f"unknown collective sync {sync_id!r} (never started, aborted or superseded); "
+                    f"still serving version {sync.engine.version}"
+                )
+        receiving.thread.join(receiving.group.info.timeout_s + 5.0)
+        with sync.lock:
+            if sync.writer is not receiving:
+                raise WeightSyncError(
+                    f"collective sync {sync_id!r} was aborted while it received; still serving version {sync.engine.version}"
+                )
+            error = receiving.error or ("still receiving" if receiving.thread.is_alive() else None)
+            if error is not None:
+                sync.fail(error)
+                raise WeightSyncError(
+                    f"collective sync {sync_id}: {error}; the weight group is dropped (the learner "
+                    f"re-initialises it), still serving version {sync.engine.version}"
+                )
+            sync.writer = None  # every broadcast landed
+            return sync.commit(sync_id, version)
+
+    def _drop_group(self) -> None:
+        self._group = None
+
+
+class _Receiving:
+    """The broadcasts of one collective sync, received into staging buffers on a daemon thread (the sync's
+    `receiver.Writer`: abandoned, it drops the group, which it leaves mid-collective)."""
+
+    def __init__(
+        self,
+        sync_id: str,
+        group: WeightGroup,
+        destinations: list[torch.Tensor],
+        drop_group: Callable[[], None],
+    ) -> None:
+        self.sync_id = sync_id
+        self.group = group
+        self.error: str | None = None
+        self._drop_group = drop_group
+        self.thread = threading.Thread(
+            target=self._run, args=(destinations,), name=f"weight-group-{sync_id[:8]}", daemon=True
+        )
+
+    def abandon(self) -> None:
+        self._drop_group()  # its broadcasts cannot be cancelled
+
+    def _run(self, destinations: list[torch.Tensor]) -> None:
+        try:
+            for tensor in destinations:
+                self.group.broadcast(tensor)
+        except GroupError as exc:
+            self.error = str(exc)

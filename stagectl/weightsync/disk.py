@@ -1,6 +1,7 @@
 """Transport `disk`: `DiskSender` writes one safetensors snapshot under `disk_dir` (a directory every server
-can read, e.g. a shared filesystem) and each server loads it by path (`WeightSync.load_from_disk`, under
-the server's `weight_dirs`). With `disk_dir` on a tmpfs (e.g. `/dev/shm/stagectl`) the snapshot stays in
+can read, e.g. a shared filesystem) and each server loads it by path (`DiskReceiver.load_from_disk`, under
+the server's `weight_dirs`; a full state, applied at once, so it leaves the staging no mirror to build a
+delta on). With `disk_dir` on a tmpfs (e.g. `/dev/shm/stagectl`) the snapshot stays in
 memory: one copy that every server on the node loads (what the removed `shm` transport was for).
 
 Snapshot files: `weights_v<version>.safetensors`, written as `.tmp` and renamed, removed when the push ends
@@ -11,11 +12,19 @@ one learner owns its `disk_dir`."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import xxhash
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
+from stagectl.rollout.paths import resolve_under_roots
+from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
+from stagectl.weightsync.errors import WeightSyncError
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.staging import verify_full
 from stagectl.weightsync.wire import TensorStream, WeightState, byte_view, encode_chunks, safetensors_prefix
 
 
@@ -85,3 +94,30 @@ class DiskSender:
 
     def close(self) -> None:
         pass
+
+
+class DiskReceiver:
+    """Transport `disk`, the server's side: a full sync from a safetensors snapshot under one of the
+    server's weight directories, verified against the serving model and applied under the sync lock."""
+
+    def __init__(self, sync: WeightSync, weight_dirs: Sequence[Path]) -> None:
+        self.sync = sync
+        self.weight_dirs = list(weight_dirs)
+
+    def load_from_disk(self, raw_path: str, version: int) -> SyncResponse:
+        path = resolve_under_roots(raw_path, self.weight_dirs, what="weights", roots_key="--weights-dir")
+        sync = self.sync
+        with sync.lock:
+            try:
+                sync.check_above_serving(version)
+                if path.suffix != ".safetensors" or not path.is_file():
+                    raise WeightSyncError(f"weights {raw_path!r}: not an existing .safetensors file")
+                try:
+                    tensors = load_file(str(path))
+                except (SafetensorError, OSError) as exc:
+                    raise WeightSyncError(f"weights {raw_path!r}: cannot load ({exc})") from None
+                num_bytes = verify_full(sync.engine.weight_specs(), tensors)
+            except WeightSyncError as exc:
+                sync.num_failed_syncs += 1
+                raise WeightSyncError(f"{exc}; still serving version {sync.engine.version}") from None
+            return sync.apply_snapshot(tensors, version, num_bytes)

@@ -1,8 +1,14 @@
-"""Transport `http`, the learner's side: `HttpSender` streams safetensors chunks (zero-copy views of the
+"""Transport `http`. The learner's side: `HttpSender` streams safetensors chunks (zero-copy views of the
 tensors, XXH3-128 per chunk) to every server and commits only after every server staged every chunk,
-sending only the changed elements when delta sync is on (`weightsync.delta`). The server's side is
-`weightsync.stream` (the weight-stream port) or the app's `POST /update_weights/`, both feeding
-`weightsync.receiver.WeightSync`.
+sending only the changed elements when delta sync is on (`weightsync.delta`). The server's side:
+`HttpReceiver`, fed by the weight-stream port (`weightsync.stream`) or the app's `POST /update_weights/`,
+streams each chunk into the shared staging (`weightsync.receiver.WeightSync`) and commits.
+
+Protocol (one sync at a time): chunks `0, 1, 2, ...` of a `sync_id` arrive with their XXH3-128 digest and
+the target version (and, for a delta, the base version); each is streamed into the staging
+(`staging.ChunkReceiver`: header checked against names, shapes and dtypes before any byte is copied,
+digest compared at its end). `commit` checks that every chunk arrived, then the shared commit applies.
+A chunk with a new `sync_id` supersedes an unfinished sync (its client died).
 
 `ChunkSender`: `POST /update_weights/` chunks to the weight-stream port over one keep-alive connection per
 server, the tensors' memory handed to `socket.sendall` as whole views.
@@ -28,10 +34,12 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH, VersionResponse
+from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH, SyncResponse, VersionResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
 from stagectl.weightsync.delta import DeltaTracker
-from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
+from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError, WeightSyncError
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.staging import ChunkReceiver
 from stagectl.weightsync.wire import TensorStream, WeightChunk, WeightState, encode_chunks, encode_pieces
 
 log = logging.getLogger("stagectl.weightsync.http")
@@ -263,3 +271,99 @@ def _detail(body: bytes) -> str:
     except (ValueError, AttributeError):
         detail = None
     return str(detail) if detail is not None else body[:300].decode("utf-8", errors="replace")
+
+
+class HttpReceiver:
+    """Transport `http`, the server's side: the chunks of a sync streamed into the shared staging, then
+    `commit`. One per server, shared by the app's port and the weight-stream port (the commit, on the
+    app's port, counts the chunks either port received)."""
+
+    def __init__(self, sync: WeightSync) -> None:
+        self.sync = sync
+        self._next_index = 0  # the chunk the http sync in progress expects next
+
+    def begin_chunk(
+        self, sync_id: str, chunk_index: int, digest: str, version: int, base_version: int | None = None
+    ) -> ChunkReceiver:
+        """Check and open chunk `chunk_index` of `sync_id`; feed it the body, then `finish_chunk`."""
+        sync = self.sync
+        with sync.lock:
+            if sync_id != sync.sync_id:
+                sync.supersede(sync_id)
+                sync.start(sync_id, "http", version, base_version)
+                self._next_index = 0
+            try:
+                self._check_chunk(chunk_index, version, base_version)
+            except WeightSyncError as exc:
+                sync.fail(f"chunk {chunk_index}: {exc}")
+                raise type(exc)(
+                    f"{exc}; sync {sync_id} aborted, still serving version {sync.engine.version}"
+                ) from None
+            assert sync.staged is not None
+            self._next_index += 1
+            receiver = ChunkReceiver(sync.staged, digest)
+            sync.writer = receiver
+            return receiver
+
+    def finish_chunk(self, receiver: ChunkReceiver) -> int:
+        """End a chunk begun by `begin_chunk`: the number of tensors in it, or `WeightSyncError`."""
+        sync = self.sync
+        with sync.lock:
+            sync_id = sync.sync_id
+            if receiver is not sync.writer:
+                raise WeightSyncError(
+                    f"chunk of a weight sync that was aborted or superseded; still serving version {sync.engine.version}"
+                )
+            sync.writer = None
+            try:
+                return receiver.finish()
+            except WeightSyncError as exc:
+                sync.fail(str(exc))
+                raise WeightSyncError(
+                    f"{exc}; sync {sync_id} aborted, still serving version {sync.engine.version}"
+                ) from None
+
+    def fail_chunk(self, receiver: ChunkReceiver, reason: str) -> None:
+        """A chunk's body never arrived whole (the client went away): drop its sync."""
+        with self.sync.lock:
+            if receiver is self.sync.writer:
+                self.sync.fail(reason)
+
+    def add_chunk(
+        self,
+        sync_id: str,
+        chunk_index: int,
+        digest: str,
+        version: int,
+        data: bytes,
+        base_version: int | None = None,
+    ) -> int:
+        """One whole chunk at once (`begin_chunk` + feed + `finish_chunk`)."""
+        receiver = self.begin_chunk(sync_id, chunk_index, digest, version, base_version)
+        receiver.feed(data)
+        return self.finish_chunk(receiver)
+
+    def _check_chunk(self, chunk_index: int, version: int, base_version: int | None) -> None:
+        sync = self.sync
+        if version != sync.target_version:
+            raise WeightSyncError(f"target version {version} differs from this sync's {sync.target_version}")
+        if base_version != sync.base_version:
+            raise WeightSyncError(f"base version {base_version} differs from this sync's {sync.base_version}")
+        sync.check_above_serving(version)
+        if sync.writer is not None:
+            raise WeightSyncError(f"chunk {chunk_index} began before chunk {self._next_index - 1} ended")
+        if chunk_index != self._next_index:
+            raise WeightSyncError(f"chunk index {chunk_index} out of order (expected {self._next_index})")
+
+    def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
+        sync = self.sync
+        with sync.lock:
+            if sync.transport == "collective":
+                raise WeightSyncError(f"sync {sync_id}: a collective sync ends with group/finish, not commit")
+
+            def every_chunk_arrived() -> None:
+                if num_chunks != self._next_index or sync.writer is not None:
+                    done = self._next_index - (sync.writer is not None)
+                    raise WeightSyncError(f"commit says {num_chunks} chunks, {done} arrived")
+
+            return sync.commit(sync_id, version, every_chunk_arrived)

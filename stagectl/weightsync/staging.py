@@ -1,6 +1,7 @@
 """The server's side of a chunk: parse and check a safetensors header, reserve each piece in the sync's
 staging, stream the body straight into the staging buffers (`ChunkReceiver`), and the completeness
-check of a full sync or a delta. `sync.py` owns the sync's state machine around it."""
+check of a full sync or a delta. The sync's state machine around it: `receiver.WeightSync` and each
+transport's receiver."""
 
 from __future__ import annotations
 
@@ -248,6 +249,10 @@ class ChunkReceiver:
             self._feed(memoryview(data).cast("B"))
         except WeightSyncError as exc:
             self.error = exc.with_traceback(None)  # its frames hold views of the body (maybe an mmap)
+
+    def abandon(self) -> None:
+        """Its sync failed while it streamed (`receiver.Writer`): nothing to drop but the buffers, which the
+        sync gives up; bytes still arriving land in them and go with them (`finish_chunk` refuses it)."""
 
     def destination(self) -> memoryview | None:
         """Where the next body bytes belong in the staging (a writable view of the rest of the current

@@ -1,6 +1,7 @@
 """The weight-stream listener: `POST /update_weights/` (the same chunk endpoint, query and answers as the
 app's) on a port of its own, served by blocking threads that read each chunk's body straight from the
-socket into a reused buffer and feed it to the staging (one copy and one XXH3 pass per byte).
+socket into a reused buffer and feed it to the staging through the app's own `http.HttpReceiver` (one copy
+and one XXH3 pass per byte).
 
 Why a second listener: on the app's port a chunk's bytes go through uvicorn's pure-Python HTTP parser and
 the event loop in pieces of at most 256 KiB, which held `http` sync far below what a plain loopback
@@ -44,7 +45,7 @@ from stagectl.rollout.guards import (
 from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH, ChunkQuery
 from stagectl.rollout.tls import server_context
 from stagectl.weightsync.errors import WeightSyncError, status_of
-from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.staging import ChunkReceiver
 
 access_log = logging.getLogger("stagectl.rollout.access")
@@ -139,9 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
         except _Refused:
             self._drain(length, budget)
             raise
-        sync = self.server.sync
+        http = self.server.http
         try:
-            receiver = sync.begin_chunk(
+            receiver = http.begin_chunk(
                 query.sync_id, query.chunk_index, query.digest, query.version, query.base_version
             )
         except WeightSyncError as exc:
@@ -151,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(status_of(exc), str(exc)) from None
         self._receive(receiver, length, budget)
         try:
-            num = sync.finish_chunk(receiver)
+            num = http.finish_chunk(receiver)
         except WeightSyncError as exc:
             raise _Refused(status_of(exc), str(exc)) from None
         return {"sync_id": query.sync_id, "chunk_index": query.chunk_index, "num_tensors": num}
@@ -216,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             finished = True
         finally:
             if not finished:
-                self.server.sync.fail_chunk(receiver, "the chunk's body did not arrive whole")
+                self.server.http.fail_chunk(receiver, "the chunk's body did not arrive whole")
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         payload = json.dumps(body).encode()
@@ -261,7 +262,7 @@ class WeightStreamServer(ThreadingHTTPServer):
     block_on_close = False
 
     def __init__(
-        self, sync: WeightSync, settings: StreamSettings, host: str = "127.0.0.1", port: int = 0
+        self, http: HttpReceiver, settings: StreamSettings, host: str = "127.0.0.1", port: int = 0
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         context = None
@@ -271,7 +272,7 @@ class WeightStreamServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as exc:
             raise ValueError(f"cannot bind the weight-stream port {host}:{port}: {exc.strerror}") from None
-        self.sync = sync
+        self.http = http  # the chunks go to the http receiver the app's port shares
         self.settings = settings
         if context is not None:
             self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)

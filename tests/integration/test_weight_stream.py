@@ -196,7 +196,8 @@ def test_a_body_slower_than_its_deadline_is_408(served: Served) -> None:
 def test_connections_beyond_the_cap_get_503(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream, "MAX_CONNECTIONS", 2)
     service = RolloutService(FakeEngine(default_weights(num_mib=1, block_mib=1)), _settings())
-    server = stream.WeightStreamServer(service.sync, service.settings).start()
+    assert service.http is not None
+    server = stream.WeightStreamServer(service.http, service.settings).start()
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(2)]
     try:
         time.sleep(0.2)  # both accepted and holding their slots

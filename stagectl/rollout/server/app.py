@@ -49,8 +49,10 @@ from stagectl.rollout.protocol import (
     WorldSizeResponse,
 )
 from stagectl.rollout.server.service import BadRequest, RolloutService
-from stagectl.weightsync.collective import GroupError, GroupInfo
+from stagectl.weightsync.collective import GroupError, GroupInfo, GroupReceiver
+from stagectl.weightsync.disk import DiskReceiver
 from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.stream import WeightStreamServer
 
 ACCESS_LOGGER = "stagectl.rollout.access"
@@ -66,6 +68,25 @@ def _service(request: Request) -> RolloutService:
     service = request.app.state.service
     assert isinstance(service, RolloutService)
     return service
+
+
+# A transport's routes are mounted only where the service built its receiver (`weight_transports`).
+def _http(request: Request) -> HttpReceiver:
+    receiver = _service(request).http
+    assert receiver is not None
+    return receiver
+
+
+def _collective(request: Request) -> GroupReceiver:
+    receiver = _service(request).collective
+    assert receiver is not None
+    return receiver
+
+
+def _disk(request: Request) -> DiskReceiver:
+    receiver = _service(request).disk
+    assert receiver is not None
+    return receiver
 
 
 # Handlers below are `async def` unless they block: FastAPI runs plain `def` handlers (and dependencies) on
@@ -98,7 +119,8 @@ async def require_token_unless_open_infer(request: Request) -> None:
 health_router = APIRouter()
 swift_router = APIRouter(dependencies=[Depends(require_token_unless_open_infer)])
 router = APIRouter(dependencies=[Depends(require_token)])
-# one router per weight-sync transport: the app mounts those in `ServerSettings.weight_transports` only
+# one router per weight-sync transport: the app mounts those whose receiver the service built (the
+# transports in `ServerSettings.weight_transports`), no other
 weight_routers = {
     transport: APIRouter(dependencies=[Depends(require_token)])
     for transport in ("http", "collective", "disk")
@@ -135,7 +157,7 @@ def infer(body: InferBody, request: Request) -> list[RolloutItem]:
 async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]) -> ChunkResponse:
     # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
     # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
-    sync = _service(request).sync
+    sync = _http(request)
     try:
         receiver = await _weight_call(
             request,
@@ -166,7 +188,7 @@ async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]
 
 @weight_routers["http"].post("/update_weights/commit/")
 async def commit(body: CommitBody, request: Request) -> SyncResponse:
-    return await _weight_call(request, _service(request).commit, body.sync_id, body.version, body.num_chunks)
+    return await _weight_call(request, _http(request).commit, body.sync_id, body.version, body.num_chunks)
 
 
 @router.post("/update_weights/abort/")
@@ -178,7 +200,7 @@ async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
 async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     info = GroupInfo(body.master_address, body.master_port, body.rank, body.world_size, body.timeout_s)
     try:
-        await _weight_call(request, _service(request).sync.group_init, info)
+        await _weight_call(request, _collective(request).group_init, info)
     except GroupError as exc:
         raise HTTPException(400, str(exc)) from None
     return {"rank": body.rank}
@@ -187,18 +209,18 @@ async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
 @weight_routers["collective"].post("/update_weights/group/start/")
 async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
     tensors = [(t.name, t.dtype, tuple(t.shape)) for t in body.tensors]
-    await _weight_call(request, _service(request).sync.group_start, body.sync_id, body.version, tensors)
+    await _weight_call(request, _collective(request).group_start, body.sync_id, body.version, tensors)
     return {"sync_id": body.sync_id}
 
 
 @weight_routers["collective"].post("/update_weights/group/finish/")
 async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
-    return await _weight_call(request, _service(request).sync.group_finish, body.sync_id, body.version)
+    return await _weight_call(request, _collective(request).group_finish, body.sync_id, body.version)
 
 
 @weight_routers["disk"].post("/update_weights/from_disk/")
 async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
-    return await _weight_call(request, _service(request).load_from_disk, body.path, body.version)
+    return await _weight_call(request, _disk(request).load_from_disk, body.path, body.version)
 
 
 def _too_many_requests(request: Request, exc: Exception) -> JSONResponse:
@@ -305,9 +327,9 @@ def build_app(service: RolloutService) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings = service.settings
         stream = None
-        if settings.weight_stream_port is not None and "http" in settings.weight_transports:
+        if settings.weight_stream_port is not None and service.http is not None:
             stream = WeightStreamServer(
-                service.sync, settings, settings.weight_stream_host, settings.weight_stream_port
+                service.http, settings, settings.weight_stream_host, settings.weight_stream_port
             )
             service.weight_stream_port = stream.start().port
         try:
@@ -325,8 +347,13 @@ def build_app(service: RolloutService) -> FastAPI:
     app.state.weight_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-sync")
     for routes in (health_router, swift_router, router):
         app.include_router(routes)
-    for transport in sorted(service.settings.weight_transports):
-        app.include_router(weight_routers[transport])
+    for transport, receiver in (
+        ("http", service.http),
+        ("collective", service.collective),
+        ("disk", service.disk),
+    ):
+        if receiver is not None:  # the configured transports' receivers and routes only
+            app.include_router(weight_routers[transport])
     for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
     app.add_exception_handler(TooManyRequests, _too_many_requests)

@@ -23,7 +23,6 @@ from stagectl.rollout.protocol import (
     InferBody,
     InferResponse,
     StatsResponse,
-    SyncResponse,
     TensorSpec,
     TokenLogprob,
     Usage,
@@ -31,6 +30,9 @@ from stagectl.rollout.protocol import (
 )
 from stagectl.rollout.server.swift_fields import refusals
 from stagectl.rollout.server.text import normalize_messages
+from stagectl.weightsync.collective import GroupReceiver
+from stagectl.weightsync.disk import DiskReceiver
+from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.receiver import WeightSync
 
 
@@ -62,7 +64,12 @@ class RolloutService:
     def __init__(self, engine: Engine, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.sync = WeightSync(engine, settings.weight_dirs)
+        transports = settings.weight_transports
+        self.sync = WeightSync(engine)  # the staging the receivers below share
+        # the receivers of the transports whose routes the app mounts, no other
+        self.http = HttpReceiver(self.sync) if "http" in transports else None
+        self.collective = GroupReceiver(self.sync) if "collective" in transports else None
+        self.disk = DiskReceiver(self.sync, settings.weight_dirs) if "disk" in transports else None
         self.num_requests = 0
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self.sync_dtype = sync_dtype(engine.weight_specs().values())
@@ -145,12 +152,6 @@ class RolloutService:
             num_syncs=self.sync.num_syncs,
             num_failed_syncs=self.sync.num_failed_syncs,
         )
-
-    def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
-        return self.sync.commit(sync_id, version, num_chunks)
-
-    def load_from_disk(self, path: str, version: int) -> SyncResponse:
-        return self.sync.load_from_disk(path, version)
 
     def close(self) -> None:
         self.engine.close()

@@ -210,7 +210,7 @@ def _kill_in_broadcast(module: ModuleType, call: str) -> None:
 
 def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
     # `begin_chunk` opens every chunk streamed over http
-    cls = module.WeightSync
+    cls = module.HttpReceiver
     original = cls.begin_chunk
     seen: list[str] = []
 
@@ -367,7 +367,7 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "kill_at_step": ("stagectl.learner.loop", _kill_at_step),
     "kill_in_push": ("stagectl.learner.publisher", _kill_in_push),
     "wait_for_packs": ("stagectl.learner.channel_b_async", _wait_for_packs),
-    "kill_in_sync": ("stagectl.weightsync.receiver", _kill_in_sync),
+    "kill_in_sync": ("stagectl.weightsync.http", _kill_in_sync),
     "kill_in_broadcast": ("stagectl.weightsync.collective", _kill_in_broadcast),
     "kill_in_infer": ("stagectl.rollout.server.service", _kill_in_infer),
     "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),

@@ -10,7 +10,9 @@ from safetensors.torch import save_file
 
 from stagectl.rollout.server.engines.fake import FakeEngine
 from stagectl.weightsync.delta import DeltaTracker, bits
+from stagectl.weightsync.disk import DiskReceiver
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
+from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.wire import Piece, encode_chunks, encode_pieces
 
@@ -69,12 +71,12 @@ def test_bitwise_changes_count_and_large_deltas_are_split() -> None:
     assert [p.rows for p in plan.pieces] == [(s, s + 200) for s in range(0, 1000, 200)]
 
 
-def _sync(state: dict[str, torch.Tensor]) -> tuple[WeightSync, FakeEngine]:
+def _sync(state: dict[str, torch.Tensor]) -> tuple[HttpReceiver, FakeEngine]:
     engine = FakeEngine({k: torch.zeros_like(v) for k, v in state.items()})
-    return WeightSync(engine, []), engine
+    return HttpReceiver(WeightSync(engine)), engine
 
 
-def _push(sync: WeightSync, chunks: list, sync_id: str, version: int, base: int | None) -> None:
+def _push(sync: HttpReceiver, chunks: list, sync_id: str, version: int, base: int | None) -> None:
     for c in chunks:
         sync.add_chunk(sync_id, c.index, c.digest, version, c.data, base)
     sync.commit(sync_id, version, len(chunks))
@@ -110,8 +112,7 @@ def test_delta_against_another_base_is_refused(tmp_path: Path) -> None:
         sync.add_chunk("d", 0, chunk.digest, 2, chunk.data, base_version=0)
     # a disk load leaves no staged copy of what serves: a delta on top of it is refused too
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
-    sync.weight_dirs = [tmp_path]
-    sync.load_from_disk(str(tmp_path / "w.safetensors"), 2)
+    DiskReceiver(sync.sync, [tmp_path]).load_from_disk(str(tmp_path / "w.safetensors"), 2)
     with pytest.raises(DeltaBaseError, match="without a staged copy"):
         sync.add_chunk("d2", 0, chunk.digest, 3, chunk.data, base_version=2)
     assert engine.version == 2 and torch.equal(engine.weights["scalar"], state["scalar"])

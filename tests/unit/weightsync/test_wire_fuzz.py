@@ -1,4 +1,4 @@
-"""Fuzzing the weight-sync payload checks (`stagectl.weightsync.wire`, `stagectl.weightsync.receiver`): random
+"""Fuzzing the weight-sync payload checks (`stagectl.weightsync.wire`, the http receiver): random
 or corrupted chunks are refused with `WeightSyncError`, and whatever a pusher sends, the serving
 weights and version change only on a commit of a complete, verified sync.
 
@@ -21,6 +21,7 @@ from safetensors.torch import save as st_save
 
 from stagectl.rollout.server.engines.fake import FakeEngine
 from stagectl.weightsync.errors import WeightSyncError
+from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.wire import ROWS_KEY, decode_chunk, digest_hex, encode_chunks
 
@@ -87,7 +88,7 @@ def test_mutated_chunks_never_change_the_serving_weights(
     chunks = [*GOOD_CHUNKS]
     chunks[chunk] = bytes(data)
     with _engine() as engine:
-        sync = WeightSync(engine, [])
+        sync = HttpReceiver(WeightSync(engine))
         before = {name: t.clone() for name, t in engine.weights.items()}
         try:
             for index, blob in enumerate(chunks):
@@ -104,10 +105,10 @@ def test_mutated_chunks_never_change_the_serving_weights(
 
 def test_a_wrong_checksum_is_refused_before_decoding() -> None:
     with _engine() as engine:
-        sync = WeightSync(engine, [])
+        sync = HttpReceiver(WeightSync(engine))
         with pytest.raises(WeightSyncError, match="checksum mismatch"):
             sync.add_chunk("s", 0, "0" * 32, 1, GOOD_CHUNKS[0])
-        assert sync.num_failed_syncs == 1 and engine.version == 0
+        assert sync.sync.num_failed_syncs == 1 and engine.version == 0
 
 
 @pytest.mark.parametrize(
@@ -122,7 +123,7 @@ def test_a_wrong_checksum_is_refused_before_decoding() -> None:
 def test_names_shapes_and_dtypes_are_checked_per_chunk(tensors: dict[str, torch.Tensor], error: str) -> None:
     blob = st_save(tensors)
     with _engine() as engine:
-        sync = WeightSync(engine, [])
+        sync = HttpReceiver(WeightSync(engine))
         with pytest.raises(WeightSyncError, match=re.escape(error)):
             sync.add_chunk("s", 0, digest_hex(blob), 1, blob)
         assert engine.version == 0
@@ -143,7 +144,7 @@ UNVALIDATED_ROWS = ["[0, 2]", '{"w1": ["a", 2]}', '{"w1": [null, 2]}', '{"w1": [
 def test_bad_row_ranges_are_refused(rows: str) -> None:
     blob = st_save({"w1": torch.zeros(2, 3)}, metadata={ROWS_KEY: rows})
     with _engine() as engine:
-        sync = WeightSync(engine, [])
+        sync = HttpReceiver(WeightSync(engine))
         with pytest.raises(WeightSyncError):
             sync.add_chunk("s", 0, digest_hex(blob), 1, blob)
         assert engine.version == 0
@@ -158,7 +159,7 @@ def test_crafted_row_metadata_is_a_weight_sync_error(rows: str) -> None:
 
 def test_good_chunks_decode_and_sync() -> None:
     with _engine() as engine:
-        sync = WeightSync(engine, [])
+        sync = HttpReceiver(WeightSync(engine))
         for index, blob in enumerate(GOOD_CHUNKS):
             sync.add_chunk("ok", index, digest_hex(blob), 1, blob)
         sync.commit("ok", 1, len(GOOD_CHUNKS))
