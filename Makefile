@@ -77,10 +77,14 @@ test-gpu: install-dev
 	$(VENV)/bin/pytest tests/gpu -q
 
 # Every tier that can run here: lint, types, then unit, integration (incl. faults), vllm (its own venv,
-# .venv-vllm), interop (ms-swift in .venv-interop) and gpu (skips without CUDA).
+# .venv-vllm), interop (ms-swift in .venv-interop) and gpu (skips without CUDA). Test files are spread over
+# PYTEST_WORKERS processes (pytest-xdist; --dist loadfile keeps each file, and its module-scoped runs, on
+# one worker); the longest tiers are listed first so the short unit files fill the tail.
+PYTEST_WORKERS ?= 2
 test: lint typecheck vllm-env interop-env
 	STAGECTL_REQUIRE_VLLM=1 STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_VENV=$(INTEROP_VENV) \
-		$(VENV)/bin/pytest tests -q
+		$(VENV)/bin/pytest tests/vllm tests/faults tests/integration tests/interop tests/unit tests/gpu -q \
+		-n $(PYTEST_WORKERS) --dist loadfile
 
 bench: install-dev
 	$(PY) -m bench

@@ -133,11 +133,13 @@ def test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices(tmp_path: P
     argv = [sys.executable, "-m", "stagectl", "train-ab", str(write_config(tmp_path / "cfg.yaml", cfg))]
     log = (tmp_path / "stderr.txt").open("w+")
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    pinned = {str(c) for c in HOST_CPUS[:2]}
-    seen: dict[str, tuple[str | None, str | None]] = {}
+    # each rank's (CPUs, CUDA_VISIBLE_DEVICES) as it changed: a rank starts with the launcher's CPUs and
+    # pins itself once training starts, so its last value is its placement (the trail names the pids)
+    last: dict[str, tuple[str, str | None]] = {}
+    trail: list[tuple[int, str, str, str | None]] = []
     try:
         deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline and len(seen) < 2:
+        while proc.poll() is None and time.monotonic() < deadline:
             for pid in _descendants(proc.pid):
                 try:
                     environ = _environ(pid)
@@ -145,8 +147,12 @@ def test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices(tmp_path: P
                     continue
                 rank = environ.get("RANK")  # a torchrun worker (the agent has none)
                 cpus = _status(pid, "Cpus_allowed_list")
-                if rank is not None and cpus in pinned:  # pinned once the rank starts training
-                    seen[rank] = (cpus, environ.get("CUDA_VISIBLE_DEVICES"))
+                if rank is None or cpus is None:
+                    continue
+                now = (cpus, environ.get("CUDA_VISIBLE_DEVICES"))
+                if last.get(rank) != now:
+                    last[rank] = now
+                    trail.append((pid, rank, *now))
             time.sleep(0.05)
         proc.wait(timeout=240)
     finally:
@@ -154,4 +160,5 @@ def test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices(tmp_path: P
             kill_tree(proc.pid, grace_s=5.0)
         log.close()
     assert proc.returncode == 0, (tmp_path / "stderr.txt").read_text()[-4000:]
-    assert seen == {"0": (str(HOST_CPUS[0]), "GPU-b,GPU-a"), "1": (str(HOST_CPUS[1]), "GPU-b,GPU-a")}
+    expected = {"0": (str(HOST_CPUS[0]), "GPU-b,GPU-a"), "1": (str(HOST_CPUS[1]), "GPU-b,GPU-a")}
+    assert last == expected, f"observed (pid, RANK, CPUs, CUDA_VISIBLE_DEVICES) in order: {trail}"
