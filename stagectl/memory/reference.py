@@ -1,6 +1,6 @@
 """The published shapes of the real checkpoints the docs table covers: the keys of their `config.json`
 (Hugging Face `Qwen/...-Instruct`) that the memory model reads. Nothing is downloaded; the parameter
-totals these give are checked in `tests/unit/test_memory.py` against the models transformers builds
+totals these give are checked in `tests/unit/memory/test_memory.py` against the models transformers builds
 from the same dicts on the meta device (8,292,166,656 for Qwen2.5-VL-7B, the published count)."""
 
 from __future__ import annotations

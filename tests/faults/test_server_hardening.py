@@ -1,7 +1,8 @@
 """Rollout-server hardening against hostile or broken clients, on the real app (FastAPI + uvicorn in a
 thread) over the fake engine: slow clients, bodies without a declared length, and a source-level check
 that nothing unpickles. The token, size-limit, path and weight-verification basics are in
-tests/integration/test_rollout_fake_server.py and tests/unit/test_fuzz_{paths,weights}.py."""
+tests/integration/test_rollout_fake_server.py,
+tests/unit/rollout/test_paths_fuzz.py and tests/unit/weightsync/test_wire_fuzz.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """COCO -> JSONL -> train-ab, the README quick start, end to end: `stagectl convert coco` on a small COCO-format
 file the test writes, then `stagectl train-ab examples/coco/train_ab.yaml` for two steps (one A, one B) with
 the converted file as training and eval data. Everything else about the converter is in
-tests/unit/test_data_coco.py (in process)."""
+tests/unit/data/test_coco.py (in process)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Fuzzing `parse_rollout` from text: model-like outputs written as text (JSON fragments, coordinate
 tokens, multi-byte characters, stray quotes and escapes) and encoded by the real tiny BPE tokenizer,
 so the parser sees the fused and byte-level tokens a model really emits. Extends
-`test_detection_parse_fuzz.py` (random ids, toy-tokenizer JSON, token mutations) and reuses its
+`tests/unit/detection/test_parse_fuzz.py` (random ids, toy-tokenizer JSON, token mutations) and reuses its
 checker (`tests/unit/helpers.py`): parse_rollout never raises and its result is always consistent and usable.
 
 Examples per property: 300 under `STAGECTL_FUZZ_PROFILE=full`, a tenth (at least 20) by default

@@ -326,7 +326,7 @@ def test_cli_prints_the_summary_or_every_problem(tmp_path: Path) -> None:
 def test_the_coco_example_reads_what_convert_writes() -> None:
     from stagectl.config import load_config
 
-    cfg = load_config(Path(__file__).parents[2] / "examples" / "coco" / "train_ab.yaml")
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "coco" / "train_ab.yaml")
     assert cfg.data is not None and cfg.data.box_format == "pixel"
     assert cfg.data.train_jsonl is not None and cfg.data.eval is not None and cfg.data.eval.jsonl is not None
 

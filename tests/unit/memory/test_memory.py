@@ -239,7 +239,7 @@ def test_bad_knobs_are_refused() -> None:
 def test_docs_table_is_the_functions_output() -> None:
     from stagectl.memory.table import reference_table
 
-    text = (Path(__file__).parents[2] / "docs" / "memory.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "memory.md").read_text()
     start, end = "<!-- memory-table:start -->\n", "<!-- memory-table:end -->"
     documented = text[text.index(start) + len(start) : text.index(end)].rstrip("\n").split("\n")
     assert documented == reference_table()  # regenerate: python -m stagectl.memory.table

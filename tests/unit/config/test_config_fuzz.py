@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from stagectl.config import ConfigError, StagectlConfig, load_config
 from tests.helpers import fuzz_examples
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 EXAMPLES = sorted((ROOT / "examples" / "tiny").glob("*.yaml"))
 EXAMPLE_DATA = [yaml.safe_load(p.read_text()) for p in EXAMPLES]
 SETTINGS = settings(

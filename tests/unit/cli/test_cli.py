@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 HEAVY = ("torch", "transformers", "vllm", "fastapi")
 
 

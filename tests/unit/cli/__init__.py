@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.cli`, named after its modules or topics."""

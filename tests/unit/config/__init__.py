@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.config`, named after its modules or topics."""

@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.data`, named after its modules or topics."""

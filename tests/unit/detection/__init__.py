@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.detection`, named after its modules or topics."""

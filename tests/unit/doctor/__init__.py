@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.doctor`, named after its modules or topics."""

@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.learner`, named after its modules or topics."""

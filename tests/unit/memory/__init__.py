@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.memory`, named after its modules or topics."""

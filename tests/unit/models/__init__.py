@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.models`, named after its modules or topics."""

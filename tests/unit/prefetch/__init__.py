@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.prefetch`, named after its modules or topics."""

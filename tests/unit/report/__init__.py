@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.report`, named after its modules or topics."""

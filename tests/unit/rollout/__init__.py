@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.rollout`, named after its modules or topics."""

@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.stage_b`, named after its modules or topics."""
