@@ -122,6 +122,8 @@ class PrefetchCounters:
     carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
     lost_total: int = 0  # B-stream samples taken by a burst that failed (never trained)
     cut_short_total: int = 0  # bursts that skipped their top-ups because a weight sync was waiting
+    requests_total: int = 0  # rollout requests (`section.rollout` calls; a burst makes 1..MAX_ROUNDS)
+    request_s: float = 0.0  # of busy_s, waiting for the server's answers to them
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs
     build_s: float = 0.0  # of it, turning rollouts into segments (parse, match, targets, encode)
     collate_s: float = 0.0  # of it, packing and collating segments into micro-batches
@@ -148,6 +150,7 @@ class Prefetcher:
     segments_per_pack: int | None = None  # training.packing: false: a pack is this many padded segments
     num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
+    request_multiple: int = 1  # rollout_decode_batch_size: requests are answered in batches of this many
     cpus: Sequence[int] | None = None  # pin the thread (and the request threads it starts) to these CPUs
     sync_pending: Callable[[], bool] = lambda: False  # a weight sync waits for this burst's section to end
     idle_wait_s: float = 0.02
@@ -303,7 +306,12 @@ class Prefetcher:
             with self.source.section() as section:
                 carried = self._take_carry(section.ver)
                 if self.segments_per_pack is None:
-                    built, dropped = self._roll_out(section, num_packs * self.rules.pack_tokens, carried)
+                    built, dropped = self._roll_out(
+                        section,
+                        num_packs * self.rules.pack_tokens,
+                        num_packs * self.packing_length,
+                        carried,
+                    )
                 else:
                     built, dropped = self._roll_out_count(
                         section, num_packs * self.segments_per_pack, carried
@@ -341,21 +349,19 @@ class Prefetcher:
         return list(self._carry)
 
     def _roll_out(
-        self, section: Section, target_tokens: int, carried: list[Built]
+        self, section: Section, target_tokens: int, capacity_tokens: int, carried: list[Built]
     ) -> tuple[list[Built], RolloutStats]:
-        """Roll out until the segments reach `target_tokens`: a first request for `FIRST_SHARE` of what
-        the running estimate says is needed (an estimate that runs low must not overshoot the packs),
-        then top-ups for what is still missing (rounded up), at most `MAX_ROUNDS` requests in all."""
+        """Roll out until the segments reach `target_tokens` (the packs hold at most `capacity_tokens`),
+        at most `MAX_ROUNDS` requests, each sized by `_request_size`."""
         built = list(carried)
         dropped = RolloutStats()
         for round_ in range(self.MAX_ROUNDS):
-            missing = target_tokens - sum(len(segment) for _, segment, _ in built)
-            if missing <= 0:
+            have = sum(len(segment) for _, segment, _ in built)
+            if have >= target_tokens:
                 break
             if round_ > 0 and self._sync_waits():
                 break
-            share = self.FIRST_SHARE if round_ == 0 else 1.0
-            count = max(1, math.ceil(share * missing / max(1.0, self._tokens_per_rollout)))
+            count = self._request_size(target_tokens - have, capacity_tokens - have, first=round_ == 0)
             kept, lost = self._request(section, count)
             built += kept
             dropped.add(lost)
@@ -363,6 +369,19 @@ class Prefetcher:
             observed = sum(len(segment) for _, segment, _ in kept) / count
             self._tokens_per_rollout = 0.5 * self._tokens_per_rollout + 0.5 * max(1.0, observed)
         return built, dropped
+
+    def _request_size(self, missing: int, room: int, *, first: bool) -> int:
+        """Rollouts to request for `missing` tokens when the packs have `room` tokens left, at the running
+        estimate of tokens per rollout: the first request asks for `FIRST_SHARE` of the need (an estimate
+        that runs low must not overshoot the packs), a top-up for all of it. The server answers a request
+        in batches of `request_multiple` (the decode batch) and a batch of one or two rollouts costs it
+        about as much as a full one, so the count is rounded up to whole batches whenever they still fit
+        the room at the estimate (what comes out longer than estimated is carried to the next burst)."""
+        per_rollout = max(1.0, self._tokens_per_rollout)
+        need = max(1, math.ceil(missing / per_rollout))
+        count = max(1, math.ceil(self.FIRST_SHARE * need)) if first else need
+        whole = math.ceil(count / self.request_multiple) * self.request_multiple
+        return whole if whole * per_rollout <= room else count
 
     def _roll_out_count(
         self, section: Section, count: int, carried: list[Built]
@@ -395,7 +414,10 @@ class Prefetcher:
         indices = self.sampler.take(count)
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
+        started = time.perf_counter()
         generations = section.rollout(indices, seed)
+        self.counters.requests_total += 1
+        self.counters.request_s += time.perf_counter() - started
         started = time.perf_counter()
         kept, lost = self.build_segments(indices, generations)
         self.counters.build_s += time.perf_counter() - started

@@ -149,6 +149,32 @@ def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> N
     assert pf.stop(5.0)
 
 
+def test_requests_are_rounded_up_to_whole_decode_batches_that_fit_the_packs() -> None:
+    """The server answers a request in decode batches, and a batch of a few rollouts costs it about as
+    much as a full one: 4 packs of 90 tokens at 10 per rollout need 36 rollouts, 80% first (29). With
+    batches of 12 the first request is 36 (the packs hold 400 tokens), no top-up; with batches of 5 the
+    first is 30 and the top-up of 6 becomes 10 (all 40 fit the 4 packs: nothing is carried)."""
+    for multiple, expected, segments in ((12, [36], [9, 9, 9, 9]), (5, [30, 10], [10, 10, 10, 10])):
+        queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+        source = FakeSource()
+        pf = make(source, queue, gas=2, target_packs=4, request_multiple=multiple)
+        pf._burst(pf._packs_wanted())
+        assert source.requests == expected and source.sections == 1
+        assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == segments
+        assert queue.depth() == 0 and pf.snapshot()["carry"] == []
+
+
+def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold() -> None:
+    """Batches of 24: rounding 29 up to 48 (480 tokens) or the top-up of 7 up to 24 would overshoot the
+    packs' 400 tokens at the estimate, so both requests stay as they were."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4, request_multiple=24)
+    pf._burst(pf._packs_wanted())
+    assert source.requests == [29, 7]
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [9, 9, 9, 9]
+
+
 def test_the_nearest_b_step_gets_its_packs_first_in_a_burst_of_its_own() -> None:
     """Pacing wants 4 packs (2 B steps of gas 2): they come as two bursts (two fenced sections) of 2 packs,
     so the first B step does not wait for the second one's rollouts."""
