@@ -44,7 +44,7 @@ TITLES = {
     "learner": "Learner: packed vs padded",
     "rollout": "Rollout engine: request batching",
     "engines": "Rollout engine: hf vs vLLM (CPU build)",
-    "weight_sync": "Weight sync: http, shm, disk, delta",
+    "weight_sync": "Weight sync: http, disk, delta, collective",
     "async": "Async vs step mode",
     "cli": "CLI latency",
     "coco_eval": "COCO evaluator: pycocotools vs faster-coco-eval",

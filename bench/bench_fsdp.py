@@ -188,8 +188,8 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
     from stagectl.learner import sharding
     from stagectl.learner.publisher import WeightPublisher
     from stagectl.prefetch.fence import SyncFence
-    from stagectl.rollout.client import RolloutClient
     from stagectl.rollout.launcher import ServerProcess
+    from stagectl.weightsync.client import WeightSyncClient
 
     world = World(rank, rank, 2)
     stream = sharding.GatheredStream(model, torch.bfloat16)
@@ -202,7 +202,7 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
         server = ServerProcess([sys.executable, "-m", "bench.bench_fsdp", "--serve", f.name], cwd=ROOT)
         url = server.wait_listening(120)
     del stream
-    client = RolloutClient([url], transport=transport, chunk_bytes=chunk_mib * MIB)  # type: ignore[arg-type]
+    client = WeightSyncClient([url], transport=transport, chunk_bytes=chunk_mib * MIB)  # type: ignore[arg-type]
     publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=torch.bfloat16)
     seconds, extra = [], []
     # a warm-up (the server allocates its staging, the weight group forms), then measured; `alternate`:

@@ -5,12 +5,11 @@ against the machine's own limits measured in the same run on the same bytes:
   tensors' memory, `recv_into` one reused buffer) -- the ceiling for `http`;
 - `memcpy`: the bytes copied once into resident buffers;
 - `tmpfs write+read`: the bytes written to a /dev/shm file and read back into resident buffers -- the
-  ceiling for `shm`.
+  ceiling for `disk` with its `disk_dir` on a tmpfs.
 
 Transports: `http` (streamed zero-copy chunks, XXH3-128, read by the server's weight-stream port straight into
 the staging, swapped on commit), `collective` (a gloo weight group: one broadcast per tensor after a
-metadata check; formed at the warm-up),
-`shm` (one /dev/shm snapshot mapped by the server), `disk` (one snapshot under the run directory loaded
+metadata check; formed at the warm-up), `disk` (one snapshot under the run directory loaded
 by path), `delta` (http after 1% of the elements changed, scattered; MB/s counts the whole state dict, `sent MB`
 what went out). The server is a separate process (this module with `--serve`) running the
 real app over the fake echo engine holding tensors of the same shapes, so the figures are transport +
@@ -37,18 +36,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stagectl.rollout.delta import bits_np
 from stagectl.rollout.engines.fake import default_weights
 from stagectl.rollout.launcher import ServerProcess
-from stagectl.rollout.shm import SHM_DIR
-from stagectl.rollout.weights import byte_view
+from stagectl.weightsync.base import Transport
+from stagectl.weightsync.delta import bits_np
+from stagectl.weightsync.wire import byte_view
 
 SIZES_MIB = (100, 1000)
 BLOCK_MIB = 4
 CHUNK_MIB = 64
 DELTA_CHANGED = 0.01  # share of elements changed between delta pushes (bf16 at lr ~1e-5 sees ~6%)
-TRANSPORTS = ("http", "shm", "disk", "delta", "collective")
+TRANSPORTS = ("http", "disk", "delta", "collective")  # shm was removed (#25)
 LRS = (1e-3, 1e-4, 1e-5, 1e-6)
+TMPFS_DIR = Path("/dev/shm")  # the tmpfs baseline
+
+
+SENDERS: tuple[Transport, ...] = ("http", "disk", "collective")  # one client each
 
 
 def _serve(weights_dir: str, state_mib: int) -> None:
@@ -97,7 +100,7 @@ def memcpy_s(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor]) -> f
 
 
 def tmpfs_s(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor]) -> float:
-    path = SHM_DIR / f"stagectl-bench-{os.getpid()}.bin"
+    path = TMPFS_DIR / f"stagectl-bench-{os.getpid()}.bin"
     start = time.perf_counter()
     try:
         with path.open("wb") as f:
@@ -120,7 +123,7 @@ def _touch_elements(state: dict[str, torch.Tensor], g: torch.Generator) -> None:
 
 
 def run_size(repeats: int, state_mib: int) -> dict[str, object]:
-    from stagectl.rollout.client import RolloutClient
+    from stagectl.weightsync.client import WeightSyncClient
 
     g = torch.Generator().manual_seed(0)
     state = {
@@ -148,21 +151,29 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
             url = server.wait_listening(120)
             assert sink.stdout is not None
             port = int(sink.stdout.readline())
+            clients = {
+                transport: WeightSyncClient(
+                    [url], transport=transport, chunk_bytes=CHUNK_MIB << 20, disk_dir=weights_dir
+                )
+                for transport in SENDERS
+            }
             with (
-                RolloutClient([url], chunk_bytes=CHUNK_MIB << 20, disk_dir=weights_dir) as client,
-                RolloutClient([url], chunk_bytes=CHUNK_MIB << 20, delta=True) as delta,
+                clients["http"] as client,
+                clients["disk"],
+                clients["collective"],
+                WeightSyncClient([url], chunk_bytes=CHUNK_MIB << 20, delta=True) as delta,
             ):
                 version = 1
                 client.push_weights(state, version)  # warm-up: the server allocates its staging
                 version += 1
-                client.push_weights(state, version, transport="collective")  # warm-up: the group forms
+                clients["collective"].push_weights(state, version)  # warm-up: the group forms
                 for _ in range(repeats):  # every measurement once per round, so noise hits them alike
                     seconds["raw_socket"].append(raw_socket_s(state, port))
                     seconds["memcpy"].append(memcpy_s(state, into))
                     seconds["tmpfs"].append(tmpfs_s(state, into))
-                    for transport in ("http", "shm", "disk", "collective"):
+                    for transport in SENDERS:
                         version += 1
-                        report = client.push_weights(state, version, transport=transport)  # type: ignore[arg-type]
+                        report = clients[transport].push_weights(state, version)
                         seconds[transport].append(report.seconds)
                     version += 1
                     delta.push_weights(state, version, base_version=version - 1)  # full: the delta's base
@@ -196,9 +207,8 @@ def run_size(repeats: int, state_mib: int) -> dict[str, object]:
         "http_over_raw_socket": out["http"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "disk_over_raw_socket": out["disk"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "delta_over_raw_socket": out["delta"]["mb_per_s_median"] / raw,  # type: ignore[index]
-        "shm_over_raw_socket": out["shm"]["mb_per_s_median"] / raw,  # type: ignore[index]
         "collective_over_raw_socket": out["collective"]["mb_per_s_median"] / raw,  # type: ignore[index]
-        "shm_over_tmpfs": out["shm"]["mb_per_s_median"] / tmpfs,  # type: ignore[index]
+        "disk_over_tmpfs": out["disk"]["mb_per_s_median"] / tmpfs,  # type: ignore[index]
     }
     out["final_version"] = final_version
     return out
@@ -212,7 +222,7 @@ def unchanged_fractions(
     over the parameters that got a gradient, and the delta's bytes as a share of the state dict; medians
     over the steps after the first (Adam's first step moves every element with a gradient by ~lr)."""
     from stagectl.models.loading import load_bundle
-    from stagectl.rollout.delta import DeltaTracker, bits
+    from stagectl.weightsync.delta import DeltaTracker, bits
 
     rows = []
     for dtype in ("float32", "bfloat16"):
@@ -255,11 +265,11 @@ def run(repeats: int = 3, sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, o
     out["loadavg"] = [load_start, os.getloadavg()[0]]  # the machine is shared: how busy it was
     largest = sizes[-1]
     http_s = largest["http"]["seconds_median"]  # type: ignore[index]
-    shm_s = largest["shm"]["seconds_median"]  # type: ignore[index]
+    disk_s = largest["disk"]["seconds_median"]  # type: ignore[index]
     out["sync_fraction"] = (
-        f"A {largest['state_mb']:.0f} MB full sync takes {http_s:.2f} s over http and {shm_s:.2f} s over shm here: "
+        f"A {largest['state_mb']:.0f} MB full sync takes {http_s:.2f} s over http and {disk_s:.2f} s over disk here: "
         f"at `sync_every_steps: 1` it stays under 10% of a training step when a step takes more than "
-        f"{10 * http_s:.0f} s (http) or {10 * shm_s:.0f} s (shm)."
+        f"{10 * http_s:.0f} s (http) or {10 * disk_s:.0f} s (disk)."
     )
     return out
 

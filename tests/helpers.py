@@ -1,7 +1,10 @@
 """Builders shared by test tiers (never import one test module from another): the three image segments
-of different grids that the packed-vs-unpacked checks pack, and one segment's logits on its own."""
+of different grids that the packed-vs-unpacked checks pack, one segment's logits on its own, and the
+example count of the property tests."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 from PIL import Image, ImageDraw
@@ -18,6 +21,21 @@ ANSWERS = [
     '"<|coord_700|>", "<|coord_800|>"]}}',
 ]
 IMAGE_SIZES = [(112, 112), (168, 112), (84, 140)]  # different grids -> different vision token counts
+
+FUZZ_PROFILES = ("ci", "full")
+
+
+def fuzz_examples(full: int) -> int:
+    """Examples per property test. `STAGECTL_FUZZ_PROFILE=full` runs `full` (the property's own count);
+    the default `ci` profile (`make test`, `make test-fast`) runs a tenth of it, at least 20, so the inner
+    loop stays fast while every run still draws fresh examples. `STAGECTL_FUZZ_EXAMPLES=N` (the long
+    fuzzing pass, e.g. 5000) sets N for every property whatever the profile."""
+    if os.environ.get("STAGECTL_FUZZ_EXAMPLES"):
+        return int(os.environ["STAGECTL_FUZZ_EXAMPLES"])
+    profile = os.environ.get("STAGECTL_FUZZ_PROFILE", "ci")
+    if profile not in FUZZ_PROFILES:
+        raise ValueError(f"STAGECTL_FUZZ_PROFILE={profile!r}: expected one of {', '.join(FUZZ_PROFILES)}")
+    return full if profile == "full" else max(20, full // 10)
 
 
 def image_segments(bundle: ModelBundle) -> list[Segment]:

@@ -156,8 +156,9 @@ def config_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _model_section(prefix: str, model: type[BaseModel]) -> list[str]:
-    """One table for the model's own leaf keys, then one section per nested model, depth first."""
+def _model_section(prefix: str, model: type[BaseModel], title: str | None = None) -> list[str]:
+    """One table for the model's own leaf keys, then one section per nested model, depth first (a union of
+    sections: one per variant, titled by its tag, e.g. `vllm.sync` with `transport: disk`)."""
     rows: list[str] = []
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
@@ -172,15 +173,25 @@ def _model_section(prefix: str, model: type[BaseModel]) -> list[str]:
             continue
         rows.append(_field_row(key, field))
     doc = _model_doc(model)
-    lines = [f"## `{prefix}`" if prefix != TOP else "## Top-level keys", ""] if rows or doc else []
+    heading = title or f"`{prefix}`"
+    lines = [f"## {heading}" if prefix != TOP else "## Top-level keys", ""] if rows or doc else []
     if doc:
         lines += [doc, ""]
     if rows:
         lines += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
     for key, sub in nested:
-        heading = key if len([m for k, m in nested if k == key]) == 1 else f"{key} ({sub.__name__})"
-        lines += _model_section(heading, sub)
+        variant = len([m for k, m in nested if k == key]) > 1
+        lines += _model_section(key, sub, f"`{key}` with {_variant_tag(sub)}" if variant else None)
     return lines
+
+
+def _variant_tag(model: type[BaseModel]) -> str:
+    """`transport: disk`: the single-value `Literal` key that tells a union's variants apart."""
+    for name, field in model.model_fields.items():
+        args = typing.get_args(field.annotation)
+        if typing.get_origin(field.annotation) is Literal and len(args) == 1:
+            return f"`{name}: {args[0]}`"
+    return f"`{model.__name__}`"
 
 
 def _model_doc(model: type[BaseModel]) -> str:
@@ -191,7 +202,12 @@ def _model_doc(model: type[BaseModel]) -> str:
 
 def _field_row(key: str, field: FieldInfo) -> str:
     text = _cell(field.description or "")
-    return f"| `{key}` | {_cell(_type_name(field.annotation))}{_bounds(field)} | {_default(field)} | {text} |"
+    variants = [m for m in _models_in(field.annotation)] if not _is_list(field.annotation) else []
+    if len(variants) > 1:  # a union of sections: name them by their tags
+        type_name = "section: " + " \\| ".join(_variant_tag(m) for m in variants)
+    else:
+        type_name = _cell(_type_name(field.annotation))
+    return f"| `{key}` | {type_name}{_bounds(field)} | {_default(field)} | {text} |"
 
 
 def _bounds(field: FieldInfo) -> str:

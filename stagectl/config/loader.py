@@ -8,7 +8,7 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -230,11 +230,16 @@ def _pop_removed_keys(raw: dict[str, Any]) -> list[Problem]:
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:
     problems = []
     for err in exc.errors():
-        loc = [str(part) for part in err["loc"]]
+        loc, model, others = _walk([str(part) for part in err["loc"]])
         path = ".".join(loc) or "<root>"
         kind = err["type"]
-        if kind == "extra_forbidden":
-            message = "unknown key; remove it" + _did_you_mean(loc)
+        if kind == "extra_forbidden" and (owners := _variants_with(others, loc[-1])):
+            message = (
+                f"{loc[-1]} belongs to {' / '.join(owners)}, not {_tag_key(model) if model else ''}: "
+                f"{_tag(model)}; set that, or remove it"
+            )
+        elif kind == "extra_forbidden":
+            message = "unknown key; remove it" + _did_you_mean(loc[-1], model)
         elif kind == "missing":
             message = "required; set it"
         elif kind == "literal_error":
@@ -247,26 +252,65 @@ def _pydantic_problems(exc: ValidationError) -> list[Problem]:
     return problems
 
 
-def _did_you_mean(loc: list[str]) -> str:
-    """Suggest the closest valid key of the section the unknown key sits in."""
+def _walk(loc: list[str]) -> tuple[list[str], type[BaseModel] | None, list[type[BaseModel]]]:
+    """A pydantic error location as a config key path: without the variant tag pydantic inserts below a
+    union of sections (`vllm.sync.http.chunk_mb` is the key `vllm.sync.chunk_mb`); plus the section the
+    last key sits in and, when that section is a union's variant, the other variants."""
+    path: list[str] = []
     model: type[BaseModel] | None = StagectlConfig
-    for part in loc[:-1]:
-        if model is None:
-            return ""
-        model = _submodel(model, part)
+    others: list[type[BaseModel]] = []
+    i = 0
+    while i < len(loc):
+        path.append(loc[i])
+        if i == len(loc) - 1:
+            break
+        field = _field(model, loc[i]) if model is not None else None
+        variants = _model_types(field.annotation) if field is not None else []
+        chosen = [m for m in variants if _tag(m) == loc[i + 1]] if len(variants) > 1 else []
+        if chosen:
+            model, others = chosen[0], [m for m in variants if m is not chosen[0]]
+            i += 2  # the tag is no key
+            continue
+        model, others = (variants[0] if len(variants) == 1 else None), []
+        i += 1
+    return path, model, others
+
+
+def _field(model: type[BaseModel], key: str) -> Any:
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field
+    return None
+
+
+def _tag_key(model: type[BaseModel]) -> str | None:
+    """The key of a union variant whose type is a single-value `Literal` (its tag), if any."""
+    for name, field in model.model_fields.items():
+        args = getattr(field.annotation, "__args__", ())
+        if getattr(field.annotation, "__origin__", None) is Literal and len(args) == 1:
+            return name
+    return None
+
+
+def _tag(model: type[BaseModel] | None) -> str:
+    key = _tag_key(model) if model is not None else None
+    if model is None or key is None:
+        return ""
+    return str(getattr(model.model_fields[key].annotation, "__args__", ("",))[0])
+
+
+def _variants_with(variants: list[type[BaseModel]], key: str) -> list[str]:
+    """`transport: collective` for each variant that has `key`."""
+    return [f"{_tag_key(m)}: {_tag(m)}" for m in variants if _tag_key(m) and _field(m, key) is not None]
+
+
+def _did_you_mean(key: str, model: type[BaseModel] | None) -> str:
+    """Suggest the closest valid key of the section the unknown key sits in."""
     if model is None:
         return ""
     names = [f.alias or name for name, f in model.model_fields.items()]
-    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(names))})"
-
-
-def _submodel(model: type[BaseModel], key: str) -> type[BaseModel] | None:
-    for name, field in model.model_fields.items():
-        if key in (name, field.alias):
-            for candidate in _model_types(field.annotation):
-                return candidate
-    return None
 
 
 def _model_types(annotation: Any) -> list[type[BaseModel]]:

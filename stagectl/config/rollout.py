@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag, field_validator
 
 from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import EngineDtype
@@ -44,39 +44,119 @@ class VllmServerConfig(StrictModel):
     can impersonate the server and read the token). Excludes `tls_ca_file`."""
 
 
-class VllmSyncConfig(StrictModel):
+TRANSPORTS = ("http", "collective", "disk")
+
+
+def _transport_tag(value: Any) -> str:
+    """The sync variant a `vllm.sync` mapping picks: its `transport` (http when unset). An unknown name picks
+    http, whose `transport` check then explains it (with a migration message for a retired one)."""
+    name = value.get("transport", "http") if isinstance(value, dict) else getattr(value, "transport", "http")
+    return name if name in TRANSPORTS else "http"
+
+
+def _full_only(value: object) -> object:
+    if value == "adapter":
+        raise ValueError(
+            "adapter syncs run over transport: http only (the adapter is small); set transport: http, or "
+            "mode: full"
+        )
+    return value
+
+
+class HttpSync(StrictModel):
+    """`transport: http`: chunked safetensors streamed to `/update_weights/` (on the server's weight-stream
+    port), committed once every server staged every chunk."""
+
+    transport: Literal["http"] = "http"
+    """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
     mode: Literal["full", "adapter"] = "full"
     """`full`: every parameter of the plain model (with `model.adapter`: the merged weights). `adapter`:
     only the adapter tensors of `model.adapter` (peft's names, float32), which an `hf`-engine server merges
     onto its float32 base copy; a `vllm`-engine server gets the merged weights instead (a full sync)."""
-    transport: Literal["http", "disk", "shm", "collective", "nccl"] = "http"
-    """`http`: chunked safetensors streamed to `/update_weights/` (on the server's weight-stream port);
-    `shm`: a snapshot in `/dev/shm` that every server maps (learner rank 0 and the servers on one node:
-    loopback server URLs only); `disk`: a snapshot under `disk_dir` loaded by path; `collective`: the learner
-    and the servers form a torch.distributed (gloo) group and each tensor is broadcast from the learner
-    (`group_address`); `nccl`: the GPU-direct path through vLLM's weight-transfer API, designed in
-    docs/weight_sync.md and refused until it is built."""
-    group_address: str = "127.0.0.1"
-    """`collective`: the learner's address the servers connect to (its weight group's store). 127.0.0.1
-    serves servers on the learner's node; remote servers need an address of this node they can reach."""
     chunk_mb: float = Field(64.0, gt=0, le=1024)
-    """Size of one http weight chunk in MiB."""
-    disk_dir: Path | None = None
-    """Where `disk` snapshots are written (default: `{output_dir}/weight_sync`)."""
+    """Size of one weight chunk in MiB."""
     delta: bool = False
     """Send only the elements whose bytes changed since the last push (sparse: index + value, or whole
-    tensors where cheaper), against the version the server serves (http only); a server that does not
-    hold that base version gets a full sync instead. Costs one host copy of the weights on the learner."""
+    tensors where cheaper), against the version the server serves; a server that does not hold that base
+    version gets a full sync instead. Costs one host copy of the weights on the learner."""
+
+    @field_validator("transport", mode="before")
+    @classmethod
+    def _known_transport(cls, value: object) -> object:
+        if value == "nccl":
+            raise ValueError(
+                "nccl was never implemented (the GPU-direct path through vLLM's weight-transfer API is only "
+                "designed, docs/weight_sync.md); use transport: collective (the same broadcast protocol over "
+                "a gloo group) or http"
+            )
+        if value == "shm":
+            raise ValueError(
+                "shm was removed (slower than disk through the page cache in every measurement, docs/weight_sync.md); use "
+                "transport: disk with disk_dir on a tmpfs such as /dev/shm/stagectl for the same in-memory "
+                "snapshot"
+            )
+        if value not in TRANSPORTS:
+            raise ValueError(f"unknown transport {value!r}; use one of: {', '.join(TRANSPORTS)}")
+        return value
+
+
+class CollectiveSync(StrictModel):
+    """`transport: collective`: the learner and the servers form a torch.distributed (gloo) group of their
+    own and each tensor is broadcast from the learner."""
+
+    transport: Literal["collective"]
+    """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
+    mode: Literal["full"] = "full"
+    """`full`: every parameter of the plain model (adapter syncs run over http)."""
+    group_address: str = "127.0.0.1"
+    """The learner's address the servers connect to (its weight group's store). 127.0.0.1 serves servers on
+    the learner's node; remote servers need an address of this node they can reach."""
+
+    _full = field_validator("mode", mode="before")(_full_only)
+
+
+class DiskSync(StrictModel):
+    """`transport: disk`: a snapshot under `disk_dir` that each server loads by path (under its
+    `--weights-dir`)."""
+
+    transport: Literal["disk"]
+    """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
+    mode: Literal["full"] = "full"
+    """`full`: every parameter of the plain model (adapter syncs run over http)."""
+    disk_dir: Path | None = None
+    """Where snapshots are written (default: `{output_dir}/weight_sync`)."""
+
+    _full = field_validator("mode", mode="before")(_full_only)
+
+
+VllmSyncConfig = Annotated[
+    Annotated[HttpSync, Tag("http")]
+    | Annotated[CollectiveSync, Tag("collective")]
+    | Annotated[DiskSync, Tag("disk")],
+    Discriminator(_transport_tag),
+]
+"""`vllm.sync`: one variant per transport, each with only its own keys (a key of another transport is
+refused with the transport it belongs to)."""
 
 
 class VllmConfig(StrictModel):
-    mode: Literal["server", "colocate"] = "server"
-    """`server`: rollouts come from rollout servers (the `/infer/` protocol of docs/design.md). `colocate` is not supported:
-    use `rollout_backend: hf` for in-process rollouts."""
+    mode: Literal["server"] = "server"
+    """`server`: rollouts come from rollout servers (the `/infer/` protocol of docs/design.md); the only
+    mode (in-process rollouts are `rollout_backend: hf`)."""
     server: VllmServerConfig = Field(default_factory=VllmServerConfig)
     """Where the rollout servers are."""
-    sync: VllmSyncConfig = Field(default_factory=VllmSyncConfig)
-    """How learner weights reach the servers."""
+    sync: VllmSyncConfig = Field(default_factory=HttpSync)
+    """How learner weights reach the servers: one section per `transport`."""
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _no_colocate(cls, value: object) -> object:
+        if value == "colocate":
+            raise ValueError(
+                "colocate (vLLM inside the learner's process) was never supported; use rollout_backend: hf "
+                "for in-process rollouts, or vllm.mode: server with a rollout server"
+            )
+        return value
 
 
 class RolloutMatchingConfig(StrictModel):

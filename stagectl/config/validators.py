@@ -82,18 +82,11 @@ def validate_async_needs_server_rollouts(cfg: StagectlConfig, world_size: int) -
                 "with vllm.mode: server (a stagectl rollout-server, engine hf or vllm)",
             )
         )
-    if rm.vllm.mode != "server":
-        problems.append(
-            Problem(
-                "custom.extra.rollout_matching.vllm.mode",
-                "stage2_ab.channel_b.mode: async needs vllm.mode: server",
-            )
-        )
     return problems
 
 
 def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
-    """`adapter` sends the adapter only: it needs `model.adapter` and the http transport (full syncs)."""
+    """`adapter` sends the adapter only: it needs `model.adapter` and full syncs (the schema keeps it on http)."""
     sync = cfg.custom.extra.rollout_matching.vllm.sync
     if sync.mode != "adapter":
         return []
@@ -104,13 +97,10 @@ def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[P
                 key, "adapter syncs the adapter of model.adapter, which is not set; set it or use mode: full"
             )
         ]
-    if sync.transport != "http" or sync.delta:
+    if sync.transport == "http" and sync.delta:
         return [
             Problem(
-                key,
-                f"adapter syncs run over transport http without delta (the adapter is small), not "
-                f"transport: {sync.transport}{', delta: true' if sync.delta else ''}; set transport: http, "
-                "delta: false, or mode: full",
+                key, "adapter syncs run without delta (the adapter is small); set delta: false, or mode: full"
             )
         ]
     return []
@@ -120,22 +110,6 @@ def validate_sync_transport(cfg: StagectlConfig, world_size: int) -> list[Proble
     rm = cfg.custom.extra.rollout_matching
     sync = rm.vllm.sync
     problems = []
-    if sync.delta and sync.transport != "http":
-        problems.append(
-            Problem(
-                "custom.extra.rollout_matching.vllm.sync.delta",
-                f"delta sync runs over transport http, not {sync.transport}; set vllm.sync.transport: http "
-                "or delta: false",
-            )
-        )
-    if sync.transport == "nccl":
-        problems.append(
-            Problem(
-                "custom.extra.rollout_matching.vllm.sync.transport",
-                "nccl (GPU to GPU through vLLM's weight-transfer API) is designed (docs/weight_sync.md) but "
-                "not built; use collective (the same control flow over a gloo group), http or shm",
-            )
-        )
     remote = [s.base_url for s in rm.vllm.server.servers if _url_host(s.base_url) not in LOOPBACK_HOSTS]
     if sync.transport == "collective" and sync.group_address in LOOPBACK_HOSTS and remote:
         problems.append(
@@ -145,33 +119,12 @@ def validate_sync_transport(cfg: StagectlConfig, world_size: int) -> list[Proble
                 "vllm.sync.group_address to an address of the learner's node the servers can reach",
             )
         )
-    if sync.transport == "shm" and remote:
-        problems.append(
-            Problem(
-                "custom.extra.rollout_matching.vllm.sync.transport",
-                f"shm works only with servers on the learner's node, but {', '.join(remote)} is not a "
-                "loopback address; use transport: http for remote servers (or list them as 127.0.0.1)",
-            )
-        )
     return problems
 
 
 def _url_host(url: str) -> str:
     host = urlsplit(url).hostname
     return host or ""
-
-
-def validate_colocate_unsupported(cfg: StagectlConfig, world_size: int) -> list[Problem]:
-    rm = cfg.custom.extra.rollout_matching
-    if rm.rollout_backend == "vllm" and rm.vllm.mode == "colocate":
-        return [
-            Problem(
-                "custom.extra.rollout_matching.vllm.mode",
-                "colocate is not supported; use vllm.mode: server (a rollout server) or "
-                "rollout_backend: hf (the learner generates in-process)",
-            )
-        ]
-    return []
 
 
 def validate_pipeline_needs_server(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -499,7 +452,6 @@ VALIDATORS = (
     validate_async_needs_server_rollouts,
     validate_sync_mode_supported,
     validate_sync_transport,
-    validate_colocate_unsupported,
     validate_pipeline_needs_server,
     validate_async_queue_limits,
     validate_batch_sizes,

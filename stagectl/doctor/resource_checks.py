@@ -1,5 +1,5 @@
-"""Resource checks: free disk for the checkpoints the run keeps (`resources.disk`), /dev/shm for the shm
-weight transport (`resources.shm`), and the per-rank GPU memory estimate against the card
+"""Resource checks: free disk for the checkpoints the run keeps (`resources.disk`) and the per-rank GPU
+memory estimate against the card
 (`resources.gpu`, where CUDA is present; `stagectl.memory`)."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from stagectl.config import StagectlConfig, effective_world_size, uses_server_rollouts
+from stagectl.config import StagectlConfig, effective_world_size
 from stagectl.doctor.report import Check, fail, ok, skip, warn
 from stagectl.memory.estimate import DTYPE_BYTES, GIB, estimate_memory, trainable_params
 from stagectl.memory.from_config import knobs_from_config, model_shape
 from stagectl.memory.shapes import ModelShape
 
-SHM_DIR = Path("/dev/shm")  # = stagectl.rollout.shm.SHM_DIR (that module imports torch)
 GPU_WARN_FRACTION = 0.9  # an estimate above this share of the card is a warning (fragmentation, kernels)
 
 
@@ -89,26 +88,6 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 2**20:.1f} MiB"
 
 
-def check_shm(cfg: StagectlConfig, shape: ModelShape) -> Check:
-    name = "resources.shm"
-    if not uses_server_rollouts(cfg) or cfg.custom.extra.rollout_matching.vllm.sync.transport != "shm":
-        return skip(name, "no shm weight transport configured")
-    needed = shape.counts.total * DTYPE_BYTES[cfg.model.torch_dtype]
-    if not SHM_DIR.is_dir():
-        return fail(
-            name, f"{SHM_DIR} does not exist", "use custom.extra.rollout_matching.vllm.sync.transport: http"
-        )
-    free = shutil.disk_usage(SHM_DIR).free
-    what = f"one weight snapshot needs {_size(needed)}; {_size(free)} free in {SHM_DIR}"
-    if needed > free:
-        return fail(
-            name,
-            what,
-            "enlarge /dev/shm (docker: --shm-size) or use custom.extra.rollout_matching.vllm.sync.transport: http",
-        )
-    return ok(name, what)
-
-
 def check_gpu(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> list[Check]:
     import torch
 
@@ -152,4 +131,4 @@ def check_resources(cfg: StagectlConfig, world_size: int | None) -> list[Check]:
         shape = model_shape(cfg.model.name_or_path)
     except ValueError as exc:
         return [skip("resources", f"model shape unknown ({exc}); see model.load")]
-    return [check_disk(cfg, shape, n), check_shm(cfg, shape), *check_gpu(cfg, shape, n)]
+    return [check_disk(cfg, shape, n), *check_gpu(cfg, shape, n)]

@@ -195,8 +195,6 @@ def _weight_transport(cfg: StagectlConfig, name: str, url: str, info: VersionRes
             f"collective: this node can host the weight group at {sync.group_address} (--push proves the "
             "servers reach it)",
         )
-    if sync.transport == "shm":
-        return ok(check_name, "shm: the server is on this node (see resources.shm)")
     return ok(check_name, f"{sync.transport}: snapshots by path (--push proves the server may read them)")
 
 
@@ -206,8 +204,9 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     that version; train-ab pushes its own weights before its first Channel-B rollouts anyway."""
     import torch
 
-    from stagectl.rollout.client import RolloutClient
-    from stagectl.rollout.errors import RolloutRequestError, WeightPushError
+    from stagectl.rollout.errors import RolloutRequestError
+    from stagectl.weightsync.client import WeightSyncClient
+    from stagectl.weightsync.errors import WeightPushError
 
     name = "server.push"
     _, none = external_servers(cfg)
@@ -219,10 +218,13 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     dtype = getattr(torch, cfg.model.torch_dtype)
     state = {n: t.detach().to("cpu", dtype=dtype) for n, t in bundle.model.state_dict().items()}
     fix = "read the server's log; a shape or dtype mismatch means the server runs another checkpoint"
-    disk_dir = rm.vllm.sync.disk_dir or cfg.training.output_dir / "weight_sync"
+    sync = rm.vllm.sync
+    disk_dir = (
+        sync.disk_dir if sync.transport == "disk" else None
+    ) or cfg.training.output_dir / "weight_sync"
     created = [p for p in (disk_dir, *disk_dir.parents) if not p.exists()]  # removed again if left empty
     try:
-        with RolloutClient.from_config(rm, disk_dir=disk_dir) as client:
+        with WeightSyncClient.from_config(rm, disk_dir=disk_dir) as client:
             target = max(v.version for v in client.versions()) + 1
             report = client.push_weights(state, target)
             served = [v.version for v in client.versions()]

@@ -44,15 +44,21 @@ from stagectl.packing import packing_lower_bound
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.schedule import channel_for_step
+from stagectl.weightsync.client import WeightSyncClient
 
 
 def make_client(cfg: StagectlConfig) -> RolloutClient:
     """The rollout client for server-mode rollouts, once every server answers /health/."""
-    client = RolloutClient.from_config(
-        cfg.custom.extra.rollout_matching, disk_dir=cfg.training.output_dir / "weight_sync"
-    )
+    client = RolloutClient.from_config(cfg.custom.extra.rollout_matching)
     client.wait_healthy()
     return client
+
+
+def make_weight_sync(cfg: StagectlConfig) -> WeightSyncClient:
+    """The weight sync to the rollout servers (rank 0 pushes; `vllm.sync` picks the transport)."""
+    return WeightSyncClient.from_config(
+        cfg.custom.extra.rollout_matching, disk_dir=cfg.training.output_dir / "weight_sync"
+    )
 
 
 class Trainer:
@@ -93,6 +99,7 @@ class Trainer:
         self.num_updates = int(st.extra_state.get("num_updates", 0))
         self.channel_a = ChannelA(st, self.runner)
         self.client: RolloutClient | None = None
+        self.weight_sync: WeightSyncClient | None = None
         self.channel_b: ChannelB = self._build_channel_b()
         self.metrics = (
             MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
@@ -118,8 +125,9 @@ class Trainer:
             warn_unused_async_state(st)
             return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
         self.client = make_client(cfg)
+        self.weight_sync = make_weight_sync(cfg)
         publisher = WeightPublisher(
-            self.client,
+            self.weight_sync,
             st.bundle.model,
             self.world,
             num_updates=self.num_updates,
@@ -322,6 +330,8 @@ class Trainer:
             row["weight_sync/step_fraction"] = row["time/weight_sync_s"] / step_s
         if self.client is not None:
             row.update({f"rollout_client/{k}": v for k, v in self.client.counters().items()})
+        if self.weight_sync is not None:
+            row["weight_sync/delta_fallbacks"] = self.weight_sync.counters()["delta_fallbacks"]
         return row
 
     # ------------------------------------------------------------------ checkpoints and close
@@ -453,6 +463,8 @@ class Trainer:
                     self.channel_b.close()
                 if self.client is not None:
                     self.client.close()
+                if self.weight_sync is not None:
+                    self.weight_sync.close()
         finally:
             self.progress.close()
             if self.metrics is not None:

@@ -23,9 +23,11 @@ import torch
 
 from stagectl import dist
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import PushReport, RolloutClient
-from stagectl.rollout.errors import RolloutRequestError, WeightPushError
-from stagectl.rollout.weights import WeightState
+from stagectl.rollout.errors import RolloutRequestError
+from stagectl.weightsync.base import PushReport
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.weightsync.wire import WeightState
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class SyncOutcome:
 class WeightPublisher:
     def __init__(
         self,
-        client: RolloutClient,
+        client: WeightSyncClient,
         model: Any,
         world: dist.World,
         *,
@@ -176,9 +178,11 @@ class WeightPublisher:
             with torch.no_grad():
                 report: PushReport = self.client.push_weights(state_dict, target, base_version=self.ver)
         except (WeightPushError, RolloutRequestError, httpx.TransportError) as exc:
+            # by type: a lost server or connection skips this sync (the next retries); a refusal ends the run
             self._maybe_diverged = True
-            cause = exc if isinstance(exc, httpx.TransportError) else exc.__cause__
-            unreachable = isinstance(cause, httpx.TransportError) or getattr(exc, "unreachable", False)
+            unreachable = isinstance(exc, httpx.TransportError) or (
+                isinstance(exc, WeightPushError) and exc.unreachable
+            )
             kind = "unreachable" if unreachable else "error"
             return SyncOutcome(kind, str(exc), seconds=time.perf_counter() - started)
         self._maybe_diverged = False

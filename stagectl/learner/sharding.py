@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from stagectl.learner.parts import transformer_blocks
 from stagectl.learner.precision import Precision
 from stagectl.rollout.protocol import TensorSpec
-from stagectl.rollout.weights import TensorStream, dtype_name
+from stagectl.weightsync.wire import TensorStream, dtype_name
 
 
 def shard(model: nn.Module, precision: Precision, device: torch.device, world_size: int) -> None:

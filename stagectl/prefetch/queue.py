@@ -101,11 +101,10 @@ class ReadyPackQueue(Generic[T]):
         return self._current_ver
 
     def eligible_counts(self) -> tuple[list[int], list[int]]:
-        """(versions oldest first, packs held or not of each) — what pacing and metrics read."""
-        with self._lock:
-            self._purge_stale()
-            versions = eligible_versions(self._current_ver, self.version_window)
-            return versions, [sum(1 for e in self._items if e.ver == v) for v in versions]
+        """(versions oldest first, this rank's packs of each, held or not) — what the sync's shared view and
+        metrics read."""
+        versions, own, _ = self.pacing_counts()
+        return versions, own
 
     def set_shared(self, versions: list[int], counts: list[int]) -> None:
         """The packs of each version every rank holds (the minimum over ranks of `eligible_counts`),

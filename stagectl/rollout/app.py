@@ -12,19 +12,28 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stagectl.rollout.collective import GroupError, GroupInfo
-from stagectl.rollout.guards import TooManyRequests, TooManyTokens, bearer_ok
+from stagectl.rollout.guards import (
+    BodyBudget,
+    BodyTimeout,
+    BodyTooLarge,
+    TooManyRequests,
+    TooManyTokens,
+    Unauthorized,
+    check_token,
+    validation_detail,
+)
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
     WEIGHT_CHUNK_PATH,
     AbortBody,
+    ChunkQuery,
     ChunkResponse,
     CommitBody,
     DiskSyncBody,
@@ -34,15 +43,15 @@ from stagectl.rollout.protocol import (
     HealthResponse,
     InferBody,
     RolloutItem,
-    ShmSyncBody,
     StatsResponse,
     SyncResponse,
     VersionResponse,
     WorldSizeResponse,
 )
 from stagectl.rollout.service import BadRequest, RolloutService
-from stagectl.rollout.stream import WeightStreamServer
-from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, NoGroupError, WeightSyncError
+from stagectl.weightsync.collective import GroupError, GroupInfo
+from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.stream import WeightStreamServer
 
 ACCESS_LOGGER = "stagectl.rollout.access"
 STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"
@@ -73,9 +82,10 @@ async def _weight_call(request: Request, func: Callable[..., T], *args: Any) -> 
 
 async def require_token(request: Request) -> None:
     """Every route but `/health/`: `Authorization: Bearer <token>` when the server has a token (401 otherwise)."""
-    expected = _service(request).settings.auth_token
-    if expected is not None and not bearer_ok(request.headers.get("authorization"), expected):
-        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    try:
+        check_token(request.headers.get("authorization"), _service(request).settings.auth_token)
+    except Unauthorized as exc:
+        raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
 
 
 async def require_token_unless_open_infer(request: Request) -> None:
@@ -88,6 +98,11 @@ async def require_token_unless_open_infer(request: Request) -> None:
 health_router = APIRouter()
 swift_router = APIRouter(dependencies=[Depends(require_token_unless_open_infer)])
 router = APIRouter(dependencies=[Depends(require_token)])
+# one router per weight-sync transport: the app mounts those in `ServerSettings.weight_transports` only
+weight_routers = {
+    transport: APIRouter(dependencies=[Depends(require_token)])
+    for transport in ("http", "collective", "disk")
+}
 
 
 @health_router.get("/health/")
@@ -116,21 +131,20 @@ def infer(body: InferBody, request: Request) -> list[RolloutItem]:
     return [RolloutItem.of(response) for response in _service(request).infer(body)]
 
 
-@router.post(WEIGHT_CHUNK_PATH)
-async def update_weights(
-    request: Request,
-    sync_id: str = Query(min_length=1, max_length=128),
-    chunk_index: int = Query(ge=0),
-    digest: str = Query(pattern=DIGEST_PATTERN),
-    version: int = Query(ge=0),
-    base_version: int | None = Query(None, ge=0),
-) -> ChunkResponse:
+@weight_routers["http"].post(WEIGHT_CHUNK_PATH)
+async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]) -> ChunkResponse:
     # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
     # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
     sync = _service(request).sync
     try:
         receiver = await _weight_call(
-            request, sync.begin_chunk, sync_id, chunk_index, digest, version, base_version
+            request,
+            sync.begin_chunk,
+            query.sync_id,
+            query.chunk_index,
+            query.digest,
+            query.version,
+            query.base_version,
         )
     except WeightSyncError:
         # Refused before its body was read (e.g. a delta against another base: 409). Drain the body (no copy)
@@ -147,10 +161,10 @@ async def update_weights(
         if not finished:
             await _weight_call(request, sync.fail_chunk, receiver, "the chunk's body did not arrive whole")
     num = await _weight_call(request, sync.finish_chunk, receiver)
-    return ChunkResponse(sync_id=sync_id, chunk_index=chunk_index, num_tensors=num)
+    return ChunkResponse(sync_id=query.sync_id, chunk_index=query.chunk_index, num_tensors=num)
 
 
-@router.post("/update_weights/commit/")
+@weight_routers["http"].post("/update_weights/commit/")
 async def commit(body: CommitBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).commit, body.sync_id, body.version, body.num_chunks)
 
@@ -160,7 +174,7 @@ async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
     return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
 
 
-@router.post("/update_weights/group/init/")
+@weight_routers["collective"].post("/update_weights/group/init/")
 async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     info = GroupInfo(body.master_address, body.master_port, body.rank, body.world_size, body.timeout_s)
     try:
@@ -170,26 +184,19 @@ async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
     return {"rank": body.rank}
 
 
-@router.post("/update_weights/group/start/")
+@weight_routers["collective"].post("/update_weights/group/start/")
 async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
     tensors = [(t.name, t.dtype, tuple(t.shape)) for t in body.tensors]
     await _weight_call(request, _service(request).sync.group_start, body.sync_id, body.version, tensors)
     return {"sync_id": body.sync_id}
 
 
-@router.post("/update_weights/group/finish/")
+@weight_routers["collective"].post("/update_weights/group/finish/")
 async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).sync.group_finish, body.sync_id, body.version)
 
 
-@router.post("/update_weights/from_shm/")
-async def from_shm(body: ShmSyncBody, request: Request) -> SyncResponse:
-    return await _weight_call(
-        request, _service(request).sync.load_from_shm, body.path, body.version, body.digest
-    )
-
-
-@router.post("/update_weights/from_disk/")
+@weight_routers["disk"].post("/update_weights/from_disk/")
 async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _service(request).load_from_disk, body.path, body.version)
 
@@ -199,17 +206,13 @@ def _too_many_requests(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
-    conflict = isinstance(exc, (DeltaBaseError, NoGroupError))
-    return JSONResponse({"detail": str(exc)}, status_code=409 if conflict else 400)
+    status = status_of(exc) if isinstance(exc, WeightSyncError) else 400
+    return JSONResponse({"detail": str(exc)}, status_code=status)
 
 
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [
-        {"field": ".".join(str(p) for p in err["loc"] if p != "body") or "<body>", "message": err["msg"]}
-        for err in exc.errors()
-    ]
-    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    detail, errors = validation_detail(exc.errors())
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
 
 
@@ -228,31 +231,32 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["path"])
+        budget = BodyBudget(self.limit_for(scope["path"]), self.body_timeout_s)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            response = JSONResponse(
-                {"detail": f"request body of {int(declared)} bytes exceeds {limit}"}, 413, headers=CLOSE
-            )
-            await response(scope, receive, send)
+        try:
+            if declared is not None and declared.isdigit():
+                budget.declared(int(declared))
+        except BodyTooLarge as exc:
+            await JSONResponse({"detail": str(exc)}, 413, headers=CLOSE)(scope, receive, send)
             return
         received = 0
         complete = False
-        deadline = time.monotonic() + self.body_timeout_s
 
         async def limited() -> Message:
             nonlocal received, complete
             if complete:  # after the body: only the disconnect notice, which may come much later
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                left_s = budget.remaining_s()  # before `receive()` makes a coroutine it would then drop
+                message = await asyncio.wait_for(receive(), left_s)
+                received += len(message.get("body", b""))
+                budget.received(received)
             except TimeoutError:
-                raise HTTPException(
-                    408, f"request body not received within {self.body_timeout_s:g} s", headers=CLOSE
-                ) from None
-            received += len(message.get("body", b""))
-            if received > limit:
-                raise HTTPException(413, f"request body exceeds {limit} bytes", headers=CLOSE)
+                raise HTTPException(408, str(budget.expired()), headers=CLOSE) from None
+            except BodyTimeout as exc:
+                raise HTTPException(408, str(exc), headers=CLOSE) from None
+            except BodyTooLarge as exc:
+                raise HTTPException(413, str(exc), headers=CLOSE) from None
             complete = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
@@ -301,8 +305,10 @@ def build_app(service: RolloutService) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings = service.settings
         stream = None
-        if settings.weight_stream_port is not None:
-            stream = WeightStreamServer(service, settings.weight_stream_host, settings.weight_stream_port)
+        if settings.weight_stream_port is not None and "http" in settings.weight_transports:
+            stream = WeightStreamServer(
+                service.sync, settings, settings.weight_stream_host, settings.weight_stream_port
+            )
             service.weight_stream_port = stream.start().port
         try:
             yield
@@ -319,6 +325,8 @@ def build_app(service: RolloutService) -> FastAPI:
     app.state.weight_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-sync")
     for routes in (health_router, swift_router, router):
         app.include_router(routes)
+    for transport in sorted(service.settings.weight_transports):
+        app.include_router(weight_routers[transport])
     for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
     app.add_exception_handler(TooManyRequests, _too_many_requests)

@@ -1,11 +1,16 @@
-"""The rollout server's request guards, written once for both ports: the bearer-token comparison and the
-bounds on the work one `/infer/` call may ask for. Pure: the HTTP layers (`rollout.app`, `rollout.stream`)
-and the engines call these and map the distinct failures onto distinct status codes."""
+"""The rollout server's request guards, written once for both ports (the app's and the weight-stream
+port): the bearer token (`check_token`, 401), a body's size limit and deadline (`BodyBudget`: 413, 408),
+the 422 detail of a query or body that fails its model (`validation_detail`), and the bounds on the work
+one `/infer/` call may ask for. Pure: the HTTP layers (`rollout.app`, `weightsync.stream`) and the engines
+call these and map each failure type onto its own status code."""
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_MAX_NEW_TOKENS_CAP = 8192  # well above any detection rollout or Stage-B answer we have seen
 DEFAULT_MAX_REQUESTS_PER_CALL = 1024  # a learner call holds one decode chunk (8 by default)
@@ -17,6 +22,70 @@ class TooManyRequests(ValueError):
 
 class TooManyTokens(ValueError):
     """`max_tokens` above the server's cap, or prompt + `max_tokens` beyond the engine's context (HTTP 400)."""
+
+
+class Unauthorized(ValueError):
+    """No `Authorization: Bearer <token>`, or another token (HTTP 401)."""
+
+
+class BodyTooLarge(ValueError):
+    """A request body above its path's limit, declared or counted (HTTP 413)."""
+
+
+class BodyTimeout(ValueError):
+    """A request body not complete within the body deadline (HTTP 408)."""
+
+
+def check_token(authorization: str | None, expected: str | None) -> None:
+    """`Unauthorized` unless the server has no token or the header carries it."""
+    if expected is not None and not bearer_ok(authorization, expected):
+        raise Unauthorized("missing or wrong bearer token")
+
+
+@dataclass
+class BodyBudget:
+    """The size limit and the deadline of one request body, from the moment the request started."""
+
+    limit: int  # bytes
+    timeout_s: float
+    deadline: float = field(default=0.0)  # time.monotonic() by which the whole body must be in
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def declared(self, length: int) -> None:
+        """`BodyTooLarge` for a declared Content-Length above the limit (refused before any body byte)."""
+        if length > self.limit:
+            raise BodyTooLarge(f"request body of {length} bytes exceeds {self.limit}")
+
+    def received(self, total: int) -> None:
+        """`BodyTooLarge` once more than the limit arrived (a body without a declared length)."""
+        if total > self.limit:
+            raise BodyTooLarge(f"request body exceeds {self.limit} bytes")
+
+    def remaining_s(self) -> float:
+        """Seconds left for the rest of the body; `BodyTimeout` when none are."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self.expired()
+        return left
+
+    def expired(self) -> BodyTimeout:
+        return BodyTimeout(f"request body not received within {self.timeout_s:g} s")
+
+
+def validation_detail(errors: Iterable[Mapping[str, Any]]) -> tuple[str, list[dict[str, str]]]:
+    """The 422 answer of a query or body that failed its model: one `field: message` per error (the field
+    without pydantic's `body` / `query` prefix), joined, and the list."""
+    listed = [
+        {"field": ".".join(str(p) for p in _field_path(err["loc"])) or "<body>", "message": str(err["msg"])}
+        for err in errors
+    ]
+    return "; ".join(f"{e['field']}: {e['message']}" for e in listed), listed
+
+
+def _field_path(loc: Sequence[Any]) -> list[Any]:
+    return [p for p in loc if p not in ("body", "query")]
 
 
 def bearer_ok(authorization: str | None, expected: str) -> bool:

@@ -10,7 +10,6 @@ list of `RolloutItem` (swift's `RolloutOutput`: an `InferResponse` plus the weig
   sent in order 0, 1, 2, ... A delta names `base_version`: a server not serving it answers 409.
 - `POST /update_weights/commit/` with `CommitBody`; `POST /update_weights/abort/` with `AbortBody`.
 - `POST /update_weights/from_disk/` with `DiskSyncBody` (a snapshot under an allowed directory).
-- `POST /update_weights/from_shm/` with `ShmSyncBody` (a `/dev/shm/stagectl-<pid>-<id>.safetensors` snapshot).
 
 Seeds: request `i` of one `/infer/` call is sampled with `request_config.seed + i` (when a seed is
 given), so a request keeps its seed when the client retries or splits a chunk (it sends each half
@@ -304,7 +303,7 @@ class AbortBody(_Request):
 
 
 class GroupInitBody(_Request):
-    """`transport: collective`: join the learner's weight group (see `rollout.collective`)."""
+    """`transport: collective`: join the learner's weight group (see `weightsync.collective`)."""
 
     master_address: str = Field(min_length=1, max_length=256)
     master_port: int = Field(ge=1, le=65535)
@@ -339,12 +338,18 @@ class DiskSyncBody(_Request):
     version: int = Field(ge=0)
 
 
-class ShmSyncBody(_Request):
-    path: str
-    """`/dev/shm/stagectl-<pid>-<id>.safetensors`, written by a learner on this node."""
+DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"  # XXH3-128 of a weight chunk, hex
+
+
+class ChunkQuery(BaseModel):
+    """The query of `POST /update_weights/` (one weight chunk), checked by this one model on the app's port
+    and on the weight-stream port alike (422 naming the field)."""
+
+    sync_id: str = Field(min_length=1, max_length=128)
+    chunk_index: int = Field(ge=0)
+    digest: str = Field(pattern=DIGEST_PATTERN)
     version: int = Field(ge=0)
-    digest: str = Field(pattern=r"^[0-9a-fA-F]{32}$")
-    """XXH3-128 of the whole file, hex."""
+    base_version: int | None = Field(None, ge=0)  # a delta's base; absent for a full sync
 
 
 class ChunkResponse(_Response):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import stagectl
+from stagectl.config.rollout import TRANSPORTS
 from stagectl.rollout.engine import Engine, EngineRequest, EngineResult
 from stagectl.rollout.guards import CallLimits, TooManyTokens, check_call
 from stagectl.rollout.paths import load_image
@@ -28,10 +29,9 @@ from stagectl.rollout.protocol import (
     Usage,
     VersionResponse,
 )
-from stagectl.rollout.shm import SHM_DIR, remove_stale
 from stagectl.rollout.swift_fields import refusals
-from stagectl.rollout.sync import WeightSync
 from stagectl.rollout.text import normalize_messages
+from stagectl.weightsync.receiver import WeightSync
 
 
 class BadRequest(ValueError):
@@ -49,20 +49,20 @@ class ServerSettings:
     )  # bounds of one /infer/ call (max_tokens, number of requests)
     max_request_bytes: int = 32 * 1024 * 1024
     max_weight_chunk_bytes: int = 512 * 1024 * 1024
-    shm_dir: Path = SHM_DIR  # where `transport: shm` snapshots live
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
-    weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`rollout.stream`): its address,
+    weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`weightsync.stream`): its address,
     weight_stream_port: int | None = 0  # its port (0: a free one; None: off, chunks go to the app's port)
     tls_certfile: Path | None = None  # both set: TLS on both ports (`rollout.tls`)
     tls_keyfile: Path | None = None
+    # the weight-sync transports whose routes the app mounts (an embedded server: its learner's one only)
+    weight_transports: frozenset[str] = frozenset(TRANSPORTS)
 
 
 class RolloutService:
     def __init__(self, engine: Engine, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.sync = WeightSync(engine, settings.weight_dirs, settings.shm_dir)
-        remove_stale(settings.shm_dir)  # shm snapshots of learners killed mid-sync
+        self.sync = WeightSync(engine, settings.weight_dirs)
         self.num_requests = 0
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self.sync_dtype = sync_dtype(engine.weight_specs().values())
@@ -154,7 +154,6 @@ class RolloutService:
 
     def close(self) -> None:
         self.engine.close()
-        remove_stale(self.settings.shm_dir)
 
 
 def sync_dtype(specs: Iterable[TensorSpec]) -> str:

@@ -9,6 +9,7 @@ engine stops). `ThreadedServer` runs an app in a background thread (tests, bench
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import sys
@@ -22,7 +23,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from stagectl.config import StagectlConfig
-from stagectl.config.rollout import RolloutServerConfig
+from stagectl.config.rollout import TRANSPORTS, RolloutServerConfig
 from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
 from stagectl.rollout.app import ACCESS_LOGGER, build_app
 from stagectl.rollout.engine import Engine
@@ -251,10 +252,20 @@ def run_server(
     rs = cfg.rollout_server
     # fail on a bad token or TLS setup before loading the model
     settings = server_settings(rs, weight_dirs, call_limits(cfg))
+    settings = dataclasses.replace(settings, weight_transports=weight_transports(cfg))
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         server_context(settings.tls_certfile, settings.tls_keyfile)
     sock = bind_socket(rs.host, rs.port)
     serve(build_app(RolloutService(build_engine(cfg), settings)), sock)
+
+
+def weight_transports(cfg: StagectlConfig) -> frozenset[str]:
+    """The weight-sync routes a server mounts: an embedded server (`rollout_server.embedded`, started by
+    train-ab with its learner's config) takes its learner's `vllm.sync.transport` only; a standalone server
+    takes every transport (its learners' configs are not its own)."""
+    if cfg.rollout_server.embedded:
+        return frozenset({cfg.custom.extra.rollout_matching.vllm.sync.transport})
+    return frozenset(TRANSPORTS)
 
 
 def serve(app: FastAPI, sock: socket.socket) -> None:

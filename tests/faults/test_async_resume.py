@@ -25,8 +25,7 @@ import pytest
 
 from stagectl.learner.samples import read_samples
 from tests.faults.helpers import fault_run, report
-from tests.integration.helpers import write_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import async_config, write_config
 
 MAX_STEPS = 8
 WAIT = "wait_for_packs:90"

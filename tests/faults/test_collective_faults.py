@@ -13,11 +13,12 @@ import httpx
 import torch
 
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient, WeightPushError
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
 from tests.faults.helpers import INJECT_DIR
 from tests.integration.helpers import ROOT
 
@@ -48,7 +49,7 @@ def test_server_killed_mid_broadcast(tmp_path: Path) -> None:
     survivor = ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()
     try:
         urls = [survivor.url, doomed.wait_listening(60)]
-        with RolloutClient(urls, transport="collective", timeout_s=30) as client:
+        with WeightSyncClient(urls, transport="collective", timeout_s=30) as client:
             client.push_weights(_state(1.0), 1)
             assert [_version(u) for u in urls] == [1, 1]
             started = time.monotonic()
@@ -62,7 +63,7 @@ def test_server_killed_mid_broadcast(tmp_path: Path) -> None:
         assert doomed.proc.wait(30) == -9 and list(tmp_path.glob("fault-*.json"))
         assert _version(survivor.url) == 1
         assert all(bool((t == 1.0).all()) for t in engine.weights.values())
-        with RolloutClient([survivor.url], transport="collective", timeout_s=30) as client:
+        with WeightSyncClient([survivor.url], transport="collective", timeout_s=30) as client:
             client.push_weights(_state(3.0), 2)  # a new group, without the dead server
         assert _version(survivor.url) == 2 and all(bool((t == 3.0).all()) for t in engine.weights.values())
     finally:

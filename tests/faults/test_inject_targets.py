@@ -20,7 +20,6 @@ SPECS = [
     "kill_in_checkpoint:1",
     "kill_in_sync:1:0",
     "kill_in_broadcast:1",
-    "kill_in_shm_push:1",
     "kill_in_infer:1",
     "stop_in_micro_step:0:1",
     "stop_in_push:1",

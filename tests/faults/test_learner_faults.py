@@ -23,8 +23,14 @@ from safetensors.torch import load_file
 from stagectl.learner.checkpoint import list_checkpoints, load_trainer_state
 from stagectl.schedule import channel_for_step
 from tests.faults.helpers import fault_run, report
-from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
-from tests.integration.test_train_ab_async import async_config, check_async_invariants
+from tests.integration.helpers import (
+    async_config,
+    check_async_invariants,
+    read_metrics,
+    run_cli,
+    tiny_train_config,
+    write_config,
+)
 
 
 def assert_checkpoint_intact(path: Path, step: int) -> None:

@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 
 from tests.faults.helpers import FaultRun, fault_run, report
-from tests.integration.helpers import read_metrics, write_config
-from tests.integration.test_stage_b import MISSION, stage_b_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import MISSION, async_config, read_metrics, stage_b_config, write_config
 
 DIST_TIMEOUT_S = 60
 

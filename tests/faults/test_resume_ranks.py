@@ -7,9 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.faults.helpers import fault_run
-from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import async_config, read_metrics, run_cli, tiny_train_config, write_config
 
 
 def _a_only(tmp_path: Path, max_steps: int) -> Path:
@@ -22,10 +23,24 @@ def _a_only(tmp_path: Path, max_steps: int) -> Path:
     return write_config(tmp_path / f"cfg-{max_steps}.yaml", cfg)
 
 
-def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-rank A-only run of 2 steps with checkpoint-2, shared by the tests below (each resumes a copy)."""
+    tmp_path = tmp_path_factory.mktemp("two-steps")
     first = run_cli("train-ab", str(_a_only(tmp_path, 2)))
     assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = tmp_path / "run"
+    return tmp_path / "run"
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(
+    two_steps: Path, tmp_path: Path
+) -> None:
+    run_dir = _copy_of(two_steps, tmp_path)
     # checkpoint-3 is being written (no trainer state, no optimizer yet); rank 1's view lists it anyway
     shutil.copytree(run_dir / "checkpoint-2" / "model", run_dir / "checkpoint-3" / "model")
     args = ["train-ab", str(_a_only(tmp_path, 4)), "--set", "training.resume_from_checkpoint=latest"]
@@ -38,9 +53,8 @@ def test_rank_1_seeing_an_extra_incomplete_checkpoint_resumes_where_rank_0_says(
     assert digests[0] == digests[1]
 
 
-def test_resume_with_another_world_size_is_refused_by_name(tmp_path: Path) -> None:
-    first = run_cli("train-ab", str(_a_only(tmp_path, 2)))
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_resume_with_another_world_size_is_refused_by_name(two_steps: Path, tmp_path: Path) -> None:
+    _copy_of(two_steps, tmp_path)
     config = _a_only(tmp_path, 4)
     result = run_cli(
         "train-ab", str(config), "--nproc", "1", "--set", "training.resume_from_checkpoint=latest"
@@ -58,8 +72,8 @@ def _b_takes(record_dir: Path, rank: int) -> list[int]:
 
 def test_async_resume_restores_each_ranks_own_b_stream(tmp_path: Path) -> None:
     """Rank 1's prefetcher is slowed down, so the ranks' B streams stand at different positions when
-    checkpoint-4 is written; after resume each rank continues its own stream from its own position,
-    exactly as the uninterrupted run consumed it."""
+    checkpoint-4 is written; resumed from that checkpoint (in a copy of the run), each rank continues its
+    own stream from its own position, exactly as the uninterrupted run consumed it."""
 
     def config(name: str, max_steps: int, **training: object) -> Path:
         cfg = async_config(
@@ -72,26 +86,29 @@ def test_async_resume_restores_each_ranks_own_b_stream(tmp_path: Path) -> None:
 
     faults = "log_stream:B;slow_prefetch:1:0.4"
     takes: dict[str, list[list[int]]] = {}
+    resumed_config = config("resumed", 8)
+    checkpoint = tmp_path / "resumed" / "run" / "checkpoint-4"
     runs = {
         "whole": ["train-ab", str(config("whole", 8))],
-        "first": ["train-ab", str(config("first", 4))],
         "resumed": [
             "train-ab",
-            str(config("first", 8)),
+            str(resumed_config),
+            "--resume",
             "--set",
-            "training.resume_from_checkpoint=latest",
+            f"training.resume_from_checkpoint={checkpoint}",
         ],
     }
     for name, args in runs.items():
+        if name == "resumed":  # the uninterrupted run's checkpoint-4, in a run dir of its own
+            shutil.copytree(tmp_path / "whole" / "run", tmp_path / "resumed" / "run")
         with fault_run(args, tmp_path, fault=faults, name=name) as run:
             assert run.finish(400) == 0, run.tail()
         takes[name] = [_b_takes(run.record_dir, rank) for rank in (0, 1)]
-    state = json.loads((tmp_path / "first" / "run" / "checkpoint-4" / "trainer_state.json").read_text())
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
     positions = [r["b_consumed"] for r in state["data_state"]["ranks"]]
     assert positions[0] != positions[1], positions  # the slowed rank 1 stood elsewhere
     for rank in (0, 1):
-        whole, resumed, first = takes["whole"][rank], takes["resumed"][rank], takes["first"][rank]
-        assert first[: positions[rank]] == whole[: positions[rank]]  # same stream before the save
+        whole, resumed = takes["whole"][rank], takes["resumed"][rank]
         overlap = min(len(resumed), len(whole) - positions[rank])
         assert overlap > 0, (rank, positions, len(whole))
         assert resumed[:overlap] == whole[positions[rank] : positions[rank] + overlap], rank

@@ -14,8 +14,7 @@ from typing import Any
 
 from stagectl.rollout.launcher import ServerProcess, start_server_process
 from tests.faults.helpers import INJECT_DIR, fault_run, leftovers_in, report
-from tests.integration.helpers import ROOT, read_metrics, write_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import ROOT, async_config, read_metrics, write_config
 
 OUTAGE_TIMEOUT_S = 120  # vllm.server.timeout_s: how long the learner tolerates no server at all
 

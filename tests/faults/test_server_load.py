@@ -22,6 +22,7 @@ from stagectl.models.loading import ModelBundle, load_bundle
 from stagectl.rollout.client import RolloutClient, detection_request, to_generation
 from stagectl.rollout.launcher import ServerProcess, start_server_process
 from stagectl.rollout.protocol import RequestConfig
+from stagectl.weightsync.client import WeightSyncClient
 from tests.faults.helpers import report
 from tests.integration.helpers import ROOT
 
@@ -122,7 +123,7 @@ def test_64_clients_and_a_sync_get_consistent_weights(server: ServerProcess, ima
         assert time.monotonic() - started < 120 and not errors, errors
         time.sleep(0.01)
     state = {name: t.detach().clone() for name, t in mirror.model.state_dict().items()}
-    with RolloutClient([server.url], auth_token=TOKEN, chunk_bytes=1 << 20) as pusher:
+    with WeightSyncClient([server.url], auth_token=TOKEN, chunk_bytes=1 << 20) as pusher:
         push_started = time.monotonic()
         report_ = pusher.push_weights(state, new_version)
         synced_at = time.monotonic()

@@ -22,6 +22,7 @@ from stagectl.models.loading import ModelBundle, load_bundle
 from stagectl.rollout.client import RolloutClient, detection_request, to_generation
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.rollout.protocol import RequestConfig
+from stagectl.weightsync.client import WeightSyncClient
 from tests.gpu.helpers import require_gpus, require_vllm_cuda
 from tests.integration.helpers import ROOT, read_metrics, run_cli, tiny_train_config, write_config
 
@@ -85,9 +86,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture
 def client(served: Served) -> Iterator[RolloutClient]:
-    with RolloutClient([served.url], chunk_bytes=1 << 22) as c:
+    with RolloutClient([served.url]) as c:
         c.wait_healthy(timeout_s=60)
         yield c
+
+
+@pytest.fixture
+def pusher(served: Served) -> Iterator[WeightSyncClient]:
+    with WeightSyncClient([served.url], chunk_bytes=1 << 22) as p:
+        yield p
 
 
 def test_vllm_greedy_with_images_equals_transformers(served: Served, client: RolloutClient) -> None:
@@ -98,7 +105,9 @@ def test_vllm_greedy_with_images_equals_transformers(served: Served, client: Rol
     assert sum(len(ids) for ids in got) > NUM_IMAGES * 4  # not trivially short
 
 
-def test_weight_sync_into_vllm_on_gpu(served: Served, client: RolloutClient) -> None:
+def test_weight_sync_into_vllm_on_gpu(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     before = served.greedy(client)
     version = client.versions()[0].version
     model, tok = served.mirror.model, served.mirror.tokenizer
@@ -111,7 +120,7 @@ def test_weight_sync_into_vllm_on_gpu(served: Served, client: RolloutClient) -> 
     model.eval()
     local = [served.local_greedy(k) for k in range(NUM_IMAGES)]
     assert local != before
-    report = client.push_weights(model.state_dict(), version + 1)
+    report = pusher.push_weights(model.state_dict(), version + 1)
     assert report.num_chunks > 1
     assert client.versions()[0].version == version + 1
     assert served.greedy(client) == local  # token for token, every image

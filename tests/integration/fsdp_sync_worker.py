@@ -25,10 +25,10 @@ from stagectl.learner.precision import Precision
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.engines.fake import FakeEngine
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
+from stagectl.weightsync.client import WeightSyncClient
 
 STORAGE = torch.bfloat16
 CHUNK_BYTES = 300  # smaller than most tensors: they go out in row ranges over several chunks
@@ -48,7 +48,7 @@ class Net(nn.Module):
 
 def _serve(shapes: dict[str, torch.Tensor]) -> tuple[ThreadedServer, FakeEngine]:
     engine = FakeEngine({name: torch.zeros(t.shape, dtype=STORAGE) for name, t in shapes.items()})
-    settings = ServerSettings(shm_dir=Path(sys.argv[1]))
+    settings = ServerSettings(weight_dirs=[Path(sys.argv[1])])
     return ThreadedServer(build_app(RolloutService(engine, settings))).start(), engine
 
 
@@ -83,8 +83,10 @@ def main() -> None:
         bad = _serve({**plain, "embed.weight": torch.zeros(38, 16)})  # the first tensor: wrong shape
         servers = [good, bad]
     url = dist.broadcast_object(servers[0][0].url if world.is_main else "")
-    for transport in ("http", "collective", "shm"):
-        client = RolloutClient([url], transport=transport, chunk_bytes=CHUNK_BYTES, shm_dir=Path(sys.argv[1]))
+    for transport in ("http", "collective", "disk"):
+        client = WeightSyncClient(
+            [url], transport=transport, chunk_bytes=CHUNK_BYTES, disk_dir=Path(sys.argv[1]) / "weight_sync"
+        )
         publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=STORAGE)
         with torch.no_grad():  # new weights for this sync, different on every shard
             for param in model.parameters():
@@ -98,7 +100,7 @@ def main() -> None:
             _report(world.rank, row | {"equal": equal, "names": sorted(expected)})
         client.close()
     bad_url = dist.broadcast_object(servers[1][0].url if world.is_main else "")
-    client = RolloutClient([bad_url], chunk_bytes=CHUNK_BYTES)
+    client = WeightSyncClient([bad_url], chunk_bytes=CHUNK_BYTES)
     publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=STORAGE)
     try:
         publisher.sync(SyncFence(), None)

@@ -127,3 +127,108 @@ def check_phase_times(rows: list[dict[str, Any]]) -> None:
         assert sum(phases.values()) <= r["time/step_s"] + 1e-6, (r["step"], phases, r["time/step_s"])
         assert phases["forward_backward"] > 0, r["step"]
         assert phases["optimizer"] > 0, r["step"]
+
+
+def async_config(tmp_path: Path, **sections: object) -> dict:
+    """The 2-rank async actor-learner on the tiny model with an embedded rollout server (the async
+    example's topology, 8 steps); `sections` deep-merge over it."""
+    base = tiny_train_config(
+        tmp_path,
+        training={"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 8},
+        launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
+        custom={
+            "extra": {
+                "rollout_matching": {
+                    "rollout_backend": "vllm",
+                    "max_new_tokens": 24,
+                    "vllm": {"mode": "server", "server": {"timeout_s": 60}},
+                }
+            }
+        },
+        stage2_ab={
+            "schedule": {"b_ratio": 0.5},
+            "channel_b": {
+                "mode": "async",
+                "rollout_decode_batch_size": 4,
+                "async": {
+                    "queue_limit": 8,
+                    "version_window": 1,
+                    "prefetch_target_packs": 4,
+                    "sync_every_steps": 2,
+                },
+            },
+        },
+        rollout_server={"embedded": True, "max_batch_size": 8},
+    )
+    return deep_merge(base, sections)  # type: ignore[arg-type]
+
+
+def check_async_invariants(rows: list[dict], window: int) -> None:
+    """Every logged row of a 2-rank async run (GAS 2, b_ratio 0.5) keeps the schedule's and the window's promises."""
+    from stagectl.schedule import channel_for_step
+
+    for r in rows:
+        wanted = channel_for_step(r["step"], 0.5)
+        assert r["policy_wants_b"] == (wanted == "B")
+        if r["stage2_ab/async/b_step_skipped_due_to_queue"]:
+            assert wanted == "B" and r["kind"] == "A"
+        else:
+            assert r["kind"] == wanted
+        if r["kind"] == "B":
+            assert 0 <= r["stage2_ab/async/ver_lag"] <= window
+            assert r["num_backward"] == 2  # rank 0: one forward/backward per micro-step (GAS = 2)
+            assert r["packing/n_packs"] == 2 * 2  # one pack per micro-step on each of the 2 ranks
+            assert "rollout/f1" in r
+
+
+# ------------------------------------------------------------------ stage-b
+
+MISSION = "qc"
+REFLECTION_BATCH = 3
+OTHERS = ["blue", "green", "yellow", "cyan", "teal", "white", "black", "grey", "pink"]
+
+
+def write_inputs(tmp: Path) -> tuple[Path, Path]:
+    """16 usable tickets (9 red fails, 5 passes, 1 unreadable, 1 ambiguous) plus 2 bad lines."""
+    rows: list[Any] = []
+    for k in range(9):
+        per_image = {"image_1": f"{OTHERS[k]} circle near the top", "image_2": "red square near the centre"}
+        rows.append({"mission": MISSION, "group_id": f"f{k}", "label": "fail", "per_image": per_image})
+    for k in range(5):
+        per_image = {"image_1": f"{OTHERS[k]} triangle", "image_2": f"{OTHERS[k + 1]} square"}
+        rows.append({"mission": MISSION, "group_id": f"p{k}", "label": "pass", "per_image": per_image})
+    rows.append(
+        {"mission": MISSION, "group_id": "u0", "label": "pass", "per_image": {"image_1": "unreadable"}}
+    )
+    rows.append(
+        {"mission": MISSION, "group_id": "a0", "label": "fail", "per_image": {"image_1": "ambiguous blob"}}
+    )
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(3, "{broken json")
+    lines.insert(
+        7, json.dumps({"mission": MISSION, "group_id": "x", "label": "maybe", "per_image": {"image_1": "a"}})
+    )
+    tickets = tmp / "tickets.jsonl"
+    tickets.write_text("\n".join(lines) + "\n")
+    guidance = tmp / "guidance.json"
+    experiences = {"G0": "judge the group", "G1": "purple means fail", "S1": "a rule written by people"}
+    guidance.write_text(json.dumps({"step": 0, "updated_at": "", "experiences": experiences}))
+    return tickets, guidance
+
+
+def stage_b_config(tmp: Path, **sections: Any) -> dict[str, Any]:
+    """A `stage-b` config on the deterministic rules engine over `write_inputs`' tickets; `sections`
+    deep-merge over it."""
+    tickets, guidance = write_inputs(tmp)
+    cfg: dict[str, Any] = {
+        "mission": MISSION,
+        "tickets": [str(tickets)],
+        "guidance": {"path": str(guidance), "retention": 50},
+        "output": {"root": str(tmp / "out"), "run_name": "r"},
+        "sampler": {"grid": [{"seed": 0}, {"seed": 1}], "samples_per_decode": 2},
+        "runner": {"engine": "rules", "epochs": 2, "per_rank_rollout_batch_size": 2, "seed": 7},
+        "reflection": {"batch_size": REFLECTION_BATCH, "max_operations": 2},
+        "manual_review": {"min_vote_strength": 0.6},
+        "launch": {"watchdog": {"step_s": 60}},
+    }
+    return deep_merge(cfg, sections)

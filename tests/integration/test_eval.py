@@ -149,7 +149,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     jsonl = root / "eval.jsonl"
     jsonl.write_text("".join(json.dumps(line) + "\n" for line in lines))
     engine = ScriptedEngine(load_tokenizer(MODEL, add_coord_tokens=True))
-    settings = ServerSettings(image_roots=[root], auth_token=TOKEN, shm_dir=root)
+    settings = ServerSettings(image_roots=[root], auth_token=TOKEN)
     server = ThreadedServer(build_app(RolloutService(engine, settings))).start()  # type: ignore[arg-type]
     yield Served(server.url, engine, jsonl)
     server.stop()

@@ -18,8 +18,7 @@ from stagectl.config import StagectlConfig
 from stagectl.launch import data_image_roots, free_port
 from stagectl.rollout.launcher import start_server_process
 from tests.faults.helpers import fault_run
-from tests.integration.helpers import read_metrics, tiny_train_config, write_config
-from tests.integration.test_train_ab_async import async_config
+from tests.integration.helpers import async_config, read_metrics, tiny_train_config, write_config
 
 
 def _two_node_config(tmp_path: Path, cfg: dict[str, Any]) -> tuple[Path, int]:

@@ -16,18 +16,14 @@ import torch
 from PIL import Image
 
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import (
-    RolloutClient,
-    RolloutRequestError,
-    RolloutServerError,
-    WeightPushError,
-    detection_request,
-)
+from stagectl.rollout.client import RolloutClient, RolloutRequestError, RolloutServerError, detection_request
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
-from stagectl.rollout.weights import encode_chunks
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.weightsync.wire import encode_chunks
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -73,10 +69,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture
 def client(served: Served) -> Iterator[RolloutClient]:
-    with RolloutClient(
-        [served.url], auth_token=TOKEN, chunk_bytes=128 * KIB, disk_dir=served.weights_dir
-    ) as c:
+    with RolloutClient([served.url], auth_token=TOKEN) as c:
         yield c
+
+
+@pytest.fixture
+def pusher(served: Served) -> Iterator[WeightSyncClient]:
+    with WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as p:
+        yield p
 
 
 def _text(i: int) -> InferRequest:
@@ -213,9 +213,11 @@ def _version(served: Served) -> int:
     return int(httpx.get(f"{served.url}/version/", headers=AUTH).json()["version"])
 
 
-def test_http_push_swaps_weights_and_advances_version(served: Served, client: RolloutClient) -> None:
+def test_http_push_swaps_weights_and_advances_version(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     before = _version(served)
-    report = client.push_weights(_weights(served, 0.25), before + 1)
+    report = pusher.push_weights(_weights(served, 0.25), before + 1)
     assert report.num_chunks > 1  # the 1 MiB block was split over 128 KiB chunks
     assert _version(served) == before + 1
     (out,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
@@ -224,7 +226,9 @@ def test_http_push_swaps_weights_and_advances_version(served: Served, client: Ro
     assert torch.equal(served.engine.weights["block0"], torch.full((256, 1024), 0.5))
 
 
-def test_sync_killed_half_way_keeps_the_old_weights(served: Served, client: RolloutClient) -> None:
+def test_sync_killed_half_way_keeps_the_old_weights(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     before = _version(served)
     (old,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
     chunks = list(encode_chunks(_weights(served, 9.0), 128 * KIB))
@@ -247,7 +251,7 @@ def test_sync_killed_half_way_keeps_the_old_weights(served: Served, client: Roll
     response = httpx.post(f"{served.url}/update_weights/commit/", json=commit, headers=AUTH)
     assert response.status_code == 400 and "2 arrived" in response.json()["detail"]
     assert _version(served) == before
-    client.push_weights(_weights(served, 1.0), before + 1)
+    pusher.push_weights(_weights(served, 1.0), before + 1)
     assert _version(served) == before + 1
 
 
@@ -269,28 +273,32 @@ def test_bad_checksum_is_rejected(served: Served) -> None:
     assert httpx.get(f"{served.url}/stats/", headers=AUTH).json()["num_failed_syncs"] == failed + 1
 
 
-def test_mismatched_or_stale_syncs_are_rejected(served: Served, client: RolloutClient) -> None:
+def test_mismatched_or_stale_syncs_are_rejected(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     before = _version(served)
     wrong_shape = {**_weights(served, 1.0), "w0": torch.zeros(3, 3)}
     with pytest.raises(WeightPushError, match=r"w0: shape \[3, 3\], the serving model has \[4, 4\]"):
-        client.push_weights(wrong_shape, before + 1)
+        pusher.push_weights(wrong_shape, before + 1)
     missing = {"w0": torch.zeros(4, 4)}
     with pytest.raises(WeightPushError, match="incomplete full sync: 1 tensors missing"):
-        client.push_weights(missing, before + 1)
+        pusher.push_weights(missing, before + 1)
     with pytest.raises(WeightPushError, match="not above the serving version"):
-        client.push_weights(_weights(served, 1.0), before)
+        pusher.push_weights(_weights(served, 1.0), before)
     assert _version(served) == before
 
 
 def test_chunk_above_limit_is_413(served: Served) -> None:
-    big_chunks = RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=4 * 1024 * KIB)
+    big_chunks = WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=4 * 1024 * KIB)
     with big_chunks, pytest.raises(WeightPushError, match="HTTP 413"):
         big_chunks.push_weights(_weights(served, 1.0), _version(served) + 1)
 
 
 def test_disk_push(served: Served, client: RolloutClient) -> None:
     before = _version(served)
-    report = client.push_weights(_weights(served, 0.5), before + 1, transport="disk")
+    disk = WeightSyncClient([served.url], auth_token=TOKEN, transport="disk", disk_dir=served.weights_dir)
+    with disk:
+        report = disk.push_weights(_weights(served, 0.5), before + 1)
     assert report.transport == "disk" and _version(served) == before + 1
     assert list(served.weights_dir.iterdir()) == []  # the snapshot is removed after the commit
     (out,) = client.infer([_text(0)], RequestConfig(max_tokens=200))
@@ -408,7 +416,11 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
     encoder = SimpleNamespace(samples=[SimpleNamespace(images=[]) for _ in range(8)])
     ver = [0]
     try:
-        with RolloutClient([s.url for s in servers]) as both, RolloutClient([servers[0].url]) as first:
+        with (
+            RolloutClient([s.url for s in servers]) as both,
+            WeightSyncClient([s.url for s in servers]) as both_push,
+            WeightSyncClient([servers[0].url]) as first,
+        ):
             source = ServerRollouts(
                 both,
                 encoder,
@@ -427,8 +439,8 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
             # the next sync goes past the highest version any server serves (`WeightPublisher`): a second
             # version 1 would be refused by server 0 as not newer
             with pytest.raises(WeightPushError, match="not above the serving version 1"):
-                both.push_weights(weights, 1)
-            both.push_weights(weights, 2)
+                both_push.push_weights(weights, 1)
+            both_push.push_weights(weights, 2)
             ver[0] = 2
             assert len(source.rollout(list(range(4)), seed=0)) == 4
     finally:

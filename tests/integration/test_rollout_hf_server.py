@@ -22,10 +22,12 @@ from stagectl.models.chat import encode_answer_text, encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
 from stagectl.rollout.app import STOPPED_LINE
-from stagectl.rollout.client import RolloutClient, WeightPushError, detection_request, to_generation
+from stagectl.rollout.client import RolloutClient, detection_request, to_generation
 from stagectl.rollout.launcher import start_server_process
 from stagectl.rollout.protocol import InferRequest, RequestConfig
-from stagectl.rollout.weights import encode_chunks
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.weightsync.wire import encode_chunks
 from tests.integration.helpers import ROOT, run_cli
 
 MODEL = "builtin:tiny-qwen2.5-vl"
@@ -95,9 +97,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture
 def client(served: Served) -> Iterator[RolloutClient]:
-    with RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=1 << 20) as c:
+    with RolloutClient([served.url], auth_token=TOKEN) as c:
         c.wait_healthy(timeout_s=30)
         yield c
+
+
+@pytest.fixture
+def pusher(served: Served) -> Iterator[WeightSyncClient]:
+    with WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=1 << 20) as p:
+        yield p
 
 
 def test_token_ids_decode_to_text_and_prompt_matches_the_learner(
@@ -171,7 +179,9 @@ def _train_a_few_steps(bundle: ModelBundle, prompt: PromptInputs, target: str) -
     model.eval()
 
 
-def test_push_weights_from_a_trained_model(served: Served, client: RolloutClient) -> None:
+def test_push_weights_from_a_trained_model(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     (before,) = client.infer([served.request(1)], GREEDY)
     old_ids = to_generation(before).token_ids
     assert old_ids == served.local_greedy(1)
@@ -179,7 +189,7 @@ def test_push_weights_from_a_trained_model(served: Served, client: RolloutClient
     _train_a_few_steps(served.mirror, served.prompt(1), "red circle blue square")
     local = served.local_greedy(1)
     assert local != old_ids  # the training really moved the greedy output
-    report = client.push_weights(served.mirror.model.state_dict(), version + 1)
+    report = pusher.push_weights(served.mirror.model.state_dict(), version + 1)
     assert report.num_chunks > 1 and report.transport == "http"
     assert client.versions()[0].version == version + 1
     (after,) = client.infer([served.request(1)], GREEDY)
@@ -211,7 +221,7 @@ def test_killed_sync_bad_checksum_and_wrong_token_keep_the_old_weights(
     )
     assert response.status_code == 400 and "checksum mismatch" in response.json()["detail"]
     with (
-        RolloutClient([served.url], auth_token="wrong") as intruder,
+        WeightSyncClient([served.url], auth_token="wrong") as intruder,
         pytest.raises(WeightPushError, match="HTTP 401"),
     ):
         intruder.push_weights(perturbed, version + 1)

@@ -24,6 +24,7 @@ from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
 from stagectl.rollout.text import cut_at_stop
+from stagectl.weightsync.client import WeightSyncClient
 
 MODEL = "builtin:tiny-qwen2"
 MAX_TOKENS = 24
@@ -107,9 +108,9 @@ def test_weight_sync_is_served(served: Served) -> None:
             param.mul_(-1.0)  # a large, exactly representable change
     expected = served.local_greedy(TEXTS[1])
     assert expected != old
-    with RolloutClient([served.url], chunk_bytes=1 << 20) as client:
-        version = client.versions()[0].version
-        client.push_weights(served.mirror.model.state_dict(), version + 1)
+    with RolloutClient([served.url]) as client, WeightSyncClient([served.url], chunk_bytes=1 << 20) as pusher:
+        version = pusher.versions()[0].version
+        pusher.push_weights(served.mirror.model.state_dict(), version + 1)
         (out,) = client.infer([_request(TEXTS[1])], GREEDY)
     assert to_generation(out).token_ids == expected and out.version == version + 1
 

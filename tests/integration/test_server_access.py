@@ -15,7 +15,6 @@ import httpx
 import pytest
 import torch
 
-from stagectl.rollout import stream
 from stagectl.rollout.app import build_app
 from stagectl.rollout.client import RolloutClient, RolloutRequestError
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
@@ -23,6 +22,8 @@ from stagectl.rollout.guards import CallLimits
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
+from stagectl.weightsync import stream
+from stagectl.weightsync.client import WeightSyncClient
 
 TOKEN = "access-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -148,11 +149,14 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tls]:
 def test_tls_on_both_ports_with_a_verified_certificate(tls: Tls) -> None:
     assert tls.url.startswith("https://127.0.0.1:")
     weights = {name: torch.full(spec.shape, 2.0) for name, spec in tls.engine.weight_specs().items()}
-    with RolloutClient([tls.url], auth_token=TOKEN, tls_ca_file=tls.cert, chunk_bytes=256 << 10) as client:
+    with (
+        RolloutClient([tls.url], auth_token=TOKEN, tls_ca_file=tls.cert) as client,
+        WeightSyncClient([tls.url], auth_token=TOKEN, tls_ca_file=tls.cert, chunk_bytes=256 << 10) as pusher,
+    ):
         (out,) = client.infer([_text(0)], RequestConfig(seed=3, max_tokens=64))
         assert out.choices[0].message.content.startswith("echo hello 0 seed=3")
         stream_port = client.versions()[0].weight_stream_port
-        report = client.push_weights(weights, 1)  # chunks over the weight-stream port, TLS too
+        report = pusher.push_weights(weights, 1)  # chunks over the weight-stream port, TLS too
         assert report.num_chunks > 1 and client.versions()[0].version == 1
     assert stream_port is not None
     # the weight-stream port speaks TLS with the same certificate, and nothing else
@@ -185,7 +189,7 @@ def test_a_stalled_tls_handshake_on_the_stream_port_is_closed_and_blocks_no_one(
     tls: Tls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stream, "READ_TIMEOUT_S", 0.5)
-    with RolloutClient([tls.url], auth_token=TOKEN, tls_ca_file=tls.cert) as client:
+    with WeightSyncClient([tls.url], auth_token=TOKEN, tls_ca_file=tls.cert) as client:
         stream_port = client.versions()[0].weight_stream_port
         assert stream_port is not None
         with socket.create_connection(("127.0.0.1", stream_port), timeout=10) as stalled:

@@ -20,10 +20,15 @@ import pytest
 import yaml
 
 from tests.faults.helpers import INJECT_DIR
-from tests.integration.helpers import ROOT, deep_merge, run_cli, write_config
+from tests.integration.helpers import (
+    MISSION,
+    REFLECTION_BATCH,
+    ROOT,
+    run_cli,
+    stage_b_config,
+    write_config,
+)
 
-MISSION = "qc"
-REFLECTION_BATCH = 3
 ARTIFACTS = {
     "config.yaml",
     "guidance.json",
@@ -35,51 +40,6 @@ ARTIFACTS = {
     "need_review_queue.jsonl",
     "failure_malformed.jsonl",
 }
-OTHERS = ["blue", "green", "yellow", "cyan", "teal", "white", "black", "grey", "pink"]
-
-
-def write_inputs(tmp: Path) -> tuple[Path, Path]:
-    """16 usable tickets (9 red fails, 5 passes, 1 unreadable, 1 ambiguous) plus 2 bad lines."""
-    rows: list[Any] = []
-    for k in range(9):
-        per_image = {"image_1": f"{OTHERS[k]} circle near the top", "image_2": "red square near the centre"}
-        rows.append({"mission": MISSION, "group_id": f"f{k}", "label": "fail", "per_image": per_image})
-    for k in range(5):
-        per_image = {"image_1": f"{OTHERS[k]} triangle", "image_2": f"{OTHERS[k + 1]} square"}
-        rows.append({"mission": MISSION, "group_id": f"p{k}", "label": "pass", "per_image": per_image})
-    rows.append(
-        {"mission": MISSION, "group_id": "u0", "label": "pass", "per_image": {"image_1": "unreadable"}}
-    )
-    rows.append(
-        {"mission": MISSION, "group_id": "a0", "label": "fail", "per_image": {"image_1": "ambiguous blob"}}
-    )
-    lines = [json.dumps(r) for r in rows]
-    lines.insert(3, "{broken json")
-    lines.insert(
-        7, json.dumps({"mission": MISSION, "group_id": "x", "label": "maybe", "per_image": {"image_1": "a"}})
-    )
-    tickets = tmp / "tickets.jsonl"
-    tickets.write_text("\n".join(lines) + "\n")
-    guidance = tmp / "guidance.json"
-    experiences = {"G0": "judge the group", "G1": "purple means fail", "S1": "a rule written by people"}
-    guidance.write_text(json.dumps({"step": 0, "updated_at": "", "experiences": experiences}))
-    return tickets, guidance
-
-
-def stage_b_config(tmp: Path, **sections: Any) -> dict[str, Any]:
-    tickets, guidance = write_inputs(tmp)
-    cfg: dict[str, Any] = {
-        "mission": MISSION,
-        "tickets": [str(tickets)],
-        "guidance": {"path": str(guidance), "retention": 50},
-        "output": {"root": str(tmp / "out"), "run_name": "r"},
-        "sampler": {"grid": [{"seed": 0}, {"seed": 1}], "samples_per_decode": 2},
-        "runner": {"engine": "rules", "epochs": 2, "per_rank_rollout_batch_size": 2, "seed": 7},
-        "reflection": {"batch_size": REFLECTION_BATCH, "max_operations": 2},
-        "manual_review": {"min_vote_strength": 0.6},
-        "launch": {"watchdog": {"step_s": 60}},
-    }
-    return deep_merge(cfg, sections)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

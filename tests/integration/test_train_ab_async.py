@@ -11,72 +11,36 @@ import time
 from pathlib import Path
 
 from stagectl.rollout.launcher import start_server_process
-from stagectl.schedule import channel_for_step
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import (
     ROOT,
+    async_config,
+    check_async_invariants,
     check_phase_times,
     read_metrics,
     run_cli,
-    tiny_train_config,
     write_config,
 )
 
 
-def async_config(tmp_path: Path, **sections: object) -> dict:
-    base = tiny_train_config(
-        tmp_path,
-        training={"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 8},
-        launch={"nproc_per_node": 2, "watchdog": {"step_s": 120}},
-        custom={
-            "extra": {
-                "rollout_matching": {
-                    "rollout_backend": "vllm",
-                    "max_new_tokens": 24,
-                    "vllm": {"mode": "server", "server": {"timeout_s": 60}},
-                }
-            }
-        },
-        stage2_ab={
-            "schedule": {"b_ratio": 0.5},
-            "channel_b": {
-                "mode": "async",
-                "rollout_decode_batch_size": 4,
-                "async": {
-                    "queue_limit": 8,
-                    "version_window": 1,
-                    "prefetch_target_packs": 4,
-                    "sync_every_steps": 2,
-                },
-            },
-        },
-        rollout_server={"embedded": True, "max_batch_size": 8},
-    )
-    from tests.integration.helpers import deep_merge
-
-    return deep_merge(base, sections)  # type: ignore[arg-type]
-
-
-def check_async_invariants(rows: list[dict], window: int) -> None:
-    for r in rows:
-        wanted = channel_for_step(r["step"], 0.5)
-        assert r["policy_wants_b"] == (wanted == "B")
-        if r["stage2_ab/async/b_step_skipped_due_to_queue"]:
-            assert wanted == "B" and r["kind"] == "A"
-        else:
-            assert r["kind"] == wanted
-        if r["kind"] == "B":
-            assert 0 <= r["stage2_ab/async/ver_lag"] <= window
-            assert r["num_backward"] == 2  # rank 0: one forward/backward per micro-step (GAS = 2)
-            assert r["packing/n_packs"] == 2 * 2  # one pack per micro-step on each of the 2 ranks
-            assert "rollout/f1" in r
-
-
-def test_example_async_config_completes(tmp_path: Path) -> None:
+def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path: Path) -> None:
+    """The async example (2 ranks, embedded server, http sync) with `sync.delta: true` and a bearer token
+    on the embedded server: the one end-to-end run of this topology. Every call of the learner (rollouts,
+    versions, chunks on the weight-stream port, commits) must carry the token; the first sync is full (no
+    base yet), later ones are deltas against the version the server serves, each logged with its figures.
+    The other transports are covered in process: `test_weight_sync_collective.py` (a gloo weight group
+    formed once and reused), `tests/faults/test_disk_faults.py` (disk pushes, no snapshot left behind),
+    and `test_weight_sync_fsdp.py` (every transport from inside 2 torchrun ranks)."""
     out = tmp_path / "run"
-    result = run_cli(
-        "train-ab", "examples/tiny/train_ab_async.yaml", "--set", f"training.output_dir={out}", timeout=360
-    )
+    sets = {
+        "training.output_dir": str(out),
+        "custom.extra.rollout_matching.vllm.sync.delta": "true",
+        "custom.extra.rollout_matching.vllm.server.auth_token_env": "STAGECTL_TEST_EMBEDDED_TOKEN",
+        "rollout_server.auth_token_env": "STAGECTL_TEST_EMBEDDED_TOKEN",
+    }
+    overrides = [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+    env = {"STAGECTL_TEST_EMBEDDED_TOKEN": "embedded-secret"}
+    result = run_cli("train-ab", "examples/tiny/train_ab_async.yaml", *overrides, timeout=360, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "embedded rollout server: http://127.0.0.1:" in result.stderr
     rows = read_metrics(out)
@@ -106,6 +70,12 @@ def test_example_async_config_completes(tmp_path: Path) -> None:
     for r in (r for r in rows if r["kind"] == "B"):
         assert r["packing/fill"] >= floor
     assert (out / "rollout_server.log").read_text().count('"path": "/infer/"') > 0
+    assert synced[0]["weight_sync/delta"] == 0  # nothing pushed before: full
+    assert all(r["weight_sync/delta"] == 1 for r in synced[1:])
+    for r in synced:
+        assert 0 < r["weight_sync/bytes"] <= r["weight_sync/state_bytes"] + 64 * 1024  # + chunk headers
+        assert 0 < r["weight_sync/step_fraction"] < 1 and r["weight_sync/mb_per_s"] > 0
+    assert last["weight_sync/delta_fallbacks"] == 0
 
 
 def test_killed_server_skips_b_and_never_hangs(tmp_path: Path) -> None:
@@ -184,66 +154,3 @@ def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:
     assert time.monotonic() - started < 200
     rows = read_metrics(tmp_path / "run") if (tmp_path / "run" / "metrics.jsonl").exists() else []
     assert len(rows) < 30
-
-
-def _sync_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if "weight_sync/bytes" in r]
-
-
-def test_async_with_delta_sync(tmp_path: Path) -> None:
-    """The async example's setup with `sync.delta: true`: the first sync is full (no base yet), later
-    ones are deltas against the version the server serves; every sync is logged with its figures. The
-    embedded server holds a bearer token, so every call of the learner (rollouts, versions, chunks on the
-    weight-stream port, commits) must carry it."""
-    token = {"auth_token_env": "STAGECTL_TEST_EMBEDDED_TOKEN"}
-    cfg = async_config(
-        tmp_path,
-        training={"max_steps": 6},
-        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"delta": True}, "server": token}}}},
-        rollout_server=token,
-    )
-    out = tmp_path / "run"
-    env = {"STAGECTL_TEST_EMBEDDED_TOKEN": "embedded-secret"}
-    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    syncs = _sync_rows(read_metrics(out))
-    assert len(syncs) >= 2
-    assert syncs[0]["weight_sync/delta"] == 0  # nothing pushed before: full
-    assert all(r["weight_sync/delta"] == 1 for r in syncs[1:])
-    for r in syncs:
-        assert 0 < r["weight_sync/bytes"] <= r["weight_sync/state_bytes"] + 64 * 1024  # + chunk headers
-        assert 0 < r["weight_sync/step_fraction"] < 1 and r["weight_sync/mb_per_s"] > 0
-    assert read_metrics(out)[-1]["rollout_client/delta_fallbacks"] == 0
-
-
-def test_async_with_shm_sync(tmp_path: Path) -> None:
-    cfg = async_config(
-        tmp_path,
-        training={"max_steps": 4},
-        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"transport": "shm"}}}}},
-    )
-    out = tmp_path / "run"
-    before = set(Path("/dev/shm").glob("stagectl-*.safetensors"))
-    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)
-    assert result.returncode == 0, result.stderr[-3000:]
-    syncs = _sync_rows(read_metrics(out))
-    assert len(syncs) >= 1 and all(r["weight_sync/bytes"] == r["weight_sync/state_bytes"] for r in syncs)
-    assert set(Path("/dev/shm").glob("stagectl-*.safetensors")) <= before  # every snapshot removed
-
-
-def test_async_with_collective_sync(tmp_path: Path) -> None:
-    """The async example over `transport: collective`: the learner forms a gloo weight group with the
-    embedded server at its first sync and broadcasts every sync through it."""
-    cfg = async_config(
-        tmp_path,
-        training={"max_steps": 4},
-        custom={"extra": {"rollout_matching": {"vllm": {"sync": {"transport": "collective"}}}}},
-    )
-    out = tmp_path / "run"
-    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), timeout=360)
-    assert result.returncode == 0, result.stderr[-3000:]
-    syncs = _sync_rows(read_metrics(out))
-    assert len(syncs) >= 1 and all(r["weight_sync/bytes"] == r["weight_sync/state_bytes"] for r in syncs)
-    server_log = (out / "rollout_server.log").read_text()
-    assert server_log.count("joined weight group") == 1  # formed once, reused by every sync
-    assert "/update_weights/group/finish/" in server_log and '"path": "/update_weights/"' not in server_log

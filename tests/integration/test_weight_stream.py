@@ -1,4 +1,4 @@
-"""The weight-stream listener (`rollout.stream`): the client's http sync goes through it, and it keeps every
+"""The weight-stream listener (`weightsync.stream`): the client's http sync goes through it, and it keeps every
 guard of the app's chunk endpoint (token, size limit, checksum, body deadline, truncated bodies, bad query,
 connection cap) with the old weights serving after any failure."""
 
@@ -15,13 +15,14 @@ import httpx
 import pytest
 import torch
 
-import stagectl.rollout.stream as stream
+import stagectl.weightsync.stream as stream
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient, WeightPushError
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
-from stagectl.rollout.weights import encode_chunks
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.weightsync.wire import encode_chunks
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -65,7 +66,7 @@ def test_the_client_sends_chunks_to_the_stream_port(served: Served, caplog: pyte
     before = _version(served)
     with (
         caplog.at_level(logging.INFO, logger="stagectl.rollout.access"),
-        RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client,
+        WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client,
     ):
         report = client.push_weights(_weights(served, 0.5), before + 1)
     assert _version(served) == before + 1
@@ -82,7 +83,7 @@ def test_a_server_without_the_stream_port_takes_chunks_on_its_app_port() -> None
     server = ThreadedServer(build_app(RolloutService(engine, _settings(weight_stream_port=None)))).start()
     try:
         assert httpx.get(f"{server.url}/version/", headers=AUTH).json()["weight_stream_port"] is None
-        with RolloutClient([server.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client:
+        with WeightSyncClient([server.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client:
             client.push_weights({k: torch.full_like(v, 2.0) for k, v in engine.weights.items()}, 1)
         assert torch.equal(engine.weights["block0"], torch.full((256, 1024), 2.0))
     finally:
@@ -177,7 +178,7 @@ def test_a_truncated_body_fails_the_sync_and_the_next_one_works(served: Served) 
         sock.shutdown(socket.SHUT_WR)  # the learner died half way
         assert b" 400 " in _answer(sock).split(b"\r\n")[0]
     assert _version(served) == before
-    with RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client:
+    with WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=128 * KIB) as client:
         client.push_weights(_weights(served, 3.0), before + 1)
     assert _version(served) == before + 1
 
@@ -195,7 +196,7 @@ def test_a_body_slower_than_its_deadline_is_408(served: Served) -> None:
 def test_connections_beyond_the_cap_get_503(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream, "MAX_CONNECTIONS", 2)
     service = RolloutService(FakeEngine(default_weights(num_mib=1, block_mib=1)), _settings())
-    server = stream.WeightStreamServer(service).start()
+    server = stream.WeightStreamServer(service.sync, service.settings).start()
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(2)]
     try:
         time.sleep(0.2)  # both accepted and holding their slots
@@ -210,7 +211,7 @@ def test_connections_beyond_the_cap_get_503(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_failed_push_over_the_stream_port_raises_and_keeps_serving(served: Served) -> None:
     before = _version(served)
-    small = RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=1024 * KIB)  # chunks above the limit
+    small = WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=1024 * KIB)  # chunks above the limit
     with small, pytest.raises(WeightPushError, match="HTTP 413"):
         small.push_weights(_weights(served, 1.0), before + 1)
     assert _version(served) == before
@@ -224,7 +225,7 @@ def test_a_chunk_refused_before_its_body_is_read_is_reported_with_the_servers_an
         "block0": torch.zeros(2048, 1024),
         **{k: v for k, v in _weights(served, 1.0).items() if k != "block0"},
     }
-    client = RolloutClient([served.url], auth_token=TOKEN, chunk_bytes=8 * 1024 * KIB)
+    client = WeightSyncClient([served.url], auth_token=TOKEN, chunk_bytes=8 * 1024 * KIB)
     with client, pytest.raises(WeightPushError, match="HTTP 413") as refused:
         client.push_weights(big, before + 1)
     assert not refused.value.unreachable

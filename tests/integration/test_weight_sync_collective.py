@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient, WeightPushError
-from stagectl.rollout.collective import GroupInfo, WeightGroup, host_store
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.collective import GroupInfo, WeightGroup, host_store
+from stagectl.weightsync.errors import WeightPushError
 
 TOKEN = "tok"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -47,8 +48,8 @@ def _versions(servers: list[ThreadedServer]) -> list[int]:
     return [int(httpx.get(f"{s.url}/version/", headers=AUTH).json()["version"]) for s in servers]
 
 
-def _client(servers: list[ThreadedServer], timeout_s: float = 20.0) -> RolloutClient:
-    return RolloutClient(
+def _client(servers: list[ThreadedServer], timeout_s: float = 20.0) -> WeightSyncClient:
+    return WeightSyncClient(
         [s.url for s in servers], auth_token=TOKEN, transport="collective", timeout_s=timeout_s
     )
 
@@ -59,9 +60,9 @@ def test_broadcast_reaches_every_server_and_the_group_is_reused(
     engines, servers = two
     with _client(servers) as client:
         report = client.push_weights(_weights(engines[0], 0.5), 1)
-        group = client._group
+        group = client.sender._group
         client.push_weights(_weights(engines[0], 1.5), 2)
-        assert client._group is group is not None  # formed once
+        assert client.sender._group is group is not None  # formed once
     assert report.transport == "collective" and report.num_bytes == sum(
         t.numel() * t.element_size() for t in engines[0].weights.values()
     )
@@ -143,7 +144,7 @@ def test_a_restarted_server_rejoins_without_failing_the_push(
         servers[1].stop()
         engines[1] = FakeEngine(default_weights(num_mib=1, block_mib=1))
         servers[1] = _server(engines[1], port=port)
-        client.push_weights(_weights(engines[0], 4.0), 2)  # 409 from the new server -> group formed again
+        client.push_weights(_weights(engines[0], 4.0), 2)  # 412 from the new server -> group formed again
     assert _versions(servers) == [2, 2]
     assert all(torch.equal(t, torch.full_like(t, 4.0)) for t in engines[1].weights.values())
 

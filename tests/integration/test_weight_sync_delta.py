@@ -12,11 +12,11 @@ import torch
 
 from stagectl.models.loading import load_bundle
 from stagectl.rollout.app import build_app
-from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.engines.fake import FakeEngine, default_weights
 from stagectl.rollout.service import RolloutService, ServerSettings
 from stagectl.rollout.serving import ThreadedServer
-from stagectl.rollout.weights import byte_view
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.wire import byte_view
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,8 +56,8 @@ def test_delta_after_optimizer_steps_is_bit_identical_to_full(dtype: str) -> Non
     g = torch.Generator().manual_seed(0)
     try:
         with (
-            RolloutClient([delta_server.url], delta=True, chunk_bytes=256 * 1024) as delta,
-            RolloutClient([full_server.url], chunk_bytes=256 * 1024) as full,
+            WeightSyncClient([delta_server.url], delta=True, chunk_bytes=256 * 1024) as delta,
+            WeightSyncClient([full_server.url], chunk_bytes=256 * 1024) as full,
         ):
             reports = []
             for ver in range(4):
@@ -69,7 +69,7 @@ def test_delta_after_optimizer_steps_is_bit_identical_to_full(dtype: str) -> Non
             assert all(r.num_bytes < 0.9 * r.state_bytes for r in reports[1:])  # the frozen part stays home
             # a base the server does not hold (it moved on without this client): a full sync instead
             full_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            with RolloutClient([delta_server.url]) as other:
+            with WeightSyncClient([delta_server.url]) as other:
                 other.push_weights(full_state, 5)
             _step(model, optimizer, g)
             fallback = delta.push_weights(model.state_dict(), 6, base_version=4)
@@ -91,9 +91,9 @@ def test_refused_large_delta_is_answered_not_cut_off() -> None:
     weights = default_weights(num_mib=16, block_mib=16)
     server, engine = _serve(weights)
     try:
-        with RolloutClient([server.url], delta=True, chunk_bytes=32 << 20) as delta:
+        with WeightSyncClient([server.url], delta=True, chunk_bytes=32 << 20) as delta:
             delta.push_weights(weights, 1, base_version=0)
-            with RolloutClient([server.url]) as other:
+            with WeightSyncClient([server.url]) as other:
                 other.push_weights(weights, 2)
             moved = {k: v + 1 for k, v in weights.items()}  # every block changed: the delta is 16 MiB
             report = delta.push_weights(moved, 3, base_version=1)

@@ -35,7 +35,7 @@ def test_a_streamed_fsdp_sync_serves_the_gathered_weights_over_every_transport(t
         "--master-port",
         str(_free_port()),
         str(ROOT / "tests" / "integration" / "fsdp_sync_worker.py"),
-        str(tmp_path),  # the shm transport's directory (a tmpfs is not needed to test the protocol)
+        str(tmp_path),  # reports, and the disk transport's snapshots (under the server's weight dir)
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
@@ -54,11 +54,15 @@ def test_a_streamed_fsdp_sync_serves_the_gathered_weights_over_every_transport(t
         stdout, stderr = proc.communicate()
         raise AssertionError(f"the ranks hung:\n{stdout[-2000:]}\n{stderr[-4000:]}") from None
     assert proc.returncode == 0, stderr[-4000:]
-    rows = [json.loads(line) for rank in (0, 1) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for rank in (0, 1)
+        for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()
+    ]
     loads = sorted((r["rank"], r["loaded_equal"], r["buffers_equal"]) for r in rows if "loaded_equal" in r)
     assert loads == [(0, True, True), (1, True, True)]  # rank 1 built on meta, filled from rank 0
     syncs = [r for r in rows if "transport" in r]
-    assert [r["transport"] for r in syncs] == ["http", "collective", "shm"]
+    assert [r["transport"] for r in syncs] == ["http", "collective", "disk"]
     for k, row in enumerate(syncs):
         assert row["status"] == "ok" and row["version"] == k + 1
         assert len(row["names"]) == 9 and row["equal"] == row["names"], row

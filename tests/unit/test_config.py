@@ -127,17 +127,28 @@ def test_adapter_sync_needs_an_adapter_and_http(tmp_path: Path) -> None:
         ASYNC,
         "custom.extra.rollout_matching.vllm.sync.mode=adapter",
         "model.adapter={r: 4}",
-        "custom.extra.rollout_matching.vllm.sync.transport=shm",
+        "custom.extra.rollout_matching.vllm.sync.transport=disk",
     )
-    assert "transport: shm" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
+    assert (
+        "adapter syncs run over transport: http only" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
+    )
+    probs = problems_of(
+        tmp_path,
+        ASYNC,
+        "custom.extra.rollout_matching.vllm.sync.mode=adapter",
+        "model.adapter={r: 4}",
+        "custom.extra.rollout_matching.vllm.sync.delta=true",
+    )
+    assert "without delta" in probs["custom.extra.rollout_matching.vllm.sync.mode"]
     overrides = ["custom.extra.rollout_matching.vllm.sync.mode=adapter", "model.adapter={r: 4}"]
     cfg = load_config(write(tmp_path, ASYNC), overrides, world_size=2)
     assert cfg.model.adapter is not None and cfg.model.adapter.r == 4
 
 
-def test_async_requires_server_mode(tmp_path: Path) -> None:
+def test_colocate_gets_a_migration_message(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, "custom.extra.rollout_matching.vllm.mode=colocate")
-    assert "vllm.mode: server" in probs["custom.extra.rollout_matching.vllm.mode"]
+    message = probs["custom.extra.rollout_matching.vllm.mode"]
+    assert "never supported" in message and "use rollout_backend: hf" in message
 
 
 def test_async_valid(tmp_path: Path) -> None:
@@ -148,30 +159,61 @@ def test_async_valid(tmp_path: Path) -> None:
 SYNC = "custom.extra.rollout_matching.vllm.sync"
 
 
-def test_shm_sync_refuses_a_remote_server(tmp_path: Path) -> None:
-    servers = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://10.0.0.7:8000'}]"
-    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=shm", servers)
-    assert "10.0.0.7" in probs[f"{SYNC}.transport"] and "transport: http" in probs[f"{SYNC}.transport"]
-    local = "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://127.0.0.1:8000'}]"
-    cfg = load_config(write(tmp_path, ASYNC), [f"{SYNC}.transport=shm", local], world_size=2)
-    assert cfg.custom.extra.rollout_matching.vllm.sync.transport == "shm"
-
-
 def test_delta_sync_needs_http(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=disk", f"{SYNC}.delta=true")
-    assert "transport http" in probs[f"{SYNC}.delta"]
+    assert (
+        probs[f"{SYNC}.delta"]
+        == "delta belongs to transport: http, not transport: disk; set that, or remove it"
+    )
     cfg = load_config(write(tmp_path, ASYNC), [f"{SYNC}.delta=true"], world_size=2)
     assert cfg.custom.extra.rollout_matching.vllm.sync.delta
 
 
 def test_unknown_sync_transport_names_the_key(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=ipc")
-    assert f"{SYNC}.transport" in probs and "shm" in probs[f"{SYNC}.transport"]
+    assert f"{SYNC}.transport" in probs and "disk" in probs[f"{SYNC}.transport"]
 
 
-def test_nccl_transport_is_refused_until_built(tmp_path: Path) -> None:
+def test_nccl_transport_gets_a_migration_message(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=nccl")
-    assert "designed (docs/weight_sync.md) but not built" in probs[f"{SYNC}.transport"]
+    message = probs[f"{SYNC}.transport"]
+    assert "nccl was never implemented" in message and "use transport: collective" in message
+
+
+def test_shm_transport_gets_a_migration_message(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport=shm")
+    message = probs[f"{SYNC}.transport"]
+    assert "shm was removed" in message and "use transport: disk with disk_dir on a tmpfs" in message
+
+
+@pytest.mark.parametrize(
+    ("transport", "key", "owner"),
+    [
+        ("http", "group_address=10.0.0.2", "transport: collective"),
+        ("http", "disk_dir=/tmp/w", "transport: disk"),
+        ("disk", "chunk_mb=8", "transport: http"),
+        ("collective", "delta=true", "transport: http"),
+        ("disk", "group_address=10.0.0.2", "transport: collective"),
+    ],
+)
+def test_a_key_of_another_transport_names_its_transport(
+    tmp_path: Path, transport: str, key: str, owner: str
+) -> None:
+    """The sync config is one section per transport: a key of another is refused at its own path."""
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}.transport={transport}", f"{SYNC}.{key}")
+    name = key.split("=")[0]
+    assert (
+        probs[f"{SYNC}.{name}"]
+        == f"{name} belongs to {owner}, not transport: {transport}; set that, or remove it"
+    )
+
+
+def test_a_sync_section_without_transport_is_http_and_errors_name_the_real_key(tmp_path: Path) -> None:
+    probs = problems_of(tmp_path, ASYNC, f"{SYNC}={{chunk_mb: 0}}")
+    assert "greater than 0" in probs[f"{SYNC}.chunk_mb"]  # no `http` tag inside the path
+    cfg = load_config(write(tmp_path, ASYNC), [f"{SYNC}={{chunk_mb: 8}}"], world_size=2)
+    sync = cfg.custom.extra.rollout_matching.vllm.sync
+    assert sync.transport == "http" and sync.chunk_mb == 8
 
 
 def test_collective_sync_needs_a_reachable_group_address_for_remote_servers(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from stagectl.detection.coords import (
     from_bin,
     to_bin,
 )
-from tests.unit.test_detection_support import toy_tokenizer
+from tests.unit.helpers import toy_tokenizer
 
 
 @pytest.mark.parametrize("size", [2, 3, 100, 640, 999, 1000, 1001, 4096])

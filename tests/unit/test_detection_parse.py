@@ -18,7 +18,7 @@ from stagectl.detection.parse import (
     parse_rollout,
 )
 from stagectl.detection.serialize import append_fragment, serialize_objects, sort_objects
-from tests.unit.test_detection_support import Obj, ToyTokenizer, toy_tokenizer
+from tests.unit.helpers import Obj, ToyTokenizer, toy_tokenizer
 
 CHAR = toy_tokenizer()  # one token per byte, coordinate and special tokens whole
 FUSED = toy_tokenizer(

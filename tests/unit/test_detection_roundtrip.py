@@ -9,7 +9,7 @@ from stagectl.detection.parse import STOP_CLOSED, parse_rollout
 from stagectl.detection.serialize import serialize_objects, sort_objects
 from stagectl.detection.vocab import TokenVocab
 from stagectl.models.tokenizer import build_tiny_tokenizer
-from tests.unit.test_detection_support import Obj, random_objects
+from tests.unit.helpers import Obj, random_objects
 
 
 def test_real_tokenizer_round_trip_of_1000_random_answers() -> None:

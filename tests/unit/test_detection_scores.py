@@ -8,7 +8,7 @@ import pytest
 
 from stagectl.detection.parse import parse_rollout
 from stagectl.detection.scores import object_scores
-from tests.unit.test_detection_support import toy_tokenizer
+from tests.unit.helpers import toy_tokenizer
 
 CHAR = toy_tokenizer()
 

@@ -13,7 +13,7 @@ from stagectl.detection.serialize import (
     serialize_objects_with_desc_spans,
     sort_objects,
 )
-from tests.unit.test_detection_support import Obj
+from tests.unit.helpers import Obj
 
 
 def test_exact_format() -> None:

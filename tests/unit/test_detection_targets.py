@@ -13,48 +13,7 @@ from stagectl.detection.targets import (
     build_channel_b_segment,
     sample_counters,
 )
-from tests.unit.test_detection_support import Obj, ToyTokenizer, toy_tokenizer
-
-CHAR = toy_tokenizer()  # one token per character; coordinate tokens and <|im_end|> whole
-EOT = "<|im_end|>"
-
-
-def coord(b: int) -> str:
-    return f"<|coord_{b}|>"
-
-
-def expand(tok: ToyTokenizer, pieces: list[tuple[str, float]]) -> tuple[list[int], list[float]]:
-    """Hand-built expectation: each piece's tokens get that piece's weight."""
-    ids: list[int] = []
-    weights: list[float] = []
-    for text, weight in pieces:
-        piece_ids = tok.encode(text)
-        ids += piece_ids
-        weights += [weight] * len(piece_ids)
-    return ids, weights
-
-
-def box_pieces(bins: tuple[int, int, int, int], structure: float) -> list[tuple[str, float]]:
-    """`["<c>", "<c>", "<c>", "<c>"]}` with coordinate slots at 0 (their loss comes from the group)."""
-    x1, y1, x2, y2 = bins
-    return [
-        ('", "bbox_2d": ["', structure),
-        (coord(x1), 0.0),
-        ('", "', structure),
-        (coord(y1), 0.0),
-        ('", "', structure),
-        (coord(x2), 0.0),
-        ('", "', structure),
-        (coord(y2), 0.0),
-        ('"]}', structure),
-    ]
-
-
-def coord_positions(ids: list[int], start: int) -> list[tuple[int, int, int, int]]:
-    """Coordinate token positions from `start` on, in groups of 4."""
-    found = [k for k, t in enumerate(ids) if t in CHAR.vocab.coords.bin_of_id and k >= start]
-    return [(found[k], found[k + 1], found[k + 2], found[k + 3]) for k in range(0, len(found), 4)]
-
+from tests.unit.helpers import CHAR, EOT, Obj, box_pieces, coord_positions, expand, toy_tokenizer
 
 GT = [
     Obj("red square", (12, 11, 50, 52)),  # matched by the first prediction

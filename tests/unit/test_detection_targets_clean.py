@@ -22,8 +22,7 @@ from stagectl.learner.segments import SampleEncoder
 from stagectl.models.chat import EncodedSample
 from stagectl.models.generate import Generation
 from stagectl.models.images import ImageInputs
-from tests.unit.test_detection_support import Obj, toy_tokenizer
-from tests.unit.test_detection_targets import CHAR, EOT, box_pieces, coord_positions, expand
+from tests.unit.helpers import CHAR, EOT, Obj, box_pieces, coord_positions, expand, toy_tokenizer
 
 GT = [
     Obj("red square", (12, 11, 50, 52)),  # matched by the rollout's second object

@@ -20,7 +20,6 @@ from stagectl.doctor.report import Check, exit_code, fail, ok, skip, summary, to
 from stagectl.doctor.resource_checks import (
     check_disk,
     check_gpu,
-    check_shm,
     checkpoint_size,
     num_checkpoints_on_disk,
 )
@@ -234,27 +233,6 @@ def test_disk_fails_without_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert line.status == "fail" and "1.0 MiB free at" in line.message
     assert "training.save_total_limit (now 2) lower" in line.fix
     assert not (tmp_path / "run").exists()  # the check creates no run directory
-
-
-def test_shm_fails_where_the_transport_needs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stagectl.models.loading import resolve_model_path
-
-    resolve_model_path("builtin:tiny-qwen2.5-vl")
-    shape = model_shape("builtin:tiny-qwen2.5-vl")
-    plain = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
-    assert check_shm(plain, shape).status == "skip"
-    rollouts = {
-        "rollout_backend": "vllm",
-        "vllm": {"server": {"servers": [{"base_url": "http://127.0.0.1:9"}]}, "sync": {"transport": "shm"}},
-    }
-    cfg = load_config(
-        _write(tmp_path, _config(tmp_path, custom={"extra": {"rollout_matching": rollouts}})), world_size=1
-    )
-    monkeypatch.setattr(resource_checks, "SHM_DIR", tmp_path)
-    assert check_shm(cfg, shape).status == "ok"
-    monkeypatch.setattr(resource_checks, "SHM_DIR", tmp_path / "no-shm")
-    line = check_shm(cfg, shape)
-    assert line.status == "fail" and line.message == f"{tmp_path / 'no-shm'} does not exist"
 
 
 def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

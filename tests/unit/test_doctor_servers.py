@@ -35,7 +35,7 @@ def bundle() -> ModelBundle:
 def _serve(tmp_path: Path, weights: dict[str, Any] | None = None) -> ThreadedServer:
     engine = FakeEngine(weights=weights, model_name=TINY, batch_wait_ms=0)
     engine.name = "hf"  # the fake stands in for the configured hf engine
-    settings = ServerSettings(auth_token="s3cret", shm_dir=tmp_path)
+    settings = ServerSettings(auth_token="s3cret")
     return ThreadedServer(build_app(RolloutService(engine, settings))).start()
 
 

@@ -1,12 +1,12 @@
 """Fuzzing `load_config`: random YAML, mutated example configs and random `--set` overrides always end
 in a loaded config or a `ConfigError` whose every problem names a key path (never another exception).
 
-Examples per property: 100 by default, `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
+Examples per property: 100 under `STAGECTL_FUZZ_PROFILE=full`, a tenth (at least 20) by default
+(`tests.helpers.fuzz_examples`); `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stagectl.config import ConfigError, StagectlConfig, load_config
+from tests.helpers import fuzz_examples
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "tiny").glob("*.yaml"))
 EXAMPLE_DATA = [yaml.safe_load(p.read_text()) for p in EXAMPLES]
 SETTINGS = settings(
-    max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "100")),
+    max_examples=fuzz_examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

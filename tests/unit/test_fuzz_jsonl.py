@@ -3,14 +3,14 @@ encodings, deep nesting, huge numbers) and corrupted images either load or raise
 every entry is `file:line: what is wrong` (or `file: ...` for whole-file problems), never another
 exception, and the message can always be printed.
 
-Examples per property: 150 by default, `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
+Examples per property: 150 under `STAGECTL_FUZZ_PROFILE=full`, a tenth (at least 20) by default
+(`tests.helpers.fuzz_examples`); `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 
@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from stagectl.data.jsonl import DataError, load_jsonl_dataset
+from tests.helpers import fuzz_examples
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "150")),
+    max_examples=fuzz_examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

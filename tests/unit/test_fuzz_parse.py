@@ -2,25 +2,29 @@
 tokens, multi-byte characters, stray quotes and escapes) and encoded by the real tiny BPE tokenizer,
 so the parser sees the fused and byte-level tokens a model really emits. Extends
 `test_detection_parse_fuzz.py` (random ids, toy-tokenizer JSON, token mutations) and reuses its
-checker: parse_rollout never raises and its result is always consistent and usable.
+checker (`tests/unit/helpers.py`): parse_rollout never raises and its result is always consistent and usable.
 
-Examples per property: 300 by default, `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
+Examples per property: 300 under `STAGECTL_FUZZ_PROFILE=full`, a tenth (at least 20) by default
+(`tests.helpers.fuzz_examples`); `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
 """
 
 from __future__ import annotations
 
-import os
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_detection_parse_fuzz import TOKENIZER, VOCAB, parse_checked
+from stagectl.detection.vocab import TokenVocab
+from stagectl.models.tokenizer import build_tiny_tokenizer
+from tests.helpers import fuzz_examples
+from tests.unit.helpers import parse_checked
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "300")),
+    max_examples=fuzz_examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TOKENIZER = build_tiny_tokenizer()
+VOCAB = TokenVocab.from_tokenizer(TOKENIZER)
 COORD = st.integers(-2, 1001).map(lambda n: f"<|coord_{n}|>")
 FRAGMENTS = st.one_of(
     st.sampled_from(

@@ -3,7 +3,8 @@ URL a request names, `load_image` either returns an image whose real path lies u
 raises `PathRefused`; nothing else, and never a file outside the roots (symlinks, `..`, `~`, FIFOs,
 URLs, NUL bytes, percent-encoding, crafted data URLs and decompression bombs included).
 
-Examples per property: 300 by default, `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
+Examples per property: 300 under `STAGECTL_FUZZ_PROFILE=full`, a tenth (at least 20) by default
+(`tests.helpers.fuzz_examples`); `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from stagectl.rollout.paths import MAX_IMAGE_PIXELS, PathRefused, load_image, resolve_under_roots
+from tests.helpers import fuzz_examples
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "300")),
+    max_examples=fuzz_examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

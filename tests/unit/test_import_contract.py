@@ -4,6 +4,7 @@ must go from a layer to the same package or to a lower layer:
     entry   cli, __main__, torchrun, launch, doctor (the preflight probes every role)
     role    learner, stage_b, report, the rollout server (rollout.{app, service, serving, sync, ...})
     core    prefetch, the rollout client and wire format (rollout.{client, protocol, errors, ...}),
+            weightsync (both sides of every transport: it may import the rollout leaves, never a role),
             packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
             memory, placement, timing
     config  config
@@ -21,40 +22,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2] / "stagectl"
 
-ROLLOUT_CORE = {
-    "chunk_sender",
-    "client",
-    "collective",
-    "delta",
-    "errors",
-    "guards",
-    "protocol",
-    "requests",
-    "shm",
-    "tls",
-    "weights",
-}
-ROLLOUT_SERVER = {
-    "app",
-    "batching",
-    "engine",
-    "engines",
-    "launcher",
-    "paths",
-    "service",
-    "serving",
-    "staging",
-    "stream",
-    "swift_fields",
-    "sync",
-    "text",
-}
+# the rollout package's leaves (the inference client, the wire format, the engine interface, the guards):
+# what `weightsync` and the roles may import
+ROLLOUT_CORE = {"client", "engine", "errors", "guards", "paths", "protocol", "requests", "tls"}
+ROLLOUT_SERVER = {"app", "batching", "engines", "launcher", "service", "serving", "swift_fields", "text"}
 LAYERS = {
     "entry": {"cli", "__main__", "torchrun", "launch", "doctor"},
     "role": {"learner", "stage_b", "report", "rollout_server"},
     "core": {
         "prefetch",
         "rollout",
+        "weightsync",
         "packing",
         "detection",
         "evaluation",
@@ -188,6 +166,24 @@ def test_no_cycle_between_packages() -> None:
     assert cycles(units) == []
 
 
+def test_inference_callers_build_no_weight_machinery() -> None:
+    """The rollout client is inference only: Stage-B, eval and the client itself never reach weightsync."""
+    graph = module_graph()
+    for module in ("stagectl.rollout.client", "stagectl.stage_b", "stagectl.evaluation"):
+        reached = _closure(graph, {m for m in graph if m == module or m.startswith(module + ".")})
+        assert not {m for m in reached if m.startswith("stagectl.weightsync")}, module
+
+
+def _closure(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    seen, todo = set(start), list(start)
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
 def test_no_cycle_between_modules() -> None:
     graph = module_graph()
     # a package's __init__ re-exporting its own modules is not a cycle of logic
@@ -201,7 +197,7 @@ def test_the_checker_sees_an_uphill_edge_and_a_cycle() -> None:
         "schedule (core) -> learner (role): stagectl.schedule -> stagectl.learner.loop"
     ]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    assert uphill_edges({"stagectl.learner.x": {"stagectl.rollout.sync"}})  # role -> another role
+    assert uphill_edges({"stagectl.learner.x": {"stagectl.rollout.service"}})  # role -> another role
 
 
 def main() -> None:

@@ -132,7 +132,7 @@ def test_hf_server_merges_a_synced_adapter_bit_identically_to_the_checkpoint(kin
     """`sync.mode: adapter`: the hf engine's specs are the adapter's (peft names, float32), and after
     `apply_weights` it serves exactly the weights `merged_state_dict` writes to a checkpoint's model/."""
     from stagectl.rollout.serving import build_engine
-    from stagectl.rollout.weights import spec_of
+    from stagectl.weightsync.wire import spec_of
 
     learner = _adapted(kind)
     overrides = [

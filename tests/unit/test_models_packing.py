@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from stagectl.collate import CoordGroup, Segment, collate_padded
 from stagectl.packing import PackBuffer, pack_into, pack_segments, packing_lower_bound, select_pack
+from tests.helpers import fuzz_examples
 
 
 def optimal_num_packs(lengths: list[int], packing_length: int) -> int:
@@ -31,7 +32,7 @@ def optimal_num_packs(lengths: list[int], packing_length: int) -> int:
     return best[-1][0]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=fuzz_examples(200), deadline=None)
 @given(
     packing_length=st.integers(1, 300),
     data=st.data(),

@@ -9,11 +9,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
 from stagectl.dist import World
 from stagectl.learner.publisher import WeightPublisher
-from stagectl.rollout.errors import WeightPushError
+from stagectl.rollout.errors import RolloutRequestError
+from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 
 
 @dataclass
@@ -32,7 +34,7 @@ class FakeClient:
         if self.fail_next:  # committed on server 0, the connection to server 1 broke
             self.fail_next = False
             self.served[0] = version
-            raise WeightPushError("server 1 unreachable") from httpx.ConnectError("refused")
+            raise WeightPushError("server 1 unreachable", unreachable=True)
         self.served = [version] * len(self.served)
         return SimpleNamespace(num_bytes=64, state_bytes=64, delta=False)
 
@@ -85,3 +87,37 @@ def test_weights_leave_in_the_servers_dtype_while_the_masters_stay_float32() -> 
     assert {t.dtype for t in state.values()} == {torch.bfloat16}
     assert model.weight.dtype == torch.float32
     torch.testing.assert_close(state["weight"], model.weight.detach().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (WeightPushError("a server died mid-sync", unreachable=True), "unreachable"),
+        (httpx.ConnectError("refused"), "unreachable"),  # `versions()` before a push after a failed one
+        (WeightPushError("w0: shape [3, 3], the serving model has [4, 4]"), "error"),
+        (DeltaRefused("HTTP 409 twice"), "error"),
+        (NotInGroup("HTTP 412 twice"), "error"),
+        (RolloutRequestError("HTTP 401: missing or wrong bearer token"), "error"),
+    ],
+)
+def test_the_publisher_dispatches_on_the_error_type(error: Exception, status: str) -> None:
+    client = FakeClient(served=[0])
+    publisher = WeightPublisher(client, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=1)  # type: ignore[arg-type]
+
+    def failing(state_dict: Any, version: int, base_version: int | None = None) -> Any:
+        raise error
+
+    client.push_weights = failing  # type: ignore[method-assign]
+    assert publisher._push(publisher._state_dict()).status == status
+
+
+def test_a_refusal_caused_by_a_transport_error_is_still_a_refusal() -> None:
+    """Only `unreachable` says a server was lost; the cause chain is never inspected."""
+    client = FakeClient(served=[0])
+    publisher = WeightPublisher(client, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=1)  # type: ignore[arg-type]
+
+    def refused(state_dict: Any, version: int, base_version: int | None = None) -> Any:
+        raise WeightPushError("HTTP 400: refused") from httpx.ConnectError("an earlier try")
+
+    client.push_weights = refused  # type: ignore[method-assign]
+    assert publisher._push(publisher._state_dict()).status == "error"

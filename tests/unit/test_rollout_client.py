@@ -16,6 +16,8 @@ from stagectl.rollout.requests import (
     to_generation,
     with_seed_offset,
 )
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.disk import DiskSender
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,7 @@ def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                     "infer_timeout_s": 0,
                     "auth_token_env": "TOK",
                 },
-                "sync": {"transport": "disk", "chunk_mb": 2},
+                "sync": {"transport": "disk"},
             },
         }
     )
@@ -92,9 +94,10 @@ def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"\$TOK, which is unset"):
         RolloutClient.from_config(rm)
     monkeypatch.setenv("TOK", "secret")
-    with RolloutClient.from_config(rm, disk_dir=tmp_path) as client:
+    with RolloutClient.from_config(rm) as client:
         assert client.base_urls == ["http://127.0.0.1:1"]
-        assert client.transport == "disk" and client.chunk_bytes == 2 * 1024 * 1024
-        assert client.disk_dir == tmp_path
+    with WeightSyncClient.from_config(rm, disk_dir=tmp_path) as sync:
+        assert sync.base_urls == ["http://127.0.0.1:1"] and isinstance(sync.sender, DiskSender)
+        assert sync.transport == "disk" and sync.disk_dir == tmp_path
     with RolloutClient.from_config(rm, base_urls=["http://127.0.0.1:2"]) as client:
         assert client.base_urls == ["http://127.0.0.1:2"]

@@ -12,12 +12,18 @@ from stagectl.config import ConfigError, load_config
 from stagectl.rollout.guards import (
     DEFAULT_MAX_NEW_TOKENS_CAP,
     DEFAULT_MAX_REQUESTS_PER_CALL,
+    BodyBudget,
+    BodyTimeout,
+    BodyTooLarge,
     CallLimits,
     TooManyRequests,
     TooManyTokens,
+    Unauthorized,
     bearer_ok,
     check_call,
     check_context,
+    check_token,
+    validation_detail,
 )
 from stagectl.rollout.serving import call_limits, server_settings
 from stagectl.rollout.tls import client_context, server_context
@@ -171,3 +177,41 @@ def test_tls_files_that_do_not_load_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"tls_ca_file: cannot load .*missing\.pem"):
         client_context(tmp_path / "missing.pem")
     assert client_context(skip_verify=True).verify_mode == ssl.CERT_NONE
+
+
+def test_check_token_refuses_a_missing_or_wrong_token_and_passes_without_one() -> None:
+    check_token(None, None)  # a server without a token: open
+    check_token("Bearer s3cret", "s3cret")
+    for header in (None, "Bearer wrong", "Basic s3cret", "s3cret"):
+        with pytest.raises(Unauthorized, match="missing or wrong bearer token"):
+            check_token(header, "s3cret")
+
+
+def test_body_budget_limits_declared_and_counted_bytes_and_keeps_its_deadline() -> None:
+    budget = BodyBudget(limit=100, timeout_s=60.0)
+    budget.declared(100)
+    budget.received(100)
+    with pytest.raises(BodyTooLarge, match="request body of 101 bytes exceeds 100"):
+        budget.declared(101)
+    with pytest.raises(BodyTooLarge, match="request body exceeds 100 bytes"):
+        budget.received(101)
+    assert 59.0 < budget.remaining_s() <= 60.0
+    with pytest.raises(BodyTimeout, match=r"request body not received within 0\.5 s"):
+        _expired(0.5)
+
+
+def _expired(timeout_s: float) -> float:
+    budget = BodyBudget(limit=1, timeout_s=timeout_s)
+    budget.deadline -= timeout_s + 1  # the request started long ago
+    return budget.remaining_s()
+
+
+def test_validation_detail_names_the_field_without_the_query_or_body_prefix() -> None:
+    detail, listed = validation_detail(
+        [{"loc": ("query", "sync_id"), "msg": "Field required"}, {"loc": ("body",), "msg": "bad JSON"}]
+    )
+    assert detail == "sync_id: Field required; <body>: bad JSON"
+    assert listed == [
+        {"field": "sync_id", "message": "Field required"},
+        {"field": "<body>", "message": "bad JSON"},
+    ]

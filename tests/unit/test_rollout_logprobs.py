@@ -18,7 +18,7 @@ from stagectl.rollout.service import RolloutService, ServerSettings
 
 @pytest.fixture
 def service(tmp_path) -> Iterator[RolloutService]:  # type: ignore[no-untyped-def]
-    svc = RolloutService(FakeEngine(batch_wait_ms=0), ServerSettings(shm_dir=tmp_path))
+    svc = RolloutService(FakeEngine(batch_wait_ms=0), ServerSettings())
     yield svc
     svc.close()
 

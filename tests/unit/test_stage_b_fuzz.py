@@ -1,11 +1,11 @@
 """Property tests: parse_verdict and the guidance-operation validator never raise, whatever they get.
 
-Examples per property: 300 by default, `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
+Examples per property: 300 under `STAGECTL_FUZZ_PROFILE=full`, a tenth (at least 20) by default
+(`tests.helpers.fuzz_examples`); `STAGECTL_FUZZ_EXAMPLES=5000` for a longer run.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -15,9 +15,10 @@ from stagectl.stage_b.guidance import FOCUS_KEY, Guidance, is_learnable, parse_g
 from stagectl.stage_b.guidance_ops import apply_operations
 from stagectl.stage_b.reflection import decode_answer
 from stagectl.stage_b.verdict import parse_verdict
+from tests.helpers import fuzz_examples
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "300")),
+    max_examples=fuzz_examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -18,11 +18,13 @@ from stagectl.models.chat import encode_answer_text, encode_messages
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
 from stagectl.rollout.app import STOPPED_LINE
-from stagectl.rollout.client import RolloutClient, WeightPushError, to_generation
+from stagectl.rollout.client import RolloutClient, to_generation
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.text import cut_at_stop
-from stagectl.rollout.weights import encode_chunks
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.weightsync.wire import encode_chunks
 from tests.vllm.helpers import ROOT, require_vllm_python
 
 MODEL = "builtin:tiny-qwen2"
@@ -89,9 +91,15 @@ def served() -> Iterator[Served]:
 
 @pytest.fixture
 def client(served: Served) -> Iterator[RolloutClient]:
-    with RolloutClient([served.url], chunk_bytes=1 << 20) as c:
+    with RolloutClient([served.url]) as c:
         c.wait_healthy(timeout_s=60)
         yield c
+
+
+@pytest.fixture
+def pusher(served: Served) -> Iterator[WeightSyncClient]:
+    with WeightSyncClient([served.url], chunk_bytes=1 << 20) as p:
+        yield p
 
 
 def test_greedy_equals_transformers_token_for_token(served: Served, client: RolloutClient) -> None:
@@ -205,13 +213,15 @@ def _train_a_few_steps(bundle: ModelBundle, prompt: PromptInputs, target: str) -
     model.eval()
 
 
-def test_weight_sync_over_http_serves_the_new_weights(served: Served, client: RolloutClient) -> None:
+def test_weight_sync_over_http_serves_the_new_weights(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     before = [to_generation(out).token_ids for out in client.infer([request(k) for k in range(4)], GREEDY)]
     version = client.versions()[0].version
     _train_a_few_steps(served.mirror, served.prompt(1), "red circle blue square")
     local = [served.local_greedy(k) for k in range(4)]
     assert local[1] != before[1]  # the training really moved the greedy output
-    report = client.push_weights(served.mirror.model.state_dict(), version + 1)
+    report = pusher.push_weights(served.mirror.model.state_dict(), version + 1)
     assert report.num_chunks > 1 and report.transport == "http"
     assert client.versions()[0].version == version + 1
     after = client.infer([request(k) for k in range(4)], GREEDY)
@@ -222,7 +232,10 @@ def test_weight_sync_over_http_serves_the_new_weights(served: Served, client: Ro
 def test_delta_sync_serves_the_new_weights(served: Served) -> None:
     """A full push, more training, then a delta (only the changed elements; vLLM gets the touched tensors
     whole from the server's staged base): greedy output equals the learner's, token for token."""
-    with RolloutClient([served.url], chunk_bytes=1 << 20, delta=True) as delta:
+    with (
+        WeightSyncClient([served.url], chunk_bytes=1 << 20, delta=True) as delta,
+        RolloutClient([served.url]) as client,
+    ):
         version = delta.versions()[0].version
         assert not delta.push_weights(
             served.mirror.model.state_dict(), version + 1, base_version=version
@@ -231,12 +244,14 @@ def test_delta_sync_serves_the_new_weights(served: Served) -> None:
         local = [served.local_greedy(k) for k in range(4)]
         report = delta.push_weights(served.mirror.model.state_dict(), version + 2, base_version=version + 1)
         assert report.delta and delta.versions()[0].version == version + 2
-        after = delta.infer([request(k) for k in range(4)], GREEDY)
+        after = client.infer([request(k) for k in range(4)], GREEDY)
     assert [to_generation(out).token_ids for out in after] == local
     assert {out.version for out in after} == {version + 2}
 
 
-def test_failed_sync_keeps_the_old_weights(served: Served, client: RolloutClient) -> None:
+def test_failed_sync_keeps_the_old_weights(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     version = client.versions()[0].version
     expected = served.local_greedy(3)
     perturbed = {name: t + 1.0 for name, t in served.mirror.model.state_dict().items()}
@@ -257,7 +272,7 @@ def test_failed_sync_keeps_the_old_weights(served: Served, client: RolloutClient
     assert httpx.post(f"{served.url}/update_weights/commit/", json=commit).status_code == 400
     wrong_shape = {**perturbed, "lm_head.weight": torch.zeros(3, 3)}
     with pytest.raises(WeightPushError, match="shape"):
-        client.push_weights(wrong_shape, version + 1)
+        pusher.push_weights(wrong_shape, version + 1)
     assert client.versions()[0].version == version
     (out,) = client.infer([request(3)], GREEDY)
     assert out.choices[0].token_ids == expected and out.version == version

@@ -28,6 +28,7 @@ from stagectl.models.tokenizer import coord_token_ids
 from stagectl.rollout.client import RolloutClient, to_generation
 from stagectl.rollout.launcher import ServerProcess
 from stagectl.rollout.protocol import ContentItem, InferRequest, Message, RequestConfig
+from stagectl.weightsync.client import WeightSyncClient
 from tests.vllm.helpers import ROOT, require_vllm_python
 
 MODELS = ["builtin:tiny-qwen2.5-vl", "builtin:tiny-qwen3-vl"]
@@ -121,9 +122,15 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
 
 @pytest.fixture
 def client(served: Served) -> Iterator[RolloutClient]:
-    with RolloutClient([served.url], chunk_bytes=1 << 20) as c:
+    with RolloutClient([served.url]) as c:
         c.wait_healthy(timeout_s=60)
         yield c
+
+
+@pytest.fixture
+def pusher(served: Served) -> Iterator[WeightSyncClient]:
+    with WeightSyncClient([served.url], chunk_bytes=1 << 20) as p:
+        yield p
 
 
 def test_image_prompts_give_transformers_greedy_ids(served: Served, client: RolloutClient) -> None:
@@ -150,7 +157,9 @@ def test_coordinate_tokens_come_out_as_single_ids(served: Served, client: Rollou
         assert served.mirror.tokenizer.encode(text, add_special_tokens=False) == [tid]
 
 
-def test_weight_sync_into_the_vlm_serves_the_new_weights(served: Served, client: RolloutClient) -> None:
+def test_weight_sync_into_the_vlm_serves_the_new_weights(
+    served: Served, client: RolloutClient, pusher: WeightSyncClient
+) -> None:
     before = [to_generation(out).token_ids for out in client.infer([request(k) for k in range(3)], GREEDY)]
     version = client.versions()[0].version
     visual_before = _visual_weights(served.mirror)
@@ -158,7 +167,7 @@ def test_weight_sync_into_the_vlm_serves_the_new_weights(served: Served, client:
     assert not torch.equal(_visual_weights(served.mirror), visual_before)  # the vision tower moved too
     local = [served.local_greedy(k) for k in range(3)]
     assert local != before  # the training really changed the greedy answers
-    report = client.push_weights(served.mirror.model.state_dict(), version + 1)
+    report = pusher.push_weights(served.mirror.model.state_dict(), version + 1)
     assert report.transport == "http"
     assert client.versions()[0].version == version + 1
     after = client.infer([request(k) for k in range(3)], GREEDY)

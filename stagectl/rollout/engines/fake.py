@@ -21,7 +21,7 @@ from stagectl.rollout.batching import BatchingWorker
 from stagectl.rollout.engine import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.rollout.guards import check_context
 from stagectl.rollout.text import cut_at_stop
-from stagectl.rollout.weights import spec_of
+from stagectl.weightsync.wire import spec_of
 
 
 def default_weights(num_mib: int = 0, block_mib: int = 4) -> dict[str, torch.Tensor]:

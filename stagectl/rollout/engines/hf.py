@@ -30,7 +30,7 @@ from stagectl.rollout.engines.hf_adapter import AdapterMerger
 from stagectl.rollout.engines.sampling import PerRowSampler
 from stagectl.rollout.guards import check_context
 from stagectl.rollout.text import cut_at_stop
-from stagectl.rollout.weights import spec_of
+from stagectl.weightsync.wire import spec_of
 
 
 class _Job:

@@ -23,8 +23,6 @@ process of a run (CLI, torchrun agent, learner ranks, rollout server) imports it
   SYNC-th weight sync it sees (1-based) arrives, i.e. half-way through the push;
 - `kill_in_broadcast:CALL` - the rollout server SIGKILLs itself when its CALL-th weight-group broadcast
   (1-based, over every `transport: collective` sync it takes) begins: a server dying mid-broadcast;
-- `kill_in_shm_push:SYNC` - the learner SIGKILLs itself right after writing the shm snapshot of its
-  SYNC-th `transport: shm` push (1-based), before any server read it;
 - `kill_in_infer:CALL` - the rollout server SIGKILLs itself inside its CALL-th `/infer/` (1-based),
   with the request accepted and not yet answered;
 - `record_raise:MODULE:CLASS:METHOD` - no fault of its own: records when MODULE.CLASS.METHOD raises
@@ -211,7 +209,7 @@ def _kill_in_broadcast(module: ModuleType, call: str) -> None:
 
 
 def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
-    # `begin_chunk` opens every chunk, streamed over http or mapped from an shm snapshot (chunk 0)
+    # `begin_chunk` opens every chunk streamed over http
     cls = module.WeightSync
     original = cls.begin_chunk
     seen: list[str] = []
@@ -225,21 +223,6 @@ def _kill_in_sync(module: ModuleType, sync: str, chunk: str) -> None:
         return original(self, sync_id, chunk_index, *args, **kwargs)
 
     cls.begin_chunk = begin_chunk
-
-
-def _kill_in_shm_push(module: ModuleType, sync: str) -> None:
-    original = module.write_snapshot
-    calls = [0]
-
-    def write_snapshot(path: Any, state: Any) -> Any:
-        result = original(path, state)
-        calls[0] += 1
-        if calls[0] == int(sync):
-            _fire(f"learner SIGKILL with shm snapshot {path} written, before any server read it")
-            os.kill(os.getpid(), signal.SIGKILL)
-        return result
-
-    module.write_snapshot = write_snapshot
 
 
 def _kill_in_infer(module: ModuleType, call: str) -> None:
@@ -384,9 +367,8 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "kill_at_step": ("stagectl.learner.loop", _kill_at_step),
     "kill_in_push": ("stagectl.learner.publisher", _kill_in_push),
     "wait_for_packs": ("stagectl.learner.channel_b_async", _wait_for_packs),
-    "kill_in_sync": ("stagectl.rollout.sync", _kill_in_sync),
-    "kill_in_broadcast": ("stagectl.rollout.collective", _kill_in_broadcast),
-    "kill_in_shm_push": ("stagectl.rollout.client", _kill_in_shm_push),
+    "kill_in_sync": ("stagectl.weightsync.receiver", _kill_in_sync),
+    "kill_in_broadcast": ("stagectl.weightsync.collective", _kill_in_broadcast),
     "kill_in_infer": ("stagectl.rollout.service", _kill_in_infer),
     "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),
     "stop_in_push": ("stagectl.learner.publisher", _stop_in_push),

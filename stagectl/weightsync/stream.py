@@ -7,8 +7,9 @@ the event loop in pieces of at most 256 KiB, which held `http` sync far below wh
 socket carries (BENCHMARKS.md, "Weight sync"). Here the body is read with `readinto` in 8 MiB pieces; the
 request line and headers still go through the standard library's HTTP parser.
 
-Guards, as on the app's port: the bearer token (`guards.bearer_ok`), the chunk-size limit (413), a deadline
-for the whole body (408), a per-read socket timeout, and a cap on open connections (503 beyond it). With
+Guards, the app's own (`rollout.guards`): the bearer token (`check_token`, 401), the chunk-size limit and
+the deadline for the whole body (`BodyBudget`: 413, 408), the query model (`protocol.ChunkQuery`, 422);
+and for this port alone a per-read socket timeout and a cap on open connections (503 beyond it). With
 `rollout_server.tls_certfile` the listening socket is wrapped with `ssl`; each connection's handshake runs
 on its own thread under the read timeout, so a client that never finishes it holds no other connection. The server advertises the
 port in `/version/` (`weight_stream_port`); `rollout_server.weight_stream_port: null` turns it off, and the
@@ -20,22 +21,31 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import socket
 import ssl
 import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from stagectl.rollout.guards import bearer_ok
-from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH
-from stagectl.rollout.service import RolloutService
-from stagectl.rollout.staging import ChunkReceiver
+from pydantic import ValidationError
+
+from stagectl.rollout.guards import (
+    BodyBudget,
+    BodyTimeout,
+    BodyTooLarge,
+    Unauthorized,
+    check_token,
+    validation_detail,
+)
+from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH, ChunkQuery
 from stagectl.rollout.tls import server_context
-from stagectl.rollout.weights import DIGEST_PATTERN, DeltaBaseError, WeightSyncError
+from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.staging import ChunkReceiver
 
 access_log = logging.getLogger("stagectl.rollout.access")
 log = logging.getLogger(__name__)
@@ -43,13 +53,27 @@ PIECE_BYTES = 8 << 20  # the most one socket read takes
 HEADER_READ = 64 << 10  # reads while a chunk's safetensors header arrives (then tensors are read in place)
 READ_TIMEOUT_S = 10.0  # one read of the request line, a header or a piece of the body
 MAX_CONNECTIONS = 32  # open connections at once (a learner opens one per rank pushing; 503 beyond)
-_DIGEST = re.compile(DIGEST_PATTERN)
 _BUSY_BODY = json.dumps({"detail": f"more than {MAX_CONNECTIONS} weight-stream connections"}).encode()
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
     + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
     + _BUSY_BODY
 )
+
+
+class StreamSettings(Protocol):
+    """What the port reads of the server's settings (`rollout.service.ServerSettings` has them all)."""
+
+    @property
+    def auth_token(self) -> str | None: ...
+    @property
+    def max_weight_chunk_bytes(self) -> int: ...
+    @property
+    def body_timeout_s(self) -> float: ...
+    @property
+    def tls_certfile(self) -> Path | None: ...
+    @property
+    def tls_keyfile(self) -> Path | None: ...
 
 
 class _Refused(Exception):
@@ -62,33 +86,13 @@ class _Refused(Exception):
         self.close = close
 
 
-def _query(raw: str) -> dict[str, Any]:
-    """The chunk's query parameters, checked as the app checks them (422 naming the field)."""
+def _query(raw: str) -> ChunkQuery:
+    """The chunk's query, checked by the app's own model (`ChunkQuery`: 422 naming the field)."""
     values = {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
-
-    def integer(name: str, *, required: bool = True) -> int | None:
-        text = values.get(name)
-        if text is None:
-            if required:
-                raise _Refused(422, f"{name}: field required")
-            return None
-        if not text.isdigit():
-            raise _Refused(422, f"{name}: not a non-negative integer: {text[:32]!r}")
-        return int(text)
-
-    sync_id = values.get("sync_id", "")
-    if not 1 <= len(sync_id) <= 128:
-        raise _Refused(422, "sync_id: 1 to 128 characters required")
-    digest = values.get("digest", "")
-    if not _DIGEST.fullmatch(digest):
-        raise _Refused(422, f"digest: does not match {DIGEST_PATTERN}")
-    return {
-        "sync_id": sync_id,
-        "chunk_index": integer("chunk_index"),
-        "digest": digest,
-        "version": integer("version"),
-        "base_version": integer("base_version", required=False),
-    }
+    try:
+        return ChunkQuery.model_validate(values)
+    except ValidationError as exc:
+        raise _Refused(422, validation_detail(exc.errors())[0]) from None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -124,40 +128,35 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path != WEIGHT_CHUNK_PATH:
             self.close_connection = True
             raise _Refused(404, f"not found: {url.path} (this port takes POST {WEIGHT_CHUNK_PATH} only)")
-        self._check_token()
-        length = self._content_length()
+        try:
+            check_token(self.headers.get("Authorization"), self.server.settings.auth_token)
+        except Unauthorized as exc:
+            raise _Refused(401, str(exc), close=True) from None
+        budget = BodyBudget(self.server.settings.max_weight_chunk_bytes, self.server.settings.body_timeout_s)
+        length = self._content_length(budget)
         try:
             query = _query(url.query)
         except _Refused:
-            self._drain(length)
+            self._drain(length, budget)
             raise
-        sync = self.server.service.sync
+        sync = self.server.sync
         try:
             receiver = sync.begin_chunk(
-                query["sync_id"],
-                query["chunk_index"],
-                query["digest"],
-                query["version"],
-                query["base_version"],
+                query.sync_id, query.chunk_index, query.digest, query.version, query.base_version
             )
         except WeightSyncError as exc:
             # Refused before the body (e.g. a delta against another base: 409). Drain it, so the answer
             # goes out on a connection the client can keep using.
-            self._drain(length)
-            raise _Refused(409 if isinstance(exc, DeltaBaseError) else 400, str(exc)) from None
-        self._receive(receiver, length)
+            self._drain(length, budget)
+            raise _Refused(status_of(exc), str(exc)) from None
+        self._receive(receiver, length, budget)
         try:
             num = sync.finish_chunk(receiver)
         except WeightSyncError as exc:
-            raise _Refused(409 if isinstance(exc, DeltaBaseError) else 400, str(exc)) from None
-        return {"sync_id": query["sync_id"], "chunk_index": query["chunk_index"], "num_tensors": num}
+            raise _Refused(status_of(exc), str(exc)) from None
+        return {"sync_id": query.sync_id, "chunk_index": query.chunk_index, "num_tensors": num}
 
-    def _check_token(self) -> None:
-        expected = self.server.service.settings.auth_token
-        if expected is not None and not bearer_ok(self.headers.get("Authorization"), expected):
-            raise _Refused(401, "missing or wrong bearer token", close=True)
-
-    def _content_length(self) -> int:
+    def _content_length(self, budget: BodyBudget) -> int:
         if self.headers.get("Transfer-Encoding"):
             raise _Refused(
                 411, "a weight chunk needs Content-Length (chunked bodies are not taken)", close=True
@@ -166,23 +165,22 @@ class _Handler(BaseHTTPRequestHandler):
         if not text.isdigit():
             raise _Refused(411, "a weight chunk needs Content-Length", close=True)
         length = int(text)
-        limit = self.server.service.settings.max_weight_chunk_bytes
-        if length > limit:
-            raise _Refused(413, f"request body of {length} bytes exceeds {limit}", close=True)
+        try:
+            budget.declared(length)
+        except BodyTooLarge as exc:
+            raise _Refused(413, str(exc), close=True) from None
         return length
 
-    def _read_body(self, length: int, receiver: ChunkReceiver | None) -> None:
+    def _read_body(self, length: int, receiver: ChunkReceiver | None, budget: BodyBudget) -> None:
         """Read `length` body bytes within the body deadline: straight into the staging where the receiver
         says where they go (`destination`), else through this connection's buffer into `feed` (the
         header, an errored chunk) or nowhere (`receiver` None: draining a refused body)."""
-        settings = self.server.service.settings
-        deadline = time.monotonic() + settings.body_timeout_s
         remaining = length
         while remaining:
-            if time.monotonic() > deadline:
-                raise _Refused(
-                    408, f"request body not received within {settings.body_timeout_s:g} s", close=True
-                )
+            try:
+                budget.remaining_s()
+            except BodyTimeout as exc:
+                raise _Refused(408, str(exc), close=True) from None
             target = receiver.destination() if receiver is not None else None
             direct = target is not None
             if target is None:
@@ -208,17 +206,17 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 receiver.feed(target[:n])
 
-    def _drain(self, length: int) -> None:
-        self._read_body(length, None)
+    def _drain(self, length: int, budget: BodyBudget) -> None:
+        self._read_body(length, None, budget)
 
-    def _receive(self, receiver: ChunkReceiver, length: int) -> None:
+    def _receive(self, receiver: ChunkReceiver, length: int, budget: BodyBudget) -> None:
         finished = False
         try:
-            self._read_body(length, receiver)
+            self._read_body(length, receiver, budget)
             finished = True
         finally:
             if not finished:
-                self.server.service.sync.fail_chunk(receiver, "the chunk's body did not arrive whole")
+                self.server.sync.fail_chunk(receiver, "the chunk's body did not arrive whole")
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         payload = json.dumps(body).encode()
@@ -262,9 +260,10 @@ class WeightStreamServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, sync: WeightSync, settings: StreamSettings, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        settings = service.settings
         context = None
         if settings.tls_certfile is not None and settings.tls_keyfile is not None:
             context = server_context(settings.tls_certfile, settings.tls_keyfile)  # before binding anything
@@ -272,7 +271,8 @@ class WeightStreamServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as exc:
             raise ValueError(f"cannot bind the weight-stream port {host}:{port}: {exc.strerror}") from None
-        self.service = service
+        self.sync = sync
+        self.settings = settings
         if context is not None:
             self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.port: int = self.server_address[1]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stagectl.rollout.weights import Piece, cpu_tensors, row_ranges
+from stagectl.weightsync.wire import Piece, cpu_tensors, row_ranges
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

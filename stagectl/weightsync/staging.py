@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from stagectl.rollout.delta import bits_np
 from stagectl.rollout.engine import TensorSpec
-from stagectl.rollout.weights import (
+from stagectl.weightsync.delta import bits_np
+from stagectl.weightsync.errors import WeightSyncError
+from stagectl.weightsync.wire import (
     ELEMENT_SIZES,
     INDEX_SUFFIX,
     MAX_HEADER_BYTES,
@@ -22,7 +23,6 @@ from stagectl.rollout.weights import (
     SPARSE_KEY,
     ST_DTYPES,
     Piece,
-    WeightSyncError,
     byte_view,
     dtype_name,
     is_row_span,

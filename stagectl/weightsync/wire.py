@@ -32,11 +32,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
 from stagectl.rollout.protocol import TensorSpec
+from stagectl.weightsync.errors import WeightSyncError
 
 ROWS_KEY = "stagectl.rows"
 SPARSE_KEY = "stagectl.sparse"  # JSON list of names sent as values + `<name>@index` (delta only)
 INDEX_SUFFIX = "@index"
-DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own cap
 # torch dtype name -> safetensors dtype code
 ST_CODES = {
@@ -56,19 +56,6 @@ ST_CODES = {
 ST_DTYPES = {code: name for name, code in ST_CODES.items()}
 ELEMENT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
 ELEMENT_SIZES |= {"BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-class WeightSyncError(ValueError):
-    """A sync was rejected (HTTP 400/409); the old weights keep serving."""
-
-
-class NoGroupError(WeightSyncError):
-    """A collective sync reached a server outside the learner's weight group (it restarted, or a failed
-    sync dropped the group): HTTP 409, and the learner forms the group again."""
-
-
-class DeltaBaseError(WeightSyncError):
-    """A delta sync named a base version the server does not hold (HTTP 409): send a full sync."""
 
 
 @dataclass(frozen=True)

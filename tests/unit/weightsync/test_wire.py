@@ -7,17 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stagectl.rollout.shm import write_snapshot
-from stagectl.rollout.staging import StagedWeights, verify_full
-from stagectl.rollout.weights import (
-    Piece,
-    TensorStream,
-    WeightSyncError,
-    decode_chunk,
-    digest_hex,
-    encode_chunks,
-    spec_of,
-)
+from stagectl.weightsync.disk import write_snapshot
+from stagectl.weightsync.errors import WeightSyncError
+from stagectl.weightsync.staging import StagedWeights, verify_full
+from stagectl.weightsync.wire import Piece, TensorStream, decode_chunk, digest_hex, encode_chunks, spec_of
 
 
 def _state() -> dict[str, torch.Tensor]:

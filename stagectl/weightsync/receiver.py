@@ -1,5 +1,5 @@
 """The server side of a weight sync: one staging area, streamed in and verified chunk by chunk, swapped on
-commit; plus the `disk` and `shm` snapshot loads.
+commit; plus the `disk` snapshot load.
 
 Protocol (one sync at a time): chunks `0, 1, 2, ...` of a `sync_id` arrive with their XXH3-128 digest and
 the target version (and, for a delta, the base version); each is streamed into the staging
@@ -9,7 +9,7 @@ arrived, then hands the touched tensors to `engine.apply_weights`, which swaps t
 lock. Any failure discards the staging and leaves the serving weights and version untouched. A chunk
 with a new `sync_id` supersedes an unfinished sync (its client died).
 
-The staging buffers persist between syncs: after a successful http or shm sync they hold exactly the
+The staging buffers persist between syncs: after a successful http sync they hold exactly the
 serving weights (`_mirror_version`), which is what makes a delta possible (its untouched rows keep the
 serving values) and spares re-faulting fresh pages on every sync. The price is one host-memory copy of
 the weights on the server. A delta is refused (`DeltaBaseError`, HTTP 409) unless its base version is
@@ -19,8 +19,6 @@ the serving version and the staging mirrors it; the learner then sends a full sy
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -30,22 +28,20 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from stagectl.rollout.collective import GroupError, GroupInfo, WeightGroup
 from stagectl.rollout.engine import Engine
 from stagectl.rollout.paths import resolve_under_roots
 from stagectl.rollout.protocol import SyncResponse
-from stagectl.rollout.shm import SHM_DIR, parse_shm_name
-from stagectl.rollout.staging import ChunkReceiver, StagedWeights, verify_full
-from stagectl.rollout.weights import DeltaBaseError, NoGroupError, WeightSyncError
+from stagectl.weightsync.collective import GroupError, GroupInfo, WeightGroup
+from stagectl.weightsync.errors import DeltaBaseError, NoGroupError, WeightSyncError
+from stagectl.weightsync.staging import ChunkReceiver, StagedWeights, verify_full
 
-log = logging.getLogger("stagectl.rollout.sync")
+log = logging.getLogger("stagectl.weightsync.receiver")
 
 
 class WeightSync:
-    def __init__(self, engine: Engine, weight_dirs: Sequence[Path], shm_dir: Path = SHM_DIR) -> None:
+    def __init__(self, engine: Engine, weight_dirs: Sequence[Path]) -> None:
         self.engine = engine
         self.weight_dirs = list(weight_dirs)
-        self.shm_dir = shm_dir
         self._lock = threading.Lock()  # guards the state below; never held while bytes stream in
         self._sync_id: str | None = None
         self._target_version = -1
@@ -283,36 +279,6 @@ class WeightSync:
             return self._commit(sync_id, version, 0)
 
     # --- snapshots -------------------------------------------------------------------------------
-
-    def load_from_shm(self, raw_path: str, version: int, digest: str) -> SyncResponse:
-        """Full sync from a safetensors snapshot in shared memory, written by a learner on this node: mapped,
-        streamed through the same checks as an http chunk (digest included) into the staging, applied.
-        The learner owns the file and removes it (several servers may map one snapshot)."""
-        path = Path(raw_path)
-        if path.parent != self.shm_dir or parse_shm_name(path.name) is None:
-            raise WeightSyncError(
-                f"shm weights {raw_path!r}: not a stagectl snapshot in {self.shm_dir} (stagectl-<pid>-<id>.safetensors)"
-            )
-        sync_id = f"shm:{path.name}"
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a planted symlink is refused
-            with os.fdopen(fd, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                receiver = self.begin_chunk(sync_id, 0, digest, version)
-                view = memoryview(mapped)
-                try:
-                    receiver.feed(view)
-                finally:
-                    view.release()
-        except WeightSyncError:
-            raise
-        except (OSError, ValueError) as exc:  # missing, unreadable or empty (mmap refuses 0 bytes)
-            with self._lock:
-                self.num_failed_syncs += 1
-            raise WeightSyncError(
-                f"shm weights {raw_path!r}: cannot map ({exc}); still serving version {self.engine.version}"
-            ) from None
-        self.finish_chunk(receiver)
-        return self.commit(sync_id, version, 1)
 
     def load_from_disk(self, raw_path: str, version: int) -> SyncResponse:
         """Full sync from a safetensors snapshot under one of the weight directories."""

@@ -1,4 +1,4 @@
-"""Fuzzing the weight-sync payload checks (`stagectl.rollout.weights`, `stagectl.rollout.sync`): random
+"""Fuzzing the weight-sync payload checks (`stagectl.weightsync.wire`, `stagectl.weightsync.receiver`): random
 or corrupted chunks are refused with `WeightSyncError`, and whatever a pusher sends, the serving
 weights and version change only on a commit of a complete, verified sync.
 
@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from safetensors.torch import save as st_save
 
 from stagectl.rollout.engines.fake import FakeEngine
-from stagectl.rollout.sync import WeightSync
-from stagectl.rollout.weights import ROWS_KEY, WeightSyncError, decode_chunk, digest_hex, encode_chunks
+from stagectl.weightsync.errors import WeightSyncError
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.wire import ROWS_KEY, decode_chunk, digest_hex, encode_chunks
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("STAGECTL_FUZZ_EXAMPLES", "150")),
@@ -134,7 +135,7 @@ ROWS_CASES = [
 ]
 # Crafted `stagectl.rows` metadata that `decode_chunk` does not validate yet: these escape as TypeError /
 # AttributeError / OverflowError / RecursionError (HTTP 500, the sync left open) instead of a
-# WeightSyncError (HTTP 400). The proposed fix in stagectl/rollout/weights.py is in SECURITY.md.
+# WeightSyncError (HTTP 400). The proposed fix in stagectl/weightsync/wire.py is in SECURITY.md.
 UNVALIDATED_ROWS = ["[0, 2]", '{"w1": ["a", 2]}', '{"w1": [null, 2]}', '{"w1": [1e999, 2]}', "[" * 5000]
 
 

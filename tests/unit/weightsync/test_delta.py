@@ -8,10 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stagectl.rollout.delta import DeltaTracker, bits
 from stagectl.rollout.engines.fake import FakeEngine
-from stagectl.rollout.sync import WeightSync
-from stagectl.rollout.weights import DeltaBaseError, Piece, WeightSyncError, encode_chunks, encode_pieces
+from stagectl.weightsync.delta import DeltaTracker, bits
+from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
+from stagectl.weightsync.receiver import WeightSync
+from stagectl.weightsync.wire import Piece, encode_chunks, encode_pieces
 
 
 def _state() -> dict[str, torch.Tensor]:

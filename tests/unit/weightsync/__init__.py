@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.weightsync`, one module per module where it has one."""
