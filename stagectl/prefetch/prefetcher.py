@@ -401,10 +401,13 @@ class Prefetcher:
         burst of the SAME version. The caller asks for whole batches only when one is expected (pacing wants
         more packs of this version than this burst builds, and no weight sync waits); the last burst of a
         version asks for exactly what it needs, as a surplus there would be dropped (measured on the example
-        config: 5.6% of its rollouts when every burst rounded up). Carrying leftovers of version v into the
+        config: 6-9% of its rollouts when every burst rounded up). Carrying leftovers of version v into the
         packs of v+1 instead was rejected: a pack is labelled with one version and a B step takes `gas` packs
         of one version on every rank, so a rank whose carry made its burst's packs older than the other
         ranks' would leave the step without a common version (and pacing's shared view would not count them).
+        The rule reads pacing (queue, shared view and step counters, all in a checkpoint, like the carry itself)
+        and the fence, so a resumed run rounds where the uninterrupted one does once syncs wait for the bursts
+        pacing wants (the resume tests' `wait_for_packs`); `training.packing: false` never rounds.
         """
         per_rollout = max(1.0, self._tokens_per_rollout)
         need = max(1, math.ceil(missing / per_rollout))
