@@ -123,6 +123,11 @@ def _sum(rows: list[dict[str, Any]], key: str) -> float:
     return sum(float(r.get(key, 0.0)) for r in rows)
 
 
+def _delta(first: dict[str, Any], last: dict[str, Any], key: str) -> float:
+    """How much a counter grew over the measured rows (0 where a run predates it)."""
+    return float(last.get(key, 0.0)) - float(first.get(key, 0.0))
+
+
 def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     """One run's figures over its rows after the warm-up (the last `TAIL` rows too: the final save)."""
     rows = all_rows[WARMUP : len(all_rows) - TAIL]
@@ -142,6 +147,8 @@ def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     if mode.startswith("step"):
         rollout_busy = _sum(rows, "time/rollout_s")
         out["drop_rate"] = 0.0
+        rollouts = _sum(rows, "rollout/n_samples")
+        out["request_s_per_rollout"] = rollout_busy / rollouts if rollouts else 0.0
     else:
         key = "stage2_ab/async/"
         first, last = all_rows[WARMUP - 1], rows[-1]
@@ -149,6 +156,13 @@ def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         requested = last[key + "rollouts_requested_total"] - first[key + "rollouts_requested_total"]
         dropped = last[key + "rollouts_dropped_total"] - first[key + "rollouts_dropped_total"]
         out["drop_rate"] = dropped / requested if requested else 0.0
+        requests = _delta(first, last, key + "rollout_requests_total")
+        bursts = _delta(first, last, key + "prefetch_success_total")
+        out["rollouts_per_request"] = requested / requests if requests else 0.0
+        out["requests_per_burst"] = requests / bursts if bursts else 0.0
+        out["request_s_per_rollout"] = (
+            _delta(first, last, key + "rollout_request_s") / requested if requested else 0.0
+        )
         out["share/prefetch_build"] = (
             _sum(rows, "time/prefetch_build_s") + _sum(rows, "time/prefetch_collate_s")
         ) / wall

@@ -108,6 +108,7 @@ class AsyncChannelB:
             rank=self.world.rank,
             segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
+            request_multiple=state.resolved.rollout_decode_batch_size,
             cpus=prefetcher_cpus,
             sync_pending=lambda: self.fence.sync_pending,
         )
@@ -228,6 +229,7 @@ class AsyncChannelB:
             c.carry_dropped_total,
             c.lost_total,
             c.cut_short_total,
+            c.requests_total,
         ]
         (
             depth,
@@ -243,8 +245,10 @@ class AsyncChannelB:
             carry,
             lost,
             cut_short,
+            requests,
         ) = dist.all_reduce_ints(local, "sum")
         dropped = dropped_segments + too_long + carry
+        busy_s, request_s = dist.all_reduce_floats([c.busy_s, c.request_s])
         build_s, collate_s = c.build_s, c.collate_s  # rank 0's prefetcher, like the learner's phase timers
         last_build_s, last_collate_s = self._prefetch_seconds
         self._prefetch_seconds = (build_s, collate_s)
@@ -267,7 +271,9 @@ class AsyncChannelB:
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
             "stage2_ab/async/sync_total": self.publisher.num_syncs,
             "stage2_ab/async/sync_fail_total": self.publisher.num_failures,
-            "stage2_ab/async/prefetch_busy_s": dist.all_reduce_floats([c.busy_s])[0],
+            "stage2_ab/async/rollout_requests_total": requests,
+            "stage2_ab/async/prefetch_busy_s": busy_s,
+            "stage2_ab/async/rollout_request_s": request_s,
         }
 
     def rank_state(self) -> dict[str, Any]:

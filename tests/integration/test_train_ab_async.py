@@ -56,6 +56,13 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
     assert rows[-1]["stage2_ab/async/sync_total"] >= 4
     last = rows[-1]
     assert last["stage2_ab/async/rollouts_requested_total"] > 0
+    # every burst makes 1..3 requests, and they are part of the prefetcher's busy time
+    assert (
+        0
+        < last["stage2_ab/async/rollout_requests_total"]
+        <= 3 * last["stage2_ab/async/prefetch_success_total"]
+    )
+    assert 0 < last["stage2_ab/async/rollout_request_s"] <= last["stage2_ab/async/prefetch_busy_s"]
     assert last["stage2_ab/async/drop_oldest_total"] == 0  # pacing never overfills the queue
     # one ready pack per micro-step, filled by tokens; a burst cut short by a waiting sync packs its first
     # request only (0.8 of the estimated need), so its packs may be less full

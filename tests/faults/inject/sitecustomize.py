@@ -317,9 +317,9 @@ def _slow_prefetch(module: ModuleType, rank: str, seconds: str) -> None:
     cls = module.Prefetcher
     original = cls._burst
 
-    def burst(self: Any, num_packs: int) -> Any:
+    def burst(self: Any, num_packs: int, **kwargs: Any) -> Any:
         time.sleep(float(seconds))
-        return original(self, num_packs)
+        return original(self, num_packs, **kwargs)
 
     cls._burst = burst
 
@@ -328,7 +328,7 @@ def _raise_in_prefetch(module: ModuleType, rank: str) -> None:
     if os.environ.get("RANK", "0") != rank:
         return
 
-    def burst(self: Any, num_packs: int) -> Any:
+    def burst(self: Any, num_packs: int, **kwargs: Any) -> Any:
         _fire(f"rank {rank} prefetcher raises")
         raise RuntimeError(f"injected prefetch fault on rank {rank}")
 

@@ -149,6 +149,78 @@ def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> N
     assert pf.stop(5.0)
 
 
+def test_requests_are_rounded_up_to_whole_decode_batches_that_fit_the_packs() -> None:
+    """The server answers a request in decode batches, and a batch of a few rollouts costs it about as
+    much as a full one: 4 packs of 90 tokens at 10 per rollout need 36 rollouts, 80% first (29). When a
+    next burst of the version follows (it takes what does not fit), with batches of 12 the first request
+    is 36 (the packs hold 400 tokens), no top-up; with batches of 5 the first is 30 and the top-up of 6
+    becomes 10 (all 40 fit the 4 packs: nothing is carried)."""
+    for multiple, expected, segments in ((12, [36], [9, 9, 9, 9]), (5, [30, 10], [10, 10, 10, 10])):
+        queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+        source = FakeSource()
+        pf = make(source, queue, gas=2, target_packs=4, request_multiple=multiple)
+        pf._burst(pf._packs_wanted(), another_follows=True)
+        assert source.requests == expected and source.sections == 1
+        assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == segments
+        assert queue.depth() == 0 and pf.snapshot()["carry"] == []
+
+
+def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold() -> None:
+    """Batches of 24: rounding 29 up to 48 (480 tokens) or the top-up of 7 up to 24 would overshoot the
+    packs' 400 tokens at the estimate, so both requests stay as they were."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4, request_multiple=24)
+    pf._burst(pf._packs_wanted(), another_follows=True)
+    assert source.requests == [29, 7]
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [9, 9, 9, 9]
+
+
+def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -> None:
+    """Pacing wants one burst of 2 packs (target 2): it is the last of version 0. Rollouts make 12 tokens
+    (estimate 10): 80% of 18 is 15, 180 tokens, the target. Rounded up to a batch of 6 (18 x 12 = 216
+    tokens) 2 segments would fit no pack (8 of 12 tokens fit a pack of 100), be carried, and be dropped
+    when the version moves: so the request is not rounded and nothing is left over."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource(tokens=12)
+    pf = make(source, queue, gas=2, target_packs=2, request_multiple=6)
+    pf.start()  # the thread decides whether a next burst of the version follows
+    assert wait_for(lambda: queue.depth() == 2, 5.0)
+    assert pf.stop(5.0)
+    assert source.requests == [15] and pf.snapshot()["carry"] == []
+    source.ver = 1
+    queue.set_current_ver(1)
+    pf._burst(2)
+    assert pf.counters.carry_dropped_total == 0
+    assert pf.counters.segments_total == sum(queue.pop_for_ver(v).num_segments for v in (0, 0, 1, 1))
+
+
+def test_rounding_happens_where_a_next_burst_of_the_version_takes_the_surplus() -> None:
+    """Pacing wants 4 packs (two bursts of gas 2) of version 0: the first burst rounds 15 up to 18 (3
+    batches of 6), 16 segments of 12 tokens fill its 2 packs and 2 are carried; the second burst (the last
+    of the version: not rounded) starts from them. Every rollout is trained at version 0."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource(tokens=12)
+    pf = make(source, queue, gas=2, target_packs=4, request_multiple=6)
+    pf.start()
+    assert wait_for(lambda: queue.depth() == 4, 5.0)
+    assert pf.stop(5.0)
+    assert source.requests[0] == 18 and source.sections == 2
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [8, 8, 8, 8]
+    assert sum(source.requests) == 32 and pf.snapshot()["carry"] == []
+    assert pf.counters.carry_dropped_total == 0
+
+
+def test_no_rounding_while_a_weight_sync_waits_for_the_burst() -> None:
+    """A waiting sync moves the version right after this burst, so its surplus could not be used by a
+    next burst of the version: the first request stays at 15, not 18."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource(tokens=12)
+    pf = make(source, queue, gas=2, target_packs=4, request_multiple=6, sync_pending=lambda: True)
+    pf._burst(2, another_follows=True)
+    assert source.requests == [15] and pf.snapshot()["carry"] == []
+
+
 def test_the_nearest_b_step_gets_its_packs_first_in_a_burst_of_its_own() -> None:
     """Pacing wants 4 packs (2 B steps of gas 2): they come as two bursts (two fenced sections) of 2 packs,
     so the first B step does not wait for the second one's rollouts."""
