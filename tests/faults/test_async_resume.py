@@ -27,7 +27,7 @@ from stagectl.learner.samples import read_samples
 from tests.faults.helpers import fault_run, report
 from tests.integration.helpers import async_config, write_config
 
-MAX_STEPS = 6  # checkpoints 2, 4, 6; syncs after updates 2, 4 (and 6)
+MAX_STEPS = 8
 WAIT = "wait_for_packs:90"
 # Finding (stop 23): the two ranks' prefetchers could each queue a full group of a DIFFERENT eligible version
 # (a burst before a weight sync on one rank, after it on the other); each rank's pacing counted its own group
@@ -79,7 +79,7 @@ def uninterrupted(whole_run: Path) -> dict[str, object]:
     ("kill", "resumes_from"),
     [
         ("kill_at_step:5", 4),  # between checkpoints, packs queued and a burst likely in flight
-        ("kill_in_push:2", 2),  # inside the weight sync after update 4 (before checkpoint-4)
+        ("kill_in_push:3", 4),  # inside the weight sync after update 6 (before checkpoint-6)
         ("kill_in_checkpoint:4", 2),  # checkpoint-4 half written: the previous one is `latest`
     ],
 )
