@@ -5,8 +5,9 @@ and one XXH3 pass per byte).
 
 Why a second listener: on the app's port a chunk's bytes go through uvicorn's pure-Python HTTP parser and
 the event loop in pieces of at most 256 KiB, which held `http` sync far below what a plain loopback
-socket carries (BENCHMARKS.md, "Weight sync"). Here the body is read with `readinto` in 8 MiB pieces; the
-request line and headers still go through the standard library's HTTP parser.
+socket carries (BENCHMARKS.md, "Weight sync"). Here the body is read with `readinto1` (one socket read
+of up to 8 MiB at a time, each under the body deadline); the request line and headers still go through the
+standard library's HTTP parser.
 
 Guards, the app's own (`rollout.guards`): the bearer token (`check_token`, 401), the chunk-size limit and
 the deadline for the whole body (`BodyBudget`: 413, 408), the query model (`protocol.ChunkQuery`, 422);
@@ -177,35 +178,45 @@ class _Handler(BaseHTTPRequestHandler):
         says where they go (`destination`), else through this connection's buffer into `feed` (the
         header, an errored chunk) or nowhere (`receiver` None: draining a refused body)."""
         remaining = length
-        while remaining:
-            try:
-                budget.remaining_s()
-            except BodyTimeout as exc:
-                raise _Refused(408, str(exc), close=True) from None
-            target = receiver.destination() if receiver is not None else None
-            direct = target is not None
-            if target is None:
-                if self._buffer is None:
-                    self._buffer = memoryview(bytearray(PIECE_BYTES))
-                # the header comes in small reads, so the tensors that follow it are read in place
-                in_header = receiver is not None and receiver.error is None
-                target = self._buffer[:HEADER_READ] if in_header else self._buffer
-            target = target[: min(remaining, PIECE_BYTES)]
-            try:
-                n = self.rfile.readinto(target)  # type: ignore[attr-defined]
-            except TimeoutError:
-                raise _Refused(408, f"no body bytes for {READ_TIMEOUT_S:g} s", close=True) from None
-            except OSError as exc:
-                raise _Refused(400, f"connection failed mid-body: {exc}", close=True) from None
-            if not n:
-                raise _Refused(400, f"body ended after {length - remaining} of {length} bytes", close=True)
-            remaining -= n
-            if receiver is None:
-                continue
-            if direct:
-                receiver.received(n)
-            else:
-                receiver.feed(target[:n])
+        try:
+            while remaining:
+                try:
+                    left_s = budget.remaining_s()
+                except BodyTimeout as exc:
+                    raise _Refused(408, str(exc), close=True) from None
+                # one socket read at a time (`readinto1`), under whichever ends first of the read timeout and
+                # the body deadline: `readinto` would loop on a trickling client until its target is full
+                self.connection.settimeout(min(READ_TIMEOUT_S, left_s))
+                target = receiver.destination() if receiver is not None else None
+                direct = target is not None
+                if target is None:
+                    if self._buffer is None:
+                        self._buffer = memoryview(bytearray(PIECE_BYTES))
+                    # the header comes in small reads, so the tensors that follow it are read in place
+                    in_header = receiver is not None and receiver.error is None
+                    target = self._buffer[:HEADER_READ] if in_header else self._buffer
+                target = target[: min(remaining, PIECE_BYTES)]
+                try:
+                    n = self.rfile.readinto1(target)  # type: ignore[attr-defined]
+                except TimeoutError:
+                    if left_s < READ_TIMEOUT_S:
+                        raise _Refused(408, str(budget.expired()), close=True) from None
+                    raise _Refused(408, f"no body bytes for {READ_TIMEOUT_S:g} s", close=True) from None
+                except OSError as exc:
+                    raise _Refused(400, f"connection failed mid-body: {exc}", close=True) from None
+                if not n:
+                    raise _Refused(
+                        400, f"body ended after {length - remaining} of {length} bytes", close=True
+                    )
+                remaining -= n
+                if receiver is None:
+                    continue
+                if direct:
+                    receiver.received(n)
+                else:
+                    receiver.feed(target[:n])
+        finally:  # the next request of a kept-alive connection gets the full read timeout again
+            self.connection.settimeout(READ_TIMEOUT_S)
 
     def _drain(self, length: int, budget: BodyBudget) -> None:
         self._read_body(length, None, budget)

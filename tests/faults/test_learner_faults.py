@@ -204,15 +204,15 @@ def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(
 
 
 def test_slow_server_skips_to_a_and_completes(tmp_path: Path) -> None:
-    """Every `/infer/` of the embedded server takes 4 s: B steps whose packs are not ready are skipped to
+    """Every `/infer/` of the embedded server takes 3 s: B steps whose packs are not ready are skipped to
     Channel-A (counted), and the run completes."""
-    cfg = async_config(tmp_path)
+    cfg = async_config(tmp_path, training={"max_steps": 4})
     config = write_config(tmp_path / "cfg.yaml", cfg)
-    with fault_run(["train-ab", str(config)], tmp_path, fault="slow_infer:4000") as run:
+    with fault_run(["train-ab", str(config)], tmp_path, fault="slow_infer:3000") as run:
         code = run.finish(300)
         assert not run.wait_no_leftovers(10)
     assert code == 0, run.tail()
     rows = read_metrics(tmp_path / "run")
-    assert len(rows) == 8
+    assert len(rows) == 4
     check_async_invariants(rows, window=1)
     assert sum(r["stage2_ab/async/b_step_skipped_due_to_queue"] for r in rows) >= 1

@@ -95,7 +95,7 @@ def test_killed_server_skips_b_and_never_hangs(tmp_path: Path) -> None:
     )
     cfg = async_config(
         tmp_path,
-        training={"max_steps": 30},
+        training={"max_steps": 16},  # the kill comes at the first B step (step 1 or 3): 12+ steps after it
         rollout_server={"embedded": False},
         custom={
             "extra": {
