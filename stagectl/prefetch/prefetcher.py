@@ -396,18 +396,11 @@ class Prefetcher:
 
         With `whole_batches` the count is rounded up to whole `request_multiple` (the server's decode batch:
         a batch of one or two rollouts costs it about as much as a full one) whenever they still fit the
-        room at the estimate. Rounding fills the packs to the brim at an estimate, so some rollouts come
-        out longer than estimated and fit no pack; they are carried, and a carry is trained only by a next
-        burst of the SAME version. The caller asks for whole batches only when one is expected (pacing wants
-        more packs of this version than this burst builds, and no weight sync waits); the last burst of a
-        version asks for exactly what it needs, as a surplus there would be dropped (measured on the example
-        config: 6-9% of its rollouts when every burst rounded up). Carrying leftovers of version v into the
-        packs of v+1 instead was rejected: a pack is labelled with one version and a B step takes `gas` packs
-        of one version on every rank, so a rank whose carry made its burst's packs older than the other
-        ranks' would leave the step without a common version (and pacing's shared view would not count them).
-        The rule reads pacing (queue, shared view and step counters, all in a checkpoint, like the carry itself)
-        and the fence, so a resumed run rounds where the uninterrupted one does once syncs wait for the bursts
-        pacing wants (the resume tests' `wait_for_packs`); `training.packing: false` never rounds.
+        room at the estimate. What then fits no pack is carried, and a carry is trained only by a next burst
+        of the SAME version, so the caller asks for whole batches only when one follows (pacing wants more
+        packs of this version than this burst builds, and no weight sync waits); never into packs of the next
+        version, whose B step needs one version on every rank (docs/training.md, "Async actor-learner"). The rule
+        reads only pacing state and the fence, both restored on resume; `training.packing: false` never rounds.
         """
         per_rollout = max(1.0, self._tokens_per_rollout)
         need = max(1, math.ceil(missing / per_rollout))
