@@ -171,7 +171,7 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
         "same shapes), against the machine's limits measured in the same run on the same bytes: a plain loopback "
         "socket to another process (`raw socket`), one `memcpy`, and a /dev/shm write + read back (`tmpfs`). "
         "`http`: streamed zero-copy safetensors chunks, XXH3-128 per chunk, read by the server's weight-stream port "
-        "straight into the staging (`readinto`), swapped on commit; `collective`: a gloo weight group (learner rank 0, "
+        "straight into the staging (`readinto1`, one socket read at a time), swapped on commit; `collective`: a gloo weight group (learner rank 0, "
         "server rank 1), one broadcast per tensor after a metadata check, applied on finish; "
         "`disk`: one snapshot under the run directory (here on a real disk, not a tmpfs) loaded by path; `delta`: http after 1% of the elements changed, scattered (MB/s counts the whole "
         "state dict). Ratios use medians.",
@@ -235,7 +235,7 @@ def weight_sync(r: dict[str, Any]) -> list[str]:
             f"socket -- {verdict(http_ratios)}; {tmpfs_target}. "
             "What limits http now: the learner writes each chunk with `sendall` straight from the tensors' memory "
             "(`http.client` on a TCP_NODELAY connection to the server's weight-stream port), the server reads it "
-            "with `readinto` straight into the staging and hashes it in place (XXH3-128, ~28 GB/s; sha256 at "
+            "with `readinto1` (one socket read at a time, under the body deadline) straight into the staging and hashes it in place (XXH3-128, ~28 GB/s; sha256 at "
             "~1.8 GB/s capped the first path). What remains above the raw socket is per sync and per chunk: the "
             "/version/ query for the stream port, one request round trip per chunk, the commit, and the engine's "
             "copy of the staging into its weights (one memcpy of the state dict, under the generation lock). "
