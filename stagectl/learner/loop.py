@@ -9,11 +9,9 @@ runs Channel-B's forward/backward passes; then exactly one optimizer update, Cha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -22,8 +20,8 @@ import torch
 from stagectl import dist
 from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.console import say
-from stagectl.learner import adapter, sharding
 from stagectl.learner import checkpoint as ckpt
+from stagectl.learner import saving, sharding
 from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b import ChannelB
@@ -339,37 +337,29 @@ class Trainer:
     def save(self, step: int) -> None:
         """Checkpoint `step`: rank 0 writes, with every rank's RNG state and stream positions."""
         st = self.state
-        model = st.bundle.model
         with dist.phase("checkpoint", "checkpoint_s"):
             gathered = dist.gather_objects((ckpt.rng_state(), self._rank_state()))
-            sharded_dir = None
-            if sharding.is_sharded(model):
-                # every rank writes its shards of the masters and AdamW state, then model/ is gathered
-                import torch.distributed.checkpoint as dcp
-
-                out = self.cfg.training.output_dir
-                staging = ckpt.shards_staging_dir(out, step) if self.world.is_main else None
-                sharded_dir = Path(dist.broadcast_object(str(staging)))
-                dcp.save(sharding.sharded_state(model, st.optimizer), checkpoint_id=str(sharded_dir))
-                model_state = sharding.full_state_dict(
-                    model, dtype=st.precision.storage_dtype, keep=self.world.is_main
-                )
-            elif adapter.has_adapter(model):
-                # model/ holds the merged weights (what vLLM and transformers load); adapter/ the adapter
-                model_state = adapter.merged_state_dict(model, dtype=st.precision.storage_dtype)
-            elif st.precision.storage_dtype != st.precision.param_dtype:
-                model_state = {
-                    k: v.detach().to("cpu", dtype=st.precision.storage_dtype)
-                    for k, v in model.state_dict().items()
-                }
-            else:
-                model_state = None
+            model_state, sharded_dir = saving.model_state_to_save(
+                self.cfg, st, step, is_main=self.world.is_main
+            )
             if self.world.is_main:
                 assert gathered is not None
-                self._write_checkpoint(
+                rank_states = [g[1] for g in gathered]
+                extra: dict[str, Any] = {"num_updates": self.num_updates}
+                async_states = None
+                if isinstance(self.channel_b, AsyncChannelB):
+                    extra["ver"] = self.channel_b.ver
+                    extra["ver_is_weights"] = self.channel_b.weights_are_ver
+                    async_states = [r.pop("async") for r in rank_states]  # to async_state.pt, not the JSON
+                saving.write_checkpoint(
+                    self.cfg,
+                    st,
                     step,
                     [g[0] for g in gathered],
-                    [g[1] for g in gathered],
+                    rank_states,
+                    world_size=self.world.world_size,
+                    extra=extra,
+                    async_states=async_states,
                     model_state=model_state,
                     sharded_dir=sharded_dir,
                 )
@@ -386,63 +376,12 @@ class Trainer:
             **self.channel_b.rank_state(),
         }
 
-    def _write_checkpoint(
-        self,
-        step: int,
-        rng_states: list[dict[str, Any]],
-        rank_states: list[dict[str, Any]],
-        *,
-        model_state: dict[str, torch.Tensor] | None,
-        sharded_dir: Path | None,
-    ) -> None:
-        st = self.state
-        # ddp with model/ in another dtype: the float32 masters are kept beside it for an exact resume
-        # (with an adapter the base is model.name_or_path and adapter/ holds the trained tensors in float32)
-        adapter_cfg = self.cfg.model.adapter
-        keep_masters = sharded_dir is None and model_state is not None and adapter_cfg is None
-
-        def save_processors(path: Any) -> None:
-            st.bundle.tokenizer.save_pretrained(path)
-            if st.bundle.image_processor is not None:  # text-only models have none
-                st.bundle.image_processor.save_pretrained(path)
-            if adapter_cfg is not None:  # `path` is the checkpoint's model/: adapter/ goes beside it
-                base = self.cfg.model.name_or_path
-                adapter.save_adapter(
-                    st.bundle.model, adapter_cfg, base, Path(path).parent / adapter.ADAPTER_DIR
-                )
-
-        extra: dict[str, Any] = {"num_updates": self.num_updates}
-        async_states = None
-        if isinstance(self.channel_b, AsyncChannelB):
-            extra["ver"] = self.channel_b.ver
-            extra["ver_is_weights"] = self.channel_b.weights_are_ver
-            async_states = [r.pop("async") for r in rank_states]  # to async_state.pt, not the JSON
-        ckpt.save_checkpoint(
-            self.cfg.training.output_dir,
-            step,
-            model=st.bundle.model,
-            save_tokenizer=save_processors,
-            optimizer=None if sharded_dir is not None else st.optimizer,
-            model_state=model_state,
-            master_state=st.bundle.model.state_dict() if keep_masters else None,
-            sharded_dir=sharded_dir,
-            scheduler=st.scheduler,
-            rng_states=rng_states,
-            trainer_state=ckpt.TrainerState(
-                global_step=step,
-                data_state={"world_size": self.world.world_size, "ranks": rank_states},
-                extra=extra,
-            ),
-            total_limit=self.cfg.training.save_total_limit,
-            async_states=async_states,
-        )
-
     def _write_final_state(self, step: int) -> None:
         """Per-rank weight digests (proof that DDP ranks end identical; under fsdp the digest of the
         gathered weights, the same on every rank) next to the metrics."""
         model = self.state.bundle.model
         with dist.phase("final weight digests", "step_s"):
-            digest = weights_digest(model)
+            digest = saving.weights_digest(model)
         with dist.phase("final weight digests", "step_s"):
             digests = dist.gather_objects(digest)
         if self.world.is_main:
@@ -474,13 +413,3 @@ class Trainer:
             self.state.ddp_model = None  # before the process group: see dist.teardown
             self.runner.ddp_model = None
             dist.teardown(final_barrier=finished)
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over every tensor's name and bytes, in state-dict order (the same on every rank; FSDP2 shards
-    are gathered one tensor at a time, a collective every rank joins)."""
-    h = hashlib.sha256()
-    for name, tensor in sharding.full_tensors(model):
-        h.update(name.encode())
-        h.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
