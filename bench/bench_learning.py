@@ -25,8 +25,15 @@ the 95% interval of F1 is about +-0.03 or tighter (checked and printed: `f1_half
 Intervals: `stagectl.report.intervals` (bootstrap over seeds, then over held-out images, paired on images
 across variants); the same code serves `stagectl report RUN_DIR RUN_DIR ...`.
 
-Run: `python -m bench learning` (full) or `python -m bench.bench_learning --quick` (the same
-code for a few steps: plumbing only). `run()` returns everything BENCHMARKS.md shows.
+Separated phase (issue #26, `bench/learning_separated.py`): after the 1-core runs, from the same Stage-1
+checkpoints, one run at a time on the process's first two CPUs: async AB with the learner and an embedded
+rollout server on separate cores vs A-only with the learner on both; its own sub-section in BENCHMARKS.md.
+
+Run: `python -m bench learning` (full: Stage-1, the 1-core runs, the separated phase),
+`python -m bench.bench_learning --separated-only --out DIR` (Stage-1 unless DIR holds it finished, then only
+the separated phase, merged into bench/results/learning.json and BENCHMARKS.md), or `--quick` with either
+(the same code for a few steps: plumbing only, nothing saved; `--quick` alone skips the separated phase).
+`run()` returns everything BENCHMARKS.md shows.
 """
 
 from __future__ import annotations
