@@ -117,12 +117,14 @@ def _overlap(run_dir: Path) -> dict[str, float]:
     wall = sum(float(r["time/step_s"]) for r in rows)
     wait = sum(float(r.get("time/wait_packs_s", 0.0)) for r in rows)
     fence = sum(float(r.get("time/fence_s", 0.0)) for r in rows)
+    weight_sync = sum(float(r.get("time/weight_sync_s", 0.0)) for r in rows)
     lags = [float(r[key + "ver_lag"]) for r in rows if key + "ver_lag" in r]
     last = rows[-1]
     return {
         "train_s": wall,
         "wait_packs_s": wait,
         "fence_s": fence,
+        "weight_sync_s": weight_sync,
         "idle_fraction": (wait + fence) / wall if wall else 0.0,
         "ver_lag_mean": sum(lags) / len(lags) if lags else 0.0,
         "drop_rate": float(last.get(key + "drop_rate", 0.0)),

@@ -50,9 +50,9 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
         f"A-only {gain_a * 1000:+.3f}: AB needs {ratio:.2f}x A-only's gain per step"
         + (f", it had {gain_ab / gain_a:.2f}x." if gain_a > 0 else " (A-only did not gain here).")
         + f" Overlap: the learner waited {o['wait_packs_s']:.1f} s for packs and {o['fence_s']:.1f} s at "
-        f"weight-sync fences out of {o['train_s']:.0f} s (idle {o['idle_fraction']:.0%}); with no idle the "
-        f"wall ratio would be {ratio_no_idle:.2f} (the rest is B's own cost on one learner core against A-only's "
-        f"two). Mean ver lag {o['ver_lag_mean']:.2f}, drop rate {o['drop_rate']:.1%}, realised B share "
+        f"weight-sync fences out of {o['train_s']:.0f} s (idle {o['idle_fraction']:.0%}) and pushed weights for "
+        f"{o['weight_sync_s']:.1f} s; with no idle the wall ratio would be {ratio_no_idle:.2f} (the rest is the "
+        f"weight push and B's own cost on one learner core against A-only's two). Mean ver lag {o['ver_lag_mean']:.2f}, drop rate {o['drop_rate']:.1%}, realised B share "
         f"{o['b_ratio_realized']:.2f} (of 0.5 asked).",
     ]
     return lines

@@ -115,6 +115,7 @@ def _separated(ab_s: float = 120.0) -> dict[str, Any]:
                     "train_s": ab_s,
                     "wait_packs_s": 10.0,
                     "fence_s": 2.0,
+                    "weight_sync_s": 6.0,
                     "idle_fraction": 0.1,
                     "ver_lag_mean": 0.5,
                     "drop_rate": 0.05,
@@ -141,7 +142,7 @@ def test_separated_section_reads_its_numbers() -> None:
     # from the checkpoint: AB 0.12 / 200 = +0.600 per 1,000 steps, A-only +0.500; AB needs 2.00x, had 1.20x
     assert "AB needs 2.00x A-only's gain per step, it had 1.20x." in text
     # no idle: (120 - 12) / 60
-    assert "idle 10%); with no idle the wall ratio would be 1.80" in text
+    assert "idle 10%) and pushed weights for 6.0 s; with no idle the wall ratio would be 1.80" in text
     assert "drop rate 5.0%" in text
 
 
