@@ -37,23 +37,37 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
     ratio_no_idle = (o["train_s"] - idle_s) / a_s
     eq = t["equal_wall"]
     a_steps = ", ".join(str(s) for s in eq["a_only_steps"])
+    delta = f1["delta_equal_steps"]["value"] if f1["delta_equal_steps"] else float("nan")
+    if ratio <= 1:
+        takes = (
+            f"AB async is no slower per step than A-only 2 cores here ({ratio:.2f}x), so its lead at equal "
+            f"steps ({delta:+.3f}) is its lead at equal wall time or better."
+        )
+    else:
+        takes = (
+            f"A-only 2 cores gains {late_slope * 1000:+.3f} F1 per 1,000 steps past step {n} (to step "
+            f"{f1['a_only_end_step']}), so its extra {ratio - 1:.2f} x {n} steps in AB's time are worth "
+            f"{needed:+.3f} F1: AB's lead at equal steps must exceed that (measured {delta:+.3f}). From the "
+            f"checkpoint (F1 {f1['start']:.3f}), AB gained {gain_ab * 1000:+.3f} F1 per 1,000 steps and A-only "
+            f"{gain_a * 1000:+.3f}: AB needs {ratio:.2f}x A-only's gain per step"
+            + (f", it had {gain_ab / gain_a:.2f}x." if gain_a > 0 else " (A-only did not gain here).")
+        )
+        if ratio * n > f1["a_only_end_step"]:
+            takes += (
+                f" A-only's last eval (step {f1['a_only_end_step']}) comes before AB's training time, so the "
+                "equal-wall read gives A-only fewer seconds than AB (in AB's favour)."
+            )
     lines = [
         f"Reading ({task}): {AB} reached step {n} in {ab_s:.0f} s of training vs {A2} {a_s:.0f} s "
         f"(wall ratio per step {ratio:.2f}). At equal steps ΔF1 = {_ci(f1['delta_equal_steps'])}; at equal "
         f"wall time (A-only read at step {a_steps}) ΔF1 = {_ci(eq['delta_f1'])}.",
         "",
-        f"What it takes for AB to win at equal wall time here: A-only 2 cores gains {late_slope * 1000:+.3f} F1 "
-        f"per 1,000 steps past step {n} (to step {f1['a_only_end_step']}), so its extra {ratio - 1:.2f} x {n} "
-        f"steps in AB's time are worth {needed:+.3f} F1; AB's lead at equal steps must exceed that "
-        f"(measured {f1['delta_equal_steps']['value'] if f1['delta_equal_steps'] else float('nan'):+.3f}). "
-        f"From the checkpoint (F1 {f1['start']:.3f}), AB gained {gain_ab * 1000:+.3f} F1 per 1,000 steps and "
-        f"A-only {gain_a * 1000:+.3f}: AB needs {ratio:.2f}x A-only's gain per step"
-        + (f", it had {gain_ab / gain_a:.2f}x." if gain_a > 0 else " (A-only did not gain here).")
-        + f" Overlap: the learner waited {o['wait_packs_s']:.1f} s for packs and {o['fence_s']:.1f} s at "
-        f"weight-sync fences out of {o['train_s']:.0f} s (idle {o['idle_fraction']:.0%}) and pushed weights for "
-        f"{o['weight_sync_s']:.1f} s; with no idle the wall ratio would be {ratio_no_idle:.2f} (the rest is the "
-        f"weight push and B's own cost on one learner core against A-only's two). Mean ver lag {o['ver_lag_mean']:.2f}, drop rate {o['drop_rate']:.1%}, realised B share "
-        f"{o['b_ratio_realized']:.2f} (of 0.5 asked).",
+        f"What it takes for AB to win at equal wall time here: {takes} Overlap: the learner waited "
+        f"{o['wait_packs_s']:.1f} s for packs and {o['fence_s']:.1f} s at weight-sync fences out of "
+        f"{o['train_s']:.0f} s (idle {o['idle_fraction']:.0%}) and pushed weights for {o['weight_sync_s']:.1f} s; "
+        f"with no idle the wall ratio would be {ratio_no_idle:.2f} (the rest is the weight push and B's own "
+        f"cost on one learner core against A-only's two). Mean ver lag {o['ver_lag_mean']:.2f}, drop rate "
+        f"{o['drop_rate']:.1%}, realised B share {o['b_ratio_realized']:.2f} (of 0.5 asked).",
     ]
     return lines
 

@@ -144,6 +144,12 @@ def test_separated_section_reads_its_numbers() -> None:
     # no idle: (120 - 12) / 60
     assert "idle 10%) and pushed weights for 6.0 s; with no idle the wall ratio would be 1.80" in text
     assert "drop rate 5.0%" in text
+    assert "comes before AB's training time" not in text  # A-only's 400 steps cover AB's 2.00x
+
+    slower = "\n".join(separated_section({**r, "separated": _separated(ab_s=150.0)}))
+    assert "wall ratio per step 2.50" in slower and "A-only's last eval (step 400) comes before" in slower
+    faster = "\n".join(separated_section({**r, "separated": _separated(ab_s=45.0)}))
+    assert "no slower per step than A-only 2 cores here (0.75x)" in faster and "needs" not in faster
 
 
 def test_merge_keeps_the_one_core_check_and_replaces_only_the_separated_part() -> None:
