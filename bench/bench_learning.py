@@ -307,6 +307,8 @@ def run(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         out = out_dir if out_dir is not None else Path(tmp)
+        if with_separated:
+            learning_separated.refuse_existing(out, sizes)
         logs = out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         configs = {task: _task_config(task, sizes, out / f"{task}.yaml") for task in sizes.tasks}
@@ -397,13 +399,16 @@ def _result(
 def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
     """`run()`'s result from the runs already under `out` (a check stopped early, or re-analysed); the wall
     time is from the first config written to the last run finished."""
+    from bench import learning_separated
+
     sizes = FULL
     configs = [out / f"{task}.yaml" for task in sizes.tasks]
-    finals = list(out.glob("*/final_state.json"))
+    finals = [p for p in out.glob("*/final_state.json") if not p.parent.name.startswith("sep-")]
     total = (
         max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
     )
-    return _result(sizes, workers, total, analyse(out))
+    separated = learning_separated.reanalyse(out, sizes)
+    return _result(sizes, workers, total, analyse(out), **({"separated": separated} if separated else {}))
 
 
 def save_separated(result: dict[str, Any]) -> Path:

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.bench_learning import A_ONLY_FACTOR, Job, Sizes, phase2_overrides, run_jobs, train_argv
 
 AB = "AB async separated"
@@ -73,6 +75,19 @@ def run_name(task: str, variant: str, seed: int) -> str:
     return f"sep-{task}-{variant.replace(' ', '_')}-seed{seed}"
 
 
+def refuse_existing(out: Path, sizes: Sizes) -> None:
+    """Before anything runs: the separated runs must not exist yet under `out` (train-ab would refuse
+    them one by one, after Stage-1 and whatever ran before)."""
+    variants = (AB, A2)
+    names = [run_name(t, v, s) for t in sizes.tasks for s in range(sizes.seeds) for v in variants]
+    there = [name for name in names if (out / name).exists()]
+    if there:
+        raise ValueError(
+            f"learning check: {out} already holds separated runs ({', '.join(there)}); move them away or "
+            "choose another --out (its finished Stage-1 checkpoints are reused either way)"
+        )
+
+
 def separated_jobs(
     task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path, cores: tuple[int, int]
 ) -> list[Job]:
@@ -107,6 +122,28 @@ def run_phase(
         "run_wall_s": walls,
         "phase_s": time.perf_counter() - started,
         "tasks": {task: analyse_task(task, out, sizes) for task in sizes.tasks},
+    }
+
+
+def reanalyse(out: Path, sizes: Sizes) -> dict[str, Any] | None:
+    """`run_phase()`'s result from the separated runs already under `out` (None when there are none): the
+    cores from the AB run's config, the phase's wall time from its first run's config to its last final state."""
+    finals = sorted(out.glob("sep-*/final_state.json"), key=lambda p: p.stat().st_mtime)
+    if not finals:
+        return None
+    tasks = [t for t in sizes.tasks if any(p.parent.name.startswith(f"sep-{t}-") for p in finals)]
+    config = yaml.safe_load((out / run_name(tasks[0], AB, 0) / "config.yaml").read_text())
+    phase_s = finals[-1].stat().st_mtime - min((p.parent / "config.yaml").stat().st_mtime for p in finals)
+    return {
+        "cores": [config["launch"]["cpus"][0], config["rollout_server"]["cpus"][0]],
+        "ab_target": AB_TARGET,
+        "run_wall_s": {},
+        "phase_s": phase_s,
+        "ran_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finals[-1].stat().st_mtime)),
+        "stage1_reused": [],
+        "stage1_wall_s": {},
+        "total_s": phase_s,
+        "tasks": {task: analyse_task(task, out, sizes) for task in tasks},
     }
 
 

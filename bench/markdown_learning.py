@@ -114,4 +114,4 @@ def separated_section(r: dict[str, Any]) -> list[str]:
             *reading(task, t),
             "",
         ]
-    return lines
+    return lines[:-1]  # write_markdown adds the blank line after a section

@@ -75,6 +75,11 @@ def test_separated_phase_runs_one_job_at_a_time_on_the_first_two_cores(
     assert workers == 1 and len(names) == 2 * 2 * sizes.seeds
     assert part["tasks"] == {"sparse": {"task": "sparse"}, "dense": {"task": "dense"}}
 
+    (tmp_path / "sep-dense-A-only_2_cores-seed1").mkdir()
+    with pytest.raises(ValueError, match="already holds separated runs \\(sep-dense-A-only_2_cores-seed1\\)"):
+        learning_separated.refuse_existing(tmp_path, sizes)
+    learning_separated.refuse_existing(tmp_path / "elsewhere", sizes)
+
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
     with pytest.raises(ValueError, match=r"needs 2 CPUs.*may run on 1: \[2\]"):
         learning_separated.two_cores()
