@@ -407,8 +407,11 @@ def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
     total = (
         max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
     )
+    result = _result(sizes, workers, total, analyse(out))
     separated = learning_separated.reanalyse(out, sizes)
-    return _result(sizes, workers, total, analyse(out), **({"separated": separated} if separated else {}))
+    if separated is not None:
+        result["separated"] = separated
+    return result
 
 
 def save_separated(result: dict[str, Any]) -> Path:
