@@ -414,21 +414,6 @@ def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
     return result
 
 
-def save_separated(result: dict[str, Any]) -> Path:
-    """Merge a separated-only run into bench/results/learning.json (the 1-core tables kept) and rewrite
-    BENCHMARKS.md."""
-    from bench.__main__ import RESULTS, write_markdown
-    from bench.learning_separated import merge
-
-    path = RESULTS / "learning.json"
-    saved = json.loads(path.read_text()) if path.is_file() else None
-    meta = {"ran_at": result["separated"]["ran_at"], "seconds": result["total_s"]}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(merge(saved, result, meta), indent=2))
-    write_markdown()
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -455,7 +440,9 @@ def main() -> None:
         print("\n".join([*r["table"], *r["equal_wall"]["table"][2:]]))
         print(f"overlap: {r['overlap']}")
     if args.separated_only and not args.quick:
-        print(f"merged into {save_separated(result)}")
+        from bench.learning_separated import save
+
+        print(f"merged into {save(result)}")
     print(f"total {result['total_s']:.0f} s")
 
 

@@ -242,3 +242,17 @@ def merge(saved: dict[str, Any] | None, fresh: dict[str, Any], meta: dict[str, A
     if saved is None or saved["result"].get("quick") or not saved["result"].get("tasks"):
         return {"meta": meta, "result": fresh}
     return {"meta": saved["meta"], "result": {**saved["result"], "separated": fresh["separated"]}}
+
+
+def save(result: dict[str, Any]) -> Path:
+    """Merge a separated-only run into bench/results/learning.json (the 1-core tables kept) and rewrite
+    BENCHMARKS.md."""
+    from bench.__main__ import RESULTS, write_markdown
+
+    path = RESULTS / "learning.json"
+    saved = json.loads(path.read_text()) if path.is_file() else None
+    meta = {"ran_at": result["separated"]["ran_at"], "seconds": result["total_s"]}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merge(saved, result, meta), indent=2))
+    write_markdown()
+    return path

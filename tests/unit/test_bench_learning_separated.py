@@ -196,3 +196,28 @@ def test_learning_section_renders_the_separated_part_after_the_one_core_tables()
         "### Separated placement: async AB vs A-only on the same two cores"
     )
     assert not any("Separated" in line for line in learning({**r, "separated": None}))
+
+
+def test_save_merges_into_the_saved_check_and_rewrites_benchmarks_md(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import bench.__main__ as bench_main
+
+    recorded = Path(bench_main.RESULTS) / "learning.json"  # the committed full-size check
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "learning.json").write_text(recorded.read_text())
+    monkeypatch.setattr(bench_main, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(bench_main, "ROOT", tmp_path)
+    before = json.loads(recorded.read_text())
+    fresh = {"quick": False, "tasks": {}, "total_s": 660.0, "separated": _separated()}
+
+    learning_separated.save(fresh)
+
+    saved = json.loads((tmp_path / "results" / "learning.json").read_text())
+    assert saved["meta"] == before["meta"] and saved["result"]["tasks"] == before["result"]["tasks"]
+    assert saved["result"]["separated"] == fresh["separated"]
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    one_core = text.index("### sparse task: 1-2 shapes")
+    assert one_core < text.index("### Separated placement") < text.index("## Memory per rank")
