@@ -39,7 +39,8 @@ def test_separated_runs_validate_against_the_schema_pinned_as_described(tmp_path
     for cfg in (ab, a2):  # the learning config's settings stand, in async mode too
         assert cfg.model.name_or_path == str(checkpoint)
         assert cfg.training.packing is False and cfg.training.per_device_train_batch_size == 8
-        assert cfg.data.eval is not None and cfg.data.eval.every_steps == sizes.phase2_steps // 2
+        assert cfg.data is not None and cfg.data.eval is not None
+        assert cfg.data.eval.every_steps == sizes.phase2_steps // 2
         assert cfg.training.learning_rate == sizes.phase2_lr and cfg.training.lr_scheduler_type == "constant"
     assert ab.stage2_ab is not None and ab.stage2_ab.channel_b.mode == "async"
     assert ab.stage2_ab.schedule.b_ratio == 0.5 and ab.stage2_ab.channel_b.target == "clean_prefix"
