@@ -25,8 +25,15 @@ the 95% interval of F1 is about +-0.03 or tighter (checked and printed: `f1_half
 Intervals: `stagectl.report.intervals` (bootstrap over seeds, then over held-out images, paired on images
 across variants); the same code serves `stagectl report RUN_DIR RUN_DIR ...`.
 
-Run: `python -m bench learning` (full) or `python -m bench.bench_learning --quick` (the same
-code for a few steps: plumbing only). `run()` returns everything BENCHMARKS.md shows.
+Separated phase (issue #26, `bench/learning_separated.py`): after the 1-core runs, from the same Stage-1
+checkpoints, one run at a time on the process's first two CPUs: async AB with the learner and an embedded
+rollout server on separate cores vs A-only with the learner on both; its own sub-section in BENCHMARKS.md.
+
+Run: `python -m bench learning` (full: Stage-1, the 1-core runs, the separated phase),
+`python -m bench.bench_learning --separated-only --out DIR` (Stage-1 unless DIR holds it finished, then only
+the separated phase, merged into bench/results/learning.json and BENCHMARKS.md), or `--quick` with either
+(the same code for a few steps: plumbing only, nothing saved; `--quick` alone skips the separated phase).
+`run()` returns everything BENCHMARKS.md shows.
 """
 
 from __future__ import annotations
@@ -115,14 +122,14 @@ def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
     return path
 
 
-def _train(config: Path, out: Path, overrides: list[str]) -> list[str]:
+def train_argv(config: Path, out: Path, overrides: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "stagectl", "train-ab", str(config), "--set", f"training.output_dir={out}"]
     for item in overrides:
         argv += ["--set", item]
     return argv
 
 
-def _run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
+def run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
     """Run `jobs`, `workers` at a time, one torch thread each, each once the job it needs has finished
     (in list order otherwise); returns each job's wall seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -157,27 +164,32 @@ def _run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
     return walls
 
 
+def phase2_overrides(checkpoint: Path, steps: int, seed: int, sizes: Sizes) -> list[str]:
+    """What every phase-2 run sets: start from the Stage-1 checkpoint, constant LR, eval every
+    `phase2_steps / 2` steps (the same steps for every variant, whatever its length)."""
+    return [
+        f"model.name_or_path={checkpoint}",
+        f"training.max_steps={steps}",
+        f"training.seed={seed}",
+        f"training.learning_rate={sizes.phase2_lr}",
+        "training.lr_scheduler_type=constant",
+        "training.warmup_steps=10" if sizes.phase2_steps > 20 else "training.warmup_steps=0",
+        f"data.eval.every_steps={max(1, sizes.phase2_steps // 2)}",
+        "training.save_steps=0",
+        "training.save_total_limit=1",
+    ]
+
+
 def _phase2_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path) -> list[Job]:
-    every = max(1, sizes.phase2_steps // 2)
     jobs = []
     for seed in range(sizes.seeds):
         for variant, overrides in VARIANTS.items():
             steps = sizes.phase2_steps * (A_ONLY_FACTOR if variant == "A-only" else 1)
             name = f"{task}-{variant.replace(' ', '_')}-seed{seed}"
             run_out = out / name
-            common = [
-                f"model.name_or_path={checkpoint}",
-                f"training.max_steps={steps}",
-                f"training.seed={seed}",
-                f"training.learning_rate={sizes.phase2_lr}",
-                "training.lr_scheduler_type=constant",
-                "training.warmup_steps=10" if sizes.phase2_steps > 20 else "training.warmup_steps=0",
-                f"data.eval.every_steps={every}",
-                "training.save_steps=0",
-                "training.save_total_limit=1",
-            ]
+            common = phase2_overrides(checkpoint, steps, seed, sizes)
             jobs.append(
-                Job(name, _train(config, run_out, [*common, *overrides]), run_out, after=f"{task}-stage1")
+                Job(name, train_argv(config, run_out, [*common, *overrides]), run_out, after=f"{task}-stage1")
             )
     return jobs
 
@@ -277,19 +289,37 @@ def analyse(out: Path, quick: bool = False) -> dict[str, Any]:
     return tasks
 
 
-def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> dict[str, Any]:
-    """Run the whole check and return its tables, intervals and curves."""
+def run(
+    quick: bool = False,
+    out_dir: Path | None = None,
+    workers: int = 2,
+    one_core: bool = True,
+    separated: bool | None = None,
+) -> dict[str, Any]:
+    """Run the check and return its tables, intervals and curves: Stage-1, the 1-core phase-2 variants
+    (`one_core`), then the separated phase (`separated`; default: at full size, not in `--quick`, whose
+    plumbing test keeps its budget). Without the 1-core phase, Stage-1 checkpoints already finished under
+    `out_dir` are reused."""
+    from bench import learning_separated
+
     sizes = QUICK if quick else FULL
+    with_separated = not quick if separated is None else separated
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         out = out_dir if out_dir is not None else Path(tmp)
+        if with_separated:
+            learning_separated.refuse_existing(out, sizes)
         logs = out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         configs = {task: _task_config(task, sizes, out / f"{task}.yaml") for task in sizes.tasks}
+        checkpoints = {
+            task: out / f"{task}-stage1" / f"checkpoint-{sizes.stage1_steps[task]}" / "model"
+            for task in sizes.tasks
+        }
         stage1 = {
             task: Job(
                 f"{task}-stage1",
-                _train(
+                train_argv(
                     configs[task],
                     out / f"{task}-stage1",
                     [
@@ -302,31 +332,51 @@ def run(quick: bool = False, out_dir: Path | None = None, workers: int = 2) -> d
                 out / f"{task}-stage1",
             )
             for task in sizes.tasks
+            if one_core or not _stage1_done(out / f"{task}-stage1", checkpoints[task])
         }
-        phase2 = {
-            task: _phase2_jobs(
-                task,
-                configs[task],
-                stage1[task].out / f"checkpoint-{sizes.stage1_steps[task]}" / "model",
-                sizes,
-                out,
-            )
-            for task in sizes.tasks
-        }
-        # Stage-1 of every task first; then the tasks' phase-2 runs interleaved, each as soon as its task's
-        # Stage-1 is done (so the workers stay busy with similar loads)
-        order = [job for pair in zip(*phase2.values(), strict=True) for job in pair]
-        walls = _run_jobs([*stage1.values(), *order], workers, logs)
+        for task in sorted(set(sizes.tasks) - set(stage1)):
+            print(f"   reusing {checkpoints[task]}", flush=True)
+        order: list[Job] = []
+        if one_core:
+            phase2 = {
+                task: _phase2_jobs(task, configs[task], checkpoints[task], sizes, out) for task in sizes.tasks
+            }
+            # Stage-1 of every task first; then the tasks' phase-2 runs interleaved, each as soon as its
+            # task's Stage-1 is done (so the workers stay busy with similar loads)
+            order = [job for pair in zip(*phase2.values(), strict=True) for job in pair]
+        walls = run_jobs([*stage1.values(), *order], workers, logs)
         stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
-        tasks = analyse(out, quick)
+        tasks = analyse(out, quick) if one_core else {}
+        extra: dict[str, Any] = {}
+        if with_separated:
+            part = learning_separated.run_phase(configs, checkpoints, sizes, out, logs)
+            part.update(
+                ran_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+                stage1_reused=sorted(set(sizes.tasks) - set(stage1)),
+                stage1_wall_s=stage1_walls,
+                total_s=time.perf_counter() - started,  # this invocation's, Stage-1 and 1-core phase included
+            )
+            extra["separated"] = part
+    total_s = time.perf_counter() - started
+    print(f"   learning check: {total_s:.0f} s in all", flush=True)
     return _result(
         sizes,
         workers,
-        time.perf_counter() - started,
+        total_s,
         tasks,
         quick=quick,
         stage1_wall_s=stage1_walls,
         phase2_wall_s=walls,
+        **extra,
+    )
+
+
+def _stage1_done(run_dir: Path, checkpoint: Path) -> bool:
+    """A finished Stage-1 run: its final state, checkpoint and held-out eval are all there."""
+    return (
+        (run_dir / "final_state.json").is_file()
+        and checkpoint.is_dir()
+        and (run_dir / "eval.jsonl").is_file()
     )
 
 
@@ -349,27 +399,50 @@ def _result(
 def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
     """`run()`'s result from the runs already under `out` (a check stopped early, or re-analysed); the wall
     time is from the first config written to the last run finished."""
+    from bench import learning_separated
+
     sizes = FULL
     configs = [out / f"{task}.yaml" for task in sizes.tasks]
-    finals = list(out.glob("*/final_state.json"))
+    finals = [p for p in out.glob("*/final_state.json") if not p.parent.name.startswith("sep-")]
     total = (
         max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
     )
-    return _result(sizes, workers, total, analyse(out))
+    result = _result(sizes, workers, total, analyse(out))
+    separated = learning_separated.reanalyse(out, sizes)
+    if separated is not None:
+        result["separated"] = separated
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="a few steps: plumbing only")
+    parser.add_argument("--quick", action="store_true", help="a few steps: plumbing only (nothing saved)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temp dir)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
+    parser.add_argument(
+        "--separated-only",
+        action="store_true",
+        help="Stage-1 (reused when --out holds it finished) and the separated phase only; at full size the "
+        "result is merged into bench/results/learning.json and BENCHMARKS.md",
+    )
     args = parser.parse_args()
-    result = run(args.quick, args.out, args.jobs)
+    if args.separated_only:
+        result = run(args.quick, args.out, args.jobs, one_core=False, separated=True)
+    else:
+        result = run(args.quick, args.out, args.jobs)
     for task, r in result["tasks"].items():
         print(f"== {task}: step {r['step']}")
         print("\n".join(r["table"]))
+    for task, r in result.get("separated", {}).get("tasks", {}).items():
+        print(f"== {task}, separated placement: step {r['step']}, training s {r['train_s']}")
+        print("\n".join([*r["table"], *r["equal_wall"]["table"][2:]]))
+        print(f"overlap: {r['overlap']}")
+    if args.separated_only and not args.quick:
+        from bench.learning_separated import save
+
+        print(f"merged into {save(result)}")
     print(f"total {result['total_s']:.0f} s")
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.markdown_learning import separated_section
+
 PLOTS = Path(__file__).parent / "plots"
 
 
@@ -342,6 +344,8 @@ def learning(r: dict[str, Any]) -> list[str]:
     lines.append(f"Whole check: {r['total_s'] / 60:.0f} min.")
     if r.get("notes"):  # the reading of this run's numbers, written by whoever ran it
         lines += ["", *r["notes"]]
+    if r.get("separated"):
+        lines += ["", *separated_section(r)]
     return lines
 
 
