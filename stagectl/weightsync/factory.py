@@ -1,13 +1,16 @@
-"""The one place a transport name becomes a sender."""
+"""The one place a transport name becomes a sender (learner side) or a receiver (server side)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from stagectl.weightsync.base import Servers, Transport, WeightSender
-from stagectl.weightsync.collective import CollectiveSender
-from stagectl.weightsync.disk import DiskSender
-from stagectl.weightsync.http import HttpSender
+from stagectl.weightsync.collective import CollectiveSender, GroupReceiver
+from stagectl.weightsync.disk import DiskReceiver, DiskSender
+from stagectl.weightsync.http import HttpReceiver, HttpSender
+from stagectl.weightsync.receiver import WeightSync
 
 
 def build_sender(
@@ -26,3 +29,25 @@ def build_sender(
     if transport == "disk":
         return DiskSender(servers, disk_dir)
     raise ValueError(f"weight sync transport {transport!r} is not built (one of: http, collective, disk)")
+
+
+@dataclass(frozen=True)
+class Receivers:
+    """A server's receivers: one per transport it accepts, None for the others (whose routes the app
+    does not mount)."""
+
+    http: HttpReceiver | None
+    collective: GroupReceiver | None
+    disk: DiskReceiver | None
+
+
+def build_receivers(sync: WeightSync, transports: Collection[str], weight_dirs: Sequence[Path]) -> Receivers:
+    """The receivers of `transports`, all filling the one staging of `sync`."""
+    unknown = sorted(set(transports) - {"http", "collective", "disk"})
+    if unknown:
+        raise ValueError(f"weight sync transport(s) {unknown} are not built (http, collective, disk)")
+    return Receivers(
+        http=HttpReceiver(sync) if "http" in transports else None,
+        collective=GroupReceiver(sync) if "collective" in transports else None,
+        disk=DiskReceiver(sync, weight_dirs) if "disk" in transports else None,
+    )

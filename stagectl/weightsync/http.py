@@ -358,8 +358,11 @@ class HttpReceiver:
     def commit(self, sync_id: str, version: int, num_chunks: int) -> SyncResponse:
         sync = self.sync
         with sync.lock:
-            if sync.transport == "collective":
-                raise WeightSyncError(f"sync {sync_id}: a collective sync ends with group/finish, not commit")
+            if sync.transport is not None and sync.transport != "http":
+                raise WeightSyncError(
+                    f"sync {sync_id}: the sync in progress came on transport {sync.transport!r}, which ends it "
+                    "itself (collective: group/finish), not with an http commit"
+                )
 
             def every_chunk_arrived() -> None:
                 if num_chunks != self._next_index or sync.writer is not None:

@@ -30,9 +30,7 @@ from stagectl.rollout.protocol import (
 )
 from stagectl.rollout.server.swift_fields import refusals
 from stagectl.rollout.server.text import normalize_messages
-from stagectl.weightsync.collective import GroupReceiver
-from stagectl.weightsync.disk import DiskReceiver
-from stagectl.weightsync.http import HttpReceiver
+from stagectl.weightsync.factory import build_receivers
 from stagectl.weightsync.receiver import WeightSync
 
 
@@ -67,9 +65,8 @@ class RolloutService:
         transports = settings.weight_transports
         self.sync = WeightSync(engine)  # the staging the receivers below share
         # the receivers of the transports whose routes the app mounts, no other
-        self.http = HttpReceiver(self.sync) if "http" in transports else None
-        self.collective = GroupReceiver(self.sync) if "collective" in transports else None
-        self.disk = DiskReceiver(self.sync, settings.weight_dirs) if "disk" in transports else None
+        receivers = build_receivers(self.sync, transports, settings.weight_dirs)
+        self.http, self.collective, self.disk = receivers.http, receivers.collective, receivers.disk
         self.num_requests = 0
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self.sync_dtype = sync_dtype(engine.weight_specs().values())

@@ -14,6 +14,7 @@ from stagectl.rollout.server.engines.fake import FakeEngine
 from stagectl.rollout.server.service import RolloutService, ServerSettings
 from stagectl.weightsync.disk import DiskReceiver
 from stagectl.weightsync.errors import WeightSyncError
+from stagectl.weightsync.factory import build_receivers
 from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.wire import encode_chunks
@@ -72,3 +73,20 @@ def test_a_server_builds_only_its_transports_receivers() -> None:
     every = RolloutService(engine, ServerSettings())
     assert every.http is not None and every.collective is not None and every.disk is not None
     assert every.http.sync is every.collective.sync is every.disk.sync is every.sync
+
+
+def test_an_http_commit_cannot_end_another_transports_sync(tmp_path: Path) -> None:
+    http, _, engine = _receivers(tmp_path)
+    with http.sync.lock:
+        http.sync.start("g", "collective", 1, None)  # what GroupReceiver does at group/start
+    with pytest.raises(WeightSyncError, match=r"came on transport 'collective'.*group/finish"):
+        http.commit("g", 1, 0)
+    assert engine.version == 0
+
+
+def test_build_receivers_refuses_a_transport_it_does_not_build(tmp_path: Path) -> None:
+    sync = WeightSync(FakeEngine(_state(0.0)))
+    with pytest.raises(ValueError, match=r"\['shm'\] are not built"):
+        build_receivers(sync, {"http", "shm"}, [tmp_path])
+    built = build_receivers(sync, {"http"}, [tmp_path])
+    assert built.http is not None and built.collective is None and built.disk is None
