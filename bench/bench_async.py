@@ -47,11 +47,13 @@ CONFIGS = {
     "example": ("step", "async"),
     "b1.0": ("step", "async"),
     "b1.0w2": ("async",),
+    "b1.0q4": ("async",),
 }
 # a variant: its base config with these `stage2_ab.channel_b.async` keys changed; they do nothing in step
 # mode, so the variant is compared with its base's step runs
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "b1.0w2": ("b1.0", {"version_window": 2}),
+    "b1.0q4": ("b1.0", {"prefetch_target_packs": 4, "queue_limit": 6}),
 }
 PLACEMENTS = ("separated", "shared")
 
@@ -178,12 +180,20 @@ def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
             _sum(rows, "time/prefetch_build_s") + _sum(rows, "time/prefetch_collate_s")
         ) / wall
     learner_busy = wall - idle
+    tokens = _sum(rows, "tokens")
     out.update(
         rollout_busy_s=rollout_busy,
         learner_busy_s=learner_busy,
+        # per trained token (async: generated = trained when nothing is dropped): what each side costs
+        rollout_ms_per_token=1e3 * rollout_busy / tokens if tokens else 0.0,
+        learner_ms_per_token=1e3 * learner_busy / tokens if tokens else 0.0,
         overlap_ratio=max(rollout_busy, learner_busy) / wall,
     )
     return out
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
+    return a[key] / b[key] if a.get(key) and b.get(key) else None
 
 
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -204,6 +214,8 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "async_over_step": ratio,
                 "bound": bound,
                 "of_bound": ratio / bound,
+                # > 1: a rollout token costs the server more while the learner computes beside it
+                "rollout_cost_async_over_step": _ratio(async_, step, "rollout_ms_per_token"),
             }
     return out
 

@@ -46,7 +46,9 @@ def async_section(r: dict[str, Any]) -> list[str]:
         "Configs: `b0.5` (b_ratio 0.5, 48 new tokens, async packed bs 1, sync every 2), `example` "
         "(examples/tiny/train_ab_async.yaml on one rank), `b1.0` (B only, sync every step). R = rollout busy "
         "(step: its rollout time; async: the prefetcher's busy time), idle = `time/wait_packs_s` + "
-        "`time/fence_s`, T = W - idle; figures after 2 warm-up steps."
+        "`time/fence_s`, T = W - idle; figures after 2 warm-up steps. The bound assumes each side runs as fast "
+        "beside the other as step mode measured it alone; the last column says how much more R costs per "
+        "trained token in the async run (above 1: the server generated slower while the learner computed)."
         + "".join(
             f" `{name}`: `{base}` with "
             + ", ".join(f"`async.{key}: {value}`" for key, value in keys.items())
@@ -82,11 +84,17 @@ def async_section(r: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| config / placement | async / step trained tokens/s | overlap bound (R + T) / max(R, T) | of the bound |",
-        "|---|---|---|---|",
+        "| config / placement | async / step trained tokens/s | overlap bound (R + T) / max(R, T) | of the bound "
+        "| rollout s per token, async / step |",
+        "|---|---|---|---|---|",
     ]
     for key, c in r["compare"].items():
-        lines.append(f"| {key} | {c['async_over_step']:.2f}x | {c['bound']:.2f}x | {c['of_bound']:.2f} |")
+        cost = c.get("rollout_cost_async_over_step")
+        lines.append(
+            f"| {key} | {c['async_over_step']:.2f}x | {c['bound']:.2f}x | {c['of_bound']:.2f} | "
+            + ("—" if cost is None else f"{cost:.2f}")
+            + " |"
+        )
     separated_cpu = [
         run["learner_thread_cpu_share"]
         for name, run in r["runs"].items()
