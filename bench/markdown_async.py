@@ -71,6 +71,8 @@ def async_section(r: dict[str, Any]) -> list[str]:
         lines[-1] += (
             f" `{name}` re-run alone (`--only ... --save`) at {how.get('ran_at')}, {how.get('max_steps')} steps"
             + (f", load {runs_load[0]:.1f}-{runs_load[-1]:.1f}" if runs_load else "")
+            + (" (**a loaded machine**)" if runs_load and max(runs_load) > 3 else "")
+            + (" (**a short check**)" if (how.get("max_steps") or FULL_STEPS) < FULL_STEPS else "")
             + "."
         )
     lines += [

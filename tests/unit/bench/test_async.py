@@ -95,7 +95,10 @@ def test_variant_compares_with_its_base_step_runs_and_save_merges() -> None:
     assert merged["rerun"] == {"b1.0w2/async/separated": {"max_steps": 12, "loadavg": [2.0, 2.5],
                                                           "ran_at": "2026-11-26 04:10:00"}}  # fmt: skip
     text = "\n".join(async_section(merged))
-    assert "`b1.0w2/async/separated` re-run alone" in text and "12 steps, load 2.0-2.5" in text
+    assert (
+        "`b1.0w2/async/separated` re-run alone" in text
+        and "12 steps, load 2.0-2.5 (**a short check**)" in text
+    )
     assert (
         "Target: rollout-heavy (b1.0w2, separated) async / step >= 1.6x with learner idle <= 10%: 2.00x"
         in text
