@@ -184,16 +184,12 @@ def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     out.update(
         rollout_busy_s=rollout_busy,
         learner_busy_s=learner_busy,
-        # per trained token (async: generated = trained when nothing is dropped): what each side costs
+        # per trained token (A tokens included): what each side costs
         rollout_ms_per_token=1e3 * rollout_busy / tokens if tokens else 0.0,
         learner_ms_per_token=1e3 * learner_busy / tokens if tokens else 0.0,
         overlap_ratio=max(rollout_busy, learner_busy) / wall,
     )
     return out
-
-
-def _ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
-    return a[key] / b[key] if a.get(key) and b.get(key) else None
 
 
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -214,8 +210,13 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "async_over_step": ratio,
                 "bound": bound,
                 "of_bound": ratio / bound,
-                # > 1: a rollout token costs the server more while the learner computes beside it
-                "rollout_cost_async_over_step": _ratio(async_, step, "rollout_ms_per_token"),
+                # > 1: a rollout costs the server more while the learner computes beside it (per rollout, not
+                # per trained token: the A tokens in the trained ones differ between the modes)
+                "rollout_cost_async_over_step": (
+                    async_["request_s_per_rollout"] / step["request_s_per_rollout"]
+                    if step.get("request_s_per_rollout") and async_.get("request_s_per_rollout")
+                    else None
+                ),
             }
     return out
 

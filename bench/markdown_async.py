@@ -47,8 +47,8 @@ def async_section(r: dict[str, Any]) -> list[str]:
         "(examples/tiny/train_ab_async.yaml on one rank), `b1.0` (B only, sync every step). R = rollout busy "
         "(step: its rollout time; async: the prefetcher's busy time), idle = `time/wait_packs_s` + "
         "`time/fence_s`, T = W - idle; figures after 2 warm-up steps. The bound assumes each side runs as fast "
-        "beside the other as step mode measured it alone; the last column says how much more R costs per "
-        "trained token in the async run (above 1: the server generated slower while the learner computed)."
+        "beside the other as step mode measured it alone; the last column says how much longer the server took per "
+        "rollout in the async run (above 1: it generated slower while the learner computed)."
         + "".join(
             f" `{name}`: `{base}` with "
             + ", ".join(f"`async.{key}: {value}`" for key, value in keys.items())
@@ -87,7 +87,7 @@ def async_section(r: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "| config / placement | async / step trained tokens/s | overlap bound (R + T) / max(R, T) | of the bound "
-        "| rollout s per token, async / step |",
+        "| server s per rollout, async / step |",
         "|---|---|---|---|---|",
     ]
     for key, c in r["compare"].items():

@@ -57,13 +57,17 @@ def test_step_mode_bound_and_async_ratio() -> None:
     assert fast["drop_rate"] == pytest.approx(0.1)
     assert fast["weight_sync_share"] == pytest.approx(0.04)  # 2 syncs of 0.1 s in 5 steps of 1 s
     ratios = compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})
-    # R per trained token: step 1 s per 1000 tokens, async 0.6 s per 1000
     assert ratios["b0.5/separated"] == pytest.approx(
-        {"async_over_step": 2.0, "bound": 2.0, "of_bound": 1.0, "rollout_cost_async_over_step": 0.6}
+        {"async_over_step": 2.0, "bound": 2.0, "of_bound": 1.0, "rollout_cost_async_over_step": None}
     )
+    step["request_s_per_rollout"], fast["request_s_per_rollout"] = 0.04, 0.05  # server s per rollout
+    assert compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})["b0.5/separated"][
+        "rollout_cost_async_over_step"
+    ] == pytest.approx(1.25)
+    ratios = compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})
     text = "\n".join(async_section({"max_steps": 8, "loadavg": [9.0, 9.5], "runs": {
         "b0.5/step/separated": step, "b0.5/async/separated": fast}, "compare": ratios}))  # fmt: skip
-    assert "| b0.5/separated | 2.00x | 2.00x | 1.00 | 0.60 |" in text
+    assert "| b0.5/separated | 2.00x | 2.00x | 1.00 | 1.25 |" in text
     assert "a loaded machine" in text and "a short check" in text
 
 
