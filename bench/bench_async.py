@@ -8,7 +8,9 @@ Configs (each run in step mode and async mode, one learner rank):
 - `example`: the settings of examples/tiny/train_ab_async.yaml (1024 tokens, 96 new tokens, queue 8,
   target 4, sync every 2) on one learner rank instead of two (`--nproc 1`: two ranks and a server need
   three cores);
-- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8.
+- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8;
+- variants (`VARIANTS`, async only, compared with their base's step runs): `b1.0w2` (`version_window: 2`),
+  `b1.0q4` (`prefetch_target_packs: 4`, `queue_limit: 6`).
 
 Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
 `rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
@@ -22,6 +24,9 @@ bound (R + T) / max(R, T) from step mode's own R and T = W - R (what perfect ove
 
 Run: `python -m bench async` (the full section, ~35 min on 2 quiet cores), or
 `python -m bench.bench_async --steps 8` (a short check; add `--save` to write the section anyway).
+`--only NAME` (repeatable, a prefix: `b1.0/` is b1.0 alone, `b1.0` also its variants) with `--save` merges
+those runs into the saved results and keeps the other rows. `python -m bench.cross_core` says how much the
+two cores slow each other (the bound assumes they do not).
 """
 
 from __future__ import annotations
