@@ -8,7 +8,9 @@ Configs (each run in step mode and async mode, one learner rank):
 - `example`: the settings of examples/tiny/train_ab_async.yaml (1024 tokens, 96 new tokens, queue 8,
   target 4, sync every 2) on one learner rank instead of two (`--nproc 1`: two ranks and a server need
   three cores);
-- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8.
+- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8;
+- variants (`VARIANTS`, async only, compared with their base's step runs): `b1.0w2` (`version_window: 2`),
+  `b1.0q4` (`prefetch_target_packs: 4`, `queue_limit: 6`).
 
 Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
 `rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
@@ -22,6 +24,9 @@ bound (R + T) / max(R, T) from step mode's own R and T = W - R (what perfect ove
 
 Run: `python -m bench async` (the full section, ~35 min on 2 quiet cores), or
 `python -m bench.bench_async --steps 8` (a short check; add `--save` to write the section anyway).
+`--only NAME` (repeatable, a prefix: `b1.0/` is b1.0 alone, `b1.0` also its variants) with `--save` merges
+those runs into the saved results and keeps the other rows. `python -m bench.cross_core` says how much the
+two cores slow each other (the bound assumes they do not).
 """
 
 from __future__ import annotations
@@ -46,6 +51,14 @@ CONFIGS = {
     "b0.5": ("step", "step_pipeline", "async"),
     "example": ("step", "async"),
     "b1.0": ("step", "async"),
+    "b1.0w2": ("async",),
+    "b1.0q4": ("async",),
+}
+# a variant: its base config with these `stage2_ab.channel_b.async` keys changed; they do nothing in step
+# mode, so the variant is compared with its base's step runs
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "b1.0w2": ("b1.0", {"version_window": 2}),
+    "b1.0q4": ("b1.0", {"prefetch_target_packs": 4, "queue_limit": 6}),
 }
 PLACEMENTS = ("separated", "shared")
 
@@ -53,6 +66,7 @@ PLACEMENTS = ("separated", "shared")
 def _config(
     out: Path, config: str, mode: str, max_steps: int, cpus: tuple[int, int] | None
 ) -> dict[str, Any]:
+    config, async_keys = VARIANTS.get(config, (config, {}))
     example = config == "example"
     b_only = config == "b1.0"
     cfg: dict[str, Any] = {
@@ -89,6 +103,7 @@ def _config(
                     "version_window": 1,
                     "prefetch_target_packs": 2 if b_only else 4,
                     "sync_every_steps": 1 if b_only else 2,
+                    **async_keys,
                 },
             },
         },
@@ -163,13 +178,20 @@ def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         out["request_s_per_rollout"] = (
             _delta(first, last, key + "rollout_request_s") / requested if requested else 0.0
         )
+        syncs = _sum(rows, "stage2_ab/async/synced")
+        out["fence_s_per_sync"] = _sum(rows, "time/fence_s") / syncs if syncs else 0.0
+        out["share/prefetch_request"] = _delta(first, last, key + "rollout_request_s") / wall
         out["share/prefetch_build"] = (
             _sum(rows, "time/prefetch_build_s") + _sum(rows, "time/prefetch_collate_s")
         ) / wall
     learner_busy = wall - idle
+    tokens = _sum(rows, "tokens")
     out.update(
         rollout_busy_s=rollout_busy,
         learner_busy_s=learner_busy,
+        # per trained token (A tokens included): what each side costs
+        rollout_ms_per_token=1e3 * rollout_busy / tokens if tokens else 0.0,
+        learner_ms_per_token=1e3 * learner_busy / tokens if tokens else 0.0,
         overlap_ratio=max(rollout_busy, learner_busy) / wall,
     )
     return out
@@ -181,7 +203,8 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for config in CONFIGS:
         for placement in PLACEMENTS:
-            step, async_ = runs.get(f"{config}/step/{placement}"), runs.get(f"{config}/async/{placement}")
+            base = VARIANTS.get(config, (config, {}))[0]
+            step, async_ = runs.get(f"{base}/step/{placement}"), runs.get(f"{config}/async/{placement}")
             if step is None or async_ is None:
                 continue
             wall = step["wall_per_step_s"] * step["steps"]
@@ -192,6 +215,13 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "async_over_step": ratio,
                 "bound": bound,
                 "of_bound": ratio / bound,
+                # > 1: a rollout costs the server more while the learner computes beside it (per rollout, not
+                # per trained token: the A tokens in the trained ones differ between the modes)
+                "rollout_cost_async_over_step": (
+                    async_["request_s_per_rollout"] / step["request_s_per_rollout"]
+                    if step.get("request_s_per_rollout") and async_.get("request_s_per_rollout")
+                    else None
+                ),
             }
     return out
 
@@ -201,7 +231,12 @@ def run(max_steps: int = 18, only: list[str] | None = None) -> dict[str, Any]:
     if len(cores) < 2:
         raise RuntimeError("the separated runs need 2 CPUs")
     cpus = (cores[0], cores[1])
-    results: dict[str, Any] = {"max_steps": max_steps, "loadavg": [os.getloadavg()[0]], "runs": {}}
+    results: dict[str, Any] = {
+        "max_steps": max_steps,
+        "ran_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg": [os.getloadavg()[0]],
+        "runs": {},
+    }
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         # interleaved: the two placements of one run back to back, so load drifts hit both alike
@@ -222,15 +257,40 @@ def run(max_steps: int = 18, only: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-def prefetcher_ab(max_steps: int = 8, repeats: int = 2) -> None:
-    """`launch.prefetcher_cpus` learner vs server on the example config, async, separated, interleaved."""
+def merge(saved: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """`--only ... --save`: the saved results with `new`'s runs replacing or adding theirs (each new run
+    keeps its own steps and load average, `rerun`), the comparison recomputed over the merged runs."""
+    if saved is None or "runs" not in saved:
+        return new
+    how = {key: new.get(key) for key in ("max_steps", "loadavg", "ran_at")}
+    rerun = {name: how for name in new["runs"]}
+    runs = {**saved["runs"], **new["runs"]}
+    earlier = {name: how for name, how in saved.get("rerun", {}).items() if name not in rerun}
+    return {
+        **saved,
+        "runs": runs,
+        "rerun": {**earlier, **rerun},
+        "total_s": saved.get("total_s", 0.0) + new["total_s"],
+        "compare": compare(runs),
+    }
+
+
+def prefetcher_ab(max_steps: int = 8, repeats: int = 2, config: str = "example") -> None:
+    """`launch.prefetcher_cpus` learner vs server on one config, async, separated, interleaved."""
     cores = sorted(os.sched_getaffinity(0))
-    keys = ("trained_tokens_per_s", "learner_thread_cpu_share", "share/forward_backward", "share/fence")
+    keys = (
+        "trained_tokens_per_s",
+        "learner_idle_fraction",
+        "request_s_per_rollout",
+        "learner_thread_cpu_share",
+        "share/forward_backward",
+        "share/fence",
+    )
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         for rep in range(repeats):
             for where in ("learner", "server"):
-                name = f"example_async_prefetcher_{where}_{rep}"
-                cfg = _config(Path(tmp) / name, "example", "async", max_steps, (cores[0], cores[1]))
+                name = f"{config}_async_prefetcher_{where}_{rep}"
+                cfg = _config(Path(tmp) / name, config, "async", max_steps, (cores[0], cores[1]))
                 cfg["launch"]["prefetcher_cpus"] = where
                 s = summarise(_train(name, cfg, Path(tmp)), "async")
                 print(f"prefetcher on {where} ({rep}):", {k: round(s[k], 3) for k in keys}, flush=True)
@@ -243,22 +303,33 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=18, help="optimizer steps per run (2 warm-up, 1 tail)")
     parser.add_argument("--only", action="append", help="run names starting with this (e.g. b0.5/async)")
     parser.add_argument(
-        "--save", action="store_true", help="write bench/results/async.json and BENCHMARKS.md"
+        "--save",
+        action="store_true",
+        help="write bench/results/async.json and BENCHMARKS.md (with --only: merge these runs into the saved ones)",
     )
     parser.add_argument(
         "--prefetcher-ab", action="store_true", help="only: prefetcher on learner vs server CPUs"
     )
+    parser.add_argument(
+        "--ab-config", default="example", choices=list(CONFIGS), help="--prefetcher-ab's config"
+    )
     args = parser.parse_args()
     if args.prefetcher_ab:
-        prefetcher_ab(args.steps)
+        prefetcher_ab(args.steps, config=args.ab_config)
         return
     result = run(args.steps, args.only)
     print(json.dumps(result["compare"], indent=2))
     if args.save:
         from bench.__main__ import RESULTS, write_markdown
 
-        meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": result["total_s"]}
-        (RESULTS / "async.json").write_text(json.dumps({"meta": meta, "result": result}, indent=2))
+        path = RESULTS / "async.json"
+        if args.only and path.exists():  # keep the other rows: merge these runs into the saved ones
+            saved = json.loads(path.read_text())
+            result = merge(saved["result"], result)
+            meta = {**saved["meta"], "seconds": result["total_s"]}
+        else:
+            meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": result["total_s"]}
+        path.write_text(json.dumps({"meta": meta, "result": result}, indent=2))
         write_markdown()
 
 

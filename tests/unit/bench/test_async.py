@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.bench_async import compare, summarise
+from bench.bench_async import compare, merge, summarise
 from bench.markdown_async import async_section
 
 
@@ -57,8 +57,58 @@ def test_step_mode_bound_and_async_ratio() -> None:
     assert fast["drop_rate"] == pytest.approx(0.1)
     assert fast["weight_sync_share"] == pytest.approx(0.04)  # 2 syncs of 0.1 s in 5 steps of 1 s
     ratios = compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})
-    assert ratios["b0.5/separated"] == pytest.approx({"async_over_step": 2.0, "bound": 2.0, "of_bound": 1.0})
+    assert ratios["b0.5/separated"] == pytest.approx(
+        {"async_over_step": 2.0, "bound": 2.0, "of_bound": 1.0, "rollout_cost_async_over_step": None}
+    )
+    step["request_s_per_rollout"], fast["request_s_per_rollout"] = 0.04, 0.05  # server s per rollout
+    assert compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})["b0.5/separated"][
+        "rollout_cost_async_over_step"
+    ] == pytest.approx(1.25)
+    ratios = compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})
     text = "\n".join(async_section({"max_steps": 8, "loadavg": [9.0, 9.5], "runs": {
         "b0.5/step/separated": step, "b0.5/async/separated": fast}, "compare": ratios}))  # fmt: skip
-    assert "| b0.5/separated | 2.00x | 2.00x | 1.00 |" in text
+    assert "| b0.5/separated | 2.00x | 2.00x | 1.00 | 1.25 |" in text
     assert "a loaded machine" in text and "a short check" in text
+
+
+def test_variant_compares_with_its_base_step_runs_and_save_merges() -> None:
+    step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
+    fast = summarise([async_row(s, busy_s=0.6 * s) for s in range(8)], "async")
+    slow = summarise([{**async_row(s, busy_s=0.6 * s), "tokens": 500} for s in range(8)], "async")
+    saved = {
+        "max_steps": 18,
+        "loadavg": [0.5, 0.6],
+        "total_s": 100.0,
+        "runs": {"b1.0/step/separated": step, "b1.0/async/separated": slow},
+    }
+    saved["compare"] = compare(saved["runs"])
+    assert saved["compare"]["b1.0/separated"]["async_over_step"] == pytest.approx(1.0)
+    new = {
+        "max_steps": 12,
+        "ran_at": "2026-11-26 04:10:00",
+        "loadavg": [2.0, 2.5],
+        "total_s": 30.0,
+        "runs": {"b1.0w2/async/separated": fast},
+    }
+    merged = merge(saved, new)
+    # the saved rows stay, the new one is added and compared with b1.0's step run
+    assert set(merged["runs"]) == {"b1.0/step/separated", "b1.0/async/separated", "b1.0w2/async/separated"}
+    assert merged["max_steps"] == 18 and merged["total_s"] == pytest.approx(130.0)
+    assert merged["compare"]["b1.0/separated"]["async_over_step"] == pytest.approx(1.0)
+    assert merged["compare"]["b1.0w2/separated"]["async_over_step"] == pytest.approx(2.0)
+    assert merged["rerun"] == {"b1.0w2/async/separated": {"max_steps": 12, "loadavg": [2.0, 2.5],
+                                                          "ran_at": "2026-11-26 04:10:00"}}  # fmt: skip
+    text = "\n".join(async_section(merged))
+    assert (
+        "`b1.0w2/async/separated` re-run alone" in text
+        and "12 steps, load 2.0-2.5 (**a short check**)" in text
+    )
+    assert (
+        "Target: rollout-heavy (b1.0w2, separated) async / step >= 1.6x with learner idle <= 10%: 2.00x"
+        in text
+    )
+    # a re-run of a saved row replaces it
+    again = merge(merged, {**new, "runs": {"b1.0/async/separated": fast}})
+    assert again["compare"]["b1.0/separated"]["async_over_step"] == pytest.approx(2.0)
+    assert set(again["rerun"]) == {"b1.0w2/async/separated", "b1.0/async/separated"}
+    assert merge(None, new) is new
