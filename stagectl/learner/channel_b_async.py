@@ -34,8 +34,9 @@ from stagectl.learner.rollouts import ServerRollouts
 from stagectl.learner.setup import LearnerState
 from stagectl.prefetch.fence import SyncFence
 from stagectl.prefetch.pacing import PacingRules
-from stagectl.prefetch.prefetcher import Prefetcher, ReadyPack
+from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
+from stagectl.prefetch.records import ReadyPack
 from stagectl.prefetch.staleness import decide_step
 from stagectl.rollout.client import RolloutClient
 

@@ -95,3 +95,34 @@ def rollouts_for_tokens(tokens: int, tokens_per_rollout: float) -> int:
     if tokens <= 0:
         return 0
     return math.floor(tokens / max(1.0, tokens_per_rollout))
+
+
+def request_size(
+    missing: int,
+    room: int,
+    tokens_per_rollout: float,
+    *,
+    first: bool,
+    whole_batches: bool,
+    multiple: int,
+    first_share: float,
+) -> int:
+    """Rollouts to request for `missing` tokens when the packs have `room` tokens left, at the running
+    estimate of tokens per rollout: the first request asks for `first_share` of the need (an estimate
+    that runs low must not overshoot the packs), a top-up for all of it.
+
+    With `whole_batches` the count is rounded up to whole `multiple` (the server's decode batch:
+    a batch of one or two rollouts costs it about as much as a full one) whenever they still fit the
+    room at the estimate. What then fits no pack is carried, and a carry is trained only by a next burst
+    of the SAME version, so the caller asks for whole batches only when one follows (pacing wants more
+    packs of this version than this burst builds, and no weight sync waits); never into packs of the next
+    version, whose B step needs one version on every rank (docs/training.md, "Async actor-learner"). The rule
+    reads only pacing state and the fence, both restored on resume; `training.packing: false` never rounds.
+    """
+    per_rollout = max(1.0, tokens_per_rollout)
+    need = max(1, math.ceil(missing / per_rollout))
+    count = max(1, math.ceil(first_share * need)) if first else need
+    if not whole_batches:
+        return count
+    whole = math.ceil(count / multiple) * multiple
+    return whole if whole * per_rollout <= room else count

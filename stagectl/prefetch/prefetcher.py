@@ -41,14 +41,12 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
@@ -57,78 +55,20 @@ from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
 from stagectl.models.generate import Generation
 from stagectl.packing import pack_into
-from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted
+from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted, request_size
 from stagectl.prefetch.queue import ReadyPackQueue
+from stagectl.prefetch.records import (
+    BuildSegments,
+    Built,
+    PrefetchCounters,
+    PrefetchError,
+    ReadyPack,
+    Rollout,
+    Section,
+    VersionedSource,
+)
 from stagectl.rollout.errors import RolloutServerError
 from stagectl.seeds import derive_seed
-
-
-class PrefetchError(RuntimeError):
-    """The prefetcher stopped on an error (kept as `__cause__`); raised in the learner."""
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One B-stream sample's rollout: which sample, where in the rank's B stream, and what was generated
-    (its segment is a pure function of these, so a checkpoint saves this and rebuilds the segment)."""
-
-    sample: int  # index in the data set
-    stream_pos: int  # position in this rank's B stream (from 0, across epochs)
-    token_ids: list[int]
-    finish_reason: str
-
-
-@dataclass
-class ReadyPack:
-    """One packed micro-batch of Channel-B segments, all from rollouts of weight version `ver`."""
-
-    batch: PackedBatch
-    num_segments: int
-    stats: RolloutStats  # of the rollouts whose segments are in this pack
-    ver: int
-    rollouts: list[Rollout] = field(default_factory=list)  # one per segment, in segment order
-
-
-class Section(Protocol):
-    """Rollouts inside one fenced section: all of one policy version, `ver`."""
-
-    ver: int
-
-    def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]: ...
-
-
-class VersionedSource(Protocol):
-    """Where bursts come from (`learner.rollouts.ServerRollouts`)."""
-
-    def section(self) -> AbstractContextManager[Section]:
-        """A fenced section that stays closed (no weight sync) until the `with` block ends."""
-        ...
-
-
-# (sample indices, their rollouts) -> (each kept rollout as (offset in the indices, segment, stats),
-# stats of the dropped ones)
-BuildSegments = Callable[
-    [Sequence[int], Sequence[Generation]], tuple[list[tuple[int, Segment, RolloutStats]], RolloutStats]
-]
-Built = tuple[Rollout, Segment, RolloutStats]
-
-
-@dataclass
-class PrefetchCounters:
-    success_total: int = 0  # bursts turned into packs
-    fail_total: int = 0
-    produced_packs: int = 0
-    rollouts_total: int = 0  # rollouts requested and received
-    segments_total: int = 0  # of them, turned into segments (too-long ones are dropped)
-    carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
-    lost_total: int = 0  # B-stream samples taken by a burst that failed (never trained)
-    cut_short_total: int = 0  # bursts that skipped their top-ups because a weight sync was waiting
-    requests_total: int = 0  # rollout requests (`section.rollout` calls; a burst makes 1..MAX_ROUNDS)
-    request_s: float = 0.0  # of busy_s, waiting for the server's answers to them
-    busy_s: float = 0.0  # time spent waiting on rollouts + building packs
-    build_s: float = 0.0  # of it, turning rollouts into segments (parse, match, targets, encode)
-    collate_s: float = 0.0  # of it, packing and collating segments into micro-batches
-    last_error: str = ""
 
 
 @dataclass
@@ -390,25 +330,16 @@ class Prefetcher:
         return built, dropped
 
     def _request_size(self, missing: int, room: int, *, first: bool, whole_batches: bool) -> int:
-        """Rollouts to request for `missing` tokens when the packs have `room` tokens left, at the running
-        estimate of tokens per rollout: the first request asks for `FIRST_SHARE` of the need (an estimate
-        that runs low must not overshoot the packs), a top-up for all of it.
-
-        With `whole_batches` the count is rounded up to whole `request_multiple` (the server's decode batch:
-        a batch of one or two rollouts costs it about as much as a full one) whenever they still fit the
-        room at the estimate. What then fits no pack is carried, and a carry is trained only by a next burst
-        of the SAME version, so the caller asks for whole batches only when one follows (pacing wants more
-        packs of this version than this burst builds, and no weight sync waits); never into packs of the next
-        version, whose B step needs one version on every rank (docs/training.md, "Async actor-learner"). The rule
-        reads only pacing state and the fence, both restored on resume; `training.packing: false` never rounds.
-        """
-        per_rollout = max(1.0, self._tokens_per_rollout)
-        need = max(1, math.ceil(missing / per_rollout))
-        count = max(1, math.ceil(self.FIRST_SHARE * need)) if first else need
-        if not whole_batches:
-            return count
-        whole = math.ceil(count / self.request_multiple) * self.request_multiple
-        return whole if whole * per_rollout <= room else count
+        """`pacing.request_size` at this thread's running estimate of tokens per rollout."""
+        return request_size(
+            missing,
+            room,
+            self._tokens_per_rollout,
+            first=first,
+            whole_batches=whole_batches,
+            multiple=self.request_multiple,
+            first_share=self.FIRST_SHARE,
+        )
 
     def _roll_out_count(
         self, section: Section, count: int, carried: list[Built]

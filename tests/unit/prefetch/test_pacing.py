@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -12,6 +13,7 @@ from stagectl.prefetch.pacing import (
     b_steps_in,
     eligible_horizon,
     packs_wanted,
+    request_size,
     rollouts_for_tokens,
 )
 
@@ -116,3 +118,16 @@ def test_an_older_group_only_this_rank_holds_covers_no_b_step() -> None:
     assert packs_wanted(5, shared_view, r) == 4
     every_rank = QueueView([3, 4, 5], [0, 2, 0], current_ver=5, shared=[0, 2, 0])
     assert packs_wanted(5, every_rank, r) == 2
+
+
+def test_request_size_asks_first_share_then_all_and_rounds_only_into_room() -> None:
+    size = functools.partial(request_size, multiple=4, first_share=0.8)
+    # 1000 tokens missing at 100 per rollout: 10 needed; the first request 8, a top-up all 10
+    assert size(1000, 10_000, 100.0, first=True, whole_batches=False) == 8
+    assert size(1000, 10_000, 100.0, first=False, whole_batches=False) == 10
+    # whole decode batches when they fit the packs' room at the estimate, else the plain count
+    assert size(1000, 10_000, 100.0, first=False, whole_batches=True) == 12
+    assert size(1000, 1_100, 100.0, first=False, whole_batches=True) == 10
+    # an estimate below one token per rollout counts as one; at least one rollout is asked
+    assert size(3, 10, 0.1, first=False, whole_batches=False) == 3
+    assert size(0, 10, 100.0, first=True, whole_batches=False) == 1

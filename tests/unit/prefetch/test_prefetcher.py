@@ -16,8 +16,9 @@ from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
 from stagectl.models.generate import Generation
 from stagectl.prefetch.pacing import PacingRules
-from stagectl.prefetch.prefetcher import Prefetcher, PrefetchError, ReadyPack
+from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
+from stagectl.prefetch.records import PrefetchError, ReadyPack
 from stagectl.rollout.errors import RolloutServerError
 
 SEGMENT_TOKENS = 10
