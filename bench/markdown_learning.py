@@ -52,6 +52,12 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
             f"{gain_a * 1000:+.3f}: AB needs {ratio:.2f}x A-only's gain per step"
             + (f", it had {gain_ab / gain_a:.2f}x." if gain_a > 0 else " (A-only did not gain here).")
         )
+        needed_no_idle = max(0.0, ratio_no_idle - 1) * n * late_slope
+        takes += (
+            f" With no learner idle (wall ratio {ratio_no_idle:.2f}) the extra A-only steps would be worth "
+            f"{needed_no_idle:+.3f} F1, so the same lead would be "
+            + ("enough." if delta > needed_no_idle else "still not enough.")
+        )
         if ratio * n > f1["a_only_end_step"]:
             takes += (
                 f" A-only's last eval (step {f1['a_only_end_step']}) comes before AB's training time, so the "
