@@ -275,6 +275,33 @@ def merge(saved: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+TARGETS = ("example", "b1.0")  # the configs the issue's targets name (#26), repeated by `--repeats`
+
+
+def repeats(n: int, max_steps: int = 18) -> dict[str, Any]:
+    """The targets' separated step/async pairs `n` times, interleaved: per config a list of
+    {async_over_step, of_bound, async idle, rollout cost async / step}, so the targets read as a spread."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise RuntimeError("the separated runs need 2 CPUs")
+    out: dict[str, Any] = {"n": n, "max_steps": max_steps, "loadavg": [os.getloadavg()[0]], "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        for rep in range(n):
+            for config in TARGETS:
+                pair = {}
+                for mode in ("step", "async"):
+                    name = f"{config}_{mode}_rep{rep}"
+                    cfg = _config(Path(tmp) / name, config, mode, max_steps, (cores[0], cores[1]))
+                    pair[f"{config}/{mode}/separated"] = summarise(_train(name, cfg, Path(tmp)), mode)
+                ratio = compare(pair)[f"{config}/separated"]
+                row = {**ratio, "idle": pair[f"{config}/async/separated"]["learner_idle_fraction"]}
+                out["runs"].setdefault(config, []).append(row)
+                print(f"{config} repeat {rep}:", {k: round(v, 3) for k, v in row.items()}, flush=True)
+    out["loadavg"].append(os.getloadavg()[0])
+    out["ran_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return out
+
+
 def prefetcher_ab(max_steps: int = 8, repeats: int = 2, config: str = "example") -> None:
     """`launch.prefetcher_cpus` learner vs server on one config, async, separated, interleaved."""
     cores = sorted(os.sched_getaffinity(0))
@@ -311,11 +338,28 @@ def main() -> None:
         "--prefetcher-ab", action="store_true", help="only: prefetcher on learner vs server CPUs"
     )
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=0,
+        help="only: the targets' separated pairs (example, b1.0) N times; with --save, kept beside the table",
+    )
+    parser.add_argument(
         "--ab-config", default="example", choices=list(CONFIGS), help="--prefetcher-ab's config"
     )
     args = parser.parse_args()
     if args.prefetcher_ab:
         prefetcher_ab(args.steps, config=args.ab_config)
+        return
+    if args.repeats:
+        spread = repeats(args.repeats, args.steps)
+        if args.save:
+            from bench.__main__ import RESULTS, write_markdown
+
+            path = RESULTS / "async.json"
+            saved = json.loads(path.read_text())  # the table the repeats sit beside
+            saved["result"]["repeats"] = spread
+            path.write_text(json.dumps(saved, indent=2))
+            write_markdown()
         return
     result = run(args.steps, args.only)
     print(json.dumps(result["compare"], indent=2))

@@ -114,20 +114,62 @@ def async_section(r: dict[str, Any]) -> list[str]:
                 else "the pinned cores were the runs' own."
             ),
         ]
+    spread = r.get("repeats")
+    if spread:
+        lines += ["", *repeat_lines(spread)]
     example = r["compare"].get("example/separated")
     lines.append("")
     if example is not None:
+        rows = (spread or {}).get("runs", {}).get("example")
         lines.append(
-            f"Target: async reaches >= 0.9 of the bound on the example config (separated): {example['of_bound']:.2f}."
+            f"Target: async reaches >= 0.9 of the bound on the example config (separated): {example['of_bound']:.2f}"
+            + (
+                f" in the table's run; {_spread([x['of_bound'] for x in rows], '{:.2f}')} over the repeats."
+                if rows
+                else "."
+            )
         )
     for config in [c for c in CONFIGS if c == "b1.0" or VARIANTS.get(c, ("",))[0] == "b1.0"]:
         heavy = r["compare"].get(f"{config}/separated")
         heavy_idle = r["runs"].get(f"{config}/async/separated", {}).get("learner_idle_fraction")
         if heavy is not None and heavy_idle is not None:
+            rows = (spread or {}).get("runs", {}).get(config)
             lines.append(
                 f"Target: rollout-heavy ({config}, separated) async / step >= 1.6x with learner idle <= 10%: "
-                f"{heavy['async_over_step']:.2f}x, idle {heavy_idle:.1%}."
+                f"{heavy['async_over_step']:.2f}x, idle {heavy_idle:.1%}"
+                + (
+                    f" in the table's run; {_spread([x['async_over_step'] for x in rows], '{:.2f}x')}, idle "
+                    f"{_spread([x['idle'] for x in rows], '{:.3f}')} over the repeats."
+                    if rows
+                    else "."
+                )
             )
+    return lines
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    ordered = sorted(values)
+    return "/".join(fmt.format(v) for v in (ordered[0], ordered[len(ordered) // 2], ordered[-1]))
+
+
+def repeat_lines(spread: dict[str, Any]) -> list[str]:
+    """The targets as a spread: the separated step/async pairs of `example` and `b1.0` run `n` times."""
+    load = spread.get("loadavg") or [0.0]
+    lines = [
+        f"Repeats (`python -m bench.bench_async --repeats {spread['n']} --save`, {spread['ran_at']}, "
+        f"{spread['max_steps']} steps a run, load {load[0]:.1f}-{load[-1]:.1f}"
+        + (", **a loaded machine**" if max(load) > 3 else "")
+        + "), separated, min/median/max:",
+        "",
+        "| config | async / step | of the bound | async learner idle | server s per rollout, async / step |",
+        "|---|---|---|---|---|",
+    ]
+    for config, rows in spread["runs"].items():
+        lines.append(
+            f"| {config} | {_spread([x['async_over_step'] for x in rows], '{:.2f}x')} | "
+            f"{_spread([x['of_bound'] for x in rows], '{:.2f}')} | {_spread([x['idle'] for x in rows], '{:.3f}')} | "
+            f"{_spread([x.get('rollout_cost_async_over_step', float('nan')) for x in rows], '{:.2f}')} |"
+        )
     return lines
 
 

@@ -112,3 +112,33 @@ def test_variant_compares_with_its_base_step_runs_and_save_merges() -> None:
     assert again["compare"]["b1.0/separated"]["async_over_step"] == pytest.approx(2.0)
     assert set(again["rerun"]) == {"b1.0w2/async/separated", "b1.0/async/separated"}
     assert merge(None, new) is new
+
+
+def test_repeats_render_as_a_spread_beside_the_targets() -> None:
+    step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
+    fast = summarise([async_row(s, busy_s=0.6 * s) for s in range(8)], "async")
+    runs = {
+        f"{c}/{m}/separated": (step if m == "step" else fast)
+        for c in ("example", "b1.0")
+        for m in ("step", "async")
+    }
+    row = {"async_over_step": 1.5, "bound": 2.0, "of_bound": 0.75, "rollout_cost_async_over_step": 1.2}
+    spread = {
+        "n": 3,
+        "max_steps": 18,
+        "loadavg": [0.5, 0.7],
+        "ran_at": "2026-11-26 05:00:00",
+        "runs": {
+            "example": [{**row, "of_bound": f, "idle": 0.2} for f in (0.9, 0.8, 0.85)],
+            "b1.0": [
+                {**row, "async_over_step": r, "idle": i} for r, i in ((1.7, 0.12), (1.6, 0.08), (1.9, 0.1))
+            ],
+        },
+    }
+    text = "\n".join(
+        async_section({"max_steps": 18, "runs": runs, "compare": compare(runs), "repeats": spread})
+    )
+    assert "| example | 1.50x/1.50x/1.50x | 0.80/0.85/0.90 | 0.200/0.200/0.200 | 1.20/1.20/1.20 |" in text
+    assert "| b1.0 | 1.60x/1.70x/1.90x | 0.75/0.75/0.75 | 0.080/0.100/0.120 | 1.20/1.20/1.20 |" in text
+    assert "(separated): 1.00 in the table's run; 0.80/0.85/0.90 over the repeats." in text
+    assert "1.60x/1.70x/1.90x, idle 0.080/0.100/0.120 over the repeats." in text
