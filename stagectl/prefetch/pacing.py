@@ -106,23 +106,31 @@ def request_size(
     whole_batches: bool,
     multiple: int,
     first_share: float,
+    may_skip: bool = False,
 ) -> int:
     """Rollouts to request for `missing` tokens when the packs have `room` tokens left, at the running
     estimate of tokens per rollout: the first request asks for `first_share` of the need (an estimate
-    that runs low must not overshoot the packs), a top-up for all of it.
+    that runs low must not overshoot the packs), a top-up for all of it. Every request is whole decode
+    batches (`multiple`, the server's decode batch) where it can be: a batch of one or two rollouts costs
+    the server about as much as a full one, so a request of 8 + 2 costs nearly two batches for 10 rollouts.
 
-    With `whole_batches` the count is rounded up to whole `multiple` (the server's decode batch:
-    a batch of one or two rollouts costs it about as much as a full one) whenever they still fit the
-    room at the estimate. What then fits no pack is carried, and a carry is trained only by a next burst
-    of the SAME version, so the caller asks for whole batches only when one follows (pacing wants more
-    packs of this version than this burst builds, and no weight sync waits); never into packs of the next
-    version, whose B step needs one version on every rank (docs/training.md, "Async actor-learner"). The rule
-    reads only pacing state and the fence, both restored on resume; `training.packing: false` never rounds.
+    With `whole_batches` the count is rounded up to whole batches whenever they still fit the room at the
+    estimate. What then fits no pack is carried, and a carry is trained only by a next burst of the SAME
+    version, so the caller asks for that only when one follows (pacing wants more packs of this version
+    than this burst builds, and no weight sync waits); never into packs of the next version, whose B step
+    needs one version on every rank (docs/training.md, "Async actor-learner"). Otherwise (or where they
+    would not fit) the count is rounded down to whole batches (the packs come out less full, and cost a batch less): a count below one
+    batch is kept as it is, or is 0 (no request) where `may_skip` says the burst already has enough to
+    fill its packs. The rule reads only pacing state and the fence, both restored on resume;
+    `training.packing: false` never rounds.
     """
     per_rollout = max(1.0, tokens_per_rollout)
     need = max(1, math.ceil(missing / per_rollout))
     count = max(1, math.ceil(first_share * need)) if first else need
-    if not whole_batches:
-        return count
     whole = math.ceil(count / multiple) * multiple
-    return whole if whole * per_rollout <= room else count
+    if whole_batches and whole * per_rollout <= room:
+        return whole
+    down = count // multiple * multiple
+    if down:
+        return down
+    return 0 if may_skip else count

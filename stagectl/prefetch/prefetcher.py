@@ -257,6 +257,7 @@ class Prefetcher:
                         num_packs * self.packing_length,
                         carried,
                         round_up=another_follows,
+                        min_segments=num_packs,
                     )
                 else:
                     built, dropped = self._roll_out_count(
@@ -302,11 +303,13 @@ class Prefetcher:
         carried: list[Built],
         *,
         round_up: bool,
+        min_segments: int,
     ) -> tuple[list[Built], RolloutStats]:
         """Roll out until the segments reach `target_tokens` (the packs hold at most `capacity_tokens`),
         at most `MAX_ROUNDS` requests, each sized by `_request_size` (rounded up to whole decode batches
         only while `round_up` holds and no weight sync waits: a waiting sync moves the version right after
-        this burst, and a surplus of this version would be dropped)."""
+        this burst, and a surplus of this version would be dropped; else down, and a top-up of less than a
+        batch is skipped once there are `min_segments`, one per pack)."""
         built = list(carried)
         dropped = RolloutStats()
         for round_ in range(self.MAX_ROUNDS):
@@ -320,7 +323,10 @@ class Prefetcher:
                 capacity_tokens - have,
                 first=round_ == 0,
                 whole_batches=round_up and not self.sync_pending(),
+                may_skip=round_ > 0 and len(built) >= min_segments,
             )
+            if count == 0:  # less than a decode batch short, and the packs can be filled: no top-up
+                break
             kept, lost = self._request(section, count)
             built += kept
             dropped.add(lost)
@@ -329,7 +335,9 @@ class Prefetcher:
             self._tokens_per_rollout = 0.5 * self._tokens_per_rollout + 0.5 * max(1.0, observed)
         return built, dropped
 
-    def _request_size(self, missing: int, room: int, *, first: bool, whole_batches: bool) -> int:
+    def _request_size(
+        self, missing: int, room: int, *, first: bool, whole_batches: bool, may_skip: bool = False
+    ) -> int:
         """`pacing.request_size` at this thread's running estimate of tokens per rollout."""
         return request_size(
             missing,
@@ -339,6 +347,7 @@ class Prefetcher:
             whole_batches=whole_batches,
             multiple=self.request_multiple,
             first_share=self.FIRST_SHARE,
+            may_skip=may_skip,
         )
 
     def _roll_out_count(

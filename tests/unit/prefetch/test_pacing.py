@@ -120,14 +120,18 @@ def test_an_older_group_only_this_rank_holds_covers_no_b_step() -> None:
     assert packs_wanted(5, every_rank, r) == 2
 
 
-def test_request_size_asks_first_share_then_all_and_rounds_only_into_room() -> None:
+def test_request_size_is_whole_decode_batches_up_into_room_or_down() -> None:
     size = functools.partial(request_size, multiple=4, first_share=0.8)
-    # 1000 tokens missing at 100 per rollout: 10 needed; the first request 8, a top-up all 10
+    # 1000 tokens missing at 100 per rollout: 10 needed; the first request 80% of them (8), a top-up all 10
     assert size(1000, 10_000, 100.0, first=True, whole_batches=False) == 8
-    assert size(1000, 10_000, 100.0, first=False, whole_batches=False) == 10
-    # whole decode batches when they fit the packs' room at the estimate, else the plain count
+    # rounded up to whole decode batches where they fit the packs' room at the estimate, else down
     assert size(1000, 10_000, 100.0, first=False, whole_batches=True) == 12
-    assert size(1000, 1_100, 100.0, first=False, whole_batches=True) == 10
+    assert size(1000, 1_100, 100.0, first=False, whole_batches=True) == 8
+    assert size(1000, 10_000, 100.0, first=False, whole_batches=False) == 8
+    # less than a batch: asked as it is, or nothing where the burst may skip the top-up
+    assert size(300, 10_000, 100.0, first=False, whole_batches=False) == 3
+    assert size(300, 10_000, 100.0, first=False, whole_batches=False, may_skip=True) == 0
+    assert size(300, 10_000, 100.0, first=False, whole_batches=False, may_skip=False) == 3
     # an estimate below one token per rollout counts as one; at least one rollout is asked
     assert size(3, 10, 0.1, first=False, whole_batches=False) == 3
     assert size(0, 10, 100.0, first=True, whole_batches=False) == 1

@@ -167,28 +167,30 @@ def test_requests_are_rounded_up_to_whole_decode_batches_that_fit_the_packs() ->
 
 
 def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold() -> None:
-    """Batches of 24: rounding 29 up to 48 (480 tokens) or the top-up of 7 up to 24 would overshoot the
-    packs' 400 tokens at the estimate, so both requests stay as they were."""
+    """Batches of 24: rounding 29 up to 48 (480 tokens) would overshoot the packs' 400 tokens at the
+    estimate, so the request is rounded down to one batch (24); the 12 still missing are less than a batch
+    and the 4 packs have a segment each, so no top-up: the packs come out less full (6 segments each)."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
     pf = make(source, queue, gas=2, target_packs=4, request_multiple=24)
     pf._burst(pf._packs_wanted(), another_follows=True)
-    assert source.requests == [29, 7]
-    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [9, 9, 9, 9]
+    assert source.requests == [24]
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [6, 6, 6, 6]
 
 
 def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -> None:
     """Pacing wants one burst of 2 packs (target 2): it is the last of version 0. Rollouts make 12 tokens
     (estimate 10): 80% of 18 is 15, 180 tokens, the target. Rounded up to a batch of 6 (18 x 12 = 216
     tokens) 2 segments would fit no pack (8 of 12 tokens fit a pack of 100), be carried, and be dropped
-    when the version moves: so the request is not rounded and nothing is left over."""
+    when the version moves: so the request is rounded down to 2 batches (12), the top-up (less than a
+    batch) is skipped, and nothing is left over."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
     pf = make(source, queue, gas=2, target_packs=2, request_multiple=6)
     pf.start()  # the thread decides whether a next burst of the version follows
     assert wait_for(lambda: queue.depth() == 2, 5.0)
     assert pf.stop(5.0)
-    assert source.requests == [15] and pf.snapshot()["carry"] == []
+    assert source.requests == [12] and pf.snapshot()["carry"] == []
     source.ver = 1
     queue.set_current_ver(1)
     pf._burst(2)
@@ -199,7 +201,7 @@ def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -
 def test_rounding_happens_where_a_next_burst_of_the_version_takes_the_surplus() -> None:
     """Pacing wants 4 packs (two bursts of gas 2) of version 0: the first burst rounds 15 up to 18 (3
     batches of 6), 16 segments of 12 tokens fill its 2 packs and 2 are carried; the second burst (the last
-    of the version: not rounded) starts from them. Every rollout is trained at version 0."""
+    of the version: rounded down, 12) starts from them. Every rollout is trained at version 0."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
     pf = make(source, queue, gas=2, target_packs=4, request_multiple=6)
@@ -207,19 +209,19 @@ def test_rounding_happens_where_a_next_burst_of_the_version_takes_the_surplus() 
     assert wait_for(lambda: queue.depth() == 4, 5.0)
     assert pf.stop(5.0)
     assert source.requests[0] == 18 and source.sections == 2
-    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [8, 8, 8, 8]
-    assert sum(source.requests) == 32 and pf.snapshot()["carry"] == []
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [8, 8, 7, 7]
+    assert source.requests == [18, 12] and pf.snapshot()["carry"] == []
     assert pf.counters.carry_dropped_total == 0
 
 
 def test_no_rounding_while_a_weight_sync_waits_for_the_burst() -> None:
     """A waiting sync moves the version right after this burst, so its surplus could not be used by a
-    next burst of the version: the first request stays at 15, not 18."""
+    next burst of the version: the first request is not rounded up to 18 but down to 12."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
     pf = make(source, queue, gas=2, target_packs=4, request_multiple=6, sync_pending=lambda: True)
     pf._burst(2, another_follows=True)
-    assert source.requests == [15] and pf.snapshot()["carry"] == []
+    assert source.requests == [12] and pf.snapshot()["carry"] == []
 
 
 def test_the_nearest_b_step_gets_its_packs_first_in_a_burst_of_its_own() -> None:
