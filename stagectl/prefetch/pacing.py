@@ -119,17 +119,18 @@ def request_size(
     version, so the caller asks for that only when one follows (pacing wants more packs of this version
     than this burst builds, and no weight sync waits); never into packs of the next version, whose B step
     needs one version on every rank (docs/training.md, "Async actor-learner"). Otherwise (or where they
-    would not fit) the count is rounded down to whole batches (the packs come out less full, and cost a batch less): a count below one
-    batch is kept as it is, or is 0 (no request) where `may_skip` says the burst already has enough to
-    fill its packs. The rule reads only pacing state and the fence, both restored on resume;
-    `training.packing: false` never rounds.
+    would not fit) the count is rounded down to whole batches: the packs come out less full and cost a
+    batch less. A count below one batch is kept as it is, or is 0 (no request) where `may_skip` says the
+    burst already has a segment for each of its packs. The rule reads only pacing state and the fence,
+    both restored on resume; `training.packing: false` never rounds.
     """
     per_rollout = max(1.0, tokens_per_rollout)
     need = max(1, math.ceil(missing / per_rollout))
     count = max(1, math.ceil(first_share * need)) if first else need
-    whole = math.ceil(count / multiple) * multiple
-    if whole_batches and whole * per_rollout <= room:
-        return whole
+    if whole_batches:
+        whole = math.ceil(count / multiple) * multiple
+        if whole * per_rollout <= room:
+            return whole
     down = count // multiple * multiple
     if down:
         return down

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from stagectl.weightsync.base import Servers, Transport, WeightSender
 from stagectl.weightsync.collective import CollectiveSender, GroupReceiver
 from stagectl.weightsync.disk import DiskReceiver, DiskSender
 from stagectl.weightsync.http import HttpReceiver, HttpSender
 from stagectl.weightsync.receiver import WeightSync
+
+BUILT: tuple[str, ...] = get_args(Transport)  # the transports this package has a sender and a receiver for
 
 
 def build_sender(
@@ -28,7 +31,7 @@ def build_sender(
         return CollectiveSender(servers, group_address)
     if transport == "disk":
         return DiskSender(servers, disk_dir)
-    raise ValueError(f"weight sync transport {transport!r} is not built (one of: http, collective, disk)")
+    raise ValueError(f"weight sync transport {transport!r} is not built (one of: {', '.join(BUILT)})")
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,9 @@ class Receivers:
 
 def build_receivers(sync: WeightSync, transports: Collection[str], weight_dirs: Sequence[Path]) -> Receivers:
     """The receivers of `transports`, all filling the one staging of `sync`."""
-    unknown = sorted(set(transports) - {"http", "collective", "disk"})
+    unknown = sorted(set(transports) - set(BUILT))
     if unknown:
-        raise ValueError(f"weight sync transport(s) {unknown} are not built (http, collective, disk)")
+        raise ValueError(f"weight sync transport(s) {unknown} are not built ({', '.join(BUILT)})")
     return Receivers(
         http=HttpReceiver(sync) if "http" in transports else None,
         collective=GroupReceiver(sync) if "collective" in transports else None,
