@@ -33,7 +33,7 @@ from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import ServerRollouts
 from stagectl.learner.setup import LearnerState
 from stagectl.prefetch.fence import SyncFence
-from stagectl.prefetch.pacing import PacingRules
+from stagectl.prefetch.pacing import PacingRules, request_multiples
 from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import ReadyPack
@@ -75,6 +75,10 @@ class AsyncChannelB:
         cb_cfg = cfg.stage2_ab.channel_b
         packing_length = cfg.packing_length
         prompt_tokens = len(state.encoder.prompt(0).input_ids)
+        # every server's decode batch (`/version/`), read once on rank 0 so that every rank sizes alike
+        server_batches = dist.broadcast_object(
+            [v.batch_size for v in client.versions()] if self.world.is_main else []
+        )
         self.prefetcher = Prefetcher(
             source=self.source,
             build_segments=lambda indices, generations: build_b_segments(
@@ -109,7 +113,7 @@ class AsyncChannelB:
             rank=self.world.rank,
             segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
-            request_multiple=state.resolved.rollout_decode_batch_size,
+            request_multiples=request_multiples(state.resolved.rollout_decode_batch_size, server_batches),
             cpus=prefetcher_cpus,
             sync_pending=lambda: self.fence.sync_pending,
         )

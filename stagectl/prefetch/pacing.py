@@ -97,6 +97,22 @@ def rollouts_for_tokens(tokens: int, tokens_per_rollout: float) -> int:
     return math.floor(tokens / max(1.0, tokens_per_rollout))
 
 
+def request_multiples(decode_batch_size: int, server_batches: Sequence[int | None]) -> tuple[int, ...]:
+    """The request sizes a prefetcher aligns to, largest first: the servers' batch, then the client's
+    decode batch (`rollout_decode_batch_size`).
+
+    A server decodes up to its `batch_size` rollouts (`/version/`: the engine's `max_batch_size`) in one
+    generate call, whoever sent them, and a request is spread over the N servers in N contiguous parts: so
+    N x `batch_size` gives every server whole batches. Only where every server reports the same batch
+    (a server older than the field reports none): otherwise the decode batch alone."""
+    sizes = [decode_batch_size]
+    if server_batches and all(b is not None for b in server_batches) and len(set(server_batches)) == 1:
+        batch = server_batches[0]
+        assert batch is not None
+        sizes.append(len(server_batches) * batch)
+    return tuple(sorted(set(sizes), reverse=True))
+
+
 def request_size(
     missing: int,
     room: int,
@@ -104,34 +120,37 @@ def request_size(
     *,
     first: bool,
     whole_batches: bool,
-    multiple: int,
+    multiples: Sequence[int],
     first_share: float,
     may_skip: bool = False,
 ) -> int:
     """Rollouts to request for `missing` tokens when the packs have `room` tokens left, at the running
     estimate of tokens per rollout: the first request asks for `first_share` of the need (an estimate
-    that runs low must not overshoot the packs), a top-up for all of it. Every request is whole decode
-    batches (`multiple`, the server's decode batch) where it can be: a batch of one or two rollouts costs
-    the server about as much as a full one, so a request of 8 + 2 costs nearly two batches for 10 rollouts.
+    that runs low must not overshoot the packs), a top-up for all of it. Every request is whole batches
+    where it can be (`multiples`, largest first: the servers' batch, then the decode batch; see
+    `request_multiples`): a batch of one or two rollouts costs the server about as much as a full one,
+    so a request of 8 + 2 costs nearly two batches for 10 rollouts.
 
-    With `whole_batches` the count is rounded up to whole batches whenever they still fit the room at the
-    estimate. What then fits no pack is carried, and a carry is trained only by a next burst of the SAME
-    version, so the caller asks for that only when one follows (pacing wants more packs of this version
-    than this burst builds, and no weight sync waits); never into packs of the next version, whose B step
-    needs one version on every rank (docs/training.md, "Async actor-learner"). Otherwise (or where they
-    would not fit) the count is rounded down to whole batches: the packs come out less full and cost a
-    batch less. A count below one batch is kept as it is, or is 0 (no request) where `may_skip` says the
-    burst already has a segment for each of its packs. The rule reads only pacing state and the fence,
-    both restored on resume; `training.packing: false` never rounds.
+    For each multiple in turn: with `whole_batches` the count is rounded up to whole batches whenever they
+    still fit the room at the estimate. What then fits no pack is carried, and a carry is trained only by
+    a next burst of the SAME version, so the caller asks for that only when one follows (pacing wants more
+    packs of this version than this burst builds, and no weight sync waits); never into packs of the next
+    version, whose B step needs one version on every rank (docs/training.md, "Async actor-learner").
+    Otherwise (or where they would not fit) the count is rounded down to whole batches: the packs come out
+    less full and cost a batch less. A count below the smallest batch is kept as it is, or is 0 (no
+    request) where `may_skip` says the burst already has a segment for each of its packs. The rule reads
+    only pacing state, the fence and the servers' batch, all the same on resume; `training.packing:
+    false` never rounds.
     """
     per_rollout = max(1.0, tokens_per_rollout)
     need = max(1, math.ceil(missing / per_rollout))
     count = max(1, math.ceil(first_share * need)) if first else need
-    if whole_batches:
-        whole = math.ceil(count / multiple) * multiple
-        if whole * per_rollout <= room:
-            return whole
-    down = count // multiple * multiple
-    if down:
-        return down
+    for multiple in multiples:
+        if whole_batches:
+            whole = math.ceil(count / multiple) * multiple
+            if whole * per_rollout <= room:
+                return whole
+        down = count // multiple * multiple
+        if down:
+            return down
     return 0 if may_skip else count

@@ -91,7 +91,8 @@ class Prefetcher:
     segments_per_pack: int | None = None  # training.packing: false: a pack is this many padded segments
     num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
-    request_multiple: int = 1  # rollout_decode_batch_size: requests are answered in batches of this many
+    # request sizes to align to, largest first: the servers' batch, the decode batch (`pacing.request_multiples`)
+    request_multiples: tuple[int, ...] = (1,)
     cpus: Sequence[int] | None = None  # pin the thread (and the request threads it starts) to these CPUs
     sync_pending: Callable[[], bool] = lambda: False  # a weight sync waits for this burst's section to end
     idle_wait_s: float = 0.02
@@ -345,7 +346,7 @@ class Prefetcher:
             self._tokens_per_rollout,
             first=first,
             whole_batches=whole_batches,
-            multiple=self.request_multiple,
+            multiples=self.request_multiples,
             first_share=self.FIRST_SHARE,
             may_skip=may_skip,
         )

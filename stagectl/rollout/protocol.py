@@ -289,6 +289,10 @@ class VersionResponse(_Response):
     sync_dtype: str = ""
     """The dtype a weight sync must carry (most of the engine's tensors: the serving dtype, or float32 for
     an hf server that merges pushed adapters); "" from a server older than this field."""
+    batch_size: int | None = Field(None, ge=1)
+    """The most requests the engine decodes in one generate call (`rollout_server.max_batch_size`); the
+    async prefetcher sizes its requests in whole batches of it. None: no fixed batch, or a server older
+    than this field."""
 
 
 class CommitBody(_Request):

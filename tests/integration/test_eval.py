@@ -75,6 +75,7 @@ class ScriptedEngine:
     model_name = "scripted"
     version = 0
     max_model_len = 32768  # context the server's bounds check requests against
+    max_batch_size = None  # answers each request alone
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

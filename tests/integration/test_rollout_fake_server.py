@@ -99,6 +99,7 @@ def test_health_world_size_version(served: Served) -> None:
     assert httpx.get(f"{served.url}/get_world_size/", headers=AUTH).json() == {"world_size": 1}
     version = httpx.get(f"{served.url}/version/", headers=AUTH).json()
     assert version["model"] == "fake-echo" and version["engine"] == "fake" and version["version"] >= 0
+    assert version["batch_size"] == 8  # the engine's max_batch_size: the prefetcher sizes requests by it
 
 
 def test_infer_in_order_with_per_request_seeds(served: Served, client: RolloutClient) -> None:

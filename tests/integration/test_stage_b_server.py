@@ -30,6 +30,7 @@ class JudgeEcho:
     model_name = "judge-echo"
     version = 0
     max_model_len = 4096
+    max_batch_size = None
 
     def __init__(self) -> None:
         self.prompts: list[str] = []

@@ -137,6 +137,7 @@ class RolloutService:
             weight_stream_port=self.weight_stream_port,
             stagectl_version=stagectl.__version__,
             sync_dtype=self.sync_dtype,
+            batch_size=self.engine.max_batch_size,
         )
 
     def stats(self) -> StatsResponse:

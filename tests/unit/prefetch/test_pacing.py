@@ -13,6 +13,7 @@ from stagectl.prefetch.pacing import (
     b_steps_in,
     eligible_horizon,
     packs_wanted,
+    request_multiples,
     request_size,
     rollouts_for_tokens,
 )
@@ -120,8 +121,34 @@ def test_an_older_group_only_this_rank_holds_covers_no_b_step() -> None:
     assert packs_wanted(5, every_rank, r) == 2
 
 
+def test_request_multiples_are_the_servers_whole_batches_then_the_decode_batch() -> None:
+    # one server decoding 8 at a time, decode batch 4: a request of 8 is one generate call
+    assert request_multiples(4, [8]) == (8, 4)
+    # two servers: a request is split in two contiguous parts, each must be whole batches
+    assert request_multiples(4, [8, 8]) == (16, 4)
+    assert request_multiples(8, [8]) == (8,)
+    # servers that disagree, or one older than the field: the decode batch alone
+    assert request_multiples(4, [8, 16]) == (4,)
+    assert request_multiples(4, [8, None]) == (4,)
+    assert request_multiples(4, []) == (4,)
+
+
+def test_request_size_takes_the_servers_batch_first_then_the_decode_batch() -> None:
+    size = functools.partial(request_size, multiples=(8, 4), first_share=0.8)
+    # 10 needed: rounded down to one server batch (8), not to 3 decode batches (12 = 8 + 4 on the server)
+    assert size(1300, 10_000, 100.0, first=False, whole_batches=False) == 8
+    # rounded up to 2 server batches where they fit the room, else down to one (not up to 12 = 8 + 4)
+    assert size(1000, 10_000, 100.0, first=False, whole_batches=True) == 16
+    assert size(1000, 1_200, 100.0, first=False, whole_batches=True) == 8
+    # fewer than a server batch: decode batches (6 -> 4); a server batch far above any request changes nothing
+    assert size(600, 10_000, 100.0, first=False, whole_batches=False) == 4
+    far = functools.partial(request_size, multiples=(256, 4), first_share=0.8)
+    assert far(1000, 1_200, 100.0, first=False, whole_batches=True) == 12
+    assert far(1000, 1_100, 100.0, first=False, whole_batches=True) == 8
+
+
 def test_request_size_is_whole_decode_batches_up_into_room_or_down() -> None:
-    size = functools.partial(request_size, multiple=4, first_share=0.8)
+    size = functools.partial(request_size, multiples=(4,), first_share=0.8)
     # 1000 tokens missing at 100 per rollout: 10 needed; the first request 80% of them (8), a top-up all 10
     assert size(1000, 10_000, 100.0, first=True, whole_batches=False) == 8
     # rounded up to whole decode batches where they fit the packs' room at the estimate, else down

@@ -159,7 +159,7 @@ def test_requests_are_rounded_up_to_whole_decode_batches_that_fit_the_packs() ->
     for multiple, expected, segments in ((12, [36], [9, 9, 9, 9]), (5, [30, 10], [10, 10, 10, 10])):
         queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
         source = FakeSource()
-        pf = make(source, queue, gas=2, target_packs=4, request_multiple=multiple)
+        pf = make(source, queue, gas=2, target_packs=4, request_multiples=(multiple,))
         pf._burst(pf._packs_wanted(), another_follows=True)
         assert source.requests == expected and source.sections == 1
         assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == segments
@@ -172,7 +172,7 @@ def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold() ->
     and the 4 packs have a segment each, so no top-up: the packs come out less full (6 segments each)."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
-    pf = make(source, queue, gas=2, target_packs=4, request_multiple=24)
+    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(24,))
     pf._burst(pf._packs_wanted(), another_follows=True)
     assert source.requests == [24]
     assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [6, 6, 6, 6]
@@ -186,7 +186,7 @@ def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -
     batch) is skipped, and nothing is left over."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
-    pf = make(source, queue, gas=2, target_packs=2, request_multiple=6)
+    pf = make(source, queue, gas=2, target_packs=2, request_multiples=(6,))
     pf.start()  # the thread decides whether a next burst of the version follows
     assert wait_for(lambda: queue.depth() == 2, 5.0)
     assert pf.stop(5.0)
@@ -204,7 +204,7 @@ def test_rounding_happens_where_a_next_burst_of_the_version_takes_the_surplus() 
     of the version: rounded down, 12) starts from them. Every rollout is trained at version 0."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
-    pf = make(source, queue, gas=2, target_packs=4, request_multiple=6)
+    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(6,))
     pf.start()
     assert wait_for(lambda: queue.depth() == 4, 5.0)
     assert pf.stop(5.0)
@@ -219,7 +219,7 @@ def test_no_rounding_while_a_weight_sync_waits_for_the_burst() -> None:
     next burst of the version: the first request is not rounded up to 18 but down to 12."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
-    pf = make(source, queue, gas=2, target_packs=4, request_multiple=6, sync_pending=lambda: True)
+    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(6,), sync_pending=lambda: True)
     pf._burst(2, another_follows=True)
     assert source.requests == [12] and pf.snapshot()["carry"] == []
 

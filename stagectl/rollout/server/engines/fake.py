@@ -83,6 +83,7 @@ class FakeEngine:
         max_model_len: int = 32768,
     ) -> None:
         self.model_name = model_name
+        self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len  # prompt bytes + max_new_tokens must fit (as an engine's context)
         self.weights = {k: v.clone() for k, v in (weights or default_weights()).items()}
         self.step_delay_s = step_delay_ms / 1000.0

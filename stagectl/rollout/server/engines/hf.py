@@ -54,6 +54,7 @@ class HFEngine:
         self.bundle = bundle
         self.adapter = adapter  # `vllm.sync.mode: adapter`: syncs carry the adapter, merged in here
         self.model_name = model_name
+        self.max_batch_size = max_batch_size
         self.model = bundle.model
         self.model.eval()
         self.stop_token_ids = list(bundle.stop_token_ids)

@@ -148,6 +148,7 @@ class VllmEngine:
                 "the engine in the server's process; run one server per GPU instead"
             )
         self.model_name = model_name
+        self.max_batch_size = max_batch_size
         self.path = path
         self.dtype = dtype if args.dtype == "auto" else args.dtype
         self.tokenizer = load_tokenizer(str(path), add_coord_tokens=False)  # vLLM reads the same files
