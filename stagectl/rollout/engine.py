@@ -50,7 +50,12 @@ class Engine(Protocol):
     name: str  # "hf", "vllm", "fake"
     model_name: str  # what /version/ reports
     max_model_len: int  # context length: prompt + generated tokens of one request (`guards.check_context`)
-    max_batch_size: int | None  # most requests one generate call decodes (`/version/` batch_size); None: any
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The most requests one generate call decodes (`/version/` reports it as `batch_size`); None: no
+        fixed batch."""
+        ...
 
     @property
     def version(self) -> int:
