@@ -66,10 +66,16 @@ def async_section(r: dict[str, Any]) -> list[str]:
         )
         + ".",
     ]
+    groups: dict[tuple[object, object], list[str]] = {}  # one sentence per `--only ... --save` invocation
     for name, how in r.get("rerun", {}).items():
+        groups.setdefault((how.get("ran_at"), how.get("max_steps")), []).append(name)
+    for names_rerun in groups.values():
+        how = r["rerun"][names_rerun[0]]
         runs_load = how.get("loadavg") or []
         lines[-1] += (
-            f" `{name}` re-run alone (`--only ... --save`) at {how.get('ran_at')}, {how.get('max_steps')} steps"
+            " "
+            + ", ".join(f"`{name}`" for name in names_rerun)
+            + f" re-run alone (`--only ... --save`) at {how.get('ran_at')}, {how.get('max_steps')} steps"
             + (f", load {runs_load[0]:.1f}-{runs_load[-1]:.1f}" if runs_load else "")
             + (" (**a loaded machine**)" if runs_load and max(runs_load) > 3 else "")
             + (" (**a short check**)" if (how.get("max_steps") or FULL_STEPS) < FULL_STEPS else "")
