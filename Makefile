@@ -10,22 +10,27 @@ CONSTRAINTS := constraints-cpu.txt
 
 .PHONY: install install-dev vllm-env interop-env train lint typecheck test test-fast test-unit test-integration test-vllm test-interop test-gpu bench clean
 
+# Every editable install of stagectl (here and in scripts/setup_vllm_env.sh) writes stagectl.egg-info in the
+# checkout, so each runs under a lock on pyproject.toml (flock): the environments then build side by side.
+LOCKED := flock pyproject.toml
+
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c $(CONSTRAINTS) -e .
+	$(LOCKED) sh -c 'test -x $(PY) || $(PYTHON) -m venv $(VENV)'
+	$(LOCKED) $(PIP) install -q -c $(CONSTRAINTS) -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
-	touch $@
+# One pip call for a fresh development environment (the base install is part of it).
+$(VENV)/.installed-dev: pyproject.toml $(CONSTRAINTS)
+	$(LOCKED) sh -c 'test -x $(PY) || $(PYTHON) -m venv $(VENV)'
+	$(LOCKED) $(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
+	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# The vLLM CPU build lives in its own virtual environment (its own torch/torchvision pair and transformers).
-# Order-only after the main environment: both install stagectl editable, which writes stagectl.egg-info in
-# the checkout, so the two never run at once (`make test` builds the environments side by side).
-$(VLLM_VENV)/.installed: scripts/setup_vllm_env.sh | $(VENV)/.installed-dev
+# The vLLM CPU build lives in its own virtual environment (its own torch/torchvision pair and transformers);
+# its editable install of stagectl takes the same lock (`make test` builds the environments side by side).
+$(VLLM_VENV)/.installed: scripts/setup_vllm_env.sh
 	bash scripts/setup_vllm_env.sh $(VLLM_VENV)
 	touch $@
 

@@ -111,8 +111,13 @@ run_pip uninstall -q -y torchaudio torchcodec
 
 # stagectl's own dependencies are mostly vLLM's too; pip adds only the missing ones (scipy, matplotlib)
 # and, with the constraints, keeps torch and transformers where they are.
+# An editable install writes stagectl.egg-info in the checkout: the lock on pyproject.toml (the Makefile's
+# installs take it too) keeps two of them from running at once while the rest of the builds overlap.
 log "installing stagectl (editable) from $ROOT"
-run_pip install -q -c "$WORK/constraints.txt" -e "$ROOT"
+(
+    flock 9
+    run_pip install -q -c "$WORK/constraints.txt" -e "$ROOT"
+) 9<"$ROOT/pyproject.toml"
 
 if ! complete; then
     log "FAILED: $VENV is still incomplete after the install" >&2
