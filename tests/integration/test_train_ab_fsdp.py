@@ -17,6 +17,7 @@ from tests.integration.helpers import (
     external_server_overrides,
     greedy_ids,
     read_metrics,
+    reference_server,
     run_cli,
     tiny_train_config,
     write_config,
@@ -164,12 +165,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
 
     # the server's weights are the ones pushed after step 10; a server started on the checkpoint's
     # model/ at step 10 (written from the same shards) answers the same greedy ids
-    reference = start_server_process(
-        ["--model", str(out / "checkpoint-10" / "model"), "--port", "0"],
-        cwd=ROOT,
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    try:
-        assert greedy_ids(reference.url) == served
-    finally:
-        reference.stop()
+    with reference_server(
+        str(out / "checkpoint-10" / "model")
+    ) as reference:  # in this process: no second server start-up
+        assert greedy_ids(reference) == served
