@@ -18,6 +18,7 @@ from tests.integration.helpers import (
     external_server_overrides,
     greedy_ids,
     read_metrics,
+    reference_server,
     run_cli,
     tiny_train_config,
     write_config,
@@ -96,13 +97,8 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
     exported = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "exported")).state_dict()
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
 
-    reference = start_server_process(
-        ["--model", str(final / "model"), "--port", "0"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}
-    )
-    try:
-        assert greedy_ids(reference.url) == served
-    finally:
-        reference.stop()
+    with reference_server(str(final / "model")) as reference:  # in this process: no second server start-up
+        assert greedy_ids(reference) == served
 
 
 def test_adapter_resume_is_exact_under_ddp(tmp_path: Path) -> None:
