@@ -102,11 +102,12 @@ def greedy_ids(url: str) -> list[list[int]]:
 
 
 @contextmanager
-def reference_server(model: str) -> Iterator[str]:
-    """The URL of a rollout server for `model` run in this process on one torch thread: what
-    `stagectl rollout-server --model MODEL --port 0` (with OMP_NUM_THREADS=1) builds, the same config,
-    engine, service and app, without a process of its own (whose start-up costs more CPU than the
-    answer). Only for a reference answer to compare a real server's with; stopped on exit."""
+def in_process_server(model: str, *sets: str) -> Iterator[str]:
+    """The URL of a rollout server for `model` (`sets`: `--set` overrides) run in this process on one
+    torch thread: what `stagectl rollout-server --model MODEL --port 0 --set ...` (with OMP_NUM_THREADS=1)
+    builds, the same config, engine, service and app (weight-sync routes and the weight-stream port
+    included), without a process of its own, whose start-up costs more CPU (~5 s) than a tiny model's
+    answers. For a server a test talks to, not one it kills or whose CLI it tests; stopped on exit."""
     import torch
 
     from stagectl.config import load_config
@@ -123,7 +124,7 @@ def reference_server(model: str) -> Iterator[str]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = load_config(None, [f"model.name_or_path={model}", "rollout_server.port=0"])
+        cfg = load_config(None, [f"model.name_or_path={model}", "rollout_server.port=0", *sets])
         settings = server_settings(cfg.rollout_server, (), call_limits(cfg))
         settings = dataclasses.replace(settings, weight_transports=weight_transports(cfg))
         server = ThreadedServer(build_app(RolloutService(build_engine(cfg), settings))).start(timeout_s=120)

@@ -16,11 +16,11 @@ import pytest
 
 from stagectl.config import StagectlConfig
 from stagectl.launch import data_image_roots, free_port
-from stagectl.rollout.server.launcher import start_server_process
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import (
     async_config,
     check_async_invariants,
+    in_process_server,
     read_metrics,
     tiny_train_config,
     write_config,
@@ -72,25 +72,11 @@ def test_two_nodes_async_against_one_shared_rollout_server(tmp_path: Path) -> No
     A-only run used to: its steps are Channel-A as often as B)."""
     cfg = async_config(tmp_path, training={"max_steps": 6}, rollout_server={"embedded": False})
     roots = [str(p) for p in data_image_roots(StagectlConfig.model_validate(cfg).data)]
-    server = start_server_process(
-        [
-            "--model",
-            "builtin:tiny-qwen2.5-vl",
-            "--port",
-            "0",
-            "--set",
-            f"rollout_server.image_roots={roots!r}",
-        ],
-        log_path=tmp_path / "server.log",
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    try:
-        servers = [{"base_url": server.url}]
-        cfg["custom"]["extra"]["rollout_matching"]["vllm"]["server"]["servers"] = servers
+    # the shared server in this process (the same app as `stagectl rollout-server`, one process fewer)
+    with in_process_server("builtin:tiny-qwen2.5-vl", f"rollout_server.image_roots={roots!r}") as url:
+        cfg["custom"]["extra"]["rollout_matching"]["vllm"]["server"]["servers"] = [{"base_url": url}]
         config, _ = _two_node_config(tmp_path, cfg)
         codes, outputs = _run_two_nodes(tmp_path, config, 400)
-    finally:
-        server.stop()
     assert codes == [0, 0], [o[-2000:] for o in outputs]
     assert all("--nnodes=2" in o and "--rdzv-endpoint=127.0.0.1:" in o for o in outputs)
     writer, _ = _writer_and_silent(tmp_path)

@@ -16,8 +16,8 @@ from tests.integration.helpers import (
     base_state,
     external_server_overrides,
     greedy_ids,
+    in_process_server,
     read_metrics,
-    reference_server,
     run_cli,
     tiny_train_config,
     write_config,
@@ -165,7 +165,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
 
     # the server's weights are the ones pushed after step 10; a server started on the checkpoint's
     # model/ at step 10 (written from the same shards) answers the same greedy ids
-    with reference_server(
+    with in_process_server(
         str(out / "checkpoint-10" / "model")
     ) as reference:  # in this process: no second server start-up
         assert greedy_ids(reference) == served

@@ -17,8 +17,8 @@ from tests.integration.helpers import (
     base_state,
     external_server_overrides,
     greedy_ids,
+    in_process_server,
     read_metrics,
-    reference_server,
     run_cli,
     tiny_train_config,
     write_config,
@@ -97,7 +97,7 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
     exported = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "exported")).state_dict()
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
 
-    with reference_server(str(final / "model")) as reference:  # in this process: no second server start-up
+    with in_process_server(str(final / "model")) as reference:  # in this process: no second server start-up
         assert greedy_ids(reference) == served
 
 
