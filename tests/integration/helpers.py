@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +99,41 @@ def greedy_ids(url: str) -> list[list[int]]:
     }
     answer = httpx.post(f"{url}/infer/", json=body, timeout=60).raise_for_status().json()
     return [item["response"]["choices"][0]["token_ids"] for item in answer]  # swift's RolloutOutput shape
+
+
+@contextmanager
+def in_process_server(model: str, *sets: str) -> Iterator[str]:
+    """The URL of a rollout server for `model` (`sets`: `--set` overrides) run in this process on one
+    torch thread: what `stagectl rollout-server --model MODEL --port 0 --set ...` (with OMP_NUM_THREADS=1)
+    builds, the same config, engine, service and app (weight-sync routes and the weight-stream port
+    included), without a process of its own, whose start-up costs more CPU (~5 s) than a tiny model's
+    answers. For a server a test talks to, not one it kills or whose CLI it tests; stopped on exit."""
+    import torch
+
+    from stagectl.config import load_config
+    from stagectl.rollout.server.app import build_app
+    from stagectl.rollout.server.service import RolloutService
+    from stagectl.rollout.server.serving import (
+        ThreadedServer,
+        build_engine,
+        call_limits,
+        server_settings,
+        weight_transports,
+    )
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = load_config(None, [f"model.name_or_path={model}", "rollout_server.port=0", *sets])
+        settings = server_settings(cfg.rollout_server, (), call_limits(cfg))
+        settings = dataclasses.replace(settings, weight_transports=weight_transports(cfg))
+        server = ThreadedServer(build_app(RolloutService(build_engine(cfg), settings))).start(timeout_s=120)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def base_state() -> dict[str, Any]:

@@ -16,9 +16,15 @@ import pytest
 
 from stagectl.config import StagectlConfig
 from stagectl.launch import data_image_roots, free_port
-from stagectl.rollout.server.launcher import start_server_process
 from tests.faults.helpers import fault_run
-from tests.integration.helpers import async_config, read_metrics, tiny_train_config, write_config
+from tests.integration.helpers import (
+    async_config,
+    check_async_invariants,
+    in_process_server,
+    read_metrics,
+    tiny_train_config,
+    write_config,
+)
 
 
 def _two_node_config(tmp_path: Path, cfg: dict[str, Any]) -> tuple[Path, int]:
@@ -59,47 +65,28 @@ def _writer_and_silent(tmp_path: Path) -> tuple[Path, Path]:
     return writer, silent
 
 
-def test_two_nodes_a_only_end_identical_and_only_rank_0_writes(tmp_path: Path) -> None:
-    cfg = tiny_train_config(tmp_path, stage2_ab={"schedule": {"b_ratio": 0.0}}, training={"max_steps": 3})
-    config, _ = _two_node_config(tmp_path, cfg)
-    codes, outputs = _run_two_nodes(tmp_path, config, 300)
+def test_two_nodes_async_against_one_shared_rollout_server(tmp_path: Path) -> None:
+    """The one completed 2-node run (async, both nodes against one external server): both launches relaunch
+    under torchrun with `--nnodes=2` at the endpoint, end with identical weights, only global rank 0
+    writes, and a step's packs are summed over the nodes (this run also covers what a separate 2-node
+    A-only run used to: its steps are Channel-A as often as B)."""
+    cfg = async_config(tmp_path, training={"max_steps": 6}, rollout_server={"embedded": False})
+    roots = [str(p) for p in data_image_roots(StagectlConfig.model_validate(cfg).data)]
+    # the shared server in this process (the same app as `stagectl rollout-server`, one process fewer)
+    with in_process_server("builtin:tiny-qwen2.5-vl", f"rollout_server.image_roots={roots!r}") as url:
+        cfg["custom"]["extra"]["rollout_matching"]["vllm"]["server"]["servers"] = [{"base_url": url}]
+        config, _ = _two_node_config(tmp_path, cfg)
+        codes, outputs = _run_two_nodes(tmp_path, config, 400)
     assert codes == [0, 0], [o[-2000:] for o in outputs]
     assert all("--nnodes=2" in o and "--rdzv-endpoint=127.0.0.1:" in o for o in outputs)
     writer, _ = _writer_and_silent(tmp_path)
+    rows = read_metrics(writer)
+    assert [r["step"] for r in rows] == list(range(6)) and rows[-1]["stage2_ab/async/sync_total"] >= 1
     digests = json.loads((writer / "final_state.json").read_text())["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
-    assert [r["step"] for r in read_metrics(writer)] == [0, 1, 2]
-    assert read_metrics(writer)[0]["packing/n_packs"] == 2  # one packed sequence per node, summed
-
-
-def test_two_nodes_async_against_one_shared_rollout_server(tmp_path: Path) -> None:
-    cfg = async_config(tmp_path, training={"max_steps": 6}, rollout_server={"embedded": False})
-    roots = [str(p) for p in data_image_roots(StagectlConfig.model_validate(cfg).data)]
-    server = start_server_process(
-        [
-            "--model",
-            "builtin:tiny-qwen2.5-vl",
-            "--port",
-            "0",
-            "--set",
-            f"rollout_server.image_roots={roots!r}",
-        ],
-        log_path=tmp_path / "server.log",
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    try:
-        servers = [{"base_url": server.url}]
-        cfg["custom"]["extra"]["rollout_matching"]["vllm"]["server"]["servers"] = servers
-        config, _ = _two_node_config(tmp_path, cfg)
-        codes, outputs = _run_two_nodes(tmp_path, config, 400)
-    finally:
-        server.stop()
-    assert codes == [0, 0], [o[-2000:] for o in outputs]
-    writer, _ = _writer_and_silent(tmp_path)
-    rows = read_metrics(writer)
-    assert len(rows) == 6 and rows[-1]["stage2_ab/async/sync_total"] >= 1
-    digests = json.loads((writer / "final_state.json").read_text())["rank_weight_digests"]
-    assert digests[0] == digests[1]
+    check_async_invariants(rows, window=1)  # a B step's packs: 2 micro-steps on each of the 2 nodes
+    a_rows = [r for r in rows if r["kind"] == "A"]
+    assert a_rows and all(r["packing/n_packs"] == 2 * 2 for r in a_rows)  # A too: summed over the nodes
 
 
 def _listening(port: int) -> bool:

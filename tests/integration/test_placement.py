@@ -3,6 +3,7 @@ process really has (read from /proc while it runs) and the server's `CUDA_VISIBL
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -120,17 +121,21 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.skipif(len(HOST_CPUS) < 2, reason="needs 2 CPUs for 2 pinned ranks")
 def test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices(tmp_path: Path) -> None:
-    """Two A-only ranks under torchrun: `launch.cpus` split one CPU per rank, `launch.devices` in every
-    rank's environment (mapped through the launcher's CUDA_VISIBLE_DEVICES, which names no real GPU)."""
+    """Two A-only ranks under torchrun (`--nproc 2`, the integration tier's one plain 2-rank A-only run):
+    `launch.cpus` split one CPU per rank, `launch.devices` in every rank's environment (mapped through the
+    launcher's CUDA_VISIBLE_DEVICES, which names no real GPU); the ranks end with identical weights, and
+    `model.attn_implementation` is read by the learner (named in its start-up line)."""
     out = tmp_path / "run"
     cfg = tiny_train_config(
         tmp_path,
         training={"max_steps": 3, "output_dir": str(out)},
         stage2_ab={"schedule": {"b_ratio": 0.0}, "channel_b": {"mode": "step"}},
-        launch={"nproc_per_node": 2, "cpus": HOST_CPUS[:2], "devices": [1, 0]},
+        launch={"cpus": HOST_CPUS[:2], "devices": [1, 0]},
     )
+    cfg["model"]["attn_implementation"] = "eager"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
-    argv = [sys.executable, "-m", "stagectl", "train-ab", str(write_config(tmp_path / "cfg.yaml", cfg))]
+    config = str(write_config(tmp_path / "cfg.yaml", cfg))
+    argv = [sys.executable, "-m", "stagectl", "train-ab", config, "--nproc", "2"]
     log = (tmp_path / "stderr.txt").open("w+")
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     # each rank's (CPUs, CUDA_VISIBLE_DEVICES) as it changed: a rank starts with the launcher's CPUs and
@@ -159,6 +164,16 @@ def test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices(tmp_path: P
         if proc.poll() is None:
             kill_tree(proc.pid, grace_s=5.0)
         log.close()
-    assert proc.returncode == 0, (tmp_path / "stderr.txt").read_text()[-4000:]
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 0, stderr[-4000:]
     expected = {"0": (str(HOST_CPUS[0]), "GPU-b,GPU-a"), "1": (str(HOST_CPUS[1]), "GPU-b,GPU-a")}
     assert last == expected, f"observed (pid, RANK, CPUs, CUDA_VISIBLE_DEVICES) in order: {trail}"
+    # moved here from test_train_ab.py's `test_two_ranks_a_only_end_with_identical_weights` (one run)
+    assert "attention eager (vision: eager)" in stderr
+    assert "launching: " in stderr and "stagectl.torchrun" in stderr
+    digests = json.loads((out / "final_state.json").read_text())["rank_weight_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    rows = read_metrics(out)
+    assert [r["kind"] for r in rows] == ["A", "A", "A"]
+    assert rows[0]["packing/n_packs"] == 2  # one packed sequence per rank, summed over ranks
+    assert rows[0]["packing/n_segments"] >= 4

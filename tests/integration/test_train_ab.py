@@ -147,19 +147,9 @@ def test_samples_jsonl_lists_every_trained_segment(gas4_run: tuple) -> None:
         assert len(positions) == len(set(positions))
 
 
-def test_two_ranks_a_only_end_with_identical_weights(tmp_path: Path) -> None:
-    cfg = tiny_train_config(tmp_path, stage2_ab={"schedule": {"b_ratio": 0.0}}, training={"max_steps": 2})
-    cfg["model"]["attn_implementation"] = "eager"  # read by the learner, named in its start-up line
-    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)), "--nproc", "2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "attention eager (vision: eager)" in result.stdout + result.stderr
-    assert "launching: " in result.stderr and "stagectl.torchrun" in result.stderr
-    digests = json.loads((tmp_path / "run" / "final_state.json").read_text())["rank_weight_digests"]
-    assert len(digests) == 2 and digests[0] == digests[1]
-    rows = read_metrics(tmp_path / "run")
-    assert [r["kind"] for r in rows] == ["A", "A"]
-    assert rows[0]["packing/n_packs"] == 2  # one packed sequence per rank, summed over ranks
-    assert rows[0]["packing/n_segments"] >= 4
+# The 2-rank A-only run (identical weights on both ranks, the attention named, `--nproc 2` relaunching
+# under torchrun, one packed sequence per rank) is asserted on the one 2-rank A-only run of this tier:
+# test_placement.py::test_torchrun_ranks_get_their_cpu_slices_and_the_learner_devices.
 
 
 def test_step_mode_with_two_ranks_fails_before_launch(tmp_path: Path) -> None:

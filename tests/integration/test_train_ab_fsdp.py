@@ -10,12 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stagectl.rollout.server.launcher import start_server_process
 from tests.integration.helpers import (
-    ROOT,
     base_state,
     external_server_overrides,
     greedy_ids,
+    in_process_server,
     read_metrics,
     run_cli,
     tiny_train_config,
@@ -103,23 +102,11 @@ def test_fsdp_model_dir_is_plain_transformers_and_equals_the_sharded_masters(fsd
 def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path) -> None:
     """bf16 mixed precision + checkpointing + freeze_vit under fsdp, async Channel-B from an external
     server: the server ends up serving exactly the weights of the last checkpoint's model/."""
-    server = start_server_process(
-        [
-            "--model",
-            "builtin:tiny-qwen2.5-vl",
-            "--port",
-            "0",
-            "--set",
-            "model.torch_dtype=bfloat16",
-            "--set",
-            f"rollout_server.image_roots=[{Path.home()}]",
-        ],
-        cwd=ROOT,
-        env={"OMP_NUM_THREADS": "1"},
-    )
     out = tmp_path / "run"
-    common = external_server_overrides(out, server.url)
-    try:
+    # the external server in this process (the same app as `stagectl rollout-server`, one process fewer)
+    sets = ["model.torch_dtype=bfloat16", f"rollout_server.image_roots=[{Path.home()}]"]
+    with in_process_server("builtin:tiny-qwen2.5-vl", *sets) as url:
+        common = external_server_overrides(out, url)
         first = run_cli("train-ab", "examples/tiny/train_ab_fsdp.yaml", *common, timeout=500)
         assert first.returncode == 0, first.stderr[-4000:]
         resumed = run_cli(
@@ -133,9 +120,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
             timeout=500,
         )
         assert resumed.returncode == 0, resumed.stderr[-4000:]
-        served = greedy_ids(server.url)
-    finally:
-        server.stop()
+        served = greedy_ids(url)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(10))
     assert any(r["kind"] == "B" for r in rows)
@@ -164,12 +149,7 @@ def test_example_fsdp_config_trains_syncs_from_shards_and_resumes(tmp_path: Path
 
     # the server's weights are the ones pushed after step 10; a server started on the checkpoint's
     # model/ at step 10 (written from the same shards) answers the same greedy ids
-    reference = start_server_process(
-        ["--model", str(out / "checkpoint-10" / "model"), "--port", "0"],
-        cwd=ROOT,
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    try:
-        assert greedy_ids(reference.url) == served
-    finally:
-        reference.stop()
+    with in_process_server(
+        str(out / "checkpoint-10" / "model")
+    ) as reference:  # in this process: no second server start-up
+        assert greedy_ids(reference) == served

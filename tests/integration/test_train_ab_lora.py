@@ -11,12 +11,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
-from stagectl.rollout.server.launcher import start_server_process
 from tests.integration.helpers import (
-    ROOT,
     base_state,
     external_server_overrides,
     greedy_ids,
+    in_process_server,
     read_metrics,
     run_cli,
     tiny_train_config,
@@ -27,26 +26,16 @@ EXAMPLE = "examples/tiny/train_ab_lora.yaml"
 
 
 def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_model(tmp_path: Path) -> None:
-    server = start_server_process(
-        [
-            "--model",
-            "builtin:tiny-qwen2.5-vl",
-            "--port",
-            "0",
-            # the server merges synced adapters of this shape onto its base (as the embedded server does)
-            "--set",
-            "model.adapter={type: lora, r: 8, alpha: 16}",
-            "--set",
-            "custom.extra.rollout_matching.vllm.sync.mode=adapter",
-            "--set",
-            f"rollout_server.image_roots=[{Path.home()}]",
-        ],
-        cwd=ROOT,
-        env={"OMP_NUM_THREADS": "1"},
-    )
     out = tmp_path / "run"
-    common = external_server_overrides(out, server.url)
-    try:
+    # the external server in this process (the same app as `stagectl rollout-server`, one process fewer);
+    # it merges synced adapters of this shape onto its base (as the embedded server does)
+    sets = [
+        "model.adapter={type: lora, r: 8, alpha: 16}",
+        "custom.extra.rollout_matching.vllm.sync.mode=adapter",
+        f"rollout_server.image_roots=[{Path.home()}]",
+    ]
+    with in_process_server("builtin:tiny-qwen2.5-vl", *sets) as url:
+        common = external_server_overrides(out, url)
         first = run_cli("train-ab", EXAMPLE, *common, timeout=500)
         assert first.returncode == 0, first.stderr[-4000:]
         resumed = run_cli(
@@ -60,9 +49,7 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
             timeout=500,
         )
         assert resumed.returncode == 0, resumed.stderr[-4000:]
-        served = greedy_ids(server.url)
-    finally:
-        server.stop()
+        served = greedy_ids(url)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(10))
     assert any(r["kind"] == "B" for r in rows)
@@ -96,13 +83,8 @@ def test_example_lora_config_syncs_the_adapter_resumes_and_serves_the_merged_mod
     exported = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "exported")).state_dict()
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
 
-    reference = start_server_process(
-        ["--model", str(final / "model"), "--port", "0"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}
-    )
-    try:
-        assert greedy_ids(reference.url) == served
-    finally:
-        reference.stop()
+    with in_process_server(str(final / "model")) as reference:  # in this process: no second server start-up
+        assert greedy_ids(reference) == served
 
 
 def test_adapter_resume_is_exact_under_ddp(tmp_path: Path) -> None:
