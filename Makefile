@@ -88,7 +88,7 @@ test-gpu: install-dev
 # PYTEST_WORKERS processes (pytest-xdist; --dist loadfile keeps each file, and its module-scoped runs, on
 # one worker); the longest tiers are listed first so the short unit files fill the tail.
 # The prerequisites run side by side (a fresh clone spends ~6 minutes on them one after another: pip
-# unpacking three environments and a cold mypy).
+# unpacking three environments and a cold mypy; ~3 minutes side by side).
 PYTEST_WORKERS ?= 2
 test:
 	$(MAKE) --no-print-directory -j4 lint typecheck vllm-env interop-env
