@@ -1,15 +1,12 @@
-"""The wire contract of the rollout server, shared by the server (`rollout.server.app`) and the client.
+"""The wire contract of the rollout server's inference side, shared by the server (`rollout.server.app`)
+and the client; the weight endpoints' bodies and answers are `weightsync.protocol`, built on this
+module's `WireRequest` / `WireResponse`.
 
 Inference follows the `swift rollout` contract (ms-swift 4.6.0's client is tested against it, see
 docs/swift_interop.md): `GET /health/`, `GET /get_world_size/`, `POST /infer/` with `InferBody` -> a
 list of `RolloutItem` (swift's `RolloutOutput`: an `InferResponse` plus the weight version in
-`rollout_infos`). stagectl's own server adds `GET /version/`, `GET /stats/` and the weight endpoints:
-
-- `POST /update_weights/?sync_id=&chunk_index=&digest=&version=[&base_version=]` with a raw safetensors
-  body (one chunk, `application/octet-stream`, streamed; `digest` is its XXH3-128 in hex); chunks are
-  sent in order 0, 1, 2, ... A delta names `base_version`: a server not serving it answers 409.
-- `POST /update_weights/commit/` with `CommitBody`; `POST /update_weights/abort/` with `AbortBody`.
-- `POST /update_weights/from_disk/` with `DiskSyncBody` (a snapshot under an allowed directory).
+`rollout_infos`). stagectl's own server adds `GET /version/` (`VersionResponse`), `GET /stats/`
+(`StatsResponse`) and the weight endpoints (`weightsync.protocol`).
 
 Seeds: request `i` of one `/infer/` call is sampled with `request_config.seed + i` (when a seed is
 given), so a request keeps its seed when the client retries or splits a chunk (it sends each half
@@ -18,8 +15,10 @@ with the seed shifted by the half's offset) and a rollout is reproducible from t
 Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); the `/infer/` models take every
 field swift's client sends, null meaning the default (`rollout.server.swift_fields` refuses, with a 400, the
 values stagectl cannot honour). Responses tolerate extra fields because a swift server sends more than
-stagectl reads. No pickle anywhere: JSON and
-safetensors only.
+stagectl reads. No pickle anywhere: JSON and safetensors only.
+
+Also here, because the engine interface (`rollout.engine`) names them and weight sync imports the rollout
+leaves, never the reverse: `TensorSpec` (a weight tensor's shape and dtype) and `read_token`.
 """
 
 from __future__ import annotations
@@ -36,14 +35,12 @@ IMAGE_TAG = "<image>"
 LISTENING_PREFIX = "rollout-server: listening on "  # + base URL, printed once the socket listens
 
 
-WEIGHT_CHUNK_PATH = "/update_weights/"  # one weight chunk: POST, on the app port or the weight-stream port
-
-
-class _Request(BaseModel):
+# A request body: an unknown key is a 422 naming it.
+class WireRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _SwiftRequest(_Request):
+class _SwiftRequest(WireRequest):
     """A model swift's client fills: `null` for a known field means its default (swift sends `top_p:
     null`, `stop: null`, ...); unknown names still fail. Fields stagectl cannot honour are accepted at
     their defaults and refused by name otherwise (`rollout.server.swift_fields`, a 400)."""
@@ -56,18 +53,19 @@ class _SwiftRequest(_Request):
         return data
 
 
-class _Response(BaseModel):
+# An answer: fields this side does not read are ignored (a swift server sends more than stagectl reads).
+class WireResponse(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class ContentItem(_Request):
+class ContentItem(WireRequest):
     """One part of a multimodal message: `{"type": "image"}` (the next entry of `images`) or text."""
 
     type: Literal["text", "image"]
     text: str | None = None
 
 
-class Message(_Request):
+class Message(WireRequest):
     role: Literal["system", "user", "assistant"]
     content: str | list[ContentItem]
     """A string (each `<image>` tag takes the next entry of `images`, as in swift) or a list of items."""
@@ -179,12 +177,12 @@ class InferBody(_SwiftRequest):
     """A LoRA adapter to generate with: only null (stagectl serves one set of weights)."""
 
 
-class ChatMessage(_Response):
+class ChatMessage(WireResponse):
     role: str = "assistant"
     content: str
 
 
-class TokenLogprob(_Response):
+class TokenLogprob(WireResponse):
     """One generated token and its log-probability (OpenAI's / swift's `logprobs.content[i]`)."""
 
     token: str
@@ -195,12 +193,12 @@ class TokenLogprob(_Response):
     """Alternatives: stagectl's server sends none."""
 
 
-class ChoiceLogprobs(_Response):
+class ChoiceLogprobs(WireResponse):
     content: list[TokenLogprob] = Field(default_factory=list)
     """One entry per generated token, aligned with `Choice.token_ids`."""
 
 
-class Choice(_Response):
+class Choice(WireResponse):
     index: int = 0
     message: ChatMessage
     finish_reason: str | None = None
@@ -210,13 +208,13 @@ class Choice(_Response):
     """Present when the request asked for `request_config.logprobs`."""
 
 
-class Usage(_Response):
+class Usage(WireResponse):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
 
 
-class InferResponse(_Response):
+class InferResponse(WireResponse):
     """swift's `ChatCompletionResponse`: what a swift deploy server answers per request, and the `response`
     of a `RolloutItem`."""
 
@@ -235,7 +233,7 @@ class InferResponse(_Response):
 WEIGHT_VERSION_KEY = "weight_version"  # the key of the weight version in `RolloutItem.rollout_infos`
 
 
-class RolloutItem(_Response):
+class RolloutItem(WireResponse):
     """One item of the `/infer/` answer in swift's `RolloutOutput` shape (what a `swift rollout` server
     answers, and what swift's client parses first); stagectl's server adds the weight version in
     `rollout_infos` (a free-form dict to swift). See docs/swift_interop.md."""
@@ -269,15 +267,15 @@ class RolloutItem(_Response):
         return value
 
 
-class HealthResponse(_Response):
+class HealthResponse(WireResponse):
     status: str = "ok"
 
 
-class WorldSizeResponse(_Response):
+class WorldSizeResponse(WireResponse):
     world_size: int
 
 
-class VersionResponse(_Response):
+class VersionResponse(WireResponse):
     version: int
     model: str
     engine: str = ""
@@ -295,82 +293,7 @@ class VersionResponse(_Response):
     than this field."""
 
 
-class CommitBody(_Request):
-    sync_id: str = Field(min_length=1, max_length=128)
-    version: int = Field(ge=0)
-    """Target version; must be above the serving version."""
-    num_chunks: int = Field(ge=1)
-
-
-class AbortBody(_Request):
-    sync_id: str = Field(min_length=1, max_length=128)
-
-
-class GroupInitBody(_Request):
-    """`transport: collective`: join the learner's weight group (see `weightsync.collective`)."""
-
-    master_address: str = Field(min_length=1, max_length=256)
-    master_port: int = Field(ge=1, le=65535)
-    rank: int = Field(ge=1)
-    world_size: int = Field(ge=2)
-    timeout_s: float = Field(gt=0, le=3600)
-
-
-class GroupTensor(_Request):
-    name: str = Field(min_length=1)
-    dtype: str = Field(min_length=1, max_length=32)
-    shape: list[int]
-
-
-class GroupStartBody(_Request):
-    """A collective sync: the tensors rank 0 is about to broadcast, in that order (checked against the
-    model before a byte moves)."""
-
-    sync_id: str = Field(min_length=1, max_length=128)
-    version: int = Field(ge=0)
-    tensors: list[GroupTensor] = Field(min_length=1)
-
-
-class GroupFinishBody(_Request):
-    sync_id: str = Field(min_length=1, max_length=128)
-    version: int = Field(ge=0)
-
-
-class DiskSyncBody(_Request):
-    path: str
-    """A `.safetensors` snapshot under one of the server's weight directories."""
-    version: int = Field(ge=0)
-
-
-DIGEST_PATTERN = r"^[0-9a-fA-F]{32}$"  # XXH3-128 of a weight chunk, hex
-
-
-class ChunkQuery(BaseModel):
-    """The query of `POST /update_weights/` (one weight chunk), checked by this one model on the app's port
-    and on the weight-stream port alike (422 naming the field)."""
-
-    sync_id: str = Field(min_length=1, max_length=128)
-    chunk_index: int = Field(ge=0)
-    digest: str = Field(pattern=DIGEST_PATTERN)
-    version: int = Field(ge=0)
-    base_version: int | None = Field(None, ge=0)  # a delta's base; absent for a full sync
-
-
-class ChunkResponse(_Response):
-    sync_id: str
-    chunk_index: int
-    num_tensors: int
-
-
-class SyncResponse(_Response):
-    version: int
-    num_tensors: int
-    num_bytes: int
-    apply_s: float
-    """Seconds the swap held the generation lock."""
-
-
-class StatsResponse(_Response):
+class StatsResponse(WireResponse):
     version: int
     num_requests: int
     num_batches: int

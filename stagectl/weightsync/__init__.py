@@ -5,8 +5,8 @@ Learner side: `client.WeightSyncClient.push_weights(state, version)` hands the s
 Server side: one receiver per transport, in that transport's module next to its sender (`http.HttpReceiver`,
 with `stream` its weight-stream port; `collective.GroupReceiver`; `disk.DiskReceiver`), each over the
 staging, commit and failure handling they share (`receiver.WeightSync`); the rollout server builds and
-mounts the configured ones. Shared: `wire` (chunk format, checksum), `staging`, `delta`, `errors` (one
-type per failure, one HTTP status each).
+mounts the configured ones. Shared: `protocol` (the weight endpoints' bodies and answers), `wire` (chunk
+format, checksum), `staging`, `delta`, `errors` (one type per failure, one HTTP status each).
 
 Imports: the rollout package's leaves (`rollout.protocol`, `.engine`, `.paths`, `.tls`, `.guards`,
 `.http` for reading a server's answers) and `config`; never the inference client (`rollout.client`) nor a

@@ -19,8 +19,8 @@ from typing import Any, Literal, Protocol, TypeVar
 import httpx
 
 from stagectl.rollout.http import response_detail
-from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
+from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.wire import TensorStream, WeightState
 
 Transport = Literal["http", "collective", "disk"]

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions
 from stagectl.weightsync.errors import NoGroupError, NotInGroup, WeightPushError, WeightSyncError
+from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.wire import TensorStream, WeightState, spec_num_bytes, spec_of
 

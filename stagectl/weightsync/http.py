@@ -34,10 +34,11 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH, SyncResponse, VersionResponse
+from stagectl.rollout.protocol import VersionResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
 from stagectl.weightsync.delta import DeltaTracker
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError, WeightSyncError
+from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, SyncResponse
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.staging import ChunkReceiver
 from stagectl.weightsync.wire import TensorStream, WeightChunk, WeightState, encode_chunks, encode_pieces

@@ -28,8 +28,8 @@ from typing import Protocol
 import torch
 
 from stagectl.rollout.engine import Engine
-from stagectl.rollout.protocol import SyncResponse
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
+from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.staging import StagedWeights
 
 log = logging.getLogger("stagectl.weightsync.receiver")

@@ -43,10 +43,10 @@ from stagectl.rollout.guards import (
     check_token,
     validation_detail,
 )
-from stagectl.rollout.protocol import WEIGHT_CHUNK_PATH, ChunkQuery
 from stagectl.rollout.tls import server_context
 from stagectl.weightsync.errors import WeightSyncError, status_of
 from stagectl.weightsync.http import HttpReceiver
+from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, ChunkQuery
 from stagectl.weightsync.staging import ChunkReceiver
 
 access_log = logging.getLogger("stagectl.rollout.access")

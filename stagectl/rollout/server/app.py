@@ -1,6 +1,6 @@
 """The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check (every
 route but `/health/`), the request-size limit, the request-body deadline and the structured access log.
-Endpoints are in `protocol.py`; the guards themselves in `guards.py`."""
+Endpoints are in `rollout/protocol.py` and `weightsync/protocol.py`; the guards themselves in `guards.py`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,19 @@ from stagectl.rollout.guards import (
 )
 from stagectl.rollout.paths import PathRefused
 from stagectl.rollout.protocol import (
+    HealthResponse,
+    InferBody,
+    RolloutItem,
+    StatsResponse,
+    VersionResponse,
+    WorldSizeResponse,
+)
+from stagectl.rollout.server.service import BadRequest, RolloutService
+from stagectl.weightsync.collective import GroupError, GroupInfo, GroupReceiver
+from stagectl.weightsync.disk import DiskReceiver
+from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.http import HttpReceiver
+from stagectl.weightsync.protocol import (
     WEIGHT_CHUNK_PATH,
     AbortBody,
     ChunkQuery,
@@ -40,19 +53,8 @@ from stagectl.rollout.protocol import (
     GroupFinishBody,
     GroupInitBody,
     GroupStartBody,
-    HealthResponse,
-    InferBody,
-    RolloutItem,
-    StatsResponse,
     SyncResponse,
-    VersionResponse,
-    WorldSizeResponse,
 )
-from stagectl.rollout.server.service import BadRequest, RolloutService
-from stagectl.weightsync.collective import GroupError, GroupInfo, GroupReceiver
-from stagectl.weightsync.disk import DiskReceiver
-from stagectl.weightsync.errors import WeightSyncError, status_of
-from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.stream import WeightStreamServer
 
 ACCESS_LOGGER = "stagectl.rollout.access"
