@@ -13,7 +13,7 @@ Rules (docs/design.md#strict-parse):
   `{"desc": non-blank string, "bbox_2d": [4 coordinate strings]}` (either key order) with
   x1 <= x2 and y1 <= y2. A coordinate string is `"` + ONE coordinate token + `"`: the same text spelled
   with ordinary tokens, or a number, is not a coordinate. Anything else is dropped with one reason
-  (`DROP_REASONS`, checked in that order), never repaired. Kept objects keep appearance order.
+  (`entries.DROP_REASONS`, checked in that order), never repaired. Kept objects keep appearance order.
 - Scanning stops at the top-level `}` ("closed"), at the end of the tokens ("end_of_input", which
   sets `truncated`) or at the first byte that cannot continue valid JSON ("syntax_error"). Text after
   the last complete entry, if any, counts as one dropped entry with reason "truncated" or
@@ -42,7 +42,6 @@ range of prefix tokens overlapping those bytes; a fused token at a boundary over
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from stagectl.detection.coords import Box
+from stagectl.detection.entries import Entry, fast_entry, judge_entry
 from stagectl.detection.json_scan import (
     COMMA,
     FAST_FIRST_ENTRY,
@@ -57,15 +57,9 @@ from stagectl.detection.json_scan import (
     LBRACE,
     RBRACE,
     WS,
-    CoordNode,
-    DictNode,
     Incomplete,
     Invalid,
-    ListNode,
-    Node,
     Scanner,
-    StrNode,
-    decode_string,
 )
 from stagectl.detection.vocab import TokenVocab, as_vocab
 
@@ -79,27 +73,9 @@ STOP_END_OF_INPUT = "end_of_input"
 STOP_SYNTAX_ERROR = "syntax_error"
 STOP_NO_OPEN_BRACE = "no_open_brace"
 
-# Why a complete entry was dropped; checked in this order, the first that applies is counted.
-DROP_REASONS = (
-    "bad_key",  # the key is not object_N (N >= 1, no leading zeros)
-    "duplicate_key",  # object_N repeated at the top level, or a key repeated inside the value
-    "not_a_dict",  # the value is not a JSON object
-    "nested_dict",  # a value inside the entry is itself an object
-    "poly",  # a `poly` key (polygons are not supported)
-    "extra_keys",  # keys other than desc and bbox_2d
-    "missing_desc",
-    "desc_not_string",
-    "empty_desc",  # empty or whitespace only
-    "missing_bbox",
-    "bbox_not_list",
-    "bbox_arity",  # not exactly 4 values
-    "non_coord_value",  # a value that is not one quoted coordinate token
-    "bad_box_order",  # x2 < x1 or y2 < y1
-)
 # The unfinished text after the last complete entry.
 UNFINISHED_REASONS = ("truncated", "syntax_error")
 
-_OBJECT_KEY = re.compile(r"object_([1-9][0-9]*)")
 _UNKNOWN_TOKEN_BYTES = b"\x00"  # ids outside the vocabulary: a byte no JSON may contain
 
 
@@ -120,7 +96,7 @@ class ParsedObject:
 class DroppedObject:
     """A complete but invalid entry; it stays in the prefix and is masked by the target builder."""
 
-    reason: str  # one of DROP_REASONS
+    reason: str  # one of entries.DROP_REASONS
     key_index: int | None  # N when the key is object_N
     token_span: TokenSpan
 
@@ -152,80 +128,6 @@ class RolloutParse:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Judging one complete entry.
-
-
-@dataclass(slots=True)
-class _Entry:
-    region: tuple[int, int]  # bytes owned: end of the previous entry (or `{`) .. end of the value
-    key_index: int | None
-    reason: str | None  # None when kept
-    desc: str = ""
-    desc_bytes: tuple[int, int] = (0, 0)
-    bins: tuple[int, ...] = ()
-    coord_positions: tuple[int, ...] = ()
-
-
-def _judge(buf: bytes, key: StrNode, value: Node, seen_keys: set[str], region: tuple[int, int]) -> _Entry:
-    key_text = decode_string(buf, key.start, key.end)
-    key_match = _OBJECT_KEY.fullmatch(key_text)
-    key_index = int(key_match.group(1)) if key_match else None
-    duplicate = key_text in seen_keys
-    seen_keys.add(key_text)
-
-    def drop(reason: str) -> _Entry:
-        return _Entry(region=region, key_index=key_index, reason=reason)
-
-    if key_index is None:
-        return drop("bad_key")
-    if duplicate:
-        return drop("duplicate_key")
-    if not isinstance(value, DictNode):
-        return drop("not_a_dict")
-    fields = {decode_string(buf, k.start, k.end): v for k, v in value.items}
-    if len(fields) != len(value.items):
-        return drop("duplicate_key")
-    if any(isinstance(v, DictNode) for v in fields.values()):
-        return drop("nested_dict")
-    if "poly" in fields:
-        return drop("poly")
-    if fields.keys() - {"desc", "bbox_2d"}:
-        return drop("extra_keys")
-    desc = fields.get("desc")
-    if desc is None:
-        return drop("missing_desc")
-    if isinstance(desc, CoordNode):  # the text of one coordinate token is still a string
-        desc = StrNode(desc.start, desc.end)
-    if not isinstance(desc, StrNode):
-        return drop("desc_not_string")
-    desc_text = decode_string(buf, desc.start, desc.end)
-    if not desc_text.strip():
-        return drop("empty_desc")
-    bbox = fields.get("bbox_2d")
-    if bbox is None:
-        return drop("missing_bbox")
-    if not isinstance(bbox, ListNode):
-        return drop("bbox_not_list")
-    if len(bbox.items) != 4:
-        return drop("bbox_arity")
-    coords = [c for c in bbox.items if isinstance(c, CoordNode)]
-    if len(coords) != 4:
-        return drop("non_coord_value")
-    x1, y1, x2, y2 = (c.bin for c in coords)
-    if x2 < x1 or y2 < y1:
-        return drop("bad_box_order")
-    return _Entry(
-        region=region,
-        key_index=key_index,
-        reason=None,
-        desc=desc_text,
-        desc_bytes=(desc.start, desc.end),
-        bins=(x1, y1, x2, y2),
-        coord_positions=tuple(c.token_pos for c in coords),
-    )
-
-
-# ---------------------------------------------------------------------------------------------------
 # The rollout.
 
 
@@ -253,57 +155,21 @@ def _span(starts: Sequence[int], start: int, end: int) -> TokenSpan:
     return (bisect_right(starts, start) - 1, bisect_left(starts, end))
 
 
-def _fast_entry(
-    match: re.Match[bytes], buf: bytes, coord_at: dict[int, tuple[int, int, int]], seen_keys: set[str]
-) -> _Entry | None:
-    """A kept entry from a canonical-shape match, or None when any rule needs the full scanner."""
-    key_text = "object_" + match.group(1).decode("ascii")
-    if key_text in seen_keys:
-        return None
-    positions, bins = [], []
-    for group in (3, 4, 5, 6):
-        coord = coord_at.get(match.start(group))
-        if coord is None or coord[2] != match.end(group):
-            return None  # coordinate text spelled by ordinary tokens
-        positions.append(coord[0])
-        bins.append(coord[1])
-    x1, y1, x2, y2 = bins
-    if x2 < x1 or y2 < y1:
-        return None
-    desc_start, desc_end = match.start(2) + 1, match.end(2) - 1
-    try:
-        desc = decode_string(buf, desc_start, desc_end)
-    except UnicodeDecodeError:
-        return None
-    if not desc.strip():
-        return None
-    seen_keys.add(key_text)
-    return _Entry(
-        region=(match.start(), match.end()),  # from the end of the previous entry: the match starts there
-        key_index=int(match.group(1)),
-        reason=None,
-        desc=desc,
-        desc_bytes=(desc_start, desc_end),
-        bins=(x1, y1, x2, y2),
-        coord_positions=tuple(positions),
-    )
-
-
 def _scan_entries(
     buf: bytes, coord_at: dict[int, tuple[int, int, int]], open_at: int, fast: bool
-) -> tuple[list[_Entry], int, str]:
+) -> tuple[list[Entry], int, str]:
     """Judge the top-level entries after the `{` at `open_at`: (entries, end of the last one, stop reason).
 
     Each entry first tries the one-regex canonical shape (`fast`); anything else goes through the
     scanner, which gives the same verdict for canonical entries (tested) and judges the rest."""
     scanner = Scanner(buf, coord_at, pos=open_at + 1)
     boundary = open_at + 1  # end of the last complete entry, or just after `{`
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     seen_keys: set[str] = set()
     while True:
         if fast:
             match = (FAST_NEXT_ENTRY if entries else FAST_FIRST_ENTRY).match(buf, boundary)
-            entry = _fast_entry(match, buf, coord_at, seen_keys) if match else None
+            entry = fast_entry(match, buf, coord_at, seen_keys) if match else None
             if entry is not None:
                 entries.append(entry)
                 boundary = scanner.pos = entry.region[1]
@@ -320,7 +186,7 @@ def _scan_entries(
             return entries, boundary, STOP_END_OF_INPUT
         except Invalid:
             return entries, boundary, STOP_SYNTAX_ERROR
-        entries.append(_judge(buf, key, value, seen_keys, (boundary, scanner.pos)))
+        entries.append(judge_entry(buf, key, value, seen_keys, (boundary, scanner.pos)))
         boundary = scanner.pos
 
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from stagectl.detection.entries import DROP_REASONS
 from stagectl.detection.parse import (
-    DROP_REASONS,
     STOP_CLOSED,
     STOP_END_OF_INPUT,
     STOP_NO_OPEN_BRACE,
