@@ -4,7 +4,8 @@ Per optimizer step `s`: rank 0 decides whether the schedule wants Channel-B and 
 (`ChannelB`: step or async mode) turns that into the step's decision (async: the feasibility gate); the
 kind is fixed for the whole accumulation window; Channel-A runs one micro-batch per micro-step, a B step
 runs Channel-B's forward/backward passes; then exactly one optimizer update, Channel-B's after-update work
-(an async weight sync when due), and rank 0 appends one metrics row.
+(an async weight sync when due), and rank 0 appends one metrics row. Which Channel-B a run trains with
+(and the rollout client and weight sync it opens) is `channel_b_build`.
 """
 
 from __future__ import annotations
@@ -18,52 +19,30 @@ from typing import Any
 import torch
 
 from stagectl import dist
-from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.config import StagectlConfig
 from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding
-from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
 from stagectl.learner.channel_a import ChannelA
-from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
-from stagectl.learner.channel_b_step import StepChannelB
+from stagectl.learner.channel_b_build import build_channel_b
 from stagectl.learner.evaluate import EVAL_LOGGED, Evaluator
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.parts import trainable_parameters
 from stagectl.learner.precision import UpdateProbe
-from stagectl.learner.publisher import WeightPublisher
-from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.samples import SampleRecord, SamplesWriter
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
-from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import RolloutClient
 from stagectl.schedule import channel_for_step
-from stagectl.weightsync.client import WeightSyncClient
-
-
-def make_client(cfg: StagectlConfig) -> RolloutClient:
-    """The rollout client for server-mode rollouts, once every server answers /health/."""
-    client = RolloutClient.from_config(cfg.custom.extra.rollout_matching)
-    client.wait_healthy()
-    return client
-
-
-def make_weight_sync(cfg: StagectlConfig) -> WeightSyncClient:
-    """The weight sync to the rollout servers (rank 0 pushes; `vllm.sync` picks the transport)."""
-    return WeightSyncClient.from_config(
-        cfg.custom.extra.rollout_matching, disk_dir=cfg.training.output_dir / "weight_sync"
-    )
 
 
 class Trainer:
     def __init__(self, cfg: StagectlConfig, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
         """`prefetcher_cpus`: the CPUs the async prefetcher thread runs on (None: the rank's own)."""
         self.cfg = cfg
-        self.prefetcher_cpus = prefetcher_cpus
         self.world = dist.read_world()
         self.state: LearnerState = build_learner(cfg, self.world)
         st = self.state
@@ -96,9 +75,9 @@ class Trainer:
         )
         self.num_updates = int(st.extra_state.get("num_updates", 0))
         self.channel_a = ChannelA(st, self.runner)
-        self.client: RolloutClient | None = None
-        self.weight_sync: WeightSyncClient | None = None
-        self.channel_b: ChannelB = self._build_channel_b()
+        self.channel_b, self.client, self.weight_sync = build_channel_b(
+            cfg, st, self.runner, num_updates=self.num_updates, prefetcher_cpus=prefetcher_cpus
+        )
         self.metrics = (
             MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
         )
@@ -113,44 +92,6 @@ class Trainer:
             else None
         )
         self._stop_signal: int | None = None
-
-    def _build_channel_b(self) -> ChannelB:
-        cfg, st = self.cfg, self.state
-        assert cfg.stage2_ab is not None
-        rm = cfg.custom.extra.rollout_matching
-        chunk = st.resolved.rollout_decode_batch_size
-        if not uses_server_rollouts(cfg):
-            warn_unused_async_state(st)
-            return StepChannelB(cfg, st, self.runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk))
-        self.client = make_client(cfg)
-        self.weight_sync = make_weight_sync(cfg)
-        publisher = WeightPublisher(
-            self.weight_sync,
-            st.bundle.model,
-            self.world,
-            num_updates=self.num_updates,
-            storage_dtype=st.precision.storage_dtype,
-            adapter_sync=rm.vllm.sync.mode == "adapter",
-        )
-        if cfg.stage2_ab.channel_b.mode == "async":
-            async_b = AsyncChannelB(cfg, st, self.runner, self.client, publisher, self.prefetcher_cpus)
-            if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
-                resume_sync(async_b, st)
-            if st.resumed_from is not None:
-                restore_async(async_b, st)
-            return async_b
-        warn_unused_async_state(st)
-        source = ServerRollouts(self.client, st.encoder, rm, chunk, SyncFence(), lambda: publisher.ver)
-        step_b = StepChannelB(
-            cfg,
-            st,
-            self.runner,
-            source,
-            publisher=publisher,
-            pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
-        )
-        step_b.num_updates = self.num_updates
-        return step_b
 
     # ------------------------------------------------------------------ run
 

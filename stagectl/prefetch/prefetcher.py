@@ -5,12 +5,12 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 - Bursts: the thread asks `pacing` how many packs B steps will still train before the current version
   goes stale, takes one B step's worth of them (`gas` packs: the nearest B step first, so it never
   waits for the rollouts of a later one), requests the rollouts that fill them to `pack_tokens` each
-  (split into requests of
-  `rollout_decode_batch_size` sent together; a first request for most of the estimated need, then
-  top-ups until the target is reached, at most `MAX_ROUNDS` requests; each rounded up to whole decode
-  batches only when pacing wants a next burst of the same version, which takes what does not fit), and
-  packs the burst's segments into that many packs at once (`packing.pack_into`: as even as possible,
-  each at most `packing_length`). A burst never makes more packs than pacing asked for: segments that
+  (split into requests of `rollout_decode_batch_size` sent together; a first request for most of the
+  estimated need, then top-ups until the target is reached, at most `MAX_ROUNDS` requests; each rounded
+  up to whole decode batches only when pacing wants a next burst of the same version, which takes what
+  does not fit), and packs the burst's segments into that many packs at once (`packing.pack_into`: as
+  even as possible, each at most `packing_length`). One request and the grouping into packs are
+  `prefetch.bursts`. A burst never makes more packs than pacing asked for: segments that
   fit nowhere (rollouts came out longer than estimated) start the next burst if the version has not
   moved, else they are dropped and counted. Nothing else is held back, so neither a version change nor
   a slow server can strand a pack's worth of rollouts.
@@ -28,12 +28,9 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the thread stops and
   keeps the exception; the learner re-raises it (`raise_if_failed`). A thread never swallows an error.
 - Checkpoints (lossless resume): the thread publishes a *commit point* under `_lock` at the end of every
-  burst (its packs queued, its leftovers carried, the B-stream position, seed counter, estimate and
-  counters after it). `snapshot` reads the commit point, the carried segments and the queue under the
-  same lock, so a checkpoint never sees half a burst: the samples of a burst still in flight lie past
-  the saved stream position and are generated again after a resume. `restore` rebuilds the saved
-  packs and leftovers from their rollouts (token ids; the segments are a pure function of them) and
-  queues them under the staleness rule of an uninterrupted run.
+  burst; `snapshot` reads it, the carried segments and the queue under the same lock, so a checkpoint
+  never sees half a burst; `restore` rebuilds the saved packs and leftovers (the layout and the
+  rebuilding: `prefetch.snapshot`).
 - Shutdown: the owner sets the stop event (`request_stop`), closes the HTTP client (which ends a call
   in flight), then joins (`join`) with a deadline; a failure caused by the shutdown itself is not an
   error. A thread still alive after the deadline is an error the owner raises.
@@ -45,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -53,8 +50,7 @@ import httpx
 from stagectl.collate import PackedBatch, Segment
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
-from stagectl.models.generate import Generation
-from stagectl.packing import pack_into
+from stagectl.prefetch.bursts import pack_groups, request_rollouts
 from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted, request_size
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import (
@@ -67,6 +63,7 @@ from stagectl.prefetch.records import (
     Section,
     VersionedSource,
 )
+from stagectl.prefetch.snapshot import commit_point, rebuild_packs, rebuild_segments, snapshot_state
 from stagectl.rollout.errors import RolloutServerError
 from stagectl.seeds import derive_seed
 
@@ -155,12 +152,9 @@ class Prefetcher:
 
     def _commit(self) -> None:
         """Record the state after the last finished burst (call under `_lock`, or before `start`)."""
-        self._committed: dict[str, Any] = {
-            "stream_pos": self.sampler.num_consumed,
-            "num_chunks": self.num_chunks,
-            "tokens_per_rollout": self._tokens_per_rollout,
-            "counters": asdict(self.counters),
-        }
+        self._committed: dict[str, Any] = commit_point(
+            self.sampler.num_consumed, self.num_chunks, self._tokens_per_rollout, self.counters
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """The rank's async state as plain data (ints, floats, strings, lists, dicts): the commit point,
@@ -168,22 +162,9 @@ class Prefetcher:
         between steps (no pack held); a burst in flight is not part of it."""
         with self._lock:
             entries, queue_counters = self.queue.state()
-            shared = self.queue.shared()
-            return {
-                **self._committed,
-                "carry_ver": self._carry_ver,
-                "carry": [asdict(r) for r, _, _ in self._carry],
-                "packs": [
-                    {
-                        "ver": ver,
-                        "stats": pack.stats.as_list(),
-                        "rollouts": [asdict(r) for r in pack.rollouts],
-                    }
-                    for ver, pack in entries
-                ],
-                "queue_counters": queue_counters,
-                "shared": None if shared is None else sorted(shared.items()),
-            }
+            return snapshot_state(
+                self._committed, self._carry, self._carry_ver, entries, queue_counters, self.queue.shared()
+            )
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from `snapshot`'s output (before `start`; the queue's version already current):
@@ -194,31 +175,12 @@ class Prefetcher:
         self.num_chunks = int(state["num_chunks"])
         self._tokens_per_rollout = float(state["tokens_per_rollout"])
         self.counters = PrefetchCounters(**state["counters"])
-        self._carry = self._rebuild([Rollout(**r) for r in state["carry"]])
+        self._carry = rebuild_segments(self.build_segments, [Rollout(**r) for r in state["carry"]])
         self._carry_ver = int(state["carry_ver"])
-        packs = []
-        for saved in state["packs"]:
-            built = self._rebuild([Rollout(**r) for r in saved["rollouts"]])
-            batch = self.collate([segment for _, segment, _ in built])
-            stats = RolloutStats.from_list(saved["stats"])
-            ver = int(saved["ver"])
-            packs.append((ver, ReadyPack(batch, len(built), stats, ver, [r for r, _, _ in built])))
+        packs = rebuild_packs(state["packs"], self.build_segments, self.collate)
         self.queue.restore(packs, state["queue_counters"], size=lambda pack: pack.num_segments)
         self.queue.restore_shared(state.get("shared"))  # absent from checkpoints written before it was kept
         self._commit()
-
-    def _rebuild(self, rollouts: list[Rollout]) -> list[Built]:
-        """The segments of saved rollouts (a pure function of the sample and its tokens)."""
-        generations = [Generation(list(r.token_ids), r.finish_reason) for r in rollouts]  # type: ignore[arg-type]
-        kept, _ = self.build_segments([r.sample for r in rollouts], generations)
-        if len(kept) != len(rollouts):
-            lost = sorted(set(range(len(rollouts))) - {offset for offset, _, _ in kept})
-            raise ValueError(
-                f"checkpoint async state: the saved rollouts of samples {[rollouts[k].sample for k in lost]} "
-                "no longer make a segment that fits global_max_length (was it lowered?); resume with the "
-                "checkpoint's global_max_length"
-            )
-        return [(rollouts[offset], segment, stats) for offset, segment, stats in kept]
 
     # ------------------------------------------------------------------ thread
 
@@ -382,26 +344,7 @@ class Prefetcher:
         indices = self.sampler.take(count)
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
-        started = time.perf_counter()
-        generations = section.rollout(indices, seed)
-        self.counters.requests_total += 1
-        self.counters.request_s += time.perf_counter() - started
-        started = time.perf_counter()
-        kept, lost = self.build_segments(indices, generations)
-        self.counters.build_s += time.perf_counter() - started
-        self.counters.rollouts_total += count
-        self.counters.segments_total += len(kept)
-        built = [
-            (
-                Rollout(
-                    indices[k], first_pos + k, list(generations[k].token_ids), generations[k].finish_reason
-                ),
-                segment,
-                stats,
-            )
-            for k, segment, stats in kept
-        ]
-        return built, lost
+        return request_rollouts(section, self.build_segments, indices, first_pos, seed, self.counters)
 
     def _pack(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
         """Queue the burst's packs, carry its leftovers and commit, all under `_lock`."""
@@ -416,14 +359,7 @@ class Prefetcher:
     def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
         started = time.perf_counter()
         lengths = [len(segment) for _, segment, _ in built]
-        if self.segments_per_pack is not None:
-            size = self.segments_per_pack
-            groups = [
-                list(range(k * size, (k + 1) * size)) for k in range(min(num_packs, len(built) // size))
-            ]
-            left = list(range(len(groups) * size, len(built)))
-        else:
-            groups, left = pack_into(lengths, num_packs, self.packing_length)
+        groups, left = pack_groups(lengths, num_packs, self.packing_length, self.segments_per_pack)
         # what does not fit waits for the next burst of this version (a burst never makes extra packs)
         self._carry, self._carry_ver = [built[i] for i in left], ver
         for k, group in enumerate(groups):
