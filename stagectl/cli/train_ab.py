@@ -34,6 +34,7 @@ def command(
     rollout server first when rollout_server.embedded is true). A training.output_dir that already holds
     a run is refused unless --resume or --overwrite says what to do with it."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
+    from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
     from stagectl.placement import check_devices
@@ -63,6 +64,10 @@ def command(
         return
     t = cfg.training
     try:
+        # the data's lines and image paths, before the run directory, a server or any rank (a rank opens
+        # every image again before the model loads: `learner.setup.load_train_samples`)
+        if cfg.data is not None and cfg.data.train_jsonl is not None:
+            load_jsonl_dataset(cfg.data.train_jsonl, cfg.data.image_root, box_format=cfg.data.box_format)
         if cfg.launch.nnodes == 1:  # multi-node: global rank 0 alone decides (learner.setup)
             note = prepare_train_dir(t.output_dir, t.resume_from_checkpoint, t.overwrite_output_dir)
             if note is not None:

@@ -183,10 +183,18 @@ def test_bad_data_line_one_line_error(tmp_path: Path) -> None:
     data.write_text("".join(json.dumps(line) + "\n" for line in lines))
     cfg = tiny_train_config(tmp_path, data={"train_jsonl": str(data)})
     cfg["data"].pop("synthetic")
-    result = run_cli("train-ab", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    config = str(write_config(tmp_path / "cfg.yaml", cfg))
+    result = run_cli("train-ab", config)
     assert result.returncode == 1
     assert f"{data}:2:" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    # the data is checked before anything is done to the run directory: --overwrite moves nothing aside
+    old_run = tmp_path / "run"
+    old_run.mkdir()
+    (old_run / "metrics.jsonl").write_text('{"step": 0, "kind": "A"}\n')  # a run --overwrite would move aside
+    result = run_cli("train-ab", config, "--overwrite")
+    assert result.returncode == 1 and f"{data}:2:" in result.stderr
+    assert (old_run / "metrics.jsonl").exists() and not list(tmp_path.glob("run.replaced-*"))
 
 
 def test_missing_image_one_line_error(tmp_path: Path) -> None:
