@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -113,21 +112,15 @@ def in_process_server(model: str, *sets: str) -> Iterator[str]:
     from stagectl.config import load_config
     from stagectl.rollout.server.app import build_app
     from stagectl.rollout.server.service import RolloutService
-    from stagectl.rollout.server.serving import (
-        ThreadedServer,
-        build_engine,
-        call_limits,
-        server_settings,
-        weight_transports,
-    )
+    from stagectl.rollout.server.serving import ThreadedServer, build_engine, settings_for
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         cfg = load_config(None, [f"model.name_or_path={model}", "rollout_server.port=0", *sets])
-        settings = server_settings(cfg.rollout_server, (), call_limits(cfg))
-        settings = dataclasses.replace(settings, weight_transports=weight_transports(cfg))
-        server = ThreadedServer(build_app(RolloutService(build_engine(cfg), settings))).start(timeout_s=120)
+        server = ThreadedServer(build_app(RolloutService(build_engine(cfg), settings_for(cfg)))).start(
+            timeout_s=120
+        )
         try:
             yield server.url
         finally:

@@ -251,12 +251,18 @@ def run_server(
     configure_access_log(access_log)
     rs = cfg.rollout_server
     # fail on a bad token or TLS setup before loading the model
-    settings = server_settings(rs, weight_dirs, call_limits(cfg))
-    settings = dataclasses.replace(settings, weight_transports=weight_transports(cfg))
+    settings = settings_for(cfg, weight_dirs)
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         server_context(settings.tls_certfile, settings.tls_keyfile)
     sock = bind_socket(rs.host, rs.port)
     serve(build_app(RolloutService(build_engine(cfg), settings)), sock)
+
+
+def settings_for(cfg: StagectlConfig, weight_dirs: Sequence[Path] = ()) -> ServerSettings:
+    """Everything the server's service takes from `cfg` (and `--weights-dir`): `server_settings` with the
+    call limits and the weight-sync routes it mounts."""
+    settings = server_settings(cfg.rollout_server, weight_dirs, call_limits(cfg))
+    return dataclasses.replace(settings, weight_transports=weight_transports(cfg))
 
 
 def weight_transports(cfg: StagectlConfig) -> frozenset[str]:
