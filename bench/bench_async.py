@@ -9,8 +9,9 @@ Configs (each run in step mode and async mode, one learner rank):
   target 4, sync every 2) on one learner rank instead of two (`--nproc 1`: two ranks and a server need
   three cores);
 - `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8;
-- variants (`VARIANTS`, async only, compared with their base's step runs): `b1.0w2` (`version_window: 2`),
-  `b1.0q4` (`prefetch_target_packs: 4`, `queue_limit: 6`).
+- variants (`VARIANTS`: a base config with some keys changed, in both modes): `b1.0n40` (`b1.0` with 40 new
+  tokens instead of 48: step mode still waits ~43% of its wall on rollouts, but async's learner, which trains
+  full packs, no longer waits on the server).
 
 Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
 `rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
@@ -18,8 +19,9 @@ places both).
 
 Per run, after 2 warm-up steps: trained tokens/s, wall per step, R (rollout busy: step mode's rollout
 time, async's prefetcher busy time), the learner's idle time (`time/wait_packs_s` + `time/fence_s`), T = W -
-idle, overlap max(R, T) / W, the idle fraction, the drop rate, the weight-sync share of the wall, and the
-share of every learner phase. Per config and placement: async / step trained tokens/s, and the overlap
+idle, overlap max(R, T) / W, the idle fraction and its floor max(0, 1 - T/R) (a rollout-bound learner must
+wait that long whatever the overlap), the drop rate, the weight-sync share of the wall, and the share of every
+learner phase. Per config and placement: async / step trained tokens/s, and the overlap
 bound (R + T) / max(R, T) from step mode's own R and T = W - R (what perfect overlap would give).
 
 Run: `python -m bench async` (the full section, ~35 min on 2 quiet cores), or
@@ -51,14 +53,12 @@ CONFIGS = {
     "b0.5": ("step", "step_pipeline", "async"),
     "example": ("step", "async"),
     "b1.0": ("step", "async"),
-    "b1.0w2": ("async",),
-    "b1.0q4": ("async",),
+    "b1.0n40": ("step", "async"),
 }
-# a variant: its base config with these `stage2_ab.channel_b.async` keys changed; they do nothing in step
-# mode, so the variant is compared with its base's step runs
+# a variant: its base config with these keys (dotted config paths) changed; compared with its own step runs
+# where it has them (CONFIGS), else with its base's (a key that does nothing in step mode)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "b1.0w2": ("b1.0", {"version_window": 2}),
-    "b1.0q4": ("b1.0", {"prefetch_target_packs": 4, "queue_limit": 6}),
+    "b1.0n40": ("b1.0", {"custom.extra.rollout_matching.max_new_tokens": 40}),
 }
 PLACEMENTS = ("separated", "shared")
 
@@ -66,7 +66,7 @@ PLACEMENTS = ("separated", "shared")
 def _config(
     out: Path, config: str, mode: str, max_steps: int, cpus: tuple[int, int] | None
 ) -> dict[str, Any]:
-    config, async_keys = VARIANTS.get(config, (config, {}))
+    config, changes = VARIANTS.get(config, (config, {}))
     example = config == "example"
     b_only = config == "b1.0"
     cfg: dict[str, Any] = {
@@ -103,12 +103,19 @@ def _config(
                     "version_window": 1,
                     "prefetch_target_packs": 2 if b_only else 4,
                     "sync_every_steps": 1 if b_only else 2,
-                    **async_keys,
                 },
             },
         },
         "rollout_server": {"embedded": True, "max_batch_size": 8},
     }
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = cfg
+        for key in parents:
+            node = node[key]
+        if leaf not in node:
+            raise KeyError(f"variant key {dotted} is not in the {config} config")
+        node[leaf] = value
     if cpus is not None:
         cfg["launch"]["cpus"] = [cpus[0]]
         cfg["rollout_server"]["cpus"] = [cpus[1]]
@@ -193,6 +200,8 @@ def summarise(all_rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         rollout_ms_per_token=1e3 * rollout_busy / tokens if tokens else 0.0,
         learner_ms_per_token=1e3 * learner_busy / tokens if tokens else 0.0,
         overlap_ratio=max(rollout_busy, learner_busy) / wall,
+        # the least idle a learner can have when the rollouts take longer than its own work (R > T)
+        idle_floor=max(0.0, 1.0 - learner_busy / rollout_busy) if rollout_busy else 0.0,
     )
     return out
 
@@ -203,7 +212,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for config in CONFIGS:
         for placement in PLACEMENTS:
-            base = VARIANTS.get(config, (config, {}))[0]
+            base = config if "step" in CONFIGS[config] else VARIANTS.get(config, (config, {}))[0]
             step, async_ = runs.get(f"{base}/step/{placement}"), runs.get(f"{config}/async/{placement}")
             if step is None or async_ is None:
                 continue
@@ -275,7 +284,8 @@ def merge(saved: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TARGETS = ("example", "b1.0")  # the configs the issue's targets name (#26), repeated by `--repeats`
+# the configs the issue's targets name (#26; b1.0 and b1.0n40 both rollout-heavy), repeated by `--repeats`
+TARGETS = ("example", "b1.0", "b1.0n40")
 
 
 def repeats(n: int, max_steps: int = 18) -> dict[str, Any]:
@@ -294,7 +304,12 @@ def repeats(n: int, max_steps: int = 18) -> dict[str, Any]:
                     cfg = _config(Path(tmp) / name, config, mode, max_steps, (cores[0], cores[1]))
                     pair[f"{config}/{mode}/separated"] = summarise(_train(name, cfg, Path(tmp)), mode)
                 ratio = compare(pair)[f"{config}/separated"]
-                row = {**ratio, "idle": pair[f"{config}/async/separated"]["learner_idle_fraction"]}
+                async_run = pair[f"{config}/async/separated"]
+                row = {
+                    **ratio,
+                    "idle": async_run["learner_idle_fraction"],
+                    "idle_floor": async_run["idle_floor"],
+                }
                 out["runs"].setdefault(config, []).append(row)
                 print(f"{config} repeat {rep}:", {k: round(v, 3) for k, v in row.items()}, flush=True)
     out["loadavg"].append(os.getloadavg()[0])
@@ -341,7 +356,7 @@ def main() -> None:
         "--repeats",
         type=int,
         default=0,
-        help="only: the targets' separated pairs (example, b1.0) N times; with --save, kept beside the table",
+        help="only: the targets' separated pairs (example, b1.0, b1.0n40) N times; with --save, kept beside the table",
     )
     parser.add_argument(
         "--ab-config", default="example", choices=list(CONFIGS), help="--prefetcher-ab's config"

@@ -14,6 +14,7 @@ ROWS = (
     ("wall_per_step_s", "wall per step (s)", "{:.2f}"),
     ("overlap_ratio", "overlap max(R, T) / W", "{:.2f}"),
     ("learner_idle_fraction", "learner idle fraction", "{:.3f}"),
+    ("idle_floor", "idle floor max(0, 1 - T/R)", "{:.3f}"),
     ("drop_rate", "drop rate", "{:.3f}"),
     ("weight_sync_share", "weight-sync share of wall", "{:.3f}"),
     ("share/forward_backward", "forward/backward share", "{:.3f}"),
@@ -46,13 +47,19 @@ def async_section(r: dict[str, Any]) -> list[str]:
         "Configs: `b0.5` (b_ratio 0.5, 48 new tokens, async packed bs 1, sync every 2), `example` "
         "(examples/tiny/train_ab_async.yaml on one rank), `b1.0` (B only, sync every step). R = rollout busy "
         "(step: its rollout time; async: the prefetcher's busy time), idle = `time/wait_packs_s` + "
-        "`time/fence_s`, T = W - idle; figures after 2 warm-up steps. The bound assumes each side runs as fast "
+        "`time/fence_s`, T = W - idle; figures after 2 warm-up steps. The idle floor is the least a learner "
+        "waits when its rollouts take longer than its own work (R > T), however well the two overlap. The bound "
+        "assumes each side runs as fast "
         "beside the other as step mode measured it alone; the last column says how much longer the server took per "
         "rollout in the async run (above 1: it generated slower while the learner computed)."
         + "".join(
             f" `{name}`: `{base}` with "
-            + ", ".join(f"`async.{key}: {value}`" for key, value in keys.items())
-            + f" (compared with `{base}`'s step runs)."
+            + ", ".join(f"`{key}: {value}`" for key, value in keys.items())
+            + (
+                " (its own step runs)."
+                if "step" in CONFIGS[name]
+                else f" (compared with `{base}`'s step runs)."
+            )
             for name, (base, keys) in VARIANTS.items()
         ),
         "",
@@ -145,7 +152,12 @@ def async_section(r: dict[str, Any]) -> list[str]:
                 f"{heavy['async_over_step']:.2f}x, idle {heavy_idle:.1%}"
                 + (
                     f" in the table's run; {_spread([x['async_over_step'] for x in rows], '{:.2f}x')}, idle "
-                    f"{_spread([x['idle'] for x in rows], '{:.3f}')} over the repeats."
+                    f"{_spread([x['idle'] for x in rows], '{:.3f}')} over the repeats"
+                    + (
+                        f" (floor {_spread([x['idle_floor'] for x in rows], '{:.3f}')})."
+                        if all("idle_floor" in x for x in rows)
+                        else "."
+                    )
                     if rows
                     else "."
                 )
@@ -159,7 +171,7 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def repeat_lines(spread: dict[str, Any]) -> list[str]:
-    """The targets as a spread: the separated step/async pairs of `example` and `b1.0` run `n` times."""
+    """The targets as a spread: the separated step/async pairs of the TARGETS configs run `n` times."""
     load = spread.get("loadavg") or [0.0]
     lines = [
         f"Repeats (`python -m bench.bench_async --repeats {spread['n']} --save`, {spread['ran_at']}, "
@@ -167,14 +179,17 @@ def repeat_lines(spread: dict[str, Any]) -> list[str]:
         + (", **a loaded machine**" if max(load) > 3 else "")
         + "), separated, min/median/max:",
         "",
-        "| config | async / step | of the bound | async learner idle | server s per rollout, async / step |",
-        "|---|---|---|---|---|",
+        "| config | async / step | of the bound | async learner idle | its floor max(0, 1 - T/R) "
+        "| server s per rollout, async / step |",
+        "|---|---|---|---|---|---|",
     ]
     for config, rows in spread["runs"].items():
+        floors = [x["idle_floor"] for x in rows if "idle_floor" in x]
         lines.append(
             f"| {config} | {_spread([x['async_over_step'] for x in rows], '{:.2f}x')} | "
             f"{_spread([x['of_bound'] for x in rows], '{:.2f}')} | {_spread([x['idle'] for x in rows], '{:.3f}')} | "
-            f"{_spread([x.get('rollout_cost_async_over_step', float('nan')) for x in rows], '{:.2f}')} |"
+            + (_spread(floors, "{:.3f}") if len(floors) == len(rows) else "—")
+            + f" | {_spread([x.get('rollout_cost_async_over_step', float('nan')) for x in rows], '{:.2f}')} |"
         )
     return lines
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from bench import bench_async
 from bench.bench_async import compare, merge, summarise
 from bench.markdown_async import async_section
 
@@ -54,6 +55,10 @@ def test_step_mode_bound_and_async_ratio() -> None:
     fast = summarise(rows, "async")
     assert fast["learner_idle_fraction"] == pytest.approx(0.1)
     assert fast["overlap_ratio"] == pytest.approx(0.9)  # max(R = 0.6, T = 0.9) / 1
+    assert fast["idle_floor"] == 0.0  # learner-bound: the rollouts could keep up
+    # rollout-bound: the prefetcher busy 1.2 s per 1 s step; T = 0.9 -> the learner waits >= 1 - 0.9 / 1.2
+    bound_by_rollouts = summarise([async_row(s, busy_s=1.2 * s) for s in range(8)], "async")
+    assert bound_by_rollouts["idle_floor"] == pytest.approx(0.25)
     assert fast["drop_rate"] == pytest.approx(0.1)
     assert fast["weight_sync_share"] == pytest.approx(0.04)  # 2 syncs of 0.1 s in 5 steps of 1 s
     ratios = compare({"b0.5/step/separated": step, "b0.5/async/separated": fast})
@@ -71,7 +76,12 @@ def test_step_mode_bound_and_async_ratio() -> None:
     assert "a loaded machine" in text and "a short check" in text
 
 
-def test_variant_compares_with_its_base_step_runs_and_save_merges() -> None:
+def test_variant_compares_with_its_base_step_runs_and_save_merges(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an async-only variant (a key that does nothing in step mode) is compared with its base's step runs
+    monkeypatch.setitem(bench_async.CONFIGS, "b1.0w2", ("async",))
+    monkeypatch.setitem(
+        bench_async.VARIANTS, "b1.0w2", ("b1.0", {"stage2_ab.channel_b.async.version_window": 2})
+    )
     step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
     fast = summarise([async_row(s, busy_s=0.6 * s) for s in range(8)], "async")
     slow = summarise([{**async_row(s, busy_s=0.6 * s), "tokens": 500} for s in range(8)], "async")
@@ -114,6 +124,33 @@ def test_variant_compares_with_its_base_step_runs_and_save_merges() -> None:
     assert merge(None, new) is new
 
 
+def test_variant_with_its_own_step_runs_changes_the_base_config(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = bench_async._config(tmp_path, "b1.0n40", "step", 18, (0, 1))
+    base = bench_async._config(tmp_path, "b1.0", "step", 18, (0, 1))
+    assert cfg["custom"]["extra"]["rollout_matching"]["max_new_tokens"] == 40
+    assert base["custom"]["extra"]["rollout_matching"]["max_new_tokens"] == 48
+    cfg["custom"]["extra"]["rollout_matching"]["max_new_tokens"] = 48
+    assert cfg == base  # nothing else differs
+    # compared with its own step runs, not b1.0's
+    step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
+    slower_step = summarise([step_row(s, step_s=4.0, rollout_s=2.0, tokens=1000) for s in range(8)], "step")
+    fast = summarise([async_row(s, busy_s=0.6 * s) for s in range(8)], "async")
+    runs = {
+        "b1.0/step/separated": step,
+        "b1.0n40/step/separated": slower_step,
+        "b1.0n40/async/separated": fast,
+    }
+    assert compare(runs)["b1.0n40/separated"]["async_over_step"] == pytest.approx(4.0)
+    # a misspelt key fails instead of adding a key no config reads
+    monkeypatch.setitem(
+        bench_async.VARIANTS, "b1.0typo", ("b1.0", {"custom.extra.rollout_matching.max_new_token": 40})
+    )
+    with pytest.raises(KeyError, match=r"not in the b1\.0 config"):
+        bench_async._config(tmp_path, "b1.0typo", "step", 18, None)
+
+
 def test_repeats_render_as_a_spread_beside_the_targets() -> None:
     step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
     fast = summarise([async_row(s, busy_s=0.6 * s) for s in range(8)], "async")
@@ -131,14 +168,19 @@ def test_repeats_render_as_a_spread_beside_the_targets() -> None:
         "runs": {
             "example": [{**row, "of_bound": f, "idle": 0.2} for f in (0.9, 0.8, 0.85)],
             "b1.0": [
-                {**row, "async_over_step": r, "idle": i} for r, i in ((1.7, 0.12), (1.6, 0.08), (1.9, 0.1))
+                {**row, "async_over_step": r, "idle": i, "idle_floor": i - 0.02}
+                for r, i in ((1.7, 0.12), (1.6, 0.08), (1.9, 0.1))
             ],
         },
     }
     text = "\n".join(
         async_section({"max_steps": 18, "runs": runs, "compare": compare(runs), "repeats": spread})
     )
-    assert "| example | 1.50x/1.50x/1.50x | 0.80/0.85/0.90 | 0.200/0.200/0.200 | 1.20/1.20/1.20 |" in text
-    assert "| b1.0 | 1.60x/1.70x/1.90x | 0.75/0.75/0.75 | 0.080/0.100/0.120 | 1.20/1.20/1.20 |" in text
+    # repeats saved before the floor was recorded show none
+    assert "| example | 1.50x/1.50x/1.50x | 0.80/0.85/0.90 | 0.200/0.200/0.200 | — | 1.20/1.20/1.20 |" in text
+    assert (
+        "| b1.0 | 1.60x/1.70x/1.90x | 0.75/0.75/0.75 | 0.080/0.100/0.120 | 0.060/0.080/0.100 | 1.20/1.20/1.20 |"
+        in text
+    )
     assert "(separated): 1.00 in the table's run; 0.80/0.85/0.90 over the repeats." in text
-    assert "1.60x/1.70x/1.90x, idle 0.080/0.100/0.120 over the repeats." in text
+    assert "1.60x/1.70x/1.90x, idle 0.080/0.100/0.120 over the repeats (floor 0.060/0.080/0.100)." in text
