@@ -162,6 +162,11 @@ def async_section(r: dict[str, Any]) -> list[str]:
                     else "."
                 )
             )
+    lines.append(
+        "Reading: the idle above its floor is the fence's wait for the burst in flight (step-to-step noise); "
+        "why `b1.0` stays at its floor and `b1.0n40` does not, and how to size a node from R and T: "
+        'docs/placement.md, "Where the learner\'s time goes".'
+    )
     return lines
 
 
