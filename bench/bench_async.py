@@ -24,7 +24,7 @@ wait that long whatever the overlap), the drop rate, the weight-sync share of th
 learner phase. Per config and placement: async / step trained tokens/s, and the overlap
 bound (R + T) / max(R, T) from step mode's own R and T = W - R (what perfect overlap would give).
 
-Run: `python -m bench async` (the full section, ~35 min on 2 quiet cores), or
+Run: `python -m bench async` (the full section, ~6 min on 2 quiet cores), or
 `python -m bench.bench_async --steps 8` (a short check; add `--save` to write the section anyway).
 `--only NAME` (repeatable, a prefix: `b1.0/` is b1.0 alone, `b1.0` also its variants) with `--save` merges
 those runs into the saved results and keeps the other rows. `python -m bench.cross_core` says how much the

@@ -1,6 +1,7 @@
 """Rollouts on CUDA: `rollout-server --engine vllm` serving the tiny Qwen2.5-VL with images (greedy ids equal
 transformers' on the same GPU, token for token), a weight sync into vLLM on the GPU, and the embedded
-server of a train-ab run on its own device (`rollout_server.devices`, #26)."""
+server of a train-ab run on its own device (`rollout_server.devices`, #26: two GPUs), or refused, then run with
+`allow_shared_devices`, beside the learner on one."""
 
 from __future__ import annotations
 
@@ -191,3 +192,57 @@ def test_embedded_server_runs_on_its_own_device(tmp_path: Path) -> None:
     assert peaks[0] - baseline[0] > 100 and peaks[1] - baseline[1] > 100, (baseline, peaks)
     if pids[0] and pids[1]:  # two processes, each on its own device
         assert not pids[0] & pids[1], pids
+
+
+def test_one_gpu_server_placement_is_refused_unless_shared_then_runs_beside_the_learner(
+    tmp_path: Path,
+) -> None:
+    """On a one-GPU host (the lent machines have one): `rollout_server.devices: [0]` beside a learner on GPU 0
+    is refused naming `allow_shared_devices`; a device id the host lacks is refused before anything starts;
+    with `allow_shared_devices: true` the run trains B steps with the learner and the server as two processes
+    on GPU 0 (where nvidia-smi shows the processes)."""
+    require_gpus(1)
+    out = tmp_path / "run"
+
+    def config(**server: object) -> Path:
+        cfg = tiny_train_config(
+            tmp_path,
+            training={"max_steps": 4, "output_dir": str(out)},
+            custom={"extra": {"rollout_matching": {"rollout_backend": "vllm", "vllm": {"mode": "server"}}}},
+            stage2_ab={"schedule": {"b_ratio": 0.5}, "channel_b": {"mode": "async"}},
+            rollout_server={"embedded": True, **server},
+        )
+        return write_config(tmp_path / "cfg.yaml", cfg)
+
+    shared = run_cli("train-ab", str(config(devices=[0])), timeout=120)
+    assert shared.returncode != 0
+    assert "allow_shared_devices" in shared.stderr and "rollout_server.devices" in shared.stderr, (
+        shared.stderr
+    )
+    assert not (out / "metrics.jsonl").exists()
+    if torch.cuda.device_count() == 1:
+        missing = run_cli("train-ab", str(config(devices=[1])), timeout=120)
+        assert missing.returncode != 0
+        assert "rollout_server.devices" in missing.stderr, missing.stderr
+        assert "do not exist" in missing.stderr or "not visible" in missing.stderr, missing.stderr
+        assert not (out / "metrics.jsonl").exists()
+
+    before = _pids_per_gpu().get(0, set())
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            seen.update(_pids_per_gpu().get(0, set()) - before)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = run_cli("train-ab", str(config(devices=[0], allow_shared_devices=True)), timeout=300)
+    finally:
+        done.set()
+        watcher.join()
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert any(r["kind"] == "B" for r in read_metrics(out))
+    if seen:  # the container shows the processes: the learner rank and the server, each its own
+        assert len(seen) >= 2, seen

@@ -113,9 +113,10 @@ def test_variant_compares_with_its_base_step_runs_and_save_merges(monkeypatch: p
         "`b1.0w2/async/separated` re-run alone" in text
         and "12 steps, load 2.0-2.5 (**a short check**)" in text
     )
+    # the variant's line names its base's step-mode rollout share, and judges the one run
     assert (
-        "Target: rollout-heavy (b1.0w2, separated) async / step >= 1.6x with learner idle <= 10%: 2.00x"
-        in text
+        "Target: rollout-heavy (b1.0w2; step mode waits 50% of its wall on rollouts; separated) async / step "
+        ">= 1.6x with learner idle <= 10%: 2.00x, idle 0.100 in the table's run: met (one run)." in text
     )
     # a re-run of a saved row replaces it
     again = merge(merged, {**new, "runs": {"b1.0/async/separated": fast}})
@@ -182,5 +183,15 @@ def test_repeats_render_as_a_spread_beside_the_targets() -> None:
         "| b1.0 | 1.60x/1.70x/1.90x | 0.75/0.75/0.75 | 0.080/0.100/0.120 | 0.060/0.080/0.100 | 1.20/1.20/1.20 |"
         in text
     )
-    assert "(separated): 1.00 in the table's run; 0.80/0.85/0.90 over the repeats." in text
-    assert "1.60x/1.70x/1.90x, idle 0.080/0.100/0.120 over the repeats (floor 0.060/0.080/0.100)." in text
+    # every run judged, the table's and the repeats': 1.00 and 0.90 make it, 0.80 and 0.85 do not
+    assert (
+        "(separated): 1.000 in the table's run; 0.800/0.850/0.900 over the repeats: not met, 2 of 4 runs within it."
+        in text
+    )
+    # (2.00x, 0.100) and (1.60x, 0.080) and (1.90x, 0.100) make it, (1.70x, 0.120) does not
+    assert "idle 0.080/0.100/0.120 over the repeats: met, 3 of 4 runs within it." in text
+    # the floors: 0 in the table's learner-bound run, 0.06-0.10 in the repeats; none above 10%
+    assert (
+        "`b1.0`: idle 0.100 over a floor of 0.070 (medians of 4 runs); the floor alone exceeds 10% in 0 of 4"
+        in text
+    )
