@@ -49,8 +49,12 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
             f"{f1['a_only_end_step']}), so its extra {ratio - 1:.2f} x {n} steps in AB's time are worth "
             f"{needed:+.3f} F1: AB's lead at equal steps must exceed that (measured {delta:+.3f}). From the "
             f"checkpoint (F1 {f1['start']:.3f}), AB gained {gain_ab * 1000:+.3f} F1 per 1,000 steps and A-only "
-            f"{gain_a * 1000:+.3f}: AB needs {ratio:.2f}x A-only's gain per step"
-            + (f", it had {gain_ab / gain_a:.2f}x." if gain_a > 0 else " (A-only did not gain here).")
+            f"{gain_a * 1000:+.3f}"
+            + (
+                f": AB needs {ratio:.2f}x A-only's gain per step, it had {gain_ab / gain_a:.2f}x."
+                if gain_a > 0
+                else ": A-only did not gain from the checkpoint, so no per-step ratio applies."
+            )
         )
         needed_no_idle = max(0.0, ratio_no_idle - 1) * n * late_slope
         takes += (
@@ -58,10 +62,16 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
             f"{needed_no_idle:+.3f} F1, so the same lead would be "
             + ("enough." if delta > needed_no_idle else "still not enough.")
         )
+        a_read_s = eq.get("a_only_train_s") or []
         if ratio * n > f1["a_only_end_step"]:
             takes += (
                 f" A-only's last eval (step {f1['a_only_end_step']}) comes before AB's training time, so the "
                 "equal-wall read gives A-only fewer seconds than AB (in AB's favour)."
+            )
+        elif a_read_s and min(a_read_s) > eq["ab_train_s"]:
+            takes += (
+                f" A-only's read (step {f1['a_only_end_step']}, {min(a_read_s):.0f}-{max(a_read_s):.0f} s) had more "
+                f"training seconds than AB's {eq['ab_train_s']:.0f} s (in A-only's favour)."
             )
     lines = [
         f"Reading ({task}): {AB} reached step {n} in {ab_s:.0f} s of training vs {A2} {a_s:.0f} s "
