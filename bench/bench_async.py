@@ -6,13 +6,12 @@ Configs (each run in step mode and async mode, one learner rank):
   async packed bs 1 (a micro-batch is one sequence) with sync every 2 steps; step mode also with
   `enable_pipeline`;
 - `example`: the settings of examples/tiny/train_ab_async.yaml (1024 tokens, 96 new tokens, queue 8,
-  target 4, sync every 2, `prefetch_past_sync: false`) on one learner rank instead of two (`--nproc 1`: two
-  ranks and a server need three cores);
+  target 4, sync every 2) on one learner rank instead of two (`--nproc 1`: two ranks and a server need
+  three cores);
 - `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8;
-- variants (`VARIANTS`: a base config with some keys changed): `b1.0n40` (`b1.0` with 40 new
+- variants (`VARIANTS`: a base config with some keys changed, in both modes): `b1.0n40` (`b1.0` with 40 new
   tokens instead of 48: step mode still waits ~43% of its wall on rollouts, but async's learner, which trains
-  full packs, no longer waits on the server); `example_past` (`example` with the default
-  `prefetch_past_sync: true`, async only, compared with `example`'s step runs).
+  full packs, no longer waits on the server).
 
 Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
 `rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
@@ -55,13 +54,11 @@ CONFIGS = {
     "example": ("step", "async"),
     "b1.0": ("step", "async"),
     "b1.0n40": ("step", "async"),
-    "example_past": ("async",),
 }
 # a variant: its base config with these keys (dotted config paths) changed; compared with its own step runs
 # where it has them (CONFIGS), else with its base's (a key that does nothing in step mode)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "b1.0n40": ("b1.0", {"custom.extra.rollout_matching.max_new_tokens": 40}),
-    "example_past": ("example", {"stage2_ab.channel_b.async.prefetch_past_sync": True}),
 }
 PLACEMENTS = ("separated", "shared")
 
@@ -106,8 +103,6 @@ def _config(
                     "version_window": 1,
                     "prefetch_target_packs": 2 if b_only else 4,
                     "sync_every_steps": 1 if b_only else 2,
-                    # examples/tiny/train_ab_async.yaml's choice (its learner is the bottleneck)
-                    **({"prefetch_past_sync": False} if example else {}),
                 },
             },
         },

@@ -35,13 +35,6 @@ class AsyncConfig(StrictModel):
     """The prefetcher stops requesting rollouts while queued + in-flight packs reach this."""
     sync_every_steps: int = Field(1, ge=1)
     """Push full weights to the rollout servers every N optimizer steps (`ver += 1`)."""
-    prefetch_past_sync: bool = True
-    """Build packs of the current version for every B step that can still train them (`version_window`),
-    past the next weight sync too: the server never waits for a sync, the choice when rollouts are the
-    bottleneck. `false`: only for the B steps up to the next sync and the B step right after it; later B
-    steps get the next version's packs, built after the sync. Fresher packs, and no burst of the old
-    version in flight when the sync comes (the sync waits for it): the choice when the learner is the
-    bottleneck (docs/placement.md)."""
     max_consecutive_failures: int = Field(3, ge=1)
     """The prefetcher's error reaches the learner after this many consecutive failed rollouts."""
 

@@ -41,22 +41,6 @@ from stagectl.prefetch.staleness import decide_step
 from stagectl.rollout.client import RolloutClient
 
 
-def pacing_rules(cfg: StagectlConfig, gas: int) -> PacingRules:
-    """The prefetcher's pacing rules from the run's config (`stage2_ab.channel_b.async`, the schedule)."""
-    assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio is not None
-    acfg = cfg.stage2_ab.channel_b.async_
-    return PacingRules(
-        b_ratio=cfg.stage2_ab.schedule.b_ratio,
-        gas=gas,
-        sync_every_steps=acfg.sync_every_steps,
-        version_window=acfg.version_window,
-        target_packs=acfg.prefetch_target_packs,
-        pack_tokens=math.ceil(cfg.training.packing_min_fill_ratio * cfg.packing_length),
-        max_steps=cfg.training.max_steps,
-        past_sync=acfg.prefetch_past_sync,
-    )
-
-
 class AsyncChannelB:
     def __init__(
         self,
@@ -112,7 +96,15 @@ class AsyncChannelB:
             current_ver=lambda: self.ver,
             next_step=lambda: self.next_step,
             open_step=lambda: self.open_step,
-            rules=pacing_rules(cfg, self.gas),
+            rules=PacingRules(
+                b_ratio=cfg.stage2_ab.schedule.b_ratio,
+                gas=self.gas,
+                sync_every_steps=self.acfg.sync_every_steps,
+                version_window=self.acfg.version_window,
+                target_packs=self.acfg.prefetch_target_packs,
+                pack_tokens=math.ceil(cfg.training.packing_min_fill_ratio * packing_length),
+                max_steps=cfg.training.max_steps,
+            ),
             packing_length=packing_length,
             initial_tokens_per_rollout=float(prompt_tokens + rm.max_new_tokens),
             max_consecutive_failures=self.acfg.max_consecutive_failures,

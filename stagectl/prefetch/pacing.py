@@ -14,10 +14,6 @@ rank (the oldest feasible version first), so packs only count in whole groups of
 - wanted = min(demand, room) rounded down to a multiple of `gas`, less the current version's packs
   already queued.
 
-The horizon is every step the current version can still train (`eligible_horizon`), or with
-`prefetch_past_sync: false` only up to the next weight sync and the B step right after it
-(`build_horizon`): a B step later than that gets the next version's packs, built after the sync.
-
 The rollouts requested are what fills `wanted` packs (`pack_tokens` each) at the running estimate of
 tokens per rollout. Zero means: wait.
 """
@@ -41,7 +37,6 @@ class PacingRules:
     target_packs: int  # prefetch_target_packs
     pack_tokens: int  # packing_min_fill_ratio x packing_length: the tokens a ready pack is filled to
     max_steps: int | None = None  # no B step comes after the last one
-    past_sync: bool = True  # prefetch_past_sync: build for B steps past the next sync (see `build_horizon`)
 
 
 @dataclass(frozen=True)
@@ -64,24 +59,6 @@ def eligible_horizon(next_step: int, sync_every_steps: int, version_window: int)
     return range(next_step, last + 1)
 
 
-def build_horizon(next_step: int, open_step: int, rules: PacingRules) -> range:
-    """The steps (from `next_step` on) whose B packs of the version current now are built now.
-
-    `eligible_horizon` from `open_step` (the version moves at the first sync still ahead), cut at
-    `max_steps`. With `past_sync: false` also cut after the next weight sync, keeping the step right after
-    it when that is a B step (its packs cannot be built after the sync in time): a later B step gets the
-    next version's packs, built after the sync, so no burst of this version is in flight when the sync
-    comes."""
-    eligible = eligible_horizon(open_step, rules.sync_every_steps, rules.version_window)
-    stop = eligible.stop if rules.max_steps is None else min(eligible.stop, rules.max_steps)
-    if not rules.past_sync:
-        after_sync = open_step + (-(open_step + 1)) % rules.sync_every_steps + 1  # the first step at ver + 1
-        if channel_for_step(after_sync, rules.b_ratio) == "B":
-            after_sync += 1
-        stop = min(stop, after_sync)
-    return range(next_step, stop)
-
-
 def b_steps_in(steps: range, b_ratio: Fraction | float | str) -> int:
     return sum(1 for s in steps if channel_for_step(s, b_ratio) == "B")
 
@@ -99,7 +76,14 @@ def packs_wanted(next_step: int, queue: QueueView, rules: PacingRules, open_step
         (c // gas) * gas for v, c in zip(queue.versions, shared, strict=True) if v < queue.current_ver
     )
     others = sum(queue.counts) - current
-    horizon = build_horizon(next_step, next_step if open_step is None else min(open_step, next_step), rules)
+    horizon = eligible_horizon(
+        next_step if open_step is None else min(open_step, next_step),
+        rules.sync_every_steps,
+        rules.version_window,
+    )
+    horizon = range(
+        next_step, horizon.stop if rules.max_steps is None else min(horizon.stop, rules.max_steps)
+    )
     demand = gas * b_steps_in(horizon, rules.b_ratio) - older_groups
     room = rules.target_packs - others
     target = (max(0, min(demand, room)) // gas) * gas

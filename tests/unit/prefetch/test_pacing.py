@@ -11,7 +11,6 @@ from stagectl.prefetch.pacing import (
     PacingRules,
     QueueView,
     b_steps_in,
-    build_horizon,
     eligible_horizon,
     packs_wanted,
     request_multiples,
@@ -106,38 +105,6 @@ def test_a_sync_still_ahead_for_the_step_in_flight_shortens_the_horizon() -> Non
     assert packs_wanted(2, queued, r, open_step=1) == 0
     assert packs_wanted(2, queued, r) == 2  # the horizon once step 1's sync has happened: B steps 3, 5
     assert packs_wanted(2, QueueView([0], [0], current_ver=0), r, open_step=1) == 2
-
-
-def test_not_past_the_sync_builds_up_to_it_and_the_b_step_right_after() -> None:
-    """b_ratio 0.5 (A, B, A, B ...), sync after every second step (after the B steps 1, 3, 5), window 1:
-    past the sync, version 1 (current from step 2) would build for B steps 3 and 5; without, for B step 3
-    only (step 4, right after the sync, is A: step 5's packs are built at version 2 during step 4)."""
-    past = rules(b_ratio=0.5, sync_every_steps=2, version_window=1, target_packs=8)
-    not_past = rules(b_ratio=0.5, sync_every_steps=2, version_window=1, target_packs=8, past_sync=False)
-    assert list(build_horizon(2, 2, past)) == [2, 3, 4, 5]
-    assert list(build_horizon(2, 2, not_past)) == [2, 3]
-    empty = QueueView([1], [0], current_ver=1)
-    assert packs_wanted(2, empty, past) == 4
-    assert packs_wanted(2, empty, not_past) == 2
-    # step 1 (the last before a sync) still training: nothing of version 0 for B step 3, built after the sync
-    assert packs_wanted(2, QueueView([0], [0], current_ver=0), not_past, open_step=1) == 0
-    assert packs_wanted(2, QueueView([0], [0], current_ver=0), past, open_step=1) == 2
-    # the B step right after a sync is kept: sync every 3 steps (after steps 2, 5), B steps 1, 3, 5
-    every3 = rules(b_ratio=0.5, sync_every_steps=3, version_window=1, target_packs=8, past_sync=False)
-    assert list(build_horizon(0, 0, every3)) == [0, 1, 2, 3]  # step 3 right after the sync; not 4, 5
-    assert list(build_horizon(0, 0, PacingRules(**{**every3.__dict__, "past_sync": True}))) == [
-        0,
-        1,
-        2,
-        3,
-        4,
-        5,
-    ]
-    # every step a sync (b1.0), or window 0: the same as past the sync
-    for r in (rules(), rules(b_ratio=0.5, sync_every_steps=2, version_window=0)):
-        for step in range(6):
-            off = PacingRules(**{**r.__dict__, "past_sync": False})
-            assert build_horizon(step, step, off) == build_horizon(step, step, r)
 
 
 def test_an_older_group_only_this_rank_holds_covers_no_b_step() -> None:
