@@ -309,6 +309,8 @@ def repeats(n: int, max_steps: int = 18) -> dict[str, Any]:
                     **ratio,
                     "idle": async_run["learner_idle_fraction"],
                     "idle_floor": async_run["idle_floor"],
+                    "b_steps": async_run["b_steps"],
+                    "steps": async_run["steps"],
                 }
                 out["runs"].setdefault(config, []).append(row)
                 print(f"{config} repeat {rep}:", {k: round(v, 3) for k, v in row.items()}, flush=True)

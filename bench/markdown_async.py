@@ -9,7 +9,8 @@ from bench.bench_async import CONFIGS, PLACEMENTS, VARIANTS
 
 FULL_STEPS = 18  # bench_async.run's default
 
-ROWS = (
+ROWS: tuple[tuple[str, str, str | None], ...] = (
+    ("b_steps", "B steps / steps measured", None),  # a run that trains fewer B steps is not faster
     ("trained_tokens_per_s", "trained tokens/s", "{:.0f}"),
     ("wall_per_step_s", "wall per step (s)", "{:.2f}"),
     ("overlap_ratio", "overlap max(R, T) / W", "{:.2f}"),
@@ -95,7 +96,10 @@ def async_section(r: dict[str, Any]) -> list[str]:
     ]
     for name in names:
         run = r["runs"][name]
-        cells = [fmt.format(run[key]) if key in run else "—" for key, _, fmt in ROWS]
+        cells = [
+            "—" if key not in run else f"{run[key]}/{run['steps']}" if fmt is None else fmt.format(run[key])
+            for key, _, fmt in ROWS
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",

@@ -74,6 +74,8 @@ def test_step_mode_bound_and_async_ratio() -> None:
         "b0.5/step/separated": step, "b0.5/async/separated": fast}, "compare": ratios}))  # fmt: skip
     assert "| b0.5/separated | 2.00x | 2.00x | 1.00 | 1.25 |" in text
     assert "a loaded machine" in text and "a short check" in text
+    # every run says how many of its measured steps trained Channel-B (fewer B steps would look faster)
+    assert "| b0.5/async/separated | 2/5 | 1000 |" in text
 
 
 def test_variant_compares_with_its_base_step_runs_and_save_merges(monkeypatch: pytest.MonkeyPatch) -> None:
