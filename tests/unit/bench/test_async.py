@@ -192,6 +192,12 @@ def test_repeats_render_as_a_spread_beside_the_targets() -> None:
     )
     # (2.00x, 0.100) and (1.60x, 0.080) and (1.90x, 0.100) make it, (1.70x, 0.120) does not
     assert "idle 0.080/0.100/0.120 over the repeats: met, 3 of 4 runs within it." in text
+    # a repeat that trained fewer B steps than the schedule wanted (step mode's 2 of 5) meets nothing
+    spread["runs"]["b1.0"][1]["b_steps"] = 1
+    fewer = "\n".join(
+        async_section({"max_steps": 18, "runs": runs, "compare": compare(runs), "repeats": spread})
+    )
+    assert "idle 0.080/0.100/0.120 over the repeats: not met, 2 of 4 runs within it." in fewer
     # the floors: 0 in the table's learner-bound run, 0.06-0.10 in the repeats; none above 10%
     assert (
         "`b1.0`: idle 0.100 over a floor of 0.070 (medians of 4 runs); the floor alone exceeds 10% in 0 of 4"
