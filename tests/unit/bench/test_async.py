@@ -198,6 +198,10 @@ def test_repeats_render_as_a_spread_beside_the_targets() -> None:
         async_section({"max_steps": 18, "runs": runs, "compare": compare(runs), "repeats": spread})
     )
     assert "idle 0.080/0.100/0.120 over the repeats: not met, 2 of 4 runs within it." in fewer
+    spread["runs"]["example"][0]["b_steps"] = 1  # the 0.90 repeat, with a B step trained as A
+    assert "0.800/0.850/0.900 over the repeats: not met, 1 of 4 runs within it." in "\n".join(
+        async_section({"max_steps": 18, "runs": runs, "compare": compare(runs), "repeats": spread})
+    )
     # the floors: 0 in the table's learner-bound run, 0.06-0.10 in the repeats; none above 10%
     assert (
         "`b1.0`: idle 0.100 over a floor of 0.070 (medians of 4 runs); the floor alone exceeds 10% in 0 of 4"
