@@ -284,7 +284,8 @@ def merge(saved: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# the configs the targets name (#26; b1.0 and b1.0n40 both rollout-heavy), repeated by `--repeats`
+# the configs the targets are read on (#26: b1.0 rollout-bound, b1.0n40 B only but balanced in async),
+# repeated by `--repeats`
 TARGETS = ("example", "b1.0", "b1.0n40")
 
 
