@@ -11,7 +11,9 @@ Configs (each run in step mode and async mode, one learner rank):
 - `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8;
 - variants (`VARIANTS`: a base config with some keys changed, in both modes): `b1.0n40` (`b1.0` with 40 new
   tokens instead of 48: step mode still waits ~43% of its wall on rollouts, but async's learner, which trains
-  full packs, no longer waits on the server).
+  full packs, no longer waits on the server); `example-fenced` (`example` with `in_flight_sync: false`,
+  async only: the weight sync waits for the burst in flight, as it did before the servers swapped weights in
+  between calls).
 
 Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
 `rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
@@ -52,6 +54,7 @@ WARMUP, TAIL = 2, 1
 CONFIGS = {
     "b0.5": ("step", "step_pipeline", "async"),
     "example": ("step", "async"),
+    "example-fenced": ("async",),
     "b1.0": ("step", "async"),
     "b1.0n40": ("step", "async"),
 }
@@ -59,6 +62,8 @@ CONFIGS = {
 # where it has them (CONFIGS), else with its base's (a key that does nothing in step mode)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "b1.0n40": ("b1.0", {"custom.extra.rollout_matching.max_new_tokens": 40}),
+    # the weight sync before in_flight_sync: it waits for the burst in flight (side by side with `example`)
+    "example-fenced": ("example", {"stage2_ab.channel_b.async.in_flight_sync": False}),
 }
 PLACEMENTS = ("separated", "shared")
 
@@ -103,6 +108,7 @@ def _config(
                     "version_window": 1,
                     "prefetch_target_packs": 2 if b_only else 4,
                     "sync_every_steps": 1 if b_only else 2,
+                    "in_flight_sync": True,  # the default, spelled out for the `example-fenced` variant
                 },
             },
         },
@@ -286,7 +292,7 @@ def merge(saved: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
 
 # the configs the targets are read on (#26: b1.0 rollout-bound, b1.0n40 B only but balanced in async),
 # repeated by `--repeats`
-TARGETS = ("example", "b1.0", "b1.0n40")
+TARGETS = ("example", "example-fenced", "b1.0", "b1.0n40")
 
 
 def repeats(n: int, max_steps: int = 18) -> dict[str, Any]:
@@ -298,9 +304,9 @@ def repeats(n: int, max_steps: int = 18) -> dict[str, Any]:
     out: dict[str, Any] = {"n": n, "max_steps": max_steps, "loadavg": [os.getloadavg()[0]], "runs": {}}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         for rep in range(n):
+            pair: dict[str, Any] = {}  # this repeat's runs: a variant without step runs uses its base's
             for config in TARGETS:
-                pair = {}
-                for mode in ("step", "async"):
+                for mode in [m for m in ("step", "async") if m in CONFIGS[config]]:
                     name = f"{config}_{mode}_rep{rep}"
                     cfg = _config(Path(tmp) / name, config, mode, max_steps, (cores[0], cores[1]))
                     pair[f"{config}/{mode}/separated"] = summarise(_train(name, cfg, Path(tmp)), mode)

@@ -152,6 +152,9 @@ def async_section(r: dict[str, Any]) -> list[str]:
             + (f"; {_spread([x['of_bound'] for x in rows], '{:.3f}')} over the repeats" if rows else "")
             + f": {_verdict([v >= 0.9 - 1e-9 and b for v, b in zip(values, all_b, strict=True)])}."
         )
+    fenced = fenced_line(r, spread)
+    if fenced:
+        lines.append(fenced)
     readings = []
     for config in [c for c in CONFIGS if c == "b1.0" or VARIANTS.get(c, ("",))[0] == "b1.0"]:
         heavy = r["compare"].get(f"{config}/separated")
@@ -200,11 +203,38 @@ def async_section(r: dict[str, Any]) -> list[str]:
     if readings:
         lines.append(
             "Reading: the idle floor max(0, 1 - T/R) is what a rollout-bound learner must wait; the idle above "
-            "it is the fence's wait for the burst in flight (step-to-step noise). "
+            "it is the wait for a burst that is late (step-to-step noise): at the B step's gate with "
+            "`in_flight_sync` (every config here but `example-fenced`), at the fence without. "
             + "; ".join(readings)
             + '. Why, and how to size a node from R and T: docs/placement.md, "Where the learner\'s time goes".'
         )
     return lines
+
+
+def fenced_line(r: dict[str, Any], spread: dict[str, Any] | None) -> str | None:
+    """`example` (in-flight weight sync) beside `example-fenced` (the sync waits for the burst in flight):
+    the table's pair and the repeats', separated."""
+    table = (r["compare"].get("example/separated"), r["compare"].get("example-fenced/separated"))
+    runs = (spread or {}).get("runs", {})
+    rows = list(zip(runs.get("example", []), runs.get("example-fenced", []), strict=False))
+    kept = [(a, b) for a, b in [table, *rows] if a and b]
+    if table[0] and table[1]:  # the table's compare rows carry no idle: take it from its async runs
+        kept[0] = (
+            {**table[0], "idle": r["runs"]["example/async/separated"]["learner_idle_fraction"]},
+            {**table[1], "idle": r["runs"]["example-fenced/async/separated"]["learner_idle_fraction"]},
+        )
+    if not kept:
+        return None
+    ins, outs = [a for a, _ in kept], [b for _, b in kept]
+    return (
+        f"In-flight weight sync (`example`) against the fenced one (`example-fenced`), separated, {len(kept)} "
+        "side-by-side pair(s) (the table's and the repeats'), min/median/max: async / step "
+        f"{_spread([a['async_over_step'] for a in ins], '{:.2f}x')} against "
+        f"{_spread([b['async_over_step'] for b in outs], '{:.2f}x')}, of the bound "
+        f"{_spread([a['of_bound'] for a in ins], '{:.2f}')} against {_spread([b['of_bound'] for b in outs], '{:.2f}')}, "
+        f"learner idle {_spread([a['idle'] for a in ins], '{:.3f}')} against "
+        f"{_spread([b['idle'] for b in outs], '{:.3f}')}."
+    )
 
 
 def _verdict(oks: list[bool]) -> str:

@@ -37,6 +37,12 @@ class AsyncConfig(StrictModel):
     """Push full weights to the rollout servers every N optimizer steps (`ver += 1`)."""
     max_consecutive_failures: int = Field(3, ge=1)
     """The prefetcher's error reaches the learner after this many consecutive failed rollouts."""
+    in_flight_sync: bool = True
+    """A weight sync does not wait for the rollout calls in flight: the servers swap the new weights in
+    between calls, the burst in flight finishes at its own version (still inside `version_window`), and a
+    B step whose packs are still being made waits for that burst instead (`time/wait_packs_s`). Needs
+    stagectl rollout servers (they answer `/version/` with `version_tags`). False: a sync closes the fence
+    and waits for the burst in flight (docs/placement.md, "Where the learner's time goes")."""
 
 
 class ChannelBConfig(StrictModel):

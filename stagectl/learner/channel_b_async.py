@@ -39,6 +39,7 @@ from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import ReadyPack
 from stagectl.prefetch.staleness import decide_step
 from stagectl.rollout.client import RolloutClient
+from stagectl.rollout.protocol import VersionResponse
 
 
 class AsyncChannelB:
@@ -67,7 +68,13 @@ class AsyncChannelB:
         )
         self.queue.set_current_ver(publisher.ver)
         self.source = ServerRollouts(
-            client, state.encoder, rm, state.resolved.rollout_decode_batch_size, self.fence, lambda: self.ver
+            client,
+            state.encoder,
+            rm,
+            state.resolved.rollout_decode_batch_size,
+            self.fence,
+            lambda: self.ver,
+            tag_versions=self.acfg.in_flight_sync,
         )
         self.next_step = state.start_step  # the step whose channel decision comes next
         self.open_step = state.start_step  # the first step whose post-update sync is still ahead
@@ -76,9 +83,15 @@ class AsyncChannelB:
         packing_length = cfg.packing_length
         prompt_tokens = len(state.encoder.prompt(0).input_ids)
         # every server's decode batch (`/version/`), read once on rank 0 so that every rank sizes alike
-        server_batches = dist.broadcast_object(
-            [v.batch_size for v in client.versions()] if self.world.is_main else []
+        versions = client.versions() if self.world.is_main else []
+        server_batches, untagged = dist.broadcast_object(
+            (
+                [v.batch_size for v in versions],
+                servers_without_version_tags(client.base_urls, versions),
+            )
         )
+        if self.acfg.in_flight_sync and untagged:
+            raise dist.SharedError(untagged_message(untagged))
         self.prefetcher = Prefetcher(
             source=self.source,
             build_segments=lambda indices, generations: build_b_segments(
@@ -147,6 +160,8 @@ class AsyncChannelB:
 
     def _decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         t0 = time.perf_counter()
+        if self.acfg.in_flight_sync and policy_wants_b:
+            self._wait_for_burst()
         errors = dist.all_gather_objects(self.prefetcher.error())
         for rank, error in enumerate(errors):
             if error is not None:  # every rank raises it; rank 0 reports it
@@ -161,6 +176,11 @@ class AsyncChannelB:
             assert len(self._held) == self.gas, "the gate decided on packs this rank did not hold"
         else:
             self.queue.release_held()
+        if self.acfg.in_flight_sync:
+            # a burst that began before the last sync queues its packs after it: measure again which packs of
+            # the older versions every rank holds (pacing counts only those)
+            versions, counts = self.queue.eligible_counts()
+            self.queue.set_shared(versions, dist.all_reduce_ints(counts, "min"))
         self.next_step = step + 1
         self.num_steps += 1
         self.num_b_steps += kind == "B"
@@ -170,6 +190,19 @@ class AsyncChannelB:
             "stage2_ab/async/b_step_skipped_due_to_queue": int(policy_wants_b and kind == "A"),
             "time/wait_s": time.perf_counter() - t0,
         }
+
+    def _wait_for_burst(self) -> None:
+        """`in_flight_sync`, a step that wants Channel-B: while this rank holds fewer than GAS packs of any
+        eligible version, the burst in progress is the one that makes them (the nearest B step's first):
+        wait for it, one burst at a time, as the fence would have. A prefetcher that is idle or failed
+        makes nothing more for this step; the gates then decide (Channel-A if packs are missing)."""
+        deadline = None if self.fence_timeout_s is None else time.monotonic() + self.fence_timeout_s
+        while max(self.queue.eligible_counts()[1], default=0) < self.gas:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            if not self.prefetcher.busy or not self.prefetcher.wait_burst(remaining):
+                return
 
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
         """Exactly one held pack per micro-step: one forward/backward each."""
@@ -235,6 +268,7 @@ class AsyncChannelB:
             c.lost_total,
             c.cut_short_total,
             c.requests_total,
+            c.refused_total,
         ]
         (
             depth,
@@ -251,6 +285,7 @@ class AsyncChannelB:
             lost,
             cut_short,
             requests,
+            refused,
         ) = dist.all_reduce_ints(local, "sum")
         dropped = dropped_segments + too_long + carry
         busy_s, request_s = dist.all_reduce_floats([c.busy_s, c.request_s])
@@ -277,6 +312,7 @@ class AsyncChannelB:
             "stage2_ab/async/sync_total": self.publisher.num_syncs,
             "stage2_ab/async/sync_fail_total": self.publisher.num_failures,
             "stage2_ab/async/rollout_requests_total": requests,
+            "stage2_ab/async/requests_refused_total": refused,
             "stage2_ab/async/prefetch_busy_s": busy_s,
             "stage2_ab/async/rollout_request_s": request_s,
         }
@@ -315,6 +351,22 @@ class AsyncChannelB:
                 f"the Channel-B prefetcher on rank {self.world.rank} did not stop within {deadline_s:g} s "
                 f"of the shutdown; its stack:\n{thread_stack(self.prefetcher.thread_ident)}"
             )
+
+
+def servers_without_version_tags(urls: list[str], versions: list[VersionResponse]) -> list[str]:
+    """The servers whose `/version/` does not promise `weight_version` tags (an older stagectl server's
+    answer lacks the field: False)."""
+    return [url for url, v in zip(urls, versions, strict=True) if not v.version_tags]
+
+
+def untagged_message(urls: list[str]) -> str:
+    """Why `in_flight_sync` cannot run against these servers (their `/version/` lacks `version_tags`)."""
+    return (
+        "stage2_ab.channel_b.async.in_flight_sync needs rollout servers that answer /infer/ at a tagged weight "
+        f"version and swap syncs in between calls (stagectl's, this release or later); {', '.join(urls)} "
+        f"{'does' if len(urls) == 1 else 'do'} not: upgrade them, or set in_flight_sync: false (the weight "
+        "sync then waits for the rollouts in flight)"
+    )
 
 
 def thread_stack(ident: int | None) -> str:

@@ -89,8 +89,12 @@ class ServerRollouts:
         current_ver: Callable[[], int],
         *,
         logprobs: bool = False,
+        tag_versions: bool = False,
     ) -> None:
+        """`tag_versions` (async `in_flight_sync`): a section does not hold the fence; its calls carry
+        its version (`weight_version`), which the servers answer with or refuse (`WrongVersionError`)."""
         self.client = client
+        self.tag_versions = tag_versions
         self.encoder = encoder
         self.chunk_size = chunk_size
         self.fence = fence
@@ -106,7 +110,11 @@ class ServerRollouts:
     def section(self) -> Iterator[RolloutSection]:
         """One fenced section: no weight sync can start until the `with` block ends, so every rollout
         asked for inside it (`section.rollout`, any number of times) comes from one policy version,
-        the learner's counter captured on entry (`section.ver`)."""
+        the learner's counter captured on entry (`section.ver`). With `tag_versions` the servers keep
+        that promise instead (a sync goes ahead; the section's calls are answered at its version or refused)."""
+        if self.tag_versions:
+            yield RolloutSection(self, self.current_ver())
+            return
         with self.fence.call():
             yield RolloutSection(self, self.current_ver())
 
@@ -114,9 +122,10 @@ class ServerRollouts:
         with self.section() as section:
             return section.rollout(indices, seed)
 
-    def _request(self, chunk: Sequence[int], seed: int) -> list[InferResponse]:
+    def _request(self, chunk: Sequence[int], seed: int, ver: int) -> list[InferResponse]:
         config = self.base_config.model_copy(update={"seed": seed % 2**31})
-        return self.client.infer([self.request_for(i) for i in chunk], config)
+        tag = ver if self.tag_versions else None
+        return self.client.infer([self.request_for(i) for i in chunk], config, weight_version=tag)
 
     def stop(self) -> None:
         """End the requests in flight (they raise `RolloutServerError`) and refuse new ones: the shutdown."""
@@ -135,7 +144,7 @@ class RolloutSection:
         (request k seeded `seed + its offset`); every server must report this section's version."""
         src = self.source
         calls = [
-            functools.partial(src._request, indices[s : s + src.chunk_size], seed + s)
+            functools.partial(src._request, indices[s : s + src.chunk_size], seed + s, self.ver)
             for s in range(0, len(indices), src.chunk_size)
         ]
         src.num_calls += len(calls)

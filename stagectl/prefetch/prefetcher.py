@@ -18,7 +18,11 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   until its packs are queued), so every rollout of a burst comes from one version — the one captured
   when the section passed the fence — and its packs are queued before the next sync can start: the next
   step's gate always sees them. A sync that arrives while a burst is open waits for the request in flight
-  only: the burst skips its remaining top-ups and packs what it has (`cut_short_total`).
+  only: the burst skips its remaining top-ups and packs what it has (`cut_short_total`). With
+  `in_flight_sync` the source holds no fence: the servers answer each call at the section's version
+  (`weight_version`) or refuse it once a sync has been swapped in (`WrongVersionError`); a refused call
+  gives its samples and seed back to the stream (`refused_total`), the burst packs what it has (its
+  version is still eligible), and a B step whose packs are missing waits for the burst (`wait_burst`).
 - Pacing: nothing is requested while `pacing.packs_wanted` is zero (the queue holds what the coming B
   steps can train), and never more than fits under `prefetch_target_packs`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
@@ -64,7 +68,7 @@ from stagectl.prefetch.records import (
     VersionedSource,
 )
 from stagectl.prefetch.snapshot import commit_point, rebuild_packs, rebuild_segments, snapshot_state
-from stagectl.rollout.errors import RolloutServerError
+from stagectl.rollout.errors import RolloutServerError, WrongVersionError
 from stagectl.seeds import derive_seed
 
 
@@ -105,6 +109,8 @@ class Prefetcher:
         self._carry: list[Built] = []
         self._carry_ver = -1
         self._lock = threading.Lock()  # the commit point, the carry and the queue's pushes move together
+        self._burst_done = threading.Condition(self._lock)  # `wait_burst`
+        self._in_burst = False
         self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
@@ -127,6 +133,19 @@ class Prefetcher:
         """`request_stop` then `join`."""
         self.request_stop()
         return self.join(deadline_s)
+
+    @property
+    def busy(self) -> bool:
+        """A burst is in progress."""
+        with self._lock:
+            return self._in_burst
+
+    def wait_burst(self, timeout_s: float | None) -> bool:
+        """Wait until no burst is in progress (or the thread stopped or failed); False after `timeout_s`."""
+        with self._burst_done:
+            return self._burst_done.wait_for(
+                lambda: not self._in_burst or self._error is not None or self._stop.is_set(), timeout_s
+            )
 
     @property
     def thread_ident(self) -> int | None:
@@ -210,6 +229,16 @@ class Prefetcher:
         version than these, so a next burst of it comes at once (its requests may be rounded up: what does
         not fit these packs starts that burst, see `_request_size`)."""
         started = time.perf_counter()
+        with self._lock:
+            self._in_burst = True
+        try:
+            self._burst_in(num_packs, another_follows, started)
+        finally:
+            with self._burst_done:
+                self._in_burst = False
+                self._burst_done.notify_all()
+
+    def _burst_in(self, num_packs: int, another_follows: bool, started: float) -> None:
         try:
             with self.source.section() as section:
                 carried = self._take_carry(section.ver)
@@ -226,11 +255,17 @@ class Prefetcher:
                     built, dropped = self._roll_out_count(
                         section, num_packs * self.segments_per_pack, carried
                     )
-                # still inside the fenced section: the packs are queued before any sync can start
+                # still inside the section: fenced, the packs are queued before any sync can start
                 self._consecutive = 0
                 self._outage_since = None
                 self._pack(built, dropped, section.ver, num_packs)
-        except (RolloutServerError, httpx.TransportError, TimeoutError, ConnectionError) as exc:
+        except (
+            RolloutServerError,
+            WrongVersionError,
+            httpx.TransportError,
+            TimeoutError,
+            ConnectionError,
+        ) as exc:
             if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
                 self._commit_failed()
                 self._on_failure(exc, transient=True)
@@ -247,6 +282,8 @@ class Prefetcher:
         with self._lock:
             self.counters.lost_total += self.sampler.num_consumed - self._committed["stream_pos"]
             self._commit()
+            self._in_burst = False  # a learner waiting for it goes on now, not after the back-off
+            self._burst_done.notify_all()
 
     def _take_carry(self, ver: int) -> list[Built]:
         """The segments the last burst could not fit, if they are of `ver`; older ones are dropped (and
@@ -279,18 +316,23 @@ class Prefetcher:
             have = sum(len(segment) for _, segment, _ in built)
             if have >= target_tokens:
                 break
-            if round_ > 0 and self._sync_waits():
+            if round_ > 0 and self._sync_waits(section.ver):
                 break
             count = self._request_size(
                 target_tokens - have,
                 capacity_tokens - have,
                 first=round_ == 0,
-                whole_batches=round_up and not self.sync_pending(),
+                whole_batches=round_up and not self.sync_pending() and self.current_ver() == section.ver,
                 may_skip=round_ > 0 and len(built) >= min_segments,
             )
             if count == 0:  # less than a decode batch short, and the packs can be filled: no top-up
                 break
-            kept, lost = self._request(section, count)
+            try:
+                kept, lost = self._request(section, count)
+            except WrongVersionError:
+                if round_ == 0 and self.current_ver() == section.ver:
+                    raise  # refused before any rollout, the learner still at that version: servers ahead
+                break  # a sync was swapped in: pack what arrived (its version is still eligible)
             built += kept
             dropped.add(lost)
             # running estimate of tokens per requested rollout (too-long rollouts count as nothing)
@@ -324,17 +366,23 @@ class Prefetcher:
             missing = count - len(built)
             if missing <= 0:
                 break
-            if round_ > 0 and self._sync_waits():
+            if round_ > 0 and self._sync_waits(section.ver):
                 break
-            kept, lost = self._request(section, missing)
+            try:
+                kept, lost = self._request(section, missing)
+            except WrongVersionError:
+                if round_ == 0 and self.current_ver() == section.ver:
+                    raise
+                break
             built += kept
             dropped.add(lost)
         return built, dropped
 
-    def _sync_waits(self) -> bool:
-        """A weight sync is waiting for this burst's section: skip the top-ups (the learner would wait a whole
-        rollout call more) and pack what arrived into the packs asked for, less full."""
-        if not self.sync_pending():
+    def _sync_waits(self, ver: int) -> bool:
+        """A weight sync is waiting for this burst's section, or (`in_flight_sync`) one has moved the version
+        since it began: skip the top-ups (the learner would wait a whole rollout call more, or the servers
+        would refuse them) and pack what arrived into the packs asked for, less full."""
+        if not self.sync_pending() and self.current_ver() == ver:
             return False
         self.counters.cut_short_total += 1
         return True
@@ -344,7 +392,14 @@ class Prefetcher:
         indices = self.sampler.take(count)
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
-        return request_rollouts(section, self.build_segments, indices, first_pos, seed, self.counters)
+        try:
+            return request_rollouts(section, self.build_segments, indices, first_pos, seed, self.counters)
+        except WrongVersionError:
+            # refused before anything was generated: the stream and the seeds go on as if it had not been made
+            self.sampler.num_consumed = first_pos
+            self.num_chunks -= 1
+            self.counters.refused_total += 1
+            raise
 
     def _pack(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
         """Queue the burst's packs, carry its leftovers and commit, all under `_lock`."""

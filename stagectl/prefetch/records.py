@@ -73,6 +73,7 @@ class PrefetchCounters:
     carry_dropped_total: int = 0  # segments left over by a burst whose version moved on before the next
     lost_total: int = 0  # B-stream samples taken by a burst that failed (never trained)
     cut_short_total: int = 0  # bursts that skipped their top-ups because a weight sync was waiting
+    refused_total: int = 0  # calls refused for a version swapped out since (`in_flight_sync`; samples kept)
     requests_total: int = 0  # rollout requests (`section.rollout` calls; a burst makes 1..MAX_ROUNDS)
     request_s: float = 0.0  # of busy_s, waiting for the server's answers to them
     busy_s: float = 0.0  # time spent waiting on rollouts + building packs

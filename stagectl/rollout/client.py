@@ -30,7 +30,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.rollout.errors import RolloutRequestError, RolloutServerError
+from stagectl.rollout.errors import RolloutRequestError, RolloutServerError, WrongVersionError
 from stagectl.rollout.http import raise_for_status, response_detail, server_version
 from stagectl.rollout.protocol import (
     InferBody,
@@ -54,6 +54,7 @@ __all__ = [  # the request helpers are re-exported: callers need one import for 
     "RolloutClient",
     "RolloutRequestError",
     "RolloutServerError",
+    "WrongVersionError",
     "contiguous_parts",
     "detection_request",
     "request_config",
@@ -177,15 +178,19 @@ class RolloutClient:
 
     # --- inference -------------------------------------------------------------------------------
 
-    def infer(self, requests: Sequence[InferRequest], config: RequestConfig) -> list[InferResponse]:
-        """One response per request, in order (request i sampled with `config.seed + i`)."""
+    def infer(
+        self, requests: Sequence[InferRequest], config: RequestConfig, *, weight_version: int | None = None
+    ) -> list[InferResponse]:
+        """One response per request, in order (request i sampled with `config.seed + i`). `weight_version`:
+        every server must answer with exactly that version (`WrongVersionError` otherwise; stagectl's
+        servers only, `VersionResponse.version_tags`)."""
         if not requests:
             return []
         parts = contiguous_parts(len(requests), len(self.base_urls))
         if len(parts) == 1:
-            return self._infer_chunk(0, list(requests), config, 0)
+            return self._infer_chunk(0, list(requests), config, 0, weight_version)
         futures = [
-            self._pool.submit(self._infer_chunk, k, list(requests[start:stop]), config, start)
+            self._pool.submit(self._infer_chunk, k, list(requests[start:stop]), config, start, weight_version)
             for k, (start, stop) in enumerate(parts)
         ]
         out: list[InferResponse] = []
@@ -194,9 +199,18 @@ class RolloutClient:
         return out
 
     def _infer_chunk(
-        self, k: int, requests: list[InferRequest], config: RequestConfig, offset: int
+        self,
+        k: int,
+        requests: list[InferRequest],
+        config: RequestConfig,
+        offset: int,
+        weight_version: int | None = None,
     ) -> list[InferResponse]:
-        body = InferBody(infer_requests=requests, request_config=with_seed_offset(config, offset))
+        body = InferBody(
+            infer_requests=requests,
+            request_config=with_seed_offset(config, offset),
+            weight_version=weight_version,
+        )
         where = f"{self.base_urls[k]} requests [{offset}, {offset + len(requests)}) seed={body.request_config.seed}"
         try:
             return self._post_infer(k, body, fresh=False)
@@ -212,8 +226,8 @@ class RolloutClient:
             self._count("splits")
             log.warning("rollout %s failed again (%s); splitting it in halves", where, second)
         mid = len(requests) // 2
-        return self._infer_chunk(k, requests[:mid], config, offset) + self._infer_chunk(
-            k, requests[mid:], config, offset + mid
+        return self._infer_chunk(k, requests[:mid], config, offset, weight_version) + self._infer_chunk(
+            k, requests[mid:], config, offset + mid, weight_version
         )
 
     def _post_infer(self, k: int, body: InferBody, *, fresh: bool) -> list[InferResponse]:
@@ -230,6 +244,8 @@ class RolloutClient:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500 or response.status_code in (408, 429):
             raise _Retryable(f"HTTP {response.status_code}: {response_detail(response)}")
+        if response.status_code == 409 and body.weight_version is not None:
+            raise WrongVersionError(f"{url}: HTTP 409: {response_detail(response)}")
         raise_for_status(response, self.base_urls[k], "/infer/")
         try:
             results = [read_answer_item(item) for item in _ITEMS.validate_json(response.content)]

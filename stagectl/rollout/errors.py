@@ -10,3 +10,8 @@ class RolloutRequestError(ValueError):
 
 class RolloutServerError(RuntimeError):
     """A server failed a request even after the retry and the splits down to a single request."""
+
+
+class WrongVersionError(RolloutRequestError):
+    """A server refused a call tagged with a weight version it no longer serves (HTTP 409): a sync was
+    swapped in since the caller captured its version. Ask again at the current version."""

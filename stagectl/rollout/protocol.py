@@ -175,6 +175,10 @@ class InferBody(_SwiftRequest):
     """A server-side progress bar: only null or false."""
     adapter_request: dict[str, Any] | None = None
     """A LoRA adapter to generate with: only null (stagectl serves one set of weights)."""
+    weight_version: int | None = Field(None, ge=0)
+    """stagectl's extension (swift sends none): answer with this weight version or refuse (409). A call
+    tagged with the version serving now is admitted even while a committed sync waits to be swapped in
+    (the swap waits for it); an older tag is refused. See `weightsync.gate`."""
 
 
 class ChatMessage(WireResponse):
@@ -291,6 +295,9 @@ class VersionResponse(WireResponse):
     """The most requests the engine decodes in one generate call (`rollout_server.max_batch_size`); the
     async prefetcher sizes its requests in whole batches of it. None: no fixed batch, or a server older
     than this field."""
+    version_tags: bool = False
+    """The server honours `/infer/`'s `weight_version` and swaps a sync in between calls (`weightsync.gate`);
+    False from a server older than the field. The async learner's `in_flight_sync` needs it."""
 
 
 class StatsResponse(WireResponse):
@@ -301,6 +308,8 @@ class StatsResponse(WireResponse):
     """Histogram of generate batch sizes: `{"1": 3, "8": 2}` (keys are sizes as strings, JSON style)."""
     num_syncs: int
     num_failed_syncs: int
+    num_deferred_syncs: int = 0
+    """Syncs committed while rollout calls were in progress, swapped in when the last of them ended."""
 
 
 @dataclass(frozen=True)

@@ -96,4 +96,7 @@ class SyncResponse(WireResponse):
     num_tensors: int
     num_bytes: int
     apply_s: float
-    """Seconds the swap held the generation lock."""
+    """Seconds the swap held the generation lock (0 when deferred)."""
+    deferred: bool = False
+    """Rollout calls were in progress: the swap waits for them (`weightsync.gate`), and every later untagged
+    call is answered with this version."""

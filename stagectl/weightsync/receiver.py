@@ -29,6 +29,7 @@ import torch
 
 from stagectl.rollout.engine import Engine
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
+from stagectl.weightsync.gate import VersionGate
 from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.staging import StagedWeights
 
@@ -51,6 +52,7 @@ class WeightSync:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.gate = VersionGate(engine)  # a commit swaps in between rollout calls (`weightsync.gate`)
         self.lock = threading.Lock()  # guards the state below
         self.sync_id: str | None = None
         self.transport: str | None = None  # the transport the sync in progress came on
@@ -64,10 +66,9 @@ class WeightSync:
         self.num_failed_syncs = 0
 
     def check_above_serving(self, version: int) -> None:
-        if version <= self.engine.version:
-            raise WeightSyncError(
-                f"target version {version} is not above the serving version {self.engine.version}"
-            )
+        committed = self.gate.committed_version
+        if version <= committed:
+            raise WeightSyncError(f"target version {version} is not above the serving version {committed}")
 
     def supersede(self, sync_id: str) -> None:
         """The lock held: drop the unfinished sync in progress, if any, for `sync_id`."""
@@ -77,7 +78,8 @@ class WeightSync:
 
     def start(self, sync_id: str, transport: str, version: int, base_version: int | None) -> StagedWeights:
         """The lock held, no sync in progress: stage `sync_id` (a delta only on the serving version's
-        mirror: `DeltaBaseError` otherwise)."""
+        mirror: `DeltaBaseError` otherwise). A swap still pending reads the buffers: it goes first."""
+        self.gate.wait_swapped()
         if base_version is not None and (
             base_version != self.engine.version or self.mirror_version != self.engine.version
         ):
@@ -151,18 +153,31 @@ class WeightSync:
         self._clear()
 
     def _apply(self, tensors: dict[str, torch.Tensor], version: int, num_bytes: int) -> SyncResponse:
-        start = time.perf_counter()
-        self.engine.apply_weights(tensors, version)
-        apply_s = time.perf_counter() - start
+        """Swap `version` in through the gate: now, or when the rollout calls in progress end (deferred:
+        the response comes at once, `apply_s` 0)."""
+        seconds = [0.0]
+
+        def swap() -> None:
+            start = time.perf_counter()
+            self.engine.apply_weights(tensors, version)
+            seconds[0] = time.perf_counter() - start
+            log.info(
+                "weights version %d applied: %d tensors, %d bytes, %.3f s",
+                version,
+                len(tensors),
+                num_bytes,
+                seconds[0],
+            )
+
+        now = self.gate.apply(version, swap)
         self.num_syncs += 1
-        log.info(
-            "weights version %d applied: %d tensors, %d bytes, %.3f s",
-            version,
-            len(tensors),
-            num_bytes,
-            apply_s,
+        return SyncResponse(
+            version=version,
+            num_tensors=len(tensors),
+            num_bytes=num_bytes,
+            apply_s=seconds[0],
+            deferred=not now,
         )
-        return SyncResponse(version=version, num_tensors=len(tensors), num_bytes=num_bytes, apply_s=apply_s)
 
     def _clear(self) -> None:
         self.sync_id = None

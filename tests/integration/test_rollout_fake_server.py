@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -447,3 +448,44 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_sync_during_a_call_is_swapped_in_after_it_without_waiting_for_it() -> None:
+    """A push that commits while a call of two batches is in progress returns before the call ends
+    (`deferred`); the call, and a call tagged with the old version sent meanwhile, are answered at the old
+    version from first to last rollout; then untagged calls get the new one, and a call tagged with the
+    old one is refused with 409 (`WrongVersionError`)."""
+    from stagectl.rollout.errors import WrongVersionError
+
+    slow = FakeEngine(default_weights(), max_batch_size=2, batch_wait_ms=0, step_delay_ms=300)
+    server = _serve(slow, ServerSettings())
+    answers: dict[str, list] = {}
+
+    def call(name: str, tag: int | None) -> None:
+        with RolloutClient([server.url]) as c:
+            answers[name] = c.infer([_text(i) for i in range(4)], RequestConfig(), weight_version=tag)
+
+    try:
+        with WeightSyncClient([server.url]) as pusher, RolloutClient([server.url]) as client:
+            assert httpx.get(f"{server.url}/version/").json()["version_tags"] is True
+            long_call = threading.Thread(target=call, args=("long", None))
+            long_call.start()
+            time.sleep(0.1)  # the first of its two batches decodes
+            pusher.push_weights({name: t + 1 for name, t in default_weights().items()}, 1)
+            assert long_call.is_alive()  # the push did not wait for the call in progress
+            assert httpx.get(f"{server.url}/version/").json()["version"] == 1  # committed
+            tagged = threading.Thread(target=call, args=("tagged", 0))
+            tagged.start()
+            long_call.join(10.0)
+            tagged.join(10.0)
+            for name in ("long", "tagged"):
+                assert {r.version for r in answers[name]} == {0}, name
+                assert all(c.endswith("w=0") for c in _contents(answers[name])), name
+            (out,) = client.infer([_text(0)], RequestConfig())
+            assert out.version == 1 and _contents([out])[0].endswith("w=16")
+            with pytest.raises(WrongVersionError, match=r"409.*weight_version 0 is no longer served"):
+                client.infer([_text(0)], RequestConfig(), weight_version=0)
+            stats = httpx.get(f"{server.url}/stats/").json()
+            assert stats["num_deferred_syncs"] == 1 and stats["num_syncs"] == 1
+    finally:
+        server.stop()

@@ -42,6 +42,7 @@ from stagectl.rollout.server.service import BadRequest, RolloutService
 from stagectl.weightsync.collective import GroupError, GroupInfo, GroupReceiver
 from stagectl.weightsync.disk import DiskReceiver
 from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.gate import WrongVersion
 from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.protocol import (
     WEIGHT_CHUNK_PATH,
@@ -225,6 +226,10 @@ async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
     return await _weight_call(request, _disk(request).load_from_disk, body.path, body.version)
 
 
+def _wrong_version(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=409)
+
+
 def _too_many_requests(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=413)
 
@@ -359,6 +364,7 @@ def build_app(service: RolloutService) -> FastAPI:
     for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
     app.add_exception_handler(TooManyRequests, _too_many_requests)
+    app.add_exception_handler(WrongVersion, _wrong_version)
     app.add_exception_handler(RequestValidationError, _unprocessable)
     settings = service.settings
 

@@ -94,7 +94,8 @@ class RolloutService:
             seed = None if config.seed is None else config.seed + i
             requests.append(EngineRequest(messages, images, params, seed))
         try:
-            results = self.engine.generate(requests)
+            with self.sync.gate.admit(body.weight_version):  # one version for the whole call
+                results = self.engine.generate(requests)
         except TooManyTokens:  # a prompt + max_tokens beyond the context: its own message names both
             raise
         except ValueError as exc:  # raised while encoding this call's inputs (e.g. an extreme aspect ratio)
@@ -131,24 +132,26 @@ class RolloutService:
 
     def version(self) -> VersionResponse:
         return VersionResponse(
-            version=self.engine.version,
+            version=self.sync.gate.committed_version,
             model=self.engine.model_name,
             engine=self.engine.name,
             weight_stream_port=self.weight_stream_port,
             stagectl_version=stagectl.__version__,
             sync_dtype=self.sync_dtype,
             batch_size=self.engine.max_batch_size,
+            version_tags=True,
         )
 
     def stats(self) -> StatsResponse:
         histogram = self.engine.batch_sizes()
         return StatsResponse(
-            version=self.engine.version,
+            version=self.sync.gate.committed_version,
             num_requests=self.num_requests,
             num_batches=sum(histogram.values()),
             batch_sizes={str(size): count for size, count in sorted(histogram.items())},
             num_syncs=self.sync.num_syncs,
-            num_failed_syncs=self.sync.num_failed_syncs,
+            num_failed_syncs=self.sync.num_failed_syncs + self.sync.gate.num_failed,
+            num_deferred_syncs=self.sync.gate.num_deferred,
         )
 
     def close(self) -> None:

@@ -19,7 +19,8 @@ from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import PrefetchError, ReadyPack
-from stagectl.rollout.errors import RolloutServerError
+from stagectl.rollout.errors import RolloutServerError, WrongVersionError
+from stagectl.seeds import derive_seed
 
 SEGMENT_TOKENS = 10
 
@@ -45,6 +46,10 @@ class FakeSection:
             assert self.source.gate.wait(10.0)
         if self.source.fail_with is not None:
             raise self.source.fail_with
+        if len(self.source.requests) in self.source.refuse:  # a server swapped a sync in meanwhile
+            self.source.ver = self.source.refuse[len(self.source.requests)]
+            raise WrongVersionError(f"weight_version {self.ver} is no longer served")
+        self.source.seeds.append(seed)
         return [Generation([i], "stop") for i in indices]
 
 
@@ -59,6 +64,8 @@ class FakeSource:
         self.fail_with: Exception | None = None
         self.gate: threading.Event | None = None
         self.in_section = threading.Event()
+        self.refuse: dict[int, int] = {}  # request number (1-based) -> the version the learner moves to
+        self.seeds: list[int] = []  # of the answered requests
 
     @contextmanager
     def section(self) -> Iterator[FakeSection]:
@@ -408,3 +415,46 @@ def test_restore_refuses_rollouts_that_no_longer_make_a_segment() -> None:
     resumed = make(shrunk, ReadyPackQueue(queue_limit=50, version_window=1))
     with pytest.raises(ValueError, match="no longer make a segment that fits global_max_length"):
         resumed.restore(snap)
+
+
+def test_a_call_refused_after_a_swap_gives_its_samples_back_and_the_burst_packs_what_it_has() -> None:
+    """`in_flight_sync`: the servers refuse the top-up (a sync was swapped in since the burst began): the
+    burst queues its packs at its own version from the first request's rollouts, and the refused samples and
+    seed are the next burst's, at the new version: nothing is lost, nothing skipped."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.refuse = {2: 1}
+    pf = make(source, queue, gas=2, target_packs=4)
+    pf._burst(pf._packs_wanted())
+    assert source.requests == [29, 7] and pf.counters.refused_total == 1
+    assert pf.sampler.num_consumed == 29 and pf.num_chunks == 1 and pf.counters.lost_total == 0
+    assert sum(queue.pop_for_ver(0).num_segments for _ in range(4)) == 29
+    queue.set_current_ver(1)
+    pf._burst(2)
+    assert pf.snapshot()["stream_pos"] == 29 + sum(source.requests[2:])
+    assert source.seeds[1] == derive_seed(0, 0, 1)  # the refused call's seed, now answered
+
+
+def test_a_refusal_while_the_learner_has_not_moved_is_a_failure_that_loses_nothing() -> None:
+    """Refused at the burst's first call although the learner's version is the section's: the servers are
+    ahead of the learner. Counted as a failed burst (retried with back-off), the samples stay in the stream."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.refuse = {1: 0}
+    pf = make(source, queue, gas=2, target_packs=4, outage_timeout_s=60.0)
+    pf._burst_in(4, False, time.perf_counter())
+    assert pf.counters.fail_total == 1 and pf.counters.lost_total == 0
+    assert pf.sampler.num_consumed == 0 and pf.num_chunks == 0 and queue.depth() == 0
+
+
+def test_wait_burst_returns_when_the_burst_in_progress_has_queued_its_packs() -> None:
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.gate = threading.Event()
+    pf = make(source, queue, gas=2, target_packs=2)
+    pf.start()
+    assert source.in_section.wait(5.0) and pf.busy
+    assert pf.wait_burst(0.05) is False  # still in flight
+    source.gate.set()
+    assert pf.wait_burst(5.0) is True and queue.depth() >= 2
+    assert pf.stop(5.0)
