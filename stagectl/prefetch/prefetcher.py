@@ -111,6 +111,7 @@ class Prefetcher:
         self._lock = threading.Lock()  # the commit point, the carry and the queue's pushes move together
         self._burst_done = threading.Condition(self._lock)  # `wait_burst`
         self._in_burst = False
+        self._bursts_ended = 0  # a waiter's mark: the next burst may begin before it wakes up
         self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
@@ -141,10 +142,14 @@ class Prefetcher:
             return self._in_burst
 
     def wait_burst(self, timeout_s: float | None) -> bool:
-        """Wait until no burst is in progress (or the thread stopped or failed); False after `timeout_s`."""
+        """Wait until the burst in progress, if any, has ended (or the thread stopped or failed); False
+        after `timeout_s`. It returns for that burst even when the next has already begun."""
         with self._burst_done:
+            if not self._in_burst:
+                return True
+            mark = self._bursts_ended
             return self._burst_done.wait_for(
-                lambda: not self._in_burst or self._error is not None or self._stop.is_set(), timeout_s
+                lambda: self._bursts_ended > mark or self._error is not None or self._stop.is_set(), timeout_s
             )
 
     @property
@@ -235,8 +240,8 @@ class Prefetcher:
             self._burst_in(num_packs, another_follows, started)
         finally:
             with self._burst_done:
-                self._in_burst = False
-                self._burst_done.notify_all()
+                if self._in_burst:  # not already ended by `_commit_failed`
+                    self._end_burst()
 
     def _burst_in(self, num_packs: int, another_follows: bool, started: float) -> None:
         try:
@@ -282,8 +287,13 @@ class Prefetcher:
         with self._lock:
             self.counters.lost_total += self.sampler.num_consumed - self._committed["stream_pos"]
             self._commit()
-            self._in_burst = False  # a learner waiting for it goes on now, not after the back-off
-            self._burst_done.notify_all()
+            self._end_burst()  # a learner waiting for it goes on now, not after the back-off
+
+    def _end_burst(self) -> None:
+        """Under `_lock`: the burst has queued what it made (or failed)."""
+        self._in_burst = False
+        self._bursts_ended += 1
+        self._burst_done.notify_all()
 
     def _take_carry(self, ver: int) -> list[Built]:
         """The segments the last burst could not fit, if they are of `ver`; older ones are dropped (and

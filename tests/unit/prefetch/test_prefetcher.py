@@ -44,6 +44,8 @@ class FakeSection:
         self.source.requests.append(len(indices))
         if self.source.gate is not None:  # a burst held in flight until the test opens the gate
             assert self.source.gate.wait(10.0)
+        if self.source.tickets is not None:  # one request per ticket the test hands out
+            assert self.source.tickets.acquire(timeout=10.0)
         if self.source.fail_with is not None:
             raise self.source.fail_with
         if len(self.source.requests) in self.source.refuse:  # a server swapped a sync in meanwhile
@@ -64,6 +66,7 @@ class FakeSource:
         self.fail_with: Exception | None = None
         self.gate: threading.Event | None = None
         self.in_section = threading.Event()
+        self.tickets: threading.Semaphore | None = None
         self.refuse: dict[int, int] = {}  # request number (1-based) -> the version the learner moves to
         self.seeds: list[int] = []  # of the answered requests
 
@@ -457,4 +460,25 @@ def test_wait_burst_returns_when_the_burst_in_progress_has_queued_its_packs() ->
     assert pf.wait_burst(0.05) is False  # still in flight
     source.gate.set()
     assert pf.wait_burst(5.0) is True and queue.depth() >= 2
+    assert pf.stop(5.0)
+
+
+def test_wait_burst_returns_for_the_burst_in_progress_even_when_the_next_has_begun() -> None:
+    """The learner waits for the burst that makes its B step's packs; the prefetcher starts its next burst
+    the moment that one ends, before the waiting thread wakes up. The wait must still end then (it once
+    waited for the next burst too: a whole burst of idle learner)."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.tickets = threading.Semaphore(0)
+    pf = make(source, queue, gas=2, target_packs=4)  # two bursts of 2 packs: 15 + 3 rollouts each
+    pf.start()
+    assert source.in_section.wait(5.0) and pf.busy
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(pf.wait_burst(10.0)))
+    waiter.start()
+    source.tickets.release(2)  # the first burst's two requests; the second burst blocks on its first
+    assert wait_for(lambda: len(source.requests) == 3, 5.0)
+    waiter.join(5.0)
+    assert waited == [True] and pf.busy and queue.depth() == 2
+    source.tickets.release(10)
     assert pf.stop(5.0)
