@@ -207,3 +207,48 @@ def test_repeats_render_as_a_spread_beside_the_targets() -> None:
         "`b1.0`: idle 0.100 over a floor of 0.070 (medians of 4 runs); the floor alone exceeds 10% in 0 of 4"
         in text
     )
+
+
+def test_the_in_flight_sync_is_set_beside_the_fenced_one() -> None:
+    """`example` (in-flight sync) and `example-fenced` (the variant: the sync waits for the burst in flight)
+    against the same step runs, in the table and in every repeat, read as one line."""
+    step = summarise([step_row(s, step_s=2.0, rollout_s=1.0, tokens=1000) for s in range(8)], "step")
+    fast = summarise([async_row(s, busy_s=0.6 * s) for s in range(8)], "async")
+    runs = {
+        "example/step/separated": step,
+        "example/async/separated": fast,
+        "example-fenced/async/separated": {
+            **fast,
+            "trained_tokens_per_s": 800.0,
+            "learner_idle_fraction": 0.15,
+        },
+    }
+    compared = compare(runs)
+    assert compared["example-fenced/separated"]["async_over_step"] == pytest.approx(1.6)  # 800 / step's 500
+    row = {"bound": 2.0, "rollout_cost_async_over_step": 1.0}
+    spread = {
+        "n": 1,
+        "max_steps": 18,
+        "loadavg": [0.5, 0.5],
+        "ran_at": "2026-11-26 12:00:00",
+        "runs": {
+            "example": [{**row, "async_over_step": 1.9, "of_bound": 0.95, "idle": 0.01}],
+            "example-fenced": [{**row, "async_over_step": 1.7, "of_bound": 0.85, "idle": 0.12}],
+        },
+    }
+    text = "\n".join(async_section({"max_steps": 18, "runs": runs, "compare": compared, "repeats": spread}))
+    assert (
+        "`example-fenced`: `example` with `stage2_ab.channel_b.async.in_flight_sync: False` "
+        "(compared with `example`'s step runs)." in text
+    )
+    assert compared["example/separated"]["async_over_step"] == pytest.approx(2.0)
+    assert (
+        "In-flight weight sync (`example`) against the fenced one (`example-fenced`), separated, 2 side-by-side "
+        "pair(s) (the table's and the repeats'), min/median/max: async / step "
+        "1.90x/2.00x/2.00x against 1.60x/1.70x/1.70x, of the bound 0.95/1.00/1.00 against 0.80/0.85/0.85"
+        in text
+    )
+    assert (
+        f"learner idle 0.010/{fast['learner_idle_fraction']:.3f}/" in text
+        and "against 0.120/0.150/0.150." in text
+    )
