@@ -87,7 +87,7 @@ class AsyncChannelB:
         server_batches, untagged = dist.broadcast_object(
             (
                 [v.batch_size for v in versions],
-                servers_without_version_tags(client.base_urls, versions),
+                servers_without_version_tags(client.base_urls, versions) if self.world.is_main else [],
             )
         )
         if self.acfg.in_flight_sync and untagged:
@@ -177,10 +177,7 @@ class AsyncChannelB:
         else:
             self.queue.release_held()
         if self.acfg.in_flight_sync:
-            # a burst that began before the last sync queues its packs after it: measure again which packs of
-            # the older versions every rank holds (pacing counts only those)
-            versions, counts = self.queue.eligible_counts()
-            self.queue.set_shared(versions, dist.all_reduce_ints(counts, "min"))
+            self._measure_shared()  # a burst that began before the last sync has queued since, or failed
         self.next_step = step + 1
         self.num_steps += 1
         self.num_b_steps += kind == "B"
@@ -246,7 +243,18 @@ class AsyncChannelB:
         go), then the ranks measure which packs of the older versions EVERY rank holds (those versions can no
         longer grow) for pacing (`ReadyPackQueue.set_shared`)."""
         self.queue.set_current_ver(self.ver)
-        versions, counts = self.queue.eligible_counts()  # the same versions on every rank
+        self._measure_shared()
+
+    def _measure_shared(self) -> None:
+        """Every rank: the packs of each older version that EVERY rank holds (all-reduce MIN), for pacing.
+        With `in_flight_sync` a rank's burst that began before the sync is still running: its packs count
+        as held (they are queued within the burst, or the burst fails and the next measurement, at the next
+        step, drops them). Counted as missing instead, pacing would make the same B step's packs again at
+        the new version, to go stale unused (the learning check's runs dropped 36-49% of their rollouts so)."""
+        # the same versions on every rank
+        versions, counts = (
+            self.prefetcher.counts_with_coming() if self.acfg.in_flight_sync else self.queue.eligible_counts()
+        )
         self.queue.set_shared(versions, dist.all_reduce_ints(counts, "min"))
 
     def metrics(self) -> dict[str, Any]:

@@ -112,6 +112,7 @@ class Prefetcher:
         self._burst_done = threading.Condition(self._lock)  # `wait_burst`
         self._in_burst = False
         self._bursts_ended = 0  # a waiter's mark: the next burst may begin before it wakes up
+        self._burst_packs: tuple[int, int] | None = None  # (version, packs) of the burst in progress
         self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
@@ -134,6 +135,15 @@ class Prefetcher:
         """`request_stop` then `join`."""
         self.request_stop()
         return self.join(deadline_s)
+
+    def counts_with_coming(self) -> tuple[list[int], list[int]]:
+        """The queue's `eligible_counts`, each version's count with the packs the burst in progress will
+        queue added: read together under the lock its pushes take, so no pack is counted twice or missed."""
+        with self._lock:
+            versions, counts = self.queue.eligible_counts()
+            if self._burst_packs is not None and self._burst_packs[0] in versions:
+                counts[versions.index(self._burst_packs[0])] += self._burst_packs[1]
+            return versions, counts
 
     @property
     def busy(self) -> bool:
@@ -246,6 +256,8 @@ class Prefetcher:
     def _burst_in(self, num_packs: int, another_follows: bool, started: float) -> None:
         try:
             with self.source.section() as section:
+                with self._lock:
+                    self._burst_packs = (section.ver, num_packs)
                 carried = self._take_carry(section.ver)
                 if self.segments_per_pack is None:
                     built, dropped = self._roll_out(
@@ -292,6 +304,7 @@ class Prefetcher:
     def _end_burst(self) -> None:
         """Under `_lock`: the burst has queued what it made (or failed)."""
         self._in_burst = False
+        self._burst_packs = None
         self._bursts_ended += 1
         self._burst_done.notify_all()
 
@@ -420,6 +433,7 @@ class Prefetcher:
             else:
                 self._carry = []
             self._commit()
+            self._burst_packs = None  # queued: counted in the queue from now on (`counts_with_coming`)
 
     def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
         started = time.perf_counter()

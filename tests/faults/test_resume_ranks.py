@@ -73,13 +73,17 @@ def _b_takes(record_dir: Path, rank: int) -> list[int]:
 def test_async_resume_restores_each_ranks_own_b_stream(tmp_path: Path) -> None:
     """Rank 1's prefetcher is slowed down, so the ranks' B streams stand at different positions when
     checkpoint-4 is written; resumed from that checkpoint (in a copy of the run), each rank continues its
-    own stream from its own position, exactly as the uninterrupted run consumed it."""
+    own stream from its own position, exactly as the uninterrupted run consumed it. The fenced sync
+    (`in_flight_sync: false`) lets the slowed rank fall behind: with the in-flight sync its learner waits for
+    its bursts instead, and the two streams stay in step (the resume of the default is
+    `tests/faults/test_async_resume.py`)."""
 
     def config(name: str, max_steps: int, **training: object) -> Path:
         cfg = async_config(
             tmp_path / name,
             training={"max_steps": max_steps, "save_steps": 4, **training},
             launch={"watchdog": {"step_s": 120}},
+            stage2_ab={"channel_b": {"async": {"in_flight_sync": False}}},
         )
         (tmp_path / name).mkdir(exist_ok=True)
         return write_config(tmp_path / name / f"cfg-{max_steps}.yaml", cfg)

@@ -25,3 +25,46 @@ def test_our_server_promises_them() -> None:
         assert service.version().version_tags is True
     finally:
         service.close()
+
+
+class _Prefetcher:
+    """Bursts the test ends by hand: each `wait_burst` returns once the test has queued one burst's packs."""
+
+    def __init__(self, queue, bursts: list[int]) -> None:  # type: ignore[no-untyped-def]
+        self.queue, self.bursts, self.waits = queue, bursts, 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.bursts)
+
+    def wait_burst(self, timeout_s: float | None) -> bool:
+        self.waits += 1
+        for _ in range(self.bursts.pop(0)):  # the burst queues its packs
+            self.queue.push(object(), 0)
+        return True
+
+
+def _channel(bursts: list[int], queued: int = 0):  # type: ignore[no-untyped-def]
+    from stagectl.learner.channel_b_async import AsyncChannelB
+    from stagectl.prefetch.queue import ReadyPackQueue
+
+    channel = object.__new__(AsyncChannelB)
+    channel.queue = ReadyPackQueue(queue_limit=8, version_window=1)
+    channel.queue.set_current_ver(0)
+    for _ in range(queued):
+        channel.queue.push(object(), 0)
+    channel.prefetcher = _Prefetcher(channel.queue, bursts)
+    channel.gas = 2
+    channel.fence_timeout_s = 5.0
+    return channel
+
+
+def test_a_b_step_waits_for_the_bursts_that_make_its_packs_and_no_longer() -> None:
+    # one pack queued, a burst in flight brings one more: one wait, then GAS packs and no more waiting
+    channel = _channel([1, 2], queued=1)
+    channel._wait_for_burst()
+    assert channel.prefetcher.waits == 1 and channel.queue.depth() == 2
+    # packs enough already: no wait; an idle prefetcher: no wait either (the gate then trains Channel-A)
+    for ready in (_channel([2], queued=2), _channel([], queued=0)):
+        ready._wait_for_burst()
+        assert ready.prefetcher.waits == 0

@@ -482,3 +482,28 @@ def test_wait_burst_returns_for_the_burst_in_progress_even_when_the_next_has_beg
     assert waited == [True] and pf.busy and queue.depth() == 2
     source.tickets.release(10)
     assert pf.stop(5.0)
+
+
+def test_the_packs_of_a_burst_in_flight_at_a_sync_count_as_held_for_pacing() -> None:
+    """`in_flight_sync`: a burst of version 0 is still running when the sync moves the learner to 1. The
+    shared view measured then must count its packs (once, whether queued yet or not): counted as missing,
+    pacing asks for the same B step's packs again at version 1, and they go stale unused (the learning
+    check's runs dropped 36-49% of their rollouts so)."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.gate = threading.Event()
+    pf = make(source, queue, gas=2, target_packs=8)
+    burst = threading.Thread(target=pf._burst, args=(2,))
+    burst.start()
+    assert source.in_section.wait(5.0)
+    source.ver = 1  # the sync, while the burst runs
+    queue.set_current_ver(1)
+    assert pf.counts_with_coming() == ([0, 1], [2, 0])
+    queue.set_shared(*pf.counts_with_coming())
+    source.gate.set()
+    burst.join(5.0)
+    assert pf.counts_with_coming() == ([0, 1], [2, 0])  # queued now: counted once
+    # B every step, sync every step, window 1: steps 0 and 1 train version 0 or 1; version 0's group covers one
+    assert pf._packs_wanted() == 2
+    queue.set_shared([0, 1], [0, 0])  # the view without the burst in flight: a second group for the same step
+    assert pf._packs_wanted() == 4
