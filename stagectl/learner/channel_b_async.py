@@ -190,15 +190,18 @@ class AsyncChannelB:
 
     def _wait_for_burst(self) -> None:
         """`in_flight_sync`, a step that wants Channel-B: while this rank holds fewer than GAS packs of any
-        eligible version, the burst in progress is the one that makes them (the nearest B step's first):
-        wait for it, one burst at a time, as the fence would have. A prefetcher that is idle or failed
-        makes nothing more for this step; the gates then decide (Channel-A if packs are missing)."""
+        eligible version and the burst in progress began before the last sync (the burst a fenced sync
+        would have waited for, and the one that makes these packs: the nearest B step's first), wait for
+        it, one burst at a time. So the learner waits no more than the fence made it wait, only later: at
+        the B step that needs the packs, not at the sync. A burst of the current version, an idle or a
+        failed prefetcher: no wait, and the gates decide (Channel-A if packs are missing, as before)."""
         deadline = None if self.fence_timeout_s is None else time.monotonic() + self.fence_timeout_s
         while max(self.queue.eligible_counts()[1], default=0) < self.gas:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            if not self.prefetcher.busy or not self.prefetcher.wait_burst(remaining):
+            began = self.prefetcher.burst_version()
+            if began is None or began >= self.ver or not self.prefetcher.wait_burst(remaining):
                 return
 
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:

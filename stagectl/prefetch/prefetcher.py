@@ -151,6 +151,11 @@ class Prefetcher:
         with self._lock:
             return self._in_burst
 
+    def burst_version(self) -> int | None:
+        """The version of the burst in progress, from its section's start until its packs are queued."""
+        with self._lock:
+            return None if self._burst_packs is None else self._burst_packs[0]
+
     def wait_burst(self, timeout_s: float | None) -> bool:
         """Wait until the burst in progress, if any, has ended (or the thread stopped or failed); False
         after `timeout_s`. It returns for that burst even when the next has already begun."""

@@ -88,7 +88,9 @@ def test_async_resume_restores_each_ranks_own_b_stream(tmp_path: Path) -> None:
         (tmp_path / name).mkdir(exist_ok=True)
         return write_config(tmp_path / name / f"cfg-{max_steps}.yaml", cfg)
 
-    faults = "log_stream:B;slow_prefetch:1:0.4"
+    faults = (
+        "log_stream:B;slow_prefetch:1:0.8"  # 0.4 s: the streams met at checkpoint-4 in 1 of ~6 loaded runs
+    )
     takes: dict[str, list[list[int]]] = {}
     resumed_config = config("resumed", 8)
     checkpoint = tmp_path / "resumed" / "run" / "checkpoint-4"

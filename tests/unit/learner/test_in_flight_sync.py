@@ -28,14 +28,14 @@ def test_our_server_promises_them() -> None:
 
 
 class _Prefetcher:
-    """Bursts the test ends by hand: each `wait_burst` returns once the test has queued one burst's packs."""
+    """Bursts the test ends by hand: each `wait_burst` returns once the test has queued one burst's packs;
+    every burst began at version `began`."""
 
-    def __init__(self, queue, bursts: list[int]) -> None:  # type: ignore[no-untyped-def]
-        self.queue, self.bursts, self.waits = queue, bursts, 0
+    def __init__(self, queue, bursts: list[int], began: int) -> None:  # type: ignore[no-untyped-def]
+        self.queue, self.bursts, self.began, self.waits = queue, bursts, began, 0
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.bursts)
+    def burst_version(self) -> int | None:
+        return self.began if self.bursts else None
 
     def wait_burst(self, timeout_s: float | None) -> bool:
         self.waits += 1
@@ -44,27 +44,32 @@ class _Prefetcher:
         return True
 
 
-def _channel(bursts: list[int], queued: int = 0):  # type: ignore[no-untyped-def]
+def _channel(bursts: list[int], queued: int = 0, began: int = 0):  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
     from stagectl.learner.channel_b_async import AsyncChannelB
     from stagectl.prefetch.queue import ReadyPackQueue
 
     channel = object.__new__(AsyncChannelB)
+    channel.publisher = SimpleNamespace(ver=1)  # one sync since version 0
     channel.queue = ReadyPackQueue(queue_limit=8, version_window=1)
-    channel.queue.set_current_ver(0)
+    channel.queue.set_current_ver(1)
     for _ in range(queued):
         channel.queue.push(object(), 0)
-    channel.prefetcher = _Prefetcher(channel.queue, bursts)
+    channel.prefetcher = _Prefetcher(channel.queue, bursts, began)
     channel.gas = 2
     channel.fence_timeout_s = 5.0
     return channel
 
 
-def test_a_b_step_waits_for_the_bursts_that_make_its_packs_and_no_longer() -> None:
-    # one pack queued, a burst in flight brings one more: one wait, then GAS packs and no more waiting
+def test_a_b_step_waits_for_a_burst_begun_before_the_sync_and_no_longer() -> None:
+    """What the fenced sync waited for, the B step that needs its packs waits for (the burst of version 0,
+    begun before the sync to 1): one pack queued, the burst brings one more, no second wait. A burst of the
+    current version the fenced sync did not wait for either (the B step is skipped to Channel-A, counted,
+    as before); with packs enough or an idle prefetcher, no wait."""
     channel = _channel([1, 2], queued=1)
     channel._wait_for_burst()
     assert channel.prefetcher.waits == 1 and channel.queue.depth() == 2
-    # packs enough already: no wait; an idle prefetcher: no wait either (the gate then trains Channel-A)
-    for ready in (_channel([2], queued=2), _channel([], queued=0)):
-        ready._wait_for_burst()
-        assert ready.prefetcher.waits == 0
+    for other in (_channel([2], queued=0, began=1), _channel([2], queued=2), _channel([], queued=0)):
+        other._wait_for_burst()
+        assert other.prefetcher.waits == 0
