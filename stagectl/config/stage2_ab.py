@@ -40,7 +40,7 @@ class AsyncConfig(StrictModel):
     in_flight_sync: bool = True
     """A weight sync does not wait for the rollout calls in flight: the servers swap the new weights in
     between calls, the burst in flight finishes at its own version (still inside `version_window`), and a
-    B step whose packs are still being made waits for that burst instead (`time/wait_packs_s`). Needs
+    B step whose packs it is making waits for it there instead (`time/wait_packs_s`). Needs
     stagectl rollout servers (they answer `/version/` with `version_tags`). False: a sync closes the fence
     and waits for the burst in flight (docs/placement.md, "Where the learner's time goes")."""
 
