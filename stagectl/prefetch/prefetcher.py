@@ -145,12 +145,6 @@ class Prefetcher:
                 counts[versions.index(self._burst_packs[0])] += self._burst_packs[1]
             return versions, counts
 
-    @property
-    def busy(self) -> bool:
-        """A burst is in progress."""
-        with self._lock:
-            return self._in_burst
-
     def burst_version(self) -> int | None:
         """The version of the burst in progress, from its section's start until its packs are queued."""
         with self._lock:
