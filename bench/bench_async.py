@@ -8,12 +8,13 @@ Configs (each run in step mode and async mode, one learner rank):
 - `example`: the settings of examples/tiny/train_ab_async.yaml (1024 tokens, 96 new tokens, queue 8,
   target 4, sync every 2) on one learner rank instead of two (`--nproc 1`: two ranks and a server need
   three cores);
-- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8;
+- `b1.0`: rollout-heavy, B only: sync every step, queue 3, target 2, decode batch 8 (step mode waits ~40% of
+  its wall on rollouts);
 - variants (`VARIANTS`: a base config with some keys changed, in both modes): `b1.0n40` (`b1.0` with 40 new
-  tokens instead of 48: step mode still waits ~43% of its wall on rollouts, but async's learner, which trains
-  full packs, no longer waits on the server); `example-fenced` (`example` with `in_flight_sync: false`,
-  async only: the weight sync waits for the burst in flight, as it did before the servers swapped weights in
-  between calls).
+  tokens instead of 48: with the server's old sampler, `b1.0` was rollout-bound in async and this was the
+  balanced variant; both are read against the rollout-heavy target); `example-fenced` (`example` with
+  `in_flight_sync: false`, async only: the weight sync waits for the burst in flight, as it did before the
+  servers swapped weights in between calls).
 
 Placements: `separated` pins the learner to one core and the server to another (`launch.cpus`,
 `rollout_server.cpus`, one torch thread each); `shared` pins nothing (one torch thread each, the OS
@@ -290,7 +291,7 @@ def merge(saved: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# the configs the targets are read on (#26: b1.0 rollout-bound, b1.0n40 B only but balanced in async),
+# the configs the targets are read on (#26: the example, and the rollout-heavy b1.0 and b1.0n40),
 # repeated by `--repeats`
 TARGETS = ("example", "example-fenced", "b1.0", "b1.0n40")
 

@@ -27,10 +27,9 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   steps can train), and never more than fits under `prefetch_target_packs`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
   saved with the rank's state, so a resumed run continues the sequence).
-- Errors: server trouble (connection, timeout, 5xx) is counted and retried with back-off, so the
-  learner keeps training Channel-A while the server is away; once an outage outlasts
-  `outage_timeout_s`, or after `max_consecutive_failures` other failures in a row, the thread stops and
-  keeps the exception; the learner re-raises it (`raise_if_failed`). A thread never swallows an error.
+- Errors: every failure is counted; `failures.FailurePolicy` says when to retry (server trouble with
+  back-off, so the learner keeps training Channel-A meanwhile) and when to give up. Then the thread
+  stops and keeps the exception; the learner re-raises it (`raise_if_failed`). It never swallows one.
 - Checkpoints (lossless resume): the thread publishes a *commit point* under `_lock` at the end of every
   burst; `snapshot` reads it, the carried segments and the queue under the same lock, so a checkpoint
   never sees half a burst; `restore` rebuilds the saved packs and leftovers (the layout and the
@@ -54,7 +53,9 @@ import httpx
 from stagectl.collate import PackedBatch, Segment
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
+from stagectl.prefetch.burst_state import BurstState
 from stagectl.prefetch.bursts import pack_groups, request_rollouts
+from stagectl.prefetch.failures import FailurePolicy
 from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted, request_size
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import (
@@ -103,16 +104,12 @@ class Prefetcher:
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._consecutive = 0
-        self._outage_since: float | None = None
+        self._failures = FailurePolicy(self.max_consecutive_failures, self.outage_timeout_s)
         self._tokens_per_rollout = self.initial_tokens_per_rollout
         self._carry: list[Built] = []
         self._carry_ver = -1
         self._lock = threading.Lock()  # the commit point, the carry and the queue's pushes move together
-        self._burst_done = threading.Condition(self._lock)  # `wait_burst`
-        self._in_burst = False
-        self._bursts_ended = 0  # a waiter's mark: the next burst may begin before it wakes up
-        self._burst_packs: tuple[int, int] | None = None  # (version, packs) of the burst in progress
+        self._bursts = BurstState(self._lock)  # the burst in progress, for the learner (`in_flight_sync`)
         self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
@@ -141,25 +138,17 @@ class Prefetcher:
         queue added: read together under the lock its pushes take, so no pack is counted twice or missed."""
         with self._lock:
             versions, counts = self.queue.eligible_counts()
-            if self._burst_packs is not None and self._burst_packs[0] in versions:
-                counts[versions.index(self._burst_packs[0])] += self._burst_packs[1]
+            self._bursts.add_coming(versions, counts)
             return versions, counts
 
     def burst_version(self) -> int | None:
         """The version of the burst in progress, from its section's start until its packs are queued."""
-        with self._lock:
-            return None if self._burst_packs is None else self._burst_packs[0]
+        return self._bursts.version()
 
     def wait_burst(self, timeout_s: float | None) -> bool:
         """Wait until the burst in progress, if any, has ended (or the thread stopped or failed); False
         after `timeout_s`. It returns for that burst even when the next has already begun."""
-        with self._burst_done:
-            if not self._in_burst:
-                return True
-            mark = self._bursts_ended
-            return self._burst_done.wait_for(
-                lambda: self._bursts_ended > mark or self._error is not None or self._stop.is_set(), timeout_s
-            )
+        return self._bursts.wait(timeout_s, lambda: self._error is not None or self._stop.is_set())
 
     @property
     def thread_ident(self) -> int | None:
@@ -244,19 +233,18 @@ class Prefetcher:
         not fit these packs starts that burst, see `_request_size`)."""
         started = time.perf_counter()
         with self._lock:
-            self._in_burst = True
+            self._bursts.begin()
         try:
             self._burst_in(num_packs, another_follows, started)
         finally:
-            with self._burst_done:
-                if self._in_burst:  # not already ended by `_commit_failed`
-                    self._end_burst()
+            with self._lock:
+                self._bursts.end()  # does nothing when `_commit_failed` has ended it
 
     def _burst_in(self, num_packs: int, another_follows: bool, started: float) -> None:
         try:
             with self.source.section() as section:
                 with self._lock:
-                    self._burst_packs = (section.ver, num_packs)
+                    self._bursts.set_coming(section.ver, num_packs)
                 carried = self._take_carry(section.ver)
                 if self.segments_per_pack is None:
                     built, dropped = self._roll_out(
@@ -272,8 +260,7 @@ class Prefetcher:
                         section, num_packs * self.segments_per_pack, carried
                     )
                 # still inside the section: fenced, the packs are queued before any sync can start
-                self._consecutive = 0
-                self._outage_since = None
+                self._failures.succeeded()
                 self._pack(built, dropped, section.ver, num_packs)
         except (
             RolloutServerError,
@@ -298,14 +285,7 @@ class Prefetcher:
         with self._lock:
             self.counters.lost_total += self.sampler.num_consumed - self._committed["stream_pos"]
             self._commit()
-            self._end_burst()  # a learner waiting for it goes on now, not after the back-off
-
-    def _end_burst(self) -> None:
-        """Under `_lock`: the burst has queued what it made (or failed)."""
-        self._in_burst = False
-        self._burst_packs = None
-        self._bursts_ended += 1
-        self._burst_done.notify_all()
+            self._bursts.end()  # a learner waiting for it goes on now, not after the back-off
 
     def _take_carry(self, ver: int) -> list[Built]:
         """The segments the last burst could not fit, if they are of `ver`; older ones are dropped (and
@@ -432,7 +412,7 @@ class Prefetcher:
             else:
                 self._carry = []
             self._commit()
-            self._burst_packs = None  # queued: counted in the queue from now on (`counts_with_coming`)
+            self._bursts.queued()  # counted in the queue from now on (`counts_with_coming`)
 
     def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
         started = time.perf_counter()
@@ -454,18 +434,13 @@ class Prefetcher:
             started = time.perf_counter()
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:
+        """Count the failure, then back off (`failures.FailurePolicy`) or stop the thread with it."""
         self.counters.fail_total += 1
         self.counters.last_error = f"{type(exc).__name__}: {exc}"
-        self._consecutive += 1
-        now = time.monotonic()
-        if transient:
-            self._outage_since = self._outage_since or now
-            if now - self._outage_since > self.outage_timeout_s:
-                raise RuntimeError(
-                    f"rollout servers unreachable for {now - self._outage_since:.0f} s "
-                    f"(> vllm.server.timeout_s {self.outage_timeout_s:g}): {self.counters.last_error}"
-                ) from exc
-            self._stop.wait(min(5.0, 0.25 * 2 ** min(self._consecutive, 5)))
-            return
-        if self._consecutive >= self.max_consecutive_failures:
+        verdict = self._failures.failed(time.monotonic(), transient=transient)
+        if isinstance(verdict, float):
+            self._stop.wait(verdict)
+        elif transient:
+            raise RuntimeError(f"{verdict}: {self.counters.last_error}") from exc
+        else:
             raise exc
