@@ -38,7 +38,9 @@ def sample_tokens(
 ) -> torch.Tensor:
     """One token per row of `scores` (B, V) for `uniforms` (B,) in [0, 1): temperature, then top-k (k > 0:
     the k best and any tied with the k-th), then nucleus top-p (< 1: the fewest best tokens whose mass
-    reaches top_p; the best token always stays), then inverse-CDF over the kept tokens. Returns (B,) ids."""
+    reaches top_p; the best token always stays), then inverse-CDF over the kept tokens. Returns (B,) ids.
+    `candidates`: how many of each row's best tokens the nucleus is looked for among before a full sort
+    (any value gives the same tokens, up to rounding; it only moves the cost)."""
     logits = scores.float() / temperature  # (B, V)
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
