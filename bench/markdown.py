@@ -335,7 +335,7 @@ def learning(r: dict[str, Any]) -> list[str]:
             lines += [
                 f"**Equal training wall time** vs {variant} ({w['ab_train_s']:.0f} s): A-only read at step(s) "
                 f"{', '.join(str(s) for s in w['a_only_steps'])} "
-                f"({', '.join(f'{x:.0f}' for x in w['a_only_train_s'])} s):",
+                f"({', '.join(f'{x:.0f}' for x in w['a_only_train_s'])} s per seed):",
                 "",
                 *w["table"],
                 "",

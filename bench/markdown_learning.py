@@ -119,8 +119,8 @@ def separated_section(r: dict[str, Any]) -> list[str]:
             *t["table"],
             "",
             f"**{task} task, equal training wall time** ({AB} {eq['ab_train_s']:.0f} s; A-only read at step(s) "
-            f"{', '.join(str(s) for s in eq['a_only_steps'])}, "
-            f"{', '.join(f'{x:.0f}' for x in eq['a_only_train_s'])} s):",
+            f"{', '.join(str(s) for s in eq['a_only_steps'])}, after "
+            f"{', '.join(f'{x:.0f}' for x in eq['a_only_train_s'])} s per seed):",
             "",
             *eq["table"],
             "",
