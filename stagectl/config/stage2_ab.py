@@ -45,6 +45,17 @@ class AsyncConfig(StrictModel):
     and waits for the burst in flight (docs/placement.md, "Where the learner's time goes")."""
 
 
+class ChannelBMatchConfig(StrictModel):
+    assignment: Literal["hungarian", "greedy_iou"] = "hungarian"
+    """`hungarian`: the pairing of least total cost (sum of 1 - IoU, `fp_cost` per FP, `fn_cost` per miss).
+    `greedy_iou`: the highest-IoU pair first, then the next among the free ones (COCO-style). The IoU gate
+    and costs are `custom.extra.rollout_matching`'s for both."""
+    desc_gated: bool = False
+    """Only a prediction whose desc equals the GT's (exact text) can match it: a wrong-label prediction is
+    an FP (masked / dropped from the target) and its GT a miss (appended with its desc). False: boxes alone
+    decide, and a wrong label is left to `desc_ce_weight_matched`."""
+
+
 class ChannelBConfig(StrictModel):
     mode: Literal["step", "async"] = "step"
     """`step`: rollouts inside the optimizer step (one learner rank). `async`: per-rank prefetcher."""
@@ -54,17 +65,31 @@ class ChannelBConfig(StrictModel):
     """Samples per generate call / rollout request (default `rollout_matching.decode_batch_size`)."""
     enable_pipeline: bool = False
     """Step mode with server rollouts: a producer thread overlaps rollout with learning in the step."""
-    target: Literal["raw_prefix", "clean_prefix"] = "raw_prefix"
-    """How a rollout becomes the B target. `raw_prefix` (the seed contract): the rollout's own token prefix,
-    FP and invalid entries masked, missed GT appended. `clean_prefix`: the matched predictions re-serialised
-    in canonical form (rollout order), FP, invalid and duplicate predictions dropped from the text, missed
-    GT appended (or everything sorted, see `insertion_order`)."""
+    target: Literal["raw_prefix", "clean_prefix", "reordered_gt"] = "raw_prefix"
+    """How a rollout becomes the B target (docs/training.md, "Channel-B targets"). `raw_prefix` (the
+    step-mode seed's contract): the rollout's own token prefix, FP and invalid entries masked, missed GT
+    appended. `clean_prefix`: the matched predictions re-serialised in canonical form (rollout order), FP,
+    invalid and duplicate predictions dropped from the text, missed GT appended (or everything sorted, see
+    `insertion_order`). `reordered_gt` (the async design seed's `y_train_ids`): the ground-truth objects the
+    rollout found, in the order it found them, written with their GT desc and GT box, then the missed ones;
+    all teacher-forced, matched descs weighted by `desc_ce_weight_matched`."""
+    desc_ce_weight_matched: float = Field(0.0, ge=0)
+    """CE weight toward the ground-truth desc of a matched object whose rollout desc differs from it (exact
+    text). With `raw_prefix` / `clean_prefix` and a weight > 0 such an object is written with the GT desc in
+    place of its own (its box stays the rollout's); 0 keeps the rollout's desc with CE 0 (the behaviour
+    before this key). With `reordered_gt` every matched object is written with its GT desc and this is the
+    weight of those descs."""
+    mask_correct_matched_desc: bool = True
+    """A matched object whose rollout desc already equals its GT desc gets desc CE 0 (upstream's gate);
+    false: it gets `desc_ce_weight_matched` like a wrong one (a positive label signal for found objects)."""
     insertion_order: Literal["tail_append", "sorted"] = "tail_append"
     """`clean_prefix` only (`sorted` with `raw_prefix` is refused): `tail_append` puts the missed GT objects after the kept predictions; `sorted`
     writes kept and missed objects together in answer order (top-to-bottom, then left-to-right)."""
     duplicate_iou_threshold: float = Field(0.7, gt=0, le=1)
     """A valid prediction whose IoU with an earlier accepted prediction of the same desc is at least this
     is a duplicate: counted (`rollout/dup_total`, `rollout/dup_rate`) and, with `clean_prefix`, dropped."""
+    match: ChannelBMatchConfig = Field(default_factory=ChannelBMatchConfig)
+    """How a rollout's predictions are paired with the ground truth for the B target."""
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     """Async-mode queue and sync settings."""
 
@@ -75,13 +100,22 @@ class Stage2ABConfig(StrictModel):
     channel_b: ChannelBConfig = Field(default_factory=ChannelBConfig)
     """Channel-B rollout mode."""
     desc_ce_weight: float = Field(1.0, ge=0)
-    """CE weight of desc tokens in the Channel-B FN tail (Channel-A desc tokens use 1.0)."""
+    """CE weight of desc tokens of the missed GT objects appended to a Channel-B target (Channel-A desc
+    tokens use 1.0; matched objects' descs: `channel_b.desc_ce_weight_matched`)."""
     bbox_smoothl1_weight: float = Field(1.0, ge=0)
     """Weight of SmoothL1 between the expected box and the GT box (both in [0, 1])."""
+    bbox_smoothl1_beta: float = Field(0.05, gt=0)
+    """SmoothL1's `beta` in box units of [0, 1] (quadratic below it, linear above). 0.05 (about 50 bins)
+    keeps a useful gradient on boxes a few bins off; torch's and upstream's default 1.0 is quadratic over
+    the whole [0, 1] range, a gradient that vanishes as the box converges (docs/training.md, "Loss parity")."""
     bbox_ciou_weight: float = Field(1.0, ge=0)
     """Weight of (1 - CIoU) between the expected box and the GT box."""
     coord_ce_weight: float = Field(0.0, ge=0)
     """Weight of CE on coordinate tokens toward the exact GT bin (0 = geometry loss only)."""
+    coord_ce_vocab: Literal["full", "coord"] = "full"
+    """The softmax `coord_ce_weight`'s CE runs over: `full`, the whole vocabulary (equal to the `coord`
+    CE plus the coordinate gate's -log P(any coordinate token)); `coord`, the 1000 coordinate tokens alone
+    (upstream's; pair it with `coord_gate_weight: 0` for upstream's loss)."""
     coord_gate_weight: float = Field(1.0, ge=0)
     """Weight of -log P(any coordinate token) at coordinate slots: teaches the model to emit a coordinate
     token there at all (the geometry softmax is restricted to coordinate tokens and cannot)."""

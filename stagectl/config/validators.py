@@ -70,8 +70,13 @@ def validate_insertion_order_needs_clean_prefix(cfg: StagectlConfig, world_size:
     return [
         Problem(
             "stage2_ab.channel_b.insertion_order",
-            f"'sorted' re-orders a re-serialised target, but target is {cb.target!r} (the raw rollout prefix "
-            "is kept as generated); set stage2_ab.channel_b.target: clean_prefix or insertion_order: tail_append",
+            f"'sorted' re-orders the clean-prefix target, but target is {cb.target!r} ("
+            + (
+                "the raw rollout prefix is kept as generated"
+                if cb.target == "raw_prefix"
+                else "its order is the rollout's by definition; sorted would make it Channel-A"
+            )
+            + "); set stage2_ab.channel_b.target: clean_prefix or insertion_order: tail_append",
         )
     ]
 

@@ -1,4 +1,5 @@
-"""Hungarian matching of predicted boxes to ground-truth boxes with an IoU gate.
+"""Matching predicted boxes to ground-truth boxes with an IoU gate: Hungarian (`hungarian_match`, the
+default) and greedy by IoU (`greedy_iou_match`), both optionally restricted to `allowed` pairs (a desc gate).
 
 Modelled on DETR's matcher: one cost matrix built vectorised, one `linear_sum_assignment` call,
 index pairs out. The matrix is augmented so anything may stay unmatched:
@@ -18,6 +19,15 @@ exact duplicate boxes are settled explicitly: among identical predictions (or id
 the matches go to the lowest indices, so a repeated object keeps its first occurrence and the
 repeats become FP. Other equal-cost ties keep the solver's (deterministic) choice. Boxes are (x1, y1, x2, y2) in any common unit (bins or pixels: IoU is
 invariant to scaling an axis). A zero-area box has IoU 0 with everything except an identical box.
+
+`allowed` [N, M] (bool, optional) forbids the pairs it marks False, exactly like an IoU below the gate: a
+desc gate (`stage2_ab.channel_b.match.desc_gated`) passes `pred desc == GT desc`, so a prediction with the
+wrong label is an FP and the GT object it overlaps a miss.
+
+Greedy by IoU: among the feasible pairs (the same feasibility as Hungarian: allowed, IoU >= gate and
+`1 - IoU < fp_cost + fn_cost`), repeatedly take the pair of highest IoU whose prediction and GT are both
+still free (ties: lower prediction index, then lower GT index). It maximises no total; it is what COCO-style
+evaluators do, and it never trades a pair's IoU for another's.
 """
 
 from __future__ import annotations
@@ -82,33 +92,29 @@ def _infeasible_cost(num_pred: int, num_gt: int, fp_cost: float, fn_cost: float)
     return (num_pred + num_gt + 1) * (1.0 + fp_cost + fn_cost)
 
 
-def hungarian_match(
+def _checked_inputs(
     pred_boxes: BoxesLike,
     gt_boxes: BoxesLike,
-    *,
-    iou_gate: float = 0.3,
-    fp_cost: float = 1.0,
-    fn_cost: float = 1.0,
-) -> MatchResult:
-    """Match predictions to ground truth minimising sum(1 - IoU) + fp_cost * #FP + fn_cost * #FN."""
+    allowed: np.ndarray | None,
+    iou_gate: float,
+    fp_cost: float,
+    fn_cost: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if not 0.0 <= iou_gate <= 1.0:
         raise ValueError(f"iou_gate must be in [0, 1], got {iou_gate}")
     if fp_cost < 0 or fn_cost < 0:
         raise ValueError(f"fp_cost and fn_cost must be >= 0, got {fp_cost} and {fn_cost}")
     pred = _as_boxes(pred_boxes, "pred_boxes")  # [N, 4]
     gt = _as_boxes(gt_boxes, "gt_boxes")  # [M, 4]
-    num_pred, num_gt = len(pred), len(gt)
-    if num_pred == 0 or num_gt == 0:
-        return MatchResult(pairs=[], fp=list(range(num_pred)), fn=list(range(num_gt)), ious=[])
+    if allowed is None:
+        return pred, gt, None
+    mask = np.asarray(allowed, dtype=bool)
+    if mask.shape != (len(pred), len(gt)):
+        raise ValueError(f"allowed must have shape ({len(pred)}, {len(gt)}) (preds x GT), got {mask.shape}")
+    return pred, gt, mask
 
-    iou = pairwise_iou(pred, gt)  # [N, M]
-    cost = augmented_cost(iou, iou_gate=iou_gate, fp_cost=fp_cost, fn_cost=fn_cost)  # [N + M, M + N]
-    rows, cols = linear_sum_assignment(cost)  # rows sorted ascending
-    is_pair = (rows < num_pred) & (cols < num_gt)
-    # A real pair is only worth it when strictly cheaper than leaving both unmatched.
-    is_pair &= cost[rows, cols] < fp_cost + fn_cost
-    pairs = list(zip(rows[is_pair].tolist(), cols[is_pair].tolist(), strict=True))
-    pairs = _lowest_duplicates_first(_lowest_duplicates_first(pairs, pred, side=0), gt, side=1)
+
+def _result(pairs: list[tuple[int, int]], iou: np.ndarray, num_pred: int, num_gt: int) -> MatchResult:
     matched_pred = {i for i, _ in pairs}
     matched_gt = {j for _, j in pairs}
     return MatchResult(
@@ -119,11 +125,74 @@ def hungarian_match(
     )
 
 
+def hungarian_match(
+    pred_boxes: BoxesLike,
+    gt_boxes: BoxesLike,
+    *,
+    iou_gate: float = 0.3,
+    fp_cost: float = 1.0,
+    fn_cost: float = 1.0,
+    allowed: np.ndarray | None = None,
+) -> MatchResult:
+    """Match predictions to ground truth minimising sum(1 - IoU) + fp_cost * #FP + fn_cost * #FN, over the
+    pairs `allowed` [N, M] permits (all when None)."""
+    pred, gt, mask = _checked_inputs(pred_boxes, gt_boxes, allowed, iou_gate, fp_cost, fn_cost)
+    num_pred, num_gt = len(pred), len(gt)
+    if num_pred == 0 or num_gt == 0:
+        return MatchResult(pairs=[], fp=list(range(num_pred)), fn=list(range(num_gt)), ious=[])
+
+    iou = pairwise_iou(pred, gt)  # [N, M]
+    gated = iou if mask is None else np.where(mask, iou, -1.0)  # a forbidden pair falls below any gate
+    cost = augmented_cost(gated, iou_gate=iou_gate, fp_cost=fp_cost, fn_cost=fn_cost)  # [N + M, M + N]
+    rows, cols = linear_sum_assignment(cost)  # rows sorted ascending
+    is_pair = (rows < num_pred) & (cols < num_gt)
+    # A real pair is only worth it when strictly cheaper than leaving both unmatched.
+    is_pair &= cost[rows, cols] < fp_cost + fn_cost
+    pairs = list(zip(rows[is_pair].tolist(), cols[is_pair].tolist(), strict=True))
+    # identical boxes are interchangeable only when the gate treats them alike too (identical mask rows)
+    pred_keys = pred if mask is None else np.concatenate([pred, mask], axis=1)  # [N, 4 (+ M)]
+    gt_keys = gt if mask is None else np.concatenate([gt, mask.T], axis=1)  # [M, 4 (+ N)]
+    pairs = _lowest_duplicates_first(_lowest_duplicates_first(pairs, pred_keys, side=0), gt_keys, side=1)
+    return _result(pairs, iou, num_pred, num_gt)
+
+
+def greedy_iou_match(
+    pred_boxes: BoxesLike,
+    gt_boxes: BoxesLike,
+    *,
+    iou_gate: float = 0.3,
+    fp_cost: float = 1.0,
+    fn_cost: float = 1.0,
+    allowed: np.ndarray | None = None,
+) -> MatchResult:
+    """Match greedily by IoU (module docstring): the highest-IoU feasible pair first, then the next among
+    the still-free predictions and GT objects."""
+    pred, gt, mask = _checked_inputs(pred_boxes, gt_boxes, allowed, iou_gate, fp_cost, fn_cost)
+    num_pred, num_gt = len(pred), len(gt)
+    if num_pred == 0 or num_gt == 0:
+        return MatchResult(pairs=[], fp=list(range(num_pred)), fn=list(range(num_gt)), ious=[])
+
+    iou = pairwise_iou(pred, gt)  # [N, M]
+    feasible = (iou >= iou_gate) & (1.0 - iou < fp_cost + fn_cost)  # [N, M], Hungarian's feasibility
+    if mask is not None:
+        feasible &= mask
+    rows, cols = np.nonzero(feasible)  # row-major: ascending pred, then GT
+    order = np.argsort(-iou[rows, cols], kind="stable")  # highest IoU first; ties keep (pred, GT) order
+    free_pred, free_gt = np.ones(num_pred, dtype=bool), np.ones(num_gt, dtype=bool)
+    pairs = []
+    for i, j in zip(rows[order].tolist(), cols[order].tolist(), strict=True):
+        if free_pred[i] and free_gt[j]:
+            free_pred[i] = free_gt[j] = False
+            pairs.append((i, j))
+    return _result(sorted(pairs), iou, num_pred, num_gt)
+
+
 def _lowest_duplicates_first(
     pairs: list[tuple[int, int]], boxes: np.ndarray, side: int
 ) -> list[tuple[int, int]]:
-    """Among identical boxes on one side (0: preds, 1: GT), hand the matches to the lowest indices.
-    Identical boxes have identical cost rows (columns), so the total cost does not change."""
+    """Among identical rows of `boxes` (a box, plus its row of the `allowed` mask when gated) on one side
+    (0: preds, 1: GT), hand the matches to the lowest indices. Identical rows have identical cost rows
+    (columns), so the total cost does not change."""
     rows = [tuple(box) for box in boxes.tolist()]
     if len(set(rows)) == len(rows):
         return pairs

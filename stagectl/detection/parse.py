@@ -90,6 +90,7 @@ class ParsedObject:
     coord_positions: tuple[int, int, int, int]  # token index of each coordinate slot
     token_span: TokenSpan  # the whole entry, leading separator included
     desc_token_span: TokenSpan  # tokens overlapping the desc text (between its quotes)
+    desc_bytes: tuple[int, int]  # [start, end) of the desc text as written (between its quotes), in bytes
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,7 @@ def _parse(response_token_ids: Sequence[int], vocab: TokenVocab, fast: bool) -> 
                 coord_positions=(p1, p2, p3, p4),
                 token_span=token_span,
                 desc_token_span=_span(prefix_starts, *entry.desc_bytes),
+                desc_bytes=entry.desc_bytes,
             )
         )
     return RolloutParse(

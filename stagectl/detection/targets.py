@@ -14,6 +14,11 @@ Channel-A: `encode(serialize_objects(gt)) + [end-of-turn]`; CE 1 on every non-co
 Channel-B: `parse.prefix_token_ids + encode(append_fragment(FN objects)) + [end-of-turn]`.
 - Prefix tokens default to CE 1 (the `{`, separators, keys, brackets).
 - Matched prefix object: desc tokens 0 (desc CE off), coordinate slots -> a group toward the matched GT.
+  Matched-desc supervision (`desc_ce_weight_matched` > 0): a matched object whose desc differs from its
+  GT's has its desc tokens replaced by the encoded GT desc (the tokens from the one before the desc to the
+  one after it are re-encoded; later positions shift), those tokens weighted `desc_ce_weight_matched`; one
+  whose desc is already right keeps its tokens with CE 0 (or `desc_ce_weight_matched` when
+  `mask_correct_matched_desc` is false).
 - FP object and dropped (invalid) entry: every token of its span 0 (fully masked), no group.
 - FN tail: CE 1, desc tokens `desc_ce_weight` (a token overlapping the desc text counts as desc),
   coordinate slots -> a group toward that GT.
@@ -21,12 +26,17 @@ Channel-B: `parse.prefix_token_ids + encode(append_fragment(FN objects)) + [end-
 Channel-B clean prefix (`build_channel_b_clean_segment`, `stage2_ab.channel_b.target: clean_prefix`):
 the canonical text of the matched predictions (rollout order) + the FN objects, written fresh; FP,
 duplicate and invalid predictions are not in it (neither input nor target). Weights as above.
+Channel-B reordered GT (`build_channel_b_reordered_gt_segment`, `target: reordered_gt`): the canonical
+text of the matched GT objects (GT desc, GT box) in the order of the predictions that found them + the FN
+objects; structure CE 1, matched descs as above but always written as the GT desc, FN descs
+`desc_ce_weight`, every box a group toward its own (written) bins.
 In the prefix, a token shared by two regions (a fused `"]},` at an entry boundary) takes the smallest
 weight any of them gives it, so a masked region never leaks CE into a neighbour.
 """
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +44,7 @@ from itertools import accumulate
 from typing import Literal
 
 from stagectl.detection.matching import MatchResult
-from stagectl.detection.parse import RolloutParse
+from stagectl.detection.parse import ParsedObject, RolloutParse
 from stagectl.detection.serialize import (
     BoxedObject,
     append_fragment_with_desc_spans,
@@ -140,6 +150,52 @@ def _mask(weights: list[float], span: tuple[int, int], value: float) -> None:
         weights[i] = min(weights[i], value)
 
 
+def matched_desc(
+    pred_desc: str, gt_desc: str, *, weight: float, mask_correct: bool, always_gt: bool
+) -> tuple[str, float]:
+    """(the desc a matched object is written with, its CE weight). Right already: the GT desc (the same
+    text), CE 0 under `mask_correct`, else `weight`. Wrong: the GT desc with `weight` when `always_gt`
+    (reordered GT) or `weight` > 0; otherwise the prediction's own desc with CE 0 (no label signal)."""
+    if weight < 0:
+        raise ValueError(f"desc_ce_weight_matched must be >= 0, got {weight}")
+    if pred_desc == gt_desc:
+        return gt_desc, 0.0 if mask_correct else weight
+    if always_gt or weight > 0:
+        return gt_desc, weight
+    return pred_desc, 0.0
+
+
+@dataclass(frozen=True)
+class _Splice:
+    """Prefix tokens [start, stop) replaced by `ids` with `weights`."""
+
+    start: int
+    stop: int
+    ids: list[int]
+    weights: list[float]
+
+
+def _desc_splice(
+    obj: ParsedObject,
+    desc: str,
+    weight: float,
+    prefix_bytes: bytes,
+    starts: Sequence[int],
+    encode: Encode,
+    vocab: TokenVocab,
+) -> _Splice:
+    """Re-encode the tokens overlapping `obj`'s desc with `desc` written in its place (JSON-escaped, as the
+    serializer writes it); the new desc tokens take `weight`, the structure bytes they carry CE 1."""
+    first, stop = obj.desc_token_span
+    desc_start, desc_end = obj.desc_bytes
+    escaped = json.dumps(desc, ensure_ascii=False)[1:-1].encode("utf-8")
+    head = prefix_bytes[starts[first] : desc_start]  # e.g. `"` or `": "` fused into the first desc token
+    text = (head + escaped + prefix_bytes[desc_end : starts[stop]]).decode("utf-8")
+    ids = _encode_checked(text, encode, vocab)
+    weights = _desc_weighted(ids, vocab, [(len(head), len(head) + len(escaped))], [weight])
+    return _Splice(first, stop, ids, weights)
+
+
 def build_channel_b_segment(
     parse: RolloutParse,
     match: MatchResult,
@@ -148,9 +204,11 @@ def build_channel_b_segment(
     encode: Encode,
     vocab: TokenVocab,
     desc_ce_weight: float,
+    desc_ce_weight_matched: float = 0.0,
+    mask_correct_matched_desc: bool = True,
 ) -> Segment:
     """Rollout prefix + FN append + end-of-turn. `match` pairs indices of `parse.valid_objects` with
-    indices of `gt_objects`."""
+    indices of `gt_objects`; matched descs per `matched_desc` (module docstring)."""
     num_pred, num_gt = len(parse.valid_objects), len(gt_objects)
     if any(not (0 <= i < num_pred and 0 <= j < num_gt) for i, j in match.pairs) or any(
         not 0 <= j < num_gt for j in match.fn
@@ -160,21 +218,64 @@ def build_channel_b_segment(
         raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
 
     prefix = list(parse.prefix_token_ids)
+    starts = list(accumulate((len(vocab.token_bytes[t]) for t in prefix), initial=0))  # [len(prefix) + 1]
+    prefix_bytes = b"".join(vocab.token_bytes[t] for t in prefix)
     weights = [1.0] * len(prefix)
-    groups: list[CoordGroup] = []
+    matched: list[tuple[ParsedObject, tuple[int, int, int, int]]] = []
+    splices: list[_Splice] = []
     gt_of_pred = dict(match.pairs)
     for i, obj in enumerate(parse.valid_objects):
         j = gt_of_pred.get(i)
         if j is None:  # FP
             _mask(weights, obj.token_span, 0.0)
             continue
-        _mask(weights, obj.desc_token_span, 0.0)
+        desc, desc_weight = matched_desc(
+            obj.desc,
+            gt_objects[j].desc,
+            weight=desc_ce_weight_matched,
+            mask_correct=mask_correct_matched_desc,
+            always_gt=False,
+        )
+        if desc != obj.desc:
+            splices.append(_desc_splice(obj, desc, desc_weight, prefix_bytes, starts, encode, vocab))
+        _mask(weights, obj.desc_token_span, 0.0)  # a spliced span's weights are replaced below
+        if desc == obj.desc and desc_weight > 0:
+            for k in range(*obj.desc_token_span):
+                weights[k] = desc_weight
         for position in obj.coord_positions:
             weights[position] = 0.0
-        x1, y1, x2, y2 = (int(b) for b in gt_objects[j].bbox_2d)
-        groups.append(CoordGroup(obj.coord_positions, (x1, y1, x2, y2)))
+        matched.append((obj, _bins(gt_objects[j])))
     for dropped in parse.dropped_objects:
         _mask(weights, dropped.token_span, 0.0)
+
+    # apply the desc splices (disjoint, each inside its own entry); `new_position` maps the rest
+    ids_out: list[int] = []
+    weights_out: list[float] = []
+    new_position: dict[int, int] = {}
+    k = 0
+    for splice in [*sorted(splices, key=lambda sp: sp.start), None]:
+        stop = len(prefix) if splice is None else splice.start
+        assert k <= stop, "desc splices overlap"
+        for q in range(k, stop):
+            new_position[q] = len(ids_out)
+            ids_out.append(prefix[q])
+            weights_out.append(weights[q])
+        if splice is not None:
+            ids_out += splice.ids
+            weights_out += splice.weights
+            k = splice.stop
+    groups = [
+        CoordGroup(
+            (
+                new_position[obj.coord_positions[0]],
+                new_position[obj.coord_positions[1]],
+                new_position[obj.coord_positions[2]],
+                new_position[obj.coord_positions[3]],
+            ),
+            gt_bins,
+        )
+        for obj, gt_bins in matched
+    ]
 
     fn_objects = sort_objects([gt_objects[j] for j in match.fn])
     fragment, desc_spans = append_fragment_with_desc_spans(
@@ -182,15 +283,15 @@ def build_channel_b_segment(
     )
     tail = _encode_checked(fragment, encode, vocab)
     tail_weights = _desc_weighted(tail, vocab, desc_spans, [desc_ce_weight] * len(desc_spans))
-    tail_groups = _coord_groups(tail, len(prefix), fn_objects, vocab)
+    tail_groups = _coord_groups(tail, len(ids_out), fn_objects, vocab)
     for group in tail_groups:
         for position in group.positions:
-            tail_weights[position - len(prefix)] = 0.0
+            tail_weights[position - len(ids_out)] = 0.0
 
     return Segment(
         channel="B",
-        input_ids=[*prefix, *tail, vocab.end_of_turn_id],
-        ce_weights=[*weights, *tail_weights, 1.0],
+        input_ids=[*ids_out, *tail, vocab.end_of_turn_id],
+        ce_weights=[*weights_out, *tail_weights, 1.0],
         coord_groups=groups + tail_groups,
     )
 
@@ -210,47 +311,16 @@ def _bins(obj: BoxedObject) -> tuple[int, int, int, int]:
     return (x1, y1, x2, y2)
 
 
-def build_channel_b_clean_segment(
-    accepted: Sequence[BoxedObject],
-    match: MatchResult,
-    gt_objects: Sequence[BoxedObject],
-    *,
-    encode: Encode,
-    vocab: TokenVocab,
-    desc_ce_weight: float,
-    insertion_order: Literal["tail_append", "sorted"],
-) -> Segment:
-    """The clean-prefix target: canonical text of the matched predictions + the missed GT + end-of-turn.
-
-    `accepted` are the rollout's valid, non-duplicate predictions in rollout order and `match` pairs their
-    indices with indices of `gt_objects`. FP (unmatched) predictions, duplicates and invalid entries are
-    not in the text at all, so no token of theirs is input or target. Kept (matched) objects are written
-    with their own desc and box: structure CE 1, desc CE 0, coordinate slots -> a group toward the matched
-    GT. Missed GT: desc CE `desc_ce_weight`, coordinate slots -> a group toward itself. `tail_append`: kept
-    objects in rollout order, then the missed ones sorted; `sorted`: all in answer order. Keys object_1..N.
-    """
-    num_pred, num_gt = len(accepted), len(gt_objects)
+def _check_match(match: MatchResult, num_pred: int, num_gt: int, what: str) -> None:
     if any(not (0 <= i < num_pred and 0 <= j < num_gt) for i, j in match.pairs) or any(
         not 0 <= j < num_gt for j in match.fn
     ):
-        raise ValueError("match indices do not fit accepted / gt_objects")
-    if desc_ce_weight < 0:
-        raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
-    kept = [
-        _CleanEntry(accepted[i].desc, _bins(accepted[i]), _bins(gt_objects[j]), 0.0)
-        for i, j in sorted(match.pairs)
-    ]
-    missed = [
-        _CleanEntry(g.desc, _bins(g), _bins(g), desc_ce_weight)
-        for g in sort_objects([gt_objects[j] for j in match.fn])
-    ]
-    if insertion_order == "tail_append":
-        entries = kept + missed
-    elif insertion_order == "sorted":
-        entries = sort_objects(kept + missed)
-    else:
-        raise ValueError(f"insertion_order must be tail_append or sorted, got {insertion_order!r}")
+        raise ValueError(f"match indices do not fit {what} / gt_objects")
 
+
+def _serialized_segment(entries: Sequence[_CleanEntry], encode: Encode, vocab: TokenVocab) -> Segment:
+    """Canonical text of `entries` in the given order (keys object_1..N) + end-of-turn: structure CE 1,
+    each desc its entry's weight, each box a group toward its entry's `gt_bins`."""
     text, desc_spans = serialize_in_order_with_desc_spans(entries)
     ids = _encode_checked(text, encode, vocab)
     weights = _desc_weighted(ids, vocab, desc_spans, [e.desc_weight for e in entries])
@@ -264,6 +334,94 @@ def build_channel_b_clean_segment(
     return Segment(
         channel="B", input_ids=[*ids, vocab.end_of_turn_id], ce_weights=[*weights, 1.0], coord_groups=groups
     )
+
+
+def _missed_entries(
+    match: MatchResult, gt_objects: Sequence[BoxedObject], desc_ce_weight: float
+) -> list[_CleanEntry]:
+    if desc_ce_weight < 0:
+        raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
+    return [
+        _CleanEntry(g.desc, _bins(g), _bins(g), desc_ce_weight)
+        for g in sort_objects([gt_objects[j] for j in match.fn])
+    ]
+
+
+def build_channel_b_clean_segment(
+    accepted: Sequence[BoxedObject],
+    match: MatchResult,
+    gt_objects: Sequence[BoxedObject],
+    *,
+    encode: Encode,
+    vocab: TokenVocab,
+    desc_ce_weight: float,
+    insertion_order: Literal["tail_append", "sorted"],
+    desc_ce_weight_matched: float = 0.0,
+    mask_correct_matched_desc: bool = True,
+) -> Segment:
+    """The clean-prefix target: canonical text of the matched predictions + the missed GT + end-of-turn.
+
+    `accepted` are the rollout's valid, non-duplicate predictions in rollout order and `match` pairs their
+    indices with indices of `gt_objects`. FP (unmatched) predictions, duplicates and invalid entries are
+    not in the text at all, so no token of theirs is input or target. Kept (matched) objects are written
+    with their own box and the desc `matched_desc` gives (their own with CE 0 unless
+    `desc_ce_weight_matched` > 0): structure CE 1, coordinate slots -> a group toward the matched GT.
+    Missed GT: desc CE `desc_ce_weight`, coordinate slots -> a group toward itself. `tail_append`: kept
+    objects in rollout order, then the missed ones sorted; `sorted`: all in answer order. Keys object_1..N.
+    """
+    _check_match(match, len(accepted), len(gt_objects), "accepted")
+    missed = _missed_entries(match, gt_objects, desc_ce_weight)
+    kept = []
+    for i, j in sorted(match.pairs):
+        desc, weight = matched_desc(
+            accepted[i].desc,
+            gt_objects[j].desc,
+            weight=desc_ce_weight_matched,
+            mask_correct=mask_correct_matched_desc,
+            always_gt=False,
+        )
+        kept.append(_CleanEntry(desc, _bins(accepted[i]), _bins(gt_objects[j]), weight))
+    if insertion_order == "tail_append":
+        entries = kept + missed
+    elif insertion_order == "sorted":
+        entries = sort_objects(kept + missed)
+    else:
+        raise ValueError(f"insertion_order must be tail_append or sorted, got {insertion_order!r}")
+    return _serialized_segment(entries, encode, vocab)
+
+
+def build_channel_b_reordered_gt_segment(
+    accepted: Sequence[BoxedObject],
+    match: MatchResult,
+    gt_objects: Sequence[BoxedObject],
+    *,
+    encode: Encode,
+    vocab: TokenVocab,
+    desc_ce_weight: float,
+    desc_ce_weight_matched: float,
+    mask_correct_matched_desc: bool = True,
+) -> Segment:
+    """The reordered-GT target (the async design seed's `y_train_ids`): the GT objects the rollout found,
+    each written with its GT desc and GT box in the order of the predictions that found them, then the
+    missed GT sorted, + end-of-turn. Nothing of the rollout's own text is in it; the rollout decides only
+    the order and which descs carry CE. Structure CE 1; a matched desc `desc_ce_weight_matched` (0 where
+    the prediction's desc was already right under `mask_correct_matched_desc`); a missed desc
+    `desc_ce_weight`; every box a group toward its own bins. `accepted` / `match` as for the clean prefix.
+    """
+    _check_match(match, len(accepted), len(gt_objects), "accepted")
+    missed = _missed_entries(match, gt_objects, desc_ce_weight)
+    found = []
+    for i, j in sorted(match.pairs):
+        gt = gt_objects[j]
+        desc, weight = matched_desc(
+            accepted[i].desc,
+            gt.desc,
+            weight=desc_ce_weight_matched,
+            mask_correct=mask_correct_matched_desc,
+            always_gt=True,
+        )
+        found.append(_CleanEntry(desc, _bins(gt), _bins(gt), weight))
+    return _serialized_segment(found + missed, encode, vocab)
 
 
 def _ratio(num: int, den: int, other_side_empty: bool) -> float:

@@ -1,6 +1,6 @@
 """Channel-B: the one interface the trainer drives (`ChannelB`: step or async mode), and the core both
-modes share: rollouts -> strict parse -> Hungarian match -> targets (raw or clean prefix + FN append) ->
-packable segments, plus rollout-quality counters.
+modes share: rollouts -> strict parse -> match (`channel_b.match`) -> targets (raw or clean prefix + FN
+append, or reordered GT) -> packable segments, plus rollout-quality counters.
 
 Per optimizer step the trainer calls `decide` (every rank; a collective in async mode), then `run` for a
 B step (exactly `gas` micro-steps' worth of forward/backward, then the trainer's one optimizer update),
@@ -20,7 +20,11 @@ from stagectl.detection.judge import judge_rollout, match_objects
 from stagectl.detection.matching import MatchResult
 from stagectl.detection.parse import RolloutParse
 from stagectl.detection.stats import RolloutStats
-from stagectl.detection.targets import build_channel_b_clean_segment, build_channel_b_segment
+from stagectl.detection.targets import (
+    build_channel_b_clean_segment,
+    build_channel_b_reordered_gt_segment,
+    build_channel_b_segment,
+)
 from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
@@ -68,17 +72,18 @@ def score_rollout(
     generation: Generation,
     encoder: SampleEncoder,
     rm: RolloutMatchingConfig,
-    *,
-    duplicate_iou_threshold: float,
+    cb: ChannelBConfig,
 ) -> tuple[RolloutParse, MatchResult, list[int], RolloutStats]:
-    """Strict parse + Hungarian match of one rollout against its sample's GT, the indices of its duplicate
-    predictions, and its counters (duplicates count as predictions: a matched one is a hit, else an FP)."""
+    """Strict parse + match (`cb.match`) of one rollout against its sample's GT, the indices of its
+    duplicate predictions, and its counters (duplicates count as predictions: a matched one is a hit, else
+    an FP)."""
     return judge_rollout(
         generation.token_ids,
         encoder.samples[index].objects,
         encoder.vocab,
         rm,
-        duplicate_iou_threshold=duplicate_iou_threshold,
+        duplicate_iou_threshold=cb.duplicate_iou_threshold,
+        how=cb.match,
     )
 
 
@@ -94,28 +99,51 @@ def build_b_segment(
 ) -> tuple[Segment | None, RolloutStats]:
     """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted), in
     the target form `cb.target` names."""
-    parse, match, duplicates, stats = score_rollout(
-        index, generation, encoder, rm, duplicate_iou_threshold=cb.duplicate_iou_threshold
-    )
+    parse, match, duplicates, stats = score_rollout(index, generation, encoder, rm, cb)
     gt = encoder.samples[index].objects
     if cb.target == "raw_prefix":
         target = build_channel_b_segment(
-            parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, desc_ce_weight=desc_ce_weight
-        )
-    elif cb.target == "clean_prefix":
-        dup_set = set(duplicates)
-        accepted = [obj for i, obj in enumerate(parse.valid_objects) if i not in dup_set]
-        target = build_channel_b_clean_segment(
-            accepted,
-            match_objects(accepted, gt, rm),  # duplicates never take a GT object from the object they repeat
+            parse,
+            match,
             gt,
             encode=encoder.encode_text,
             vocab=encoder.vocab,
             desc_ce_weight=desc_ce_weight,
-            insertion_order=cb.insertion_order,
+            desc_ce_weight_matched=cb.desc_ce_weight_matched,
+            mask_correct_matched_desc=cb.mask_correct_matched_desc,
         )
+    elif cb.target in ("clean_prefix", "reordered_gt"):
+        dup_set = set(duplicates)
+        accepted = [obj for i, obj in enumerate(parse.valid_objects) if i not in dup_set]
+        # duplicates never take a GT object from the object they repeat
+        accepted_match = match_objects(accepted, gt, rm, cb.match)
+        if cb.target == "clean_prefix":
+            target = build_channel_b_clean_segment(
+                accepted,
+                accepted_match,
+                gt,
+                encode=encoder.encode_text,
+                vocab=encoder.vocab,
+                desc_ce_weight=desc_ce_weight,
+                insertion_order=cb.insertion_order,
+                desc_ce_weight_matched=cb.desc_ce_weight_matched,
+                mask_correct_matched_desc=cb.mask_correct_matched_desc,
+            )
+        else:
+            target = build_channel_b_reordered_gt_segment(
+                accepted,
+                accepted_match,
+                gt,
+                encode=encoder.encode_text,
+                vocab=encoder.vocab,
+                desc_ce_weight=desc_ce_weight,
+                desc_ce_weight_matched=cb.desc_ce_weight_matched,
+                mask_correct_matched_desc=cb.mask_correct_matched_desc,
+            )
     else:
-        raise ValueError(f"stage2_ab.channel_b.target must be raw_prefix or clean_prefix, got {cb.target!r}")
+        raise ValueError(
+            f"stage2_ab.channel_b.target must be raw_prefix, clean_prefix or reordered_gt, got {cb.target!r}"
+        )
     segment = to_segment(encoder.prompt(index), target)
     if len(segment) > packing_length:
         stats.n_too_long = 1

@@ -54,7 +54,12 @@ class Trainer:
             ddp_model=st.ddp_model,
             base_model=st.bundle.model,
             loss_weights=LossWeights(
-                s2.bbox_smoothl1_weight, s2.bbox_ciou_weight, s2.coord_ce_weight, s2.coord_gate_weight
+                bbox_smoothl1=s2.bbox_smoothl1_weight,
+                bbox_ciou=s2.bbox_ciou_weight,
+                coord_ce=s2.coord_ce_weight,
+                coord_gate=s2.coord_gate_weight,
+                smoothl1_beta=s2.bbox_smoothl1_beta,
+                coord_ce_vocab=s2.coord_ce_vocab,
             ),
             coord_token_ids=st.coord_token_ids,
             packing_length=cfg.packing_length,

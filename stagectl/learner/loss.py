@@ -9,12 +9,18 @@ The geometry softmax is restricted to the coordinate tokens, so it never teaches
 coordinate token *at all* in a coordinate slot (CE is off there). The coordinate gate does:
 -log P(any coordinate token) under the full softmax, mean over slots (`coord_gate_weight`; without it
 a model learns the JSON around the boxes but fills them with ordinary tokens, which the parser drops).
+
+Against upstream CoordExp (docs/training.md, "Loss parity"): SmoothL1's `beta` is `smoothl1_beta` (ours
+0.05, upstream and torch 1.0), and coordinate CE runs over the full vocabulary (`coord_ce_vocab: full`,
+which is the coordinate-only CE plus -log P(any coordinate token)) or, as upstream, over the 1000
+coordinate logits alone (`coord`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +32,8 @@ class LossWeights:
     bbox_ciou: float = 1.0
     coord_ce: float = 0.0
     coord_gate: float = 1.0
+    smoothl1_beta: float = 0.05  # in box units of [0, 1]
+    coord_ce_vocab: Literal["full", "coord"] = "full"
 
 
 @dataclass
@@ -99,11 +107,14 @@ def compute_loss(
         expected = (probs * bins).sum(-1) / 999.0  # [G*4] in [0, 1]
         pred_boxes = expected.view(num_boxes, 4)
         gt_boxes = coord_gt_bins.to(probs.dtype) / 999.0  # [G, 4]
-        smoothl1 = F.smooth_l1_loss(pred_boxes, gt_boxes, beta=0.05)
+        smoothl1 = F.smooth_l1_loss(pred_boxes, gt_boxes, beta=weights.smoothl1_beta)
         ciou = (1.0 - complete_iou(pred_boxes, gt_boxes)).mean()
-        if weights.coord_ce > 0:
-            gt_ids = coord_token_ids[coord_gt_bins.reshape(-1)]
-            coord_ce = F.cross_entropy(slot_logits, gt_ids)
+        if weights.coord_ce > 0 and weights.coord_ce_vocab == "full":
+            coord_ce = F.cross_entropy(slot_logits, coord_token_ids[coord_gt_bins.reshape(-1)])
+        elif weights.coord_ce > 0 and weights.coord_ce_vocab == "coord":
+            coord_ce = F.cross_entropy(coord_logits, coord_gt_bins.reshape(-1))
+        elif weights.coord_ce > 0:
+            raise ValueError(f"coord_ce_vocab must be full or coord, got {weights.coord_ce_vocab!r}")
         else:
             coord_ce = zero
         # -log P(coordinate token) = logsumexp(all) - logsumexp(coordinate logits)

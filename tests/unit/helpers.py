@@ -9,6 +9,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from stagectl.detection.coords import COORD_TOKENS
 from stagectl.detection.parse import (
@@ -20,6 +21,9 @@ from stagectl.detection.parse import (
 )
 from stagectl.detection.serialize import append_fragment
 from stagectl.detection.vocab import TokenVocab
+
+if TYPE_CHECKING:
+    from stagectl.models.chat import EncodedSample
 
 SPECIALS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
 COLOURS = ("red", "green", "blue", "yellow", "purple", "black", "white", "orange")
@@ -90,6 +94,26 @@ def random_objects(rng: random.Random, max_objects: int = 6) -> list[Obj]:
 
 CHAR = toy_tokenizer()  # one token per character; coordinate tokens and <|im_end|> whole
 EOT = "<|im_end|>"
+TOY_PROMPT = "<prompt>"
+
+
+@dataclass
+class ToyEncoder:
+    """What `learner.channel_b.build_b_segments` needs from a `SampleEncoder`, over the character
+    tokenizer: every prompt is `TOY_PROMPT`."""
+
+    samples: Sequence[Any]  # DetectionSample
+    vocab: Any = CHAR.vocab
+
+    def encode_text(self, text: str) -> list[int]:
+        return CHAR.encode(text)
+
+    def prompt(self, index: int) -> EncodedSample:
+        from stagectl.models.chat import EncodedSample  # imports torch: only the tests that build B steps
+        from stagectl.models.images import ImageInputs
+
+        ids = CHAR.encode(TOY_PROMPT)
+        return EncodedSample(ids, [0] * len(ids), len(ids), ImageInputs(None, None, []))  # type: ignore[arg-type]
 
 
 def coord(b: int) -> str:

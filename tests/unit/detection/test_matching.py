@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from stagectl.detection.matching import MatchResult, augmented_cost, hungarian_match, pairwise_iou
+from stagectl.detection.matching import (
+    MatchResult,
+    augmented_cost,
+    greedy_iou_match,
+    hungarian_match,
+    pairwise_iou,
+)
 
 
 def random_boxes(rng: np.random.Generator, n: int, span: int) -> np.ndarray:
@@ -127,3 +133,61 @@ def test_bad_arguments() -> None:
         hungarian_match([], [], iou_gate=1.5)
     with pytest.raises(ValueError, match="fp_cost"):
         hungarian_match([], [], fp_cost=-1)
+
+
+# ---------------------------------------------------------------- greedy by IoU and the `allowed` gate
+
+CONFLICT_PRED = [[0, 0, 10, 10], [4, 0, 14, 10]]
+CONFLICT_GT = [[1, 0, 11, 10], [-3, 0, 7, 10]]  # IoU [[0.82, 0.54], [0.54, 0.18]]
+
+
+def test_greedy_takes_the_best_pair_where_hungarian_takes_the_best_total() -> None:
+    hungarian = hungarian_match(CONFLICT_PRED, CONFLICT_GT, iou_gate=0.5)
+    greedy = greedy_iou_match(CONFLICT_PRED, CONFLICT_GT, iou_gate=0.5)
+    # Hungarian gives up pred 0's 0.82 so both predictions match (cost 0.92 against 0.18 + 1 + 1)
+    assert (hungarian.pairs, hungarian.fp, hungarian.fn) == ([(0, 1), (1, 0)], [], [])
+    # greedy keeps 0.82; pred 1's only feasible GT is then taken
+    assert (greedy.pairs, greedy.fp, greedy.fn) == ([(0, 0)], [1], [1])
+    assert greedy.ious == [pytest.approx(9 / 11)]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_greedy_is_a_maximal_matching_taken_in_iou_order(seed: int) -> None:
+    rng = np.random.default_rng(5000 + seed)
+    num_pred, num_gt = rng.integers(0, 7, size=2)
+    pred, gt = random_boxes(rng, num_pred, 12), random_boxes(rng, num_gt, 12)
+    gate = float(rng.choice([0.0, 0.1, 0.3, 0.5]))
+    result = greedy_iou_match(pred, gt, iou_gate=gate)
+    iou = pairwise_iou(pred, gt) if num_pred and num_gt else np.zeros((num_pred, num_gt))
+    check_structure(result, num_pred, num_gt, iou, gate)
+    for i in result.fp:  # maximal: no feasible pair is left between two free objects
+        assert all(iou[i, j] < gate for j in result.fn)
+    matched_pred = {i for i, _ in result.pairs}
+    matched_gt = {j for _, j in result.pairs}
+    for (i, j), value in zip(result.pairs, result.ious, strict=True):
+        # a feasible pair better than (i, j) sharing one of its ends: its other end was taken (earlier)
+        for b in range(num_gt):
+            if b != j and iou[i, b] >= gate and iou[i, b] > value:
+                assert b in matched_gt
+        for a in range(num_pred):
+            if a != i and iou[a, j] >= gate and iou[a, j] > value:
+                assert a in matched_pred
+
+
+def test_allowed_forbids_pairs_in_both_assignments() -> None:
+    allowed = np.array([[False, True], [True, True]])  # the pair greedy wanted is forbidden
+    for match in (hungarian_match, greedy_iou_match):
+        result = match(CONFLICT_PRED, CONFLICT_GT, iou_gate=0.5, allowed=allowed)
+        assert (result.pairs, result.fp, result.fn) == ([(0, 1), (1, 0)], [], [])
+        nothing = match(CONFLICT_PRED, CONFLICT_GT, iou_gate=0.0, allowed=np.zeros((2, 2), dtype=bool))
+        assert (nothing.pairs, nothing.fp, nothing.fn) == ([], [0, 1], [0, 1])  # even at gate 0
+    with pytest.raises(ValueError, match=r"allowed must have shape \(2, 2\)"):
+        greedy_iou_match(CONFLICT_PRED, CONFLICT_GT, allowed=np.ones((2, 3), dtype=bool))
+
+
+def test_identical_predictions_with_different_gates_are_not_swapped() -> None:
+    # two identical boxes, only the second may match (its desc is right): the duplicate rule must not
+    # hand the match to the lower index
+    allowed = np.array([[False], [True]])
+    result = hungarian_match([[0, 0, 10, 10], [0, 0, 10, 10]], [[0, 0, 10, 10]], allowed=allowed)
+    assert (result.pairs, result.fp) == ([(1, 0)], [0])

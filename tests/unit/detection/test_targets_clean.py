@@ -5,7 +5,6 @@ on an FP object, and the clean prefix never keeps a duplicate."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
@@ -19,10 +18,8 @@ from stagectl.detection.parse import parse_rollout
 from stagectl.detection.targets import CoordGroup, build_channel_b_clean_segment
 from stagectl.learner.channel_b import build_b_segments
 from stagectl.learner.segments import SampleEncoder
-from stagectl.models.chat import EncodedSample
 from stagectl.models.generate import Generation
-from stagectl.models.images import ImageInputs
-from tests.unit.helpers import CHAR, EOT, Obj, box_pieces, coord_positions, expand, toy_tokenizer
+from tests.unit.helpers import CHAR, EOT, Obj, ToyEncoder, box_pieces, coord_positions, expand, toy_tokenizer
 
 GT = [
     Obj("red square", (12, 11, 50, 52)),  # matched by the rollout's second object
@@ -197,21 +194,6 @@ def test_find_duplicates(
 # ---------------------------------------------------------------- the B-step guard (both contracts)
 
 
-@dataclass
-class ToyEncoder:
-    """What `build_b_segments` needs from a `SampleEncoder`, over the character tokenizer."""
-
-    samples: Sequence[DetectionSample]
-    vocab: Any = CHAR.vocab
-
-    def encode_text(self, text: str) -> list[int]:
-        return CHAR.encode(text)
-
-    def prompt(self, index: int) -> EncodedSample:
-        ids = CHAR.encode("<prompt>")
-        return EncodedSample(ids, [0] * len(ids), len(ids), ImageInputs(None, None, []))  # type: ignore[arg-type]
-
-
 def b_step_targets(target: str, rollouts: Sequence[str]) -> list[tuple[list[int], list[float], list[int]]]:
     """Assistant ids, CE weights and coordinate-slot positions of each rollout's B-step target."""
     sample = DetectionSample(
@@ -239,7 +221,7 @@ FP_ENTRY = entry(3, "blue ring", (600, 600, 700, 700))
 DUP_ENTRY = entry(4, "red square", (11, 10, 50, 50))
 
 
-@pytest.mark.parametrize("target", ["raw_prefix", "clean_prefix"])
+@pytest.mark.parametrize("target", ["raw_prefix", "clean_prefix", "reordered_gt"])
 def test_no_b_step_target_puts_ce_on_an_fp_object(target: str) -> None:
     ((ids, weights, slots),) = b_step_targets(target, [ROLLOUT])
     text = CHAR.text(ids)
@@ -250,7 +232,7 @@ def test_no_b_step_target_puts_ce_on_an_fp_object(target: str) -> None:
         span = range(start, start + len(CHAR.encode(FP_ENTRY)))
         assert all(weights[k] == 0.0 for k in span), "CE on an FP object"
         assert not set(span) & set(slots), "geometry loss on an FP object"
-    else:  # clean prefix: the FP object is not even input
+    else:  # clean prefix, reordered GT: the FP object is not even input
         assert "blue ring" not in text and "<|coord_600|>" not in text
 
 
