@@ -219,6 +219,11 @@ class RolloutServerConfig(StrictModel):
     """Most requests grouped into one generate call (hf engine)."""
     batch_wait_ms: float = Field(10.0, ge=0)
     """How long the hf batching worker waits to fill a batch."""
+    hf_kv_cache: Literal["dynamic", "static"] = "dynamic"
+    """KV cache of the hf engine's decoding. `dynamic`: transformers' growing cache, eager decoding.
+    `static`: a cache preallocated for prompt + max_tokens; on CUDA transformers compiles the one-token
+    decode step (the first batch of each new shape pays the compilation). Greedy tokens are the same.
+    Batching of concurrent requests is unchanged."""
     max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Larger request bodies get 413."""
     max_weight_chunk_bytes: int = Field(512 * 1024 * 1024, ge=1024)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
+KvCache = Literal["dynamic", "static"]  # transformers' DynamicCache, or a preallocated StaticCache
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,15 @@ def generate_batch(
     logits_processor: LogitsProcessorList | None = None,
     stop_strings: Sequence[str] = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
+    kv_cache: KvCache = "dynamic",
 ) -> list[Generation]:
     """Generate for every prompt in one left-padded batch; outputs in prompt order.
 
     `logits_processor` runs after transformers' own processors; a row also ends at the token that
     completes one of `stop_strings` (which needs `tokenizer`; the ids are not cut at the string).
+    `kv_cache: static` preallocates the KV cache for prompt + `max_new_tokens` (transformers' StaticCache);
+    on CUDA transformers then compiles the one-token decode step (`torch.compile`, recompiled for each new
+    batch shape), which removes the per-step Python and kernel-launch overhead of eager decoding.
     """
     if stop_strings and tokenizer is None:
         raise ValueError("generate_batch: stop_strings need the tokenizer")
@@ -132,6 +137,10 @@ def generate_batch(
         sampling["logits_processor"] = logits_processor
     if stop_strings:
         sampling.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
+    if kv_cache == "static":
+        sampling["cache_implementation"] = "static"
+    elif kv_cache != "dynamic":
+        raise ValueError(f"generate_batch: kv_cache must be dynamic or static, got {kv_cache!r}")
     out = model.generate(
         **kwargs,
         **sampling,

@@ -123,6 +123,7 @@ def build_engine(cfg: StagectlConfig) -> Engine:
             max_batch_size=rs.max_batch_size,
             batch_wait_ms=rs.batch_wait_ms,
             adapter=merger,
+            kv_cache=rs.hf_kv_cache,
         )
     from stagectl.models.loading import resolve_model_path
     from stagectl.rollout.server.engines.vllm import VllmEngine

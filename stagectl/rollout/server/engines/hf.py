@@ -5,7 +5,8 @@ preprocessing and `<|image_pad|>` expansion) on the calling thread; the worker g
 equal sampling parameters into one left-padded `generate_batch` call (up to `max_batch_size`, waiting
 `batch_wait_ms` to fill), with per-request seeds (`PerRowSampler`) and stop strings. Generation stops
 at the checkpoint's own stop ids (`ModelBundle.stop_token_ids`: the chat template's end-of-turn and
-every eos id). Under `vllm.sync.mode: adapter` a sync carries only the adapter, which `AdapterMerger`
+every eos id). `kv_cache: static` (`rollout_server.hf_kv_cache`) decodes with a preallocated cache and,
+on CUDA, a compiled decode step. Under `vllm.sync.mode: adapter` a sync carries only the adapter, which `AdapterMerger`
 merges onto its float32 base copy. `apply_weights` copies verified tensors into the model under the same lock the worker
 holds while generating, so a batch sees either the old or the new weights, never a mix.
 """
@@ -21,7 +22,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from stagectl.detection.vocab import token_bytes_table
 from stagectl.models.chat import encode_messages
-from stagectl.models.generate import PromptInputs, generate_batch
+from stagectl.models.generate import KvCache, PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
 from stagectl.models.sampling import SamplingSpec
 from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
@@ -50,8 +51,10 @@ class HFEngine:
         max_batch_size: int,
         batch_wait_ms: float,
         adapter: AdapterMerger | None = None,
+        kv_cache: KvCache = "dynamic",
     ) -> None:
         self.bundle = bundle
+        self.kv_cache = kv_cache  # `rollout_server.hf_kv_cache`
         self.adapter = adapter  # `vllm.sync.mode: adapter`: syncs carry the adapter, merged in here
         self.model_name = model_name
         self.max_batch_size = max_batch_size
@@ -116,6 +119,7 @@ class HFEngine:
                 logits_processor=LogitsProcessorList(processors),
                 stop_strings=params.stop,
                 tokenizer=self.bundle.tokenizer,
+                kv_cache=self.kv_cache,
             )
             version = self._version
         results = []
