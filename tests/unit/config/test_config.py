@@ -70,6 +70,52 @@ def test_channel_b_target_keys(tmp_path: Path) -> None:
     assert "stage2_ab.channel_b.duplicate_iou_threshold" in probs
 
 
+def test_channel_b_label_and_loss_parity_keys(tmp_path: Path) -> None:
+    default = load_config(write(tmp_path, BASE))
+    assert default.stage2_ab is not None
+    s2, cb = default.stage2_ab, default.stage2_ab.channel_b
+    # the defaults are the behaviour before these keys
+    assert (cb.desc_ce_weight_matched, cb.mask_correct_matched_desc) == (0.0, True)
+    assert (cb.match.assignment, cb.match.desc_gated) == ("hungarian", False)
+    assert (s2.bbox_smoothl1_beta, s2.coord_ce_vocab) == (0.05, "full")
+    cfg = load_config(
+        write(tmp_path, BASE),
+        [
+            "stage2_ab.channel_b.target=reordered_gt",
+            "stage2_ab.channel_b.desc_ce_weight_matched=0.3",
+            "stage2_ab.channel_b.mask_correct_matched_desc=false",
+            "stage2_ab.channel_b.match.assignment=greedy_iou",
+            "stage2_ab.channel_b.match.desc_gated=true",
+            "stage2_ab.bbox_smoothl1_beta=1.0",
+            "stage2_ab.coord_ce_vocab=coord",
+        ],
+    )
+    assert cfg.stage2_ab is not None
+    s2, cb = cfg.stage2_ab, cfg.stage2_ab.channel_b
+    assert (cb.target, cb.desc_ce_weight_matched, cb.mask_correct_matched_desc) == (
+        "reordered_gt",
+        0.3,
+        False,
+    )
+    assert (cb.match.assignment, cb.match.desc_gated) == ("greedy_iou", True)
+    assert (s2.bbox_smoothl1_beta, s2.coord_ce_vocab) == (1.0, "coord")
+    for override, path in [
+        ("stage2_ab.channel_b.desc_ce_weight_matched=-0.1", "stage2_ab.channel_b.desc_ce_weight_matched"),
+        ("stage2_ab.channel_b.match.assignment=auction", "stage2_ab.channel_b.match.assignment"),
+        ("stage2_ab.channel_b.match.gated=true", "stage2_ab.channel_b.match.gated"),
+        ("stage2_ab.bbox_smoothl1_beta=0", "stage2_ab.bbox_smoothl1_beta"),
+        ("stage2_ab.coord_ce_vocab=coords", "stage2_ab.coord_ce_vocab"),
+    ]:
+        assert path in problems_of(tmp_path, BASE, override), override
+    probs = problems_of(
+        tmp_path,
+        BASE,
+        "stage2_ab.channel_b.target=reordered_gt",
+        "stage2_ab.channel_b.insertion_order=sorted",
+    )
+    assert "sorted would make it Channel-A" in probs["stage2_ab.channel_b.insertion_order"]
+
+
 def test_b_ratio_missing(tmp_path: Path) -> None:
     probs = problems_of(tmp_path, {"data": BASE["data"], "stage2_ab": {"schedule": {}}})
     msg = probs["stage2_ab.schedule.b_ratio"]

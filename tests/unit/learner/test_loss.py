@@ -151,3 +151,45 @@ def test_loss_on_supervised_rows_equals_loss_on_every_row() -> None:
     assert full.grad is not None and kept.grad is not None
     torch.testing.assert_close(kept.grad, full.grad[rows], rtol=0, atol=0)
     assert float(full.grad[[r for r in range(length) if r not in rows.tolist()]].abs().sum()) == 0.0
+
+
+def _random_box_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    logits = torch.randn(11, V) * 3
+    positions = torch.tensor([[2, 3, 4, 5], [6, 7, 8, 9]])
+    gt = torch.tensor([[100, 200, 600, 800], [5, 5, 990, 990]])
+    ids = torch.zeros(11, dtype=torch.long)
+    return logits, ids, positions, gt
+
+
+def test_smoothl1_beta_is_the_configured_one() -> None:
+    logits, ids, positions, gt = _random_box_inputs(1)
+    probs = logits[positions.reshape(-1) - 1][:, COORD_IDS].softmax(-1)
+    expected_box = (probs * torch.arange(1000.0)).sum(-1).view(2, 4) / 999.0
+    for beta in (0.05, 1.0):
+        terms = compute_loss(
+            logits, ids, torch.zeros(11), positions, gt, COORD_IDS, LossWeights(smoothl1_beta=beta)
+        )
+        torch.testing.assert_close(terms.bbox_smoothl1, F.smooth_l1_loss(expected_box, gt / 999.0, beta=beta))
+    default = compute_loss(logits, ids, torch.zeros(11), positions, gt, COORD_IDS, LossWeights())
+    torch.testing.assert_close(default.bbox_smoothl1, F.smooth_l1_loss(expected_box, gt / 999.0, beta=0.05))
+
+
+def test_coord_ce_over_the_full_vocabulary_is_the_coordinate_ce_plus_the_gate() -> None:
+    logits, ids, positions, gt = _random_box_inputs(2)
+    full = compute_loss(logits, ids, torch.zeros(11), positions, gt, COORD_IDS, LossWeights(coord_ce=1.0))
+    coord = compute_loss(
+        logits,
+        ids,
+        torch.zeros(11),
+        positions,
+        gt,
+        COORD_IDS,
+        LossWeights(coord_ce=1.0, coord_ce_vocab="coord"),
+    )
+    slot_logits = logits[positions.reshape(-1) - 1]
+    torch.testing.assert_close(coord.coord_ce, F.cross_entropy(slot_logits[:, COORD_IDS], gt.reshape(-1)))
+    torch.testing.assert_close(full.coord_ce, F.cross_entropy(slot_logits, COORD_IDS[gt.reshape(-1)]))
+    # -log p_full(gt) = -log p_coord(gt) - log P(any coordinate token): `full` already holds the gate
+    torch.testing.assert_close(full.coord_ce, coord.coord_ce + coord.coord_gate)
+    assert float(coord.coord_gate) > 0.05  # random logits: the gate term is not 0 (1000 of 1100 tokens)
