@@ -5,11 +5,37 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import MixedPrecision
 from stagectl.config.reporting import WandbConfig
+
+
+class KernelsConfig(StrictModel):
+    """Faster paths of the learner's forward/backward, each off by default (the eager path) and each tested
+    equal to it on the CPU (loss and gradients within float tolerance). Measured on a GPU by
+    `python -m bench gpu` (BENCHMARKS.md, GPU)."""
+
+    fused_linear_cross_entropy: bool = False
+    """Apply the LM head inside the loss, in chunks of rows (`stagectl.models.linear_ce`): the weighted CE
+    never builds the (loss rows x vocabulary) float32 logits and their gradient at once; the coordinate
+    slots' logits are still formed for the box terms. Same matmul FLOPs; less memory and fewer elementwise
+    passes. Not with `parallelism: fsdp`."""
+    packed_attention: Literal["mask", "varlen"] = "mask"
+    """How the language model attends within a pack. `mask`: the model's own implementation
+    (`model.attn_implementation`) with transformers' block-diagonal causal mask. `varlen`: one
+    variable-length causal attention call per layer over the pack's segments (PyTorch's flash
+    `varlen_attn` on CUDA in bf16/fp16, else one causal `scaled_dot_product_attention` per distinct
+    segment length), which skips the masked-out blocks; batches that are not packs (padded eval batches,
+    cached decoding) keep the mask path. Needs `model.attn_implementation` sdpa or unset."""
+    compile_blocks: bool = False
+    """`torch.compile` each decoder layer of the language model and each block of the vision tower
+    (in place: parameter names and checkpoints are unchanged). The first steps pay the compilation."""
+    liger: bool = False
+    """liger-kernel's fused RMSNorm, SwiGLU and rotary kernels patched into the model (the `liger` extra;
+    triton kernels: CUDA only). Refused at start-up where liger-kernel does not import or the learner is
+    not on CUDA."""
 
 
 class TrainingConfig(StrictModel):
@@ -55,6 +81,8 @@ class TrainingConfig(StrictModel):
     gradient_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass (language model and vision
     tower): activation memory per block drops to its inputs, at about one extra forward of compute."""
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
+    """Fused kernels, varlen attention and `torch.compile` for the forward/backward (all off by default)."""
     packing: bool = True
     """Pack segments into sequences of up to `global_max_length` tokens (position ids restart per
     segment, so packed logits equal unpacked ones): each micro-batch is one packed sequence."""
@@ -88,6 +116,15 @@ class TrainingConfig(StrictModel):
     (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """Weights & Biases run settings (used with `report_to: [wandb]`)."""
+
+    @model_validator(mode="after")
+    def validate_fused_head_not_sharded(self) -> TrainingConfig:
+        if self.kernels.fused_linear_cross_entropy and self.parallelism == "fsdp":
+            raise ValueError(
+                "kernels.fused_linear_cross_entropy applies the LM head outside the model's forward, which "
+                "FSDP2's sharded head does not allow here; use parallelism: ddp, or turn the key off"
+            )
+        return self
 
 
 class WatchdogConfig(StrictModel):

@@ -66,6 +66,7 @@ class Trainer:
             device=st.device,
             precision=st.precision,
             grad_scaler=st.grad_scaler,
+            fused_linear_cross_entropy=cfg.training.kernels.fused_linear_cross_entropy,
         )
         self.params = trainable_parameters(st.bundle.model)
         self.update_probe = UpdateProbe(self.params)

@@ -18,7 +18,8 @@ import torch
 from stagectl import dist
 from stagectl.collate import PackedBatch
 from stagectl.learner import sharding
-from stagectl.learner.loss import LossWeights, compute_loss, loss_rows
+from stagectl.learner.fused_loss import compute_loss_from_hidden
+from stagectl.learner.loss import LossTerms, LossWeights, compute_loss, loss_rows
 from stagectl.learner.precision import Precision
 from stagectl.learner.samples import SampleRecord
 from stagectl.timing import PhaseTimer
@@ -70,6 +71,7 @@ class PackRunner:
     precision: Precision = field(default_factory=lambda: Precision(torch.float32, None, torch.float32, False))
     grad_scaler: torch.amp.GradScaler | None = None
     timer: PhaseTimer = field(default_factory=PhaseTimer)  # the step's phase seconds (forward_backward here)
+    fused_linear_cross_entropy: bool = False  # training.kernels: the LM head applied inside the loss
 
     def run_batch(self, batch: PackedBatch, *, scale: float, sync: bool, acc: StepAccumulator) -> None:
         """One forward/backward of an already collated pack, loss scaled by `scale`."""
@@ -91,24 +93,11 @@ class PackRunner:
             allreduce = dist.collective("DDP gradient all-reduce") if sync else contextlib.nullcontext()
         autocast = self.precision.autocast(self.device, enabled=not sharded)  # fsdp casts by its policy
         with dist.phase("forward/backward", "step_s"), allreduce, context:
-            inputs = batch.model_inputs()
-            rows = None
-            if batch.input_ids.shape[0] == 1 and takes_logits_to_keep(self.base_model):
-                # the LM head on the supervised rows only: (L, V) float32 logits would be GBs at 4096 x 152k
-                rows = loss_rows(batch.ce_weights, batch.coord_positions)
-                inputs["logits_to_keep"] = rows
-            with autocast:
-                logits = self.ddp_model(**inputs).logits  # (1, K, V), or (B, L, V)
-            terms = compute_loss(
-                logits.reshape(-1, logits.shape[-1]),
-                batch.input_ids.reshape(-1),
-                batch.ce_weights.reshape(-1),
-                batch.coord_positions,
-                batch.coord_targets,
-                self.coord_token_ids,
-                self.loss_weights,
-                rows=rows,
-            )
+            if self.fused_linear_cross_entropy:
+                with autocast:
+                    terms = self._fused_loss(batch)
+            else:
+                terms = self._loss(batch, autocast)
             loss = terms.total * scale
             (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         # a pack's capacity is packing_length; a padded batch's is its padded size
@@ -121,3 +110,56 @@ class PackRunner:
         acc.num_tokens += batch.num_tokens
         acc.capacity_tokens += capacity
         acc.min_fill = min(acc.min_fill, batch.num_tokens / capacity)
+
+    def _loss(self, batch: PackedBatch, autocast: contextlib.AbstractContextManager[Any]) -> LossTerms:
+        inputs = batch.model_inputs()
+        rows = None
+        if batch.input_ids.shape[0] == 1 and takes_logits_to_keep(self.base_model):
+            # the LM head on the supervised rows only: (L, V) float32 logits would be GBs at 4096 x 152k
+            rows = loss_rows(batch.ce_weights, batch.coord_positions)
+            inputs["logits_to_keep"] = rows
+        with autocast:
+            logits = self.ddp_model(**inputs).logits  # (1, K, V), or (B, L, V)
+        return compute_loss(
+            logits.reshape(-1, logits.shape[-1]),
+            batch.input_ids.reshape(-1),
+            batch.ce_weights.reshape(-1),
+            batch.coord_positions,
+            batch.coord_targets,
+            self.coord_token_ids,
+            self.loss_weights,
+            rows=rows,
+        )
+
+    def _fused_loss(self, batch: PackedBatch) -> LossTerms:
+        """The model's final hidden states, the LM head applied inside the loss (`fused_loss`)."""
+        if not takes_logits_to_keep(self.base_model):
+            raise ValueError(
+                "training.kernels.fused_linear_cross_entropy: this model's forward cannot skip its LM head "
+                "(no logits_to_keep); turn the key off"
+            )
+        base = (
+            self.base_model.get_base_model()
+            if hasattr(self.base_model, "get_base_model")
+            else self.base_model
+        )
+        head = base.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError(
+                "training.kernels.fused_linear_cross_entropy: the LM head has a bias; turn the key off"
+            )
+        inputs = batch.model_inputs()
+        # the head on no row inside the forward; the last hidden state is the final norm's output
+        inputs["logits_to_keep"] = torch.empty(0, dtype=torch.long, device=self.device)
+        inputs["output_hidden_states"] = True
+        hidden = self.ddp_model(**inputs).hidden_states[-1]  # (B, L, H)
+        return compute_loss_from_hidden(
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,
+            batch.input_ids.reshape(-1),
+            batch.ce_weights.reshape(-1),
+            batch.coord_positions,
+            batch.coord_targets,
+            self.coord_token_ids,
+            self.loss_weights,
+        )

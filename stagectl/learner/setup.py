@@ -29,6 +29,7 @@ from stagectl.learner.parts import FreezeReport, freeze_parts
 from stagectl.learner.precision import Precision
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
+from stagectl.models.speedups import apply_speedups
 from stagectl.rundir import prepare_train_dir, resume_note
 
 
@@ -125,6 +126,16 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
             freeze = adapter.apply_adapter(bundle.model, adapter_cfg)
             if resume is not None:
                 adapter.load_adapter(bundle.model, resume / adapter.ADAPTER_DIR)
+        kernels = cfg.training.kernels
+        applied = apply_speedups(
+            bundle.model,
+            device,
+            liger=kernels.liger,
+            packed_attention=kernels.packed_attention,
+            torch_compile=kernels.compile_blocks,
+        )
+        if applied and world.is_main:
+            say("train-ab", f"training.kernels: {', '.join(applied)}")
         bundle.model.train()
         bundle.model.config.use_cache = False
         if cfg.training.gradient_checkpointing:

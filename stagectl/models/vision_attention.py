@@ -53,15 +53,22 @@ def varlen_vision_attention(
         q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, H, D)
         out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling)
         return out.unsqueeze(0), None
-    return _equal_length_batches(query, key, value, cu, scaling), None
+    return equal_length_batches(query, key, value, cu, scaling), None
 
 
-def _equal_length_batches(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, scaling: float | None
+def equal_length_batches(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    scaling: float | None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """The pieces grouped by length, one `scaled_dot_product_attention` per distinct length (a window
     size, an image size) over a batch of pieces: a few calls, and never attention across the whole
-    sequence (a dense block-diagonal mask would cost (sum of lengths)^2)."""
+    sequence (a dense block-diagonal mask would cost (sum of lengths)^2). query (1, H, T, D), key/value
+    (1, H_kv, T, D) (grouped-query heads when H_kv < H); `causal`: each piece attends causally (the
+    language model's packed segments). Returns (1, T, H, D)."""
     lengths = (cu[1:] - cu[:-1]).tolist()
     starts = cu[:-1].long()
     outputs, order = [], []
@@ -71,7 +78,9 @@ def _equal_length_batches(
         q, k, v = (
             t[0][:, index].unflatten(1, (len(pieces), length)).transpose(0, 1) for t in (query, key, value)
         )
-        out = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # (pieces, H, length, D)
+        out = F.scaled_dot_product_attention(
+            q, k, v, scale=scaling, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+        )  # (pieces, H, length, D)
         outputs.append(out.transpose(0, 1).flatten(1, 2))  # (H, pieces * length, D)
         order.append(index)
     position = torch.cat(order)

@@ -1,0 +1,97 @@
+"""Variable-length causal attention for the language model's packed sequences
+(`training.kernels.packed_attention: varlen`).
+
+A pack holds many segments (~24 of ~170 tokens in the GPU bench's 4,096-token packs) whose text positions
+restart at 0 in every segment. Under `sdpa`, transformers turns those positions into a dense (L, L)
+block-diagonal causal mask, and PyTorch's masked attention kernels compute every block of it, ~24x the
+useful work at that packing. `TEXT_VARLEN` finds the segments from the positions instead (the same rule
+transformers' flash path uses: a segment starts where the position is 0) and runs one causal attention per
+segment: PyTorch's flash `varlen_attn` in one call on CUDA in bf16/fp16, else one causal
+`scaled_dot_product_attention` per distinct segment length (`vision_attention.equal_length_batches`).
+Anything that is not one pack (a padded batch, a KV cache during generation, no positions) goes to
+transformers' own sdpa with the mask transformers built, so evaluation and generation are unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from stagectl.models.vision_attention import _torch_varlen, equal_length_batches
+
+TEXT_VARLEN = "stagectl_varlen_text"  # no "flash" in the name: transformers keeps building sdpa's masks
+
+
+def segment_starts(position_ids: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """cu_seqlens (N + 1,) int32 of one packed sequence from its text positions (1, L); None when the
+    positions do not describe one pack of `length` tokens starting at position 0."""
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape != (1, length):
+        return None
+    positions = position_ids[0]
+    if int(positions[0]) != 0:  # a continuation (cached decoding, an offset prompt): not a pack
+        return None
+    starts = (positions == 0).nonzero().flatten()
+    end = torch.tensor([length], device=positions.device, dtype=starts.dtype)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def varlen_text_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """query (B, H, Lq, D), key/value (B, H_kv, Lk, D); returns (B, Lq, H, D) as transformers expects."""
+    same_length = query.shape[2] == key.shape[2]
+    cu = segment_starts(position_ids, query.shape[2]) if query.shape[0] == 1 and same_length else None
+    if cu is None or dropout:
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        return out, None
+    varlen_attn = _torch_varlen()
+    if varlen_attn is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+        max_len = int((cu[1:] - cu[:-1]).max())
+        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, H, D)
+        causal = _causal_gqa_kwargs(varlen_attn)
+        if "enable_gqa" not in causal and k.shape[1] != q.shape[1]:  # older torch: expand the kv heads
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, **causal)
+        return out.unsqueeze(0), None
+    return equal_length_batches(query, key, value, cu, scaling, causal=True), None
+
+
+def _causal_gqa_kwargs(varlen_attn: Any) -> dict[str, Any]:
+    """Causal, grouped-query keywords for the installed torch's `varlen_attn`: 2.9-2.10 took `is_causal`
+    and no grouped-query flag (the caller then expands the kv heads); later versions take `window_size=(-1, 0)` and `enable_gqa`. (The GPU machine's torch is older than this
+    machine's, so both spellings must work.)"""
+    parameters = inspect.signature(varlen_attn).parameters
+    if "window_size" in parameters:
+        return {"window_size": (-1, 0), "enable_gqa": True}
+    return {"is_causal": True}
+
+
+def use_varlen_text_attention(model: torch.nn.Module) -> None:
+    """Switch the language model of `model` to `TEXT_VARLEN`; `ValueError` unless it runs sdpa now (the
+    fallback is sdpa, so another implementation would silently change what non-packed batches compute)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    text = model.config.get_text_config()  # type: ignore[union-attr, operator]
+    if text._attn_implementation != "sdpa":
+        raise ValueError(
+            "training.kernels.packed_attention: varlen needs the language model on sdpa (model.attn_implementation "
+            f"sdpa or unset), but it runs {text._attn_implementation!r}"
+        )
+    AttentionInterface.register(TEXT_VARLEN, varlen_text_attention)
+    AttentionMaskInterface.register(TEXT_VARLEN, sdpa_mask)  # the fallback's masks, built as for sdpa
+    text._attn_implementation = TEXT_VARLEN
