@@ -46,7 +46,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def variant_of(config: dict[str, Any]) -> str:
-    """`A-only`, or `AB b=<ratio> <target>[/sorted]`, from a run's resolved config."""
+    """`A-only`, or `AB b=<ratio> <target>[/sorted]` plus the target knobs off their defaults, from a run's resolved config."""
     ab = config.get("stage2_ab") or {}
     ratio = Fraction(str((ab.get("schedule") or {}).get("b_ratio", 0)))
     if ratio == 0:
@@ -55,6 +55,17 @@ def variant_of(config: dict[str, Any]) -> str:
     label = f"AB b={float(ratio):g} {cb.get('target', 'raw_prefix')}"
     if cb.get("insertion_order", "tail_append") == "sorted":
         label += "/sorted"
+    # Knobs off their defaults name the variant too, so runs that differ only in them are not pooled as seeds.
+    matched = float(cb.get("desc_ce_weight_matched", 0.0))
+    if matched:
+        label += f" desc_matched={matched:g}"
+        if not cb.get("mask_correct_matched_desc", True):
+            label += "/unmasked"
+    match = cb.get("match") or {}
+    if match.get("assignment", "hungarian") != "hungarian":
+        label += f" {match['assignment']}"
+    if match.get("desc_gated", False):
+        label += " desc_gated"
     return label
 
 
