@@ -11,6 +11,8 @@ from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import StorageDtype
 from stagectl.config.rollout import DecodingConfig
 
+# the per-object confidence COCO AP ranks by (stagectl.detection.scores defines each)
+ScoreKind = Literal["coord", "coord_desc", "objectness", "objectness_coord_desc"]
 LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -126,10 +128,19 @@ class EvalDataConfig(StrictModel):
     """Run a greedy-rollout eval every N optimizer steps (0 = only at the end)."""
     max_samples: int = Field(64, ge=1)
     """Evaluate on at most this many samples (the first ones; `stagectl eval` says when it stops short)."""
+    gallery_images: int = Field(24, ge=0)
+    """`stagectl eval` (`--gallery N`): draw the N worst images (most misses + false positives) with the ground
+    truth and the predictions into `DIR/gallery/` (docs/reports.md); 0: no gallery."""
     decoding: DecodingConfig = Field(default_factory=lambda: DecodingConfig(temperature=0.0))
     """Sampling of the eval rollouts (train-ab's periodic eval and `stagectl eval`): greedy by default;
     with temperature > 0 image k is sampled with seed k. Length and repetition penalty come from
     `custom.extra.rollout_matching` (`max_new_tokens`, `repetition_penalty`)."""
+    score: ScoreKind = "coord"
+    """Per-object confidence COCO AP ranks by, from the answer's logprobs: `coord` (geometric mean
+    probability of the 4 coordinate tokens), `coord_desc` (0.7 coord + 0.3 desc tokens', upstream's
+    fusion), `objectness` (probability of opening the object rather than closing the list),
+    `objectness_coord_desc` (their product). Every eval also reports the AP of each kind and with every
+    score 1 (`AP_by_score`, `AP_constant_score`); docs/evaluation.md says why the default."""
 
 
 class DataConfig(StrictModel):

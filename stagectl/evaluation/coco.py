@@ -12,6 +12,10 @@ is that box's `w * h`: the JSONL has no segmentation, and COCOeval sorts objects
 large by the annotation's `area` field, so APs/APm/APl here use box areas (converted COCO data whose
 official `area` is the mask area can land a few objects in another size bucket). Nothing is crowd.
 
+Class-agnostic metrics (`coco_summary(..., use_cats=False)`) are the evaluator's own `params.useCats = 0`:
+any prediction may match any ground-truth box, labels ignored; the same numbers as pycocotools' (tested
+on the written files, tests/unit/evaluation/test_core.py).
+
 Metrics come from faster-coco-eval (`COCOeval_faster`): it gives the same numbers as pycocotools (the
 reference; bench/bench_coco_eval.py compares all 12 summary numbers) in less time (BENCHMARKS.md), which
 matters because train-ab's periodic eval runs on rank 0 while the other ranks wait (docs/evaluation.md).
@@ -126,27 +130,48 @@ class CocoMetrics:
     pr_precision: list[float]  # precision at IoU 0.5, all sizes, 100 detections, mean over classes
 
 
-def coco_metrics(gt: dict[str, Any], results: Sequence[dict[str, Any]]) -> CocoMetrics:
-    """COCO bbox metrics of `results` (COCO results rows) against `gt` (a COCO instances dict)."""
+def _evaluate(gt: dict[str, Any], results: Sequence[dict[str, Any]], *, use_cats: bool) -> Any:
+    """faster-coco-eval's COCOeval run on copies of `gt` and `results` (both non-empty)."""
     from faster_coco_eval import COCO, COCOeval_faster
 
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its own table
+        coco_gt = COCO(copy.deepcopy(gt))
+        evaluator = COCOeval_faster(coco_gt, coco_gt.loadRes(copy.deepcopy(list(results))), "bbox")
+        evaluator.params.useCats = int(use_cats)
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return evaluator
+
+
+def _empty_value(gt: dict[str, Any]) -> float:
+    return 0.0 if gt["annotations"] else -1.0  # nothing found / nothing to find
+
+
+def coco_summary(
+    gt: dict[str, Any], results: Sequence[dict[str, Any]], *, use_cats: bool = True
+) -> dict[str, float]:
+    """The 12 COCO summary numbers (`COCO_METRICS`); `use_cats=False` is COCOeval's own class-agnostic
+    mode (`params.useCats = 0`: every prediction may match every ground-truth box, labels ignored)."""
+    if not results or not gt["annotations"]:  # COCO's loadRes refuses an empty list
+        return dict.fromkeys(COCO_METRICS, _empty_value(gt))
+    stats = _evaluate(gt, results, use_cats=use_cats).stats
+    return {name: float(v) for name, v in zip(COCO_METRICS, stats[: len(COCO_METRICS)], strict=True)}
+
+
+def coco_metrics(gt: dict[str, Any], results: Sequence[dict[str, Any]]) -> CocoMetrics:
+    """Class-aware COCO bbox metrics of `results` (COCO results rows) against `gt` (a COCO instances dict)."""
     recall = [round(0.01 * k, 2) for k in range(101)]
     names = {c["id"]: c["name"] for c in gt["categories"]}
     if not results or not gt["annotations"]:  # COCO's loadRes refuses an empty list; nothing is found
         has_gt = {a["category_id"] for a in gt["annotations"]}
-        value = 0.0 if gt["annotations"] else -1.0
         return CocoMetrics(
-            dict.fromkeys(COCO_METRICS, value),
+            dict.fromkeys(COCO_METRICS, _empty_value(gt)),
             {name: (0.0 if cid in has_gt else -1.0) for cid, name in names.items()},
             recall,
             [0.0] * len(recall),
         )
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints its own table
-        coco_gt = COCO(copy.deepcopy(gt))
-        evaluator = COCOeval_faster(coco_gt, coco_gt.loadRes(copy.deepcopy(list(results))), "bbox")
-        evaluator.evaluate()
-        evaluator.accumulate()
-        evaluator.summarize()
+    evaluator = _evaluate(gt, results, use_cats=True)
     summary = {
         name: float(v) for name, v in zip(COCO_METRICS, evaluator.stats[: len(COCO_METRICS)], strict=True)
     }

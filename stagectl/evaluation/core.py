@@ -1,6 +1,9 @@
 """The evaluation core, on plain data: each image's rollout judged (strict parse, Hungarian match at IoU
-0.5, duplicates, per-object scores, COCO results rows), then every image summed into one metrics dict
-(COCO bbox metrics + precision / recall / F1 + invalid and duplicate rates + a per-class AP table).
+0.5, duplicates, per-object scores, COCO results rows), then every image summed into one metrics dict:
+class-aware COCO bbox metrics (and a per-class AP table), class-agnostic AP (COCOeval's own
+`useCats = 0`), the AP every score kind would give and the AP with every score 1 (what the score is
+worth), box-only precision / recall / F1, desc accuracy on matched pairs and the desc-aware
+precision / recall / F1 (`evaluation.labels`), the predicted-desc histogram, invalid and duplicate rates.
 
 Per-image outcomes are plain data so ranks can evaluate shards and rank 0 can merge them in image order:
 the merged metrics are then those of one rank over all images.
@@ -13,22 +16,31 @@ predictions for precision / recall / F1, whose matching is class-agnostic, as in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.data.sample import DetectionSample
 from stagectl.detection.judge import judge_rollout
-from stagectl.detection.scores import object_scores
+from stagectl.detection.scores import (
+    DEFAULT_SCORE,
+    SCORE_KINDS,
+    ObjectConfidence,
+    ScoreKind,
+    object_confidences,
+)
 from stagectl.detection.stats import RolloutStats
 from stagectl.detection.vocab import TokenVocab
-from stagectl.evaluation.coco import COCO_METRICS, CocoIds, coco_metrics, ground_truth, xywh
+from stagectl.evaluation.coco import COCO_METRICS, CocoIds, coco_metrics, coco_summary, ground_truth, xywh
+from stagectl.evaluation.labels import desc_histogram, label_metrics, matched_desc_count
 from stagectl.models.generate import Generation
 
 EVAL_IOU = 0.5  # precision / recall / F1 use this IoU gate (COCO's AP50 threshold)
 # per-image counters kept in each eval row, in this order (bootstrap intervals resample images)
-PER_IMAGE_FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup")
+PER_IMAGE_FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup", "n_matched_desc")
+AGNOSTIC_METRICS = ("AP", "AP50", "AP75", "AR100")  # written with an `_agnostic` suffix
 
 
 @dataclass(frozen=True)
@@ -39,8 +51,11 @@ class ImageOutcome:
     stats: RolloutStats
     predictions: list[dict[str, Any]]  # COCO results rows (image_id, category_id, bbox xywh px, score)
     num_unknown: int  # valid predictions whose desc is no known category (left out of `predictions`)
-    parsed: list[dict[str, Any]] = field(default_factory=list)  # the kept objects: desc, bbox_2d, score
+    parsed: list[dict[str, Any]] = field(default_factory=list)  # the kept objects: desc, bbox_2d, score(s)
     token_ids: list[int] = field(default_factory=list)  # the rollout (to show it)
+    confidences: list[ObjectConfidence] = field(default_factory=list)  # one per row of `predictions`
+    num_matched_desc: int = 0  # matched pairs (box-only matching) whose desc is the ground truth's
+    pred_descs: list[str] = field(default_factory=list)  # every valid prediction's desc, in order
 
 
 def judge_image(
@@ -51,15 +66,18 @@ def judge_image(
     ids: CocoIds,
     *,
     duplicate_iou_threshold: float,
+    score: ScoreKind = DEFAULT_SCORE,
 ) -> ImageOutcome:
-    """Parse, match and score one image's rollout (see the module docstring)."""
-    parse, _, _, stats = judge_rollout(
+    """Parse, match and score (`score`: `detection.scores`) one image's rollout (see the module docstring)."""
+    parse, match, _, stats = judge_rollout(
         generation.token_ids, sample.objects, vocab, _gate(), duplicate_iou_threshold=duplicate_iou_threshold
     )
-    scores = object_scores(parse, generation.logprobs)
-    predictions, parsed, num_unknown = [], [], 0
-    for obj, score in zip(parse.valid_objects, scores, strict=True):
-        parsed.append({"desc": obj.desc, "bbox_2d": list(obj.bbox_2d), "score": score})
+    predictions, parsed, kept, num_unknown = [], [], [], 0
+    for obj, conf in zip(parse.valid_objects, object_confidences(parse, generation.logprobs), strict=True):
+        by_kind = {kind: conf.score(kind) for kind in SCORE_KINDS}
+        parsed.append(
+            {"desc": obj.desc, "bbox_2d": list(obj.bbox_2d), "score": by_kind[score], "scores": by_kind}
+        )
         category = ids.category_of_desc.get(obj.desc)
         if category is None:
             num_unknown += 1
@@ -69,10 +87,21 @@ def judge_image(
                 "image_id": ids.image_ids[index],
                 "category_id": category,
                 "bbox": xywh(obj.bbox_2d, sample.width, sample.height),
-                "score": score,
+                "score": by_kind[score],
             }
         )
-    return ImageOutcome(index, stats, predictions, num_unknown, parsed, list(generation.token_ids))
+        kept.append(conf)
+    return ImageOutcome(
+        index,
+        stats,
+        predictions,
+        num_unknown,
+        parsed,
+        list(generation.token_ids),
+        confidences=kept,
+        num_matched_desc=matched_desc_count(parse.valid_objects, sample.objects, match),
+        pred_descs=[obj.desc for obj in parse.valid_objects],
+    )
 
 
 def _gate() -> RolloutMatchingConfig:
@@ -88,9 +117,12 @@ class EvalReport:
 
 
 def summarize(
-    samples: Sequence[DetectionSample], outcomes: Sequence[ImageOutcome], ids: CocoIds
+    samples: Sequence[DetectionSample],
+    outcomes: Sequence[ImageOutcome],
+    ids: CocoIds,
+    score: ScoreKind = DEFAULT_SCORE,
 ) -> EvalReport:
-    """Every image's outcome (any order, each image once) into one report."""
+    """Every image's outcome (any order, each image once; judged with `score`) into one report."""
     ordered = sorted(outcomes, key=lambda o: o.index)
     if [o.index for o in ordered] != list(range(len(samples))):
         raise AssertionError("summarize: every image must be judged exactly once")
@@ -100,27 +132,68 @@ def summarize(
     predictions = [row for outcome in ordered for row in outcome.predictions]
     gt = ground_truth(samples, ids)
     coco = coco_metrics(gt, predictions)
+    agnostic = coco_summary(gt, predictions, use_cats=False)
     num_unknown = sum(o.num_unknown for o in ordered)
+    num_matched_desc = sum(o.num_matched_desc for o in ordered)
     metrics: dict[str, Any] = {
         **{name: coco.summary[name] for name in COCO_METRICS},
+        **{f"{name}_agnostic": agnostic[name] for name in AGNOSTIC_METRICS},
+        **score_metrics(gt, ordered, score, scored_ap=coco.summary["AP"]),
         **f1_metrics(stats),
+        **label_metrics(num_matched_desc, stats.n_matched, stats.n_valid, stats.n_gt),
+        **desc_histogram(
+            (d for o in ordered for d in o.pred_descs), (obj.desc for s in samples for obj in s.objects)
+        ),
         "n_unknown_category": num_unknown,
         "unknown_category_rate": num_unknown / stats.n_valid if stats.n_valid else 0.0,
         "n_images": len(samples),
         "per_class_ap": coco.per_class_ap,
         "pr_curve_iou50": {"recall": coco.pr_recall, "precision": coco.pr_precision},
     }
-    per_image = [[getattr(o.stats, name) for name in PER_IMAGE_FIELDS] for o in ordered]
+    per_image = [
+        [
+            o.num_matched_desc if name == "n_matched_desc" else getattr(o.stats, name)
+            for name in PER_IMAGE_FIELDS
+        ]
+        for o in ordered
+    ]
     return EvalReport(metrics, predictions, gt, per_image)
 
 
+def score_metrics(
+    gt: dict[str, Any], ordered: Sequence[ImageOutcome], score: ScoreKind, *, scored_ap: float
+) -> dict[str, Any]:
+    """The score used, the class-aware AP with every score 1 (`AP_constant_score`: objects ranked in answer
+    order) and the AP each score kind gives (`AP_by_score`, `constant` included): the same predictions,
+    re-ranked."""
+
+    def ap_with(score_of: Callable[[ObjectConfidence], float]) -> float:
+        rows = [
+            {**row, "score": score_of(conf)}
+            for o in ordered
+            for row, conf in zip(o.predictions, o.confidences, strict=True)
+        ]
+        return coco_summary(gt, rows)["AP"]
+
+    by_kind: dict[str, float] = {
+        kind: scored_ap if kind == score else ap_with(partial(ObjectConfidence.score, kind=kind))
+        for kind in SCORE_KINDS
+    }
+    by_kind["constant"] = ap_with(lambda _: 1.0)
+    return {"score": score, "AP_constant_score": by_kind["constant"], "AP_by_score": by_kind}
+
+
 def f1_metrics(stats: RolloutStats) -> dict[str, float]:
-    """Precision / recall / F1 at IoU 0.5 (class-agnostic), invalid and duplicate rates, counts."""
+    """Box-only precision / recall / F1 at IoU 0.5 (desc ignored; `precision` / `recall` / `f1` and the
+    same numbers as `*_box`), invalid and duplicate rates, counts."""
     m = stats.metrics()
     return {
         "precision": m["rollout/precision"],
         "recall": m["rollout/recall"],
         "f1": m["rollout/f1"],
+        "precision_box": m["rollout/precision"],
+        "recall_box": m["rollout/recall"],
+        "f1_box": m["rollout/f1"],
         "valid_json_rate": 1.0 - m["rollout/invalid_rate"] - m["rollout/parse_truncated_rate"],
         "invalid_rate": m["rollout/invalid_rate"] + m["rollout/parse_truncated_rate"],
         "dup_rate": m["rollout/dup_rate"],

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.config import StagectlConfig
+from stagectl.config.model_data import ScoreKind
 from stagectl.config.rollout import DecodingConfig
 from stagectl.data.sample import DetectionSample
+from stagectl.detection.scores import DEFAULT_SCORE
 from stagectl.detection.vocab import TokenVocab
 from stagectl.evaluation.coco import CocoIds
 from stagectl.evaluation.core import EvalReport, ImageOutcome, judge_image
@@ -48,6 +50,12 @@ def eval_sampling(cfg: StagectlConfig) -> SamplingSpec:
         repetition_penalty=rm.repetition_penalty,
         logprobs=True,
     )
+
+
+def eval_score(cfg: StagectlConfig) -> ScoreKind:
+    """The per-object score of eval predictions: `data.eval.score`, the default without `data.eval`."""
+    ev = cfg.data.eval if cfg.data is not None else None
+    return ev.score if ev is not None else DEFAULT_SCORE
 
 
 def shard_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[list[int]]:
@@ -156,9 +164,10 @@ def judge_chunks(
     ids: CocoIds,
     *,
     duplicate_iou_threshold: float,
+    score: ScoreKind = DEFAULT_SCORE,
     progress: EvalProgress | None = None,
 ) -> list[ImageOutcome]:
-    """Generate and judge every chunk (image k seeded k)."""
+    """Generate and judge every chunk (image k seeded k), objects scored by `score`."""
     outcomes = []
     for chunk in chunks:
         generations = generate(chunk, chunk[0])
@@ -171,6 +180,7 @@ def judge_chunks(
                     vocab,
                     ids,
                     duplicate_iou_threshold=duplicate_iou_threshold,
+                    score=score,
                 )
             )
         if progress is not None:

@@ -15,9 +15,11 @@ from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.evaluation.coco import assign_ids
 from stagectl.evaluation.core import EvalReport, ImageOutcome, summarize
+from stagectl.evaluation.gallery import GALLERY_DIR, write_gallery
 from stagectl.evaluation.run import (
     EvalProgress,
     eval_sampling,
+    eval_score,
     in_process_generate,
     judge_chunks,
     server_generate,
@@ -120,6 +122,7 @@ def _evaluate(
         bundle = load_bundle(model_path, torch_dtype=cfg.model.torch_dtype, add_coord_tokens=True)
         vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
         generate = in_process_generate(bundle, samples, vocab, spec)
+    score = eval_score(cfg)
     chunks = shard_chunks(len(samples), rm.decode_batch_size, rank, world_size)
     progress = EvalProgress(sum(map(len, chunks)), enabled=rank == 0)  # rank 0 shows its own shard
     try:
@@ -130,6 +133,7 @@ def _evaluate(
             vocab,
             ids,
             duplicate_iou_threshold=cb.duplicate_iou_threshold,
+            score=score,
             progress=progress,
         )
     finally:
@@ -141,7 +145,7 @@ def _evaluate(
     if gathered is None:
         return None
     merged: list[ImageOutcome] = [o for part, _ in gathered for o in part]
-    report = summarize(samples, merged, ids)
+    report = summarize(samples, merged, ids, score)
     images_per_s = sum(rate for _, rate in gathered)  # each rank's own rate, summed
     extra: dict[str, Any] = {
         "model": model_path if server_url is None else None,
@@ -154,4 +158,12 @@ def _evaluate(
         "evaluator": "faster-coco-eval",
     }
     written = write_report(out_dir, report, ids, extra)
+    num_gallery = cfg.data.eval.gallery_images if cfg.data is not None and cfg.data.eval is not None else 0
+    written += write_gallery(
+        out_dir / GALLERY_DIR,
+        samples,
+        merged,
+        num_images=num_gallery,
+        duplicate_iou_threshold=cb.duplicate_iou_threshold,
+    )
     return EvalRun(report, written, images_per_s, num_available)

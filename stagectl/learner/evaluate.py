@@ -1,7 +1,8 @@
 """train-ab's held-out evaluation: the same code as `stagectl eval` (`stagectl.evaluation`) run on the
 policy in this process: rollouts (`data.eval.decoding`, greedy by default) -> strict parse -> per-object
-scores -> COCO bbox AP/AR, plus precision/recall/F1 at IoU 0.5, invalid-rollout and duplicate rates,
-and per-image counters (so intervals can be bootstrapped over images).
+scores -> COCO bbox AP/AR (class-aware and class-agnostic), box-only and desc-aware precision/recall/F1
+at IoU 0.5, desc accuracy on matched pairs, the predicted-desc histogram, invalid-rollout and duplicate
+rates, and per-image counters (so intervals can be bootstrapped over images).
 
 Runs on rank 0 with the unwrapped policy (other ranks wait at a barrier) every `data.eval.every_steps`
 optimizer steps and at the end; rows go to `{output_dir}/eval.jsonl`.
@@ -20,14 +21,27 @@ from stagectl.detection.serialize import object_record
 from stagectl.detection.vocab import TokenVocab
 from stagectl.evaluation.coco import assign_ids
 from stagectl.evaluation.core import PER_IMAGE_FIELDS, ImageOutcome, summarize
-from stagectl.evaluation.run import eval_sampling, in_process_generate, judge_chunks, shard_chunks
+from stagectl.evaluation.run import eval_sampling, eval_score, in_process_generate, judge_chunks, shard_chunks
 from stagectl.evaluation.session import load_eval_samples
 from stagectl.learner.metrics import keep_rows_before
 from stagectl.models.loading import ModelBundle
 
 EVAL_FILE = "eval.jsonl"
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
-EVAL_LOGGED = ("AP", "AP50", "AP75", "f1", "precision", "recall")  # also in metrics rows, as eval/<name>
+# also in metrics rows, as eval/<name> (box vs label: class-agnostic AP, desc accuracy, the desc-aware F1)
+EVAL_LOGGED = (
+    "AP",
+    "AP50",
+    "AP75",
+    "f1",
+    "precision",
+    "recall",
+    "AP_agnostic",
+    "AP_constant_score",
+    "f1_desc",
+    "desc_accuracy",
+    "pred_desc_top_share",
+)
 SHOWN_SAMPLES = 4  # rollouts per eval written out as text, to see what the model says
 
 
@@ -43,6 +57,7 @@ class Evaluator:
         self.samples, _, source = load_eval_samples(cfg)
         self.ids = assign_ids(self.samples, source)  # refuses mixed COCO ids before training starts
         self.generate = in_process_generate(bundle, self.samples, encoder_vocab, eval_sampling(cfg))
+        self.score = eval_score(cfg)
         self.chunk_size = cfg.custom.extra.rollout_matching.decode_batch_size
         self.path = Path(cfg.training.output_dir) / EVAL_FILE
         self.samples_path = Path(cfg.training.output_dir) / EVAL_SAMPLES_FILE
@@ -70,8 +85,9 @@ class Evaluator:
             self.vocab,
             self.ids,
             duplicate_iou_threshold=self.duplicate_iou_threshold,
+            score=self.score,
         )
-        report = summarize(self.samples, outcomes, self.ids)
+        report = summarize(self.samples, outcomes, self.ids, self.score)
         if self._replace_after is not None:
             for path in (self.path, self.samples_path):
                 if path.exists():

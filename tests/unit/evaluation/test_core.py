@@ -1,0 +1,165 @@
+"""The evaluation core on hand-made answers and logprobs: class-agnostic AP equals pycocotools' own
+`useCats = 0` on the written files; desc accuracy, the desc-aware F1 and the desc histogram count what the
+answers say; every score kind's AP and the constant-score AP are those of the same predictions re-ranked."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stagectl.config.model_data import ScoreKind
+from stagectl.data.sample import DetectionSample, DetObject
+from stagectl.detection.scores import SCORE_KINDS
+from stagectl.evaluation.coco import assign_ids
+from stagectl.evaluation.core import PER_IMAGE_FIELDS, EvalReport, judge_image, summarize
+from stagectl.evaluation.run import GROUND_TRUTH_FILE, PREDICTIONS_FILE, write_report
+from stagectl.models.generate import Generation
+from tests.unit.helpers import CHAR
+
+
+@dataclass(frozen=True)
+class Pred:
+    desc: str
+    bins: tuple[int, int, int, int]
+    coord_lp: float = -0.1  # each coordinate token's logprob
+    open_lp: float = -0.1  # the token that opens the object (vs closing the list)
+    desc_lp: float = -0.1  # each desc token's logprob
+
+
+def _generation(preds: list[Pred]) -> Generation:
+    """The answer as the character tokenizer spells it, every token with its hand-set logprob."""
+    pieces: list[tuple[str, float]] = [("{", 0.0)]
+    for k, p in enumerate(preds, start=1):
+        opening = (", " if k > 1 else "") + f'"object_{k}": {{"desc": "'
+        pieces += [(opening[0], p.open_lp), (opening[1:], 0.0), (p.desc, p.desc_lp), ('", "bbox_2d": [', 0.0)]
+        for j, b in enumerate(p.bins):
+            pieces += [(", " if j else "", 0.0), ('"', 0.0), (f"<|coord_{b}|>", p.coord_lp), ('"', 0.0)]
+        pieces.append(("]}", 0.0))
+    pieces += [("}", 0.0), ("<|im_end|>", 0.0)]
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for text, lp in pieces:
+        piece = CHAR.encode(text)
+        ids += piece
+        logprobs += [lp] * len(piece)
+    return Generation(ids, "stop", logprobs)
+
+
+CAT_1, DOG_1 = (100, 100, 300, 300), (500, 500, 800, 800)
+DOG_2, CAT_3 = (0, 0, 400, 500), (200, 200, 700, 900)
+GT = [[("cat", CAT_1), ("dog", DOG_1)], [("dog", DOG_2)], [("cat", CAT_3)]]
+ANSWERS = [
+    [
+        Pred("cat", CAT_1),  # right box, right label
+        # a false positive the coordinate score trusts most, but whose opening was unlikely: the model
+        # nearly closed the list there (objectness ranks it last)
+        Pred("dog", (10, 900, 60, 990), coord_lp=-0.001, open_lp=-4.0),
+        Pred(
+            "cat", DOG_1, coord_lp=-0.05, desc_lp=-2.0
+        ),  # right box, wrong label: a sure box, an unsure label
+    ],
+    [Pred("dog", DOG_2)],
+    [Pred("unicorn", (210, 200, 700, 880))],  # right box, a label that is no category: left out of COCO
+]
+
+
+def _evaluate(tmp_path: Path, score: ScoreKind = "coord") -> tuple[dict[str, Any], EvalReport]:
+    samples = [
+        DetectionSample([f"im{k}.png"], 100, 100, [DetObject(d, b) for d, b in objects])
+        for k, objects in enumerate(GT)
+    ]
+    ids = assign_ids(samples, "test")
+    outcomes = [
+        judge_image(
+            k, samples[k], _generation(ANSWERS[k]), CHAR.vocab, ids, duplicate_iou_threshold=0.9, score=score
+        )
+        for k in range(len(samples))
+    ]
+    report = summarize(samples, outcomes, ids, score)
+    write_report(tmp_path, report, ids, {})
+    return json.loads((tmp_path / "metrics.json").read_text()), report
+
+
+def _pycocotools(gt: Path, rows: list[dict[str, Any]], use_cats: int) -> list[float]:
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(gt))
+        evaluator = COCOeval(coco, coco.loadRes(rows), "bbox")
+        evaluator.params.useCats = use_cats
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return [float(v) for v in evaluator.stats]
+
+
+def test_class_agnostic_ap_is_pycocotools_use_cats_0_on_the_written_files(tmp_path: Path) -> None:
+    metrics, _ = _evaluate(tmp_path)
+    gt = tmp_path / GROUND_TRUTH_FILE
+    rows = json.loads((tmp_path / PREDICTIONS_FILE).read_text())
+    agnostic = _pycocotools(gt, rows, use_cats=0)
+    aware = _pycocotools(gt, rows, use_cats=1)
+    assert [metrics[k] for k in ("AP_agnostic", "AP50_agnostic", "AP75_agnostic", "AR100_agnostic")] == (
+        pytest.approx([agnostic[0], agnostic[1], agnostic[2], agnostic[8]], abs=1e-12)
+    )
+    assert [metrics[k] for k in ("AP", "AP50", "AP75", "AR100")] == pytest.approx(
+        [aware[0], aware[1], aware[2], aware[8]], abs=1e-12
+    )
+    # the cat written on the dog's box costs class-aware AP only
+    assert metrics["AP_agnostic"] > metrics["AP"] and metrics["AP50_agnostic"] > metrics["AP50"]
+
+
+def test_desc_accuracy_desc_aware_f1_and_the_desc_histogram(tmp_path: Path) -> None:
+    metrics, report = _evaluate(tmp_path)
+    # 5 valid predictions, 4 GT, box-only matching pairs 4 of them; 2 of those pairs have the right desc
+    assert (metrics["n_pred"], metrics["n_gt"], metrics["n_matched"], metrics["n_matched_desc"]) == (
+        5,
+        4,
+        4,
+        2,
+    )
+    assert metrics["desc_accuracy"] == pytest.approx(2 / 4)
+    assert (metrics["precision_box"], metrics["recall_box"]) == pytest.approx((4 / 5, 4 / 4))
+    assert metrics["f1_box"] == metrics["f1"] == pytest.approx(2 * 0.8 * 1.0 / 1.8)
+    assert (metrics["precision_desc"], metrics["recall_desc"]) == pytest.approx((2 / 5, 2 / 4))
+    assert metrics["f1_desc"] == pytest.approx(2 * 0.4 * 0.5 / 0.9)
+    assert metrics["pred_desc_top"] == [["cat", 2], ["dog", 2], ["unicorn", 1]]
+    assert metrics["pred_desc_top_share"] == pytest.approx(2 / 5) and metrics["num_pred_descs"] == 3
+    assert metrics["gt_desc_top_share"] == pytest.approx(2 / 4) and metrics["num_gt_descs"] == 2
+    # per-image counters carry the desc hits, so intervals can resample them
+    column = PER_IMAGE_FIELDS.index("n_matched_desc")
+    assert [row[column] for row in report.per_image] == [1, 1, 0]
+
+
+@pytest.mark.parametrize("score", SCORE_KINDS)
+def test_every_score_kinds_ap_and_the_constant_score_ap_rerank_the_same_predictions(
+    tmp_path: Path, score: ScoreKind
+) -> None:
+    metrics, _ = _evaluate(tmp_path, score)
+    gt = tmp_path / GROUND_TRUTH_FILE
+    rows = json.loads((tmp_path / PREDICTIONS_FILE).read_text())
+    assert metrics["score"] == score and set(metrics["AP_by_score"]) == {*SCORE_KINDS, "constant"}
+    assert metrics["AP_by_score"][score] == metrics["AP"]
+    assert metrics["AP_constant_score"] == metrics["AP_by_score"]["constant"]
+    constant = [{**row, "score": 1.0} for row in rows]
+    assert metrics["AP_constant_score"] == pytest.approx(_pycocotools(gt, constant, use_cats=1)[0], abs=1e-12)
+    # the written scores are the chosen kind's (image 1: the false positive is row 2)
+    first_image = [r["score"] for r in rows if r["image_id"] == 1]
+    if score == "coord":
+        assert first_image[1] > first_image[0]  # the surest box is the false positive
+    if score == "objectness":
+        assert first_image[1] < first_image[0]  # the unlikely opening ranks it last
+
+
+def test_objectness_ranks_the_late_false_positive_last_and_beats_the_coordinate_score(tmp_path: Path) -> None:
+    metrics, _ = _evaluate(tmp_path)
+    by_score = metrics["AP_by_score"]
+    assert by_score["objectness"] > by_score["coord"]  # the coordinate score puts the false positive first
+    assert by_score["coord_desc"] > by_score["coord"]  # the unsure label drags the wrong-label cat down
