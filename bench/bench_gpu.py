@@ -1,4 +1,4 @@
-"""`python -m bench gpu`: the learner and the vLLM rollout server at a real size, on one CUDA GPU.
+"""`python -m bench gpu`: the learner and the rollout server at a real size, on one CUDA GPU.
 
 The model is Qwen2.5-VL-3B-sized with random weights (text: hidden 2048, 36 layers, 16 heads, 2 kv heads,
 intermediate 11008, vocab 151936, tied head; vision: Qwen2.5-VL-3B's 32-block tower), built from a config
@@ -9,22 +9,35 @@ Qwen2.5-VL's (same special-token layout).
 
 - learner: the learner's own forward/backward (`PackRunner.run_batch`: float32 masters, bf16 autocast,
   Channel-A loss, the LM head on the supervised rows only) over packs of `packing_length` 4096 from synthetic
-  448x448 samples (collated before the clock starts), no optimizer step; once without and once with
-  gradient checkpointing (an out-of-memory is recorded, not raised). tokens/s counts real packed tokens.
-  MFU = model FLOPs / s / peak, model FLOPs = 6 * (N - N_head) * tokens + 6 * N_head * head rows, N the
-  language model's parameters (the tied embedding / head counted once); the vision tower's FLOPs, attention's
-  quadratic FLOPs and checkpointing's recompute are NOT counted, so this MFU is a lower bound. Peak: dense
-  bf16 by device name, PEAK_TFLOPS.
+  448x448 samples (collated before the clock starts), no optimizer step. One row per step of a ladder of
+  `training.kernels` paths, each row adding one to the last (liger and torch.compile cannot be taken off a
+  model again): eager, + fused linear cross-entropy, + varlen packed attention, + liger (where liger-kernel
+  imports), + torch.compile per block, and that last one with gradient checkpointing. A row that fails
+  (out of memory, a kernel error) is recorded with its error and the ladder goes on. tokens/s counts real
+  packed tokens.
+  MFU, two counts, over the dense bf16 peak by device name (PEAK_TFLOPS):
+  * ours: 6 * (N - N_head) * tokens + 6 * N_head * head rows, N the language model's parameters (the tied
+    embedding / head counted once): no attention, no vision tower, no recompute (a lower bound);
+  * attention + vision: ours plus the language model's attention, 12 * layers * hidden * sum over segments
+    of length^2 (each segment attends to itself only: what the block-diagonal mask or varlen leaves to do;
+    the causal half not discounted, as PaLM / torchtitan count), the vision tower's parameters at 6 FLOPs per
+    patch (the merger per merged token), and its attention, 12 * hidden * sum of piece length^2 per block
+    (windows of (window_size / patch_size)^2 patches, whole images in the full-attention blocks).
+    `mfu_attention_vision_dense` is the same with torchtitan's text attention count, which takes the whole
+    pack as the sequence (12 * layers * hidden * pack length per token).
 - rollout: `stagectl rollout-server` on the same weights in bf16 on the same GPU, image requests, generated
   tokens/s at temperature 1.0: engine vllm where an interpreter imports a CUDA build of vLLM, else the hf
-  engine (transformers' generate), named in the result.
+  engine (transformers' generate), once per `rollout_server.hf_kv_cache` (dynamic, static).
 
-On a machine without CUDA it prints one line and returns None (results are left as they were).
+Each finished row is also written to `$BENCH_GPU_PARTIAL` when that is set (scripts/gpu_session.sh), so a
+session cut short keeps what it measured. On a machine without CUDA it prints one line and returns None
+(results are left as they were).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -36,7 +49,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from stagectl.models.vision_attention import VARLEN, use_varlen_vision_attention
+from stagectl.models import speedups
+from stagectl.models.vision_attention import use_varlen_vision_attention
 
 # Dense bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets (no sparsity). First match wins.
 PEAK_TFLOPS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("A100", 312.0),
@@ -75,33 +89,66 @@ def build_3b(bundle: Any, device: str = "cuda") -> PreTrainedModel:
     return model
 
 
-def learner(
-    bundle: Any,
-    model: PreTrainedModel,
-    packing_length: int,
-    num_packs: int,
-    device: str = "cuda",
-    gradient_checkpointing: bool = False,
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """The `training.kernels` paths a learner row runs with."""
+
+    fused_linear_cross_entropy: bool = False
+    packed_attention: str = "mask"
+    liger: bool = False
+    compile_blocks: bool = False
+
+
+# each row adds one path to the row before it (liger and torch.compile cannot be taken off a model again)
+LADDER = (
+    ("learner", Kernels(), False),
+    ("learner_fused_ce", Kernels(True), False),
+    ("learner_varlen_lm", Kernels(True, "varlen"), False),
+    ("learner_liger", Kernels(True, "varlen", liger=True), False),
+    ("learner_compiled", Kernels(True, "varlen", liger=True, compile_blocks=True), False),
+    ("learner_compiled_checkpointing", Kernels(True, "varlen", liger=True, compile_blocks=True), True),
+)
+
+
+def build_packs(
+    bundle: Any, model: PreTrainedModel, packing_length: int, count: int, image_size: int = 448
+) -> list[Any]:
+    """`count` Channel-A packs of synthetic samples, the fullest first, collated once for every row."""
     from stagectl.collate import collate_pack
     from stagectl.data.synthetic import generate_synthetic
     from stagectl.detection.vocab import TokenVocab
-    from stagectl.learner.loss import LossWeights, loss_rows
-    from stagectl.learner.packs import PackRunner, StepAccumulator
-    from stagectl.learner.precision import Precision
     from stagectl.learner.segments import SampleEncoder
     from stagectl.packing import pack_segments
 
-    samples = generate_synthetic(24 * (num_packs + 1), seed=7, image_size=448, max_objects=8)
+    samples = generate_synthetic(24 * count, seed=7, image_size=image_size, max_objects=8)
     big = dataclasses.replace(bundle, model=model)
     encoder = SampleEncoder(bundle=big, samples=samples, vocab=TokenVocab.from_tokenizer(bundle.tokenizer))
     segments = [encoder.channel_a_segment(i) for i in range(len(samples))]
-    groups = pack_segments([len(s) for s in segments], packing_length)[: num_packs + 1]  # the fullest first
-    packs = [collate_pack([segments[i] for i in group], model) for group in groups]
+    groups = pack_segments([len(s) for s in segments], packing_length)[:count]
+    return [collate_pack([segments[i] for i in group], model) for group in groups]
+
+
+def learner(
+    bundle: Any,
+    model: PreTrainedModel,
+    packs: list[Any],
+    packing_length: int,
+    device: str = "cuda",
+    gradient_checkpointing: bool = False,
+    fused_linear_cross_entropy: bool = False,
+    num_warmup: int = 1,
+) -> dict[str, Any]:
+    """One row: the first `num_warmup` of `packs` untimed, the rest timed."""
+    from stagectl.learner.loss import LossWeights, loss_rows
+    from stagectl.learner.packs import PackRunner, StepAccumulator
+    from stagectl.learner.precision import Precision
+
+    compute = torch.bfloat16 if device == "cuda" else None  # CPU (the unit test): float32, no autocast
     runner = PackRunner(
         ddp_model=model, base_model=model, loss_weights=LossWeights(),
         coord_token_ids=torch.tensor(bundle.coord_token_ids, device=device), packing_length=packing_length,
-        device=torch.device(device), precision=Precision(torch.float32, torch.bfloat16, torch.bfloat16, False),
+        device=torch.device(device), precision=Precision(torch.float32, compute, torch.bfloat16, False),
+        fused_linear_cross_entropy=fused_linear_cross_entropy,
     )  # fmt: skip
     model.train()
     if gradient_checkpointing:  # what training.gradient_checkpointing does (stagectl/learner/setup.py)
@@ -109,37 +156,78 @@ def learner(
     else:
         model.gradient_checkpointing_disable()
     torch.cuda.reset_peak_memory_stats() if device == "cuda" else None
-    runner.run_batch(packs[0], scale=1.0, sync=True, acc=StepAccumulator())  # warm-up (kernels, allocator)
-    model.zero_grad(set_to_none=True)
     _synchronize(device)
     started = time.perf_counter()
-    for pack in packs[1:]:
+    for pack in packs[:num_warmup]:  # kernels, the allocator, torch.compile's first traces
+        runner.run_batch(pack, scale=1.0, sync=True, acc=StepAccumulator())
+    model.zero_grad(set_to_none=True)
+    _synchronize(device)
+    warmup_s = time.perf_counter() - started
+    timed = packs[num_warmup:]
+    started = time.perf_counter()
+    for pack in timed:
         runner.run_batch(pack, scale=1.0, sync=True, acc=StepAccumulator())
     _synchronize(device)
     seconds = time.perf_counter() - started
-    model.zero_grad(set_to_none=True)  # 15 GB of float32 gradients the vLLM half needs back
-    tokens = sum(p.num_tokens for p in packs[1:])
-    head_rows = sum(int(loss_rows(p.ce_weights, p.coord_positions).numel()) for p in packs[1:])
-    lm_params = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
-    head_params = model.get_output_embeddings().weight.numel()  # tied: the embedding matrix, counted once
-    # 6 FLOPs per parameter per token, the LM head only on the rows the loss reads (the learner skips the rest)
-    model_flops = 6 * (lm_params - head_params) * tokens + 6 * head_params * head_rows
+    model.zero_grad(set_to_none=True)  # 15 GB of float32 gradients the rollout half needs back
+    tokens = sum(p.num_tokens for p in timed)
+    head_rows = sum(int(loss_rows(p.ce_weights, p.coord_positions).numel()) for p in timed)
+    flops = model_flops(model, timed, head_rows)
     peak = peak_tflops(torch.cuda.get_device_name()) if device == "cuda" else None
+
+    def mfu(count: float) -> float | None:
+        return None if peak is None else count / seconds / (peak * 1e12)
+
     return {
         "gradient_checkpointing": gradient_checkpointing,
         "params_total": sum(p.numel() for p in model.parameters()),
-        "params_counted_for_mfu": lm_params,
+        "params_counted_for_mfu": flops["lm_params"],
         "packing_length": packing_length,
-        "num_packs_timed": len(packs) - 1,
+        "num_packs_timed": len(timed),
         "tokens_timed": tokens,
         "head_rows_timed": head_rows,
+        "warmup_s": warmup_s,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
         "peak_bf16_tflops": peak,
-        "model_tflops_per_s": model_flops / seconds / 1e12,
-        "mfu": None if peak is None else model_flops / seconds / (peak * 1e12),
+        "model_tflops_per_s": flops["ours"] / seconds / 1e12,
+        "mfu": mfu(flops["ours"]),
+        "tflops_per_s_attention_vision": flops["attention_vision"] / seconds / 1e12,
+        "mfu_attention_vision": mfu(flops["attention_vision"]),
+        "mfu_attention_vision_dense": mfu(flops["attention_vision_dense"]),
         "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
     }
+
+
+def model_flops(model: Any, packs: list[Any], head_rows: int) -> dict[str, float]:
+    """Training FLOPs of forward + backward over `packs` in the two counts of the module docstring."""
+    text = model.config.get_text_config()
+    lm_params = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
+    head_params = model.get_output_embeddings().weight.numel()  # tied: the embedding matrix, counted once
+    tokens = sum(p.num_tokens for p in packs)
+    # 6 FLOPs per parameter per token, the LM head only on the rows the loss reads (the learner skips the rest)
+    ours = 6 * (lm_params - head_params) * tokens + 6 * head_params * head_rows
+    width = text.num_attention_heads * (text.hidden_size // text.num_attention_heads)
+    per_segment = sum(12 * text.num_hidden_layers * width * n * n for p in packs for n in p.segment_lengths)
+    dense = sum(12 * text.num_hidden_layers * width * p.num_tokens * p.num_tokens for p in packs)
+    vision_flops = 0.0
+    vision = getattr(model.config, "vision_config", None)
+    if vision is not None:
+        merge = vision.spatial_merge_size**2
+        merger = sum(p.numel() for n, p in model.named_parameters() if "visual.merger" in n)
+        tower = sum(p.numel() for n, p in model.named_parameters() if "visual" in n) - merger
+        window = (getattr(vision, "window_size", 0) // vision.patch_size) ** 2  # patches per window
+        full_blocks = len(getattr(vision, "fullatt_block_indexes", []) or []) if window else vision.depth
+        for pack in packs:
+            if pack.image_grid_thw is None:
+                continue
+            for t, h, w in pack.image_grid_thw.tolist():
+                n = t * h * w  # patches of one image
+                vision_flops += 6 * tower * n + 6 * merger * n / merge
+                pieces = full_blocks * n * n + (vision.depth - full_blocks) * n * min(n, window)
+                vision_flops += 12 * vision.hidden_size * pieces
+    return {"lm_params": lm_params, "ours": ours, "attention_vision": ours + per_segment + vision_flops,
+            "attention_vision_dense": ours + dense + vision_flops}  # fmt: skip
 
 
 def _synchronize(device: str) -> None:
@@ -159,7 +247,9 @@ def _vllm_python() -> str | None:
     return None
 
 
-def rollout(engine: str, python: str, checkpoint: Path, num_requests: int, max_tokens: int) -> dict[str, Any]:
+def rollout(
+    engine: str, python: str, checkpoint: Path, num_requests: int, max_tokens: int, kv_cache: str = "dynamic"
+) -> dict[str, Any]:
     from PIL import Image
 
     from stagectl.rollout.client import RolloutClient, to_generation
@@ -168,7 +258,7 @@ def rollout(engine: str, python: str, checkpoint: Path, num_requests: int, max_t
     from stagectl.rollout.server.launcher import ServerProcess
 
     images = checkpoint / "images"
-    images.mkdir()
+    images.mkdir(exist_ok=True)
     paths = []
     for k in range(8):
         path = images / f"{k}.png"
@@ -187,7 +277,7 @@ def rollout(engine: str, python: str, checkpoint: Path, num_requests: int, max_t
         str(checkpoint),
     ]
     for setting in (f"image_roots=[{images}]", "vllm.dtype=bfloat16", "vllm.max_model_len=4096",
-                    f"max_batch_size={num_requests}"):  # fmt: skip
+                    f"max_batch_size={num_requests}", f"hf_kv_cache={kv_cache}"):  # fmt: skip
         argv += ["--set", f"rollout_server.{setting}"]
     argv += ["--set", "model.torch_dtype=bfloat16"]  # the hf engine's dtype
     server = ServerProcess(argv, cwd=ROOT)
@@ -205,8 +295,8 @@ def rollout(engine: str, python: str, checkpoint: Path, num_requests: int, max_t
             outs = client.infer(requests, config)
             seconds = time.perf_counter() - started
         generated = sum(len(to_generation(out).token_ids) for out in outs)
-        return {"engine": engine, "requests": num_requests, "max_tokens": max_tokens, "generated_tokens": generated,
-                "seconds": seconds, "tokens_per_s": generated / seconds}  # fmt: skip
+        return {"engine": engine, "kv_cache": kv_cache, "requests": num_requests, "max_tokens": max_tokens,
+                "generated_tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds}  # fmt: skip
     finally:
         server.stop()
 
@@ -222,19 +312,36 @@ def run(packing_length: int = 4096, num_packs: int = 8, num_requests: int = 64, 
     bundle = load_bundle("builtin:tiny-qwen2.5-vl")
     model = build_3b(bundle)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    vision = model.config.vision_config
-    runs = (("learner_per_window_vision", "sdpa", False), ("learner", VARLEN, False),
-            ("learner_checkpointing", VARLEN, True))  # fmt: skip
-    for key, vision_attention, checkpointing in runs:
-        vision._attn_implementation = vision_attention  # transformers' per-window loop, or one call per layer
-        try:
-            result[key] = learner(
-                bundle, model, packing_length, num_packs, gradient_checkpointing=checkpointing
-            )
-            result[key]["vision_attention"] = vision_attention
-        except torch.OutOfMemoryError as error:
-            model.zero_grad(set_to_none=True)
-            result[key] = {"gradient_checkpointing": checkpointing, "out_of_memory": str(error).split(".")[0]}
+    result["transformers"] = __import__("transformers").__version__
+    device = torch.device("cuda")
+    packs = build_packs(bundle, model, packing_length, num_packs + 3)  # up to 3 warm-up packs, then num_packs
+    applied = Kernels()
+    for key, kernels, checkpointing, skipped in plan_ladder(speedups.liger_problem(device)):
+        row: dict[str, Any] = {
+            "kernels": dataclasses.asdict(kernels),
+            "gradient_checkpointing": checkpointing,
+        }
+        if skipped is not None:
+            row["skipped"] = skipped
+        else:
+            try:
+                speedups.apply_speedups(
+                    model, device, liger=kernels.liger and not applied.liger,
+                    packed_attention=kernels.packed_attention if applied.packed_attention == "mask" else "mask",
+                    torch_compile=kernels.compile_blocks and not applied.compile_blocks,
+                )  # fmt: skip
+                applied = kernels
+                warmup = 3 if kernels.compile_blocks else 1  # torch.compile traces the first shapes
+                row.update(
+                    learner(bundle, model, packs[3 - warmup :], packing_length, gradient_checkpointing=checkpointing,
+                            fused_linear_cross_entropy=kernels.fused_linear_cross_entropy, num_warmup=warmup)
+                )  # fmt: skip
+            except Exception as error:  # recorded in the results and printed: the next rows still run
+                model.zero_grad(set_to_none=True)
+                row["error"] = _error_text(error)
+        print(f"bench gpu: {key}: {_summary(row)}", flush=True)
+        result[key] = row
+        _save_partial(result)
         torch.cuda.empty_cache()
     python = _vllm_python()
     engine = "hf" if python is None else "vllm"  # no CUDA build of vLLM here: transformers on the GPU
@@ -249,12 +356,109 @@ def run(packing_length: int = 4096, num_packs: int = 8, num_requests: int = 64, 
         bundle.tokenizer.save_pretrained(checkpoint)
         assert bundle.image_processor is not None  # the tiny Qwen2.5-VL has one
         bundle.image_processor.save_pretrained(checkpoint)
-        result["rollout"] = rollout(engine, python or sys.executable, checkpoint, num_requests, max_tokens)
+        caches = ("static", "dynamic") if engine == "hf" else ("dynamic",)  # the new path first
+        for kv_cache in caches:
+            key = "rollout" if kv_cache == "dynamic" else f"rollout_{kv_cache}"
+            try:
+                result[key] = rollout(
+                    engine, python or sys.executable, checkpoint, num_requests, max_tokens, kv_cache
+                )
+            except Exception as error:  # recorded; the other engine row still runs
+                result[key] = {"engine": engine, "kv_cache": kv_cache, "error": _error_text(error)}
+            print(f"bench gpu: {key}: {_summary(result[key])}", flush=True)
+            _save_partial(result)
     return result
 
 
+def plan_ladder(liger_missing: str | None) -> list[tuple[str, Kernels, bool, str | None]]:
+    """LADDER as it runs here: (key, kernels, gradient checkpointing, why the row is skipped or None). Without
+    liger-kernel its own row is skipped and the rows after it run without it."""
+    plan: list[tuple[str, Kernels, bool, str | None]] = []
+    previous = Kernels()
+    for key, wanted, checkpointing in LADDER:
+        kernels = dataclasses.replace(wanted, liger=wanted.liger and liger_missing is None)
+        adds_liger = wanted.liger and not previous.liger  # the row whose one addition is liger
+        plan.append((key, kernels, checkpointing, liger_missing if adds_liger and liger_missing else None))
+        previous = wanted
+    return plan
+
+
+def _error_text(error: BaseException) -> str:
+    first_line = (str(error).splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first_line}"[:300]
+
+
+def _summary(row: dict[str, Any]) -> str:
+    if "error" in row or "skipped" in row:
+        return str(row.get("error") or row.get("skipped"))
+    mfu = "" if row.get("mfu") is None else f", MFU {row['mfu']:.1%} / {row['mfu_attention_vision']:.1%}"
+    return f"{row['tokens_per_s']:,.0f} tokens/s{mfu}"
+
+
+def _save_partial(result: dict[str, Any]) -> None:
+    path = os.environ.get("BENCH_GPU_PARTIAL")
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2))
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """BENCHMARKS.md's GPU section from a saved result."""
+    """BENCHMARKS.md's GPU section from a saved result (the kernel ladder's, or the run before it)."""
+    if not any(key in result for key, _, _ in LADDER[1:]):
+        return _markdown_before_kernels(result)
+    lines = [
+        f"Device: **{result['device']}**, torch {result['torch']}, transformers {result.get('transformers', '?')}. "
+        "Qwen2.5-VL-3B-sized model with random weights (3.75 B parameters, 3.09 B in the language model), float32 "
+        "masters + bf16 autocast, packs of 4,096 tokens from synthetic 448x448 samples, forward + backward of the "
+        "learner's own `PackRunner` (no optimizer step), vision attention one varlen call per layer. Each row adds "
+        "one `training.kernels` path to the row above it.",
+        "",
+        "| learner run | kernels | gradient checkpointing | tokens/s | MFU (ours) | MFU (attention + vision) "
+        "| MFU (+ attention over the whole pack) | peak GiB | first steps s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, _, _ in LADDER:
+        run = result.get(key)
+        if run is None:
+            continue
+        kernels = run.get("kernels", {})
+        on = [name for name, value in kernels.items() if value not in (False, "mask")]
+        named = ", ".join(on) or "eager"
+        if "tokens_per_s" not in run:
+            lines.append(f"| {key} | {named} | {run['gradient_checkpointing']} | {_summary(run)} | | | | | |")
+            continue
+        lines.append(
+            f"| {key} | {named} | {run['gradient_checkpointing']} | {run['tokens_per_s']:,.0f} | {run['mfu']:.1%} "
+            f"| {run['mfu_attention_vision']:.1%} | {run['mfu_attention_vision_dense']:.1%} "
+            f"| {run['max_memory_allocated_gib']:.1f} | {run['warmup_s']:.0f} |"
+        )
+    lines.append("")
+    for key in ("rollout", "rollout_static"):
+        rollout = result.get(key)
+        if rollout is None:
+            continue
+        if "tokens_per_s" in rollout:
+            lines.append(
+                f"Rollout (`stagectl rollout-server --engine {rollout['engine']}`, kv cache {rollout['kv_cache']}) "
+                f"on the same weights in bf16, {rollout['requests']} image requests x {rollout['max_tokens']} "
+                f"tokens at temperature 1.0: **{rollout['tokens_per_s']:,.0f} generated tokens/s** "
+                f"({rollout['generated_tokens']:,} tokens in {rollout['seconds']:.0f} s)."
+            )
+        else:
+            lines.append(f"Rollout, kv cache {rollout.get('kv_cache')}: {_summary(rollout)}.")
+        lines.append("")
+    lines.append(
+        "Reading. MFU (ours) counts 6 FLOPs per language-model parameter per token (the LM head only on the rows "
+        "the loss reads): no attention, no vision tower, no recompute. MFU (attention + vision) adds the language "
+        "model's attention within each segment (12 x layers x hidden x length^2 per segment), the vision tower's "
+        "parameters per patch and its windowed / full attention (bench/bench_gpu.py's docstring); the last MFU "
+        "column counts the text attention over the whole pack, as torchtitan does for one sequence. "
+        "'first steps s' is the warm-up (one pack, three under torch.compile), not in tokens/s."
+    )
+    return "\n".join(lines)
+
+
+def _markdown_before_kernels(result: dict[str, Any]) -> str:
+    """The section of a result saved before the `training.kernels` ladder (2026-11-25)."""
     lines = [
         f"Device: **{result['device']}**, torch {result['torch']}. Qwen2.5-VL-3B-sized model with random weights "
         "(3.75 B parameters, 3.09 B in the language model), float32 masters + bf16 autocast, packs of 4,096 tokens "

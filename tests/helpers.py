@@ -1,17 +1,21 @@
 """Builders shared by test tiers (never import one test module from another): the three image segments
 of different grids that the packed-vs-unpacked checks pack, one segment's logits on its own, and the
-example count of the property tests."""
+example count of the property tests, and greedy ids through the `hf` engine."""
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
 from stagectl.collate import CoordGroup, Segment
 from stagectl.models.chat import encode_answer_text, encode_prompt, encode_training
 from stagectl.models.loading import ModelBundle
+from stagectl.models.sampling import SamplingSpec
+from stagectl.rollout.engine import EngineRequest
 
 ANSWERS = [
     '{"object_1": {"desc": "red circle", "bbox_2d": ["<|coord_1|>", "<|coord_2|>", "<|coord_300|>", "<|coord_400|>"]}}',
@@ -81,3 +85,35 @@ def single_logits(model: torch.nn.Module, segment: Segment, device: str = "cpu")
         use_cache=False,
     )
     return out.logits[0]
+
+
+def _engine_requests() -> list[EngineRequest]:
+    rng = np.random.default_rng(0)
+    spec = SamplingSpec(max_new_tokens=12, temperature=0.0)
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find every object."}]}
+    ]
+    sizes = ((56, 56), (84, 112), (56, 84))  # different image-token counts: a left-padded batch
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+    return [EngineRequest(messages, [image], spec, seed=None) for image in images]
+
+
+def greedy_engine_ids(bundle: ModelBundle, kv_cache: str) -> tuple[list[list[int]], dict[int, int], set[str]]:
+    """Greedy ids of three concurrent image requests through an `hf` engine with `kv_cache`, the engine's
+    batch sizes, and the KV cache classes the model decoded with."""
+    from stagectl.rollout.server.engines.hf import HFEngine
+
+    engine = HFEngine(bundle, model_name="tiny", max_batch_size=8, batch_wait_ms=200, kv_cache=kv_cache)  # type: ignore[arg-type]
+    caches: set[str] = set()  # the cache class each forward decoded with
+
+    def record(_module: object, _args: object, kwargs: dict) -> None:
+        caches.add(type(kwargs.get("past_key_values")).__name__)
+
+    hook = bundle.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        with ThreadPoolExecutor(3) as pool:  # concurrent callers, one request each
+            results = list(pool.map(lambda r: engine.generate([r])[0], _engine_requests()))
+        return [r.token_ids for r in results], engine.batch_sizes(), caches
+    finally:
+        hook.remove()
+        engine.close()
