@@ -1,4 +1,5 @@
-"""`stagectl eval CONFIG [--model PATH | --server URL] [--data JSONL] [--out DIR] [--nproc N] [--set k=v]`."""
+"""`stagectl eval CONFIG [--model PATH | --server URL] [--data JSONL] [--out DIR] [--nproc N] [--gallery N]
+[--set k=v]`."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def command(
         None, "--out", help="Output directory (default: {training.output_dir}/eval)."
     ),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks sharding the images (torchrun)."),
+    gallery: int | None = typer.Option(
+        None,
+        "--gallery",
+        min=0,
+        help="Draw the N worst images (most misses + false positives) into DIR/gallery/ with an index.html "
+        "(data.eval.gallery_images, default 24); 0: no gallery.",
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="DIR holds an earlier eval: move it aside to DIR.replaced-<time> first."
     ),
@@ -49,6 +57,8 @@ def command(
         sets += [f"data.eval.jsonl={data.expanduser().absolute()}", "data.eval.synthetic=null"]
     if nproc is not None:
         sets.append(f"launch.nproc_per_node={nproc}")
+    if gallery is not None:
+        sets.append(f"data.eval.gallery_images={gallery}")
     try:
         cfg = load_config(config, sets, world_size=None if inside_torchrun() else nproc)
     except ConfigError as exc:

@@ -48,4 +48,6 @@ def command(
             line += f" and {item.num_plots} plot(s) under {item.report.parent / 'report'}"
         if item.not_plotted:
             line += f" (not plotted: {'; '.join(item.not_plotted)})"
+        if item.html is not None:
+            line += f"; the page: {item.html}"
         typer.echo(line)

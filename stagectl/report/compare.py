@@ -228,4 +228,7 @@ def write_comparison(
     ]
     report = out_dir / "comparison.md"
     report.write_text("\n".join(lines))
+    from stagectl.report.html import comparison_page, write_html
+
+    write_html(out_dir, comparison_page(out_dir, lines[2], table, plot, run_dirs), "comparison.html")
     return report, table

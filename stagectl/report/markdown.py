@@ -123,8 +123,8 @@ def render_train_ab(
 EVAL_SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1", "precision", "recall")
 
 
-def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Figures, plot_dir: str) -> str:
-    """The report of one `stagectl eval` run: its metrics, the per-class AP table, the PR curve."""
+def eval_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The metrics table of one `stagectl eval` run (report.md and report.html)."""
     rows = [(name, fmt(metrics.get(name))) for name in EVAL_SHOWN]
     rows += [
         ("images evaluated", fmt(metrics.get("n_images"))),
@@ -133,10 +133,19 @@ def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Fig
         ("predictions of unknown categories", fmt(metrics.get("n_unknown_category"))),
         ("throughput", f"{fmt(metrics.get('images_per_s'))} images/s"),
     ]
-    lines = [f"# {title}", "", subtitle, "", "## Metrics", "", *table(rows)]
+    return rows
+
+
+def per_class_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     per_class = metrics.get("per_class_ap") or {}
+    return [(_cell(str(name)), fmt(ap)) for name, ap in sorted(per_class.items())]
+
+
+def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Figures, plot_dir: str) -> str:
+    """The report of one `stagectl eval` run: its metrics, the per-class AP table, the PR curve."""
+    lines = [f"# {title}", "", subtitle, "", "## Metrics", "", *table(eval_rows(metrics))]
     lines += ["", "## AP per class (IoU .50:.95; -1: no ground truth of it)", ""]
-    lines += table([(_cell(str(name)), fmt(ap)) for name, ap in sorted(per_class.items())], ("class", "AP"))
+    lines += table(per_class_rows(metrics), ("class", "AP"))
     lines += _figures(figures, plot_dir)
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,258 @@
+"""report.html beside report.md (jinja2, `templates/report.html.j2`): the same summary, every plot, the
+galleries a run dir holds (the held-out eval's `eval/gallery/`, the Channel-B `b_gallery/`), the learner's
+time per phase, and for Stage-B the guidance versions with the reflections that changed them.
+
+The page is built from the data the markdown report is built from (`TrainAbSummary`, `Figures`, ...), and
+links only files under the page's own directory by relative paths (no server, no network). `page_links`
+lists them, so tests check each exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stagectl.report.html_render import render
+from stagectl.report.sections import Figures
+from stagectl.report.values import Row, number
+from stagectl.timing import PHASES, phase_key
+
+REPORT_HTML = "report.html"
+EVAL_GALLERY = Path("gallery") / "gallery.json"  # under a `stagectl eval` dir
+RUN_EVAL_DIR = "eval"  # `stagectl eval`'s default --out under a run dir
+B_RECORDS = Path("b_gallery") / "records.jsonl"
+
+
+@dataclass(frozen=True)
+class Figure:
+    src: str  # relative to the page
+    title: str
+    caption: str = ""
+
+
+@dataclass(frozen=True)
+class Grid:
+    title: str
+    header: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+
+@dataclass(frozen=True)
+class Gallery:
+    title: str
+    intro: str
+    items: list[Figure]
+    legend: list[dict[str, str]]
+
+
+@dataclass
+class Page:
+    title: str
+    subtitle: str
+    summary: list[tuple[str, str]] = field(default_factory=list)
+    grids: list[Grid] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    galleries: list[Gallery] = field(default_factory=list)
+    b_records: list[dict[str, Any]] = field(default_factory=list)
+    guidance_versions: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def page_from_figures(
+    title: str, subtitle: str, figures: Figures, plot_dir: str, notes: Sequence[str] = ()
+) -> Page:
+    """A page with the report's plots (linked under `plot_dir`) and what was not plotted."""
+    return Page(
+        title,
+        subtitle,
+        figures=[Figure(f"{plot_dir}/{p.file}", p.title, p.caption) for p in figures.plots],
+        skipped=[f"{s.what}: {s.reason}" for s in figures.skipped],
+        notes=list(notes),
+    )
+
+
+def phase_grid(rows: Sequence[Row]) -> Grid | None:
+    """Summed learner time per phase (`time/<phase>_s`) and its share of the summed step time."""
+    total = sum(number(r, "time/step_s") or 0.0 for r in rows)
+    sums = {phase: sum(number(r, phase_key(phase)) or 0.0 for r in rows) for phase in PHASES}
+    if total <= 0 or not any(sums.values()):
+        return None
+    out = [[phase, f"{s:.2f}", f"{100 * s / total:.1f}%"] for phase, s in sums.items()]
+    out.append(["(all steps)", f"{total:.2f}", "100%"])
+    return Grid("Time per phase (rank 0)", ("phase", "seconds", "share of step time"), out)
+
+
+def eval_gallery(page_dir: Path, eval_dir: Path, title: str) -> Gallery | None:
+    """The gallery `stagectl eval` wrote under `eval_dir`, its images linked relative to `page_dir`."""
+    from stagectl.evaluation.gallery import legend
+
+    listing = eval_dir / EVAL_GALLERY
+    if not listing.is_file():
+        return None
+    entries = json.loads(listing.read_text(encoding="utf-8")).get("images", [])
+    base = Path(os.path.relpath(listing.parent.resolve(), page_dir.resolve())).as_posix()
+    items = [
+        Figure(
+            f"{base}/{e['file']}",
+            f"image {e['index']}",
+            f"{e['num_missed']} missed, {e['num_fp']} false positive(s) of {e['num_gt']} GT / {e['num_pred']} predicted",
+        )
+        for e in entries
+        if (listing.parent / e["file"]).is_file()
+    ]
+    intro = f"The {len(items)} worst images (most misses + false positives first); the full gallery: {base}/index.html."
+    return Gallery(title, intro, items, legend())
+
+
+def b_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The Channel-B gallery records of a run (`b_gallery/records.jsonl`), ready for the template."""
+    path = run_dir / B_RECORDS
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if not (path.parent / record["image"]).is_file():
+            continue
+        record["src"] = f"{B_RECORDS.parent.as_posix()}/{record['image']}"
+        record["tokens"] = [
+            {**t, "cls": "geo" if t["geo"] else ("ce" if t["ce"] > 0 else "ce0")} for t in record["tokens"]
+        ]
+        for o in record["objects"]:
+            o["iou"] = "" if o["iou"] is None else f"{o['iou']:.3f}"
+        record["misses"] = [m["desc"] for m in record["misses"]]
+        out.append(record)
+    return out
+
+
+def guidance_versions(mission_dir: Path, reflections: Sequence[Row]) -> list[dict[str, Any]]:
+    """Each reflection that changed the guidance: the steps, its accepted operations, the rules of the
+    version it made (from `snapshots/`, when kept) and the reflection's answer."""
+    out = []
+    for row in reflections:
+        if not row.get("changed"):
+            continue
+        after = row.get("guidance_step_after")
+        rules: list[tuple[str, str]] = []
+        if isinstance(after, int):
+            for snap in sorted((mission_dir / "snapshots").glob(f"*step{after:06d}.json")):
+                data = json.loads(snap.read_text(encoding="utf-8"))
+                rules = [(str(k), str(v)) for k, v in (data.get("experiences") or {}).items()]
+        ops = [
+            ", ".join(f"{k}={v}" for k, v in op.items() if v not in (None, ""))
+            for op in row.get("accepted", [])
+        ]
+        out.append(
+            {
+                "step_before": row.get("guidance_step_before"),
+                "step_after": after,
+                "ops": ops,
+                "rules": rules,
+                "reflection": str(row.get("answer") or ""),
+            }
+        )
+    return out
+
+
+def write_html(page_dir: Path, page: Page, name: str = REPORT_HTML) -> Path:
+    """`page_dir/<name>`; ValueError when the page would link a file that is not there."""
+    from stagectl.evaluation.gallery import legend
+
+    text = render("report.html.j2", page=page, title=page.title, b_legend=legend())
+    missing = [link for link in page_links(text) if not (page_dir / link).is_file()]
+    if missing:
+        raise ValueError(f"report.html would link missing files under {page_dir}: {', '.join(missing[:5])}")
+    path = page_dir / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+_LINK = re.compile(r'(?:src|href)="([^"#:]+)"')
+
+
+def page_links(html: str) -> list[str]:
+    """Every relative file an HTML page links (src= and href=, no data: or other schemes)."""
+    return _LINK.findall(html)
+
+
+def train_ab_page(
+    run_dir: Path,
+    title: str,
+    subtitle: str,
+    summary_rows: list[tuple[str, str]],
+    terms: Sequence[Any],
+    rows: Sequence[Row],
+    figures: Figures,
+    plot_dir: str,
+    notes: Sequence[str],
+) -> Page:
+    """A train-ab run's page: the report.md summary and loss terms, time per phase, every plot, the
+    held-out eval gallery (`RUN_DIR/eval/`, where `stagectl eval` writes by default) and the Channel-B gallery."""
+    page = page_from_figures(title, subtitle, figures, plot_dir, notes)
+    page.summary = summary_rows
+    page.grids.append(
+        Grid(
+            "Loss per term",
+            ("term", "first", "last", "min"),
+            [
+                [
+                    t.term,
+                    f"{t.first:.4g} (step {t.first_step})",
+                    f"{t.last:.4g} (step {t.last_step})",
+                    f"{t.min:.4g}",
+                ]
+                for t in terms
+            ],
+        )
+    )
+    phases = phase_grid(rows)
+    if phases is not None:
+        page.grids.append(phases)
+    gallery = eval_gallery(run_dir, run_dir / RUN_EVAL_DIR, "Held-out eval gallery")
+    if gallery is not None:
+        page.galleries.append(gallery)
+    page.b_records = b_records(run_dir)
+    return page
+
+
+def eval_page(
+    eval_dir: Path,
+    title: str,
+    subtitle: str,
+    summary_rows: list[tuple[str, str]],
+    per_class: Grid,
+    figures: Figures,
+    plot_dir: str,
+) -> Page:
+    """A `stagectl eval` dir's page: the metrics, AP per class, the PR curve and the gallery."""
+    page = page_from_figures(title, subtitle, figures, plot_dir)
+    page.summary = summary_rows
+    page.grids.append(per_class)
+    gallery = eval_gallery(eval_dir, eval_dir, "Prediction gallery")
+    if gallery is not None:
+        page.galleries.append(gallery)
+    return page
+
+
+def comparison_page(
+    out_dir: Path, intro: str, table: Sequence[str], plot: Path, run_dirs: Sequence[Path]
+) -> Page:
+    """A comparison's page: the comparison table (report.md's rows), the F1 plot and each run's held-out
+    eval gallery when it has one (linked relative to `out_dir`)."""
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
+    page = Page("Run comparison", intro, figures=[Figure(plot.name, "held-out F1")])
+    if len(cells) >= 2:
+        page.grids.append(Grid("Held-out eval by variant", cells[0], cells[2:]))
+    for run_dir in run_dirs:
+        gallery = eval_gallery(out_dir, run_dir / RUN_EVAL_DIR, f"Held-out eval gallery of {run_dir}")
+        if gallery is not None:
+            page.galleries.append(gallery)
+    return page
