@@ -69,7 +69,7 @@ FAST_TESTS := tests/unit \
 	tests/integration/test_weight_sync_delta.py
 
 test-fast: install-dev
-	$(VENV)/bin/pytest $(FAST_TESTS) -q
+	$(VENV)/bin/pytest $(FAST_TESTS) -q -m "not slow"
 
 test-integration: install-dev
 	$(VENV)/bin/pytest tests/integration -q

@@ -514,6 +514,13 @@ def _markdown_before_kernels(result: dict[str, Any]) -> str:
         "language model's packed attention. vLLM (no CUDA build on the lent machine; it cannot be carried "
         "there) and two-GPU FSDP (one GPU lent) did not run; the rollout row is transformers' generate, "
         "not vLLM.",
+        "",
+        "Since this run (issue #45) those next steps are built, each behind a key and tested equal to the eager "
+        "path on the CPU, but not yet measured: `training.kernels` (`fused_linear_cross_entropy`, "
+        "`packed_attention: varlen`, `compile_blocks`, `liger`) and the hf engine's `rollout_server.hf_kv_cache: "
+        "static` (a compiled decode step). `python -m bench gpu` now measures them as a ladder with MFU in two "
+        'counts; `bash scripts/gpu_session.sh` (docs/development.md, "A GPU machine without a registry") runs '
+        "it with the GPU tier in one device call.",
     ]
     return "\n".join(lines)
 
