@@ -65,6 +65,21 @@ def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, 
         rows.append(("held-out eval F1: last / best", f"{fmt_best(ev.f1_last)} / {fmt_best(ev.f1_best)}"))
         if ev.ap_last is not None:
             rows.append(("held-out eval AP: last / best", f"{fmt_best(ev.ap_last)} / {fmt_best(ev.ap_best)}"))
+        if ev.ap_agnostic_last is not None:
+            rows += [
+                (
+                    "held-out eval (last) AP class-agnostic / with constant scores",
+                    f"{fmt(ev.ap_agnostic_last)} / {fmt(ev.ap_constant_score_last)}",
+                ),
+                (
+                    "held-out eval (last) desc accuracy on matched pairs / F1 desc-aware",
+                    f"{fmt(ev.desc_accuracy_last)} / {fmt(ev.f1_desc_last)}",
+                ),
+                (
+                    "held-out eval (last) share of the most common predicted desc",
+                    fmt(ev.pred_desc_top_share_last),
+                ),
+            ]
     if s.is_async:
         rows += [
             ("dropped packs: stale / oldest", f"{fmt(s.drop_stale_total)} / {fmt(s.drop_oldest_total)}"),
@@ -121,11 +136,26 @@ def render_train_ab(
 
 
 EVAL_SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1", "precision", "recall")
+# box vs label (the metrics.json of an eval before them has none: those rows are left out)
+EVAL_LABEL_SHOWN = (
+    ("AP_agnostic", "AP class-agnostic (COCOeval useCats=0)"),
+    ("AP50_agnostic", "AP50 class-agnostic"),
+    ("AP75_agnostic", "AP75 class-agnostic"),
+    ("AR100_agnostic", "AR100 class-agnostic"),
+    ("f1_box", "F1 box-only (= f1)"),
+    ("f1_desc", "F1 desc-aware (a hit needs the right desc)"),
+    ("precision_desc", "precision desc-aware"),
+    ("recall_desc", "recall desc-aware"),
+    ("desc_accuracy", "desc accuracy on matched pairs"),
+    ("pred_desc_top_share", "share of the most common predicted desc"),
+    ("gt_desc_top_share", "share of the most common ground-truth desc"),
+)
 
 
 def eval_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     """The metrics table of one `stagectl eval` run (report.md and report.html)."""
     rows = [(name, fmt(metrics.get(name))) for name in EVAL_SHOWN]
+    rows += [(label, fmt(metrics[key])) for key, label in EVAL_LABEL_SHOWN if key in metrics]
     rows += [
         ("images evaluated", fmt(metrics.get("n_images"))),
         ("invalid rollouts (rate)", fmt(metrics.get("invalid_rate"))),
@@ -141,9 +171,31 @@ def per_class_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     return [(_cell(str(name)), fmt(ap)) for name, ap in sorted(per_class.items())]
 
 
+def score_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The AP each score kind gives (`AP_by_score`, `constant`: every score 1); empty for older evals."""
+    return [(f"`{kind}`", fmt(ap)) for kind, ap in (metrics.get("AP_by_score") or {}).items()]
+
+
+def desc_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The most common predicted descs with their counts and shares; empty for older evals."""
+    num_pred = metrics.get("n_pred") or 0
+    return [
+        (_cell(str(desc)), f"{count} ({count / num_pred:.1%})" if num_pred else str(count))
+        for desc, count in metrics.get("pred_desc_top") or []
+    ]
+
+
 def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Figures, plot_dir: str) -> str:
-    """The report of one `stagectl eval` run: its metrics, the per-class AP table, the PR curve."""
+    """The report of one `stagectl eval` run: its metrics (box vs label), the AP of every score kind, the
+    predicted-desc histogram, the per-class AP table, the PR curve."""
     lines = [f"# {title}", "", subtitle, "", "## Metrics", "", *table(eval_rows(metrics))]
+    if score_rows(metrics):
+        lines += ["", f"## AP by score (used: `{metrics.get('score')}`; `constant`: every score 1)", ""]
+        lines += table(score_rows(metrics), ("score", "AP"))
+    if desc_rows(metrics):
+        shown, distinct = len(desc_rows(metrics)), fmt(metrics.get("num_pred_descs"))
+        lines += ["", f"## Predicted descs (the {shown} most common of {distinct})", ""]
+        lines += table(desc_rows(metrics), ("desc", "predictions"))
     lines += ["", "## AP per class (IoU .50:.95; -1: no ground truth of it)", ""]
     lines += table(per_class_rows(metrics), ("class", "AP"))
     lines += _figures(figures, plot_dir)

@@ -40,6 +40,12 @@ NOT_ASYNC = "step-mode run (no `stage2_ab/async/*` metrics)"
 # precision / recall / F1: distinct line styles, so equal values (often all 0 early on) stay visible
 PRF = (("precision", "precision", "s", "--"), ("recall", "recall", "^", ":"), ("f1", "F1", "o", "-"))
 AP_LINES = (("AP", "AP (.50:.95)", "D", "-"), ("AP50", "AP50", "v", "-."))  # COCO, from the same eval rows
+# box vs label (rows written before them have none): class-agnostic AP, desc accuracy, the desc-aware F1
+LABEL_LINES = (
+    ("AP_agnostic", "AP class-agnostic", "d", ":"),
+    ("desc_accuracy", "desc accuracy (matched)", "x", "--"),
+    ("f1_desc", "F1 desc-aware", "P", "-"),
+)
 TERM_LABELS = {
     "loss": ("total loss (weighted sum of terms)", "loss (unitless)"),
     "loss/ce": ("token cross-entropy", "CE (nats/token)"),
@@ -124,10 +130,10 @@ def eval_plot(eval_rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
     if not series(eval_rows, "f1")[1]:
         return Skipped("held-out eval", "eval.jsonl has no `f1` values")
     fig, (ax,) = new_figure(1, title="Held-out evaluation (COCO AP; precision / recall / F1 at IoU 0.5)")
-    for key, label, marker, style in (*PRF, *AP_LINES):
+    for key, label, marker, style in (*PRF, *AP_LINES, *LABEL_LINES):
         xs, ys = series(eval_rows, key)
         if not xs:
-            continue  # AP: rows written before the COCO metrics
+            continue  # rows written before the COCO / label metrics
         ax.plot(
             xs,
             ys,
@@ -141,7 +147,12 @@ def eval_plot(eval_rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
     label_axes(ax, "eval AP / precision / recall / F1", STEP, "score (0–1)")
     name = "eval.png"
     save(fig, out_dir / name)
-    return Plot(name, "Held-out eval", "Rows of `eval.jsonl`: COCO AP (IoU .50:.95) and AP50 next to F1.")
+    return Plot(
+        name,
+        "Held-out eval",
+        "Rows of `eval.jsonl`: COCO AP (IoU .50:.95), AP50 and class-agnostic AP next to the box-only F1, the "
+        "desc-aware F1 and desc accuracy on matched pairs (box vs label: docs/evaluation.md).",
+    )
 
 
 def pr_curve_plot(metrics: Row, title: str, out_dir: Path) -> Plot | Skipped:

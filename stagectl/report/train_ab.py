@@ -251,6 +251,12 @@ class EvalSummary:
     recall_last: float | None
     ap_last: Best | None = None  # COCO AP (rows written before it have none)
     ap_best: Best | None = None
+    # box vs label at the last eval that has them (older rows have none; docs/evaluation.md)
+    ap_agnostic_last: float | None = None
+    ap_constant_score_last: float | None = None
+    f1_desc_last: float | None = None
+    desc_accuracy_last: float | None = None
+    pred_desc_top_share_last: float | None = None
 
 
 def summarize_eval(rows: Sequence[Row]) -> EvalSummary | None:
@@ -269,4 +275,9 @@ def summarize_eval(rows: Sequence[Row]) -> EvalSummary | None:
         recall_last=last_number(rows, "recall"),
         ap_last=Best(int(ap_steps[-1]), ap[-1]) if ap else None,
         ap_best=Best(int(ap_steps[ap_best]), ap[ap_best]) if ap_best is not None else None,
+        ap_agnostic_last=last_number(rows, "AP_agnostic"),
+        ap_constant_score_last=last_number(rows, "AP_constant_score"),
+        f1_desc_last=last_number(rows, "f1_desc"),
+        desc_accuracy_last=last_number(rows, "desc_accuracy"),
+        pred_desc_top_share_last=last_number(rows, "pred_desc_top_share"),
     )
