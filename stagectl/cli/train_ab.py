@@ -159,6 +159,11 @@ def _train(cfg: object, restart: tuple[Path, bool]) -> None:
         typer.echo(stop_note(trainer.stopped_by_signal, config, step, out, extra_options), err=True)
         return
     say("train-ab", f"done, {step} optimizer steps; run dir {out}")
+    say("train-ab", trainer.b_steps.summary_line())
+    assert cfg.stage2_ab is not None
+    off = trainer.b_steps.off_schedule(cfg.stage2_ab.channel_b.b_ratio_tolerance)
+    if off is not None:
+        say("train-ab", f"warning: {off}")
     f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)
     if f1_line is not None:
         say("train-ab", f1_line)

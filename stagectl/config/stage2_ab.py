@@ -94,6 +94,18 @@ class ChannelBConfig(StrictModel):
     """Channel-B gallery (step mode): record one rollout of this many B steps, spread over
     `training.max_steps`, into `{output_dir}/b_gallery/` (the image, the verdict per object, the appended
     misses, the target's CE and geometry tokens; `stagectl report` shows them); 0: none."""
+    on_rollout_loss: Literal["stop", "continue_a_only"] = "stop"
+    """What train-ab does when no rollout server can serve (down, or restarted and not yet re-synced) for
+    longer than `rollout_loss_timeout_s` (server rollouts: `rollout_backend: vllm`). `stop`: a B step waits
+    for a server (one that restarted is re-synced in full and used again), and past the timeout the run
+    writes a checkpoint and exits non-zero naming the servers, the last error, the step and the checkpoint
+    to resume from. `continue_a_only`: B steps without packs train as Channel-A meanwhile, each with a
+    warning line, and the end-of-run summary counts them (`no_server`)."""
+    rollout_loss_timeout_s: float = Field(300.0, gt=0)
+    """How long no rollout server may be able to serve before `on_rollout_loss` applies (seconds)."""
+    b_ratio_tolerance: float = Field(0.05, ge=0, le=1)
+    """The end of a run warns when its realized B ratio (B steps trained / steps) is further than this from
+    the schedule's (B steps wanted / steps)."""
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     """Async-mode queue and sync settings."""
 

@@ -25,6 +25,7 @@ from stagectl.detection.targets import (
     build_channel_b_reordered_gt_segment,
     build_channel_b_segment,
 )
+from stagectl.learner.b_steps import SkipReason
 from stagectl.learner.packs import StepAccumulator
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.models.generate import Generation
@@ -35,6 +36,7 @@ from stagectl.seeds import derive_seed
 class Decision:
     kind: Literal["A", "B"]
     ver: int | None = None  # async: the policy version whose packs the B step trains
+    reason: SkipReason | None = None  # a wanted B step that trains as A: why (`b_steps`)
 
 
 class ChannelB(Protocol):

@@ -27,10 +27,12 @@ from stagectl import dist
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_steps import SkipReason
 from stagectl.learner.channel_b import Decision, build_b_segments
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import ServerRollouts
+from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
 from stagectl.prefetch.fence import SyncFence
 from stagectl.prefetch.pacing import PacingRules, request_multiples
@@ -121,7 +123,9 @@ class AsyncChannelB:
             packing_length=packing_length,
             initial_tokens_per_rollout=float(prompt_tokens + rm.max_new_tokens),
             max_consecutive_failures=self.acfg.max_consecutive_failures,
-            outage_timeout_s=rm.vllm.server.timeout_s,
+            # a server outage never ends the thread: it backs off and retries, and the learner decides
+            # (`ServerHealth`: re-sync a server that is back, or stop after `rollout_loss_timeout_s`)
+            outage_timeout_s=math.inf,
             seed=cfg.training.seed,
             rank=self.world.rank,
             segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
@@ -132,7 +136,11 @@ class AsyncChannelB:
         )
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
+        self.health = ServerHealth(
+            cb_cfg, self.world, publisher, client, self.fence, self.fence_timeout_s, self.after_sync
+        )
         self._held: list[ReadyPack] = []
+        self._stale_seen = 0  # the queue's drop_stale_total at the last decision
         self.num_b_steps = 0
         self.num_steps = 0
         self.num_skipped = 0
@@ -166,10 +174,27 @@ class AsyncChannelB:
         for rank, error in enumerate(errors):
             if error is not None:  # every rank raises it; rank 0 reports it
                 raise dist.SharedError(f"Channel-B prefetcher on rank {rank} failed: {error}")
+        resyncs = self.health.num_resyncs
+        plan = self.health.check(step, wants_b=policy_wants_b)
+        if self.health.num_resyncs != resyncs:  # a full push of the current weights went out
+            self.weights_are_ver = True
         versions, held = self.queue.hold(self.gas)
         min_held = dist.all_reduce_ints(held, "min")
-        decision = decide_step(policy_wants_b, versions, min_held, self.gas) if self.world.is_main else None
-        kind, ver = dist.broadcast_object(decision) or ("A", None)
+        max_held = dist.all_reduce_ints(held, "max")
+        decision = None
+        if self.world.is_main:
+            kind, ver = decide_step(policy_wants_b, versions, min_held, self.gas)
+            stale = self.queue.counters().drop_stale_total
+            reason = None
+            if policy_wants_b and kind == "A":
+                reason = skip_reason(
+                    serving=bool(plan.serving),
+                    some_rank_held=max(max_held, default=0) >= self.gas,
+                    went_stale=stale > self._stale_seen,
+                )
+            self._stale_seen = stale
+            decision = (kind, ver, reason)
+        kind, ver, reason = dist.broadcast_object(decision)
         if kind == "B":
             assert ver is not None
             self._held = self.queue.take_held(ver)
@@ -182,7 +207,8 @@ class AsyncChannelB:
         self.num_steps += 1
         self.num_b_steps += kind == "B"
         self.num_skipped += policy_wants_b and kind == "A"
-        return Decision(kind, ver), {
+        return Decision(kind, ver, reason), {
+            "stage2_ab/async/servers_serving": len(plan.serving),
             "stage2_ab/async/policy_wants_b": int(policy_wants_b),
             "stage2_ab/async/b_step_skipped_due_to_queue": int(policy_wants_b and kind == "A"),
             "time/wait_s": time.perf_counter() - t0,
@@ -322,6 +348,7 @@ class AsyncChannelB:
             "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
             "stage2_ab/async/sync_total": self.publisher.num_syncs,
             "stage2_ab/async/sync_fail_total": self.publisher.num_failures,
+            "stage2_ab/async/server_resync_total": self.health.num_resyncs,
             "stage2_ab/async/rollout_requests_total": requests,
             "stage2_ab/async/requests_refused_total": refused,
             "stage2_ab/async/prefetch_busy_s": busy_s,
@@ -362,6 +389,19 @@ class AsyncChannelB:
                 f"the Channel-B prefetcher on rank {self.world.rank} did not stop within {deadline_s:g} s "
                 f"of the shutdown; its stack:\n{thread_stack(self.prefetcher.thread_ident)}"
             )
+
+
+def skip_reason(*, serving: bool, some_rank_held: bool, went_stale: bool) -> SkipReason:
+    """Why a B step the schedule wanted trains as Channel-A (`learner.b_steps`), first match wins: no
+    server serves; some rank held the step's packs but not every rank (the feasibility gate); packs fell
+    out of the version window since the last step; else the packs were late."""
+    if not serving:
+        return "no_server"
+    if some_rank_held:
+        return "gate"
+    if went_stale:
+        return "stale_packs"
+    return "queue_empty"
 
 
 def servers_without_version_tags(urls: list[str], versions: list[VersionResponse]) -> list[str]:

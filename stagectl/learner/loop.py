@@ -23,6 +23,7 @@ from stagectl.config import StagectlConfig
 from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding
+from stagectl.learner.b_steps import BStepLedger
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b_async import AsyncChannelB
 from stagectl.learner.channel_b_build import build_channel_b
@@ -33,6 +34,7 @@ from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.parts import trainable_parameters
 from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.samples import SampleRecord, SamplesWriter
+from stagectl.learner.server_health import RolloutLossError
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
@@ -80,6 +82,9 @@ class Trainer:
             + (f" (frozen: {', '.join(st.freeze.frozen_parts)})" if st.freeze.frozen_parts else ""),
         )
         self.num_updates = int(st.extra_state.get("num_updates", 0))
+        saved_b_steps = st.extra_state.get("rank_state", {}).get("b_steps")
+        # B steps wanted / trained (and why not) over the whole run; a checkpoint older than it: from here on
+        self.b_steps = BStepLedger.from_dict(saved_b_steps) if saved_b_steps else BStepLedger()
         self.channel_a = ChannelA(st, self.runner)
         self.channel_b, self.client, self.weight_sync = build_channel_b(
             cfg, st, self.runner, num_updates=self.num_updates, prefetcher_cpus=prefetcher_cpus
@@ -111,7 +116,10 @@ class Trainer:
         try:
             self.channel_b.start()
             while step < cfg.max_steps:
-                row = self.train_step(step)
+                try:
+                    row = self.train_step(step)
+                except RolloutLossError as exc:  # every rank, between two steps: save, then stop
+                    raise RolloutLossError(f"{exc}; {self._save_for_resume(step)}", exc.step) from None
                 step += 1
                 row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
                 if self.metrics is not None:
@@ -176,6 +184,7 @@ class Trainer:
             )
         with dist.phase("Channel-B decision (prefetcher status, feasibility gate)", "step_s"):
             decision, extra = self.channel_b.decide(step, wants_b)
+        self.b_steps.record(wants_b, decision.kind, decision.reason)
         if decision.kind == "B":
             extra.update(self.channel_b.run(step, decision, acc))
         else:
@@ -321,7 +330,21 @@ class Trainer:
             "b_consumed": st.b_sampler.num_consumed,
             **self.channel_a.buffer_state(),
             **self.channel_b.rank_state(),
+            "b_steps": self.b_steps.as_dict(),
         }
+
+    def _save_for_resume(self, step: int) -> str:
+        """Every rank, a run that must stop between steps: a checkpoint of `step` (unless one is there or
+        nothing was trained since the start); where to resume from."""
+        out = self.cfg.training.output_dir
+        if step > self.state.start_step and not (out / f"checkpoint-{step}").is_dir():
+            self.save(step)
+        latest = ckpt.list_checkpoints(out)
+        if not latest:
+            return "no checkpoint was written yet (nothing to resume from)"
+        return (
+            f"the latest checkpoint is {latest[-1]}: resume from it with `stagectl train-ab CONFIG --resume`"
+        )
 
     def _write_final_state(self, step: int) -> None:
         """Per-rank weight digests (proof that DDP ranks end identical; under fsdp the digest of the
@@ -332,7 +355,12 @@ class Trainer:
         with dist.phase("final weight digests", "step_s"):
             digests = dist.gather_objects(digest)
         if self.world.is_main:
-            summary = {"global_step": step, "num_updates": self.num_updates, "rank_weight_digests": digests}
+            summary = {
+                "global_step": step,
+                "num_updates": self.num_updates,
+                "rank_weight_digests": digests,
+                "b_steps": self.b_steps.as_dict(),
+            }
             (self.cfg.training.output_dir / "final_state.json").write_text(json.dumps(summary, indent=2))
 
     def close(self, *, finished: bool) -> None:

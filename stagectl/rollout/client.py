@@ -92,6 +92,9 @@ class RolloutClient:
         self._timeout = httpx.Timeout(connect_timeout_s, read=read_timeout, write=read_timeout, pool=None)
         self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self._clients = [self._new_http() for _ in self.base_urls]
+        self.active: list[int] = list(
+            range(len(self.base_urls))
+        )  # the servers requests go to (`use_servers`)
         self._pool = ThreadPoolExecutor(max_workers=len(self.base_urls), thread_name_prefix="rollout-client")
         self._lock = threading.Lock()
         self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0}
@@ -160,6 +163,12 @@ class RolloutClient:
                 )
             time.sleep(0.25)
 
+    def use_servers(self, indices: Sequence[int]) -> None:
+        """Send rollout requests to these servers only (a down or not yet re-synced one takes none; the
+        others carry its share). An empty list keeps the last servers: their calls fail until one is back."""
+        if indices:
+            self.active = sorted(indices)
+
     def versions(self) -> list[VersionResponse]:
         """Every server's weight version: what Channel-B training starts from. A server without
         `/version/` (a `swift rollout` or `swift deploy` server) is refused here, at start-up."""
@@ -186,12 +195,13 @@ class RolloutClient:
         servers only, `VersionResponse.version_tags`)."""
         if not requests:
             return []
-        parts = contiguous_parts(len(requests), len(self.base_urls))
+        active = self.active
+        parts = contiguous_parts(len(requests), len(active))
         if len(parts) == 1:
-            return self._infer_chunk(0, list(requests), config, 0, weight_version)
+            return self._infer_chunk(active[0], list(requests), config, 0, weight_version)
         futures = [
             self._pool.submit(self._infer_chunk, k, list(requests[start:stop]), config, start, weight_version)
-            for k, (start, stop) in enumerate(parts)
+            for k, (start, stop) in zip(active, parts, strict=False)
         ]
         out: list[InferResponse] = []
         for future in futures:

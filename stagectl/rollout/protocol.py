@@ -273,6 +273,9 @@ class RolloutItem(WireResponse):
 
 class HealthResponse(WireResponse):
     status: str = "ok"
+    instance_id: str = ""
+    """Random per server process, new at every start: a learner that sees it change knows the server
+    restarted (its weights are the base again) and re-syncs it in full. "" from a server older than it."""
 
 
 class WorldSizeResponse(WireResponse):
@@ -295,6 +298,8 @@ class VersionResponse(WireResponse):
     """The most requests the engine decodes in one generate call (`rollout_server.max_batch_size`); the
     async prefetcher sizes its requests in whole batches of it. None: no fixed batch, or a server older
     than this field."""
+    instance_id: str = ""
+    """As `HealthResponse.instance_id`: new at every start of the server process ("" from an older server)."""
     version_tags: bool = False
     """The server honours `/infer/`'s `weight_version` and swaps a sync in between calls (`weightsync.gate`);
     False from a server older than the field. The async learner's `in_flight_sync` needs it."""

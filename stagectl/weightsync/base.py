@@ -84,6 +84,8 @@ class Servers:
         self.tls = tls
         self.timeout_s = timeout_s  # connecting a weight group, waiting for its members
         self.clients = [self.new_http() for _ in self.base_urls]
+        # the servers a push goes to (`WeightSyncClient.use_servers`: a down one is left out until it is back)
+        self.active: list[int] = list(range(len(self.base_urls)))
         # one thread per server + one for reading ahead the next chunk, twice over for the group's join
         self.pool = ThreadPoolExecutor(
             max_workers=2 * len(self.base_urls) + 1, thread_name_prefix="weight-sync"
@@ -96,7 +98,8 @@ class Servers:
         return len(self.base_urls)
 
     def on_every(self, call: Callable[[int], T]) -> list[T]:
-        futures = [self.pool.submit(call, k) for k in range(len(self.base_urls))]
+        """`call(k)` for every active server `k`, at once; the results in the order of `active`."""
+        futures = [self.pool.submit(call, k) for k in self.active]
         return [future.result() for future in futures]
 
     def get(self, k: int, path: str) -> Any:

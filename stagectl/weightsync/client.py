@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync, RolloutMatchingConfig
+from stagectl.rollout.errors import RolloutRequestError
 from stagectl.rollout.http import server_version
 from stagectl.rollout.protocol import VersionResponse, read_token
 from stagectl.rollout.tls import client_context
@@ -112,10 +113,30 @@ class WeightSyncClient:
         )
 
     def versions(self) -> list[VersionResponse]:
-        """Every server's weight version (a server without `/version/` is refused: see `server_version`)."""
-        return [
-            server_version(http, url) for http, url in zip(self.servers.clients, self.base_urls, strict=True)
-        ]
+        """Every active server's weight version (a server without `/version/` is refused: see
+        `server_version`)."""
+        return [server_version(self.servers.clients[k], self.base_urls[k]) for k in self.servers.active]
+
+    def probe(self) -> list[VersionResponse | str]:
+        """Every server's `/version/`, or the error of a call that failed (`learner.server_watch`)."""
+        out: list[VersionResponse | str] = []
+        for http, url in zip(self.servers.clients, self.base_urls, strict=True):
+            try:
+                out.append(server_version(http, url))
+            except (httpx.HTTPError, RolloutRequestError, ValueError) as exc:
+                out.append(f"{type(exc).__name__}: {exc}")
+        return out
+
+    def use_servers(self, indices: Sequence[int]) -> None:
+        """Push to these servers only (a down one is left out until it is back). The `collective`
+        transport's weight group holds every server: it keeps pushing to all."""
+        if self.transport != "collective":
+            self.servers.active = sorted(indices)
+
+    def forget_delta_base(self) -> None:
+        """The next push is a full one: a restarted server no longer holds the base a delta needs."""
+        if isinstance(self.sender, HttpSender):
+            self.sender.forget_base()
 
     def keeps_delta_base(self) -> bool:
         """True when a push keeps a host copy of the whole state dict for delta sync (http with delta)."""

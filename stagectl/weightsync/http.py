@@ -62,6 +62,11 @@ class HttpSender:
     def keeps_delta_base(self) -> bool:
         return self._delta is not None
 
+    def forget_base(self) -> None:
+        """Send the next push in full (the servers no longer hold the last one)."""
+        if self._delta is not None:
+            self._delta.reset()
+
     def push(self, state: WeightState, version: int, base_version: int | None) -> Sent:
         if self._delta is None:
             num_bytes, num_chunks = self._send(encode_chunks(state, self.chunk_bytes), version, None)
@@ -98,7 +103,7 @@ class HttpSender:
         num_bytes = num_chunks = 0
         sender = ChunkSender(servers.headers, servers.timeout.read, servers.tls)
         try:
-            chunk_urls = servers.on_every(self._chunk_url)
+            chunk_urls = dict(zip(servers.active, servers.on_every(self._chunk_url), strict=True))
             upcoming = servers.pool.submit(next, chunks, None)
             while (chunk := upcoming.result()) is not None:
                 upcoming = servers.pool.submit(next, chunks, None)
@@ -141,7 +146,7 @@ class HttpSender:
         self,
         k: int,
         *,
-        urls: list[tuple[str, bool]],
+        urls: Mapping[int, tuple[str, bool]],
         params: dict[str, Any],
         chunk: WeightChunk,
         sender: ChunkSender,

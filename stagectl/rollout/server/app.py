@@ -131,8 +131,8 @@ weight_routers = {
 
 
 @health_router.get("/health/")
-async def health() -> HealthResponse:
-    return HealthResponse()
+async def health(request: Request) -> HealthResponse:
+    return HealthResponse(instance_id=_service(request).instance_id)
 
 
 @swift_router.get("/get_world_size/")

@@ -68,6 +68,7 @@ class RolloutService:
         receivers = build_receivers(self.sync, transports, settings.weight_dirs)
         self.http, self.collective, self.disk = receivers.http, receivers.collective, receivers.disk
         self.num_requests = 0
+        self.instance_id = uuid.uuid4().hex  # new at every start: a learner re-syncs a restarted server
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self.sync_dtype = sync_dtype(engine.weight_specs().values())
         self._count_lock = threading.Lock()
@@ -139,6 +140,7 @@ class RolloutService:
             stagectl_version=stagectl.__version__,
             sync_dtype=self.sync_dtype,
             batch_size=self.engine.max_batch_size,
+            instance_id=self.instance_id,
             version_tags=True,
         )
 

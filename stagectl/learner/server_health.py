@@ -1,0 +1,118 @@
+"""`ServerHealth`: the async learner's side of rollout servers that die and come back (every rank).
+
+Once per step, rank 0 probes every server's `/version/` (`ServerWatch` turns the answers into a
+`ServerPlan`) and every rank learns the plan: rollout requests go to the servers that serve the learner's
+version only, pushes to every server that answered. A server that restarted (new `instance_id`) or holds
+another version gets a full push of the current weights (never a delta: it no longer has the base) and,
+once that push succeeded, rollout requests again.
+
+When no server can serve, `stage2_ab.channel_b.on_rollout_loss` decides:
+- `stop`: a step that wants Channel-B waits for a server (probing and re-syncing every `POLL_S`), and once
+  no server has served for `rollout_loss_timeout_s` (at any step) the run stops: `RolloutLossError`, which
+  the learner loop turns into a checkpoint and the error naming the servers, the last error, the step and
+  the checkpoint to resume from.
+- `continue_a_only`: the step trains Channel-A (`no_server`), with a warning line for every such B step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from stagectl import dist
+from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.console import say
+from stagectl.learner.publisher import SyncOutcome, WeightPublisher
+from stagectl.learner.server_watch import ServerPlan, ServerWatch
+from stagectl.prefetch.fence import SyncFence
+from stagectl.rollout.client import RolloutClient
+
+POLL_S = 1.0  # how often a waiting B step probes the servers again
+
+
+class RolloutLossError(dist.SharedError):
+    """No rollout server could serve for longer than `rollout_loss_timeout_s` (policy `stop`)."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class ServerHealth:
+    def __init__(
+        self,
+        cb_cfg: ChannelBConfig,
+        world: dist.World,
+        publisher: WeightPublisher,
+        rollout_client: RolloutClient,
+        fence: SyncFence,
+        fence_timeout_s: float | None,
+        after_sync: Callable[[SyncOutcome], None],
+    ) -> None:
+        self.on_loss = cb_cfg.on_rollout_loss
+        self.timeout_s = cb_cfg.rollout_loss_timeout_s
+        self.world = world
+        self.publisher = publisher
+        self.weight_client = publisher.client
+        self.rollout_client = rollout_client
+        self.fence = fence
+        self.fence_timeout_s = fence_timeout_s
+        self.after_sync = after_sync
+        self.watch = ServerWatch(self.weight_client.base_urls)
+        self.num_resyncs = 0  # full pushes to restarted or lagging servers
+        self.plan = ServerPlan(tuple(range(len(self.weight_client.base_urls))), (), (), 0.0, "")
+
+    def check(self, step: int, *, wants_b: bool) -> ServerPlan:
+        """Every rank: probe, re-sync what needs it, route the rollouts; with policy `stop` a B step
+        waits for a server (at most until the outage reaches the timeout). The plan after it."""
+        plan = self._probe_and_resync()
+        while not plan.serving and self.on_loss == "stop":
+            if plan.outage_s > self.timeout_s:
+                raise RolloutLossError(self.loss_message(plan, step), step)
+            if not wants_b:
+                break
+            time.sleep(POLL_S)
+            plan = self._probe_and_resync()
+        if not plan.serving and wants_b:
+            say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(plan)}")
+        return plan
+
+    def _probe_and_resync(self) -> ServerPlan:
+        probed = None
+        if self.world.is_main:
+            probed = self.watch.observe(time.monotonic(), self.weight_client.probe(), self.publisher.ver)
+        plan: ServerPlan = dist.broadcast_object(probed)
+        if self.world.is_main:
+            self.weight_client.use_servers(plan.up)
+        self.rollout_client.use_servers(plan.serving)
+        if plan.resync:
+            plan = self._resync(plan)
+        self.plan = plan
+        return plan
+
+    def _resync(self, plan: ServerPlan) -> ServerPlan:
+        """A full push of the current weights to every server that answered (collective)."""
+        if self.world.is_main:
+            self.weight_client.forget_delta_base()
+        outcome = self.publisher.sync(self.fence, self.fence_timeout_s, then=self.after_sync)
+        if outcome.status != "ok":
+            if self.world.is_main:
+                self.watch.failed(outcome.message)
+            return plan
+        self.num_resyncs += 1
+        if self.world.is_main:
+            self.watch.synced(plan.up)
+        self.rollout_client.use_servers(plan.up)
+        return ServerPlan(plan.up, (), plan.down, 0.0, plan.last_error)
+
+    def _no_server(self, plan: ServerPlan) -> str:
+        urls = ", ".join(self.weight_client.base_urls)
+        return (
+            f"no rollout server can serve ({urls}) for {plan.outage_s:.0f} s; last error: {plan.last_error}"
+        )
+
+    def loss_message(self, plan: ServerPlan, step: int) -> str:
+        return (
+            f"{self._no_server(plan)} (> stage2_ab.channel_b.rollout_loss_timeout_s {self.timeout_s:g}); "
+            f"stopped before step {step + 1} (on_rollout_loss: stop; continue_a_only trains Channel-A meanwhile)"
+        )
