@@ -54,6 +54,8 @@ import yaml
 ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "examples" / "tiny" / "learn_shapes.yaml"
 PLOTS = Path(__file__).parent / "plots"
+# box vs label, read from the eval rows beside AP (docs/evaluation.md)
+LABEL_METRICS = ("AP_agnostic", "desc_accuracy", "f1_desc", "AP_constant_score")
 A_ONLY_FACTOR = 2  # A-only phase-2 runs this many times the steps (for the equal-wall-time comparison)
 
 TASKS: dict[str, dict[str, Any]] = {
@@ -234,11 +236,23 @@ def _analyse(
     ap: dict[str, list[float]] = {}  # COCO AP (IoU .50:.95) of each seed at the equal step, per variant
     for r in runs:
         ap.setdefault(r.variant, []).append(float(r.evals[at].get("AP", float("nan"))))
+    # box vs label at the equal step (evals written before these keys have none): per metric, per variant
+    labels: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        for key in LABEL_METRICS:
+            if key in r.evals[at]:
+                labels.setdefault(key, {}).setdefault(r.variant, []).append(float(r.evals[at][key]))
     return {
         "step": at,
         "table": render_table(equal_steps),
         "ap_at_equal_steps": {
             variant: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for variant, v in ap.items()
+        },
+        "labels_at_equal_steps": {
+            key: {
+                variant: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for variant, v in by.items()
+            }
+            for key, by in labels.items()
         },
         "f1_half_width": {row.variant: row.metrics["f1"].half_width for row in equal_steps},
         "single_run_f1_half_width": start["f1"].half_width,
@@ -250,6 +264,7 @@ def _analyse(
             "recall": start["recall"].value,
             "AP": start_row.get("AP"),
             "AP50": start_row.get("AP50"),
+            **{key: start_row.get(key) for key in LABEL_METRICS},
         },
         "equal_wall": equal_wall,
         "train_s_at_equal_steps": train_s,

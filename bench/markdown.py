@@ -280,6 +280,26 @@ def cli(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+# box vs label in the learning section (bench_learning.LABEL_METRICS; docs/evaluation.md)
+LABEL_NAMES = {
+    "AP_agnostic": "Class-agnostic AP (boxes only)",
+    "desc_accuracy": "Desc accuracy on matched pairs (labels)",
+    "f1_desc": "Desc-aware F1 (a hit needs the right desc)",
+    "AP_constant_score": "AP with every score 1 (what the score is worth: compare with AP)",
+}
+
+
+def _label_lines(labels: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """One line per box-vs-label metric at the equal step: each variant's mean over seeds [min, max]."""
+    lines = []
+    for key, by_variant in labels.items():
+        cells = ", ".join(
+            f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]" for k, v in sorted(by_variant.items())
+        )
+        lines += [f"{LABEL_NAMES.get(key, key)} at that step, mean over seeds [min, max]: {cells}", ""]
+    return lines
+
+
 def learning(r: dict[str, Any]) -> list[str]:
     sizes = r["sizes"]
     lines = [
@@ -327,6 +347,7 @@ def learning(r: dict[str, Any]) -> list[str]:
                 if t.get("ap_at_equal_steps")
                 else []
             ),
+            *_label_lines(t.get("labels_at_equal_steps") or {}),
             "Mean training seconds to that step (rollouts included, eval excluded): "
             + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(t["train_s_at_equal_steps"].items())),
             "",

@@ -11,6 +11,8 @@ import typer
 from stagectl.cli.common import fail
 
 SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1", "precision", "recall")
+# box vs label: class-agnostic AP, the label's share of the box hits, the desc-aware F1, the score's worth
+SHOWN_LABELS = ("AP_agnostic", "AP50_agnostic", "desc_accuracy", "f1_desc", "AP_constant_score")
 
 
 def command(
@@ -31,6 +33,12 @@ def command(
         None, "--out", help="Output directory (default: {training.output_dir}/eval)."
     ),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks sharding the images (torchrun)."),
+    score: str | None = typer.Option(
+        None,
+        "--score",
+        help="Per-object score COCO AP ranks by (data.eval.score): coord, coord_desc, objectness or "
+        "objectness_coord_desc; metrics.json holds every kind's AP either way (AP_by_score).",
+    ),
     gallery: int | None = typer.Option(
         None,
         "--gallery",
@@ -43,9 +51,10 @@ def command(
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set data.eval.max_samples=500"),
 ) -> None:
-    """Evaluate a checkpoint (or a rollout server) on a JSONL set: COCO bbox AP/AR, F1 at IoU 0.5, invalid and
-    duplicate rates, a per-class AP table; writes DIR/metrics.json and DIR/predictions.coco.json. A DIR that
-    holds an earlier eval is refused unless --overwrite."""
+    """Evaluate a checkpoint (or a rollout server) on a JSONL set: COCO bbox AP/AR (class-aware and
+    class-agnostic), box-only and desc-aware F1 at IoU 0.5, desc accuracy, invalid and duplicate rates, a
+    per-class AP table; writes DIR/metrics.json, DIR/predictions.coco.json and the worst images drawn under
+    DIR/gallery/. A DIR that holds an earlier eval is refused unless --overwrite."""
     from stagectl.config import ConfigError, load_config
     from stagectl.launch import inside_torchrun, relaunch_under_torchrun
     from stagectl.rundir import EVAL_MARKERS, RunDirPolicy, apply_policy, files_summary
@@ -57,6 +66,8 @@ def command(
         sets += [f"data.eval.jsonl={data.expanduser().absolute()}", "data.eval.synthetic=null"]
     if nproc is not None:
         sets.append(f"launch.nproc_per_node={nproc}")
+    if score is not None:
+        sets.append(f"data.eval.score={score}")
     if gallery is not None:
         sets.append(f"data.eval.gallery_images={gallery}")
     try:
@@ -108,6 +119,7 @@ def _evaluate(cfg: object, out_dir: Path, server: str | None) -> None:
         return
     m = run.report.metrics
     typer.echo("  ".join(f"{name}={m[name]:.4f}" for name in SHOWN))
+    typer.echo("  ".join(f"{name}={m[name]:.4f}" for name in SHOWN_LABELS) + f"  score={m['score']}")
     typer.echo(
         f"images={m['n_images']} (of {run.num_available})  invalid_rate={m['invalid_rate']:.3f}  "
         f"dup_rate={m['dup_rate']:.3f}  unknown_category={m['n_unknown_category']}  "
