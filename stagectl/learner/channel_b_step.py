@@ -26,6 +26,7 @@ import torch
 from stagectl.collate import Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_gallery import make_b_gallery
 from stagectl.learner.channel_b import Decision, build_b_segments, rollout_seed
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.publisher import WeightPublisher
@@ -56,6 +57,8 @@ class StepChannelB:
         self.cb_cfg = cfg.stage2_ab.channel_b
         self.chunk_size = state.resolved.rollout_decode_batch_size
         self.num_updates = 0  # set by the trainer before each step
+        self.gallery = make_b_gallery(cfg, state) if state.world.is_main else None
+        self._step = 0
 
     def start(self) -> None:
         pass
@@ -72,6 +75,7 @@ class StepChannelB:
                 outcome = self.publisher.ensure_current(self.num_updates)
             extra.update(self.publisher.metrics(outcome))
         seed = rollout_seed(self.cfg.training.seed, step)
+        self._step = step
         calls_before = self.source.num_calls
         if self.pipeline:
             stats, rollout_s, wait_s, kept = self._pipelined(indices, seed, acc)
@@ -91,6 +95,8 @@ class StepChannelB:
 
     def after_update(self, num_updates: int) -> dict[str, Any]:
         self.num_updates = num_updates
+        if self.gallery is not None:
+            self.gallery.flush()  # a sampled step's record, after its update (off the forward/backward)
         return {}
 
     def metrics(self) -> dict[str, Any]:
@@ -112,6 +118,8 @@ class StepChannelB:
         started = time.perf_counter()
         generations = self.source.rollout(indices, seed)
         rolled = time.perf_counter()
+        if self.gallery is not None:
+            self.gallery.offer(self._step, indices, generations)  # a reference; built after the update
         kept, dropped = build_b_segments(
             indices,
             generations,

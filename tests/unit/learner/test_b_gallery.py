@@ -1,0 +1,136 @@
+"""The Channel-B gallery record of a hand-made rollout: the verdict on each object (as the target form saw
+it), the appended misses, and the target's CE / geometry spans read from the built segment; which steps are
+recorded; the record on disk."""
+
+from __future__ import annotations
+
+import json
+from itertools import groupby
+from pathlib import Path
+from typing import cast
+
+from PIL import Image
+
+from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.data.sample import DetectionSample, DetObject
+from stagectl.learner.b_gallery import RECORDS, BGallery, BRecord, build_record, sampled_steps
+from stagectl.learner.segments import SampleEncoder
+from stagectl.models.generate import Generation
+from tests.unit.helpers import CHAR, ToyEncoder
+
+GT = [
+    ("red square", (12, 11, 50, 52)),
+    ("green star", (200, 300, 260, 380)),
+    ("black box", (100, 100, 150, 120)),
+]
+
+
+def entry(index: int, desc: str, bins: tuple[int, int, int, int]) -> str:
+    coords = ", ".join(f'"<|coord_{b}|>"' for b in bins)
+    return f'"object_{index}": {{"desc": "{desc}", "bbox_2d": [{coords}]}}'
+
+
+# object_1 finds the green star, object_2 repeats it (IoU >= 0.7: a duplicate), object_3 is a false
+# positive, object_4 is invalid (not a dict), and the rollout is cut inside object_5
+ROLLOUT = (
+    "{"
+    + ", ".join(
+        [
+            entry(1, "green star", (201, 301, 259, 379)),
+            entry(2, "green star", (201, 301, 259, 380)),
+            entry(3, "blue ring", (600, 600, 700, 700)),
+            '"object_4": 7',
+        ]
+    )
+    + ', "object_5": {"desc": "re'
+)
+
+
+def record(target: str, image: str = "") -> BRecord:
+    sample = DetectionSample([image], 1000, 1000, [DetObject(d, b) for d, b in GT])
+    encoder = cast(SampleEncoder, ToyEncoder([sample]))
+    return build_record(
+        7,
+        0,
+        Generation(CHAR.encode(ROLLOUT), "length"),
+        encoder,
+        RolloutMatchingConfig(),
+        ChannelBConfig(target=target),  # type: ignore[arg-type]
+        desc_ce_weight=1.0,
+    )
+
+
+def spans(rec: BRecord, kind: str) -> list[str]:
+    """The target text of each maximal run of tokens of `kind` (geo / no loss)."""
+
+    def of(t) -> str:  # type: ignore[no-untyped-def]
+        return "geo" if t.geo else ("ce" if t.ce > 0 else "none")
+
+    return ["".join(t.text for t in run) for key, run in groupby(rec.tokens, of) if key == kind]
+
+
+def coords(*bins: int) -> list[str]:
+    return [f"<|coord_{b}|>" for b in bins]
+
+
+def test_clean_prefix_record_lists_each_verdict_the_misses_and_the_weighted_spans() -> None:
+    rec = record("clean_prefix")
+    assert [(o.key, o.verdict) for o in rec.objects] == [
+        ("object_1", "matched"),
+        ("object_2", "duplicate"),
+        ("object_3", "false_positive"),
+        ("object_4", "invalid:not_a_dict"),
+        ("tail", "cut"),
+    ]
+    assert rec.objects[0].iou is not None and 0.9 < rec.objects[0].iou < 1.0
+    assert rec.misses == [{"gt": 0, "desc": "red square"}, {"gt": 2, "desc": "black box"}]
+    text = "".join(t.text for t in rec.tokens)
+    assert "blue ring" not in text and "object_4" not in text  # dropped from a clean prefix
+    # geometry: the kept prediction's box (pulled toward its GT), then each appended miss's GT box
+    assert spans(rec, "geo") == [*coords(201, 301, 259, 379, 12, 11, 50, 52, 100, 100, 150, 120)]
+    assert spans(rec, "none") == ["green star"]  # a right desc of a matched object carries no CE
+    assert rec.tokens[-1].text == "<|im_end|>" and rec.tokens[-1].ce == 1.0
+
+
+def test_raw_prefix_record_follows_the_judges_match() -> None:
+    rec = record("raw_prefix")
+    # Hungarian gives the GT to the closer repeat: object_2 matched, object_1 a false positive
+    assert [(o.key, o.verdict) for o in rec.objects][:3] == [
+        ("object_1", "false_positive"),
+        ("object_2", "matched"),
+        ("object_3", "false_positive"),
+    ]
+    none = spans(rec, "none")
+    assert none[0].startswith('"object_1"') and "blue ring" in none[2] and '"object_4": 7' in none[2]
+    assert spans(rec, "geo") == [*coords(201, 301, 259, 380, 12, 11, 50, 52, 100, 100, 150, 120)]
+
+
+def test_sampled_steps_spread_over_the_run() -> None:
+    assert sampled_steps(20, 4) == [0, 5, 10, 15]
+    assert sampled_steps(3, 8) == [0, 1, 2]
+    assert sampled_steps(20, 0) == []
+
+
+def test_the_gallery_records_the_first_b_step_at_each_sampled_point(tmp_path: Path) -> None:
+    image = tmp_path / "img.png"
+    Image.new("RGB", (100, 100), (255, 255, 255)).save(image)
+    built: list[tuple[int, int]] = []
+
+    def build(step: int, index: int, generation: Generation) -> BRecord:
+        built.append((step, index))
+        return record("clean_prefix", str(image))
+
+    samples = [DetectionSample([str(image)], 1000, 1000, [DetObject(d, b) for d, b in GT])]
+    gallery = BGallery(tmp_path / "b_gallery", samples, max_steps=20, num_records=2, build=build)
+    gen = Generation(CHAR.encode(ROLLOUT), "length")
+    for step in (3, 4, 11, 12):  # B steps; points 0 and 10 -> steps 3 and 11
+        gallery.offer(step, [0], [gen])
+        gallery.flush()
+    assert built == [(3, 0), (11, 0)]
+    lines = (tmp_path / "b_gallery" / RECORDS).read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert (tmp_path / "b_gallery" / first["image"]).is_file()
+    assert [o["verdict"] for o in first["objects"]][:2] == ["matched", "duplicate"]
+    assert gallery.flush() is None
