@@ -1,0 +1,146 @@
+"""`ServerHealth` against the real rollout server app in process (FastAPI + uvicorn on 127.0.0.1 over the
+fake echo engine, which answers `ver=<version> w=<sum of w0>`): a down server takes no rollout request and
+no push while the other carries them; a server restarted on its port (a new instance id, base weights) is
+re-synced in full and takes requests again; with no server at all, `stop` ends after the timeout with the
+servers and the last error named, `continue_a_only` warns and goes on. The CLI runs of the same
+(`tests/faults/test_rollout_loss.py`) are the end-to-end side."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.dist import World
+from stagectl.learner.publisher import WeightPublisher
+from stagectl.learner.server_health import RolloutLossError, ServerHealth
+from stagectl.prefetch.fence import SyncFence
+from stagectl.rollout.client import RolloutClient
+from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
+from stagectl.rollout.server.app import build_app
+from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
+from stagectl.rollout.server.service import RolloutService, ServerSettings
+from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.weightsync.client import WeightSyncClient
+
+
+def _serve(port: int = 0) -> ThreadedServer:
+    engine = FakeEngine(default_weights())
+    return ThreadedServer(build_app(RolloutService(engine, ServerSettings())), port=port).start()
+
+
+def _port(server: ThreadedServer) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+class Policy(torch.nn.Module):
+    """The fake engine's weights (`w0`, 4 x 4) as a trainable model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w0 = torch.nn.Parameter(torch.zeros(4, 4))
+
+
+class Rig:
+    def __init__(self, servers: list[ThreadedServer], cb_cfg: ChannelBConfig) -> None:
+        self.servers = servers
+        self.urls = [s.url for s in servers]
+        self.model = Policy()
+        self.weights = WeightSyncClient(self.urls, delta=True)
+        self.rollouts = RolloutClient(self.urls)
+        self.publisher = WeightPublisher(self.weights, self.model, World(0, 0, 1), num_updates=0)
+        self.fence = SyncFence()
+        self.health = ServerHealth(
+            cb_cfg, World(0, 0, 1), self.publisher, self.rollouts, self.fence, 10.0, lambda o: None
+        )
+
+    def train(self) -> None:
+        """An 'update' of the policy (its checksum w moves by 16) and the regular sync after it."""
+        with torch.no_grad():
+            self.model.w0 += 1.0
+        outcome = self.publisher.sync(self.fence, 10.0)
+        assert outcome.status == "ok", outcome.message
+
+    def answers(self) -> list[tuple[int, float]]:
+        """(ver, w) of 4 rollouts spread over the servers the client uses."""
+        requests = [InferRequest(messages=[Message(role="user", content=f"hi {i}")]) for i in range(4)]
+        out = self.rollouts.infer(requests, RequestConfig(max_tokens=200))
+        found = [re.search(r"ver=(\d+) w=([-\d.]+)", r.choices[0].message.content) for r in out]
+        return [(int(m.group(1)), float(m.group(2))) for m in found if m is not None]
+
+    def close(self) -> None:
+        self.rollouts.close()
+        self.weights.close()
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def two_servers() -> Iterator[Rig]:
+    rig = Rig([_serve(), _serve()], ChannelBConfig())
+    yield rig
+    rig.close()
+
+
+def test_a_down_server_is_left_out_and_a_restarted_one_resynced_in_full(two_servers: Rig) -> None:
+    rig = two_servers
+    assert rig.health.check(0, wants_b=True).serving == (0, 1)
+    rig.train()
+    assert rig.answers() == [(1, 16.0)] * 4
+    port = _port(rig.servers[1])
+    rig.servers[1].stop()
+    plan = rig.health.check(1, wants_b=True)
+    assert plan.serving == (0,) and plan.down == (1,) and rig.rollouts.active == [0]
+    rig.train()  # the push goes to server 0 only; the rollouts too
+    assert rig.publisher.ver == 2 and rig.answers() == [(2, 32.0)] * 4
+    rig.servers[1] = _serve(port)  # back on its port: base weights (w 0), version 0, a new instance
+    plan = rig.health.check(2, wants_b=True)
+    assert plan.serving == (0, 1) and rig.health.num_resyncs == 1
+    assert rig.publisher.last is not None and not rig.publisher.last.delta  # in full: it has no base
+    assert rig.answers() == [(3, 32.0)] * 4  # both servers, the learner's current weights
+    rig.train()  # and the next regular sync (a delta again) reaches both
+    assert rig.publisher.last.delta and rig.answers() == [(4, 48.0)] * 4
+
+
+def test_a_server_restarted_between_probes_is_detected_by_its_instance_id(two_servers: Rig) -> None:
+    rig = two_servers
+    rig.health.check(0, wants_b=True)
+    port = _port(rig.servers[0])
+    rig.servers[0].stop()
+    rig.servers[0] = _serve(port)  # never seen down: version 0 = the learner's, but a new process
+    plan = rig.health.check(1, wants_b=True)
+    assert plan.serving == (0, 1) and rig.health.num_resyncs == 1 and rig.publisher.ver == 1
+
+
+def test_no_server_stops_after_the_timeout_naming_servers_and_error() -> None:
+    rig = Rig([_serve()], ChannelBConfig(rollout_loss_timeout_s=1.0))
+    try:
+        rig.servers[0].stop()
+        assert not rig.health.check(3, wants_b=False).serving  # an A step goes on inside the timeout
+        started = time.monotonic()
+        with pytest.raises(RolloutLossError) as caught:
+            rig.health.check(4, wants_b=True)  # a B step waits, then stops
+        assert 0.5 < time.monotonic() - started < 10
+        message = str(caught.value)
+        assert rig.urls[0] in message and "ConnectError" in message and "before step 5" in message
+        assert "rollout_loss_timeout_s 1" in message
+    finally:
+        rig.close()
+
+
+def test_continue_a_only_warns_for_the_b_step_and_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
+    rig = Rig([_serve()], ChannelBConfig(on_rollout_loss="continue_a_only", rollout_loss_timeout_s=1.0))
+    try:
+        rig.servers[0].stop()
+        assert not rig.health.check(7, wants_b=True).serving
+        time.sleep(1.2)
+        assert not rig.health.check(8, wants_b=False).serving  # past the timeout: no stop
+        err = capsys.readouterr().err
+        assert err.count("warning: B step 8 trains as Channel-A: no rollout server can serve") == 1
+        assert "step 9" not in err  # an A step the schedule wanted as A: no warning
+    finally:
+        rig.close()
