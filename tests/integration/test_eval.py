@@ -184,13 +184,14 @@ def _faster(gt: Path, predictions: Path) -> list[float]:
     return [float(v) for v in evaluator.stats[:12]]
 
 
-def _pycocotools(gt: Path, predictions: Path) -> list[float]:
+def _pycocotools(gt: Path, predictions: Path, use_cats: int = 1) -> list[float]:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     with contextlib.redirect_stdout(io.StringIO()):
         coco = COCO(str(gt))
         evaluator = COCOeval(coco, coco.loadRes(str(predictions)), "bbox")
+        evaluator.params.useCats = use_cats
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
@@ -209,6 +210,12 @@ def test_metrics_recomputed_from_the_written_files_agree(
     ours = [metrics[name] for name in NAMES]
     assert _faster(gt, predictions) == pytest.approx(ours, abs=1e-12)
     assert _pycocotools(gt, predictions) == pytest.approx(ours, abs=1e-12)  # the reference agrees
+    agnostic = _pycocotools(gt, predictions, use_cats=0)  # boxes only: the reference's own useCats = 0
+    assert [metrics[f"{k}_agnostic"] for k in ("AP", "AP50", "AP75")] == pytest.approx(
+        agnostic[:3], abs=1e-12
+    )
+    # the unicorn's box is right, its label is not (no category): desc accuracy 4 of the 5 matched pairs
+    assert (metrics["n_matched_desc"], metrics["desc_accuracy"]) == (4, pytest.approx(4 / 5))
     # 6 valid predictions, 5 GT; the unicorn matches a cat box (class-agnostic F1) but is no COCO category
     assert (metrics["n_pred"], metrics["n_gt"], metrics["n_matched"]) == (6, 5, 5)
     assert metrics["f1"] == pytest.approx(2 * (5 / 6) * 1.0 / (5 / 6 + 1.0))
