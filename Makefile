@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-cpu.txt
 
-.PHONY: install install-dev vllm-env interop-env train lint typecheck test test-fast test-unit test-integration test-vllm test-interop test-gpu bench clean
+.PHONY: install install-dev vllm-env interop-env chromium train lint typecheck test test-fast test-unit test-integration test-vllm test-interop test-gpu test-browser bench clean
 
 # Every editable install of stagectl (here and in scripts/setup_vllm_env.sh) writes stagectl.egg-info in the
 # checkout, so each runs under a lock on pyproject.toml (flock): the environments then build side by side.
@@ -43,6 +43,15 @@ $(INTEROP_VENV)/.installed: scripts/setup_interop_env.sh
 	touch $@
 
 interop-env: $(INTEROP_VENV)/.installed
+
+# Headless Chromium for the tests/browser tier (the report pages rendered in a real browser): Debian's package,
+# installed when missing and apt-get can run (root); otherwise the tier skips and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+				|| echo "chromium: apt-get install failed; tests/browser will skip"; \
+		else echo "chromium: not installed and apt-get not usable here; tests/browser will skip"; fi; }
 
 # The main job: Stage-2 AB training of the tiny Qwen2.5-VL on synthetic shapes (CPU, a few minutes).
 train: install
@@ -83,17 +92,21 @@ test-interop: install-dev interop-env
 test-gpu: install-dev
 	$(VENV)/bin/pytest tests/gpu -q
 
+test-browser: install-dev chromium
+	$(VENV)/bin/pytest tests/browser -q
+
 # Every tier that can run here: lint, types, then unit, integration (incl. faults), vllm (its own venv,
-# .venv-vllm), interop (ms-swift in .venv-interop) and gpu (skips without CUDA). Test files are spread over
+# .venv-vllm), interop (ms-swift in .venv-interop), gpu (skips without CUDA) and browser (the report pages in
+# headless Chromium, which `chromium` installs; skips without it). Test files are spread over
 # PYTEST_WORKERS processes (pytest-xdist; --dist loadfile keeps each file, and its module-scoped runs, on
 # one worker); the longest tiers are listed first so the short unit files fill the tail.
 # The prerequisites run side by side (a fresh clone spends ~6 minutes on them one after another: pip
 # unpacking three environments and a cold mypy; ~3 minutes side by side).
 PYTEST_WORKERS ?= 2
 test:
-	$(MAKE) --no-print-directory -j4 lint typecheck vllm-env interop-env
+	$(MAKE) --no-print-directory -j4 lint typecheck vllm-env interop-env chromium
 	STAGECTL_REQUIRE_VLLM=1 STAGECTL_REQUIRE_INTEROP=1 STAGECTL_INTEROP_VENV=$(INTEROP_VENV) \
-		$(VENV)/bin/pytest tests/vllm tests/faults tests/integration tests/interop tests/unit tests/gpu -q \
+		$(VENV)/bin/pytest tests/vllm tests/faults tests/integration tests/interop tests/unit tests/gpu tests/browser -q \
 		-n $(PYTEST_WORKERS) --dist loadfile
 
 bench: install-dev

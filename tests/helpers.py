@@ -1,11 +1,13 @@
 """Builders shared by test tiers (never import one test module from another): the three image segments
 of different grids that the packed-vs-unpacked checks pack, one segment's logits on its own, and the
-example count of the property tests, and greedy ids through the `hf` engine."""
+example count of the property tests, greedy ids through the `hf` engine, and the hand-built run dirs the
+report page tests render."""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -117,3 +119,122 @@ def greedy_engine_ids(bundle: ModelBundle, kv_cache: str) -> tuple[list[list[int
     finally:
         hook.remove()
         engine.close()
+
+
+def write_report_dirs(root: Path) -> tuple[Path, Path, Path]:
+    """A tiny train-ab run dir (with its `eval/` gallery and a Channel-B gallery) and a Stage-B mission dir,
+    built by hand from small files (no training): what `stagectl report` reads. Returns (run dir, its eval
+    dir, mission dir)."""
+    import json
+
+    import yaml
+
+    from stagectl.data.sample import DetectionSample, DetObject
+    from stagectl.detection.stats import RolloutStats
+    from stagectl.evaluation.core import ImageOutcome
+    from stagectl.evaluation.gallery import write_gallery
+    from stagectl.learner.b_gallery import BRecord, ObjectVerdict, TargetToken, write_record
+    from stagectl.timing import PHASES, phase_key
+
+    run = root / "run"
+    ev = run / "eval"
+    ev.mkdir(parents=True)
+    image = root / "scene.png"
+    picture = Image.new("RGB", (320, 240), (235, 235, 220))
+    ImageDraw.Draw(picture).ellipse((40, 30, 150, 130), fill=(200, 40, 40))
+    ImageDraw.Draw(picture).rectangle((190, 120, 290, 210), fill=(40, 60, 200))
+    picture.save(image)
+    objects = [DetObject("red circle", (125, 125, 467, 543)), DetObject("blue square", (595, 502, 909, 878))]
+    sample = DetectionSample([str(image)], 320, 240, objects)
+    rows = []
+    for step in range(6):
+        kind = "B" if step % 2 else "A"
+        row: dict[str, object] = {
+            "step": step,
+            "kind": kind,
+            "policy_wants_b": kind == "B",
+            "loss": 3.0 - 0.1 * step,
+        }
+        row.update({"loss/ce": 2.0 - 0.1 * step, "tokens": 500, "time/step_s": 1.0, "time/wait_s": 0.1})
+        row.update({phase_key(p): 0.1 for p in PHASES})
+        if kind == "B":
+            row.update({"rollout/precision": 0.5, "rollout/recall": 0.4, "rollout/f1": 0.44})
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"stage2_ab": {"schedule": {"b_ratio": 0.5}}, "training": {"max_steps": 6}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "eval.jsonl").write_text(
+        json.dumps({"step": 5, "f1": 0.5, "precision": 0.5, "recall": 0.5}) + "\n"
+    )
+    (run / "final_state.json").write_text("{}\n")
+    metrics = {"AP": 0.3, "AP50": 0.5, "f1": 0.5, "n_images": 2, "per_class_ap": {"red circle": 0.3}}
+    metrics["pr_curve_iou50"] = {"recall": [0.0, 0.5, 1.0], "precision": [1.0, 0.8, 0.2]}
+    (ev / "metrics.json").write_text(json.dumps(metrics))
+    (ev / "predictions.coco.json").write_text("[]\n")
+    parsed = [
+        [{"desc": "red circle", "bbox_2d": [130, 120, 470, 540], "score": 0.91}],
+        [{"desc": "green star", "bbox_2d": [10, 700, 200, 950], "score": 0.4}],
+    ]
+    outcomes = [ImageOutcome(k, RolloutStats(), [], 0, p) for k, p in enumerate(parsed)]
+    write_gallery(ev / "gallery", [sample, sample], outcomes, num_images=2, duplicate_iou_threshold=0.7)
+    record = BRecord(
+        step=3,
+        sample=0,
+        target_kind="clean_prefix",
+        rollout_text='{"object_1": {"desc": "red circle", ...',
+        objects=[ObjectVerdict("object_1", "red circle", "matched", 0.93, [130, 120, 470, 540])],
+        misses=[{"gt": 1, "desc": "blue square"}],
+        tokens=[TargetToken('{"object_1": ', 1.0, False), TargetToken("<|coord_125|>", 1.0, True)],
+    )
+    write_record(run / "b_gallery", record, sample)
+    mission = root / "stage_b" / "mission_a"
+    (mission / "snapshots").mkdir(parents=True)
+    selections = [
+        {
+            "epoch": 0,
+            "guidance_step": k // 2,
+            "label": "pass",
+            "verdict": "pass" if k % 3 else "fail",
+            "label_match": bool(k % 3),
+            "num_pass": 2,
+            "num_fail": 0,
+            "num_malformed": 0,
+        }
+        for k in range(6)
+    ]
+    (mission / "selections.jsonl").write_text("".join(json.dumps(s) + "\n" for s in selections))
+    windows = [
+        {
+            "window": n,
+            "epoch": 0,
+            "num_batches": 1,
+            "guidance_step": n,
+            "num_tickets": 3,
+            "accuracy": 0.5 + 0.2 * n,
+            "fp_rate": 0.1,
+            "fn_rate": 0.0,
+            "num_fp": 0,
+            "num_fn": 0,
+            "num_guidance_changes": n,
+            "elapsed_s": 1.0,
+        }
+        for n in range(2)
+    ]
+    (mission / "metrics.jsonl").write_text("".join(json.dumps(w) + "\n" for w in windows))
+    reflection = {
+        "records": ["t1"],
+        "guidance_step_before": 0,
+        "guidance_step_after": 1,
+        "changed": True,
+        "accepted": [{"op": "add", "key": "G1", "text": "a scratch is a fail"}],
+        "dropped": [],
+        "merged_duplicates": [],
+        "rejected": None,
+        "decode_error": None,
+        "answer": "add G1: scratches fail",
+    }
+    (mission / "reflection.jsonl").write_text(json.dumps(reflection) + "\n")
+    guidance = {"step": 1, "experiences": {"G0": "look at the edges", "G1": "a scratch is a fail"}}
+    (mission / "guidance.json").write_text(json.dumps(guidance))
+    (mission / "snapshots" / "guidance-20260101-step000001.json").write_text(json.dumps(guidance))
+    return run, ev, mission

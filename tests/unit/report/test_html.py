@@ -1,0 +1,70 @@
+"""report.html: written beside report.md for a train-ab run, an eval dir, a Stage-B mission and a comparison;
+it shows the summary, the plots, the galleries and (Stage-B) the guidance versions, and names only files that
+exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from stagectl.report.html import Figure, Page, page_links, write_html
+from stagectl.report.write import write_reports
+from tests.helpers import write_report_dirs
+
+
+def links_exist(page: Path) -> list[str]:
+    links = page_links(page.read_text())
+    missing = [link for link in links if not (page.parent / link).is_file()]
+    assert not missing, f"{page} links missing files: {missing}"
+    return links
+
+
+def test_run_page_has_summary_plots_both_galleries_and_phase_times(tmp_path: Path) -> None:
+    run, _, _ = write_report_dirs(tmp_path)
+    (written,) = write_reports(run)
+    assert written.html == run / "report.html"
+    html = written.html.read_text()
+    links = links_exist(written.html)
+    assert any(link.startswith("eval/gallery/") for link in links)  # the held-out eval gallery
+    assert "b_gallery/step000003_sample00000.png" in links  # the Channel-B gallery
+    assert (
+        sum(link.startswith("report/") and link.endswith(".png") for link in links) == written.num_plots > 0
+    )
+    assert "Channel-A / Channel-B steps" in html and "Time per phase" in html and "forward_backward" in html
+    assert re.search(r'<span class="geo"[^>]*>&lt;\|coord_125\|&gt;</span>', html)  # geometry token marked
+    assert "blue square" in html and "matched" in html  # the appended miss, the verdict
+    assert "http://" not in html and "https://" not in html  # nothing fetched at view time
+
+
+def test_eval_page_shows_the_gallery(tmp_path: Path) -> None:
+    _, ev, _ = write_report_dirs(tmp_path)
+    (written,) = write_reports(ev)
+    links = links_exist(written.html or Path("-"))
+    assert [link for link in links if link.startswith("gallery/")] == [
+        "gallery/000_image00001.png",
+        "gallery/001_image00000.png",
+    ]
+    index = ev / "gallery" / "index.html"
+    assert page_links(index.read_text()) and all(
+        (index.parent / link).is_file() for link in page_links(index.read_text())
+    )
+
+
+def test_stage_b_page_shows_accuracy_and_each_guidance_version_with_its_reflection(tmp_path: Path) -> None:
+    _, _, mission = write_report_dirs(tmp_path)
+    (written,) = write_reports(mission)
+    html = (written.html or Path("-")).read_text()
+    links_exist(mission / "report.html")
+    assert (
+        "guidance step 0 → 1" in html and "a scratch is a fail" in html and "add G1: scratches fail" in html
+    )
+    assert any("accuracy" in link for link in page_links(html))
+
+
+def test_a_page_naming_a_missing_file_is_refused(tmp_path: Path) -> None:
+    page = Page("t", "s", figures=[Figure("report/nothing.png", "gone")])
+    with pytest.raises(ValueError, match=r"report/nothing\.png"):
+        write_html(tmp_path, page)
+    assert not (tmp_path / "report.html").exists()
