@@ -40,7 +40,11 @@ def use_liger(model: Any, device: torch.device) -> None:
     if problem is not None:
         raise ValueError(problem)
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
+    model_type = model.config.model_type
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:  # liger would log it and patch nothing
+        raise ValueError(f"training.kernels.liger: liger-kernel has no kernels for model_type {model_type!r}")
     _apply_liger_kernel_to_instance(
         model=model,
         rope=True,
