@@ -14,7 +14,9 @@ transformers' own sdpa with the mask transformers built, so evaluation and gener
 
 from __future__ import annotations
 
+import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +40,31 @@ def segment_starts(position_ids: torch.Tensor | None, length: int) -> torch.Tens
     return torch.cat([starts, end]).to(torch.int32)
 
 
+@dataclass
+class _LastPack:
+    """The segments of the last pack seen. Every layer of one forward (and the backward's recompute under
+    checkpointing) gets the same position tensor, so the segments, and the host syncs that find them, are
+    computed once per forward instead of once per layer."""
+
+    positions: torch.Tensor | None = None
+    length: int = 0
+    cu: torch.Tensor | None = None
+    max_len: int = 0
+
+
+_LAST_PACK = _LastPack()
+
+
+def pack_segments(position_ids: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, int]:
+    """`segment_starts` and the longest segment's length, remembered for the position tensor of the last call."""
+    last = _LAST_PACK
+    if position_ids is None or last.positions is not position_ids or last.length != length:
+        cu = segment_starts(position_ids, length)
+        max_len = 0 if cu is None else int((cu[1:] - cu[:-1]).max())
+        last.positions, last.length, last.cu, last.max_len = position_ids, length, cu, max_len
+    return last.cu, last.max_len
+
+
 def varlen_text_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -50,8 +77,9 @@ def varlen_text_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query (B, H, Lq, D), key/value (B, H_kv, Lk, D); returns (B, Lq, H, D) as transformers expects."""
-    same_length = query.shape[2] == key.shape[2]
-    cu = segment_starts(position_ids, query.shape[2]) if query.shape[0] == 1 and same_length else None
+    cu, max_len = None, 0
+    if query.shape[0] == 1 and query.shape[2] == key.shape[2]:
+        cu, max_len = pack_segments(position_ids, query.shape[2])
     if cu is None or dropout:
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -59,7 +87,6 @@ def varlen_text_attention(
         return out, None
     varlen_attn = _torch_varlen()
     if varlen_attn is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
-        max_len = int((cu[1:] - cu[:-1]).max())
         q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, H, D)
         causal = _causal_gqa_kwargs(varlen_attn)
         if "enable_gqa" not in causal and k.shape[1] != q.shape[1]:  # older torch: expand the kv heads
@@ -70,6 +97,7 @@ def varlen_text_attention(
     return equal_length_batches(query, key, value, cu, scaling, causal=True), None
 
 
+@functools.cache
 def _causal_gqa_kwargs(varlen_attn: Any) -> dict[str, Any]:
     """Causal, grouped-query keywords for the installed torch's `varlen_attn`: 2.9-2.10 took `is_causal`
     and no grouped-query flag (the caller then expands the kv heads); later versions take `window_size=(-1, 0)` and `enable_gqa`. (The GPU machine's torch is older than this

@@ -59,7 +59,11 @@ def test_varlen_packed_attention_equals_the_block_diagonal_mask(monkeypatch: pyt
         return batches(query, key, value, cu, *a, **k)
 
     monkeypatch.setattr(text_attention, "equal_length_batches", counted)
+    lookups: list[int] = []  # segment lookups (each one syncs with the device)
+    starts = text_attention.segment_starts
+    monkeypatch.setattr(text_attention, "segment_starts", lambda *a: lookups.append(1) or starts(*a))
     _assert_same(_logits_and_grads(model, pack), reference[0])
+    assert len(lookups) == 1  # once per forward, not once per layer
     num_layers = model.config.get_text_config().num_hidden_layers
     assert pieces == [len(segments)] * num_layers  # the pack went through the varlen path, per layer
     _assert_same(_logits_and_grads(model, padded), reference[1])  # a padded batch: transformers' sdpa
