@@ -8,9 +8,9 @@ Each object is marked by the matching the metrics use (`detection.judge.match_ob
     prediction    matched  blue, solid, "desc score IoU"
                   false positive  red, dashed        duplicate  magenta, dotted (an unmatched repeat)
 
-"Worst" is most misses + false positives (ties: image order). Large images are scaled so the longer side is
-at most `MAX_SIDE` px; boxes are decoded from bins on the sample's own width/height and scaled with the image,
-so they stay where they are. The Channel-B gallery (`learner/b_gallery.py`) draws with the same `draw`.
+"Worst" is most misses + false positives (ties: image order). Images are scaled for display so the longer side
+is within [`MIN_SIDE`, `MAX_SIDE`] px; boxes are decoded from bins on the sample's own width/height and scaled
+with the image, so they stay where they are. The Channel-B gallery (`learner/b_gallery.py`) draws with the same `draw`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ GALLERY_DIR = "gallery"
 GALLERY_JSON = "gallery.json"
 INDEX_HTML = "index.html"
 DEFAULT_GALLERY_IMAGES = 24  # `stagectl eval --gallery N`
-MAX_SIDE = 640  # display size: the longer side of a drawn image, in px
+MAX_SIDE = 640  # display size: the longer side of a drawn image is at most this (px) ...
+MIN_SIDE = 320  # ... and at least this
 
 Verdict = Literal["matched", "missed", "false_positive", "duplicate"]
 Rgb = tuple[int, int, int]
@@ -116,9 +117,15 @@ def judge_for_gallery(
     return ImageVerdicts(boxes, len(match.fn), num_fp)
 
 
-def display_scale(width: int, height: int, max_side: int = MAX_SIDE) -> float:
-    """The factor that fits a `width` x `height` image into `max_side` (never enlarges)."""
-    return min(1.0, max_side / max(width, height, 1))
+def display_scale(width: int, height: int) -> float:
+    """The factor that brings the longer side of a `width` x `height` image into [MIN_SIDE, MAX_SIDE]
+    (large images shrink; small ones grow so the captions stay readable)."""
+    longer = max(width, height, 1)
+    if longer > MAX_SIDE:
+        return MAX_SIDE / longer
+    if longer < MIN_SIDE:
+        return MIN_SIDE / longer
+    return 1.0
 
 
 def draw(image_path: str, width: int, height: int, boxes: Sequence[DrawnBox]) -> Image.Image:

@@ -64,6 +64,7 @@ class BRecord:
     objects: list[ObjectVerdict]
     misses: list[dict[str, Any]]  # each GT object appended as a miss: {"gt": index, "desc": text}
     tokens: list[TargetToken]  # the assistant target (prompt left out)
+    stop_reason: str = ""  # how the strict parse ended (`detection.parse`: closed, end of input, ...)
 
 
 def effective_match(
@@ -147,6 +148,7 @@ def build_record(
         objects=object_verdicts(parse, iou_of, duplicates, encoder.vocab),
         misses=[{"gt": j, "desc": gt[j].desc} for j in misses],
         tokens=target_tokens(segment, len(encoder.prompt(index).input_ids), encoder.vocab),
+        stop_reason=parse.stop_reason,
     )
 
 
@@ -181,7 +183,7 @@ class BGallery:
         self.build = build
         self._due = sampled_steps(max_steps, num_records)
         self._pending: tuple[int, int, Any] | None = None
-        self.write_s = 0.0  # time spent building and writing records (the cost the docs report)
+        self.last_write_s = 0.0  # the last record's build + write time (logged as `time/b_gallery_s`)
 
     def wants(self, step: int) -> bool:
         return bool(self._due) and step >= self._due[0] and self._pending is None
@@ -202,7 +204,7 @@ class BGallery:
             self._due.pop(0)
         record = self.build(step, index, generation)
         path = write_record(self.out_dir, record, self.samples[index])
-        self.write_s += time.perf_counter() - started
+        self.last_write_s = time.perf_counter() - started
         return path
 
 

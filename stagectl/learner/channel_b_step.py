@@ -95,8 +95,9 @@ class StepChannelB:
 
     def after_update(self, num_updates: int) -> dict[str, Any]:
         self.num_updates = num_updates
-        if self.gallery is not None:
-            self.gallery.flush()  # a sampled step's record, after its update (off the forward/backward)
+        if self.gallery is not None and self.gallery.flush() is not None:
+            # a sampled step's record, built and written after its update (off the forward/backward)
+            return {"time/b_gallery_s": self.gallery.last_write_s}
         return {}
 
     def metrics(self) -> dict[str, Any]:

@@ -123,6 +123,7 @@ def b_records(run_dir: Path) -> list[dict[str, Any]]:
         if not (path.parent / record["image"]).is_file():
             continue
         record["src"] = f"{B_RECORDS.parent.as_posix()}/{record['image']}"
+        record.setdefault("stop_reason", "")
         record["tokens"] = [
             {**t, "cls": "geo" if t["geo"] else ("ce" if t["ce"] > 0 else "ce0")} for t in record["tokens"]
         ]

@@ -92,8 +92,11 @@ class _Pipe:
             self.read(deadline)
 
 
-def load_page(chromium: str, page: Path, width: int = 1200, height: int = 1600) -> PageLoad:
-    """Open `page` (a file) in a fresh headless Chromium profile and report what went wrong."""
+def load_page(
+    chromium: str, page: Path, width: int = 1200, height: int = 1600, fragment: str = ""
+) -> PageLoad:
+    """Open `page` (a file; scrolled to `#fragment` when given) in a fresh headless Chromium profile and report
+    what went wrong."""
     to_r, to_w = os.pipe()  # we write commands, chromium reads fd 3
     from_r, from_w = os.pipe()  # chromium writes fd 4, we read
     with tempfile.TemporaryDirectory(prefix="stagectl-chromium-") as profile:
@@ -116,7 +119,9 @@ def load_page(chromium: str, page: Path, width: int = 1200, height: int = 1600) 
         os.close(from_w)
         pipe = _Pipe(proc, to_w, from_r)
         try:
-            return _inspect(pipe, page, width, height)
+            return _inspect(
+                pipe, page.resolve().as_uri() + (f"#{fragment}" if fragment else ""), width, height
+            )
         finally:
             try:
                 pipe.send("Browser.close")
@@ -127,7 +132,7 @@ def load_page(chromium: str, page: Path, width: int = 1200, height: int = 1600) 
             os.close(from_r)
 
 
-def _inspect(pipe: _Pipe, page: Path, width: int, height: int) -> PageLoad:
+def _inspect(pipe: _Pipe, url: str, width: int, height: int) -> PageLoad:
     target = pipe.send("Target.createTarget", {"url": "about:blank"})["targetId"]
     session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     for domain in ("Page", "Runtime", "Log", "Network"):
@@ -138,7 +143,7 @@ def _inspect(pipe: _Pipe, page: Path, width: int, height: int) -> PageLoad:
         session,
     )
     pipe.events.clear()
-    pipe.send("Page.navigate", {"url": page.resolve().as_uri()}, session)
+    pipe.send("Page.navigate", {"url": url}, session)
     pipe.wait_event("Page.loadEventFired")
     images = pipe.send("Runtime.evaluate", {"expression": BROKEN_IMAGES_JS, "returnByValue": True}, session)
     count = pipe.send(

@@ -16,7 +16,7 @@ from stagectl.evaluation.gallery import STYLES, draw, judge_for_gallery, write_g
 from stagectl.report.html import page_links
 
 WHITE = (255, 255, 255)
-GT_BOX = (40.0, 20.0, 120.0, 80.0)  # pixels on a 200 x 100 image
+GT_BOX = (80.0, 40.0, 240.0, 160.0)  # pixels on a 400 x 200 image (drawn at its own size)
 
 
 def white_image(tmp_path: Path, width: int, height: int, name: str = "img.png") -> str:
@@ -52,17 +52,26 @@ def edge_colours(image: Image.Image, box: tuple[float, ...], scale: float = 1.0)
 
 
 def test_a_matched_prediction_is_drawn_on_its_box_and_nowhere_else(tmp_path: Path) -> None:
-    sample = sample_with(white_image(tmp_path, 200, 100), 200, 100, GT_BOX)
+    sample = sample_with(white_image(tmp_path, 400, 200), 400, 200, GT_BOX)
     verdicts = judge_for_gallery(sample, [pred(sample, GT_BOX)], duplicate_iou_threshold=0.7)
     assert [(b.is_pred, b.verdict) for b in verdicts.boxes] == [(False, "matched"), (True, "matched")]
     assert verdicts.badness == 0
-    image = draw(sample.images[0], 200, 100, verdicts.boxes)
-    assert image.size == (200, 100)
+    image = draw(sample.images[0], 400, 200, verdicts.boxes)
+    assert image.size == (400, 200)
     blue = colour((True, "matched"))
     assert edge_colours(image, GT_BOX) == {blue}  # the prediction, solid, on top of the GT
-    assert image.getpixel((60, 80)) == blue and image.getpixel((40, 60)) == blue  # bottom and left edges
-    assert image.getpixel((80, 60)) == WHITE  # inside the box
-    assert image.getpixel((150, 60)) == WHITE and image.getpixel((60, 90)) == WHITE  # outside it
+    assert image.getpixel((120, 160)) == blue and image.getpixel((80, 100)) == blue  # bottom and left edges
+    assert image.getpixel((160, 100)) == WHITE  # inside the box
+    assert image.getpixel((300, 100)) == WHITE and image.getpixel((120, 180)) == WHITE  # outside it
+
+
+def test_a_small_image_is_enlarged_with_its_boxes(tmp_path: Path) -> None:
+    sample = sample_with(white_image(tmp_path, 112, 112), 112, 112, (28.0, 28.0, 84.0, 84.0))
+    image = draw(sample.images[0], 112, 112, judge_for_gallery(sample, [], duplicate_iou_threshold=0.7).boxes)
+    assert image.size == (320, 320)
+    scale = 320 / 112
+    assert colour((False, "missed")) in edge_colours(image, (28.0, 28.0, 84.0, 84.0), scale)
+    assert image.getpixel((160, 160)) == WHITE
 
 
 def test_a_large_image_is_scaled_with_its_boxes(tmp_path: Path) -> None:
@@ -79,13 +88,13 @@ def test_a_large_image_is_scaled_with_its_boxes(tmp_path: Path) -> None:
 
 
 def test_colours_and_line_styles_follow_the_match(tmp_path: Path) -> None:
-    sample = sample_with(white_image(tmp_path, 200, 100), 200, 100, GT_BOX)
-    far = (140.0, 10.0, 190.0, 60.0)
+    sample = sample_with(white_image(tmp_path, 400, 200), 400, 200, GT_BOX)
+    far = (280.0, 20.0, 380.0, 120.0)
     verdicts = judge_for_gallery(sample, [pred(sample, far, "blue square")], duplicate_iou_threshold=0.7)
     assert [(b.is_pred, b.verdict) for b in verdicts.boxes] == [(False, "missed"), (True, "false_positive")]
     assert (verdicts.num_missed, verdicts.num_fp) == (1, 1)
     assert verdicts.boxes[1].label == "blue square 0.90"
-    image = draw(sample.images[0], 200, 100, verdicts.boxes)
+    image = draw(sample.images[0], 400, 200, verdicts.boxes)
     red, orange = colour((True, "false_positive")), colour((False, "missed"))
     assert edge_colours(image, far) == {red, WHITE}  # dashed: gaps show the image
     assert edge_colours(image, GT_BOX) == {orange, WHITE}
@@ -93,14 +102,14 @@ def test_colours_and_line_styles_follow_the_match(tmp_path: Path) -> None:
 
 
 def test_the_eval_iou_gate_and_duplicates_decide_the_verdict(tmp_path: Path) -> None:
-    sample = sample_with(white_image(tmp_path, 200, 100), 200, 100, GT_BOX)
+    sample = sample_with(white_image(tmp_path, 400, 200), 400, 200, GT_BOX)
     # IoU 0.45 (below the eval's 0.5 gate): a false positive; IoU 0.6: a match
-    low = pred(sample, (40.0, 20.0, 120.0, 47.0))
+    low = pred(sample, (80.0, 40.0, 240.0, 94.0))
     assert [b.verdict for b in judge_for_gallery(sample, [low], duplicate_iou_threshold=0.7).boxes] == [
         "missed",
         "false_positive",
     ]
-    high = pred(sample, (40.0, 20.0, 120.0, 56.0))
+    high = pred(sample, (80.0, 40.0, 240.0, 112.0))
     assert [b.verdict for b in judge_for_gallery(sample, [high], duplicate_iou_threshold=0.7).boxes] == [
         "matched",
         "matched",
@@ -116,11 +125,11 @@ def outcome(index: int, parsed: list[dict]) -> ImageOutcome:
 
 
 def test_write_gallery_puts_the_worst_first_and_links_only_written_files(tmp_path: Path) -> None:
-    path = white_image(tmp_path, 200, 100)
-    samples = [sample_with(path, 200, 100, GT_BOX) for _ in range(3)]
+    path = white_image(tmp_path, 400, 200)
+    samples = [sample_with(path, 400, 200, GT_BOX) for _ in range(3)]
     outcomes = [
         outcome(0, [pred(samples[0], GT_BOX)]),  # perfect
-        outcome(1, [pred(samples[1], (140.0, 10.0, 190.0, 60.0))]),  # 1 miss + 1 FP
+        outcome(1, [pred(samples[1], (280.0, 20.0, 380.0, 120.0))]),  # 1 miss + 1 FP
         outcome(2, []),  # 1 miss
     ]
     out = tmp_path / "gallery"
