@@ -128,9 +128,10 @@ class WeightSyncClient:
         return out
 
     def use_servers(self, indices: Sequence[int]) -> None:
-        """Push to these servers only (a down one is left out until it is back). The `collective`
-        transport's weight group holds every server: it keeps pushing to all."""
-        if self.transport != "collective":
+        """Push to these servers only (a down one is left out until it is back). An empty list keeps the
+        last servers (their pushes fail, counted, until one is back). The `collective` transport's weight
+        group holds every server: it keeps pushing to all."""
+        if indices and self.transport != "collective":
             self.servers.active = sorted(indices)
 
     def forget_delta_base(self) -> None:
