@@ -141,8 +141,14 @@ def draw(image_path: str, width: int, height: int, boxes: Sequence[DrawnBox]) ->
         style = STYLES[(box.is_pred, box.verdict)]
         x1, y1, x2, y2 = (round(v * scale) for v in box.box_px)  # the nearest pixel (PIL would truncate)
         _rectangle(canvas, (x1, y1, x2, y2), style)
-        # predictions are captioned below their top edge, GT above it, so the two rarely overlap
-        ty = y1 + style.width if box.is_pred else max(0, y1 - 13)
+        # GT is captioned above its top edge, a matched prediction below it, an unmatched one above its
+        # bottom edge (a duplicate sits on the box it repeats), so captions rarely overlap
+        if not box.is_pred:
+            ty = max(0, y1 - 13)
+        elif box.verdict == "matched":
+            ty = y1 + style.width
+        else:
+            ty = max(y1, y2 - 13 - style.width)
         left, top, right, bottom = canvas.textbbox((x1 + style.width, ty), box.label, font=font)
         canvas.rectangle((left - 1, top - 1, right + 1, bottom + 1), fill=style.colour)
         canvas.text((x1 + style.width, ty), box.label, fill=(255, 255, 255), font=font)
