@@ -48,6 +48,20 @@ def table(rows: Sequence[tuple[str, str]], header: tuple[str, str] = ("metric", 
     return lines
 
 
+def b_steps_rows(b_steps: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """`final_state.json`'s B-step ledger: wanted / trained over the whole run, and why the rest were A."""
+    if b_steps is None:
+        return []
+    reasons = ", ".join(f"{reason} {n}" for reason, n in b_steps.get("b_steps_as_a", {}).items())
+    return [
+        (
+            "B steps wanted / trained (whole run, `final_state.json`)",
+            f"{b_steps.get('b_steps_wanted', NA)} / {b_steps.get('b_steps_trained', NA)}",
+        ),
+        ("wanted B steps trained as A, by reason", reasons or "none"),
+    ]
+
+
 def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, str]]:
     rows = [
         ("optimizer steps logged", f"{s.num_steps} (steps {s.first_step}–{s.last_step})"),
@@ -58,6 +72,7 @@ def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, 
             "skip-to-A steps (wanted B, trained A)",
             f"{len(s.skip_steps)}" + (f" (step {fmt_steps(s.skip_steps)})" if s.skip_steps else ""),
         ),
+        *b_steps_rows(s.b_steps),
         ("rollout F1 on B steps: last / best", f"{fmt_best(s.f1_last)} / {fmt_best(s.f1_best)}"),
         ("rollout precision / recall (last B step)", f"{fmt(s.precision_last)} / {fmt(s.recall_last)}"),
     ]

@@ -93,6 +93,10 @@ def write_train_ab_report(run_dir: Path) -> Written:
         )
     if not (run_dir / "final_state.json").is_file():
         notes.append("no `final_state.json`: the run did not finish (or is still running).")
+    final_state, final_notes = _read_json(run_dir / "final_state.json")
+    notes += final_notes
+    if final_state is not None and isinstance(final_state.get("b_steps"), dict):
+        summary.b_steps = final_state["b_steps"]
     plot_dir = _fresh_plot_dir(run_dir)
     figures = write_train_ab_plots(rows, eval_file.rows, target, plot_dir)
     notes += _sample_plots(run_dir, config, figures, plot_dir)
