@@ -220,7 +220,7 @@ def write_gallery(
 
 def render_gallery_index(entries: Sequence[dict[str, Any]], num_images: int) -> str:
     """`gallery/index.html`: every drawn image (relative links) with its counts, and the legend."""
-    from stagectl.report.html_render import render
+    from stagectl.templating import render
 
     return render("gallery_index.html.j2", entries=entries, num_images=num_images, legend=legend())
 

@@ -1,4 +1,4 @@
-"""report.html beside report.md (jinja2, `templates/report.html.j2`): the same summary, every plot, the
+"""report.html beside report.md (jinja2, `stagectl/templates/report.html.j2`): the same summary, every plot, the
 galleries a run dir holds (the held-out eval's `eval/gallery/`, the Channel-B `b_gallery/`), the learner's
 time per phase, and for Stage-B the guidance versions with the reflections that changed them.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagectl.report.html_render import render
+from stagectl.templating import render
 from stagectl.report.sections import Figures
 from stagectl.report.values import Row, number
 from stagectl.timing import PHASES, phase_key

@@ -1,5 +1,6 @@
-"""Rendering HTML with jinja2 from the templates shipped in `stagectl/report/templates/` (package data):
-one environment, autoescaped, undefined names an error (a template typo fails a test, not a page)."""
+"""Rendering HTML with jinja2 from the templates shipped in `stagectl/templates/` (package data): one
+environment, autoescaped, undefined names an error (a template typo fails a test, not a page). A core module:
+the eval gallery's index page (`evaluation`) and the report pages (`report`) both render with it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import jinja2
 @cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("stagectl.report", "templates"),
+        loader=jinja2.PackageLoader("stagectl", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
