@@ -133,24 +133,38 @@ def embedded_rollout_server(
 ) -> Iterator[str]:
     """Start `stagectl rollout-server` as a child on a free loopback port, wait for /health/, yield its
     URL, and always stop it (normal exit, errors, Ctrl-C)."""
-    from stagectl.rollout.server.launcher import start_server_process
+    from stagectl.rollout.server.launcher import ServerKeeper, start_server_process
 
     out = cfg.training.output_dir
     out.mkdir(parents=True, exist_ok=True)
     roots = [str(p.absolute()) for p in [*cfg.rollout_server.image_roots, *data_image_roots(cfg.data)]]
-    args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
-    args += ["--set", f"rollout_server.image_roots={roots!r}"]
-    args += ["--host", "127.0.0.1", "--port", "0", "--weights-dir", str((out / "weight_sync").absolute())]
-    args += ["--access-log", "-"]  # its output goes to rollout_server.log, not to the terminal
+
+    def args_for_port(port: int) -> list[str]:
+        args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
+        args += ["--set", f"rollout_server.image_roots={roots!r}"]
+        args += ["--host", "127.0.0.1", "--port", str(port)]
+        args += ["--weights-dir", str((out / "weight_sync").absolute())]
+        return [*args, "--access-log", "-"]  # its output goes to rollout_server.log, not to the terminal
+
     from stagectl.placement import cuda_env
 
     devices = cuda_env("rollout_server.devices", cfg.rollout_server.devices)
     env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}", **devices})
-    server = start_server_process(args, log_path=out / "rollout_server.log", timeout_s=timeout_s, env=env)
+    log_path = out / "rollout_server.log"
+    server = start_server_process(args_for_port(0), log_path=log_path, timeout_s=timeout_s, env=env)
+    # a server that crashes is started again on its port (the learner re-syncs it)
+    keeper = ServerKeeper(
+        server,
+        args_for_port,
+        max_restarts=cfg.rollout_server.embedded_max_restarts,
+        env=env,
+        log_path=log_path,
+        timeout_s=timeout_s,
+    )
     try:
         yield str(server.url)
     finally:
-        server.stop()
+        keeper.stop()
 
 
 def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -> int:

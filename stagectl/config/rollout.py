@@ -255,6 +255,9 @@ class RolloutServerConfig(StrictModel):
     """PEM private key of `tls_certfile`."""
     embedded: bool = False
     """`train-ab` starts this server as a child process on a free loopback port and stops it at exit."""
+    embedded_max_restarts: int = Field(3, ge=0)
+    """How many times `train-ab` starts its embedded server again (on the same port) when it exits on its
+    own; the learner re-syncs the new process and sends it rollouts again. 0: never."""
     devices: list[int] | None = Field(None, min_length=1)
     """CUDA devices of the server process, set as its `CUDA_VISIBLE_DEVICES` (ids as the launching process
     sees them: under an existing `CUDA_VISIBLE_DEVICES`, 0 is its first entry). On the learner's node they

@@ -18,7 +18,7 @@ import httpx
 
 from stagectl.learner.checkpoint import list_checkpoints
 from stagectl.rollout.server.launcher import ServerProcess, start_server_process
-from tests.faults.helpers import fault_run
+from tests.faults.helpers import _entries, fault_run
 from tests.integration.helpers import ROOT, async_config, read_metrics, write_config
 
 
@@ -181,3 +181,32 @@ def test_continue_a_only_trains_a_without_a_server_warning_every_skipped_b_step(
     assert output.count("trains as Channel-A: no rollout server can serve") == no_server
     assert f"B steps: 6 wanted, {b_steps['b_steps_trained']} trained" in output
     assert f"no_server {no_server}" in output and "warning: realized b_ratio" in output
+
+
+def test_embedded_server_killed_is_restarted_resynced_and_used(tmp_path: Path) -> None:
+    """The embedded server SIGKILLed after the first B step: train-ab starts it again on its port, the
+    learner re-syncs the new process in full and B steps train again on rollouts of the current version."""
+    cfg = async_config(
+        tmp_path,
+        training={"max_steps": 12, "gradient_accumulation_steps": 1},
+        launch={"nproc_per_node": 1},
+        stage2_ab={"channel_b": {"async": {"sync_every_steps": 1}}},
+    )
+    config = write_config(tmp_path / "cfg.yaml", cfg)
+    out = tmp_path / "run"
+    with fault_run(["train-ab", str(config)], tmp_path, fault="wait_for_packs:8") as run:
+        run.wait_for(lambda: bool(_b_samples(out)), 240, "a B step")
+        (server,) = [e for e in _entries(run.record_dir, "pid") if "rollout-server" in e["argv"]]
+        os.kill(server["pid"], signal.SIGKILL)
+        killed_after = max(r["step"] for r in _rows(out / "samples.jsonl"))
+        ver_before = max(r["gen_version"] for r in _b_samples(out))
+        code = run.finish(300)
+        assert not run.wait_no_leftovers(10)
+    output = run.output()
+    assert code == 0, output[-3000:]
+    assert "embedded rollout server exited (code -9); restarting it on port" in output
+    assert read_metrics(out)[-1]["stage2_ab/async/server_resync_total"] >= 1
+    after = [r for r in _b_samples(out) if r["step"] > killed_after + 1]
+    assert after, output[-3000:]
+    assert all(r["gen_version"] > ver_before for r in after)
+    assert all(0 <= r["train_version"] - r["gen_version"] <= 1 for r in after)

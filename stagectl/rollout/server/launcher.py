@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from stagectl.rollout.protocol import LISTENING_PREFIX
@@ -103,3 +103,74 @@ def start_server_process(
     server = ServerProcess(rollout_server_argv(args), env=env, cwd=cwd, log_path=log_path)
     server.wait_listening(timeout_s)
     return server
+
+
+class ServerKeeper:
+    """Keeps a rollout-server child running (train-ab's embedded server): a watcher thread starts it again
+    on the same port when it exits on its own, at most `max_restarts` times, each start announced on
+    stderr. The learner sees the new process (its `instance_id`) and re-syncs it in full
+    (`learner.server_health`); once the restarts are spent the learner's `on_rollout_loss` applies."""
+
+    def __init__(
+        self,
+        server: ServerProcess,
+        args_for_port: Callable[[int], Sequence[str]],
+        *,
+        max_restarts: int,
+        env: Mapping[str, str] | None = None,
+        log_path: str | Path | None = None,
+        timeout_s: float = 120.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        assert server.url is not None, "keep a server that listens"
+        self.server = server
+        self.port = int(server.url.rsplit(":", 1)[1])
+        self.args_for_port = args_for_port
+        self.max_restarts = max_restarts
+        self.env = env
+        self.log_path = log_path
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.num_restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rollout-server-keeper", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            code = self.server.proc.poll()
+            if code is None:
+                continue
+            if self.num_restarts >= self.max_restarts:
+                _note(
+                    f"embedded rollout server exited (code {code}); not restarted again (already restarted "
+                    f"{self.num_restarts} time(s), rollout_server.embedded_max_restarts {self.max_restarts})"
+                )
+                return
+            self.num_restarts += 1
+            _note(
+                f"embedded rollout server exited (code {code}); restarting it on port {self.port} "
+                f"({self.num_restarts} of {self.max_restarts})"
+            )
+            self.server.stop()  # reaps it and closes its log
+            try:
+                self.server = start_server_process(
+                    self.args_for_port(self.port),
+                    env=self.env,
+                    log_path=self.log_path,
+                    timeout_s=self.timeout_s,
+                )
+            except (
+                ServerStartError
+            ) as exc:  # counted as a restart; the next poll sees it gone and tries again
+                _note(f"embedded rollout server restart failed: {exc}")
+
+    def stop(self) -> int:
+        """Stop watching, then stop the server; its exit code."""
+        self._stop.set()
+        self._thread.join()
+        return self.server.stop()
+
+
+def _note(message: str) -> None:
+    print(f"train-ab: {message}", file=sys.stderr, flush=True)
