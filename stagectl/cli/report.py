@@ -1,5 +1,6 @@
-"""`stagectl report RUN_DIR [RUN_DIR ...]`: report.md + PNG plots for a train-ab run dir or Stage-B mission
-dir(s); with several train-ab run dirs, a comparison of their held-out eval with 95% intervals."""
+"""`stagectl report RUN_DIR [RUN_DIR ...]`: report.md, report.html + PNG plots for a train-ab run dir, an eval
+dir or Stage-B mission dir(s); with several train-ab run dirs, a comparison of their held-out eval with 95%
+intervals."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def command(
         None, "--step", help="Compare at this eval step (default: the largest eval step every run reached)."
     ),
 ) -> None:
-    """Summarise a run (RUN_DIR/report.md and PNG plots under RUN_DIR/report/), or compare several runs."""
+    """Summarise a run (RUN_DIR/report.md, RUN_DIR/report.html with the galleries, PNG plots under
+    RUN_DIR/report/), or compare several runs."""
     if len(run_dirs) > 1:
         from stagectl.report.compare import write_comparison  # matplotlib loads only for this command
 
@@ -34,7 +36,7 @@ def command(
         except ValueError as exc:
             fail(str(exc))
         typer.echo("\n".join(table))
-        typer.echo(f"report: wrote {report} and {out / 'comparison_f1.png'}")
+        typer.echo(f"report: wrote {report}, {out / 'comparison.html'} and {out / 'comparison_f1.png'}")
         return
     from stagectl.report.write import write_reports  # matplotlib loads only for this command
 
