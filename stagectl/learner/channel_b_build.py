@@ -19,6 +19,7 @@ from stagectl.learner.channel_b_step import StepChannelB
 from stagectl.learner.packs import PackRunner
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
+from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
@@ -74,7 +75,18 @@ def build_channel_b(
             restore_async(async_b, st)
         return async_b, client, weight_sync
     warn_unused_async_state(st)
-    source = ServerRollouts(client, st.encoder, rm, chunk, SyncFence(), lambda: publisher.ver)
+    fence = SyncFence()
+    source = ServerRollouts(client, st.encoder, rm, chunk, fence, lambda: publisher.ver)
+    infer_timeout = rm.vllm.server.infer_timeout_s
+    health = ServerHealth(
+        cfg.stage2_ab.channel_b,
+        st.world,
+        publisher,
+        client,
+        fence,
+        infer_timeout if infer_timeout is not None and infer_timeout > 0 else None,
+        after_sync=lambda outcome: None,
+    )
     step_b = StepChannelB(
         cfg,
         st,
@@ -82,6 +94,7 @@ def build_channel_b(
         source,
         publisher=publisher,
         pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
+        health=health,
     )
     step_b.num_updates = num_updates
     return step_b, client, weight_sync

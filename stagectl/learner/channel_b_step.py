@@ -31,6 +31,7 @@ from stagectl.learner.channel_b import Decision, build_b_segments, rollout_seed
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import RolloutSource
+from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
 from stagectl.packing import pack_segments
 
@@ -45,7 +46,9 @@ class StepChannelB:
         *,
         publisher: WeightPublisher | None = None,
         pipeline: bool = False,
+        health: ServerHealth | None = None,
     ) -> None:
+        """`health`: server rollouts' restart detection and re-sync (`learner.server_health`)."""
         assert cfg.stage2_ab is not None
         self.cfg = cfg
         self.state = state
@@ -53,6 +56,7 @@ class StepChannelB:
         self.source = source
         self.publisher = publisher
         self.pipeline = pipeline
+        self.health = health
         self.desc_ce_weight = cfg.stage2_ab.desc_ce_weight
         self.cb_cfg = cfg.stage2_ab.channel_b
         self.chunk_size = state.resolved.rollout_decode_batch_size
@@ -64,7 +68,9 @@ class StepChannelB:
         pass
 
     def decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
-        return Decision("B" if policy_wants_b else "A"), {}
+        if self.health is None or not policy_wants_b:
+            return Decision("B" if policy_wants_b else "A"), {}
+        return self.health.step_mode_decision(step, self.num_updates), {}
 
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
         first_pos = self.state.b_sampler.num_consumed

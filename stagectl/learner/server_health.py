@@ -22,6 +22,7 @@ from collections.abc import Callable
 from stagectl import dist
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.console import say
+from stagectl.learner.channel_b import Decision
 from stagectl.learner.publisher import SyncOutcome, WeightPublisher
 from stagectl.learner.server_watch import ServerPlan, ServerWatch
 from stagectl.prefetch.fence import SyncFence
@@ -76,6 +77,15 @@ class ServerHealth:
         if not plan.serving and wants_b:
             say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(plan)}")
         return plan
+
+    def step_mode_decision(self, step: int, num_updates: int) -> Decision:
+        """Step mode (one rank), a step the schedule wants as B: `check` (a restarted server re-synced;
+        `stop` waits, or raises past the timeout), then B, or A (`no_server`) under `continue_a_only`."""
+        resyncs = self.num_resyncs
+        plan = self.check(step, wants_b=True)
+        if self.num_resyncs != resyncs:  # the re-sync pushed the current weights: no push before the rollouts
+            self.publisher.pushed_at_update = num_updates
+        return Decision("B") if plan.serving else Decision("A", reason="no_server")
 
     def _probe_and_resync(self) -> ServerPlan:
         probed = None

@@ -144,3 +144,31 @@ def test_continue_a_only_warns_for_the_b_step_and_goes_on(capsys: pytest.Capture
         assert "step 9" not in err  # an A step the schedule wanted as A: no warning
     finally:
         rig.close()
+
+
+def test_step_mode_resyncs_a_restarted_server_before_its_b_step() -> None:
+    """Step mode (`rollout_backend: vllm` without async): a B step first re-syncs a restarted server (the
+    publisher then has nothing left to push for this update), and answers are the learner's weights."""
+    rig = Rig([_serve()], ChannelBConfig())
+    try:
+        rig.train()
+        rig.publisher.pushed_at_update = 1  # as `ensure_current` leaves it after update 1's push
+        port = _port(rig.servers[0])
+        rig.servers[0].stop()
+        rig.servers[0] = _serve(port)  # base weights again
+        decision = rig.health.step_mode_decision(step=2, num_updates=1)
+        assert decision.kind == "B" and rig.health.num_resyncs == 1
+        assert rig.publisher.ensure_current(1) is None  # already current: no second push
+        assert rig.answers() == [(2, 16.0)] * 4
+    finally:
+        rig.close()
+
+
+def test_step_mode_without_a_server_trains_a_under_continue_a_only() -> None:
+    rig = Rig([_serve()], ChannelBConfig(on_rollout_loss="continue_a_only"))
+    try:
+        rig.servers[0].stop()
+        decision = rig.health.step_mode_decision(step=3, num_updates=3)
+        assert (decision.kind, decision.reason) == ("A", "no_server")
+    finally:
+        rig.close()
