@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagectl.templating import render
 from stagectl.report.sections import Figures
 from stagectl.report.values import Row, number
+from stagectl.templating import render
 from stagectl.timing import PHASES, phase_key
 
 REPORT_HTML = "report.html"
