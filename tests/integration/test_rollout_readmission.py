@@ -153,13 +153,15 @@ def test_step_mode_resyncs_a_restarted_server_before_its_b_step() -> None:
     try:
         rig.train()
         rig.publisher.pushed_at_update = 1  # as `ensure_current` leaves it after update 1's push
+        with torch.no_grad():
+            rig.model.w0 += 1.0  # update 2, not pushed yet
         port = _port(rig.servers[0])
         rig.servers[0].stop()
         rig.servers[0] = _serve(port)  # base weights again
-        decision = rig.health.step_mode_decision(step=2, num_updates=1)
+        decision = rig.health.step_mode_decision(step=2, num_updates=2)
         assert decision.kind == "B" and rig.health.num_resyncs == 1
-        assert rig.publisher.ensure_current(1) is None  # already current: no second push
-        assert rig.answers() == [(2, 16.0)] * 4
+        assert rig.publisher.ensure_current(2) is None  # the re-sync pushed update 2: no second push
+        assert rig.answers() == [(2, 32.0)] * 4
     finally:
         rig.close()
 
