@@ -339,6 +339,8 @@ def test_report_compares_several_runs_with_intervals(tmp_path: Path) -> None:
     with Image.open(out / "comparison_f1.png") as image:
         assert image.size[0] >= 400
     assert "A-only" in result.stdout
+    page = (out / "comparison.html").read_text()  # the page: the same table, the plot
+    assert "<td>A-only</td>" in page and 'src="comparison_f1.png"' in page
 
     no_eval = tmp_path / "no_eval"
     no_eval.mkdir()

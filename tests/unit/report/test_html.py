@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stagectl.report.html import Figure, Page, page_links, write_html
+from stagectl.report.html import Figure, Page, comparison_page, page_links, write_html
 from stagectl.report.write import write_reports
 from tests.helpers import write_report_dirs
 
@@ -68,3 +68,19 @@ def test_a_page_naming_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"report/nothing\.png"):
         write_html(tmp_path, page)
     assert not (tmp_path / "report.html").exists()
+
+
+def test_comparison_page_links_each_runs_gallery_relative_to_itself(tmp_path: Path) -> None:
+    run, _, _ = write_report_dirs(tmp_path)
+    out = tmp_path / "cmp"
+    out.mkdir()
+    plot = out / "comparison_f1.png"
+    plot.write_bytes((run / "b_gallery" / "step000003_sample00000.png").read_bytes())
+    table = ["| variant | seeds |", "|---|---|", "| A-only | 2 |"]
+    page = write_html(out, comparison_page(out, "intro", table, plot, [run]), "comparison.html")
+    links = links_exist(page)
+    assert "<td>A-only</td>" in page.read_text()
+    assert [link for link in links if "gallery" in link] == [
+        "../run/eval/gallery/000_image00001.png",
+        "../run/eval/gallery/001_image00000.png",
+    ]
