@@ -35,6 +35,7 @@ def command(
     a run is refused unless --resume or --overwrite says what to do with it."""
     from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
     from stagectl.data.jsonl import load_jsonl_dataset
+    from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
     from stagectl.placement import check_devices
@@ -74,6 +75,9 @@ def command(
                 typer.echo(note, err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts
         check_devices(cfg)
+        too_big = disk_warning(cfg, effective_world_size(cfg))  # doctor's checkpoint-size estimate
+        if too_big is not None:
+            typer.echo(f"train-ab: warning: the checkpoints will not fit: {too_big}", err=True)
     except ValueError as exc:
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()

@@ -84,6 +84,19 @@ def check_disk(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> Check
     return ok(name, what)
 
 
+def disk_warning(cfg: StagectlConfig, world_size: int) -> str | None:
+    """train-ab's pre-flight: `check_disk`'s finding when the checkpoints the run keeps will not fit (None
+    when they fit, or the model's shape cannot be read: `stagectl doctor` says why)."""
+    from stagectl.memory.from_config import model_shape
+
+    try:
+        shape = model_shape(cfg.model.name_or_path)
+    except ValueError:
+        return None
+    check = check_disk(cfg, shape, world_size)
+    return None if check.status == "ok" else f"{check.message} (fix: {check.fix})"
+
+
 def _size(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 2**20:.1f} MiB"
 

@@ -235,6 +235,25 @@ def test_disk_fails_without_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not (tmp_path / "run").exists()  # the check creates no run directory
 
 
+def test_train_ab_preflight_warns_when_the_kept_checkpoints_will_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stagectl.doctor.resource_checks import disk_warning
+
+    cfg = load_config(
+        _write(
+            tmp_path, _config(tmp_path, training={"max_steps": 8, "save_steps": 2, "save_total_limit": 2})
+        ),
+        world_size=1,
+    )
+    assert disk_warning(cfg, 1) is None
+    real = resource_checks.free_bytes
+    monkeypatch.setattr(resource_checks, "free_bytes", lambda path: (real(path)[0], 2**20))
+    warning = disk_warning(cfg, 1)
+    assert warning is not None and "3 checkpoint(s) of " in warning and "1.0 MiB free at" in warning
+    assert "save_total_limit (now 2) lower" in warning
+
+
 def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
