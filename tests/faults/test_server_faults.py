@@ -1,7 +1,8 @@
 """The rollout server dies under a running async learner, twice: SIGKILLed inside an `/infer/` call,
 then (restarted on the same port) SIGKILLed half-way through a weight sync, then restarted again.
-The learner counts the failed rollouts and syncs, keeps training Channel-A while no server answers,
-resumes Channel-B once one is back, and finally stops cleanly on SIGTERM with nothing lost; the
+The learner counts the failed rollouts and syncs, keeps training Channel-A while no server answers
+(`on_rollout_loss: continue_a_only`; the default `stop` is tests/faults/test_rollout_loss.py), re-syncs
+and resumes Channel-B once one is back, and finally stops cleanly on SIGTERM with nothing lost; the
 server that died mid-sync never applied that sync (it never served half-updated weights)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from stagectl.rollout.server.launcher import ServerProcess, start_server_process
 from tests.faults.helpers import INJECT_DIR, fault_run, leftovers_in, report
 from tests.integration.helpers import ROOT, async_config, read_metrics, write_config
 
-OUTAGE_TIMEOUT_S = 120  # vllm.server.timeout_s: how long the learner tolerates no server at all
+OUTAGE_TIMEOUT_S = 120  # vllm.server.timeout_s
 
 
 def _server(tmp_path: Path, name: str, port: int, fault: str | None) -> ServerProcess:
@@ -51,6 +52,7 @@ def test_server_killed_mid_infer_and_mid_sync(tmp_path: Path) -> None:
         training={"max_steps": 1000, "save_steps": 0},
         launch={"nproc_per_node": 1},
         rollout_server={"embedded": False},
+        stage2_ab={"channel_b": {"on_rollout_loss": "continue_a_only"}},
         custom={
             "extra": {
                 "rollout_matching": {
