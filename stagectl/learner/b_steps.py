@@ -55,7 +55,7 @@ class BStepLedger:
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> BStepLedger:
-        skipped = dict.fromkeys(SKIP_REASONS, 0)
+        skipped: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
         for reason, n in saved["b_steps_as_a"].items():
             if reason not in skipped:
                 raise ValueError(

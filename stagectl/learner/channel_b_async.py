@@ -21,7 +21,7 @@ import math
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Literal
 
 from stagectl import dist
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
@@ -181,7 +181,7 @@ class AsyncChannelB:
         versions, held = self.queue.hold(self.gas)
         min_held = dist.all_reduce_ints(held, "min")
         max_held = dist.all_reduce_ints(held, "max")
-        decision = None
+        decision: tuple[Literal["A", "B"], int | None, SkipReason | None] | None = None
         if self.world.is_main:
             kind, ver = decide_step(policy_wants_b, versions, min_held, self.gas)
             stale = self.queue.counters().drop_stale_total
@@ -194,7 +194,9 @@ class AsyncChannelB:
                 )
             self._stale_seen = stale
             decision = (kind, ver, reason)
-        kind, ver, reason = dist.broadcast_object(decision)
+        decided = dist.broadcast_object(decision)
+        assert decided is not None, "rank 0 decides"
+        kind, ver, reason = decided
         if kind == "B":
             assert ver is not None
             self._held = self.queue.take_held(ver)

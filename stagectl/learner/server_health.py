@@ -91,7 +91,8 @@ class ServerHealth:
         probed = None
         if self.world.is_main:
             probed = self.watch.observe(time.monotonic(), self.weight_client.probe(), self.publisher.ver)
-        plan: ServerPlan = dist.broadcast_object(probed)
+        plan = dist.broadcast_object(probed)
+        assert plan is not None, "rank 0 probes"
         if self.world.is_main:
             self.weight_client.use_servers(plan.up)
         self.rollout_client.use_servers(plan.serving)
