@@ -137,7 +137,15 @@ class AsyncChannelB:
         infer_timeout = rm.vllm.server.infer_timeout_s
         self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
         self.health = ServerHealth(
-            cb_cfg, self.world, publisher, client, self.fence, self.fence_timeout_s, self.after_sync
+            cb_cfg,
+            self.world,
+            publisher,
+            client,
+            self.fence,
+            self.fence_timeout_s,
+            self.after_sync,
+            # the watchdog watches the step phase a B step waits in on several ranks only
+            watchdog_step_s=cfg.launch.watchdog.step_s if self.world.world_size > 1 else None,
         )
         self._held: list[ReadyPack] = []
         self._stale_seen = 0  # the queue's drop_stale_total at the last decision

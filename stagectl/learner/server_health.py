@@ -49,9 +49,16 @@ class ServerHealth:
         fence: SyncFence,
         fence_timeout_s: float | None,
         after_sync: Callable[[SyncOutcome], None],
+        *,
+        watchdog_step_s: float | None = None,
     ) -> None:
+        """`watchdog_step_s`: the deadline of the step phase a B step waits in (multi-rank runs): the wait
+        ends at 80% of it if that comes first, so the run stops with the servers named, not by the watchdog."""
         self.on_loss = cb_cfg.on_rollout_loss
-        self.timeout_s = cb_cfg.rollout_loss_timeout_s
+        self.configured_timeout_s = cb_cfg.rollout_loss_timeout_s
+        self.timeout_s = self.configured_timeout_s
+        if watchdog_step_s is not None:
+            self.timeout_s = min(self.timeout_s, 0.8 * watchdog_step_s)
         self.world = world
         self.publisher = publisher
         self.weight_client = publisher.client
@@ -119,11 +126,17 @@ class ServerHealth:
     def _no_server(self, plan: ServerPlan) -> str:
         urls = ", ".join(self.weight_client.base_urls)
         return (
-            f"no rollout server can serve ({urls}) for {plan.outage_s:.0f} s; last error: {plan.last_error}"
+            f"no rollout server can serve ({urls}) for {plan.outage_s:.1f} s; last error: {plan.last_error}"
         )
 
     def loss_message(self, plan: ServerPlan, step: int) -> str:
         return (
-            f"{self._no_server(plan)} (> stage2_ab.channel_b.rollout_loss_timeout_s {self.timeout_s:g}); "
+            f"{self._no_server(plan)} (> stage2_ab.channel_b.rollout_loss_timeout_s {self.configured_timeout_s:g}"
+            + (
+                f", capped at 80% of launch.watchdog.step_s: {self.timeout_s:g}"
+                if self.timeout_s < self.configured_timeout_s
+                else ""
+            )
+            + "); "
             f"stopped before step {step + 1} (on_rollout_loss: stop; continue_a_only trains Channel-A meanwhile)"
         )

@@ -46,7 +46,9 @@ class Policy(torch.nn.Module):
 
 
 class Rig:
-    def __init__(self, servers: list[ThreadedServer], cb_cfg: ChannelBConfig) -> None:
+    def __init__(
+        self, servers: list[ThreadedServer], cb_cfg: ChannelBConfig, watchdog_step_s: float | None = None
+    ) -> None:
         self.servers = servers
         self.urls = [s.url for s in servers]
         self.model = Policy()
@@ -55,7 +57,14 @@ class Rig:
         self.publisher = WeightPublisher(self.weights, self.model, World(0, 0, 1), num_updates=0)
         self.fence = SyncFence()
         self.health = ServerHealth(
-            cb_cfg, World(0, 0, 1), self.publisher, self.rollouts, self.fence, 10.0, lambda o: None
+            cb_cfg,
+            World(0, 0, 1),
+            self.publisher,
+            self.rollouts,
+            self.fence,
+            10.0,
+            lambda o: None,
+            watchdog_step_s=watchdog_step_s,
         )
 
     def train(self) -> None:
@@ -128,6 +137,18 @@ def test_no_server_stops_after_the_timeout_naming_servers_and_error() -> None:
         message = str(caught.value)
         assert rig.urls[0] in message and "ConnectError" in message and "before step 5" in message
         assert "rollout_loss_timeout_s 1" in message
+    finally:
+        rig.close()
+
+
+def test_the_wait_ends_before_the_step_watchdog_would() -> None:
+    rig = Rig([_serve()], ChannelBConfig(rollout_loss_timeout_s=300), watchdog_step_s=2.0)
+    try:
+        rig.servers[0].stop()
+        started = time.monotonic()
+        with pytest.raises(RolloutLossError, match=r"capped at 80% of launch.watchdog.step_s: 1.6"):
+            rig.health.check(0, wants_b=True)
+        assert time.monotonic() - started < 2.0 + 1.5  # the probe interval past 1.6 s, never 300 s
     finally:
         rig.close()
 
