@@ -102,7 +102,9 @@ class ChannelBConfig(StrictModel):
     to resume from. `continue_a_only`: B steps without packs train as Channel-A meanwhile, each with a
     warning line, and the end-of-run summary counts them (`no_server`)."""
     rollout_loss_timeout_s: float = Field(300.0, gt=0)
-    """How long no rollout server may be able to serve before `on_rollout_loss` applies (seconds)."""
+    """How long no rollout server may be able to serve before `on_rollout_loss` applies (seconds). On
+    several ranks a B step waits inside the step's watchdog phase: the wait then ends at 80% of
+    `launch.watchdog.step_s` if that comes first."""
     b_ratio_tolerance: float = Field(0.05, ge=0, le=1)
     """The end of a run warns when its realized B ratio (B steps trained / steps) is further than this from
     the schedule's (B steps wanted / steps)."""
