@@ -107,7 +107,8 @@ def start_server_process(
 
 class ServerKeeper:
     """Keeps a rollout-server child running (train-ab's embedded server): a watcher thread starts it again
-    on the same port when it exits on its own, at most `max_restarts` times, each start announced on
+    on the same port when it crashes (any exit but 0 or a SIGTERM/SIGINT stop), at most `max_restarts`
+    times, each start announced on
     stderr. The learner sees the new process (its `instance_id`) and re-syncs it in full
     (`learner.server_health`); once the restarts are spent the learner's `on_rollout_loss` applies."""
 
@@ -141,6 +142,9 @@ class ServerKeeper:
             code = self.server.proc.poll()
             if code is None:
                 continue
+            if code in (0, -signal.SIGTERM, -signal.SIGINT):  # stopped, not crashed (Ctrl-C reaches it too)
+                _note(f"embedded rollout server stopped (code {code}); not restarted")
+                return
             if self.num_restarts >= self.max_restarts:
                 _note(
                     f"embedded rollout server exited (code {code}); not restarted again (already restarted "
