@@ -40,11 +40,12 @@ def segment_starts(position_ids: torch.Tensor | None, length: int) -> torch.Tens
     return torch.cat([starts, end]).to(torch.int32)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _LastPack:
     """The segments of the last pack seen. Every layer of one forward (and the backward's recompute under
     checkpointing) gets the same position tensor, so the segments, and the host syncs that find them, are
-    computed once per forward instead of once per layer."""
+    computed once per forward instead of once per layer. Frozen and swapped whole (one reference
+    assignment), so a forward in another thread never reads one pack's positions with another's segments."""
 
     positions: torch.Tensor | None = None
     length: int = 0
@@ -52,16 +53,18 @@ class _LastPack:
     max_len: int = 0
 
 
-_LAST_PACK = _LastPack()
+_last_pack = _LastPack()
 
 
-def pack_segments(position_ids: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, int]:
+def packed_segments(position_ids: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, int]:
     """`segment_starts` and the longest segment's length, remembered for the position tensor of the last call."""
-    last = _LAST_PACK
+    global _last_pack
+    last = _last_pack
     if position_ids is None or last.positions is not position_ids or last.length != length:
         cu = segment_starts(position_ids, length)
         max_len = 0 if cu is None else int((cu[1:] - cu[:-1]).max())
-        last.positions, last.length, last.cu, last.max_len = position_ids, length, cu, max_len
+        last = _LastPack(position_ids, length, cu, max_len)
+        _last_pack = last
     return last.cu, last.max_len
 
 
@@ -79,7 +82,7 @@ def varlen_text_attention(
     """query (B, H, Lq, D), key/value (B, H_kv, Lk, D); returns (B, Lq, H, D) as transformers expects."""
     cu, max_len = None, 0
     if query.shape[0] == 1 and query.shape[2] == key.shape[2]:
-        cu, max_len = pack_segments(position_ids, query.shape[2])
+        cu, max_len = packed_segments(position_ids, query.shape[2])
     if cu is None or dropout:
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -99,13 +102,15 @@ def varlen_text_attention(
 
 @functools.cache
 def _causal_gqa_kwargs(varlen_attn: Any) -> dict[str, Any]:
-    """Causal, grouped-query keywords for the installed torch's `varlen_attn`: 2.9-2.10 took `is_causal`
-    and no grouped-query flag (the caller then expands the kv heads); later versions take `window_size=(-1, 0)` and `enable_gqa`. (The GPU machine's torch is older than this
-    machine's, so both spellings must work.)"""
+    """Causal, grouped-query keywords for the installed torch's `varlen_attn`: 2.9-2.10 took `is_causal`,
+    later versions `window_size=(-1, 0)`; `enable_gqa` only where the signature has it (else the caller
+    expands the kv heads). Each is read from the signature on its own: the GPU machine's torch is older
+    than this machine's, and a version with `window_size` but no `enable_gqa` must work too."""
     parameters = inspect.signature(varlen_attn).parameters
-    if "window_size" in parameters:
-        return {"window_size": (-1, 0), "enable_gqa": True}
-    return {"is_causal": True}
+    kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
+    if "enable_gqa" in parameters:
+        kwargs["enable_gqa"] = True
+    return kwargs
 
 
 def use_varlen_text_attention(model: torch.nn.Module) -> None:

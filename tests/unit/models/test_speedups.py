@@ -80,6 +80,34 @@ def test_segment_starts(positions: list[int] | None, want: list[int] | None) -> 
     assert (got.tolist() if got is not None else None) == want
 
 
+def _varlen_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, is_causal=False):  # type: ignore[no-untyped-def]
+    raise AssertionError("signature only")
+
+
+def _varlen_window_no_gqa(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):  # type: ignore[no-untyped-def]
+    raise AssertionError("signature only")
+
+
+def _varlen_window_gqa(  # type: ignore[no-untyped-def]
+    q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False
+):
+    raise AssertionError("signature only")
+
+
+@pytest.mark.parametrize(
+    ("varlen_attn", "want"),
+    [
+        (_varlen_2_10, {"is_causal": True}),
+        (_varlen_window_no_gqa, {"window_size": (-1, 0)}),  # never a keyword the function lacks
+        (_varlen_window_gqa, {"window_size": (-1, 0), "enable_gqa": True}),
+    ],
+)
+def test_causal_gqa_kwargs_follow_the_installed_signature(
+    varlen_attn: object, want: dict[str, object]
+) -> None:
+    assert text_attention._causal_gqa_kwargs(varlen_attn) == want
+
+
 def test_varlen_needs_sdpa() -> None:
     bundle = load_bundle("builtin:tiny-qwen2.5-vl", attn_implementation="eager")
     with pytest.raises(
