@@ -11,6 +11,7 @@ DEST=${DEST:-.whl}
 PYTHON=${PYTHON:-.venv/bin/python}
 WHEELS=(
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+  typing-extensions==4.16.0  # pydantic(-core) 2.14 need >= 4.16; the image's may be older (its torch needs >= 4.10)
   fastapi==0.165.0 starlette==1.10.0 opentelemetry-api==1.45.2 uvicorn==0.54.0
   xxhash==4.1.0 faster-coco-eval==1.8.0
   transformers==5.19.0  # what this checkout is tested with (the image has 5.17; its hub and tokenizers fit)
