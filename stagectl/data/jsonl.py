@@ -14,8 +14,15 @@ the pixel size of the image the boxes refer to. Two optional ids ride along from
 `stagectl eval` writes predictions in them). Blank lines are skipped; no other field is allowed.
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
+`bbox_2d` is written as four numbers or, as CoordExp's converter writes it (`*.coord.jsonl`), as four
+pre-tokenized strings `"<|coord_k|>"` with k in 0..999. A token box is a norm-1000 box by definition: it
+loads under `norm1000` and `auto` and is refused under `pixel`; a box mixing numbers and tokens, or a
+token that is not `<|coord_k|>` with k in 0..999, is a line error naming it.
+
 Boxes are read as `box_format`:
 - `"norm1000"` (the default, and what `stagectl demo-data` writes): integers 0..999 (docs/design.md#data-and-the-answer-format);
+  a box that is not, but fits the image's pixel size (what `stagectl convert coco` writes), is refused
+  with a message that asks for `data.box_format: pixel`;
 - `"pixel"`: numbers with `0 <= x <= width`, `0 <= y <= height` (corners on the 0..W-1 axis; a right or
   bottom edge equal to `width`/`height`, the exclusive-edge habit, is accepted and clamps to bin 999);
 - `"auto"`: decided once for the whole file: pixel if any coordinate is fractional or above 999,
@@ -32,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +55,8 @@ OBJECT_FIELDS = ("desc", "bbox_2d")
 # optional ids that `stagectl convert coco` writes, so predictions go back in COCO's own ids
 SAMPLE_OPTIONAL = ("image_id",)
 OBJECT_OPTIONAL = ("category_id",)
+# CoordExp's pre-tokenized coordinate: one norm-1000 bin as a special token
+COORD_TOKEN = re.compile(r"^<\|coord_([0-9]{1,4})\|>$")
 
 
 class DataError(ValueError):
@@ -71,6 +81,7 @@ class _RawObject:
     desc: str
     box: tuple[float, float, float, float]  # as written in the file, format not yet known
     category_id: int | None
+    from_tokens: bool = False  # written as `<|coord_k|>` tokens: norm-1000 bins whatever box_format says
 
 
 @dataclass(frozen=True)
@@ -265,14 +276,39 @@ def _parse_object(item: Any, index: int) -> _RawObject:
     if not isinstance(desc, str) or not desc.strip():
         raise _LineError(f"{where}desc must be a non-empty string, got {desc!r}")
     box = item["bbox_2d"]
-    if not isinstance(box, list) or len(box) != 4 or not all(_is_number(v) for v in box):
-        raise _LineError(f"{where}bbox_2d must be 4 numbers [x1, y1, x2, y2], got {box!r}")
-    x1, y1, x2, y2 = (float(v) for v in box)
+    x1, y1, x2, y2 = values = _box_values(box, where)
+    from_tokens = isinstance(box[0], str)  # `_box_values` allows one form per box
     if x2 < x1:
         raise _LineError(f"{where}bbox_2d {box} has x2 < x1")
     if y2 < y1:
         raise _LineError(f"{where}bbox_2d {box} has y2 < y1")
-    return _RawObject(desc=desc, box=(x1, y1, x2, y2), category_id=_optional_id(item, "category_id", where))
+    category_id = _optional_id(item, "category_id", where)
+    return _RawObject(desc=desc, box=values, category_id=category_id, from_tokens=from_tokens)
+
+
+def _box_values(box: Any, where: str) -> tuple[float, float, float, float]:
+    """The four coordinates of `bbox_2d`, written as numbers or as `<|coord_k|>` tokens (one form per box)."""
+    shape = f"{where}bbox_2d must be 4 numbers [x1, y1, x2, y2] or 4 <|coord_k|> tokens, got {box!r}"
+    if not isinstance(box, list) or len(box) != 4:
+        raise _LineError(shape)
+    if all(_is_number(v) for v in box):
+        x1, y1, x2, y2 = (float(v) for v in box)
+        return (x1, y1, x2, y2)
+    if not all(isinstance(v, str) for v in box):
+        if any(isinstance(v, str) and v.startswith("<|coord_") for v in box):
+            raise _LineError(
+                f"{where}bbox_2d {box!r} mixes numbers and <|coord_k|> tokens: write one form per box"
+            )
+        raise _LineError(shape)
+    bins: list[float] = []
+    for index, token in enumerate(box):
+        match = COORD_TOKEN.match(token)
+        if match is None or int(match.group(1)) > MAX_BIN:
+            raise _LineError(
+                f"{where}bbox_2d[{index}] {token!r} is not a coordinate token <|coord_k|> with k in 0..{MAX_BIN}"
+            )
+        bins.append(float(match.group(1)))
+    return (bins[0], bins[1], bins[2], bins[3])
 
 
 def _is_number(value: Any) -> bool:
@@ -295,6 +331,8 @@ def _detect_box_format(raws: list[_RawSample]) -> Literal["pixel", "norm1000"]:
         return "norm1000"  # nothing to convert
     if any(not _fits_bins(box) for box, _ in boxes):
         return "pixel"
+    if any(obj.from_tokens for raw in raws for obj in raw.objects):
+        return "norm1000"  # coordinate tokens are bins by definition
     if any(not _fits_pixels(box, raw.width, raw.height) for box, raw in boxes):
         return "norm1000"
     raise _LineError(
@@ -308,6 +346,12 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
     for index, obj in enumerate(raw.objects):
         shown = [int(v) if v.is_integer() else v for v in obj.box]
         if box_format == "norm1000":
+            if not _fits_bins(obj.box) and _fits_pixels(obj.box, raw.width, raw.height):
+                raise _LineError(
+                    f"objects[{index}]: bbox_2d {shown} is not a norm-1000 box (integers in 0..{MAX_BIN}) "
+                    f"but fits the {raw.width}x{raw.height} image: these look like pixel boxes "
+                    "(as `stagectl convert coco` writes them): set data.box_format: pixel"
+                )
             if not _fits_bins(obj.box):
                 raise _LineError(
                     f"objects[{index}]: bbox_2d {shown} is outside the image: "
@@ -316,6 +360,11 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
             x1, y1, x2, y2 = (int(v) for v in obj.box)
             bins = (x1, y1, x2, y2)
         else:
+            if obj.from_tokens:
+                raise _LineError(
+                    f"objects[{index}]: bbox_2d is written as <|coord_k|> tokens, which are norm-1000 bins, "
+                    "but box_format is pixel: set data.box_format: norm1000 (or auto)"
+                )
             if not _fits_pixels(obj.box, raw.width, raw.height):
                 raise _LineError(
                     f"objects[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image"

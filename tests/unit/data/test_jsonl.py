@@ -223,3 +223,71 @@ def test_malformed_json_names_the_real_column(tmp_path: Path, tail: str, where: 
     assert message.startswith(f"{path}:2: malformed JSON")
     assert f"(column {column}{' ' + where if where else ''})" in message, message
     assert column > 100  # not "column 1"
+
+
+# ------------------------------------------------------------------ upstream (CoordExp) coordinate tokens
+
+TOKEN_LINE = (
+    '{"images": ["img/a.png"], "width": 112, "height": 56, "objects": [{"desc": "red circle", '
+    '"bbox_2d": ["<|coord_10|>", "<|coord_5|>", "<|coord_400|>", "<|coord_999|>"]}]}'
+)
+
+
+@pytest.mark.parametrize("box_format", ["norm1000", "auto"])
+def test_coord_token_boxes_load_as_bins(tmp_path: Path, box_format: Any) -> None:
+    path = _write(tmp_path, [TOKEN_LINE])  # a line as CoordExp's converter writes it (*.coord.jsonl)
+    (sample,) = load_jsonl_dataset(path, box_format=box_format)
+    assert sample.objects == [DetObject("red circle", (10, 5, 400, 999))]
+
+
+def test_coord_tokens_and_numbers_give_the_same_sample(tmp_path: Path) -> None:
+    tokens = load_jsonl_dataset(_write(tmp_path, [TOKEN_LINE]))
+    numbers = _record(objects=[{"desc": "red circle", "bbox_2d": [10, 5, 400, 999]}])
+    assert tokens == load_jsonl_dataset(_write(tmp_path, [numbers]))
+
+
+@pytest.mark.parametrize(
+    ("box", "expected"),
+    [
+        (
+            ["<|coord_1|>", "<|coord_2|>", "<|coord_1000|>", "<|coord_3|>"],
+            "bbox_2d[2] '<|coord_1000|>' is not a coordinate token",
+        ),
+        (
+            ["<|coord_1|>", "<|coord_2|>", "<coord_3>", "<|coord_4|>"],
+            "bbox_2d[2] '<coord_3>' is not a coordinate token",
+        ),
+        (["<|coord_1|>", "<|coord_-2|>", "<|coord_3|>", "<|coord_4|>"], "bbox_2d[1] '<|coord_-2|>'"),
+        (["<|coord_1|>", 2, "<|coord_3|>", "<|coord_4|>"], "mixes numbers and <|coord_k|> tokens"),
+        (["<|coord_5|>", "<|coord_2|>", "<|coord_3|>", "<|coord_4|>"], "has x2 < x1"),
+        (["<|coord_1|>", "<|coord_2|>", "<|coord_3|>"], "4 numbers [x1, y1, x2, y2] or 4 <|coord_k|> tokens"),
+    ],
+)
+def test_bad_coord_tokens_are_named(tmp_path: Path, box: list[Any], expected: str) -> None:
+    path = _write(tmp_path, [_record(objects=[{"desc": "x", "bbox_2d": box}])])
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path)
+    assert str(info.value).startswith(f"{path}:1: objects[0]: ")
+    assert expected in str(info.value)
+
+
+def test_coord_tokens_are_refused_as_pixel_boxes(tmp_path: Path) -> None:
+    path = _write(tmp_path, [TOKEN_LINE])
+    with pytest.raises(
+        DataError, match=r"<\|coord_k\|> tokens, which are norm-1000 bins.*box_format: norm1000"
+    ):
+        load_jsonl_dataset(path, box_format="pixel")
+
+
+def test_convert_coco_output_without_pixel_box_format_says_so(tmp_path: Path) -> None:
+    # what `stagectl convert coco` writes: pixel xyxy floats within the image
+    line = _record(width=100, height=80, objects=[{"desc": "dog", "bbox_2d": [43.39, 11.1, 82.74, 50.45]}])
+    path = _write(tmp_path, [line])
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path)  # the norm1000 default
+    message = str(info.value)
+    assert (
+        "these look like pixel boxes (as `stagectl convert coco` writes them): set data.box_format: pixel"
+        in message
+    )
+    assert message.startswith(f"{path}:1: objects[0]: bbox_2d [43.39, 11.1, 82.74, 50.45]")
