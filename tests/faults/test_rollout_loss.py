@@ -18,7 +18,7 @@ import httpx
 
 from stagectl.learner.checkpoint import list_checkpoints
 from stagectl.rollout.server.launcher import ServerProcess, start_server_process
-from tests.faults.helpers import _entries, fault_run
+from tests.faults.helpers import _entries, fault_run, report
 from tests.integration.helpers import ROOT, async_config, read_metrics, write_config
 
 
@@ -155,6 +155,11 @@ def test_killed_server_stops_the_run_with_the_servers_error_and_checkpoint(tmp_p
     assert f"the latest checkpoint is {latest}" in output
     assert latest.name == f"checkpoint-{stopped_before - 1}"  # written for the stop (save_steps is 4)
     assert elapsed < 8 + 60, elapsed
+    report(
+        fault="the only rollout server SIGKILLed for good (2 ranks)",
+        failed_cleanly=True,
+        exit_s=round(elapsed, 1),
+    )
 
 
 def test_continue_a_only_trains_a_without_a_server_warning_every_skipped_b_step(tmp_path: Path) -> None:
