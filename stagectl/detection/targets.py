@@ -31,7 +31,8 @@ text of the matched GT objects (GT desc, GT box) in the order of the predictions
 objects; structure CE 1, matched descs as above but always written as the GT desc, FN descs
 `desc_ce_weight`, every box a group toward its own (written) bins.
 In the prefix, a token shared by two regions (a fused `"]},` at an entry boundary) takes the smallest
-weight any of them gives it, so a masked region never leaks CE into a neighbour.
+weight any of them gives it, so a masked region never leaks CE into a neighbour (also where a desc
+re-encode splits such a token: its bytes keep the masks of the entries they belong to).
 """
 
 from __future__ import annotations
@@ -183,16 +184,28 @@ def _desc_splice(
     starts: Sequence[int],
     encode: Encode,
     vocab: TokenVocab,
+    neighbour_weights: Sequence[float],
 ) -> _Splice:
     """Re-encode the tokens overlapping `obj`'s desc with `desc` written in its place (JSON-escaped, as the
-    serializer writes it); the new desc tokens take `weight`, the structure bytes they carry CE 1."""
+    serializer writes it); the new desc tokens take `weight`, the structure bytes they carry CE 1, capped
+    by the weight the other entries' masks gave the token those bytes came from (`neighbour_weights`): a
+    `"}, "` fused into the desc's last token that reaches into a masked FP entry stays masked after the
+    re-encode, as the smallest-weight rule keeps it without one."""
     first, stop = obj.desc_token_span
     desc_start, desc_end = obj.desc_bytes
     escaped = json.dumps(desc, ensure_ascii=False)[1:-1].encode("utf-8")
     head = prefix_bytes[starts[first] : desc_start]  # e.g. `"` or `": "` fused into the first desc token
-    text = (head + escaped + prefix_bytes[desc_end : starts[stop]]).decode("utf-8")
-    ids = _encode_checked(text, encode, vocab)
-    weights = _desc_weighted(ids, vocab, [(len(head), len(head) + len(escaped))], [weight])
+    tail = prefix_bytes[desc_end : starts[stop]]  # e.g. `"` or `", ` fused into the last desc token
+    ids = _encode_checked((head + escaped + tail).decode("utf-8"), encode, vocab)
+    desc_stop = len(head) + len(escaped)
+    weights = _desc_weighted(ids, vocab, [(len(head), desc_stop)], [weight])
+    # head bytes all come from token `first`, tail bytes from token `stop - 1`
+    new_starts = list(accumulate((len(vocab.token_bytes[t]) for t in ids), initial=0))  # [len(ids) + 1]
+    for k in range(len(ids)):
+        if new_starts[k] < len(head):
+            weights[k] = min(weights[k], neighbour_weights[first])
+        if new_starts[k + 1] > desc_stop:
+            weights[k] = min(weights[k], neighbour_weights[stop - 1])
     return _Splice(first, stop, ids, weights)
 
 
@@ -221,13 +234,19 @@ def build_channel_b_segment(
     starts = list(accumulate((len(vocab.token_bytes[t]) for t in prefix), initial=0))  # [len(prefix) + 1]
     prefix_bytes = b"".join(vocab.token_bytes[t] for t in prefix)
     weights = [1.0] * len(prefix)
+    gt_of_pred = dict(match.pairs)
+    # first the masked entries (FP, dropped), so a matched desc's weights see every neighbour's mask
+    for i, obj in enumerate(parse.valid_objects):
+        if i not in gt_of_pred:  # FP
+            _mask(weights, obj.token_span, 0.0)
+    for dropped in parse.dropped_objects:
+        _mask(weights, dropped.token_span, 0.0)
+    neighbour_weights = list(weights)
     matched: list[tuple[ParsedObject, tuple[int, int, int, int]]] = []
     splices: list[_Splice] = []
-    gt_of_pred = dict(match.pairs)
     for i, obj in enumerate(parse.valid_objects):
         j = gt_of_pred.get(i)
-        if j is None:  # FP
-            _mask(weights, obj.token_span, 0.0)
+        if j is None:
             continue
         desc, desc_weight = matched_desc(
             obj.desc,
@@ -236,17 +255,15 @@ def build_channel_b_segment(
             mask_correct=mask_correct_matched_desc,
             always_gt=False,
         )
-        if desc != obj.desc:
-            splices.append(_desc_splice(obj, desc, desc_weight, prefix_bytes, starts, encode, vocab))
-        _mask(weights, obj.desc_token_span, 0.0)  # a spliced span's weights are replaced below
-        if desc == obj.desc and desc_weight > 0:
-            for k in range(*obj.desc_token_span):
-                weights[k] = desc_weight
+        if desc != obj.desc:  # the span's weights are replaced by the splice's below
+            splices.append(
+                _desc_splice(obj, desc, desc_weight, prefix_bytes, starts, encode, vocab, neighbour_weights)
+            )
+        for k in range(*obj.desc_token_span):
+            weights[k] = min(neighbour_weights[k], desc_weight)
         for position in obj.coord_positions:
             weights[position] = 0.0
         matched.append((obj, _bins(gt_objects[j])))
-    for dropped in parse.dropped_objects:
-        _mask(weights, dropped.token_span, 0.0)
 
     # apply the desc splices (disjoint, each inside its own entry); `new_position` maps the rest
     ids_out: list[int] = []

@@ -164,6 +164,34 @@ def test_raw_prefix_splice_with_quotes_fused_into_the_desc_tokens() -> None:
     assert [g.gt_bins for g in segment.coord_groups] == RAW_GROUPS
 
 
+def test_raw_prefix_splice_keeps_a_masked_fp_neighbour_masked() -> None:
+    # entry 2 written box first, so its desc's last token fuses `"}, "`: the end of entry 2 and the start of
+    # the FP entry after it. That token is masked (smallest weight of its regions); re-encoded, the bytes
+    # `"}, "` must stay masked, or the target would teach the model to open the FP entry.
+    coords = ", ".join(f'"<|coord_{b}|>"' for b in BLUE_PRED)
+    box_first = f'"object_2": {{"bbox_2d": [{coords}], "desc": "blue ring"}}'
+    rollout = "{" + entry(1, "green star", GREEN_PRED) + ", " + box_first + FP_ENTRY + "}" + EOT
+    fused = toy_tokenizer(['g"}, "'])
+    parse = parse_rollout(fused.encode(rollout), fused.vocab)
+    match = match_objects(parse.valid_objects, GT, RolloutMatchingConfig())
+    assert (match.pairs, match.fp) == ([(0, 1), (1, 0)], [2])
+
+    def build(weight: float) -> Segment:
+        return build_channel_b_segment(
+            parse, match, GT, encode=fused.encode, vocab=fused.vocab, desc_ce_weight=W_MISSED,
+            desc_ce_weight_matched=weight,
+        )  # fmt: skip
+
+    unspliced = build(0.0)
+    k = unspliced.input_ids.index(fused.ids('g"}, "')[0])
+    assert unspliced.ce_weights[k] == 0.0  # the fused token, before any re-encode
+    spliced = build(W_MATCHED)
+    text = fused.text(spliced.input_ids)
+    start = len(fused.encode(text[: text.index('red square"}, "')]))
+    assert fused.text(spliced.input_ids[start : start + 15]) == 'red square"}, "'
+    assert spliced.ce_weights[start : start + 15] == [W_MATCHED] * 10 + [0.0] * 5
+
+
 def accepted_objects() -> tuple[list[Any], MatchResult]:
     parse, match = rollout_parse()
     return list(parse.valid_objects), match
