@@ -222,11 +222,7 @@ def build_channel_b_segment(
 ) -> Segment:
     """Rollout prefix + FN append + end-of-turn. `match` pairs indices of `parse.valid_objects` with
     indices of `gt_objects`; matched descs per `matched_desc` (module docstring)."""
-    num_pred, num_gt = len(parse.valid_objects), len(gt_objects)
-    if any(not (0 <= i < num_pred and 0 <= j < num_gt) for i, j in match.pairs) or any(
-        not 0 <= j < num_gt for j in match.fn
-    ):
-        raise ValueError("match indices do not fit parse.valid_objects / gt_objects")
+    _check_match(match, len(parse.valid_objects), len(gt_objects), "parse.valid_objects")
     if desc_ce_weight < 0:
         raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
 
