@@ -3,6 +3,9 @@
 `G0` is the mission focus: required, never deleted or edited by reflection. `S*` keys are read-only
 rules written by people. `G1, G2, ...` are the learnable rules that reflection may add, update, delete
 or merge. `step` counts accepted changes.
+
+A guidance file is a versioned artifact: `step` and `updated_at` are required (no default), and the
+legacy `focus` key is refused with a message saying that `experiences.G0` replaces it.
 """
 
 from __future__ import annotations
@@ -65,10 +68,20 @@ def parse_guidance(data: Any) -> Guidance:
     """Decoded guidance JSON -> `Guidance`; `ValueError` naming the problem otherwise."""
     if not isinstance(data, Mapping):
         raise ValueError(f"guidance must be a JSON object, got {type(data).__name__}")
-    step = data.get("step", 0)
+    if "focus" in data or (isinstance(data.get("experiences"), Mapping) and "focus" in data["experiences"]):
+        raise ValueError(
+            "the legacy 'focus' key is no longer read: the mission focus is experiences.G0 "
+            '(move its text to "experiences": {"G0": "<focus>", ...} and remove focus)'
+        )
+    for name in ("step", "updated_at"):
+        if name not in data:
+            raise ValueError(
+                f"missing key {name!r} (a guidance file is versioned: step and updated_at are required)"
+            )
+    step = data["step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    updated_at = data.get("updated_at", "")
+    updated_at = data["updated_at"]
     if not isinstance(updated_at, str):
         raise ValueError(f"updated_at must be a string, got {updated_at!r}")
     experiences = data.get("experiences")

@@ -10,7 +10,10 @@ Accepted shapes (one JSON object each, from `{"operations": [...]}` or a bare li
 An optional `"reason"` string is kept for the log. An operation is dropped (with its reason) when it is
 malformed, touches G0 or an S* rule, names a rule that does not exist, cites evidence that is not a
 ticket of the reflection batch, conflicts with an earlier operation of the same answer, or exceeds
-`max_operations`. An `add` whose text equals an existing rule merges into it (no new rule). A set that
+`max_operations`, or whose text carries a third-state marker (`verdict.THIRD_STATE_MARKERS`: a rule such
+as `需复核时通过。` would ask every later rollout for an answer the verdict parser rejects). A merge that
+names a rule that does not exist is dropped whole (upstream merges the rules that exist; a merged text
+written for rules that are gone is not trusted). An `add` whose text equals an existing rule merges into it (no new rule). A set that
 would remove every learnable rule is rejected as a whole: reflection may prune rules, never wipe them.
 `apply_operations` never raises, whatever it is given.
 """
@@ -31,6 +34,7 @@ from stagectl.stage_b.guidance import (
     normalize_text,
     ordered,
 )
+from stagectl.stage_b.verdict import THIRD_STATE_MARKERS
 
 OpKind = Literal["add", "update", "delete", "merge"]
 MAX_RULE_CHARS = 500
@@ -159,6 +163,9 @@ def _check(
             return "merge needs keys: a list of at least two rule keys"
         if len(set(keys)) != len(keys):
             return "merge keys must be distinct"
+        missing = [k for k in keys if is_learnable(k) and k not in work]
+        if missing:
+            return f"merge names no rule {', '.join(missing)}: the whole merge is dropped"
     else:
         key = item.get("key")
         if not isinstance(key, str):
@@ -190,6 +197,13 @@ def _text(value: Any) -> str:
     text = normalize_text(value)
     if len(text) > MAX_RULE_CHARS:
         return f"!text is longer than {MAX_RULE_CHARS} characters"
+    folded = text.casefold()
+    marker = next((m for m in THIRD_STATE_MARKERS if m in folded), None)
+    if marker is not None:
+        return (
+            f"!text holds the third-state marker {marker!r}: a rule may lead only to pass or fail "
+            "(rollout answers with a third state are format errors)"
+        )
     return text
 
 

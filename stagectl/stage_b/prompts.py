@@ -1,6 +1,11 @@
 """Prompt text (pure): the rollout prompt (guidance + summaries, never the label) and the reflection
 prompt (guidance + the queued records, asking for strict JSON operations).
 
+Stage-A summaries can carry review notes (`需复核,备注: ...`, "needs review, note: ..."). Both prompts show
+a summary through `prompt_summary`: `需复核,备注:` becomes `备注:` (as upstream builds its Stage-B prompt) and
+any other review marker (`需复核`, `需要复核`, `人工复核`, `复核`) is removed, so the prompt never shows the
+third-state wording that `verdict.parse_verdict` rejects in an answer.
+
 Messages are plain chat messages `{"role": "system"|"user", "content": str}` that any chat template
 (or the rollout server) accepts.
 """
@@ -8,6 +13,7 @@ Messages are plain chat messages `{"role": "system"|"user", "content": str}` tha
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +21,8 @@ from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.tickets import Ticket
 
 Message = dict[str, str]
+_REVIEW_NOTE = re.compile(r"(?:需要|需)复核\s*[,，、;；]?\s*备注\s*([:：])")
+_REVIEW_MARKER = re.compile(r"(?:需要|需|人工)?复核\s*[,，、;；:：]?\s*")
 
 ROLLOUT_SYSTEM = (
     "You review a group of images through their text summaries and decide whether the group passes "
@@ -49,12 +57,17 @@ class ReflectionRecord:
     reasons: tuple[str, ...]  # reasons of the well-formed candidates
 
 
+def prompt_summary(summary: str) -> str:
+    """A Stage-A summary without its review markers (see the module docstring)."""
+    return _REVIEW_MARKER.sub("", _REVIEW_NOTE.sub(r"备注\1", summary)).strip()
+
+
 def render_guidance(guidance: Guidance) -> str:
     return "\n".join(f"[{key}] {text}" for key, text in guidance.experiences.items())
 
 
 def rollout_messages(guidance: Guidance, ticket: Ticket, mission: str) -> list[Message]:
-    summaries = "\n".join(f"{name}: {summary}" for name, summary in ticket.per_image)
+    summaries = "\n".join(f"{name}: {prompt_summary(summary)}" for name, summary in ticket.per_image)
     user = f"Mission: {mission}\nGuidance:\n{render_guidance(guidance)}\n\nImage summaries:\n{summaries}"
     return [{"role": "system", "content": ROLLOUT_SYSTEM}, {"role": "user", "content": user}]
 
@@ -70,7 +83,7 @@ def reflection_messages(
             "label": ticket.label,
             "model_verdict": record.verdict,
             "votes": {"pass": record.num_pass, "fail": record.num_fail},
-            "summaries": dict(ticket.per_image),
+            "summaries": {name: prompt_summary(summary) for name, summary in ticket.per_image},
             "model_reasons": list(record.reasons[:3]),
         }
         lines.append(json.dumps(entry, ensure_ascii=False))

@@ -136,7 +136,7 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
         json.dumps({"mission": "m", "group_id": "g", "label": "pass", "per_image": {"image_1": "a"}})
     )
     guidance = tmp_path / "g.json"
-    guidance.write_text(json.dumps({"step": 0, "experiences": {"G0": "f"}}))
+    guidance.write_text(json.dumps({"step": 0, "updated_at": "", "experiences": {"G0": "f"}}))
     base = ["mission=m", f"tickets=[{tickets}]", f"guidance.path={guidance}", f"output.root={tmp_path}"]
     with pytest.raises(ValueError, match=r"runner\.server\.base_urls: runner\.engine: server needs"):
         run_all(load_config(None, [*base, "runner.engine=server"]))

@@ -16,7 +16,7 @@ from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages, roll
 from stagectl.stage_b.reflection import decode_answer, reflect
 from stagectl.stage_b.selection import select_verdict
 from stagectl.stage_b.tickets import Ticket
-from stagectl.stage_b.verdict import parse_verdict
+from stagectl.stage_b.verdict import THIRD_STATE_MARKERS, parse_verdict
 
 G = Guidance(0, "", {"G0": "judge the group", "G1": "red means fail"})
 RED = Ticket("m", "g1", "fail", (("image_1", "red circle"), ("image_2", "blue square")))
@@ -113,3 +113,16 @@ def test_metrics_window_rates() -> None:
     assert row["fp_rate"] == pytest.approx(1 / 2) and row["fn_rate"] == pytest.approx(1 / 3)
     assert row["num_no_verdict"] == 1 and row["malformed_rate"] == pytest.approx(2 / 6)
     assert row["tickets_per_s"] == pytest.approx(2.5)
+
+
+def test_stage_a_review_markers_do_not_reach_the_prompts() -> None:
+    # a Stage-A summary as upstream writes it: a review note in front of the remark
+    ticket = Ticket("m", "g4", "fail", (("image_1", "需复核,备注: 螺丝缺失"), ("image_2", "划痕; 需复核"),
+                                        ("image_3", "人工复核：标签模糊")))  # fmt: skip
+    rollout = rollout_messages(G, ticket, "m")[-1]["content"]
+    assert "image_1: 备注: 螺丝缺失" in rollout and "image_3: 标签模糊" in rollout
+    record = ReflectionRecord(ticket, "pass", 1, 1, ())
+    reflection = reflection_messages(G, [record], "m", 2)[-1]["content"]
+    assert json.loads(reflection.splitlines()[-1])["summaries"]["image_1"] == "备注: 螺丝缺失"
+    for text in (rollout, reflection):
+        assert not [m for m in THIRD_STATE_MARKERS if m in text.casefold()]

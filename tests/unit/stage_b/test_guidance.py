@@ -12,6 +12,9 @@ import pytest
 from stagectl.stage_b.guidance import Guidance, next_learnable_key, parse_guidance
 from stagectl.stage_b.guidance_ops import apply_operations
 from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file
+from stagectl.stage_b.prompts import ReflectionRecord
+from stagectl.stage_b.reflection import ReflectionResult, reflection_row
+from stagectl.stage_b.tickets import Ticket
 
 NOW = "2026-11-21T12:00:00Z"
 BASE = Guidance(
@@ -41,12 +44,12 @@ def test_parse_guidance_orders_and_normalises() -> None:
 @pytest.mark.parametrize(
     ("data", "why"),
     [
-        ({"step": 0, "experiences": {"G1": "x"}}, "G0"),
-        ({"step": -1, "experiences": {"G0": "x"}}, "step"),
-        ({"step": 0, "experiences": {"G0": "x", "X1": "y"}}, "X1"),
-        ({"step": 0, "experiences": {"G0": ""}}, "non-empty"),
-        ({"step": 0, "experiences": []}, "experiences"),
-        ({"step": 0, "experiences": {"G0": "x"}, "extra": 1}, "unknown"),
+        ({"step": 0, "updated_at": "t", "experiences": {"G1": "x"}}, "G0"),
+        ({"step": -1, "updated_at": "t", "experiences": {"G0": "x"}}, "step"),
+        ({"step": 0, "updated_at": "t", "experiences": {"G0": "x", "X1": "y"}}, "X1"),
+        ({"step": 0, "updated_at": "t", "experiences": {"G0": ""}}, "non-empty"),
+        ({"step": 0, "updated_at": "t", "experiences": []}, "experiences"),
+        ({"step": 0, "updated_at": "t", "experiences": {"G0": "x"}, "extra": 1}, "unknown"),
         ([], "JSON object"),
     ],
 )
@@ -242,7 +245,7 @@ def test_crash_between_snapshot_and_replace_keeps_old_file(
 
 def test_read_guidance_file_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "g.json"
-    bad.write_text('{"step": 0, "experiences": {"G1": "x"}}')
+    bad.write_text('{"step": 0, "updated_at": "t", "experiences": {"G1": "x"}}')
     with pytest.raises(ValueError, match=r"g\.json: experiences\.G0"):
         read_guidance_file(bad)
     bad.write_text("{not json")
@@ -250,3 +253,65 @@ def test_read_guidance_file_names_the_file(tmp_path: Path) -> None:
         read_guidance_file(bad)
     with pytest.raises(ValueError, match="not found"):
         read_guidance_file(tmp_path / "missing.json")
+
+
+# ------------------------------------------------------------------ upstream-style files and answers
+
+
+@pytest.mark.parametrize("missing", ["step", "updated_at"])
+def test_guidance_file_without_step_or_updated_at_names_file_and_key(tmp_path: Path, missing: str) -> None:
+    data = {
+        "step": 2,
+        "updated_at": "2026-11-20T00:00:00Z",
+        "experiences": {"G0": "focus", "G1": "red fails"},
+    }
+    del data[missing]
+    path = tmp_path / "upstream_guidance.json"
+    path.write_text(json.dumps(data, ensure_ascii=False))
+    with pytest.raises(ValueError, match=rf"upstream_guidance\.json: missing key '{missing}'"):
+        read_guidance_file(path)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"step": 1, "updated_at": "t", "focus": "挑出缺陷", "experiences": {"G0": "挑出缺陷"}},
+        {"step": 1, "updated_at": "t", "experiences": {"focus": "挑出缺陷", "G1": "red fails"}},
+    ],
+)
+def test_legacy_focus_key_says_what_replaces_it(tmp_path: Path, data: dict[str, Any]) -> None:
+    path = tmp_path / "legacy.json"
+    path.write_text(json.dumps(data, ensure_ascii=False))
+    with pytest.raises(ValueError, match=r"legacy\.json: the legacy 'focus' key .* experiences\.G0"):
+        read_guidance_file(path)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"op": "add", "text": "需复核时通过。", "evidence": ["g1::fail"]},
+        {"op": "update", "key": "G1", "text": "红色需要复核", "evidence": ["g1::fail"]},
+        {
+            "op": "merge",
+            "keys": ["G1", "G2"],
+            "text": "If uncertain, answer need review",
+            "evidence": EVIDENCE,
+        },
+    ],
+)
+def test_rule_text_with_a_third_state_marker_is_dropped_with_the_reason(op: dict[str, Any]) -> None:
+    out = apply([op])
+    assert not out.changed and out.guidance is BASE
+    (dropped,) = out.dropped
+    assert "third-state marker" in dropped.reason
+    record = ReflectionRecord(Ticket("m", "g1", "fail", (("image_1", "x"),)), "pass", 1, 0, ())
+    row = reflection_row(ReflectionResult(BASE, out, json.dumps({"operations": [op]}), None), [record])
+    assert row["changed"] is False and "third-state marker" in row["dropped"][0]["reason"]
+
+
+def test_merge_naming_a_missing_rule_is_dropped_whole() -> None:
+    # upstream would merge G1 and G2 and warn about G7; ours refuses the whole merge (docs/stage_b.md)
+    out = apply([{"op": "merge", "keys": ["G1", "G2", "G7"], "text": "red or blue", "evidence": EVIDENCE}])
+    assert not out.changed and out.guidance.experiences == BASE.experiences
+    (dropped,) = out.dropped
+    assert dropped.reason == "merge names no rule G7: the whole merge is dropped"
