@@ -17,7 +17,8 @@ Qwen2.5-VL's (same special-token layout).
   packed tokens.
   MFU, two counts, over the dense bf16 peak by device name (PEAK_TFLOPS):
   * ours: 6 * (N - N_head) * tokens + 6 * N_head * head rows, N the language model's parameters (the tied
-    embedding / head counted once): no attention, no vision tower, no recompute (a lower bound);
+    embedding / head counted once; an untied input embedding, a lookup, not at all): no attention, no
+    vision tower, no recompute (a lower bound);
   * attention + vision: ours plus the language model's attention, 12 * layers * hidden * sum over segments
     of length^2 (each segment attends to itself only: what the block-diagonal mask or varlen leaves to do;
     the causal half not discounted, as PaLM / torchtitan count), the vision tower's parameters at 6 FLOPs per
@@ -203,10 +204,13 @@ def model_flops(model: Any, packs: list[Any], head_rows: int) -> dict[str, float
     """Training FLOPs of forward + backward over `packs` in the two counts of the module docstring."""
     text = model.config.get_text_config()
     lm_params = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
-    head_params = model.get_output_embeddings().weight.numel()  # tied: the embedding matrix, counted once
+    head = model.get_output_embeddings().weight
+    head_params = head.numel()  # tied: the embedding matrix, counted once
+    embed = model.get_input_embeddings().weight
+    lookup_params = 0 if embed is head else embed.numel()  # an untied input embedding is a lookup: no FLOPs
     tokens = sum(p.num_tokens for p in packs)
     # 6 FLOPs per parameter per token, the LM head only on the rows the loss reads (the learner skips the rest)
-    ours = 6 * (lm_params - head_params) * tokens + 6 * head_params * head_rows
+    ours = 6 * (lm_params - head_params - lookup_params) * tokens + 6 * head_params * head_rows
     width = text.num_attention_heads * (text.hidden_size // text.num_attention_heads)
     per_segment = sum(12 * text.num_hidden_layers * width * n * n for p in packs for n in p.segment_lengths)
     dense = sum(12 * text.num_hidden_layers * width * p.num_tokens * p.num_tokens for p in packs)

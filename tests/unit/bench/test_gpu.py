@@ -52,6 +52,11 @@ def test_learner_rows_and_both_flop_counts_on_the_cpu() -> None:
     assert row["tflops_per_s_attention_vision"] > row["model_tflops_per_s"]
     pack = collate_pack(image_segments(bundle), model)
     counts = model_flops(model, [pack], head_rows=10)
+    lm_params = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
+    head, embed = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert embed is not head  # the tiny model's head is untied: its input embedding is a lookup, no FLOPs
+    body = lm_params - head.numel() - embed.numel()
+    assert counts["ours"] == 6 * body * pack.num_tokens + 6 * head.numel() * 10
     text = model.config.get_text_config()
     attention = 12 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in pack.segment_lengths)
     dense = 12 * text.num_hidden_layers * text.hidden_size * pack.num_tokens**2
