@@ -18,8 +18,13 @@ class DecodingConfig(StrictModel):
     (the FN/FP/duplicates Channel-B corrects) instead of sampling noise, while staying seedable."""
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling mass."""
-    top_k: int = Field(0, ge=0)
-    """Top-k sampling; 0 disables it."""
+    top_k: int = Field(0, ge=-1)
+    """Top-k sampling; 0 disables it. -1 (the "off" that upstream configs and vLLM write) is read as 0."""
+
+    @field_validator("top_k")
+    @classmethod
+    def resolve_top_k_off(cls, value: int) -> int:
+        return 0 if value == -1 else value
 
 
 class ServerEndpoint(StrictModel):

@@ -497,3 +497,17 @@ def test_fsdp_needs_two_ranks_bf16_and_server_rollouts(tmp_path: Path) -> None:
 def test_fsdp_accepts_a_only_and_async_server_runs(tmp_path: Path) -> None:
     load_config(write(tmp_path, A_ONLY), ["training.parallelism=fsdp"], world_size=2)
     load_config(write(tmp_path, ASYNC, "async.yaml"), ["training.parallelism=fsdp"], world_size=2)
+
+
+@pytest.mark.parametrize("top_k", [-1, 0])
+def test_upstream_top_k_minus_one_means_off(tmp_path: Path, top_k: int) -> None:
+    # an upstream rollout config: `top_k: -1` is "off", as vLLM writes it
+    data = {**BASE, "custom": {"extra": {"rollout_matching": {"decoding": {"top_k": top_k, "top_p": 1.0}}}}}
+    cfg = load_config(write(tmp_path, data))
+    assert cfg.custom.extra.rollout_matching.decoding.top_k == 0
+
+
+def test_top_k_below_minus_one_is_refused(tmp_path: Path) -> None:
+    data = {**BASE, "custom": {"extra": {"rollout_matching": {"decoding": {"top_k": -2}}}}}
+    problems = problems_of(tmp_path, data)
+    assert "custom.extra.rollout_matching.decoding.top_k" in problems
