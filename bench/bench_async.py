@@ -48,25 +48,12 @@ from typing import Any
 
 import yaml
 
+from bench import document
+from bench.async_configs import CONFIGS, PLACEMENTS, VARIANTS
 from stagectl.timing import PHASES
 
 ROOT = Path(__file__).parents[1]
 WARMUP, TAIL = 2, 1
-CONFIGS = {
-    "b0.5": ("step", "step_pipeline", "async"),
-    "example": ("step", "async"),
-    "example-fenced": ("async",),
-    "b1.0": ("step", "async"),
-    "b1.0n40": ("step", "async"),
-}
-# a variant: its base config with these keys (dotted config paths) changed; compared with its own step runs
-# where it has them (CONFIGS), else with its base's (a key that does nothing in step mode)
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "b1.0n40": ("b1.0", {"custom.extra.rollout_matching.max_new_tokens": 40}),
-    # the weight sync before in_flight_sync: it waits for the burst in flight (side by side with `example`)
-    "example-fenced": ("example", {"stage2_ab.channel_b.async.in_flight_sync": False}),
-}
-PLACEMENTS = ("separated", "shared")
 
 
 def _config(
@@ -378,20 +365,16 @@ def main() -> None:
     if args.repeats:
         spread = repeats(args.repeats, args.steps)
         if args.save:
-            from bench.__main__ import RESULTS, write_markdown
-
-            path = RESULTS / "async.json"
+            path = document.RESULTS / "async.json"
             saved = json.loads(path.read_text())  # the table the repeats sit beside
             saved["result"]["repeats"] = spread
             path.write_text(json.dumps(saved, indent=2))
-            write_markdown()
+            document.write_markdown()
         return
     result = run(args.steps, args.only)
     print(json.dumps(result["compare"], indent=2))
     if args.save:
-        from bench.__main__ import RESULTS, write_markdown
-
-        path = RESULTS / "async.json"
+        path = document.RESULTS / "async.json"
         if args.only and path.exists():  # keep the other rows: merge these runs into the saved ones
             saved = json.loads(path.read_text())
             result = merge(saved["result"], result)
@@ -399,7 +382,7 @@ def main() -> None:
         else:
             meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": result["total_s"]}
         path.write_text(json.dumps({"meta": meta, "result": result}, indent=2))
-        write_markdown()
+        document.write_markdown()
 
 
 if __name__ == "__main__":

@@ -40,23 +40,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).parents[1]
+from bench.learning_jobs import A_ONLY_FACTOR, ROOT, Job, Sizes, phase2_overrides, run_jobs, train_argv
+
 CONFIG = ROOT / "examples" / "tiny" / "learn_shapes.yaml"
 PLOTS = Path(__file__).parent / "plots"
 # box vs label, read from the eval rows beside AP (docs/evaluation.md)
 LABEL_METRICS = ("AP_agnostic", "desc_accuracy", "f1_desc", "AP_constant_score")
-A_ONLY_FACTOR = 2  # A-only phase-2 runs this many times the steps (for the equal-wall-time comparison)
 
 TASKS: dict[str, dict[str, Any]] = {
     "sparse": {"image_size": 112, "max_objects": 2, "side_fraction": [0.3, 0.5], "max_new_tokens": 128},
@@ -67,17 +64,6 @@ VARIANTS: dict[str, list[str]] = {
     "AB raw_prefix": ["stage2_ab.schedule.b_ratio=0.5", "stage2_ab.channel_b.target=raw_prefix"],
     "AB clean_prefix": ["stage2_ab.schedule.b_ratio=0.5", "stage2_ab.channel_b.target=clean_prefix"],
 }
-
-
-@dataclass(frozen=True)
-class Sizes:
-    tasks: tuple[str, ...]
-    stage1_steps: dict[str, int]
-    phase2_steps: int
-    seeds: int
-    eval_images: dict[str, int]
-    train_images: int = 4096
-    phase2_lr: float = 3.0e-4
 
 
 FULL = Sizes(
@@ -99,14 +85,6 @@ QUICK = Sizes(
 )
 
 
-@dataclass
-class Job:
-    name: str
-    argv: list[str]
-    out: Path
-    after: str | None = None  # the job whose output this one needs (phase 2 after its task's Stage-1)
-
-
 def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
     """The learning config with the task's data and eval split."""
     config = yaml.safe_load(CONFIG.read_text())
@@ -122,64 +100,6 @@ def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
     config["custom"]["extra"]["rollout_matching"]["max_new_tokens"] = spec["max_new_tokens"]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def train_argv(config: Path, out: Path, overrides: list[str]) -> list[str]:
-    argv = [sys.executable, "-m", "stagectl", "train-ab", str(config), "--set", f"training.output_dir={out}"]
-    for item in overrides:
-        argv += ["--set", item]
-    return argv
-
-
-def run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
-    """Run `jobs`, `workers` at a time, one torch thread each, each once the job it needs has finished
-    (in list order otherwise); returns each job's wall seconds."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    pending = list(jobs)
-    running: dict[str, tuple[subprocess.Popen[bytes], float, Path]] = {}
-    walls: dict[str, float] = {}
-    while pending or running:
-        while len(running) < workers:
-            ready = [j for j in pending if j.after is None or j.after in walls]
-            if not ready:
-                break
-            job = ready[0]
-            pending.remove(job)
-            log = log_dir / f"{job.name}.log"
-            # the log goes to a file, not a pipe: a run's progress lines must never block on a full pipe
-            with log.open("w") as handle:
-                proc = subprocess.Popen(job.argv, cwd=ROOT, env=env, stdout=handle, stderr=handle)
-            running[job.name] = (proc, time.perf_counter(), log)
-            print(f"   started {job.name}", flush=True)
-        for name, (proc, started, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[name]
-            if proc.returncode != 0:
-                for other, _, _ in running.values():
-                    other.kill()
-                tail = log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"learning check: {name} failed (exit {proc.returncode}):\n{tail}")
-            walls[name] = time.perf_counter() - started
-            print(f"   finished {name} in {walls[name]:.0f} s", flush=True)
-        time.sleep(0.5)
-    return walls
-
-
-def phase2_overrides(checkpoint: Path, steps: int, seed: int, sizes: Sizes) -> list[str]:
-    """What every phase-2 run sets: start from the Stage-1 checkpoint, constant LR, eval every
-    `phase2_steps / 2` steps (the same steps for every variant, whatever its length)."""
-    return [
-        f"model.name_or_path={checkpoint}",
-        f"training.max_steps={steps}",
-        f"training.seed={seed}",
-        f"training.learning_rate={sizes.phase2_lr}",
-        "training.lr_scheduler_type=constant",
-        "training.warmup_steps=10" if sizes.phase2_steps > 20 else "training.warmup_steps=0",
-        f"data.eval.every_steps={max(1, sizes.phase2_steps // 2)}",
-        "training.save_steps=0",
-        "training.save_total_limit=1",
-    ]
 
 
 def _phase2_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path) -> list[Job]:

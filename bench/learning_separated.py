@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from bench.bench_learning import A_ONLY_FACTOR, Job, Sizes, phase2_overrides, run_jobs, train_argv
+from bench import document
+from bench.learning_jobs import A_ONLY_FACTOR, Job, Sizes, phase2_overrides, run_jobs, train_argv
 
 AB = "AB async separated"
 A2 = "A-only 2 cores"
@@ -247,12 +248,10 @@ def merge(saved: dict[str, Any] | None, fresh: dict[str, Any], meta: dict[str, A
 def save(result: dict[str, Any]) -> Path:
     """Merge a separated-only run into bench/results/learning.json (the 1-core tables kept) and rewrite
     BENCHMARKS.md."""
-    from bench.__main__ import RESULTS, write_markdown
-
-    path = RESULTS / "learning.json"
+    path = document.RESULTS / "learning.json"
     saved = json.loads(path.read_text()) if path.is_file() else None
     meta = {"ran_at": result["separated"]["ran_at"], "seconds": result["total_s"]}
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    document.RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merge(saved, result, meta), indent=2))
-    write_markdown()
+    document.write_markdown()
     return path

@@ -6,7 +6,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from bench.bench_async import CONFIGS, PLACEMENTS, VARIANTS
+from bench.async_configs import CONFIGS, PLACEMENTS, VARIANTS
 
 FULL_STEPS = 18  # bench_async.run's default
 

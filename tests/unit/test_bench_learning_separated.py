@@ -204,13 +204,13 @@ def test_save_merges_into_the_saved_check_and_rewrites_benchmarks_md(
 ) -> None:
     import json
 
-    import bench.__main__ as bench_main
+    from bench import document
 
-    recorded = Path(bench_main.RESULTS) / "learning.json"  # the committed full-size check
+    recorded = Path(document.RESULTS) / "learning.json"  # the committed full-size check
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "learning.json").write_text(recorded.read_text())
-    monkeypatch.setattr(bench_main, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(bench_main, "ROOT", tmp_path)
+    monkeypatch.setattr(document, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(document, "ROOT", tmp_path)
     before = json.loads(recorded.read_text())
     fresh = {"quick": False, "tasks": {}, "total_s": 660.0, "separated": _separated()}
 

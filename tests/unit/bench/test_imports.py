@@ -1,0 +1,61 @@
+"""The bench's own imports run one way: no cycle among `bench/` modules, counting function-level imports
+(a lazy import is still a dependency a reader has to follow)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+BENCH = Path(__file__).parents[3] / "bench"
+
+
+def bench_imports(path: Path) -> set[str]:
+    """The `bench` modules `path` imports, at any level."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "bench":
+            if node.module == "bench":  # `from bench import document`
+                found.update(f"bench.{alias.name}" for alias in node.names)
+            else:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "bench")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {f"bench.{p.stem}": p for p in BENCH.glob("*.py")}
+    return {name: bench_imports(path) & set(modules) - {name} for name, path in modules.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_lazy_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_bench_has_no_import_cycle() -> None:
+    edges = graph()
+    assert "bench.document" in edges and edges["bench.__main__"]  # the walk found the modules
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
