@@ -6,6 +6,11 @@
   once on a fresh connection, then the chunk is split in halves recursively down to single requests.
   Each piece is sent with `seed + offset`, so every request keeps seed `config.seed + its index`
   however the chunk was cut (see `protocol.py`). 4xx answers are the caller's mistake: raised at once.
+- A server that is gone (its retry also fails to connect, or the connection drops) is marked down at
+  once (`active` loses it until the next `use_servers`) and its share of the call is re-sent, whole and
+  with the same seeds and `weight_version`, to another active server (`failovers`). The version rule
+  holds: that server answers only at the call's version (`WrongVersionError` otherwise, as for any
+  call). With no other server left the call fails (`RolloutServerError`).
 
 Inference only: the weight sync to the servers is `weightsync.client.WeightSyncClient`.
 
@@ -66,7 +71,20 @@ _ITEMS = TypeAdapter(list[Any])  # each item read by `read_answer_item` (either 
 
 
 class _Retryable(Exception):
-    """Internal: a failure worth a retry (connection trouble, timeout, 5xx)."""
+    """Internal: a failure worth a retry (connection trouble, timeout, 5xx). `gone`: the server is not
+    there (no connection, or the connection dropped), not just slow or failing."""
+
+    def __init__(self, message: str, *, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+
+class _ServerGone(Exception):
+    """Internal: a server failed a call and its retry as gone; its share goes to another server."""
+
+
+# the transport errors of a server that is not there (a slow one times out on the read: not gone)
+_GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class RolloutClient:
@@ -97,7 +115,7 @@ class RolloutClient:
         )  # the servers requests go to (`use_servers`)
         self._pool = ThreadPoolExecutor(max_workers=len(self.base_urls), thread_name_prefix="rollout-client")
         self._lock = threading.Lock()
-        self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0}
+        self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0, "failovers": 0}
 
     @classmethod
     def from_config(
@@ -130,7 +148,8 @@ class RolloutClient:
             self._counts[key] += n
 
     def counters(self) -> dict[str, int]:
-        """Cumulative counts for metrics: infer_calls (HTTP calls), retries, splits, failed_calls."""
+        """Cumulative counts for metrics: infer_calls (HTTP calls), retries, splits, failed_calls,
+        failovers (a gone server's share re-sent to another server)."""
         with self._lock:
             return dict(self._counts)
 
@@ -167,7 +186,18 @@ class RolloutClient:
         """Send rollout requests to these servers only (a down or not yet re-synced one takes none; the
         others carry its share). An empty list keeps the last servers: their calls fail until one is back."""
         if indices:
-            self.active = sorted(indices)
+            with self._lock:
+                self.active = sorted(indices)
+
+    def _mark_down(self, k: int) -> list[int]:
+        """Server `k` is gone: it takes no more requests (until `use_servers` names it again). The
+        servers left to take its share; the last server is kept in `active` (its calls fail until one
+        is back), but none is left to take its share."""
+        with self._lock:
+            others = [i for i in self.active if i != k]
+            if others:
+                self.active = others
+            return others
 
     def versions(self) -> list[VersionResponse]:
         """Every server's weight version: what Channel-B training starts from. A server without
@@ -195,18 +225,45 @@ class RolloutClient:
         servers only, `VersionResponse.version_tags`)."""
         if not requests:
             return []
-        active = self.active
+        with self._lock:
+            active = list(self.active)
         parts = contiguous_parts(len(requests), len(active))
         if len(parts) == 1:
-            return self._infer_chunk(active[0], list(requests), config, 0, weight_version)
+            return self._infer_share(active[0], list(requests), config, 0, weight_version)
         futures = [
-            self._pool.submit(self._infer_chunk, k, list(requests[start:stop]), config, start, weight_version)
+            self._pool.submit(self._infer_share, k, list(requests[start:stop]), config, start, weight_version)
             for k, (start, stop) in zip(active, parts, strict=False)
         ]
         out: list[InferResponse] = []
         for future in futures:
             out += future.result()
         return out
+
+    def _infer_share(
+        self,
+        k: int,
+        requests: list[InferRequest],
+        config: RequestConfig,
+        offset: int,
+        weight_version: int | None,
+    ) -> list[InferResponse]:
+        """One server's share of a call; if that server is gone, the whole share again on another
+        active server (same seeds, same `weight_version`), until none is left."""
+        tried = {k}
+        while True:
+            try:
+                return self._infer_chunk(k, requests, config, offset, weight_version)
+            except _ServerGone as gone:
+                others = [i for i in self._mark_down(k) if i not in tried]
+                if not others:
+                    self._count("failed_calls")
+                    raise RolloutServerError(f"{gone}; no other rollout server to take its share") from None
+                k = others[0]
+                tried.add(k)
+                self._count("failovers")
+                log.warning(
+                    "%s; rollout server marked down, its share re-sent to %s", gone, self.base_urls[k]
+                )
 
     def _infer_chunk(
         self,
@@ -230,6 +287,8 @@ class RolloutClient:
         try:
             return self._post_infer(k, body, fresh=True)
         except _Retryable as second:
+            if second.gone:
+                raise _ServerGone(f"rollout {where}: server gone ({second})") from None
             if len(requests) == 1:
                 self._count("failed_calls")
                 raise RolloutServerError(f"rollout {where} failed twice: {second}") from None
@@ -251,7 +310,7 @@ class RolloutClient:
             else:
                 response = self._clients[k].post(url, json=payload)
         except httpx.HTTPError as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+            raise _Retryable(f"{type(exc).__name__}: {exc}", gone=isinstance(exc, _GONE)) from exc
         if response.status_code >= 500 or response.status_code in (408, 429):
             raise _Retryable(f"HTTP {response.status_code}: {response_detail(response)}")
         if response.status_code == 409 and body.weight_version is not None:

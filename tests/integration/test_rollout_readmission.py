@@ -19,7 +19,7 @@ from stagectl.dist import World
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.server_health import RolloutLossError, ServerHealth
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import RolloutClient
+from stagectl.rollout.client import RolloutClient, RolloutServerError
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
 from stagectl.rollout.server.app import build_app
 from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
@@ -113,6 +113,25 @@ def test_a_down_server_is_left_out_and_a_restarted_one_resynced_in_full(two_serv
     assert rig.answers() == [(3, 32.0)] * 4  # both servers, the learner's current weights
     rig.train()  # and the next regular sync (a delta again) reaches both
     assert rig.publisher.last.delta and rig.answers() == [(4, 48.0)] * 4
+
+
+def test_a_server_gone_mid_step_is_marked_down_and_its_share_re_sent_to_the_other(two_servers: Rig) -> None:
+    """Server 1 dies between two checks: the next call's share for it goes to server 0 in the same call
+    (same seeds, at the call's weight version) and server 1 is marked down at once, not at the next check."""
+    rig = two_servers
+    rig.health.check(0, wants_b=True)
+    rig.train()
+    requests = [InferRequest(messages=[Message(role="user", content=f"hi {i}")]) for i in range(4)]
+    config = RequestConfig(max_tokens=200, seed=7)
+    both = [r.choices[0].message.content for r in rig.rollouts.infer(requests, config, weight_version=1)]
+    rig.servers[1].stop()
+    alone = [r.choices[0].message.content for r in rig.rollouts.infer(requests, config, weight_version=1)]
+    assert alone == both  # every sample, the same seeds, the same version
+    assert rig.rollouts.active == [0] and rig.rollouts.counters()["failovers"] == 1
+    assert rig.answers() == [(1, 16.0)] * 4 and rig.rollouts.counters()["failovers"] == 1  # no retry on 1
+    rig.servers[0].stop()  # none left to take the share: the call fails, naming the server
+    with pytest.raises(RolloutServerError, match="no other rollout server"):
+        rig.answers()
 
 
 def test_a_server_restarted_between_probes_is_detected_by_its_instance_id(two_servers: Rig) -> None:
