@@ -6,9 +6,10 @@ duplicate, invalid, cut), the ground-truth objects appended as misses, and the t
 weight each carried and whether it carried geometry loss. The spans are read from the built segment
 (`collate.Segment.ce_weights` and `coord_groups`), whatever target form built it.
 
-Cost: the step only keeps a reference to its first rollout (`offer`); the record is built and written
-after the optimizer update (`flush`, on sampled steps only), re-running the pure parse/match/target build of
-that one rollout. Sampled steps are the first B step at or after each of `gallery_steps` evenly spaced
+Cost: the step only keeps a reference to its first rollout (`offer`: step mode, the rollouts it just
+generated; `offer_packs`: async mode, the first rollout record of the ready packs it trains); the record is
+built and written after the optimizer update (`flush`, on sampled steps only), re-running the pure
+parse/match/target build of that one rollout, by the same `build_record` in both modes. Sampled steps are the first B step at or after each of `gallery_steps` evenly spaced
 points of `training.max_steps`.
 """
 
@@ -34,6 +35,7 @@ from stagectl.evaluation.gallery import DrawnBox, draw
 from stagectl.learner.segments import SampleEncoder
 from stagectl.learner.setup import LearnerState
 from stagectl.models.generate import Generation
+from stagectl.prefetch.records import ReadyPack
 
 B_GALLERY_DIR = "b_gallery"
 RECORDS = "records.jsonl"
@@ -193,6 +195,15 @@ class BGallery:
         if generations and self.wants(step):
             self._pending = (step, indices[0], generations[0])
 
+    def offer_packs(self, step: int, packs: Sequence[ReadyPack]) -> None:
+        """Async mode: called with the ready packs a B step trains; keeps the first rollout they carry
+        (a `prefetch.records.Rollout`, turned back into its `Generation`) when the step is due."""
+        if not self.wants(step):
+            return
+        first = next((r for pack in packs for r in pack.rollouts), None)
+        if first is not None:
+            self.offer(step, [first.sample], [first.generation()])
+
     def flush(self) -> Path | None:
         """Build and write the pending record (after the optimizer update); None when none is pending."""
         if self._pending is None:
@@ -242,7 +253,7 @@ def write_record(out_dir: Path, record: BRecord, sample: DetectionSample) -> Pat
 
 
 def make_b_gallery(cfg: StagectlConfig, state: LearnerState) -> BGallery | None:
-    """The run's Channel-B gallery (rank 0, step mode), None when `channel_b.gallery_steps` is 0."""
+    """The run's Channel-B gallery (rank 0; step and async mode), None when `channel_b.gallery_steps` is 0."""
     assert cfg.stage2_ab is not None
     cb = cfg.stage2_ab.channel_b
     if cb.gallery_steps == 0:

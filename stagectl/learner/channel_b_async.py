@@ -27,6 +27,7 @@ from stagectl import dist
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_gallery import make_b_gallery
 from stagectl.learner.b_steps import SkipReason
 from stagectl.learner.channel_b import Decision, build_b_segments
 from stagectl.learner.packs import PackRunner, StepAccumulator
@@ -156,6 +157,7 @@ class AsyncChannelB:
         # the servers' version `ver` holds exactly the learner's current weights (a fresh run: the base)
         self.weights_are_ver = True
         self._prefetch_seconds = (0.0, 0.0)  # the prefetcher's (build_s, collate_s) at the last metrics row
+        self.gallery = make_b_gallery(cfg, state) if self.world.is_main else None
 
     def _collate(self, segments: list[Segment]) -> PackedBatch:
         if self.cfg.training.packing:
@@ -243,6 +245,8 @@ class AsyncChannelB:
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
         """Exactly one held pack per micro-step: one forward/backward each."""
         packs, self._held = self._held, []
+        if self.gallery is not None:
+            self.gallery.offer_packs(step, packs)  # a reference; built after the update
         total = sum(p.num_segments for p in packs)
         stats = RolloutStats()
         for micro, pack in enumerate(packs):
@@ -262,10 +266,11 @@ class AsyncChannelB:
         }
 
     def after_update(self, num_updates: int) -> dict[str, Any]:
+        out = self._write_gallery()
         if num_updates % self.acfg.sync_every_steps:
             self.open_step = self.next_step
             self.weights_are_ver = False
-            return {}
+            return out
         fence_before = self.fence.wait_s_total
         started = time.perf_counter()
         with dist.phase("weight sync", "weight_sync_s"):
@@ -275,7 +280,17 @@ class AsyncChannelB:
         self.runner.timer.add("fence", fence_s)
         self.runner.timer.add("weight_sync", time.perf_counter() - started - fence_s)
         self.open_step = self.next_step
-        return {**self.publisher.metrics(outcome), "stage2_ab/async/synced": int(outcome.status == "ok")}
+        return {
+            **out,
+            **self.publisher.metrics(outcome),
+            "stage2_ab/async/synced": int(outcome.status == "ok"),
+        }
+
+    def _write_gallery(self) -> dict[str, Any]:
+        """Rank 0: a sampled B step's Channel-B gallery record, built and written after its update."""
+        if self.gallery is not None and self.gallery.flush() is not None:
+            return {"time/b_gallery_s": self.gallery.last_write_s}
+        return {}
 
     def after_sync(self, outcome: object) -> None:
         """Inside the sync's fence, every rank: the queue takes the new version (packs now outside the window

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from stagectl.collate import PackedBatch, Segment
 from stagectl.detection.stats import RolloutStats
-from stagectl.models.generate import Generation
+from stagectl.models.generate import FinishReason, Generation
 
 
 class PrefetchError(RuntimeError):
@@ -26,6 +26,10 @@ class Rollout:
     stream_pos: int  # position in this rank's B stream (from 0, across epochs)
     token_ids: list[int]
     finish_reason: str
+
+    def generation(self) -> Generation:
+        """The rollout as the server returned it (what the segment and the Channel-B gallery rebuild from)."""
+        return Generation(list(self.token_ids), cast(FinishReason, self.finish_reason))
 
 
 @dataclass

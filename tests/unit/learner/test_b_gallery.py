@@ -1,10 +1,11 @@
 """The Channel-B gallery record of a hand-made rollout: the verdict on each object (as the target form saw
 it), the appended misses, and the target's CE / geometry spans read from the built segment; which steps are
-recorded; the record on disk."""
+recorded; the record on disk, in step mode and from an async B step's ready packs."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from itertools import groupby
 from pathlib import Path
 from typing import cast
@@ -14,9 +15,12 @@ from PIL import Image
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.data.sample import DetectionSample, DetObject
-from stagectl.learner.b_gallery import RECORDS, BGallery, BRecord, build_record, sampled_steps
+from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_gallery import RECORDS, BGallery, BRecord, TargetToken, build_record, sampled_steps
+from stagectl.learner.channel_b import Decision
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
+from stagectl.prefetch.records import ReadyPack, Rollout
 from tests.unit.helpers import CHAR, ToyEncoder
 
 GT = [
@@ -134,3 +138,62 @@ def test_the_gallery_records_the_first_b_step_at_each_sampled_point(tmp_path: Pa
     assert (tmp_path / "b_gallery" / first["image"]).is_file()
     assert [o["verdict"] for o in first["objects"]][:2] == ["matched", "duplicate"]
     assert gallery.flush() is None
+
+
+def test_an_async_b_step_records_a_rollout_of_the_packs_it_trained_after_its_update(tmp_path: Path) -> None:
+    """Async mode: `AsyncChannelB.run` keeps the first rollout record of the packs it trains (a sampled step
+    only), `after_update` builds and writes its record through the step mode's `build_record` (the same
+    verdicts and spans) and logs its cost; the steps before and after the sampled point record nothing."""
+    from types import SimpleNamespace
+
+    from stagectl.learner.channel_b_async import AsyncChannelB
+
+    image = tmp_path / "img.png"
+    Image.new("RGB", (100, 100), (255, 255, 255)).save(image)
+    sample = DetectionSample([str(image)], 1000, 1000, [DetObject(d, b) for d, b in GT])
+    encoder = cast(SampleEncoder, ToyEncoder([sample, sample]))
+    rm, cb = RolloutMatchingConfig(), ChannelBConfig(target="clean_prefix")
+
+    def build(step: int, index: int, generation: Generation) -> BRecord:
+        return build_record(step, index, generation, encoder, rm, cb, desc_ce_weight=1.0)
+
+    channel = object.__new__(AsyncChannelB)
+    channel.gallery = BGallery(
+        tmp_path / "b_gallery", encoder.samples, max_steps=20, num_records=2, build=build
+    )
+    channel.runner = SimpleNamespace(run_batch=lambda batch, **kwargs: None)
+    channel.publisher = SimpleNamespace(ver=0)
+    channel.acfg = SimpleNamespace(sync_every_steps=100)  # no weight sync at these updates
+    channel.gas, channel.rollouts_trained, channel.next_step = 2, 0, 0
+
+    def b_step(step: int) -> dict[str, object]:
+        other = Rollout(sample=0, stream_pos=2 * step + 1, token_ids=CHAR.encode("{}"), finish_reason="stop")
+        first = Rollout(sample=1, stream_pos=2 * step, token_ids=CHAR.encode(ROLLOUT), finish_reason="length")
+        empty = ReadyPack(batch=None, num_segments=0, stats=RolloutStats(), ver=0)  # type: ignore[arg-type]
+        channel._held = [
+            empty,
+            ReadyPack(batch=None, num_segments=2, stats=RolloutStats(), ver=0, rollouts=[first, other]),  # type: ignore[arg-type]
+        ]
+        channel.run(step, Decision("B", 0), SimpleNamespace(samples=[]))  # type: ignore[arg-type]
+        return channel.after_update(step + 1)
+
+    # points 0 and 10: the first B step at or after each is recorded, once
+    assert [sorted(b_step(step)) for step in (9, 10, 11)] == [["time/b_gallery_s"], ["time/b_gallery_s"], []]
+    assert channel.gallery.last_write_s > 0
+    lines = (tmp_path / "b_gallery" / RECORDS).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [9, 10]
+    written = json.loads(lines[1])
+    assert (written["step"], written["sample"]) == (10, 1)
+    assert (tmp_path / "b_gallery" / written["image"]).is_file()
+    assert [(o["key"], o["verdict"]) for o in written["objects"]] == [
+        ("object_1", "matched"),
+        ("object_2", "duplicate"),
+        ("object_3", "false_positive"),
+        ("object_4", "invalid:not_a_dict"),
+        ("tail", "cut"),
+    ]
+    assert written["misses"] == [{"gt": 0, "desc": "red square"}, {"gt": 2, "desc": "black box"}]
+    rec = cast(BRecord, SimpleNamespace(tokens=[TargetToken(**t) for t in written["tokens"]]))
+    assert spans(rec, "geo") == [*coords(201, 301, 259, 379, 12, 11, 50, 52, 100, 100, 150, 120)]
+    assert spans(rec, "none") == ["green star"]
+    assert written["tokens"] == [asdict(t) for t in record("clean_prefix").tokens]  # as step mode builds it
