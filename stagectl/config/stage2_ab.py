@@ -91,7 +91,7 @@ class ChannelBConfig(StrictModel):
     match: ChannelBMatchConfig = Field(default_factory=ChannelBMatchConfig)
     """How a rollout's predictions are paired with the ground truth for the B target."""
     gallery_steps: int = Field(4, ge=0)
-    """Channel-B gallery (step mode): record one rollout of this many B steps, spread over
+    """Channel-B gallery (step and async mode): record one rollout of this many B steps, spread over
     `training.max_steps`, into `{output_dir}/b_gallery/` (the image, the verdict per object, the appended
     misses, the target's CE and geometry tokens; `stagectl report` shows them); 0: none."""
     on_rollout_loss: Literal["stop", "continue_a_only"] = "stop"
