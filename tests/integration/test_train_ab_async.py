@@ -70,6 +70,13 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
         assert 0 < r["weight_sync/bytes"] <= r["weight_sync/state_bytes"] + 64 * 1024  # + chunk headers
         assert 0 < r["weight_sync/step_fraction"] < 1 and r["weight_sync/mb_per_s"] > 0
     assert last["weight_sync/delta_fallbacks"] == 0
+    # the Channel-B gallery (gallery_steps defaults to 4): rank 0 recorded trained B steps after their update
+    b_rows = {r["step"]: r for r in rows if r["kind"] == "B"}
+    records = [json.loads(line) for line in (out / "b_gallery" / "records.jsonl").read_text().splitlines()]
+    assert records and all(
+        rec["step"] in b_rows and b_rows[rec["step"]]["time/b_gallery_s"] > 0 for rec in records
+    )
+    assert all((out / "b_gallery" / rec["image"]).is_file() and rec["tokens"] for rec in records)
 
 
 def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:
