@@ -4,7 +4,10 @@ Once per step, rank 0 probes every server's `/version/` (`ServerWatch` turns the
 `ServerPlan`) and every rank learns the plan: rollout requests go to the servers that serve the learner's
 version only, pushes to every server that answered. A server that restarted (new `instance_id`) or holds
 another version gets a full push of the current weights (never a delta: it no longer has the base) and,
-once that push succeeded, rollout requests again.
+once that push succeeded, rollout requests again. The full push is a new version, so packs queued at the
+oldest version of the window go stale: while another server serves, a B step does not pay for it: the
+re-sync waits for the next A step (at most `MAX_DEFER_STEPS` B steps in a row; the others carry the
+rollouts meanwhile).
 
 When no server can serve, `stage2_ab.channel_b.on_rollout_loss` decides:
 - `stop`: a step that wants Channel-B waits for a server (probing and re-syncing every `POLL_S`), and once
@@ -29,6 +32,7 @@ from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 
 POLL_S = 1.0  # how often a waiting B step probes the servers again
+MAX_DEFER_STEPS = 2  # B steps in a row a re-sync waits for an A step (while another server serves)
 
 
 class RolloutLossError(dist.SharedError):
@@ -69,18 +73,21 @@ class ServerHealth:
         self.watch = ServerWatch(self.weight_client.base_urls)
         self.num_resyncs = 0  # full pushes to restarted or lagging servers
         self.plan = ServerPlan(tuple(range(len(self.weight_client.base_urls))), (), (), 0.0, "")
+        self._deferred = 0  # B steps in a row whose re-sync waited (`check`)
 
-    def check(self, step: int, *, wants_b: bool) -> ServerPlan:
+    def check(self, step: int, *, wants_b: bool, defer_resync: bool = True) -> ServerPlan:
         """Every rank: probe, re-sync what needs it, route the rollouts; with policy `stop` a B step
-        waits for a server (at most until the outage reaches the timeout). The plan after it."""
-        plan = self._probe_and_resync()
+        waits for a server (at most until the outage reaches the timeout). The plan after it.
+        `defer_resync`: a B step while another server serves leaves the re-sync to the next A step (its new
+        version would make queued packs stale), at most `MAX_DEFER_STEPS` in a row."""
+        plan = self._probe_and_resync(defer=defer_resync and wants_b)
         while not plan.serving and self.on_loss == "stop":
             if plan.outage_s > self.timeout_s:
                 raise RolloutLossError(self.loss_message(plan, step), step)
             if not wants_b:
                 break
             time.sleep(POLL_S)
-            plan = self._probe_and_resync()
+            plan = self._probe_and_resync(defer=False)
         if not plan.serving and wants_b:
             say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(plan)}")
         return plan
@@ -89,21 +96,24 @@ class ServerHealth:
         """Step mode (one rank), a step the schedule wants as B: `check` (a restarted server re-synced;
         `stop` waits, or raises past the timeout), then B, or A (`no_server`) under `continue_a_only`."""
         resyncs = self.num_resyncs
-        plan = self.check(step, wants_b=True)
+        plan = self.check(step, wants_b=True, defer_resync=False)  # no queue: no pack goes stale
         if self.num_resyncs != resyncs:  # the re-sync pushed the current weights: no push before the rollouts
             self.publisher.pushed_at_update = num_updates
         return Decision("B") if plan.serving else Decision("A", reason="no_server")
 
-    def _probe_and_resync(self) -> ServerPlan:
+    def _probe_and_resync(self, *, defer: bool) -> ServerPlan:
         probed = None
         if self.world.is_main:
             probed = self.watch.observe(time.monotonic(), self.weight_client.probe(), self.publisher.ver)
         plan = dist.broadcast_object(probed)
         assert plan is not None, "rank 0 probes"
-        if self.world.is_main:
-            self.weight_client.use_servers(plan.up)
+        # the same decision on every rank: it rests on the broadcast plan and the rank-local count only
+        defer = defer and bool(plan.resync) and bool(plan.serving) and self._deferred < MAX_DEFER_STEPS
+        self._deferred = self._deferred + 1 if defer else 0
+        if self.world.is_main:  # a server waiting for its re-sync takes no regular (delta) push either
+            self.weight_client.use_servers(plan.serving if defer else plan.up)
         self.rollout_client.use_servers(plan.serving)
-        if plan.resync:
+        if plan.resync and not defer:
             plan = self._resync(plan)
         self.plan = plan
         return plan

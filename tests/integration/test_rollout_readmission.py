@@ -17,7 +17,7 @@ import torch
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.dist import World
 from stagectl.learner.publisher import WeightPublisher
-from stagectl.learner.server_health import RolloutLossError, ServerHealth
+from stagectl.learner.server_health import MAX_DEFER_STEPS, RolloutLossError, ServerHealth
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient, RolloutServerError
 from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
@@ -107,7 +107,7 @@ def test_a_down_server_is_left_out_and_a_restarted_one_resynced_in_full(two_serv
     rig.train()  # the push goes to server 0 only; the rollouts too
     assert rig.publisher.ver == 2 and rig.answers() == [(2, 32.0)] * 4
     rig.servers[1] = _serve(port)  # back on its port: base weights (w 0), version 0, a new instance
-    plan = rig.health.check(2, wants_b=True)
+    plan = rig.health.check(2, wants_b=False)  # an A step: the re-sync's new version costs no B step
     assert plan.serving == (0, 1) and rig.health.num_resyncs == 1
     assert rig.publisher.last is not None and not rig.publisher.last.delta  # in full: it has no base
     assert rig.answers() == [(3, 32.0)] * 4  # both servers, the learner's current weights
@@ -140,8 +140,29 @@ def test_a_server_restarted_between_probes_is_detected_by_its_instance_id(two_se
     port = _port(rig.servers[0])
     rig.servers[0].stop()
     rig.servers[0] = _serve(port)  # never seen down: version 0 = the learner's, but a new process
-    plan = rig.health.check(1, wants_b=True)
+    plan = rig.health.check(1, wants_b=False)
     assert plan.serving == (0, 1) and rig.health.num_resyncs == 1 and rig.publisher.ver == 1
+
+
+def test_a_re_sync_waits_for_an_a_step_while_another_server_serves(two_servers: Rig) -> None:
+    """The re-sync is a new version (queued packs of the window's oldest go stale): at a B step with
+    another server serving it waits for the next A step, at most `MAX_DEFER_STEPS` B steps in a row; the
+    waiting server takes no rollout and no regular push meanwhile."""
+    rig = two_servers
+    rig.health.check(0, wants_b=True)
+    rig.train()
+    port = _port(rig.servers[1])
+    rig.servers[1].stop()
+    rig.servers[1] = _serve(port)
+    for step in range(1, 1 + MAX_DEFER_STEPS):
+        plan = rig.health.check(step, wants_b=True)
+        assert plan.serving == (0,) and plan.resync == (1,) and rig.health.num_resyncs == 0
+        assert rig.rollouts.active == [0] and rig.weights.servers.active == [0]
+        rig.train()  # a regular (delta) push to server 0 only
+        assert rig.answers() == [(rig.publisher.ver, 16.0 * rig.publisher.ver)] * 4
+    plan = rig.health.check(1 + MAX_DEFER_STEPS, wants_b=True)  # waited long enough: re-synced now
+    assert plan.serving == (0, 1) and rig.health.num_resyncs == 1
+    assert rig.answers() == [(MAX_DEFER_STEPS + 2, 16.0 * (MAX_DEFER_STEPS + 1))] * 4
 
 
 def test_no_server_stops_after_the_timeout_naming_servers_and_error() -> None:
