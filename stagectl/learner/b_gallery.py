@@ -162,7 +162,12 @@ def sampled_steps(max_steps: int, num_records: int) -> list[int]:
 
 
 def _text(ids: Sequence[int], vocab: TokenVocab) -> str:
-    return b"".join(vocab.token_bytes[t] for t in ids).decode("utf-8", errors="replace")
+    """The bytes of `ids` as text; an id past the byte table (a model whose embedding rows outnumber the
+    tokenizer's vocabulary samples one) is shown as `<|id N|>`, as the parser treats it: not text."""
+    table = vocab.token_bytes
+    return b"".join(table[t] if 0 <= t < len(table) else f"<|id {t}|>".encode() for t in ids).decode(
+        "utf-8", errors="replace"
+    )
 
 
 class BGallery:

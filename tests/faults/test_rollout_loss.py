@@ -189,7 +189,7 @@ def test_continue_a_only_trains_a_without_a_server_warning_every_skipped_b_step(
     no_server = b_steps["b_steps_as_a"].get("no_server", 0)
     assert no_server >= 2, b_steps
     assert output.count("trains as Channel-A: no rollout server can serve") == no_server
-    assert "B steps: 6 wanted, 6 trained" in output
+    assert f"B steps: 6 wanted, {b_steps['b_steps_trained']} trained" in output
     assert f"no_server {no_server}" in output and "warning: realized b_ratio" in output
 
 

@@ -110,6 +110,23 @@ def test_raw_prefix_record_follows_the_judges_match() -> None:
     assert spans(rec, "geo") == [*coords(201, 301, 259, 380, 12, 11, 50, 52, 100, 100, 150, 120)]
 
 
+def test_a_rollout_with_an_id_past_the_byte_table_is_recorded() -> None:
+    """A model whose embedding rows outnumber the tokenizer's vocabulary can sample an id with no bytes
+    (the tiny FSDP / LoRA examples did, in train-ab's end-to-end runs): the record shows it, never raises."""
+    past = len(CHAR.vocab.token_bytes) + 3
+    sample = DetectionSample([""], 1000, 1000, [DetObject(d, b) for d, b in GT])
+    rec = build_record(
+        9,
+        0,
+        Generation([*CHAR.encode(ROLLOUT[:40]), past], "length"),
+        cast(SampleEncoder, ToyEncoder([sample])),
+        RolloutMatchingConfig(),
+        ChannelBConfig(target="clean_prefix"),
+        desc_ce_weight=1.0,
+    )
+    assert rec.rollout_text == ROLLOUT[:40] + f"<|id {past}|>"
+
+
 def test_sampled_steps_spread_over_the_run() -> None:
     assert sampled_steps(20, 4) == [0, 5, 10, 15]
     assert sampled_steps(3, 8) == [0, 1, 2]
