@@ -1,7 +1,8 @@
-"""Writes the command and config reference (`docs/reference/cli.md`, `docs/reference/config.md`) from the
-Typer app and the pydantic config models, so the reference cannot drift from the code.
+"""Writes the command, config and metrics reference (`docs/reference/cli.md`, `docs/reference/config.md`,
+`docs/reference/metrics.md`) from the Typer app, the pydantic config models and the metric catalog
+(`stagectl.metric_keys`), so the reference cannot drift from the code.
 
-    python -m stagectl.cli.docgen           # rewrite both files
+    python -m stagectl.cli.docgen           # rewrite the three files
     python -m stagectl.cli.docgen --check   # exit 1 (naming the stale file) when a committed file differs
 
 The text depends on nothing but the code: no terminal width, no environment, no dates.
@@ -287,6 +288,33 @@ def _allows_none(annotation: Any) -> bool:
     return type(None) in typing.get_args(annotation)
 
 
+# ---------------------------------------------------------------- the metrics reference
+
+
+def metrics_reference() -> str:
+    """Every `metrics.jsonl` key of `stagectl.metric_keys`, by section."""
+    from stagectl.metric_keys import SECTIONS
+
+    lines = [
+        HEADER.format(source="the metric catalog (stagectl/metric_keys.py)"),
+        "# Metrics reference",
+        "",
+        "`stagectl train-ab` writes one JSON row per optimizer step to `{output_dir}/metrics.jsonl` (and the same",
+        "row to TensorBoard / W&B when `training.report_to` asks). Rank 0 writes it; *reduction* says how the",
+        "ranks' values became the one logged: `sum` / `mean` / `min` over ranks, `derived` (a rate or ratio of",
+        "summed values) or `none` (rank 0's own: the same on every rank, or measured on rank 0 only). *When*:",
+        "`every step`; `B steps` (Channel-B steps); `async` (every step of an async run); `async B steps`;",
+        "`syncs` (steps that pushed weights); `eval steps`; `optional` (some runs or steps only: see the meaning).",
+        "A key not in a row was not measured there. How to read them: docs/training.md and docs/reports.md.",
+        "",
+    ]
+    for title, metrics in SECTIONS.items():
+        lines += [f"## {title}", "", "| key | reduction | unit | when | meaning |", "|---|---|---|---|---|"]
+        lines += [f"| `{m.key}` | {m.reduction} | {m.unit} | {m.when} | {_cell(m.doc)} |" for m in metrics]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 # ---------------------------------------------------------------- text helpers
 
 
@@ -311,6 +339,7 @@ def generated_files() -> dict[str, str]:
     return {
         str(REFERENCE_DIR / "cli.md"): cli_reference(),
         str(REFERENCE_DIR / "config.md"): config_reference(),
+        str(REFERENCE_DIR / "metrics.md"): metrics_reference(),
     }
 
 

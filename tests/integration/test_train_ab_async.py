@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from stagectl import metric_keys
 from tests.faults.helpers import fault_run
 from tests.integration.helpers import (
     async_config,
@@ -39,6 +40,8 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
     assert "embedded rollout server: http://127.0.0.1:" in result.stderr
     rows = read_metrics(out)
     assert len(rows) == 16
+    # every key the run wrote is declared once in the catalog docs/reference/metrics.md is generated from
+    assert metric_keys.undeclared(key for row in rows for key in row) == []
     check_async_invariants(rows, window=1)
     check_phase_times(rows)
     synced = [r for r in rows if "weight_sync/bytes" in r]

@@ -7,7 +7,7 @@ must go from a layer to the same package or to a lower layer:
             (every `rollout` module outside `rollout.server`),
             weightsync (both sides of every transport: it may import the rollout leaves, never a role),
             packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
-            memory, placement, timing, templating
+            memory, placement, timing, metric_keys, templating
     config  config
 
 Inside `core`, packages may use each other but never in a cycle; inside `role`, one role never imports
@@ -47,6 +47,7 @@ LAYERS = {
         "memory",
         "placement",
         "timing",
+        "metric_keys",
         "templating",
         "__init__",
     },

@@ -1,0 +1,52 @@
+"""The metric catalog (`stagectl.metric_keys`) declares every key the in-process metric sources emit: the
+rollout counters, the phase timer, the loss terms, the weight publisher, the rollout client and the eval
+keys. The keys of a whole async run are checked in tests/integration/test_train_ab_async.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from stagectl import metric_keys
+from stagectl.detection.stats import RolloutStats
+from stagectl.dist import World
+from stagectl.learner.evaluate import EVAL_LOGGED
+from stagectl.learner.loss import LossTerms
+from stagectl.learner.publisher import SyncOutcome, WeightPublisher
+from stagectl.rollout.client import RolloutClient
+from stagectl.timing import PhaseTimer
+
+
+def test_rollout_stats_phase_timer_and_loss_terms_are_declared() -> None:
+    zero = torch.zeros(())
+    terms = LossTerms(zero, zero, zero, zero, zero, zero, num_ce_tokens=0, num_boxes=0)
+    for source in (RolloutStats().metrics(), PhaseTimer().row(), terms.as_floats()):
+        assert metric_keys.undeclared(source) == []
+
+
+def test_publisher_and_client_counters_are_declared() -> None:
+    client = SimpleNamespace(versions=lambda: [SimpleNamespace(version=0)])
+    publisher = WeightPublisher(client, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=0)  # type: ignore[arg-type]
+    row = publisher.metrics(SyncOutcome("ok", num_bytes=8, seconds=0.5, state_bytes=8))
+    assert "weight_sync/bytes" in row and metric_keys.undeclared(row) == []
+    with RolloutClient(["http://127.0.0.1:9"]) as rollouts:
+        assert metric_keys.undeclared(f"rollout_client/{k}" for k in rollouts.counters()) == []
+
+
+def test_the_eval_keys_are_exactly_the_evaluators() -> None:
+    declared = {k for k in metric_keys.METRICS if k.startswith(metric_keys.EVAL_PREFIX)}
+    assert declared == {metric_keys.EVAL_PREFIX + name for name in EVAL_LOGGED}
+
+
+def test_undeclared_names_a_new_key() -> None:
+    row: dict[str, Any] = {"step": 0, "loss": 1.0, "rollout/brand_new": 2}
+    assert metric_keys.undeclared(row) == ["rollout/brand_new"]
+
+
+def test_every_metric_has_a_doc_and_the_unit_its_name_says() -> None:
+    for metric in metric_keys.METRICS.values():
+        assert metric.doc.endswith("."), metric
+        if metric.key.endswith("_s") and not metric.key.endswith("_per_s"):
+            assert metric.unit == "s", metric
