@@ -8,6 +8,19 @@ from pathlib import Path
 
 from matplotlib.ticker import AutoLocator
 
+from stagectl.metric_keys import (
+    GRAD_NORM,
+    LOSS,
+    LOSS_BBOX_CIOU,
+    LOSS_BBOX_SMOOTHL1,
+    LOSS_CE,
+    LOSS_COORD_CE,
+    ROLLOUT_F1,
+    STEP_S,
+    TOKENS,
+    UPDATE_NONZERO_FRAC,
+    WAIT_S,
+)
 from stagectl.report.markdown import fmt_ratio
 from stagectl.report.plots_phases import phase_plot
 from stagectl.report.plotting import (
@@ -47,11 +60,11 @@ LABEL_LINES = (
     ("f1_desc", "F1 desc-aware", "P", "-"),
 )
 TERM_LABELS = {
-    "loss": ("total loss (weighted sum of terms)", "loss (unitless)"),
-    "loss/ce": ("token cross-entropy", "CE (nats/token)"),
-    "loss/coord_ce": ("coordinate-token cross-entropy", "CE (nats/token)"),
-    "loss/bbox_smoothl1": ("box SmoothL1 (expected coordinates)", "SmoothL1 (unitless)"),
-    "loss/bbox_ciou": ("box 1 − CIoU", "1 − CIoU (unitless, 0–2)"),
+    LOSS: ("total loss (weighted sum of terms)", "loss (unitless)"),
+    LOSS_CE: ("token cross-entropy", "CE (nats/token)"),
+    LOSS_COORD_CE: ("coordinate-token cross-entropy", "CE (nats/token)"),
+    LOSS_BBOX_SMOOTHL1: ("box SmoothL1 (expected coordinates)", "SmoothL1 (unitless)"),
+    LOSS_BBOX_CIOU: ("box 1 − CIoU", "1 − CIoU (unitless, 0–2)"),
 }
 
 
@@ -99,7 +112,7 @@ def loss_plot(rows: Sequence[Row], skips: list[float], out_dir: Path) -> Plot | 
 
 
 def rollout_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
-    b_rows = [r for r in rows if number(r, "rollout/f1") is not None]
+    b_rows = [r for r in rows if number(r, ROLLOUT_F1) is not None]
     if not b_rows:
         return Skipped("rollout precision/recall/F1", "no Channel-B step with rollout metrics in this run")
     fig, (ax, ax_valid) = new_figure(2, title="Channel-B rollouts (the rollouts each B step trained on)")
@@ -264,15 +277,15 @@ def drops_plot(rows: Sequence[Row], skips: list[float], out_dir: Path) -> Plot |
 
 
 def timing_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
-    xs, step_s = series(rows, "time/step_s")
+    xs, step_s = series(rows, STEP_S)
     if not step_s:
         return Skipped("step time and throughput", "no `time/step_s` in metrics.jsonl")
     fig, (ax, ax_tps) = new_figure(2, title="Step time and throughput")
     ax.plot(xs, step_s, color="tab:blue", linewidth=1.4, label="whole step")
-    wx, wait = series(rows, "time/wait_s")
+    wx, wait = series(rows, WAIT_S)
     if any(wait):
         ax.plot(wx, wait, color="tab:purple", linewidth=1.2, label="waiting for rollouts / packs")
-    bx, b_step_s = series([r for r in rows if is_b(r)], "time/step_s")
+    bx, b_step_s = series([r for r in rows if is_b(r)], STEP_S)
     ax.scatter(bx, b_step_s, color=B_COLOR, s=point_size(len(bx)), zorder=3, label="Channel-B step")
     ax.set_ylim(bottom=0)
     label_axes(ax, "wall time per optimizer step", STEP, "seconds")
@@ -280,8 +293,8 @@ def timing_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
         (x, tokens / t)
         for r in rows
         if (x := number(r, "step")) is not None
-        and (tokens := number(r, "tokens")) is not None
-        and (t := number(r, "time/step_s"))
+        and (tokens := number(r, TOKENS)) is not None
+        and (t := number(r, STEP_S))
     ]
     ax_tps.plot([p[0] for p in tps], [p[1] for p in tps], color="tab:green", linewidth=1.4, label="tokens/s")
     ax_tps.set_ylim(bottom=0)
@@ -294,14 +307,14 @@ def timing_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
 def optimizer_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
     """Gradient norm and the share of elements each optimizer step moved (`optim/update_nonzero_frac`):
     a share near 0 at a non-zero learning rate means the updates are rounded away (bf16 parameters)."""
-    xs, moved = series(rows, "optim/update_nonzero_frac")
+    xs, moved = series(rows, UPDATE_NONZERO_FRAC)
     if not moved:
         return Skipped("optimizer updates", "no `optim/update_nonzero_frac` in metrics.jsonl (an older run)")
     fig, (ax, ax_norm) = new_figure(2, title="Optimizer updates")
     ax.plot(xs, moved, color="tab:blue", linewidth=1.4, marker="o", markersize=line_marker_size(len(xs)))
     fraction_axis(ax)
     label_axes(ax, "share of trainable elements the step changed", STEP, "fraction", legend="none")
-    nx, norm = series(rows, "grad_norm")
+    nx, norm = series(rows, GRAD_NORM)
     ax_norm.plot(nx, norm, color="tab:orange", linewidth=1.4)
     ax_norm.set_ylim(bottom=0)
     label_axes(ax_norm, "gradient norm before clipping", STEP, "L2 norm", legend="none")

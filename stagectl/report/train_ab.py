@@ -12,11 +12,31 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from stagectl.metric_keys import (
+    ASYNC_PREFIX,
+    B_STEP_SKIPPED,
+    KIND,
+    LOSS,
+    LOSS_PREFIX,
+    POLICY_WANTS_B,
+    ROLLOUT_F1,
+    ROLLOUT_PRECISION,
+    ROLLOUT_RECALL,
+    STEP_S,
+    SYNC_BYTES,
+    SYNC_DELTA,
+    SYNC_MB_PER_S,
+    SYNC_STATE_BYTES,
+    SYNC_STEP_FRACTION,
+    TOKENS,
+    WAIT_S,
+    WEIGHT_SYNC_S,
+)
 from stagectl.report.values import Row, last_number, mean, number, ratio, series
 from stagectl.schedule import as_fraction
 
-ASYNC = "stage2_ab/async/"
-SKIPPED_KEY = ASYNC + "b_step_skipped_due_to_queue"
+ASYNC = ASYNC_PREFIX
+SKIPPED_KEY = B_STEP_SKIPPED
 
 
 @dataclass(frozen=True)
@@ -103,16 +123,16 @@ def step_rows(rows: Sequence[Row]) -> list[Row]:
 
 
 def is_b(row: Row) -> bool:
-    return row.get("kind") == "B"
+    return row.get(KIND) == "B"
 
 
 def wants_b(row: Row) -> bool:
-    return bool(row.get("policy_wants_b")) or number(row, ASYNC + "policy_wants_b") == 1
+    return bool(row.get(POLICY_WANTS_B)) or number(row, ASYNC + POLICY_WANTS_B) == 1
 
 
 def is_skip_to_a(row: Row) -> bool:
     """The schedule wanted Channel-B but the step trained Channel-A."""
-    return number(row, SKIPPED_KEY) == 1 or (wants_b(row) and row.get("kind") == "A")
+    return number(row, SKIPPED_KEY) == 1 or (wants_b(row) and row.get(KIND) == "A")
 
 
 def is_async(rows: Sequence[Row]) -> bool:
@@ -121,8 +141,10 @@ def is_async(rows: Sequence[Row]) -> bool:
 
 def loss_terms(rows: Sequence[Row]) -> list[str]:
     """`loss` first (when logged), then every `loss/<term>` in name order."""
-    keys = {key for row in rows for key in row if key.startswith("loss/") and number(row, key) is not None}
-    total = ["loss"] if any(number(row, "loss") is not None for row in rows) else []
+    keys = {
+        key for row in rows for key in row if key.startswith(LOSS_PREFIX) and number(row, key) is not None
+    }
+    total = [LOSS] if any(number(row, LOSS) is not None for row in rows) else []
     return total + sorted(keys)
 
 
@@ -175,7 +197,7 @@ def summarize_train_ab(rows: Sequence[Row], target: Fraction | None) -> TrainAbS
         num_steps=len(rows),
         first_step=steps[0],
         last_step=steps[-1],
-        num_a=sum(row.get("kind") == "A" for row in rows),
+        num_a=sum(row.get(KIND) == "A" for row in rows),
         num_b=len(b_rows),
         num_wanted_b=sum(wants_b(row) for row in rows),
         skip_steps=[s for s, row in zip(steps, rows, strict=True) if is_skip_to_a(row)],
@@ -192,14 +214,14 @@ def summarize_train_ab(rows: Sequence[Row], target: Fraction | None) -> TrainAbS
 
 
 def _add_rollout(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
-    xs, f1 = series(rows, "rollout/f1")
+    xs, f1 = series(rows, ROLLOUT_F1)
     if not f1:
         return
     summary.f1_last = Best(int(xs[-1]), f1[-1])
     best = max(range(len(f1)), key=lambda i: (f1[i], -i))  # the earliest of equal bests
     summary.f1_best = Best(int(xs[best]), f1[best])
-    summary.precision_last = last_number(rows, "rollout/precision")
-    summary.recall_last = last_number(rows, "rollout/recall")
+    summary.precision_last = last_number(rows, ROLLOUT_PRECISION)
+    summary.recall_last = last_number(rows, ROLLOUT_RECALL)
 
 
 def _add_async(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
@@ -217,30 +239,26 @@ def _add_async(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
 def _add_weight_syncs(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
     # every row has time/weight_sync_s (0 without a sync); a successful push also logs its bytes
     synced = [
-        row
-        for row in rows
-        if number(row, "weight_sync/bytes") is not None and number(row, "time/weight_sync_s") is not None
+        row for row in rows if number(row, SYNC_BYTES) is not None and number(row, WEIGHT_SYNC_S) is not None
     ]
     summary.num_weight_syncs = len(synced)
-    summary.num_delta_syncs = sum(1 for row in synced if number(row, "weight_sync/delta"))
-    summary.sync_s_total = sum(number(row, "time/weight_sync_s") or 0.0 for row in synced)
-    summary.sync_mb_sent = sum(number(row, "weight_sync/bytes") or 0.0 for row in synced) / 1e6
-    summary.sync_mb_state = sum(number(row, "weight_sync/state_bytes") or 0.0 for row in synced) / 1e6
-    summary.sync_mb_per_s_mean = mean(
-        [v for row in synced if (v := number(row, "weight_sync/mb_per_s")) is not None]
-    )
-    fractions = [v for row in synced if (v := number(row, "weight_sync/step_fraction")) is not None]
+    summary.num_delta_syncs = sum(1 for row in synced if number(row, SYNC_DELTA))
+    summary.sync_s_total = sum(number(row, WEIGHT_SYNC_S) or 0.0 for row in synced)
+    summary.sync_mb_sent = sum(number(row, SYNC_BYTES) or 0.0 for row in synced) / 1e6
+    summary.sync_mb_state = sum(number(row, SYNC_STATE_BYTES) or 0.0 for row in synced) / 1e6
+    summary.sync_mb_per_s_mean = mean([v for row in synced if (v := number(row, SYNC_MB_PER_S)) is not None])
+    fractions = [v for row in synced if (v := number(row, SYNC_STEP_FRACTION)) is not None]
     summary.sync_step_fraction_mean = mean(fractions)
     summary.sync_step_fraction_max = max(fractions) if fractions else None
 
 
 def _add_throughput(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
-    summary.tokens_total = int(sum(number(row, "tokens") or 0 for row in rows))
-    summary.step_time_total_s = sum(number(row, "time/step_s") or 0.0 for row in rows)
-    summary.wait_total_s = sum(number(row, "time/wait_s") or 0.0 for row in rows)
+    summary.tokens_total = int(sum(number(row, TOKENS) or 0 for row in rows))
+    summary.step_time_total_s = sum(number(row, STEP_S) or 0.0 for row in rows)
+    summary.wait_total_s = sum(number(row, WAIT_S) or 0.0 for row in rows)
     summary.tokens_per_s = ratio(summary.tokens_total, summary.step_time_total_s)
-    a_times = [t for row in rows if row.get("kind") == "A" and (t := number(row, "time/step_s")) is not None]
-    b_times = [t for row in rows if is_b(row) and (t := number(row, "time/step_s")) is not None]
+    a_times = [t for row in rows if row.get(KIND) == "A" and (t := number(row, STEP_S)) is not None]
+    b_times = [t for row in rows if is_b(row) and (t := number(row, STEP_S)) is not None]
     summary.mean_step_s_a = mean(a_times)
     summary.mean_step_s_b = mean(b_times)
 

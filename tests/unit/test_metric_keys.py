@@ -4,6 +4,8 @@ keys. The keys of a whole async run are checked in tests/integration/test_train_
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,3 +52,11 @@ def test_every_metric_has_a_doc_and_the_unit_its_name_says() -> None:
         assert metric.doc.endswith("."), metric
         if metric.key.endswith("_s") and not metric.key.endswith("_per_s"):
             assert metric.unit == "s", metric
+
+
+def test_every_async_key_the_report_reads_is_declared() -> None:
+    """The report names the `stage2_ab/async/*` keys as `ASYNC + "name"`: each must be a declared key."""
+    report_dir = Path(metric_keys.__file__).parent / "report"
+    names = {n for p in report_dir.glob("*.py") for n in re.findall(r'ASYNC \+ "(\w+)"', p.read_text())}
+    assert len(names) >= 8
+    assert metric_keys.undeclared(metric_keys.ASYNC_PREFIX + n for n in names) == []
