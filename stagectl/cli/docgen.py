@@ -305,7 +305,8 @@ def metrics_reference() -> str:
         "summed values) or `none` (rank 0's own: the same on every rank, or measured on rank 0 only). *When*:",
         "`every step`; `B steps` (Channel-B steps); `async` (every step of an async run); `async B steps`;",
         "`syncs` (steps that pushed weights); `eval steps`; `optional` (some runs or steps only: see the meaning).",
-        "A key not in a row was not measured there. How to read them: docs/training.md and docs/reports.md.",
+        "A key not in a row was not measured there. The `rollout/*` reductions are those of async mode; step mode",
+        "logs rank 0's own rollouts. How to read them: docs/training.md and docs/reports.md.",
         "",
     ]
     for title, metrics in SECTIONS.items():
