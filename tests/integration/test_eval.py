@@ -163,6 +163,7 @@ def _sets(served: Served) -> list[str]:
         f"custom.extra.rollout_matching.vllm.server.auth_token_env={TOKEN_ENV}",
         "custom.extra.rollout_matching.decode_batch_size=2",
         "stage2_ab.schedule.b_ratio=0.0",
+        "data.eval.score=coord",  # the scripted answers set the coordinate tokens' logprobs; pin that score
     ]
 
 

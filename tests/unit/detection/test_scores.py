@@ -1,4 +1,5 @@
-"""Per-object confidence: exp(mean logprob of the object's four coordinate tokens), nothing else."""
+"""Per-object confidence from hand-made logprobs: the coordinate, desc and objectness parts and every score
+kind built from them (`detection.scores`)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ def test_score_is_the_geometric_mean_of_the_coordinate_tokens_probabilities() ->
         logprobs[p] = lp
     for p, lp in zip(second, (-0.01, -0.02, -0.03, -2.0), strict=True):
         logprobs[p] = lp
-    scores = object_scores(parse, logprobs)
+    scores = object_scores(parse, logprobs, "coord")
     assert scores == pytest.approx([math.exp(-0.25), math.exp(-0.515)])
     # desc and punctuation tokens do not enter the score
     assert (
-        object_scores(parse, [0.0 if k not in (*first, *second) else v for k, v in enumerate(logprobs)])
+        object_scores(
+            parse, [0.0 if k not in (*first, *second) else v for k, v in enumerate(logprobs)], "coord"
+        )
         == scores
     )
 
