@@ -16,7 +16,10 @@ def command(
     image_size: int = typer.Option(
         112, "--image-size", help="Square image side in pixels; multiples of 28 suit the tiny model."
     ),
-    max_objects: int = typer.Option(4, "--max-objects", help="Shapes per image are drawn from 1..N."),
+    max_objects: int = typer.Option(4, "--max-objects", help="Shapes per image are drawn from MIN..N."),
+    min_objects: int = typer.Option(
+        1, "--min-objects", help="Fewest shapes drawn per image (a crowded image may place fewer)."
+    ),
     side_fraction: tuple[float, float] = typer.Option(
         (0.15, 0.35), "--side-fraction", help="Shape sides as fractions of the image side: LOW HIGH."
     ),
@@ -31,7 +34,13 @@ def command(
         fail(f"--num-eval-samples must be >= 0, got {num_eval_samples}")
     try:
         train = generate_synthetic(
-            num_samples, seed, out, image_size, max_objects=max_objects, side_fraction=side_fraction
+            num_samples,
+            seed,
+            out,
+            image_size,
+            max_objects=max_objects,
+            min_objects=min_objects,
+            side_fraction=side_fraction,
         )
         evals = (
             generate_synthetic(
@@ -40,6 +49,7 @@ def command(
                 out,
                 image_size,
                 max_objects=max_objects,
+                min_objects=min_objects,
                 side_fraction=side_fraction,
                 split="eval",
             )

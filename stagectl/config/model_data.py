@@ -96,7 +96,10 @@ class SyntheticDataConfig(StrictModel):
     image_size: int = Field(112, ge=28, le=2048)
     """Side of the square images in pixels (a multiple of 28 suits the Qwen-VL patching)."""
     max_objects: int = Field(4, ge=1, le=8)
-    """Most shapes per image (each image draws 1..max_objects)."""
+    """Most shapes per image (each image draws min_objects..max_objects)."""
+    min_objects: int = Field(1, ge=1, le=8)
+    """Fewest shapes per image drawn (a crowded image may hold fewer: a shape that finds no free place
+    is left out); at most `max_objects`."""
     side_fraction: tuple[SideFractionBound, SideFractionBound] = (0.15, 0.35)
     """Range of shape sides as fractions of the image side, `[low, high]` within 0.05..0.9 (larger
     shapes are easier to learn: `examples/tiny/learn_shapes.yaml` uses `[0.3, 0.5]`)."""
@@ -106,6 +109,8 @@ class SyntheticDataConfig(StrictModel):
         low, high = self.side_fraction
         if low > high:
             raise ValueError(f"side_fraction [{low}, {high}]: low must not exceed high")
+        if self.min_objects > self.max_objects:
+            raise ValueError(f"min_objects {self.min_objects} must not exceed max_objects {self.max_objects}")
         return self
 
     def generator_kwargs(self) -> dict[str, Any]:
@@ -113,6 +118,7 @@ class SyntheticDataConfig(StrictModel):
         return {
             "image_size": self.image_size,
             "max_objects": self.max_objects,
+            "min_objects": self.min_objects,
             "side_fraction": self.side_fraction,
         }
 

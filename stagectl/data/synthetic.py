@@ -1,4 +1,4 @@
-"""The synthetic shapes data set: 1..max_objects coloured shapes per image with exact boxes
+"""The synthetic shapes data set: min_objects..max_objects (default 1) coloured shapes per image with exact boxes
 (docs/design.md#running-offline).
 
 Each image is a plain dark background with non-overlapping circles, squares and triangles in red,
@@ -7,7 +7,7 @@ green, blue or yellow; the desc is "<colour> <shape>". Shape sides are drawn uni
 touch (a 2-pixel gap between their placement boxes), so every object is fully visible and its box is
 *measured* from the drawn pixels: the tightest box around exactly that shape's pixels.
 
-Everything is a pure function of `(seed, split, index, image_size, max_objects, side_fraction)`: sample `i` uses its
+Everything is a pure function of `(seed, split, index, image_size, max_objects, side_fraction, min_objects)`: sample `i` uses its
 own `random.Random` seeded by a string, so it is the same on every machine and Python run, independent
 of `num_samples`. The `eval` split uses a different stream of the same seed, so train and eval never
 share a scene by construction.
@@ -69,14 +69,18 @@ class PlacedShape:
 
 
 def plan_scene(
-    rng: random.Random, image_size: int, max_objects: int, side_fraction: SideFraction = DEFAULT_SIDE_FRACTION
+    rng: random.Random,
+    image_size: int,
+    max_objects: int,
+    side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
+    min_objects: int = 1,
 ) -> list[PlacedShape]:
-    """Pick 1..max_objects shapes and non-overlapping places for them (a shape that finds no free place
-    in `PLACEMENT_TRIES` tries is left out, so a crowded scene may hold fewer)."""
+    """Pick min_objects..max_objects shapes and non-overlapping places for them (a shape that finds no
+    free place in `PLACEMENT_TRIES` tries is left out, so a crowded scene may hold fewer)."""
     min_side = max(4, round(side_fraction[0] * image_size))
     max_side = max(min_side, round(side_fraction[1] * image_size))
     placed: list[PlacedShape] = []
-    for _ in range(rng.randint(1, max_objects)):
+    for _ in range(rng.randint(min_objects, max_objects)):
         kind = rng.choice(SHAPES)
         color = rng.choice(list(COLORS))
         side = rng.randint(min_side, max_side)
@@ -134,10 +138,11 @@ def synthetic_scene(
     image_size: int = 112,
     max_objects: int = 4,
     side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
+    min_objects: int = 1,
 ) -> tuple[Image.Image, list[DetObject]]:
     """Sample `index` of a synthetic split, in memory."""
     rng = random.Random(f"stagectl-synthetic/v{GENERATOR_VERSION}/{split}/{seed}/{index}")
-    return render_scene(plan_scene(rng, image_size, max_objects, side_fraction), image_size)
+    return render_scene(plan_scene(rng, image_size, max_objects, side_fraction, min_objects), image_size)
 
 
 def check_side_fraction(side_fraction: SideFraction) -> None:
@@ -157,14 +162,18 @@ def synthetic_params(
     max_objects: int = 4,
     split: Split = "train",
     side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
+    min_objects: int = 1,
 ) -> dict[str, Any]:
-    """The parameters that fully determine a split (checked, and recorded in its manifest)."""
+    """The parameters that fully determine a split (checked, and recorded in its manifest; `min_objects`
+    only when it is not 1, so the splits drawn before it existed keep their cache keys)."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels, got {image_size}")
     if not 1 <= max_objects <= 8:
         raise ValueError(f"max_objects must be in 1..8, got {max_objects}")
+    if not 1 <= min_objects <= max_objects:
+        raise ValueError(f"min_objects must be in 1..max_objects ({max_objects}), got {min_objects}")
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     check_side_fraction(side_fraction)
@@ -176,6 +185,7 @@ def synthetic_params(
         "max_objects": max_objects,
         "split": split,
         "side_fraction": [float(side_fraction[0]), float(side_fraction[1])],
+        **({"min_objects": min_objects} if min_objects != 1 else {}),
     }
 
 
@@ -194,10 +204,11 @@ def generate_synthetic(
     max_objects: int = 4,
     split: Split = "train",
     side_fraction: SideFraction = DEFAULT_SIDE_FRACTION,
+    min_objects: int = 1,
 ) -> list[DetectionSample]:
     """Write (or reuse) a synthetic split under `out_dir` (default: a cache dir keyed by the parameters)
     and return its samples with absolute image paths."""
-    params = synthetic_params(num_samples, seed, image_size, max_objects, split, side_fraction)
+    params = synthetic_params(num_samples, seed, image_size, max_objects, split, side_fraction, min_objects)
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else default_synthetic_dir(params)
     jsonl_path = out / f"{split}.jsonl"
     manifest_path = out / f"{split}.manifest.json"
@@ -208,7 +219,9 @@ def generate_synthetic(
     samples: list[DetectionSample] = []
     lines: list[str] = []
     for index in range(num_samples):
-        image, objects = synthetic_scene(seed, split, index, image_size, max_objects, side_fraction)
+        image, objects = synthetic_scene(
+            seed, split, index, image_size, max_objects, side_fraction, min_objects
+        )
         relative = f"images/{split}_{index:06d}.png"
         _atomic_save_png(image, out / relative)
         sample = DetectionSample(

@@ -5,7 +5,9 @@ at IoU 0.5, desc accuracy on matched pairs, the predicted-desc histogram, invali
 rates, and per-image counters (so intervals can be bootstrapped over images).
 
 Runs on rank 0 with the unwrapped policy (other ranks wait at a barrier) every `data.eval.every_steps`
-optimizer steps and at the end; rows go to `{output_dir}/eval.jsonl`.
+optimizer steps and at the end; rows go to `{output_dir}/eval.jsonl`, each eval's COCO results rows (the
+scored predictions) to `eval_predictions.jsonl` and the evaluated images as a COCO instances file to
+`eval_gt.coco.json` (so AP can be bootstrapped over images and seeds: `stagectl.report.ap_intervals`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from stagectl.evaluation.coco import assign_ids
 from stagectl.evaluation.core import PER_IMAGE_FIELDS, ImageOutcome, summarize
 from stagectl.evaluation.run import eval_sampling, eval_score, in_process_generate, judge_chunks, shard_chunks
 from stagectl.evaluation.session import load_eval_samples
+from stagectl.files import atomic_write_text
 from stagectl.learner.metrics import keep_rows_before
 from stagectl.models.loading import ModelBundle
 
 EVAL_FILE = "eval.jsonl"
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
+EVAL_PREDICTIONS_FILE = "eval_predictions.jsonl"
+EVAL_GT_FILE = "eval_gt.coco.json"
 # also in metrics rows, as eval/<name> (box vs label: class-agnostic AP, desc accuracy, the desc-aware F1)
 EVAL_LOGGED = (
     "AP",
@@ -61,9 +66,12 @@ class Evaluator:
         self.chunk_size = cfg.custom.extra.rollout_matching.decode_batch_size
         self.path = Path(cfg.training.output_dir) / EVAL_FILE
         self.samples_path = Path(cfg.training.output_dir) / EVAL_SAMPLES_FILE
+        self.predictions_path = Path(cfg.training.output_dir) / EVAL_PREDICTIONS_FILE
+        self.gt_path = Path(cfg.training.output_dir) / EVAL_GT_FILE
         if cfg.training.resume_from_checkpoint is None:
-            self.path.unlink(missing_ok=True)  # a fresh run starts fresh eval logs
-            self.samples_path.unlink(missing_ok=True)
+            # a fresh run starts fresh eval logs
+            for path in (self.path, self.samples_path, self.predictions_path):
+                path.unlink(missing_ok=True)
         cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else ChannelBConfig()
         self.duplicate_iou_threshold = cb.duplicate_iou_threshold
         ev = cfg.data.eval if cfg.data is not None else None
@@ -89,7 +97,7 @@ class Evaluator:
         )
         report = summarize(self.samples, outcomes, self.ids, self.score)
         if self._replace_after is not None:
-            for path in (self.path, self.samples_path):
+            for path in (self.path, self.samples_path, self.predictions_path):
                 if path.exists():
                     keep_rows_before(path, self._replace_after + 1)  # eval steps count steps done
             self._replace_after = None
@@ -100,6 +108,12 @@ class Evaluator:
             "per_image_fields": list(PER_IMAGE_FIELDS),
             "per_image": report.per_image,  # for intervals: bootstrap over images (stagectl.report.intervals)
         }
+        if not self.gt_path.exists():
+            atomic_write_text(self.gt_path, json.dumps(report.ground_truth))
+        with self.predictions_path.open("a", encoding="utf-8") as handle:
+            handle.write(
+                json.dumps({"step": step, "score": self.score, "predictions": report.predictions}) + "\n"
+            )
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
         shown = [json.dumps(self._shown_row(step, o)) for o in outcomes if o.index < SHOWN_SAMPLES]

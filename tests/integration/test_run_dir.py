@@ -83,6 +83,8 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
     ]  # the eval at step 4 re-ran and replaced its row; step 2's (before the checkpoint) kept
     shown = [json.loads(line)["step"] for line in (out / "eval_samples.jsonl").read_text().splitlines()]
     assert shown == [2, 2, 4, 4]
+    scored = [json.loads(line)["step"] for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
+    assert scored == [2, 4]  # the predictions sidecar replaced the same way
     after_resume = hashes(out)
 
     # start again: the old run moves aside whole, said in one line
@@ -101,6 +103,8 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
         "checkpoint-2",
         "config.yaml",
         "eval.jsonl",
+        "eval_gt.coco.json",
+        "eval_predictions.jsonl",
         "eval_samples.jsonl",
         "final_state.json",
         "metrics.jsonl",

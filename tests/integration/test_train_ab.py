@@ -281,6 +281,18 @@ def test_held_out_eval_rows(tmp_path: Path) -> None:
         assert all(0 <= r[k] <= 1 for k in ("AP", "AP50", "AP75", "AR100"))
         assert set(r["per_class_ap"]) <= {o.desc for s in held_out for o in s.objects}
         assert r["n_matched"] <= min(r["n_pred"], r["n_gt"])
+    # the scored predictions and the evaluated images, for AP intervals: re-scoring them gives the row's AP
+    from stagectl.evaluation.coco import coco_summary
+
+    gt = json.loads((tmp_path / "run" / "eval_gt.coco.json").read_text())
+    scored = [
+        json.loads(line) for line in (tmp_path / "run" / "eval_predictions.jsonl").read_text().splitlines()
+    ]
+    assert [p["step"] for p in scored] == [r["step"] for r in rows]
+    assert len(gt["images"]) == 3
+    for r, p in zip(rows, scored, strict=True):
+        assert len(p["predictions"]) <= r["n_pred"]
+        assert coco_summary(gt, p["predictions"])["AP"] == pytest.approx(r["AP"], abs=1e-9)
     shown = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
     assert [(s["step"], s["index"]) for s in shown] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
     for s in shown:

@@ -121,6 +121,8 @@ def test_objects_are_sorted_and_varied(tmp_path: Path) -> None:
         ({"num_samples": 0}, "num_samples"),
         ({"image_size": 20}, "image_size"),
         ({"max_objects": 0}, "max_objects"),
+        ({"min_objects": 0}, "min_objects"),
+        ({"min_objects": 5, "max_objects": 4}, "min_objects"),
         ({"split": "test"}, "split"),
         ({"side_fraction": (0.5, 0.3)}, "side_fraction"),
         ({"side_fraction": (0.01, 0.3)}, "side_fraction"),
@@ -146,3 +148,23 @@ def test_side_fraction_sets_the_shape_sizes(tmp_path: Path) -> None:
     assert synthetic_params(30, 4, max_objects=2, side_fraction=(0.4, 0.5)) != synthetic_params(
         30, 4, max_objects=2
     )
+
+
+def test_min_objects_sets_the_fewest_shapes_and_keeps_old_cache_keys(tmp_path: Path) -> None:
+    crowded = generate_synthetic(
+        20,
+        seed=2,
+        out_dir=tmp_path / "crowded",
+        image_size=160,
+        min_objects=4,
+        max_objects=8,
+        side_fraction=(0.2, 0.3),
+    )
+    counts = [len(s.objects) for s in crowded]
+    assert min(counts) >= 4 and max(counts) <= 8 and max(counts) > min(counts)
+    default = generate_synthetic(20, seed=2, out_dir=tmp_path / "default", image_size=160, max_objects=8)
+    assert min(len(s.objects) for s in default) < 4
+    # min_objects 1 (the default) is left out of the parameters: splits drawn before it keep their cache dir
+    assert "min_objects" not in synthetic_params(20, 2, max_objects=8)
+    assert synthetic_params(20, 2, max_objects=8, min_objects=1) == synthetic_params(20, 2, max_objects=8)
+    assert synthetic_params(20, 2, max_objects=8, min_objects=4)["min_objects"] == 4
