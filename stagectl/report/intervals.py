@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup")
-METRICS = ("f1", "precision", "recall", "invalid_rate", "dup_rate")
+FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup", "n_matched_desc")
+# f1 is box-only (class-agnostic); f1_desc counts a match only with the right desc; desc_accuracy is the
+# share of box matches whose desc is right (docs/evaluation.md)
+METRICS = ("f1", "precision", "recall", "invalid_rate", "dup_rate", "f1_desc", "desc_accuracy")
 NUM_RESAMPLES = 2000
 
 
@@ -42,23 +44,31 @@ def counts_from_row(row: Mapping[str, object]) -> np.ndarray:
             "eval row has no per_image counters (written by stagectl >= the clean-prefix release)"
         )
     table = np.asarray(values, dtype=np.float64).reshape(len(values), len(names))
-    return table[:, [names.index(f) for f in FIELDS]]
+    # rows written before the desc-aware counter have no n_matched_desc: its metrics come out NaN
+    missing = np.full((len(values), 1), np.nan)
+    return np.concatenate([table[:, [names.index(f)]] if f in names else missing for f in FIELDS], axis=1)
 
 
 def _metrics(sums: np.ndarray, num_images: int) -> dict[str, np.ndarray]:
     """Metrics from summed counts [..., len(FIELDS)] (leading axes kept)."""
-    gt, valid, matched, invalid, truncated, dup = (sums[..., k] for k in range(len(FIELDS)))
+    gt, valid, matched, invalid, truncated, dup, matched_desc = (sums[..., k] for k in range(len(FIELDS)))
     with np.errstate(divide="ignore", invalid="ignore"):
         precision = np.where(valid > 0, matched / np.maximum(valid, 1), 0.0)
         recall = np.where(gt > 0, matched / np.maximum(gt, 1), 0.0)
         total = precision + recall
         f1 = np.where(total > 0, 2 * precision * recall / np.where(total > 0, total, 1), 0.0)
+        # desc-aware: a match counts only with the right desc (NaN propagates for rows without the counter)
+        denominator = valid + gt
+        f1_desc = np.where(denominator > 0, 2 * matched_desc / np.where(denominator > 0, denominator, 1), 0.0)
+        desc_accuracy = np.where(matched > 0, matched_desc / np.maximum(matched, 1), 0.0)
         return {
             "f1": f1,
             "precision": precision,
             "recall": recall,
             "invalid_rate": (invalid + truncated) / max(1, num_images),
             "dup_rate": np.where(valid > 0, dup / np.maximum(valid, 1), 0.0),
+            "f1_desc": np.where(np.isnan(matched_desc), np.nan, f1_desc),
+            "desc_accuracy": np.where(np.isnan(matched_desc), np.nan, desc_accuracy),
         }
 
 

@@ -13,7 +13,16 @@ def images(num: int, hit_rate: float, seed: int, dup_every: int = 0) -> np.ndarr
     rng = np.random.default_rng(seed)
     matched = rng.binomial(2, hit_rate, size=num)
     dup = np.zeros(num) if not dup_every else (np.arange(num) % dup_every == 0).astype(float)
-    cols = {"n_gt": 2, "n_valid": 2, "n_matched": matched, "n_invalid": 0, "n_truncated": 0, "n_dup": dup}
+    right = rng.binomial(matched, 0.5)  # half the box hits carry the right desc
+    cols = {
+        "n_gt": 2,
+        "n_valid": 2,
+        "n_matched": matched,
+        "n_invalid": 0,
+        "n_truncated": 0,
+        "n_dup": dup,
+        "n_matched_desc": right,
+    }
     return np.stack([np.broadcast_to(np.asarray(cols[f], dtype=float), (num,)) for f in FIELDS], axis=1)
 
 
@@ -46,9 +55,30 @@ def test_difference_detects_a_real_gap_and_not_a_null_one() -> None:
 
 
 def test_counts_from_row_reorders_fields_and_refuses_old_rows() -> None:
-    row = {"per_image_fields": list(reversed(FIELDS)), "per_image": [[0, 0, 0, 1, 2, 3]]}
-    assert counts_from_row(row).tolist() == [[3, 2, 1, 0, 0, 0]]
+    row = {"per_image_fields": list(reversed(FIELDS)), "per_image": [[5, 0, 0, 0, 1, 2, 3]]}
+    assert counts_from_row(row).tolist() == [[3, 2, 1, 0, 0, 0, 5]]
     with pytest.raises(ValueError, match="per_image"):
         counts_from_row({"f1": 0.5})
     with pytest.raises(ValueError, match="different numbers of images"):
         variant_intervals([images(3, 0.5, 0), images(4, 0.5, 0)])
+
+
+def test_desc_metrics_are_the_evaluators_and_old_rows_leave_them_nan() -> None:
+    from stagectl.evaluation.labels import label_metrics
+
+    counts = [images(60, 0.8, s) for s in range(2)]
+    iv = variant_intervals(counts)
+    expected = [
+        label_metrics(
+            *(int(c[:, FIELDS.index(f)].sum()) for f in ("n_matched_desc", "n_matched", "n_valid", "n_gt"))
+        )
+        for c in counts
+    ]
+    for key in ("f1_desc", "desc_accuracy"):
+        assert iv[key].value == pytest.approx(np.mean([e[key] for e in expected]))
+        assert iv[key].low <= iv[key].value <= iv[key].high
+    assert iv["f1_desc"].value < iv["f1"].value  # half the hits have the wrong desc
+    old = {"per_image_fields": list(FIELDS[:-1]), "per_image": [[2, 2, 1, 0, 0, 0], [2, 2, 2, 0, 0, 0]]}
+    old_iv = variant_intervals([counts_from_row(old)])
+    assert old_iv["f1"].value == pytest.approx(0.75)
+    assert np.isnan(old_iv["f1_desc"].value) and np.isnan(old_iv["desc_accuracy"].value)

@@ -1,0 +1,130 @@
+"""95% intervals of COCO AP by the two-level bootstrap of `stagectl.report.intervals` (seeds, then
+held-out images; one image draw shared by the variants compared, so differences are paired on images).
+
+AP is computed by the maintained evaluator, not by us: pycocotools' `COCOeval.evaluate()` runs once per
+run (every image's matches, at every IoU threshold, per category), then each resample runs the same
+evaluator's `accumulate()` over the drawn images (an image drawn twice counts twice, as a bootstrap needs)
+and AP is `summarize()`'s: the mean precision over IoU .50:.95 and the 101 recall points, over the
+categories with ground truth, at 100 detections, all areas. On the images as observed it equals the
+`AP` / `AP_agnostic` of the eval row (a test checks it against the written files).
+
+Input per run: `eval_gt.coco.json` and one step's row of `eval_predictions.jsonl` (train-ab writes both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stagectl.report.intervals import NUM_RESAMPLES, Interval
+
+PREDICTIONS_FILE = "eval_predictions.jsonl"
+GT_FILE = "eval_gt.coco.json"
+
+
+class RunAP:
+    """One run's predictions at one eval step, evaluated once; `ap(positions)` re-accumulates a draw."""
+
+    def __init__(self, gt: dict[str, Any], predictions: Sequence[dict[str, Any]], *, use_cats: bool = True):
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+
+        self.image_ids = [int(i["id"]) for i in gt["images"]]
+        self.has_gt = bool(gt["annotations"])
+        self.empty = not predictions
+        if self.empty or not self.has_gt:
+            return
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its own progress
+            coco_gt = COCO()
+            coco_gt.dataset = copy.deepcopy(gt)
+            coco_gt.createIndex()
+            evaluator = COCOeval(coco_gt, coco_gt.loadRes(copy.deepcopy(list(predictions))), "bbox")
+            evaluator.params.useCats = int(use_cats)
+            evaluator.params.imgIds = list(self.image_ids)
+            evaluator.params.areaRng = [[0.0, 1e10]]
+            evaluator.params.areaRngLbl = ["all"]
+            evaluator.params.maxDets = [100]
+            evaluator.evaluate()
+        self._evaluator = evaluator
+        self._per_image = list(evaluator.evalImgs)  # [category][image], one area range
+        self._num_cats = len(evaluator.params.catIds) if use_cats else 1
+
+    def ap(self, positions: Sequence[int] | np.ndarray) -> float:
+        """AP over the images at `positions` (indices into the GT's image list, repeats allowed)."""
+        if not self.has_gt:
+            return -1.0
+        if self.empty:
+            return 0.0
+        evaluator, n = self._evaluator, len(self.image_ids)
+        drawn = [int(p) for p in positions]
+        ids = list(range(len(drawn)))  # every drawn image its own id, so a repeat counts twice
+        evaluator.evalImgs = [self._per_image[k * n + p] for k in range(self._num_cats) for p in drawn]
+        evaluator.params.imgIds = ids
+        evaluator._paramsEval = copy.copy(evaluator.params)
+        with contextlib.redirect_stdout(io.StringIO()):
+            evaluator.accumulate()
+        precision = evaluator.eval["precision"][:, :, :, 0, -1]  # (IoU, recall, category)
+        valid = precision[precision > -1]
+        return float(valid.mean()) if valid.size else -1.0
+
+
+def load_run_ap(run_dir: Path, step: int, *, use_cats: bool = True) -> RunAP:
+    """`RunAP` of a train-ab run's eval at `step` (ValueError naming the file when it is missing)."""
+    gt_path, pred_path = run_dir / GT_FILE, run_dir / PREDICTIONS_FILE
+    for path in (gt_path, pred_path):
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: AP intervals need train-ab's eval predictions")
+    rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
+    at = [r for r in rows if int(r["step"]) == step]
+    if not at:
+        raise ValueError(f"{pred_path} has no eval at step {step} (steps: {[r['step'] for r in rows]})")
+    return RunAP(json.loads(gt_path.read_text()), at[-1]["predictions"], use_cats=use_cats)
+
+
+@dataclass(frozen=True)
+class APIntervals:
+    value: Interval  # the variant's AP, mean over seeds
+    delta: Interval | None  # variant - baseline, paired on images (None without a baseline)
+
+
+def ap_intervals(
+    runs: Sequence[RunAP],
+    baseline: Sequence[RunAP] | None = None,
+    *,
+    resamples: int = NUM_RESAMPLES // 4,
+    seed: int = 0,
+) -> APIntervals:
+    """The AP of `runs` (the seeds of one variant) with its interval, and its difference to `baseline`'s."""
+    if not runs:
+        raise ValueError("no runs to summarise")
+    sizes = {len(r.image_ids) for r in [*runs, *(baseline or [])]}
+    if len(sizes) != 1:
+        raise ValueError(f"runs were evaluated on different numbers of images: {sorted(sizes)}")
+    n = sizes.pop()
+    rng = np.random.default_rng(seed)
+    everything = np.arange(n)
+    observed = float(np.mean([r.ap(everything) for r in runs]))
+    observed_base = float(np.mean([r.ap(everything) for r in baseline])) if baseline else 0.0
+    boot, diff = [], []
+    for _ in range(resamples):
+        images = rng.integers(0, n, size=n)
+        value = float(np.mean([runs[s].ap(images) for s in rng.integers(0, len(runs), size=len(runs))]))
+        boot.append(value)
+        if baseline:
+            picks = rng.integers(0, len(baseline), size=len(baseline))
+            diff.append(value - float(np.mean([baseline[s].ap(images) for s in picks])))
+    value_iv = Interval(observed, float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
+    delta = (
+        Interval(observed - observed_base, float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5)))
+        if baseline
+        else None
+    )
+    return APIntervals(value_iv, delta)
