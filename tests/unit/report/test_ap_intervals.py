@@ -84,7 +84,7 @@ def test_ap_of_a_draw_is_the_evaluators_ap_of_that_draw_written_out(use_cats: bo
 
 
 def test_no_predictions_is_zero_ap_and_intervals_hold_the_observed_value() -> None:
-    gt, preds = _scene(1)
+    gt, _ = _scene(1)
     assert RunAP(gt, []).ap([0, 1]) == 0.0
     seeds = [RunAP(*_scene(1, noise=n)) for n in (2.0, 3.0, 4.0)]
     worse = [RunAP(*_scene(1, noise=n)) for n in (12.0, 14.0, 16.0)]
@@ -100,7 +100,7 @@ def test_no_predictions_is_zero_ap_and_intervals_hold_the_observed_value() -> No
 def test_runs_on_different_images_are_refused_and_missing_files_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="different numbers of images"):
         ap_intervals([RunAP(*_scene(0, 12))], [RunAP(*_scene(0, 10))], resamples=5)
-    with pytest.raises(ValueError, match="eval_gt.coco.json is missing"):
+    with pytest.raises(ValueError, match=r"eval_gt\.coco\.json is missing"):
         load_run_ap(tmp_path, 2)
     gt, preds = _scene(2)
     (tmp_path / "eval_gt.coco.json").write_text(json.dumps(gt))
