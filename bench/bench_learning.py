@@ -39,6 +39,7 @@ the separated phase, merged into bench/results/learning.json and BENCHMARKS.md),
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -58,20 +59,52 @@ LABEL_METRICS = ("AP_agnostic", "desc_accuracy", "f1_desc", "AP_constant_score")
 TASKS: dict[str, dict[str, Any]] = {
     "sparse": {"image_size": 112, "max_objects": 2, "side_fraction": [0.3, 0.5], "max_new_tokens": 128},
     "dense": {"image_size": 112, "max_objects": 4, "side_fraction": [0.3, 0.4], "max_new_tokens": 192},
+    # 4-8 shapes per image (a crowded image places fewer: 4-5 mostly), where Stage-1 misses objects
+    "crowded": {
+        "image_size": 168,
+        "min_objects": 4,
+        "max_objects": 8,
+        "side_fraction": [0.2, 0.3],
+        "max_new_tokens": 320,
+    },
 }
-VARIANTS: dict[str, list[str]] = {
-    "A-only": ["stage2_ab.schedule.b_ratio=0"],
-    "AB raw_prefix": ["stage2_ab.schedule.b_ratio=0.5", "stage2_ab.channel_b.target=raw_prefix"],
-    "AB clean_prefix": ["stage2_ab.schedule.b_ratio=0.5", "stage2_ab.channel_b.target=clean_prefix"],
+# Channel-B variants screened (one seed, `SCREEN_B_RATIO`, every task), each the overrides beside b_ratio;
+# the best two by class-aware AP go on to the b_ratio sweep (`SWEEP_B_RATIOS`, `sizes.seeds` seeds).
+AB_VARIANTS: dict[str, list[str]] = {
+    "raw_prefix": ["stage2_ab.channel_b.target=raw_prefix"],
+    "clean_prefix": ["stage2_ab.channel_b.target=clean_prefix"],
+    "clean_prefix desc_matched": [
+        "stage2_ab.channel_b.target=clean_prefix",
+        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
+    ],
+    "reordered_gt desc_matched": [
+        "stage2_ab.channel_b.target=reordered_gt",
+        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
+    ],
+    "reordered_gt desc_matched unmasked": [
+        "stage2_ab.channel_b.target=reordered_gt",
+        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
+        "stage2_ab.channel_b.mask_correct_matched_desc=false",
+    ],
+    "clean_prefix greedy_iou desc_gated": [
+        "stage2_ab.channel_b.target=clean_prefix",
+        "stage2_ab.channel_b.match.assignment=greedy_iou",
+        "stage2_ab.channel_b.match.desc_gated=true",
+    ],
 }
+SCREEN_B_RATIO = 0.25
+SWEEP_B_RATIOS = (0.05, 0.1, 0.25, 0.5)
+# the b_ratio sweep runs on these tasks; the others confirm the best two at SCREEN_B_RATIO with every seed
+SWEEP_TASKS = ("sparse",)
+OLD_PHASE2_LR = 3.0e-4  # the protocol before issue 40 (A-only fell below Stage-1): one A-only run to show it
 
 
 FULL = Sizes(
-    ("sparse", "dense"),
-    stage1_steps={"sparse": 2500, "dense": 2500},
+    ("sparse", "dense", "crowded"),
+    stage1_steps={"sparse": 2500, "dense": 2500, "crowded": 1500},
     phase2_steps=200,
     seeds=3,
-    eval_images={"sparse": 400, "dense": 512},
+    eval_images={"sparse": 400, "dense": 512, "crowded": 256},
 )
 # the test tier's plumbing run: the same code on one task, one seed, a few steps and a small data set
 # (drawing 4096 images is most of a cold start)
@@ -89,7 +122,7 @@ def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
     """The learning config with the task's data and eval split."""
     config = yaml.safe_load(CONFIG.read_text())
     spec = TASKS[task]
-    shapes = {k: spec[k] for k in ("image_size", "max_objects", "side_fraction")}
+    shapes = {k: spec[k] for k in ("image_size", "min_objects", "max_objects", "side_fraction") if k in spec}
     config["data"]["synthetic"].update(shapes, num_samples=sizes.train_images)
     n_eval = sizes.eval_images[task]
     config["data"]["eval"] = {
@@ -102,18 +135,82 @@ def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
     return path
 
 
-def _phase2_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path) -> list[Job]:
-    jobs = []
-    for seed in range(sizes.seeds):
-        for variant, overrides in VARIANTS.items():
-            steps = sizes.phase2_steps * (A_ONLY_FACTOR if variant == "A-only" else 1)
-            name = f"{task}-{variant.replace(' ', '_')}-seed{seed}"
-            run_out = out / name
-            common = phase2_overrides(checkpoint, steps, seed, sizes)
-            jobs.append(
-                Job(name, train_argv(config, run_out, [*common, *overrides]), run_out, after=f"{task}-stage1")
-            )
+def slug(variant: str) -> str:
+    return variant.replace(" ", "_")
+
+
+def run_name(task: str, variant: str, b_ratio: float, seed: int) -> str:
+    """`{task}-A-only-seed{k}` or `{task}-{variant}-b{ratio}-seed{k}` (the analysis groups runs by it)."""
+    if variant == "A-only":
+        return f"{task}-A-only-seed{seed}"
+    return f"{task}-{slug(variant)}-b{b_ratio:g}-seed{seed}"
+
+
+def _job(
+    task: str, variant: str, b_ratio: float, seed: int, config: Path, checkpoint: Path, sizes: Sizes, out: Path
+) -> Job:
+    a_only = variant == "A-only"
+    steps = sizes.phase2_steps * (A_ONLY_FACTOR if a_only else 1)
+    name = run_name(task, variant, b_ratio, seed)
+    overrides = [f"stage2_ab.schedule.b_ratio={0 if a_only else b_ratio}", *AB_VARIANTS.get(variant, [])]
+    argv = train_argv(config, out / name, [*phase2_overrides(checkpoint, steps, seed, sizes), *overrides])
+    return Job(name, argv, out / name, after=f"{task}-stage1")
+
+
+def screen_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path) -> list[Job]:
+    """Seed 0: A-only and every AB variant at `SCREEN_B_RATIO`; on the first sweep task also A-only at the
+    old phase-2 LR (the protocol check: does A-only fall below the Stage-1 checkpoint?)."""
+    jobs = [_job(task, v, SCREEN_B_RATIO, 0, config, checkpoint, sizes, out) for v in ["A-only", *AB_VARIANTS]]
+    if task == SWEEP_TASKS[0]:
+        old = Sizes(**{**asdict(sizes), "phase2_lr": OLD_PHASE2_LR})
+        name = f"{task}-A-only_lr{OLD_PHASE2_LR:g}-seed0"
+        argv = train_argv(
+            config,
+            out / name,
+            [*phase2_overrides(checkpoint, sizes.phase2_steps, 0, old), "stage2_ab.schedule.b_ratio=0"],
+        )
+        jobs.append(Job(name, argv, out / name, after=f"{task}-stage1"))
     return jobs
+
+
+def confirm_jobs(
+    task: str, best: list[str], config: Path, checkpoint: Path, sizes: Sizes, out: Path
+) -> list[Job]:
+    """Every seed of A-only and of the `best` variants, over `SWEEP_B_RATIOS` on the sweep tasks and at
+    `SCREEN_B_RATIO` elsewhere (runs already finished, the screen's among them, are not run again)."""
+    ratios = SWEEP_B_RATIOS if task in SWEEP_TASKS else (SCREEN_B_RATIO,)
+    jobs = [_job(task, "A-only", 0, seed, config, checkpoint, sizes, out) for seed in range(sizes.seeds)]
+    for seed in range(sizes.seeds):
+        for variant in best:
+            jobs += [_job(task, variant, b, seed, config, checkpoint, sizes, out) for b in ratios]
+    return [job for job in jobs if not (job.out / "final_state.json").is_file()]
+
+
+def screen_ap(out: Path, task: str, sizes: Sizes) -> dict[str, float]:
+    """Class-aware AP at `phase2_steps` of each screened variant's seed-0 run (A-only included)."""
+    found = {}
+    for variant in ["A-only", *AB_VARIANTS]:
+        path = out / run_name(task, variant, SCREEN_B_RATIO, 0) / "eval.jsonl"
+        if path.is_file():
+            rows = {int(r["step"]): r for r in map(json.loads, path.read_text().splitlines())}
+            if sizes.phase2_steps in rows:
+                found[variant] = float(rows[sizes.phase2_steps]["AP"])
+    return found
+
+
+def best_two(out: Path, sizes: Sizes) -> tuple[list[str], dict[str, float]]:
+    """The two AB variants with the largest mean (over tasks) class-aware AP difference to A-only in the
+    screen, and every variant's mean difference."""
+    deltas: dict[str, list[float]] = {}
+    for task in sizes.tasks:
+        ap = screen_ap(out, task, sizes)
+        if "A-only" not in ap:
+            continue
+        for variant in AB_VARIANTS:
+            if variant in ap:
+                deltas.setdefault(variant, []).append(ap[variant] - ap["A-only"])
+    mean = {v: sum(d) / len(d) for v, d in deltas.items()}
+    return sorted(mean, key=lambda v: -mean[v])[:2], mean
 
 
 def _analyse(
@@ -267,20 +364,27 @@ def run(
                 out / f"{task}-stage1",
             )
             for task in sizes.tasks
-            if one_core or not _stage1_done(out / f"{task}-stage1", checkpoints[task])
+            if not _stage1_done(out / f"{task}-stage1", checkpoints[task])
         }
         for task in sorted(set(sizes.tasks) - set(stage1)):
             print(f"   reusing {checkpoints[task]}", flush=True)
-        order: list[Job] = []
+        walls: dict[str, float] = {}
+        stage1_walls: dict[str, float] = {}
+        selection: dict[str, Any] = {}
         if one_core:
-            phase2 = {
-                task: _phase2_jobs(task, configs[task], checkpoints[task], sizes, out) for task in sizes.tasks
-            }
-            # Stage-1 of every task first; then the tasks' phase-2 runs interleaved, each as soon as its
-            # task's Stage-1 is done (so the workers stay busy with similar loads)
-            order = [job for pair in zip(*phase2.values(), strict=True) for job in pair]
-        walls = run_jobs([*stage1.values(), *order], workers, logs)
-        stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
+            # Stage-1 of every task first; then the screen, the tasks interleaved (each task's runs as soon
+            # as its Stage-1 is done, so the workers stay busy with similar loads); then the best two
+            # variants over the b_ratio sweep and every seed
+            screen = [screen_jobs(t, configs[t], checkpoints[t], sizes, out) for t in sizes.tasks]
+            walls = run_jobs([*stage1.values(), *_unfinished(_interleave(screen))], workers, logs)
+            stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
+            best, screen_delta = best_two(out, sizes)
+            selection = {"best_two": best, "screen_delta_ap": screen_delta}
+            print(f"   screen: mean ΔAP vs A-only {screen_delta}; confirming {best}", flush=True)
+            confirm = [confirm_jobs(t, best, configs[t], checkpoints[t], sizes, out) for t in sizes.tasks]
+            walls.update(run_jobs(_interleave(confirm), workers, logs))
+        else:
+            stage1_walls = run_jobs(list(stage1.values()), workers, logs)
         tasks = analyse(out, quick) if one_core else {}
         extra: dict[str, Any] = {}
         if with_separated:
@@ -302,8 +406,18 @@ def run(
         quick=quick,
         stage1_wall_s=stage1_walls,
         phase2_wall_s=walls,
+        selection=selection,
         **extra,
     )
+
+
+def _interleave(per_task: list[list[Job]]) -> list[Job]:
+    return [job for group in itertools.zip_longest(*per_task) for job in group if job is not None]
+
+
+def _unfinished(jobs: list[Job]) -> list[Job]:
+    """Jobs whose run has not finished (a check re-run on the same `--out` goes on where it stopped)."""
+    return [job for job in jobs if not (job.out / "final_state.json").is_file()]
 
 
 def _stage1_done(run_dir: Path, checkpoint: Path) -> bool:
@@ -362,8 +476,13 @@ def main() -> None:
         help="Stage-1 (reused when --out holds it finished) and the separated phase only; at full size the "
         "result is merged into bench/results/learning.json and BENCHMARKS.md",
     )
+    parser.add_argument(
+        "--no-separated", action="store_true", help="Stage-1, the screen and the sweep only (no separated phase)"
+    )
     args = parser.parse_args()
-    if args.separated_only:
+    if args.no_separated:
+        result = run(args.quick, args.out, args.jobs, separated=False)
+    elif args.separated_only:
         result = run(args.quick, args.out, args.jobs, one_core=False, separated=True)
     else:
         result = run(args.quick, args.out, args.jobs)

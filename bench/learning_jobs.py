@@ -23,7 +23,7 @@ class Sizes:
     seeds: int
     eval_images: dict[str, int]
     train_images: int = 4096
-    phase2_lr: float = 3.0e-4
+    phase2_lr: float = 1.0e-4  # Stage-1's final LR (cosine from 1e-3 to min_lr_ratio 0.1)
 
 
 @dataclass
