@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from stagectl.config.training import WatchdogConfig
+from stagectl.metric_keys import Number, reduce_ranks
 from stagectl.watchdog import Budget, Watchdog
 
 T = TypeVar("T")
@@ -194,6 +195,12 @@ def all_gather_objects(obj: T) -> list[T]:
     with collective("all_gather_object"):
         dist.all_gather_object(out, obj)
     return out
+
+
+def reduce_metrics(local: Mapping[str, Number]) -> dict[str, Number]:
+    """This rank's metric values reduced over all ranks, each key by the reduction `stagectl.metric_keys`
+    declares for it (one collective; every rank gets the result)."""
+    return reduce_ranks(all_gather_objects(dict(local)))
 
 
 def all_reduce_ints(values: list[int], op: str) -> list[int]:

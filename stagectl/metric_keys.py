@@ -5,12 +5,15 @@ how ranks are combined into the one value rank 0 logs, its unit, when a row has 
 that every key of a real async run and of the in-process sources (`RolloutStats`, `PhaseTimer`, the loss
 terms, the eval keys) is declared here. The report reads its keys from the constants below.
 
-This first step declares what the emitting code does today; it does not yet drive the reductions.
+The catalog drives the reduction across ranks: an emitter hands its own values to `stagectl.dist.reduce_metrics`
+(one collective), which reduces each key by the reduction declared here (`reduce_ranks`). A `derived` key is
+then computed from the reduced values; what it is computed from, where no written key carries it, is declared
+in `INPUTS` (reduced, never written). `RolloutStats` sums its counters itself (every one is a sum).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,7 +26,8 @@ from stagectl.timing import PHASES, phase_key
 #            gradients were reduced), or measured on rank 0 only (timers, eval, the rollout client)
 Reduction = Literal["sum", "mean", "min", "derived", "none"]
 # Which rows have the key.
-When = Literal["every step", "B steps", "async", "async B steps", "syncs", "eval steps", "optional"]
+When = Literal["every step", "B steps", "async", "async B steps", "syncs", "eval steps", "optional", "never"]
+Number = int | float
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,12 @@ LOSS_BBOX_CIOU = "loss/bbox_ciou"
 GRAD_NORM = "grad_norm"
 TOKENS = "tokens"
 UPDATE_NONZERO_FRAC = "optim/update_nonzero_frac"
+PACKING_FILL = "packing/fill"
+PACKING_FILL_MIN = "packing/fill_min"
+PACKING_TOKENS_PER_FORWARD = "packing/tokens_per_forward"
+PACKING_N_PACKS = "packing/n_packs"
+PACKING_LOWER_BOUND = "packing/lower_bound"
+PACKING_N_SEGMENTS = "packing/n_segments"
 STEP_S = "time/step_s"
 WAIT_S = "time/wait_s"
 WEIGHT_SYNC_S = phase_key("weight_sync")
@@ -98,12 +108,12 @@ _STEP = [
         "Share of the sampled parameter elements the update changed (0 means the update did nothing).",
     ),
     Metric("optim/loss_scale", "none", "", "optional", "fp16 gradient scaler's scale (fp16 runs only)."),
-    Metric("packing/fill", "derived", "", "every step", "Trained tokens / pack capacity."),
-    Metric("packing/fill_min", "min", "", "every step", "Fill of the emptiest pack on any rank."),
-    Metric("packing/tokens_per_forward", "derived", "tokens", "every step", "Tokens per packed forward."),
-    Metric("packing/n_packs", "sum", "", "every step", "Packs (forward passes) in the step."),
-    Metric("packing/lower_bound", "sum", "", "every step", "Fewest packs the segments could fit in."),
-    Metric("packing/n_segments", "sum", "", "every step", "Samples (segments) packed in the step."),
+    Metric(PACKING_FILL, "derived", "", "every step", "Trained tokens / pack capacity."),
+    Metric(PACKING_FILL_MIN, "min", "", "every step", "Fill of the emptiest pack on any rank."),
+    Metric(PACKING_TOKENS_PER_FORWARD, "derived", "tokens", "every step", "Tokens per packed forward."),
+    Metric(PACKING_N_PACKS, "sum", "", "every step", "Packs (forward passes) in the step."),
+    Metric(PACKING_LOWER_BOUND, "sum", "", "every step", "Fewest packs the segments could fit in."),
+    Metric(PACKING_N_SEGMENTS, "sum", "", "every step", "Samples (segments) packed in the step."),
 ]
 
 _TIME = [
@@ -271,3 +281,54 @@ assert len(METRICS) == sum(len(s) for s in SECTIONS.values()), "a metric key is 
 def undeclared(keys: Iterable[str]) -> list[str]:
     """The keys among `keys` that `METRICS` does not declare, sorted."""
     return sorted(set(keys) - METRICS.keys())
+
+
+# ------------------------------------------------------------------ reduced across ranks, never written
+
+# what a `derived` key is computed from, where no written key carries it
+PACKING_CAPACITY = "packing/capacity_tokens"
+UPDATE_CHANGED = "optim/update_changed"
+UPDATE_SAMPLED = "optim/update_sampled"
+INPUTS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric(
+            PACKING_CAPACITY, "sum", "tokens", "never", "Token capacity of the step's packs (`packing/fill`)."
+        ),
+        Metric(UPDATE_CHANGED, "sum", "", "never", "Sampled parameter elements the update changed."),
+        Metric(UPDATE_SAMPLED, "sum", "", "never", "Parameter elements the update probe sampled."),
+    )
+}
+assert not INPUTS.keys() & METRICS.keys(), "an input is also a written key"
+
+
+def reduce_ranks(per_rank: Sequence[Mapping[str, Number]]) -> dict[str, Number]:
+    """The one value per key from every rank's own values (in rank order), by the key's declared reduction:
+    `sum`, `mean`, `min`, or `none` (rank 0's). A sum or minimum of ints stays an int. Every rank must
+    hand in the same keys; a `derived` key is computed from reduced values, never reduced itself."""
+    if not per_rank:
+        raise ValueError("reduce_ranks: no ranks' values")
+    keys = list(per_rank[0])
+    for rank, values in enumerate(per_rank):
+        if values.keys() != set(keys):
+            differ = sorted(values.keys() ^ set(keys))
+            raise ValueError(f"rank {rank} reduces other metric keys than rank 0: {differ}")
+    out: dict[str, Number] = {}
+    for key in keys:
+        metric = METRICS.get(key) or INPUTS.get(key)
+        if metric is None:
+            raise ValueError(
+                f"metric {key!r} is not declared: add it with its reduction to stagectl/metric_keys.py"
+            )
+        values = [r[key] for r in per_rank]
+        if metric.reduction == "sum":
+            out[key] = sum(values)
+        elif metric.reduction == "mean":
+            out[key] = sum(values) / len(values)
+        elif metric.reduction == "min":
+            out[key] = min(values)
+        elif metric.reduction == "none":
+            out[key] = values[0]
+        else:
+            raise ValueError(f"metric {key!r} is derived: reduce what it is computed from, then compute it")
+    return out

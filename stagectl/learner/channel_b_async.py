@@ -24,6 +24,7 @@ import traceback
 from typing import Any, Literal
 
 from stagectl import dist
+from stagectl import metric_keys as mk
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
@@ -312,73 +313,48 @@ class AsyncChannelB:
         self.queue.set_shared(versions, dist.all_reduce_ints(counts, "min"))
 
     def metrics(self) -> dict[str, Any]:
-        """`stage2_ab/async/*` summed over ranks (queue depth: the sum of every rank's depth)."""
+        """`stage2_ab/async/*`: this rank's counters reduced over ranks, each by its declared reduction
+        (`stagectl.metric_keys`: the queue depth is the sum of every rank's depth, the version and the sync
+        counters rank 0's); the drop rate from the reduced counts."""
         q = self.queue.counters()
         c = self.prefetcher.counters
-        local = [
-            q.depth,
-            q.drop_stale_total,
-            q.drop_oldest_total,
-            c.success_total,
-            c.fail_total,
-            c.produced_packs,
-            c.rollouts_total,
-            self.rollouts_trained,
-            q.dropped_segments_total,
-            c.rollouts_total - c.segments_total,  # too long to pack
-            c.carry_dropped_total,
-            c.lost_total,
-            c.cut_short_total,
-            c.requests_total,
-            c.refused_total,
-        ]
-        (
-            depth,
-            stale,
-            oldest,
-            success,
-            fail,
-            produced,
-            requested,
-            trained,
-            dropped_segments,
-            too_long,
-            carry,
-            lost,
-            cut_short,
-            requests,
-            refused,
-        ) = dist.all_reduce_ints(local, "sum")
-        dropped = dropped_segments + too_long + carry
-        busy_s, request_s = dist.all_reduce_floats([c.busy_s, c.request_s])
         build_s, collate_s = c.build_s, c.collate_s  # rank 0's prefetcher, like the learner's phase timers
         last_build_s, last_collate_s = self._prefetch_seconds
         self._prefetch_seconds = (build_s, collate_s)
-        return {
-            "time/prefetch_build_s": build_s - last_build_s,
-            "time/prefetch_collate_s": collate_s - last_collate_s,
-            "stage2_ab/async/queue_depth": depth,
-            "stage2_ab/async/ver_current": self.ver,
-            "stage2_ab/async/drop_stale_total": stale,
-            "stage2_ab/async/drop_oldest_total": oldest,
-            "stage2_ab/async/prefetch_success_total": success,
-            "stage2_ab/async/prefetch_fail_total": fail,
-            "stage2_ab/async/produced_packs_total": produced,
-            "stage2_ab/async/rollouts_requested_total": requested,
-            "stage2_ab/async/rollouts_trained_total": trained,
-            "stage2_ab/async/rollouts_dropped_total": dropped,
-            "stage2_ab/async/drop_rate": dropped / requested if requested else 0.0,
-            "stage2_ab/async/rollouts_lost_total": lost,
-            "stage2_ab/async/bursts_cut_short_total": cut_short,
-            "stage2_ab/async/b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
-            "stage2_ab/async/sync_total": self.publisher.num_syncs,
-            "stage2_ab/async/sync_fail_total": self.publisher.num_failures,
-            "stage2_ab/async/server_resync_total": self.health.num_resyncs,
-            "stage2_ab/async/rollout_requests_total": requests,
-            "stage2_ab/async/requests_refused_total": refused,
-            "stage2_ab/async/prefetch_busy_s": busy_s,
-            "stage2_ab/async/rollout_request_s": request_s,
+        too_long = c.rollouts_total - c.segments_total  # rollouts too long to pack
+        counters = {
+            "queue_depth": q.depth,
+            "ver_current": self.ver,
+            "drop_stale_total": q.drop_stale_total,
+            "drop_oldest_total": q.drop_oldest_total,
+            "prefetch_success_total": c.success_total,
+            "prefetch_fail_total": c.fail_total,
+            "produced_packs_total": c.produced_packs,
+            "rollouts_requested_total": c.rollouts_total,
+            "rollouts_trained_total": self.rollouts_trained,
+            "rollouts_dropped_total": q.dropped_segments_total + too_long + c.carry_dropped_total,
+            "rollouts_lost_total": c.lost_total,
+            "bursts_cut_short_total": c.cut_short_total,
+            "b_ratio_realized": self.num_b_steps / max(1, self.num_steps),
+            "sync_total": self.publisher.num_syncs,
+            "sync_fail_total": self.publisher.num_failures,
+            "server_resync_total": self.health.num_resyncs,
+            "rollout_requests_total": c.requests_total,
+            "requests_refused_total": c.refused_total,
+            "prefetch_busy_s": c.busy_s,
+            "rollout_request_s": c.request_s,
         }
+        row: dict[str, Any] = dist.reduce_metrics(
+            {
+                "time/prefetch_build_s": build_s - last_build_s,
+                "time/prefetch_collate_s": collate_s - last_collate_s,
+                **{mk.ASYNC_PREFIX + name: value for name, value in counters.items()},
+            }
+        )
+        dropped = row[mk.ASYNC_PREFIX + "rollouts_dropped_total"]
+        requested = row[mk.ASYNC_PREFIX + "rollouts_requested_total"]
+        row[mk.ASYNC_PREFIX + "drop_rate"] = dropped / requested if requested else 0.0
+        return row
 
     def rank_state(self) -> dict[str, Any]:
         """The B-stream position and seed counter after the last finished burst, and under `async` the

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from stagectl import dist
+from stagectl import metric_keys as mk
 from stagectl.config import StagectlConfig
 from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
@@ -195,12 +196,17 @@ class Trainer:
         with dist.phase("metrics reduction", "step_s"):
             extra.update(self.channel_b.metrics())
             self._log_samples(step, acc.samples)
-            changed_sum, sampled_sum = dist.all_reduce_floats([float(changed), float(sampled)])
-            extra["optim/update_nonzero_frac"] = changed_sum / sampled_sum if sampled_sum else 0.0
             if self.state.grad_scaler is not None:
                 extra["optim/loss_scale"] = float(self.state.grad_scaler.get_scale())
             return self._row(
-                step, decision.kind, wants_b, acc, extra, grad_norm, time.perf_counter() - started
+                step,
+                decision.kind,
+                wants_b,
+                acc,
+                (changed, sampled),
+                extra,
+                grad_norm,
+                time.perf_counter() - started,
             )
 
     def _log_samples(self, step: int, records: list[SampleRecord]) -> None:
@@ -241,42 +247,55 @@ class Trainer:
         kind: str,
         wants_b: bool,
         acc: StepAccumulator,
+        update_counts: tuple[int, int],
         extra: dict[str, Any],
         grad_norm: float,
         step_s: float,
     ) -> dict[str, Any]:
+        """The step's metrics row. This rank's loss terms, token and pack counters and update-probe counts
+        are reduced over ranks once, each by its declared reduction (`stagectl.metric_keys`); the ratios are
+        computed from the reduced values."""
         st = self.state
-        # loss terms: mean over ranks; token/pack counters: sums over ranks
-        term_keys = sorted(acc.terms)
         lower_bound = (
             packing_lower_bound(acc.segment_lengths, self.runner.packing_length) if acc.num_packs else 0
         )
-        counters = [acc.num_tokens, acc.num_packs, lower_bound, acc.capacity_tokens, acc.num_segments]
-        summed = dist.all_reduce_floats([acc.terms[k] for k in term_keys] + [float(c) for c in counters])
-        min_fill = dist.all_reduce_floats([acc.min_fill], "min")[0]
-        world = self.world.world_size
-        terms = {k: v / world for k, v in zip(term_keys, summed[: len(term_keys)], strict=True)}
-        tokens, n_packs, lower, capacity, n_segments = (int(v) for v in summed[len(term_keys) :])
+        changed, sampled = update_counts
+        r = dist.reduce_metrics(
+            {
+                **{k: acc.terms[k] for k in sorted(acc.terms)},  # loss terms: mean
+                mk.TOKENS: acc.num_tokens,
+                mk.PACKING_N_PACKS: acc.num_packs,
+                mk.PACKING_LOWER_BOUND: lower_bound,
+                mk.PACKING_N_SEGMENTS: acc.num_segments,
+                mk.PACKING_FILL_MIN: acc.min_fill,
+                mk.PACKING_CAPACITY: acc.capacity_tokens,
+                mk.UPDATE_CHANGED: changed,
+                mk.UPDATE_SAMPLED: sampled,
+            }
+        )
+        tokens, n_packs, capacity = r[mk.TOKENS], r[mk.PACKING_N_PACKS], r[mk.PACKING_CAPACITY]
+        changed, sampled = r[mk.UPDATE_CHANGED], r[mk.UPDATE_SAMPLED]
         row: dict[str, Any] = {
-            "step": step,
-            "kind": kind,
-            "policy_wants_b": wants_b,
+            mk.STEP: step,
+            mk.KIND: kind,
+            mk.POLICY_WANTS_B: wants_b,
             "lr": st.scheduler.get_last_lr()[0],
-            **terms,
-            "grad_norm": grad_norm,
-            "tokens": tokens,
+            **{k: r[k] for k in sorted(acc.terms)},
+            mk.GRAD_NORM: grad_norm,
+            mk.TOKENS: tokens,
             "micro_steps": self.gas,
             "num_backward": acc.num_backward,
             "optimizer_updates": self.num_updates,
-            "time/step_s": step_s,
+            mk.STEP_S: step_s,
             "time/rollout_s": 0.0,
-            "time/wait_s": 0.0,
-            "packing/fill": tokens / capacity if capacity else 0.0,
-            "packing/fill_min": min_fill if n_packs else 0.0,
-            "packing/tokens_per_forward": tokens / n_packs if n_packs else 0.0,
-            "packing/n_packs": n_packs,
-            "packing/lower_bound": lower,
-            "packing/n_segments": n_segments,
+            mk.WAIT_S: 0.0,
+            mk.PACKING_FILL: tokens / capacity if capacity else 0.0,
+            mk.PACKING_FILL_MIN: r[mk.PACKING_FILL_MIN] if n_packs else 0.0,
+            mk.PACKING_TOKENS_PER_FORWARD: tokens / n_packs if n_packs else 0.0,
+            mk.PACKING_N_PACKS: n_packs,
+            mk.PACKING_LOWER_BOUND: r[mk.PACKING_LOWER_BOUND],
+            mk.PACKING_N_SEGMENTS: r[mk.PACKING_N_SEGMENTS],
+            mk.UPDATE_NONZERO_FRAC: changed / sampled if sampled else 0.0,
         }
         row.update(extra)
         row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall

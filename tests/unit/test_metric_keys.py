@@ -1,6 +1,7 @@
 """The metric catalog (`stagectl.metric_keys`) declares every key the in-process metric sources emit: the
 rollout counters, the phase timer, the loss terms, the weight publisher, the rollout client and the eval
-keys. The keys of a whole async run are checked in tests/integration/test_train_ab_async.py."""
+keys; and it drives the reduction across ranks (`reduce_ranks`, `dist.reduce_metrics`). The keys of a whole
+async run are checked in tests/integration/test_train_ab_async.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 
-from stagectl import metric_keys
+from stagectl import dist, metric_keys
 from stagectl.detection.stats import RolloutStats
 from stagectl.dist import World
 from stagectl.learner.evaluate import EVAL_LOGGED
@@ -60,3 +62,46 @@ def test_every_async_key_the_report_reads_is_declared() -> None:
     names = {n for p in report_dir.glob("*.py") for n in re.findall(r'ASYNC \+ "(\w+)"', p.read_text())}
     assert len(names) >= 8
     assert metric_keys.undeclared(metric_keys.ASYNC_PREFIX + n for n in names) == []
+
+
+def test_reduce_ranks_applies_each_keys_declared_reduction() -> None:
+    """Two ranks' values: `tokens` is summed, `loss` averaged, `packing/fill_min` the smaller, `step` rank 0's,
+    an input of a derived key summed; a sum of ints stays an int."""
+    rank0 = {"tokens": 30, "loss": 1.0, "packing/fill_min": 0.9, "step": 7, metric_keys.PACKING_CAPACITY: 40}
+    rank1 = {"tokens": 12, "loss": 2.0, "packing/fill_min": 0.25, "step": 7, metric_keys.PACKING_CAPACITY: 16}
+    out = metric_keys.reduce_ranks([rank0, rank1])
+    assert out == {
+        "tokens": 42,
+        "loss": 1.5,
+        "packing/fill_min": 0.25,
+        "step": 7,
+        metric_keys.PACKING_CAPACITY: 56,
+    }
+    assert isinstance(out["tokens"], int)
+    assert list(out) == list(rank0)
+
+
+def test_reduce_ranks_refuses_an_undeclared_a_derived_or_a_missing_key() -> None:
+    with pytest.raises(ValueError, match="'rollout/brand_new' is not declared"):
+        metric_keys.reduce_ranks([{"rollout/brand_new": 1}])
+    with pytest.raises(ValueError, match="'packing/fill' is derived"):
+        metric_keys.reduce_ranks([{"packing/fill": 0.5}])
+    with pytest.raises(ValueError, match=r"rank 1 reduces other metric keys than rank 0: \['loss'\]"):
+        metric_keys.reduce_ranks([{"tokens": 1, "loss": 1.0}, {"tokens": 1}])
+
+
+def test_two_ranks_reduce_in_one_collective_by_the_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dist.reduce_metrics` gathers every rank's values once and reduces them by the catalog (rank 1 is
+    played by the gather)."""
+    rank1 = {"loss/ce": 3.0, "stage2_ab/async/queue_depth": 5, "stage2_ab/async/ver_current": 9}
+    gathered: list[object] = []
+
+    def all_gather_objects(obj: Any) -> list[Any]:
+        gathered.append(obj)
+        return [obj, rank1]
+
+    monkeypatch.setattr(dist, "all_gather_objects", all_gather_objects)
+    local = {"loss/ce": 1.0, "stage2_ab/async/queue_depth": 2, "stage2_ab/async/ver_current": 4}
+    out = dist.reduce_metrics(local)
+    assert len(gathered) == 1
+    assert out == {"loss/ce": 2.0, "stage2_ab/async/queue_depth": 7, "stage2_ab/async/ver_current": 4}

@@ -1,0 +1,69 @@
+"""`Trainer._row`: two ranks' loss terms, token and pack counters and update-probe counts reduced once, each
+by the reduction the metric catalog declares, and the ratios computed from the reduced values (the gather of
+`dist.reduce_metrics` plays the second rank)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from stagectl import dist
+from stagectl.learner.packs import StepAccumulator
+from stagectl.timing import PhaseTimer
+
+
+def _trainer() -> Any:
+    from stagectl.learner.loop import Trainer
+
+    trainer: Any = object.__new__(Trainer)  # only what `_row` reads is set
+    trainer.state = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]))
+    trainer.runner = SimpleNamespace(packing_length=100, timer=PhaseTimer())
+    trainer.gas, trainer.num_updates = 2, 3
+    trainer.client = trainer.weight_sync = None
+    return trainer
+
+
+def _acc(loss: float, tokens: int, capacity: int, fill: float) -> StepAccumulator:
+    lengths = [tokens // 2, tokens - tokens // 2]
+    return StepAccumulator(
+        terms={"loss": loss, "loss/ce": loss / 2},
+        num_packs=2,
+        num_segments=2,
+        num_tokens=tokens,
+        segment_lengths=lengths,
+        capacity_tokens=capacity,
+        num_backward=2,
+        min_fill=fill,
+    )
+
+
+def _row(trainer: Any, acc: StepAccumulator, update_counts: tuple[int, int]) -> dict[str, Any]:
+    return trainer._row(3, "A", False, acc, update_counts, {}, grad_norm=0.5, step_s=2.0)  # type: ignore[no-any-return]
+
+
+def test_two_ranks_row_is_reduced_by_the_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    handed_in: list[Any] = []
+    monkeypatch.setattr(dist, "all_gather_objects", lambda local: handed_in.append(local) or [local])
+    _row(_trainer(), _acc(loss=3.0, tokens=60, capacity=200, fill=0.2), (30, 100))
+    rank1 = handed_in.pop()
+    monkeypatch.setattr(dist, "all_gather_objects", lambda local: [local, rank1])
+    row = _row(_trainer(), _acc(loss=1.0, tokens=140, capacity=200, fill=0.6), (10, 100))
+    assert {k: row[k] for k in ("loss", "loss/ce", "tokens", "grad_norm", "num_backward")} == {
+        "loss": 2.0,  # mean
+        "loss/ce": 1.0,
+        "tokens": 200,  # sum
+        "grad_norm": 0.5,  # rank 0's
+        "num_backward": 2,
+    }
+    assert {k: v for k, v in row.items() if k.startswith("packing/")} == {
+        "packing/fill": 0.5,  # 200 tokens / 400 capacity
+        "packing/fill_min": 0.2,  # the emptiest pack of any rank
+        "packing/tokens_per_forward": 50.0,  # 200 tokens / 4 packs
+        "packing/n_packs": 4,
+        "packing/lower_bound": 3,  # each rank's own bound, summed: 1 (60 tokens) + 2 (two of 70 > 100/2)
+        "packing/n_segments": 4,
+    }
+    assert row["optim/update_nonzero_frac"] == 0.2  # (30 + 10) / (100 + 100)
+    assert "packing/capacity_tokens" not in row and "optim/update_changed" not in row  # inputs, not keys
