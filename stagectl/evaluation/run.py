@@ -18,7 +18,6 @@ from typing import Any
 
 from stagectl.config import StagectlConfig
 from stagectl.config.model_data import ScoreKind
-from stagectl.config.rollout import DecodingConfig
 from stagectl.data.sample import DetectionSample
 from stagectl.detection.scores import DEFAULT_SCORE
 from stagectl.detection.vocab import TokenVocab
@@ -37,19 +36,10 @@ Generate = Callable[[Sequence[int], int], list[Generation]]  # (sample indices, 
 
 
 def eval_sampling(cfg: StagectlConfig) -> SamplingSpec:
-    """How eval rollouts sample: `data.eval.decoding` (greedy by default), the rollout length and
-    repetition penalty of `custom.extra.rollout_matching`; always with logprobs (object scores)."""
-    rm = cfg.custom.extra.rollout_matching
+    """How eval rollouts sample (`SamplingSpec.for_eval`): `data.eval.decoding` (greedy by default), the
+    rollout length and repetition penalty of `custom.extra.rollout_matching`; always with logprobs."""
     ev = cfg.data.eval if cfg.data is not None else None
-    decoding = ev.decoding if ev is not None else DecodingConfig(temperature=0.0)
-    return SamplingSpec(
-        max_new_tokens=rm.max_new_tokens,
-        temperature=decoding.temperature,
-        top_p=decoding.top_p,
-        top_k=decoding.top_k,
-        repetition_penalty=rm.repetition_penalty,
-        logprobs=True,
-    )
+    return SamplingSpec.for_eval(cfg.custom.extra.rollout_matching, ev.decoding if ev is not None else None)
 
 
 def eval_score(cfg: StagectlConfig) -> ScoreKind:

@@ -20,11 +20,12 @@ from typing import Any, Protocol, TypeVar
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation, generate_batch
+from stagectl.models.sampling import SamplingSpec
 from stagectl.prefetch.fence import SyncFence
 from stagectl.rollout.client import RolloutClient
 from stagectl.rollout.errors import RolloutServerError
 from stagectl.rollout.protocol import InferRequest, InferResponse
-from stagectl.rollout.requests import detection_infer_request, request_config, sampling_of, to_generation
+from stagectl.rollout.requests import detection_infer_request, request_config, to_generation
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ class HFRollouts:
         self.model = model
         self.encoder = encoder
         self.chunk_size = chunk_size
-        self.spec = sampling_of(rm, logprobs=logprobs)
+        self.spec = SamplingSpec.for_channel_b(rm, logprobs=logprobs)
         self.num_calls = 0
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:

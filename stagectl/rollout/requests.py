@@ -43,22 +43,10 @@ def detection_infer_request(sample: DetectionSample) -> InferRequest:
     return InferRequest(messages=[Message(role="user", content=content)], images=list(sample.images))
 
 
-def sampling_of(rm: RolloutMatchingConfig, *, logprobs: bool = False) -> SamplingSpec:
-    """Channel-B's sampling settings (in-process and server rollouts alike); `logprobs`: also return each
-    generated token's log-probability (evaluation scores objects with them)."""
-    return SamplingSpec(
-        max_new_tokens=rm.max_new_tokens,
-        temperature=rm.decoding.temperature,
-        top_p=rm.decoding.top_p,
-        top_k=rm.decoding.top_k,
-        repetition_penalty=rm.repetition_penalty,
-        logprobs=logprobs,
-    )
-
-
 def request_config(rm: RolloutMatchingConfig, seed: int | None, *, logprobs: bool = False) -> RequestConfig:
     """Channel-B's sampling settings as a request config (token ids always returned)."""
-    return RequestConfig.from_sampling(sampling_of(rm, logprobs=logprobs), seed, return_details=True)
+    spec = SamplingSpec.for_channel_b(rm, logprobs=logprobs)
+    return RequestConfig.from_sampling(spec, seed, return_details=True)
 
 
 def read_answer_item(item: Any) -> InferResponse:

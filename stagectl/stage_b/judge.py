@@ -38,10 +38,7 @@ def judge_shard(
     for grid_index, entry in enumerate(sampler.grid):
         for sample_index in range(sampler.samples_per_decode):
             seed = candidate_seed(run_seed, entry.seed, sample_index, epoch, batch_index)
-            spec = SamplingSpec(
-                max_new_tokens=entry.max_new_tokens, temperature=entry.temperature, top_p=entry.top_p
-            )
-            texts = engine.judge(requests, spec, seed)
+            texts = engine.judge(requests, SamplingSpec.for_stage_b(entry), seed)
             if len(texts) != len(requests):
                 raise RuntimeError(f"the engine answered {len(texts)} of {len(requests)} requests")
             out += [

@@ -54,8 +54,7 @@ def reflect(
 ) -> ReflectionResult:
     messages = reflection_messages(guidance, records, mission, cfg.max_operations)
     request = ReflectRequest(guidance=guidance, records=list(records), messages=messages)
-    spec = SamplingSpec(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    answer = engine.reflect(request, spec, seed)
+    answer = engine.reflect(request, SamplingSpec.for_stage_b(cfg), seed)
     raw, error = decode_answer(answer)
     keys = [r.ticket.key for r in records]
     if error is not None:
