@@ -21,9 +21,9 @@ from pathlib import Path
 
 from bench.common import interleaved_times_s, summary
 from stagectl.models.loading import resolve_model_path
-from stagectl.rollout.client import RolloutClient, to_generation
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.server.launcher import ServerProcess
+from stagectl.inference.client import RolloutClient, to_generation
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.server.launcher import ServerProcess
 
 ROOT = Path(__file__).parents[1]
 MODEL = "builtin:tiny-qwen2"

@@ -51,7 +51,7 @@ def run(repeats: int = 3) -> dict[str, Any]:
     from stagectl.evaluation.run import eval_sampling, in_process_generate
     from stagectl.evaluation.session import load_eval_samples, run_eval
     from stagectl.models.loading import load_bundle
-    from stagectl.rollout.server.launcher import ServerProcess, start_server_process
+    from stagectl.server.launcher import ServerProcess, start_server_process
 
     results: dict[str, Any] = {"num_images": NUM_IMAGES, "max_new_tokens": MAX_TOKENS, "batch": BATCH}
     with tempfile.TemporaryDirectory() as tmp:

@@ -167,10 +167,10 @@ def _serve(specs_path: str) -> None:
     """The server process: the real app over a fake engine holding zeros of the announced specs."""
     import torch
 
-    from stagectl.rollout.server.app import build_app
-    from stagectl.rollout.server.engines.fake import FakeEngine
-    from stagectl.rollout.server.service import RolloutService, ServerSettings
-    from stagectl.rollout.server.serving import bind_socket, serve
+    from stagectl.server.app import build_app
+    from stagectl.engines.fake import FakeEngine
+    from stagectl.server.service import RolloutService, ServerSettings
+    from stagectl.server.serving import bind_socket, serve
 
     specs = json.loads(Path(specs_path).read_text())
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -188,7 +188,7 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
     from stagectl.learner import sharding
     from stagectl.learner.publisher import WeightPublisher
     from stagectl.prefetch.fence import SyncFence
-    from stagectl.rollout.server.launcher import ServerProcess
+    from stagectl.server.launcher import ServerProcess
     from stagectl.weightsync.client import WeightSyncClient
 
     world = World(rank, rank, 2)

@@ -256,10 +256,10 @@ def rollout(
 ) -> dict[str, Any]:
     from PIL import Image
 
-    from stagectl.rollout.client import RolloutClient, to_generation
-    from stagectl.rollout.protocol import RequestConfig
+    from stagectl.inference.client import RolloutClient, to_generation
+    from stagectl.wire.protocol import RequestConfig
     from stagectl.rollout.requests import detection_request
-    from stagectl.rollout.server.launcher import ServerProcess
+    from stagectl.server.launcher import ServerProcess
 
     images = checkpoint / "images"
     images.mkdir(exist_ok=True)

@@ -18,12 +18,12 @@ import numpy as np
 from PIL import Image
 
 from stagectl.models.loading import load_bundle
-from stagectl.rollout.client import RolloutClient, detection_request
-from stagectl.rollout.protocol import RequestConfig
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.hf import HFEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.inference.client import RolloutClient, detection_request
+from stagectl.wire.protocol import RequestConfig
+from stagectl.server.app import build_app
+from stagectl.engines.hf import HFEngine
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 
 MODEL = "builtin:tiny-qwen2.5-vl"
 CONCURRENCY = 8

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stagectl.rollout.server.engines.fake import default_weights
-from stagectl.rollout.server.launcher import ServerProcess
+from stagectl.engines.fake import default_weights
+from stagectl.server.launcher import ServerProcess
 from stagectl.weightsync.base import Transport
 from stagectl.weightsync.delta import bits_np
 from stagectl.weightsync.wire import byte_view
@@ -56,10 +56,10 @@ SENDERS: tuple[Transport, ...] = ("http", "disk", "collective")  # one client ea
 
 def _serve(weights_dir: str, state_mib: int) -> None:
     """The benchmark's server process: the real app over a fake engine holding `state_mib` of weights."""
-    from stagectl.rollout.server.app import build_app
-    from stagectl.rollout.server.engines.fake import FakeEngine
-    from stagectl.rollout.server.service import RolloutService, ServerSettings
-    from stagectl.rollout.server.serving import bind_socket, serve
+    from stagectl.server.app import build_app
+    from stagectl.engines.fake import FakeEngine
+    from stagectl.server.service import RolloutService, ServerSettings
+    from stagectl.server.serving import bind_socket, serve
 
     engine = FakeEngine(default_weights(state_mib, BLOCK_MIB))
     settings = ServerSettings(weight_dirs=[Path(weights_dir)], max_weight_chunk_bytes=2 * CHUNK_MIB << 20)

@@ -133,7 +133,7 @@ def embedded_rollout_server(
 ) -> Iterator[str]:
     """Start `stagectl rollout-server` as a child on a free loopback port, wait for /health/, yield its
     URL, and always stop it (normal exit, errors, Ctrl-C)."""
-    from stagectl.rollout.server.launcher import ServerKeeper, start_server_process
+    from stagectl.server.launcher import ServerKeeper, start_server_process
 
     out = cfg.training.output_dir
     out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from stagectl.collate import CoordGroup, Segment
 from stagectl.models.chat import encode_answer_text, encode_prompt, encode_training
 from stagectl.models.loading import ModelBundle
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.engine import EngineRequest
+from stagectl.engines.interface import EngineRequest
 
 ANSWERS = [
     '{"object_1": {"desc": "red circle", "bbox_2d": ["<|coord_1|>", "<|coord_2|>", "<|coord_300|>", "<|coord_400|>"]}}',
@@ -103,7 +103,7 @@ def _engine_requests() -> list[EngineRequest]:
 def greedy_engine_ids(bundle: ModelBundle, kv_cache: str) -> tuple[list[list[int]], dict[int, int], set[str]]:
     """Greedy ids of three concurrent image requests through an `hf` engine with `kv_cache`, the engine's
     batch sizes, and the KV cache classes the model decoded with."""
-    from stagectl.rollout.server.engines.hf import HFEngine
+    from stagectl.engines.hf import HFEngine
 
     engine = HFEngine(bundle, model_name="tiny", max_batch_size=8, batch_wait_ms=200, kv_cache=kv_cache)  # type: ignore[arg-type]
     caches: set[str] = set()  # the cache class each forward decoded with

@@ -105,7 +105,7 @@ def _evaluate(cfg: object, out_dir: Path, server: str | None) -> None:
     from stagectl import dist
     from stagectl.config import StagectlConfig
     from stagectl.evaluation.session import run_eval
-    from stagectl.rollout.errors import RolloutServerError
+    from stagectl.wire.errors import RolloutServerError
 
     assert isinstance(cfg, StagectlConfig)
     world = dist.read_world()

@@ -56,7 +56,7 @@ def command(
     except ValueError as exc:
         fail(str(exc))
 
-    from stagectl.rollout.server.serving import run_server
+    from stagectl.server.serving import run_server
 
     try:
         run_server(cfg, weight_dirs=weights_dirs, access_log=access_log)

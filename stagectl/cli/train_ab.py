@@ -103,7 +103,7 @@ def command(
 @contextlib.contextmanager
 def _server_errors() -> Iterator[None]:
     """The embedded server failing to start is a one-line error (typer's own exits pass through)."""
-    from stagectl.rollout.server.launcher import ServerStartError
+    from stagectl.server.launcher import ServerStartError
 
     try:
         yield

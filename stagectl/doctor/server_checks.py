@@ -20,7 +20,7 @@ from pydantic import ValidationError
 import stagectl
 from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.doctor.report import Check, fail, ok, skip, warn
-from stagectl.rollout.protocol import VersionResponse, read_token
+from stagectl.wire.protocol import VersionResponse, read_token
 
 if TYPE_CHECKING:
     from stagectl.models.loading import ModelBundle
@@ -63,7 +63,7 @@ def check_servers(cfg: StagectlConfig) -> list[Check]:
         return [fail("server.token", str(exc), f"export ${server_cfg.auth_token_env} before training")]
     tls: ssl.SSLContext | None = None
     if any(url.startswith("https://") for url in urls):
-        from stagectl.rollout.tls import client_context
+        from stagectl.wire.tls import client_context
 
         try:
             tls = client_context(server_cfg.tls_ca_file, skip_verify=server_cfg.tls_skip_verify)
@@ -204,7 +204,7 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     that version; train-ab pushes its own weights before its first Channel-B rollouts anyway."""
     import torch
 
-    from stagectl.rollout.errors import RolloutRequestError
+    from stagectl.wire.errors import RolloutRequestError
     from stagectl.weightsync.client import WeightSyncClient
     from stagectl.weightsync.errors import WeightPushError
 

@@ -26,7 +26,7 @@ from stagectl.evaluation.core import EvalReport, ImageOutcome, judge_image
 from stagectl.files import atomic_write_text
 from stagectl.models.generate import Generation
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.protocol import RequestConfig
+from stagectl.wire.protocol import RequestConfig
 
 METRICS_FILE = "metrics.json"
 PREDICTIONS_FILE = "predictions.coco.json"

@@ -107,8 +107,8 @@ def _evaluate(
     cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else ChannelBConfig()
     client = None
     if server_url is not None:
-        from stagectl.rollout.client import RolloutClient
-        from stagectl.rollout.protocol import read_token
+        from stagectl.inference.client import RolloutClient
+        from stagectl.wire.protocol import read_token
 
         token = read_token(
             rm.vllm.server.auth_token_env, "custom.extra.rollout_matching.vllm.server.auth_token_env"

@@ -42,8 +42,8 @@ from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import ReadyPack
 from stagectl.prefetch.staleness import decide_step
-from stagectl.rollout.client import RolloutClient
-from stagectl.rollout.protocol import VersionResponse
+from stagectl.inference.client import RolloutClient
+from stagectl.wire.protocol import VersionResponse
 
 
 class AsyncChannelB:

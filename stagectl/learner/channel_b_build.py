@@ -22,7 +22,7 @@ from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import RolloutClient
+from stagectl.inference.client import RolloutClient
 from stagectl.weightsync.client import WeightSyncClient
 
 

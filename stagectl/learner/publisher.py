@@ -23,7 +23,7 @@ import torch
 
 from stagectl import dist
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.errors import RolloutRequestError
+from stagectl.wire.errors import RolloutRequestError
 from stagectl.weightsync.base import PushReport
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError

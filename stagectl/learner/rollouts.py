@@ -22,9 +22,9 @@ from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation, generate_batch
 from stagectl.models.sampling import SamplingSpec
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import RolloutClient
-from stagectl.rollout.errors import RolloutServerError
-from stagectl.rollout.protocol import InferRequest, InferResponse
+from stagectl.inference.client import RolloutClient
+from stagectl.wire.errors import RolloutServerError
+from stagectl.wire.protocol import InferRequest, InferResponse
 from stagectl.rollout.requests import detection_infer_request, request_config, to_generation
 
 T = TypeVar("T")

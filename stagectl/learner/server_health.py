@@ -29,7 +29,7 @@ from stagectl.learner.channel_b import Decision
 from stagectl.learner.publisher import SyncOutcome, WeightPublisher
 from stagectl.learner.server_watch import ServerPlan, ServerWatch
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import RolloutClient
+from stagectl.inference.client import RolloutClient
 
 POLL_S = 1.0  # how often a waiting B step probes the servers again
 MAX_DEFER_STEPS = 2  # B steps in a row a re-sync waits for an A step (while another server serves)

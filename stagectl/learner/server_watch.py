@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stagectl.rollout.protocol import VersionResponse
+from stagectl.wire.protocol import VersionResponse
 
 
 @dataclass(frozen=True)

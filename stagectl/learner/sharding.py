@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from stagectl.learner.parts import transformer_blocks
 from stagectl.learner.precision import Precision
-from stagectl.rollout.protocol import TensorSpec
+from stagectl.wire.protocol import TensorSpec
 from stagectl.weightsync.wire import TensorStream, dtype_name
 
 

@@ -69,7 +69,7 @@ from stagectl.prefetch.records import (
     VersionedSource,
 )
 from stagectl.prefetch.snapshot import commit_point, rebuild_packs, rebuild_segments, snapshot_state
-from stagectl.rollout.errors import RolloutServerError, WrongVersionError
+from stagectl.wire.errors import RolloutServerError, WrongVersionError
 from stagectl.seeds import derive_seed
 
 

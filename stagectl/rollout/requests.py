@@ -13,7 +13,7 @@ from stagectl.data.sample import DetectionSample
 from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.protocol import (
+from stagectl.wire.protocol import (
     IMAGE_TAG,
     WEIGHT_VERSION_KEY,
     ContentItem,

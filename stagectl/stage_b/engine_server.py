@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from stagectl.config.stage_b import StageBServerConfig
 from stagectl.models.sampling import SamplingSpec
-from stagectl.rollout.client import RolloutClient
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig, read_token
+from stagectl.inference.client import RolloutClient
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig, read_token
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
 

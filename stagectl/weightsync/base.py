@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
-from stagectl.rollout.http import response_detail
+from stagectl.wire.http import response_detail
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.wire import TensorStream, WeightState

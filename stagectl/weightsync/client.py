@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 
 from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync, RolloutMatchingConfig
-from stagectl.rollout.errors import RolloutRequestError
-from stagectl.rollout.http import server_version
-from stagectl.rollout.protocol import VersionResponse, read_token
-from stagectl.rollout.tls import client_context
+from stagectl.wire.errors import RolloutRequestError
+from stagectl.wire.http import server_version
+from stagectl.wire.protocol import VersionResponse, read_token
+from stagectl.wire.tls import client_context
 from stagectl.weightsync.base import PushReport, Servers, Transport
 from stagectl.weightsync.factory import build_sender
 from stagectl.weightsync.http import HttpSender

@@ -19,7 +19,7 @@ import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from stagectl.rollout.paths import resolve_under_roots
+from stagectl.wire.paths import resolve_under_roots
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.protocol import SyncResponse

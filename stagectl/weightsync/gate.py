@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from stagectl.rollout.engine import Engine
+from stagectl.engines.interface import Engine
 
 log = logging.getLogger("stagectl.weightsync.gate")
 

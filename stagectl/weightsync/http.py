@@ -34,7 +34,7 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from stagectl.rollout.protocol import VersionResponse
+from stagectl.wire.protocol import VersionResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
 from stagectl.weightsync.delta import DeltaTracker
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError, WeightSyncError

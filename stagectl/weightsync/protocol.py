@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from stagectl.rollout.protocol import WireRequest, WireResponse
+from stagectl.wire.protocol import WireRequest, WireResponse
 
 WEIGHT_CHUNK_PATH = "/update_weights/"  # one weight chunk: POST, on the app port or the weight-stream port
 

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from stagectl.rollout.engine import Engine
+from stagectl.engines.interface import Engine
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
 from stagectl.weightsync.gate import VersionGate
 from stagectl.weightsync.protocol import SyncResponse

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from stagectl.rollout.engine import TensorSpec
+from stagectl.engines.interface import TensorSpec
 from stagectl.weightsync.delta import bits_np
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.wire import (

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from stagectl.rollout.guards import (
+from stagectl.wire.guards import (
     BodyBudget,
     BodyTimeout,
     BodyTooLarge,
@@ -43,7 +43,7 @@ from stagectl.rollout.guards import (
     check_token,
     validation_detail,
 )
-from stagectl.rollout.tls import server_context
+from stagectl.wire.tls import server_context
 from stagectl.weightsync.errors import WeightSyncError, status_of
 from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, ChunkQuery

@@ -31,7 +31,7 @@ import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
-from stagectl.rollout.protocol import TensorSpec
+from stagectl.wire.protocol import TensorSpec
 from stagectl.weightsync.errors import WeightSyncError
 
 ROWS_KEY = "stagectl.rows"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import sys
 
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import bind_socket, serve
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import bind_socket, serve
 
 if __name__ == "__main__":
     mib = int(sys.argv[1]) if len(sys.argv) > 1 else 1

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import torch
 
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.launcher import ServerProcess
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.launcher import ServerProcess
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from tests.faults.helpers import INJECT_DIR

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from stagectl.learner.checkpoint import list_checkpoints
-from stagectl.rollout.server.launcher import ServerProcess, start_server_process
+from stagectl.server.launcher import ServerProcess, start_server_process
 from tests.faults.helpers import _entries, fault_run, report
 from tests.integration.helpers import ROOT, async_config, read_metrics, write_config
 

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from stagectl.rollout.server.launcher import ServerProcess, start_server_process
+from stagectl.server.launcher import ServerProcess, start_server_process
 from tests.faults.helpers import INJECT_DIR, fault_run, leftovers_in, report
 from tests.integration.helpers import ROOT, async_config, read_metrics, write_config
 

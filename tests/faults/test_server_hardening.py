@@ -2,7 +2,7 @@
 thread) over the fake engine: slow clients, bodies without a declared length, and a source-level check
 that nothing unpickles. The token, size-limit, path and weight-verification basics are in
 tests/integration/test_rollout_fake_server.py,
-tests/unit/rollout/test_paths_fuzz.py and tests/unit/weightsync/test_wire_fuzz.py."""
+tests/unit/wire/test_paths_fuzz.py and tests/unit/weightsync/test_wire_fuzz.py."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from tests.faults.helpers import report
 
 ROOT = Path(__file__).parents[2]
@@ -158,7 +158,7 @@ def test_no_pickle_or_code_execution_paths_in_the_package() -> None:
 def test_idle_and_trickling_header_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that connects and sends nothing, or trickles a header without ever finishing it, is
     disconnected after the header timeout, while a normal request on the same server still works."""
-    from stagectl.rollout.server import serving
+    from stagectl.server import serving
 
     monkeypatch.setattr(serving, "HEADER_TIMEOUT_S", 1.0)
     engine = FakeEngine(batch_wait_ms=0)

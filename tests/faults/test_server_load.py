@@ -19,9 +19,9 @@ from PIL import Image
 from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.rollout.client import RolloutClient, detection_request, to_generation
-from stagectl.rollout.protocol import RequestConfig
-from stagectl.rollout.server.launcher import ServerProcess, start_server_process
+from stagectl.inference.client import RolloutClient, detection_request, to_generation
+from stagectl.wire.protocol import RequestConfig
+from stagectl.server.launcher import ServerProcess, start_server_process
 from stagectl.weightsync.client import WeightSyncClient
 from tests.faults.helpers import report
 from tests.integration.helpers import ROOT

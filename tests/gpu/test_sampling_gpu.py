@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from stagectl.rollout.server.engines.sampling import PerRowSampler
+from stagectl.engines.sampling import PerRowSampler
 
 VOCAB = 151_936
 

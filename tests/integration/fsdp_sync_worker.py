@@ -24,10 +24,10 @@ from stagectl.learner import sharding
 from stagectl.learner.precision import Precision
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 
 STORAGE = torch.bfloat16

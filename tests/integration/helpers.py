@@ -110,9 +110,9 @@ def in_process_server(model: str, *sets: str) -> Iterator[str]:
     import torch
 
     from stagectl.config import load_config
-    from stagectl.rollout.server.app import build_app
-    from stagectl.rollout.server.service import RolloutService
-    from stagectl.rollout.server.serving import ThreadedServer, build_engine, settings_for
+    from stagectl.server.app import build_app
+    from stagectl.server.service import RolloutService
+    from stagectl.server.serving import ThreadedServer, build_engine, settings_for
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

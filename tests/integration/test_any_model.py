@@ -19,10 +19,10 @@ import yaml
 from stagectl.collate import Segment, collate_pack
 from stagectl.config import load_config
 from stagectl.models.loading import load_bundle
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.hf import HFEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer, build_engine
+from stagectl.server.app import build_app
+from stagectl.engines.hf import HFEngine
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer, build_engine
 from stagectl.stage_b.runner import run_all
 from tests.integration.any_model import (
     ARCHS,

@@ -20,7 +20,7 @@ from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import SamplingSpec, generate_batch
 from stagectl.models.loading import load_bundle, resolve_model_path
 from stagectl.models.tokenizer import coord_token
-from stagectl.rollout.server.engines.vllm import VllmEngine
+from stagectl.engines.vllm import VllmEngine
 from tests.integration.helpers import run_cli, tiny_train_config, write_config
 
 pytestmark = pytest.mark.integration

@@ -27,10 +27,10 @@ from stagectl.evaluation.session import run_eval
 from stagectl.models.loading import load_tokenizer
 from stagectl.report.markdown import fmt
 from stagectl.report.write import write_reports
-from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
+from stagectl.server.app import build_app
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from tests.integration.helpers import run_cli
 
 MODEL = "builtin:tiny-qwen2.5-vl"

@@ -13,8 +13,8 @@ from PIL import Image
 from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.rollout.engine import EngineRequest
-from stagectl.rollout.server.engines.hf import HFEngine
+from stagectl.engines.interface import EngineRequest
+from stagectl.engines.hf import HFEngine
 
 MODEL = "builtin:tiny-qwen2.5-vl"
 INSTRUCTION = "Find every object."

@@ -16,12 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
-from stagectl.rollout.client import RolloutClient, RolloutRequestError, RolloutServerError, detection_request
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.inference.client import RolloutClient, RolloutRequestError, RolloutServerError, detection_request
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks
@@ -455,7 +455,7 @@ def test_a_sync_during_a_call_is_swapped_in_after_it_without_waiting_for_it() ->
     (`deferred`); the call, and a call tagged with the old version sent meanwhile, are answered at the old
     version from first to last rollout; then untagged calls get the new one, and a call tagged with the
     old one is refused with 409 (`WrongVersionError`)."""
-    from stagectl.rollout.errors import WrongVersionError
+    from stagectl.wire.errors import WrongVersionError
 
     slow = FakeEngine(default_weights(), max_batch_size=2, batch_wait_ms=0, step_delay_ms=300)
     server = _serve(slow, ServerSettings())

@@ -21,10 +21,10 @@ from PIL import Image
 from stagectl.models.chat import encode_answer_text, encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.rollout.client import RolloutClient, detection_request, to_generation
-from stagectl.rollout.protocol import InferRequest, RequestConfig
-from stagectl.rollout.server.app import STOPPED_LINE
-from stagectl.rollout.server.launcher import start_server_process
+from stagectl.inference.client import RolloutClient, detection_request, to_generation
+from stagectl.wire.protocol import InferRequest, RequestConfig
+from stagectl.server.app import STOPPED_LINE
+from stagectl.server.launcher import start_server_process
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks

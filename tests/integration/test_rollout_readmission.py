@@ -19,12 +19,12 @@ from stagectl.dist import World
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.server_health import MAX_DEFER_STEPS, RolloutLossError, ServerHealth
 from stagectl.prefetch.fence import SyncFence
-from stagectl.rollout.client import RolloutClient, RolloutServerError
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.inference.client import RolloutClient, RolloutServerError
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 
 

@@ -17,13 +17,13 @@ from PIL import Image
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.rollout.client import RolloutClient, to_generation
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.hf import HFEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
-from stagectl.rollout.server.text import cut_at_stop
+from stagectl.inference.client import RolloutClient, to_generation
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.server.app import build_app
+from stagectl.engines.hf import HFEngine
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
+from stagectl.engines.text import cut_at_stop
 from stagectl.weightsync.client import WeightSyncClient
 
 MODEL = "builtin:tiny-qwen2"

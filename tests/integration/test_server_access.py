@@ -15,13 +15,13 @@ import httpx
 import pytest
 import torch
 
-from stagectl.rollout.client import RolloutClient, RolloutRequestError
-from stagectl.rollout.guards import CallLimits
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.inference.client import RolloutClient, RolloutRequestError
+from stagectl.wire.guards import CallLimits
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync import stream
 from stagectl.weightsync.client import WeightSyncClient
 

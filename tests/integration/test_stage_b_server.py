@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from stagectl.config import load_config
-from stagectl.rollout.engine import EngineRequest, EngineResult, TensorSpec
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
+from stagectl.server.app import build_app
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.stage_b.runner import run_all
 
 

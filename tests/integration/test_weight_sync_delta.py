@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from stagectl.models.loading import load_bundle
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.wire import byte_view
 

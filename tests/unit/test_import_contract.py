@@ -58,7 +58,7 @@ RANK = {"entry": 3, "role": 2, "core": 1, "config": 0}
 
 def unit_of(module: str) -> str:
     """The unit a module belongs to: its top package under stagectl, with the rollout package split by
-    path into `rollout_server` (`stagectl.rollout.server` and below: a role) and `rollout` (the rest: the
+    path into `rollout_server` (`stagectl.server` and below: a role) and `rollout` (the rest: the
     leaves that `weightsync` and the roles may import)."""
     parts = module.split(".")[1:] or ["__init__"]
     if parts[:2] == ["rollout", "server"]:
@@ -166,7 +166,7 @@ def test_no_cycle_between_packages() -> None:
 def test_inference_callers_build_no_weight_machinery() -> None:
     """The rollout client is inference only: Stage-B, eval and the client itself never reach weightsync."""
     graph = module_graph()
-    for module in ("stagectl.rollout.client", "stagectl.stage_b", "stagectl.evaluation"):
+    for module in ("stagectl.inference.client", "stagectl.stage_b", "stagectl.evaluation"):
         reached = _closure(graph, {m for m in graph if m == module or m.startswith(module + ".")})
         assert not {m for m in reached if m.startswith("stagectl.weightsync")}, module
 
@@ -175,7 +175,7 @@ def test_weight_sync_builds_no_inference_client() -> None:
     """Weight sync reads a server's answers through the rollout leaves (`rollout.http`), never the client."""
     graph = module_graph()
     reached = _closure(graph, {m for m in graph if m.startswith("stagectl.weightsync")})
-    assert "stagectl.rollout.client" not in reached
+    assert "stagectl.inference.client" not in reached
 
 
 def _closure(graph: dict[str, set[str]], start: set[str]) -> set[str]:
@@ -201,15 +201,15 @@ def test_the_checker_sees_an_uphill_edge_and_a_cycle() -> None:
         "schedule (core) -> learner (role): stagectl.schedule -> stagectl.learner.loop"
     ]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    assert uphill_edges({"stagectl.learner.x": {"stagectl.rollout.server.service"}})  # role -> another role
+    assert uphill_edges({"stagectl.learner.x": {"stagectl.server.service"}})  # role -> another role
     # the rollout package splits by path alone: `rollout.server` and below is the server role
     assert (
-        unit_of("stagectl.rollout.server.engines.vllm")
-        == unit_of("stagectl.rollout.server")
+        unit_of("stagectl.engines.vllm")
+        == unit_of("stagectl.server")
         == "rollout_server"
     )
-    assert unit_of("stagectl.rollout.protocol") == unit_of("stagectl.rollout") == "rollout"
-    assert uphill_edges({"stagectl.weightsync.x": {"stagectl.rollout.server.app"}})  # core -> role
+    assert unit_of("stagectl.wire.protocol") == unit_of("stagectl.rollout") == "rollout"
+    assert uphill_edges({"stagectl.weightsync.x": {"stagectl.server.app"}})  # core -> role
 
 
 def main() -> None:

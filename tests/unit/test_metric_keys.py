@@ -19,7 +19,7 @@ from stagectl.dist import World
 from stagectl.learner.evaluate import EVAL_LOGGED
 from stagectl.learner.loss import LossTerms
 from stagectl.learner.publisher import SyncOutcome, WeightPublisher
-from stagectl.rollout.client import RolloutClient
+from stagectl.inference.client import RolloutClient
 from stagectl.timing import PhaseTimer
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from stagectl.models.loading import load_bundle
-from stagectl.rollout.server.launcher import ServerProcess
+from stagectl.server.launcher import ServerProcess
 from tests.integration.any_model import TEXT_ARCHS, Planted, infer_body, plant_end_of_turn, prompt_of
 from tests.vllm.helpers import ROOT, require_vllm_python
 

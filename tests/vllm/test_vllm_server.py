@@ -17,11 +17,11 @@ import torch
 from stagectl.models.chat import encode_answer_text, encode_messages
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.rollout.client import RolloutClient, to_generation
-from stagectl.rollout.protocol import InferRequest, Message, RequestConfig
-from stagectl.rollout.server.app import STOPPED_LINE
-from stagectl.rollout.server.launcher import ServerProcess
-from stagectl.rollout.server.text import cut_at_stop
+from stagectl.inference.client import RolloutClient, to_generation
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.server.app import STOPPED_LINE
+from stagectl.server.launcher import ServerProcess
+from stagectl.engines.text import cut_at_stop
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks

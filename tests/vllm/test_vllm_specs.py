@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stagectl.rollout.engine import TensorSpec
-from stagectl.rollout.server.engines.vllm import checkpoint_specs
+from stagectl.engines.interface import TensorSpec
+from stagectl.engines.vllm import checkpoint_specs
 
 
 def _checkpoint(path: Path, *, tied: bool) -> Path:

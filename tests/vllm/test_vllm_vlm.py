@@ -25,9 +25,9 @@ from stagectl.models.chat import encode_messages
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, checkpoint_stop_ids, load_bundle, resolve_model_path
 from stagectl.models.tokenizer import coord_token_ids
-from stagectl.rollout.client import RolloutClient, to_generation
-from stagectl.rollout.protocol import ContentItem, InferRequest, Message, RequestConfig
-from stagectl.rollout.server.launcher import ServerProcess
+from stagectl.inference.client import RolloutClient, to_generation
+from stagectl.wire.protocol import ContentItem, InferRequest, Message, RequestConfig
+from stagectl.server.launcher import ServerProcess
 from stagectl.weightsync.client import WeightSyncClient
 from tests.vllm.helpers import ROOT, require_vllm_python
 

@@ -17,7 +17,7 @@ from PIL import Image
 from stagectl.config.rollout import VllmEngineArgs
 from stagectl.models.chat import chat_template_ids
 from stagectl.models.loading import checkpoint_stop_ids, load_tokenizer
-from stagectl.rollout.server.engines.vllm import _start_llm
+from stagectl.engines.vllm import _start_llm
 
 
 def main(argv: list[str]) -> None:

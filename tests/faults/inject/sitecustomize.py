@@ -369,14 +369,14 @@ FAULTS: dict[str, tuple[str, Callable[..., None]]] = {
     "wait_for_packs": ("stagectl.learner.channel_b_async", _wait_for_packs),
     "kill_in_sync": ("stagectl.weightsync.http", _kill_in_sync),
     "kill_in_broadcast": ("stagectl.weightsync.collective", _kill_in_broadcast),
-    "kill_in_infer": ("stagectl.rollout.server.service", _kill_in_infer),
+    "kill_in_infer": ("stagectl.server.service", _kill_in_infer),
     "stop_in_micro_step": ("stagectl.learner.packs", _stop_in_micro_step),
     "stop_in_push": ("stagectl.learner.publisher", _stop_in_push),
     "resume_view": ("stagectl.learner.checkpoint", _resume_view),
     "log_stream": ("stagectl.data.sampler", _log_stream),
     "slow_prefetch": ("stagectl.prefetch.prefetcher", _slow_prefetch),
     "raise_in_prefetch": ("stagectl.prefetch.prefetcher", _raise_in_prefetch),
-    "slow_infer": ("stagectl.rollout.server.service", _slow_infer),
+    "slow_infer": ("stagectl.server.service", _slow_infer),
     "raise_in_judge": ("stagectl.stage_b.engine_rules", _raise_in_judge),
 }
 

@@ -17,11 +17,11 @@ from stagectl.config import StagectlConfig, load_config
 from stagectl.doctor.report import Check
 from stagectl.doctor.server_checks import _version, _weight_transport, check_push, check_servers
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.rollout.protocol import VersionResponse
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer
+from stagectl.wire.protocol import VersionResponse
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer
 
 TINY = "builtin:tiny-qwen2.5-vl"
 TOKEN_ENV = "DOCTOR_TEST_TOKEN"

@@ -131,7 +131,7 @@ def test_adapter_config_defaults_and_freeze_vit_combine() -> None:
 def test_hf_server_merges_a_synced_adapter_bit_identically_to_the_checkpoint(kind: str, dtype: str) -> None:
     """`sync.mode: adapter`: the hf engine's specs are the adapter's (peft names, float32), and after
     `apply_weights` it serves exactly the weights `merged_state_dict` writes to a checkpoint's model/."""
-    from stagectl.rollout.server.serving import build_engine
+    from stagectl.server.serving import build_engine
     from stagectl.weightsync.wire import spec_of
 
     learner = _adapted(kind)

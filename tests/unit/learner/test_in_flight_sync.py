@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stagectl.learner.channel_b_async import servers_without_version_tags, untagged_message
-from stagectl.rollout.protocol import VersionResponse
+from stagectl.wire.protocol import VersionResponse
 
 
 def test_servers_that_do_not_promise_version_tags_are_named() -> None:
@@ -17,8 +17,8 @@ def test_servers_that_do_not_promise_version_tags_are_named() -> None:
 
 
 def test_our_server_promises_them() -> None:
-    from stagectl.rollout.server.engines.fake import FakeEngine
-    from stagectl.rollout.server.service import RolloutService, ServerSettings
+    from stagectl.engines.fake import FakeEngine
+    from stagectl.server.service import RolloutService, ServerSettings
 
     service = RolloutService(FakeEngine(), ServerSettings())
     try:

@@ -14,7 +14,7 @@ import torch
 
 from stagectl.dist import World
 from stagectl.learner.publisher import WeightPublisher
-from stagectl.rollout.errors import RolloutRequestError
+from stagectl.wire.errors import RolloutRequestError
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 
 

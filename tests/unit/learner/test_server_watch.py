@@ -7,7 +7,7 @@ import pytest
 
 from stagectl.learner.channel_b_async import skip_reason
 from stagectl.learner.server_watch import ServerWatch
-from stagectl.rollout.protocol import VersionResponse
+from stagectl.wire.protocol import VersionResponse
 
 URLS = ["http://a:1", "http://b:2"]
 

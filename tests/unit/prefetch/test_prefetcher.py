@@ -19,7 +19,7 @@ from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import PrefetchError, ReadyPack
-from stagectl.rollout.errors import RolloutServerError, WrongVersionError
+from stagectl.wire.errors import RolloutServerError, WrongVersionError
 from stagectl.seeds import derive_seed
 
 SEGMENT_TOKENS = 10

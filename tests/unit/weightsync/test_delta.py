@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stagectl.rollout.server.engines.fake import FakeEngine
+from stagectl.engines.fake import FakeEngine
 from stagectl.weightsync.delta import DeltaTracker, bits
 from stagectl.weightsync.disk import DiskReceiver
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError

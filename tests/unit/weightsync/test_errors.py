@@ -14,10 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from stagectl.config import load_config
-from stagectl.rollout.server.app import build_app
-from stagectl.rollout.server.engines.fake import FakeEngine, default_weights
-from stagectl.rollout.server.service import RolloutService, ServerSettings
-from stagectl.rollout.server.serving import ThreadedServer, weight_transports
+from stagectl.server.app import build_app
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.server.serving import ThreadedServer, weight_transports
 from stagectl.weightsync.base import Servers
 from stagectl.weightsync.errors import (
     DeltaBaseError,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stagectl.rollout.server.engines.fake import FakeEngine
-from stagectl.rollout.server.service import RolloutService, ServerSettings
+from stagectl.engines.fake import FakeEngine
+from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.weightsync.disk import DiskReceiver
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.factory import build_receivers

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save as st_save
 
-from stagectl.rollout.server.engines.fake import FakeEngine
+from stagectl.engines.fake import FakeEngine
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.http import HttpReceiver
 from stagectl.weightsync.receiver import WeightSync

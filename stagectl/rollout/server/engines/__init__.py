@@ -1,1 +1,0 @@
-"""stagectl.rollout.server.engines."""

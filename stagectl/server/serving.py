@@ -1,0 +1,308 @@
+"""Running the rollout server: config -> engine + service + app, bind, print the address, serve.
+
+`run_server` is what `stagectl rollout-server` calls: it binds the socket itself (port 0 picks a free
+one), prints `rollout-server: listening on http(s)://HOST:PORT` on stdout for a parent process to read,
+then runs uvicorn, which shuts down gracefully on SIGTERM/SIGINT (in-flight requests finish, then the
+engine stops). `ThreadedServer` runs an app in a background thread (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from stagectl.config import StagectlConfig
+from stagectl.config.rollout import TRANSPORTS, RolloutServerConfig
+from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
+from stagectl.engines.interface import Engine
+from stagectl.wire.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
+from stagectl.wire.protocol import LISTENING_PREFIX, read_token
+from stagectl.server.app import ACCESS_LOGGER, build_app
+from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.wire.tls import server_context
+
+GRACEFUL_SHUTDOWN_S = 30
+HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
+
+
+def server_settings(
+    rs: RolloutServerConfig, weight_dirs: Sequence[Path] = (), limits: CallLimits | None = None
+) -> ServerSettings:
+    token = read_token(rs.auth_token_env, "rollout_server.auth_token_env")
+    if rs.host not in LOOPBACK_HOSTS and token is None:
+        raise ValueError(
+            f"rollout_server.host {rs.host!r} is beyond loopback: set rollout_server.auth_token_env "
+            "(a bearer token protects every endpoint but /health/) or bind 127.0.0.1"
+        )
+    if rs.open_infer and rs.host not in LOOPBACK_HOSTS and not rs.open_infer_beyond_loopback:
+        raise ValueError(
+            f"rollout_server.open_infer: the server binds {rs.host!r} (beyond loopback); set "
+            "rollout_server.open_infer_beyond_loopback: true to let anyone who reaches it generate"
+        )
+    return ServerSettings(
+        image_roots=list(rs.image_roots),
+        weight_dirs=list(weight_dirs),
+        auth_token=token,
+        open_infer=rs.open_infer,
+        limits=limits
+        or CallLimits(
+            rs.max_new_tokens_cap or DEFAULT_MAX_NEW_TOKENS_CAP,
+            rs.max_requests_per_call or DEFAULT_MAX_REQUESTS_PER_CALL,
+        ),
+        max_request_bytes=rs.max_request_bytes,
+        max_weight_chunk_bytes=rs.max_weight_chunk_bytes,
+        weight_stream_host=rs.host,
+        weight_stream_port=rs.weight_stream_port,
+        tls_certfile=rs.tls_certfile,
+        tls_keyfile=rs.tls_keyfile,
+    )
+
+
+def call_limits(cfg: StagectlConfig) -> CallLimits:
+    """The bounds of one `/infer/` call: `rollout_server.max_new_tokens_cap` / `max_requests_per_call` when
+    set, else the defaults raised to what this config's own learner (train-ab: `max_new_tokens`, the decode
+    chunk) or Stage-B runner (sampler and reflection `max_new_tokens`, the per-rank batch) asks for, so an
+    embedded server, or one started from the training YAML, never refuses its own learner."""
+    rs = cfg.rollout_server
+    tokens, requests = [DEFAULT_MAX_NEW_TOKENS_CAP], [DEFAULT_MAX_REQUESTS_PER_CALL]
+    if is_train_ab(cfg):
+        rm = cfg.custom.extra.rollout_matching
+        cb = cfg.stage2_ab.channel_b if cfg.stage2_ab else None
+        tokens.append(rm.max_new_tokens)
+        requests.append((cb.rollout_decode_batch_size if cb else None) or rm.decode_batch_size)
+    if cfg.mission is not None:
+        tokens += [entry.max_new_tokens for entry in cfg.sampler.grid] + [cfg.reflection.max_new_tokens]
+        requests.append(cfg.runner.per_rank_rollout_batch_size)
+    return CallLimits(rs.max_new_tokens_cap or max(tokens), rs.max_requests_per_call or max(requests))
+
+
+def build_engine(cfg: StagectlConfig) -> Engine:
+    """The configured engine. A train-ab config (the embedded server, or one started from the training
+    YAML) serves the model as the learner loads it, with the coordinate tokens; anything else serves the
+    checkpoint unchanged."""
+    rs = cfg.rollout_server
+    detection = is_train_ab(cfg)
+    if rs.engine == "hf":
+        import torch
+
+        from stagectl.models.loading import load_bundle
+        from stagectl.engines.hf import HFEngine
+
+        adapter_sync = (
+            cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
+        )
+        bundle = load_bundle(
+            cfg.model.name_or_path,
+            # adapter syncs merge onto the float32 base (as the learner's checkpoints do), then serve the dtype
+            torch_dtype="float32" if adapter_sync else cfg.model.torch_dtype,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            attn_implementation=cfg.model.attn_implementation,
+            add_coord_tokens=detection,
+        )
+        merger = None
+        if adapter_sync:
+            from stagectl.engines.hf_adapter import AdapterMerger
+
+            assert cfg.model.adapter is not None
+            merger = AdapterMerger(bundle.model, cfg.model.adapter)
+            bundle.model.to(getattr(torch, cfg.model.torch_dtype))
+        return HFEngine(
+            bundle,
+            model_name=cfg.model.name_or_path,
+            max_batch_size=rs.max_batch_size,
+            batch_wait_ms=rs.batch_wait_ms,
+            adapter=merger,
+            kv_cache=rs.hf_kv_cache,
+        )
+    from stagectl.models.loading import resolve_model_path
+    from stagectl.engines.vllm import VllmEngine
+
+    return VllmEngine(
+        resolve_model_path(cfg.model.name_or_path),
+        rs.vllm,
+        model_name=cfg.model.name_or_path,
+        dtype=cfg.model.torch_dtype,
+        max_batch_size=rs.max_batch_size,
+        batch_wait_ms=rs.batch_wait_ms,
+        coord_tokens=detection,
+    )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; connections queue in its backlog until uvicorn accepts them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without
+    # it every answer (head and body written apart) waited ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket, *, tls: bool = False) -> str:
+    host, port = sock.getsockname()[:2]
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def _uses_tls(app: FastAPI) -> bool:
+    settings: ServerSettings = app.state.service.settings
+    return settings.tls_certfile is not None
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a header-read timeout: a connection whose request line and headers have
+    not arrived within `HEADER_TIMEOUT_S` of connecting (or of its last response) is closed, so idle or
+    trickling clients cannot pile up open sockets. (Request bodies have their own deadline in the app.)"""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and self._header_timer is not None:
+            self._header_timer.cancel()  # a request is under way: its headers arrived in time
+            self._header_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()  # the next request on this keep-alive connection has the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._header_timeout)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
+    settings: ServerSettings = app.state.service.settings
+    if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+        server_context(settings.tls_certfile, settings.tls_keyfile)  # a clear error naming the files, now
+    config = uvicorn.Config(
+        app,
+        log_level="warning",  # uvicorn's start-up chatter stays out of our output; its errors still show
+        access_log=False,  # our AccessLog middleware writes one JSON line per request (`configure_access_log`)
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=HeaderTimeoutH11Protocol,
+        ssl_certfile=settings.tls_certfile,  # uvicorn's own TLS: the listening socket serves https
+        ssl_keyfile=settings.tls_keyfile,
+    )
+    return uvicorn.Server(config)
+
+
+def configure_access_log(target: str | None) -> None:
+    """Where the per-request JSON lines (`stagectl.rollout.access`, both ports) go: None drops them, `-`
+    writes them to stderr, anything else is a file they are appended to (created with its directory)."""
+    access = logging.getLogger(ACCESS_LOGGER)
+    for old in list(access.handlers):
+        access.removeHandler(old)
+        old.close()
+    access.propagate = False
+    access.setLevel(logging.INFO)
+    if target is None:
+        access.addHandler(logging.NullHandler())
+        access.setLevel(logging.WARNING)
+        return
+    if target == "-":
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        path = Path(target)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:  # a directory, no permission, a read-only file system: before the model loads
+            raise ValueError(f"--access-log {target}: cannot open it for appending ({exc})") from None
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+
+
+def run_server(
+    cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = (), access_log: str | None = None
+) -> None:
+    """Load the engine, bind, print the address, serve until SIGTERM/SIGINT."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    configure_access_log(access_log)
+    rs = cfg.rollout_server
+    # fail on a bad token or TLS setup before loading the model
+    settings = settings_for(cfg, weight_dirs)
+    if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+        server_context(settings.tls_certfile, settings.tls_keyfile)
+    sock = bind_socket(rs.host, rs.port)
+    serve(build_app(RolloutService(build_engine(cfg), settings)), sock)
+
+
+def settings_for(cfg: StagectlConfig, weight_dirs: Sequence[Path] = ()) -> ServerSettings:
+    """Everything the server's service takes from `cfg` (and `--weights-dir`): `server_settings` with the
+    call limits and the weight-sync routes it mounts."""
+    settings = server_settings(cfg.rollout_server, weight_dirs, call_limits(cfg))
+    return dataclasses.replace(settings, weight_transports=weight_transports(cfg))
+
+
+def weight_transports(cfg: StagectlConfig) -> frozenset[str]:
+    """The weight-sync routes a server mounts: an embedded server (`rollout_server.embedded`, started by
+    train-ab with its learner's config) takes its learner's `vllm.sync.transport` only; a standalone server
+    takes every transport (its learners' configs are not its own)."""
+    if cfg.rollout_server.embedded:
+        return frozenset({cfg.custom.extra.rollout_matching.vllm.sync.transport})
+    return frozenset(TRANSPORTS)
+
+
+def serve(app: FastAPI, sock: socket.socket) -> None:
+    """Print the listening line for `sock`, then serve `app` on it until SIGTERM/SIGINT."""
+    server = _uvicorn_server(app)
+    print(f"{LISTENING_PREFIX}{url_of(sock, tls=_uses_tls(app))}", flush=True)
+    server.run(sockets=[sock])
+
+
+class ThreadedServer:
+    """Serve `app` on a background thread at 127.0.0.1 (a free port unless given); `stop()` shuts it down."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = _uvicorn_server(app)
+        self._sock = bind_socket(host, port)
+        self.url = url_of(self._sock, tls=_uses_tls(app))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="rollout-server", daemon=True
+        )
+
+    def start(self, timeout_s: float = 30.0) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the threaded rollout server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=GRACEFUL_SHUTDOWN_S + 5)
+        self._sock.close()

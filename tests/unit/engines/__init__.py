@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.engines`, named after its modules or topics."""

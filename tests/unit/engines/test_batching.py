@@ -1,0 +1,120 @@
+"""The batching worker: grouping rule, batch sizes under concurrency, error delivery, close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from stagectl.engines.batching import BatchingWorker, take_batch
+
+
+@pytest.mark.parametrize(
+    ("keys", "max_size", "expected"),
+    [
+        ([], 4, []),
+        (["a"], 4, [0]),
+        (["a", "a", "a"], 2, [0, 1]),
+        (["a", "b", "a", "b", "a"], 8, [0, 2, 4]),
+        (["b", "a", "a"], 8, [0]),
+    ],
+)
+def test_take_batch(keys: list[str], max_size: int, expected: list[int]) -> None:
+    assert take_batch(keys, max_size) == expected
+
+
+def _recording_worker(max_batch_size: int, wait_ms: float, delay_s: float = 0.0):
+    batches: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        time.sleep(delay_s)
+        return [i * 10 for i in items]
+
+    worker: BatchingWorker[int, int] = BatchingWorker(
+        run, key=lambda i: i % 2, max_batch_size=max_batch_size, batch_wait_ms=wait_ms
+    )
+    return worker, batches
+
+
+def test_one_submit_is_one_batch_per_key_and_results_keep_order() -> None:
+    worker, batches = _recording_worker(max_batch_size=8, wait_ms=50)
+    try:
+        assert worker.run([0, 2, 1, 4, 3]) == [0, 20, 10, 40, 30]
+    finally:
+        worker.close()
+    assert sorted(map(sorted, batches)) == [[0, 2, 4], [1, 3]]  # grouped by key (parity)
+    assert worker.batch_sizes() == {3: 1, 2: 1}
+
+
+def test_concurrent_callers_share_batches_up_to_the_limit() -> None:
+    worker, batches = _recording_worker(max_batch_size=4, wait_ms=100, delay_s=0.05)
+    results: dict[int, list[int]] = {}
+
+    def call(k: int) -> None:
+        results[k] = worker.run([2 * k])
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    worker.close()
+    assert results == {k: [20 * k] for k in range(8)}
+    assert max(len(b) for b in batches) == 4  # grouped, never above max_batch_size
+    assert len(batches) < 8
+
+
+def test_an_error_fails_only_its_batch() -> None:
+    def run(items: list[int]) -> list[int]:
+        if 13 in items:
+            raise RuntimeError("boom")
+        return items
+
+    worker: BatchingWorker[int, int] = BatchingWorker(run, key=lambda i: i, max_batch_size=8, batch_wait_ms=0)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            worker.run([13])
+        assert worker.run([5]) == [5]  # the worker survives
+    finally:
+        worker.close()
+
+
+def test_wrong_result_count_is_an_error() -> None:
+    worker: BatchingWorker[int, int] = BatchingWorker(
+        lambda items: [], key=lambda i: 0, max_batch_size=2, batch_wait_ms=0
+    )
+    try:
+        with pytest.raises(RuntimeError, match="returned 0 results for 1 items"):
+            worker.run([1])
+    finally:
+        worker.close()
+
+
+def test_close_finishes_queued_items_and_refuses_new_ones() -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        started.set()
+        release.wait(5)
+        return items
+
+    worker: BatchingWorker[int, int] = BatchingWorker(run, key=lambda i: i, max_batch_size=1, batch_wait_ms=0)
+    first = worker.submit([1])[0]
+    started.wait(5)
+    queued = worker.submit([2])[0]
+    closer = threading.Thread(target=worker.close)
+    closer.start()
+    release.set()
+    closer.join(5)
+    assert first.result(5) == 1
+    assert queued.result(5) == 2  # graceful: what was queued before close still runs
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.submit([3])
+
+
+def test_max_batch_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_batch_size"):
+        BatchingWorker(lambda items: items, key=lambda i: 0, max_batch_size=0, batch_wait_ms=0)

@@ -1,0 +1,103 @@
+"""Pure parts of the rollout client: contiguous parts, seed shifts, config and response helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.inference.client import RolloutClient
+from stagectl.wire.protocol import InferResponse, RequestConfig
+from stagectl.rollout.requests import (
+    contiguous_parts,
+    detection_request,
+    request_config,
+    to_generation,
+    with_seed_offset,
+)
+from stagectl.weightsync.client import WeightSyncClient
+from stagectl.weightsync.disk import DiskSender
+
+
+@pytest.mark.parametrize(
+    ("n", "parts", "expected"),
+    [
+        (10, 1, [(0, 10)]),
+        (10, 3, [(0, 4), (4, 7), (7, 10)]),
+        (2, 4, [(0, 1), (1, 2)]),
+        (0, 2, []),
+        (4, 2, [(0, 2), (2, 4)]),
+    ],
+)
+def test_contiguous_parts(n: int, parts: int, expected: list[tuple[int, int]]) -> None:
+    got = contiguous_parts(n, parts)
+    assert got == expected
+    assert sum(stop - start for start, stop in got) == n
+
+
+def test_seed_offset_keeps_per_request_seeds() -> None:
+    config = RequestConfig(seed=100, max_tokens=5)
+    assert with_seed_offset(config, 3).seed == 103 and with_seed_offset(config, 3).max_tokens == 5
+    assert with_seed_offset(config, 0) is config
+    assert with_seed_offset(RequestConfig(), 3).seed is None
+
+
+def test_detection_request_is_swift_style(tmp_path: Path) -> None:
+    request = detection_request([tmp_path / "a.png", "rel/b.png"], "Find objects.")
+    assert request.messages[0].content == "<image><image>Find objects."
+    assert request.images[0] == str(tmp_path / "a.png")
+    assert Path(request.images[1]).is_absolute()
+
+
+def test_request_config_from_rollout_matching() -> None:
+    rm = RolloutMatchingConfig.model_validate(
+        {
+            "max_new_tokens": 77,
+            "decoding": {"temperature": 0.7, "top_p": 0.9, "top_k": 5},
+            "repetition_penalty": 1.1,
+        }
+    )
+    config = request_config(rm, seed=123)
+    assert (config.max_tokens, config.temperature, config.top_p, config.top_k) == (77, 0.7, 0.9, 5)
+    assert config.repetition_penalty == 1.1 and config.seed == 123 and config.return_details
+
+
+def test_to_generation() -> None:
+    response = InferResponse.model_validate(
+        {
+            "choices": [{"message": {"content": "x"}, "finish_reason": "length", "token_ids": [1, 2]}],
+            "extra": 1,
+        }
+    )
+    generation = to_generation(response)
+    assert generation.token_ids == [1, 2] and generation.finish_reason == "length"
+    with pytest.raises(ValueError, match="return_details"):
+        to_generation(InferResponse.model_validate({"choices": [{"message": {"content": "x"}}]}))
+
+
+def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    rm = RolloutMatchingConfig.model_validate(
+        {
+            "rollout_backend": "vllm",
+            "vllm": {
+                "server": {
+                    "servers": [{"base_url": "http://127.0.0.1:1/"}],
+                    "infer_timeout_s": 0,
+                    "auth_token_env": "TOK",
+                },
+                "sync": {"transport": "disk"},
+            },
+        }
+    )
+    monkeypatch.delenv("TOK", raising=False)
+    with pytest.raises(ValueError, match=r"\$TOK, which is unset"):
+        RolloutClient.from_config(rm)
+    monkeypatch.setenv("TOK", "secret")
+    with RolloutClient.from_config(rm) as client:
+        assert client.base_urls == ["http://127.0.0.1:1"]
+    with WeightSyncClient.from_config(rm, disk_dir=tmp_path) as sync:
+        assert sync.base_urls == ["http://127.0.0.1:1"] and isinstance(sync.sender, DiskSender)
+        assert sync.transport == "disk" and sync.disk_dir == tmp_path
+    with RolloutClient.from_config(rm, base_urls=["http://127.0.0.1:2"]) as client:
+        assert client.base_urls == ["http://127.0.0.1:2"]

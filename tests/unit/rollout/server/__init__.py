@@ -1,1 +1,0 @@
-"""Unit tests of `stagectl.rollout.server`, named after its modules or topics."""

@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.server`, named after its modules or topics."""

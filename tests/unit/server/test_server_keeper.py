@@ -1,0 +1,52 @@
+"""`ServerKeeper` (train-ab's embedded server): a server that was stopped (exit 0, SIGTERM, SIGINT: a
+Ctrl-C reaches it too) is not started again; a crash is, until the restarts are spent. The restart itself
+runs end to end in tests/faults/test_rollout_loss.py (the embedded server SIGKILLed)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from stagectl.wire.protocol import LISTENING_PREFIX
+from stagectl.server.launcher import ServerKeeper, ServerProcess
+
+
+def _child(exit_code: int) -> ServerProcess:
+    """A stand-in child that 'listens', then exits with `exit_code` (negative: killed by that signal)."""
+    end = f"os.kill(os.getpid(), {-exit_code})" if exit_code < 0 else f"sys.exit({exit_code})"
+    code = f"import os, sys, time; print('{LISTENING_PREFIX}http://127.0.0.1:5', flush=True); time.sleep(0.2); {end}"
+    server = ServerProcess([sys.executable, "-c", code])
+    server.wait_listening(30)
+    return server
+
+
+def _keep(server: ServerProcess, max_restarts: int) -> ServerKeeper:
+    def no_start(port: int) -> list[str]:
+        raise AssertionError(f"restarted on port {port}")
+
+    return ServerKeeper(server, no_start, max_restarts=max_restarts, poll_s=0.05)
+
+
+@pytest.mark.parametrize("exit_code", [0, -15, -2])
+def test_a_stopped_server_is_not_restarted(exit_code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    keeper = _keep(_child(exit_code), max_restarts=3)
+    deadline = time.monotonic() + 10
+    while "not restarted" not in capsys.readouterr().err:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert keeper.num_restarts == 0
+    assert keeper.stop() == exit_code
+
+
+def test_a_crash_past_the_restarts_is_left_down(capsys: pytest.CaptureFixture[str]) -> None:
+    keeper = _keep(_child(-9), max_restarts=0)
+    deadline = time.monotonic() + 10
+    err = ""
+    while "not restarted again" not in err:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        err += capsys.readouterr().err
+    assert "embedded rollout server exited (code -9)" in err and keeper.num_restarts == 0
+    keeper.stop()
