@@ -53,8 +53,6 @@ from bench.learning_jobs import A_ONLY_FACTOR, ROOT, Job, Sizes, phase2_override
 
 CONFIG = ROOT / "examples" / "tiny" / "learn_shapes.yaml"
 PLOTS = Path(__file__).parent / "plots"
-# box vs label, read from the eval rows beside AP (docs/evaluation.md)
-LABEL_METRICS = ("AP_agnostic", "desc_accuracy", "f1_desc", "AP_constant_score")
 
 TASKS: dict[str, dict[str, Any]] = {
     "sparse": {"image_size": 112, "max_objects": 2, "side_fraction": [0.3, 0.5], "max_new_tokens": 128},
@@ -96,6 +94,10 @@ SCREEN_B_RATIO = 0.25
 SWEEP_B_RATIOS = (0.05, 0.1, 0.25, 0.5)
 # the b_ratio sweep runs on these tasks; the others confirm the best two at SCREEN_B_RATIO with every seed
 SWEEP_TASKS = ("sparse",)
+# the separated phase (async AB on separate cores vs A-only on both: the equal-training-time headline)
+SEPARATED_TASKS = ("sparse", "crowded")
+# `--quick` (the test tier's plumbing run): two variants, one b_ratio, no protocol run
+QUICK_VARIANTS = ("raw_prefix", "reordered_gt desc_matched")
 OLD_PHASE2_LR = 3.0e-4  # the protocol before issue 40 (A-only fell below Stage-1): one A-only run to show it
 
 
@@ -147,7 +149,14 @@ def run_name(task: str, variant: str, b_ratio: float, seed: int) -> str:
 
 
 def _job(
-    task: str, variant: str, b_ratio: float, seed: int, config: Path, checkpoint: Path, sizes: Sizes, out: Path
+    task: str,
+    variant: str,
+    b_ratio: float,
+    seed: int,
+    config: Path,
+    checkpoint: Path,
+    sizes: Sizes,
+    out: Path,
 ) -> Job:
     a_only = variant == "A-only"
     steps = sizes.phase2_steps * (A_ONLY_FACTOR if a_only else 1)
@@ -157,11 +166,19 @@ def _job(
     return Job(name, argv, out / name, after=f"{task}-stage1")
 
 
-def screen_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path) -> list[Job]:
+def screen_jobs(
+    task: str,
+    config: Path,
+    checkpoint: Path,
+    sizes: Sizes,
+    out: Path,
+    variants: tuple[str, ...] = tuple(AB_VARIANTS),
+    protocol: bool = True,
+) -> list[Job]:
     """Seed 0: A-only and every AB variant at `SCREEN_B_RATIO`; on the first sweep task also A-only at the
-    old phase-2 LR (the protocol check: does A-only fall below the Stage-1 checkpoint?)."""
-    jobs = [_job(task, v, SCREEN_B_RATIO, 0, config, checkpoint, sizes, out) for v in ["A-only", *AB_VARIANTS]]
-    if task == SWEEP_TASKS[0]:
+    old phase-2 LR (`protocol`: does A-only fall below the Stage-1 checkpoint?)."""
+    jobs = [_job(task, v, SCREEN_B_RATIO, 0, config, checkpoint, sizes, out) for v in ["A-only", *variants]]
+    if protocol and task == SWEEP_TASKS[0]:
         old = Sizes(**{**asdict(sizes), "phase2_lr": OLD_PHASE2_LR})
         name = f"{task}-A-only_lr{OLD_PHASE2_LR:g}-seed0"
         argv = train_argv(
@@ -174,11 +191,17 @@ def screen_jobs(task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Pa
 
 
 def confirm_jobs(
-    task: str, best: list[str], config: Path, checkpoint: Path, sizes: Sizes, out: Path
+    task: str,
+    best: list[str],
+    config: Path,
+    checkpoint: Path,
+    sizes: Sizes,
+    out: Path,
+    sweep: tuple[float, ...] = SWEEP_B_RATIOS,
 ) -> list[Job]:
-    """Every seed of A-only and of the `best` variants, over `SWEEP_B_RATIOS` on the sweep tasks and at
+    """Every seed of A-only and of the `best` variants, over `sweep` on the sweep tasks and at
     `SCREEN_B_RATIO` elsewhere (runs already finished, the screen's among them, are not run again)."""
-    ratios = SWEEP_B_RATIOS if task in SWEEP_TASKS else (SCREEN_B_RATIO,)
+    ratios = sweep if task in SWEEP_TASKS else (SCREEN_B_RATIO,)
     jobs = [_job(task, "A-only", 0, seed, config, checkpoint, sizes, out) for seed in range(sizes.seeds)]
     for seed in range(sizes.seeds):
         for variant in best:
@@ -213,85 +236,6 @@ def best_two(out: Path, sizes: Sizes) -> tuple[list[str], dict[str, float]]:
     return sorted(mean, key=lambda v: -mean[v])[:2], mean
 
 
-def _analyse(
-    task: str, run_dirs: list[Path], stage1_out: Path, sizes: Sizes, plot_dir: Path
-) -> dict[str, Any]:
-    from stagectl.report.compare import compare, compare_at, f1_curves, load_run, plot_f1_curves, render_table
-    from stagectl.report.intervals import counts_from_row, variant_intervals
-
-    runs = [load_run(path) for path in run_dirs]
-    at, equal_steps = compare(runs, sizes.phase2_steps)
-    # equal wall time: each AB variant at its final step against A-only at the eval step whose cumulative
-    # training time is closest to that variant's mean training time
-    a_runs = [r for r in runs if r.variant == "A-only"]
-    equal_wall: dict[str, Any] = {}
-    for variant in sorted({r.variant for r in runs} - {"A-only"}):
-        ab_runs = [r for r in runs if r.variant == variant]
-        wall = sum(r.train_s_at[at] for r in ab_runs) / len(ab_runs)
-        step_of = {r.path: at for r in ab_runs}
-        for r in a_runs:
-            step_of[r.path] = min(r.evals, key=lambda s: abs(r.train_s_at.get(s, float("inf")) - wall))
-        rows = compare_at([*a_runs, *ab_runs], step_of)
-        equal_wall[variant] = {
-            "ab_train_s": wall,
-            "a_only_steps": sorted({step_of[r.path] for r in a_runs}),
-            "a_only_train_s": [r.train_s_at[step_of[r.path]] for r in a_runs],
-            "table": render_table(rows),
-        }
-    start_row = json.loads((stage1_out / "eval.jsonl").read_text().splitlines()[-1])
-    start = variant_intervals([counts_from_row(start_row)])
-    plot = plot_f1_curves(
-        runs,
-        plot_dir / f"learning_f1_{task}.png",
-        title=f"{task} task: held-out F1 after Stage-1 ({sizes.seeds} seeds; range shaded)",
-        start_f1=start["f1"].value,
-    )
-    train_s = {
-        name: sum(r.train_s_at[at] for r in runs if r.variant == name) / sum(r.variant == name for r in runs)
-        for name in {r.variant for r in runs}
-    }
-    ap: dict[str, list[float]] = {}  # COCO AP (IoU .50:.95) of each seed at the equal step, per variant
-    for r in runs:
-        ap.setdefault(r.variant, []).append(float(r.evals[at].get("AP", float("nan"))))
-    # box vs label at the equal step (evals written before these keys have none): per metric, per variant
-    labels: dict[str, dict[str, list[float]]] = {}
-    for r in runs:
-        for key in LABEL_METRICS:
-            if key in r.evals[at]:
-                labels.setdefault(key, {}).setdefault(r.variant, []).append(float(r.evals[at][key]))
-    return {
-        "step": at,
-        "table": render_table(equal_steps),
-        "ap_at_equal_steps": {
-            variant: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for variant, v in ap.items()
-        },
-        "labels_at_equal_steps": {
-            key: {
-                variant: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for variant, v in by.items()
-            }
-            for key, by in labels.items()
-        },
-        "f1_half_width": {row.variant: row.metrics["f1"].half_width for row in equal_steps},
-        "single_run_f1_half_width": start["f1"].half_width,
-        "stage1": {
-            "steps": sizes.stage1_steps[task],
-            "f1": start["f1"].value,
-            "f1_half_width": start["f1"].half_width,
-            "precision": start["precision"].value,
-            "recall": start["recall"].value,
-            "AP": start_row.get("AP"),
-            "AP50": start_row.get("AP50"),
-            **{key: start_row.get(key) for key in LABEL_METRICS},
-        },
-        "equal_wall": equal_wall,
-        "train_s_at_equal_steps": train_s,
-        "curves": f1_curves(runs),
-        "plot": str(plot.relative_to(ROOT)) if plot.is_relative_to(ROOT) else str(plot),
-        "runs": [str(p.name) for p in run_dirs],
-        "samples": _samples(run_dirs, sizes.phase2_steps),
-    }
-
-
 def _samples(run_dirs: list[Path], step: int) -> dict[str, list[dict[str, Any]]]:
     """The first greedy rollouts of each variant's seed-0 run at `step` (from `eval_samples.jsonl`)."""
     out = {}
@@ -303,22 +247,31 @@ def _samples(run_dirs: list[Path], step: int) -> dict[str, list[dict[str, Any]]]
     return out
 
 
-def _finished(out: Path, task: str) -> list[Path]:
-    """The task's phase-2 run dirs that finished (a run cut short is left out and the seed count says so)."""
-    return sorted(p for p in out.glob(f"{task}-*-seed*") if (p / "final_state.json").is_file())
-
-
 def analyse(out: Path, quick: bool = False) -> dict[str, Any]:
     """The report of the finished runs under `out` (also after a check that was stopped early)."""
+    from bench import learning_analysis
+
     sizes = QUICK if quick else FULL
     tasks = {}
     for task in sizes.tasks:
-        runs = _finished(out, task)
-        if runs:
-            tasks[task] = _analyse(
-                task, runs, out / f"{task}-stage1", sizes, out / "plots" if quick else PLOTS
-            )
+        if not _stage1_done(out / f"{task}-stage1", _checkpoint(out, task, sizes)):
+            continue
+        learning_analysis.ensure_stage1_eval(out, task, out / f"{task}.yaml", _checkpoint(out, task, sizes))
+        result = learning_analysis.analyse_task(out, task, sizes.phase2_steps, SCREEN_B_RATIO)
+        if result is not None:
+            result["samples"] = _samples(sorted(out.glob(f"{task}-*-seed0")), sizes.phase2_steps)
+            tasks[task] = learning_analysis.as_json(result)
     return tasks
+
+
+def reading(tasks: dict[str, Any]) -> list[str]:
+    from bench import learning_analysis
+
+    return learning_analysis.overall_reading(tasks)
+
+
+def _checkpoint(out: Path, task: str, sizes: Sizes) -> Path:
+    return out / f"{task}-stage1" / f"checkpoint-{sizes.stage1_steps[task]}" / "model"
 
 
 def run(
@@ -375,20 +328,37 @@ def run(
             # Stage-1 of every task first; then the screen, the tasks interleaved (each task's runs as soon
             # as its Stage-1 is done, so the workers stay busy with similar loads); then the best two
             # variants over the b_ratio sweep and every seed
-            screen = [screen_jobs(t, configs[t], checkpoints[t], sizes, out) for t in sizes.tasks]
+            variants = QUICK_VARIANTS if quick else tuple(AB_VARIANTS)
+            screen = [
+                screen_jobs(t, configs[t], checkpoints[t], sizes, out, variants, protocol=not quick)
+                for t in sizes.tasks
+            ]
             walls = run_jobs([*stage1.values(), *_unfinished(_interleave(screen))], workers, logs)
             stage1_walls = {job.name: walls.pop(job.name) for job in stage1.values()}
             best, screen_delta = best_two(out, sizes)
             selection = {"best_two": best, "screen_delta_ap": screen_delta}
             print(f"   screen: mean ΔAP vs A-only {screen_delta}; confirming {best}", flush=True)
-            confirm = [confirm_jobs(t, best, configs[t], checkpoints[t], sizes, out) for t in sizes.tasks]
+            sweep = (SCREEN_B_RATIO,) if quick else SWEEP_B_RATIOS
+            confirm = [
+                confirm_jobs(t, best, configs[t], checkpoints[t], sizes, out, sweep) for t in sizes.tasks
+            ]
             walls.update(run_jobs(_interleave(confirm), workers, logs))
         else:
             stage1_walls = run_jobs(list(stage1.values()), workers, logs)
         tasks = analyse(out, quick) if one_core else {}
         extra: dict[str, Any] = {}
         if with_separated:
-            part = learning_separated.run_phase(configs, checkpoints, sizes, out, logs)
+            arm = learning_separated.choose_arm(tasks or analyse(out, quick))
+            print(f"   separated phase: {arm[0]} at b_ratio {arm[1]:g}", flush=True)
+            part = learning_separated.run_phase(
+                configs,
+                checkpoints,
+                sizes,
+                out,
+                logs,
+                arm=arm,
+                tasks=tuple(t for t in SEPARATED_TASKS if t in sizes.tasks),
+            )
             part.update(
                 ran_at=time.strftime("%Y-%m-%d %H:%M:%S"),
                 stage1_reused=sorted(set(sizes.tasks) - set(stage1)),
@@ -434,6 +404,10 @@ def _result(
 ) -> dict[str, Any]:
     """What `run()` and `report_only()` return (the learning section of BENCHMARKS.md reads it)."""
     return {
+        "screen_b_ratio": SCREEN_B_RATIO,
+        "sweep_b_ratios": list(SWEEP_B_RATIOS),
+        "sweep_tasks": list(SWEEP_TASKS),
+        "reading": reading(tasks),
         "quick": quick,
         "sizes": asdict(sizes),
         "a_only_factor": A_ONLY_FACTOR,
@@ -456,7 +430,9 @@ def report_only(out: Path, workers: int = 2) -> dict[str, Any]:
     total = (
         max(p.stat().st_mtime for p in finals) - min(p.stat().st_mtime for p in configs) if finals else 0.0
     )
-    result = _result(sizes, workers, total, analyse(out))
+    best, screen_delta = best_two(out, sizes)
+    selection = {"best_two": best, "screen_delta_ap": screen_delta}
+    result = _result(sizes, workers, total, analyse(out), selection=selection)
     separated = learning_separated.reanalyse(out, sizes)
     if separated is not None:
         result["separated"] = separated
@@ -477,7 +453,9 @@ def main() -> None:
         "result is merged into bench/results/learning.json and BENCHMARKS.md",
     )
     parser.add_argument(
-        "--no-separated", action="store_true", help="Stage-1, the screen and the sweep only (no separated phase)"
+        "--no-separated",
+        action="store_true",
+        help="Stage-1, the screen and the sweep only (no separated phase)",
     )
     args = parser.parse_args()
     if args.no_separated:
@@ -486,9 +464,7 @@ def main() -> None:
         result = run(args.quick, args.out, args.jobs, one_core=False, separated=True)
     else:
         result = run(args.quick, args.out, args.jobs)
-    for task, r in result["tasks"].items():
-        print(f"== {task}: step {r['step']}")
-        print("\n".join(r["table"]))
+    print("\n".join(result["reading"]))
     for task, r in result.get("separated", {}).get("tasks", {}).items():
         print(f"== {task}, separated placement: step {r['step']}, training s {r['train_s']}")
         print("\n".join([*r["table"], *r["equal_wall"]["table"][2:]]))

@@ -2,8 +2,8 @@
 separate cores, against A-only given the same two cores, from the same Stage-1 checkpoints.
 
 Per task and seed, one run at a time (each run owns both cores):
-- `AB async separated`: b_ratio 0.5, clean_prefix (the target with the larger ΔF1 at equal steps on both
-  tasks in the recorded 1-core runs: sparse +0.025 vs +0.023, dense +0.020 vs +0.017), Channel-B in async
+- `AB async separated`: the arm the 1-core confirmation chose (`choose_arm`: the (variant, b_ratio) group
+  with the best mean class-aware ΔAP vs A-only at equal training time over the tasks), Channel-B in async
   mode from an embedded hf rollout server (server rollouts: `rollout_backend: vllm`, `vllm.mode: server`,
   full weight sync over http after every step); the learner pinned to core A, the server to core B, the
   prefetcher thread on the server's core; `phase2_steps` steps;
@@ -36,7 +36,20 @@ from bench.learning_jobs import A_ONLY_FACTOR, Job, Sizes, phase2_overrides, run
 
 AB = "AB async separated"
 A2 = "A-only 2 cores"
-AB_TARGET = "clean_prefix"
+DEFAULT_ARM = ("clean_prefix", 0.5)  # before a confirmation chose one (the check before issue 40)
+
+
+def choose_arm(tasks: dict[str, Any]) -> tuple[str, float]:
+    """(variant, b_ratio) of the confirmed AB group with the best mean class-aware ΔAP vs A-only at equal
+    training time over the tasks that ran it (`bench.learning_analysis` rows, JSON form)."""
+    deltas: dict[tuple[str, float], list[float]] = {}
+    for t in tasks.values():
+        for row in t.get("confirm", [])[1:]:
+            if row.get("wall"):
+                deltas.setdefault((row["variant"], row["b_ratio"]), []).append(row["wall"]["d_AP"]["value"])
+    if not deltas:
+        return DEFAULT_ARM
+    return max(deltas, key=lambda k: sum(deltas[k]) / len(deltas[k]))
 
 
 def two_cores() -> tuple[int, int]:
@@ -50,13 +63,16 @@ def two_cores() -> tuple[int, int]:
     return cpus[0], cpus[1]
 
 
-def variant_overrides(cores: tuple[int, int]) -> dict[str, list[str]]:
-    """Each separated variant's overrides on top of the phase-2 ones."""
+def variant_overrides(cores: tuple[int, int], arm: tuple[str, float] = DEFAULT_ARM) -> dict[str, list[str]]:
+    """Each separated variant's overrides on top of the phase-2 ones (`arm`: the AB variant and b_ratio)."""
+    from bench.bench_learning import AB_VARIANTS
+
     learner, server = cores
+    variant, b_ratio = arm
     return {
         AB: [
-            "stage2_ab.schedule.b_ratio=0.5",
-            f"stage2_ab.channel_b.target={AB_TARGET}",
+            f"stage2_ab.schedule.b_ratio={b_ratio:g}",
+            *AB_VARIANTS[variant],
             "stage2_ab.channel_b.mode=async",
             "custom.extra.rollout_matching.rollout_backend=vllm",
             "custom.extra.rollout_matching.vllm.mode=server",
@@ -81,21 +97,29 @@ def refuse_existing(out: Path, sizes: Sizes) -> None:
     them one by one, after Stage-1 and whatever ran before)."""
     variants = (AB, A2)
     names = [run_name(t, v, s) for t in sizes.tasks for s in range(sizes.seeds) for v in variants]
-    there = [name for name in names if (out / name).exists()]
+    there = [
+        name for name in names if (out / name).exists() and not (out / name / "final_state.json").is_file()
+    ]
     if there:
         raise ValueError(
-            f"learning check: {out} already holds separated runs ({', '.join(there)}); move them away or "
+            f"learning check: {out} already holds unfinished separated runs ({', '.join(there)}); move them away or "
             "choose another --out (its finished Stage-1 checkpoints are reused either way)"
         )
 
 
 def separated_jobs(
-    task: str, config: Path, checkpoint: Path, sizes: Sizes, out: Path, cores: tuple[int, int]
+    task: str,
+    config: Path,
+    checkpoint: Path,
+    sizes: Sizes,
+    out: Path,
+    cores: tuple[int, int],
+    arm: tuple[str, float] = DEFAULT_ARM,
 ) -> list[Job]:
     """The task's separated runs, in the order they run (one at a time)."""
     jobs = []
     for seed in range(sizes.seeds):
-        for variant, overrides in variant_overrides(cores).items():
+        for variant, overrides in variant_overrides(cores, arm).items():
             steps = sizes.phase2_steps * (A_ONLY_FACTOR if variant == A2 else 1)
             run_out = out / run_name(task, variant, seed)
             argv = train_argv(
@@ -106,23 +130,31 @@ def separated_jobs(
 
 
 def run_phase(
-    configs: dict[str, Path], checkpoints: dict[str, Path], sizes: Sizes, out: Path, log_dir: Path
+    configs: dict[str, Path],
+    checkpoints: dict[str, Path],
+    sizes: Sizes,
+    out: Path,
+    log_dir: Path,
+    arm: tuple[str, float] = DEFAULT_ARM,
+    tasks: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Run every task's separated jobs, one at a time, and analyse them."""
+    """Run the separated jobs of `tasks` (default: every task), one at a time, and analyse them."""
     cores = two_cores()
+    tasks = tasks or sizes.tasks
     started = time.perf_counter()
     jobs = [
         job
-        for task in sizes.tasks
-        for job in separated_jobs(task, configs[task], checkpoints[task], sizes, out, cores)
+        for task in tasks
+        for job in separated_jobs(task, configs[task], checkpoints[task], sizes, out, cores, arm)
+        if not (job.out / "final_state.json").is_file()
     ]
     walls = run_jobs(jobs, 1, log_dir)
     return {
         "cores": list(cores),
-        "ab_target": AB_TARGET,
+        "arm": {"variant": arm[0], "b_ratio": arm[1]},
         "run_wall_s": walls,
         "phase_s": time.perf_counter() - started,
-        "tasks": {task: analyse_task(task, out, sizes) for task in sizes.tasks},
+        "tasks": {task: analyse_task(task, out, sizes) for task in tasks},
     }
 
 
@@ -134,10 +166,12 @@ def reanalyse(out: Path, sizes: Sizes) -> dict[str, Any] | None:
         return None
     tasks = [t for t in sizes.tasks if any(p.parent.name.startswith(f"sep-{t}-") for p in finals)]
     config = yaml.safe_load((out / run_name(tasks[0], AB, 0) / "config.yaml").read_text())
+    cb = config["stage2_ab"]["channel_b"]
+    arm = {"variant": _variant_of(cb), "b_ratio": float(config["stage2_ab"]["schedule"]["b_ratio"])}
     phase_s = finals[-1].stat().st_mtime - min((p.parent / "config.yaml").stat().st_mtime for p in finals)
     return {
         "cores": [config["launch"]["cpus"][0], config["rollout_server"]["cpus"][0]],
-        "ab_target": AB_TARGET,
+        "arm": arm,
         "run_wall_s": {},
         "phase_s": phase_s,
         "ran_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finals[-1].stat().st_mtime)),
@@ -146,6 +180,30 @@ def reanalyse(out: Path, sizes: Sizes) -> dict[str, Any] | None:
         "total_s": phase_s,
         "tasks": {task: analyse_task(task, out, sizes) for task in tasks},
     }
+
+
+def _variant_of(cb: dict[str, Any]) -> str:
+    """The AB_VARIANTS name whose overrides give this channel_b section (as written to config.yaml)."""
+    from bench.bench_learning import AB_VARIANTS
+
+    for name, overrides in AB_VARIANTS.items():
+        wanted = dict(item.removeprefix("stage2_ab.channel_b.").split("=", 1) for item in overrides)
+        values = {
+            "target": str(cb.get("target")),
+            "desc_ce_weight_matched": f"{float(cb.get('desc_ce_weight_matched', 0)):.1f}",
+            "mask_correct_matched_desc": str(cb.get("mask_correct_matched_desc", True)).lower(),
+            "match.assignment": str((cb.get("match") or {}).get("assignment", "hungarian")),
+            "match.desc_gated": str((cb.get("match") or {}).get("desc_gated", False)).lower(),
+        }
+        defaults = {
+            "desc_ce_weight_matched": "0.0",
+            "mask_correct_matched_desc": "true",
+            "match.assignment": "hungarian",
+            "match.desc_gated": "false",
+        }
+        if all(values[k] == wanted.get(k, defaults.get(k)) for k in values):
+            return name
+    return str(cb.get("target"))
 
 
 def _overlap(run_dir: Path) -> dict[str, float]:
@@ -210,6 +268,47 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
     a_f1_end = sum(float(r.evals[a_end]["f1"]) for r in a_runs) / len(a_runs)
     start_row = json.loads((out / f"{task}-stage1" / "eval.jsonl").read_text().splitlines()[-1])
     overlaps = [_overlap(r.path) for r in ab_runs]
+    # the headline: class-aware AP with box vs label beside it, at equal steps and equal training time
+    from bench.learning_analysis import Metrics, as_json
+
+    metrics = Metrics(len(ab_runs[0].evals[at]["per_image"]))
+    ab_at = [(r.path, r.evals[at], at) for r in ab_runs]
+    a_at = [(r.path, r.evals[at], at) for r in a_runs]
+    a_wall = [(r.path, r.evals[step_of[r.path]], step_of[r.path]) for r in a_runs]
+    headline = {
+        "steps": [
+            {
+                "variant": A2,
+                "b_ratio": 0.0,
+                "seeds": len(a_runs),
+                "metrics": metrics.summary(a_at, None),
+                "train_s": a_train_s,
+            },
+            {
+                "variant": AB,
+                "b_ratio": 0.0,
+                "seeds": len(ab_runs),
+                "metrics": metrics.summary(ab_at, a_at),
+                "train_s": ab_train_s,
+            },
+        ],
+        "wall": [
+            {
+                "variant": A2,
+                "b_ratio": 0.0,
+                "seeds": len(a_runs),
+                "metrics": metrics.summary(a_wall, None),
+                "train_s": sum(r.train_s_at[step_of[r.path]] for r in a_runs) / len(a_runs),
+            },
+            {
+                "variant": AB,
+                "b_ratio": 0.0,
+                "seeds": len(ab_runs),
+                "metrics": metrics.summary(ab_at, a_wall),
+                "train_s": ab_train_s,
+            },
+        ],
+    }
     by_variant = {row.variant: row for row in steps}
     wall_ab = next(row for row in wall if row.variant == AB)
     return {
@@ -233,6 +332,10 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
             "a_only_end": a_f1_end,
         },
         "overlap": {k: sum(o[k] for o in overlaps) / len(overlaps) for k in overlaps[0]},
+        "headline": as_json(headline),
+        "b_ratio_asked": float(
+            yaml.safe_load((ab_runs[0].path / "config.yaml").read_text())["stage2_ab"]["schedule"]["b_ratio"]
+        ),
     }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.markdown_learning import separated_section
+from bench.markdown_learning import learning_section
 
 PLOTS = Path(__file__).parent / "plots"
 
@@ -280,96 +280,6 @@ def cli(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-# box vs label in the learning section (bench_learning.LABEL_METRICS; docs/evaluation.md)
-LABEL_NAMES = {
-    "AP_agnostic": "Class-agnostic AP (boxes only)",
-    "desc_accuracy": "Desc accuracy on matched pairs (labels)",
-    "f1_desc": "Desc-aware F1 (a hit needs the right desc)",
-    "AP_constant_score": "AP with every score 1 (what the score is worth: compare with AP)",
-}
-
-
-def _label_lines(labels: dict[str, dict[str, dict[str, float]]]) -> list[str]:
-    """One line per box-vs-label metric at the equal step: each variant's mean over seeds [min, max]."""
-    lines = []
-    for key, by_variant in labels.items():
-        cells = ", ".join(
-            f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]" for k, v in sorted(by_variant.items())
-        )
-        lines += [f"{LABEL_NAMES.get(key, key)} at that step, mean over seeds [min, max]: {cells}", ""]
-    return lines
-
-
-def learning(r: dict[str, Any]) -> list[str]:
-    sizes = r["sizes"]
-    lines = [
-        "Stage-2 as it is used: `examples/tiny/learn_shapes.yaml` (tiny Qwen3-VL) trained A-only (Stage-1, cosine "
-        "LR; steps per task below) to a checkpoint; from it, A-only, AB raw_prefix and "
-        f"AB clean_prefix (`b_ratio` 0.5) for {sizes['phase2_steps']} optimizer steps each (constant LR "
-        f"{sizes['phase2_lr']:g}; A-only runs on to {r['a_only_factor']}x the steps for the equal-wall-time point), "
-        f"{sizes['seeds']} seeds planned per variant (the seeds column says how many finished), {r['workers']} "
-        "runs at a time with one torch thread each. Greedy held-out "
-        "eval (precision / recall / F1 at IoU 0.5; invalid = rollouts that do not parse to a closed object; "
-        "duplicate rate = duplicate predictions / valid predictions). Each cell: mean over seeds [95% interval: "
-        "bootstrap over seeds, then over held-out images, 2000 resamples]; ΔF1 is paired on the same images.",
-        "",
-    ]
-    for task, t in r["tasks"].items():
-        spec = r["tasks_spec"][task]
-        n_eval = sizes["eval_images"][task]
-        stage1 = t["stage1"]
-        lines += [
-            f"### {task} task: 1-{spec['max_objects']} shapes of {spec['side_fraction'][0]:g}-"
-            f"{spec['side_fraction'][1]:g} of a {spec['image_size']} px image, {n_eval} held-out images",
-            "",
-            f"Stage-1 checkpoint ({stage1['steps']} A-only steps): F1 {stage1['f1']:.3f} ± {stage1['f1_half_width']:.3f} "
-            f"(precision {stage1['precision']:.3f}, recall {stage1['recall']:.3f}"
-            + (
-                f", COCO AP {stage1['AP']:.3f}, AP50 {stage1['AP50']:.3f}"
-                if stage1.get("AP") is not None
-                else ""
-            )
-            + f"). One run's F1 interval over these images: ±{t['single_run_f1_half_width']:.3f}.",
-            "",
-            f"**Equal optimizer steps** (step {t['step']} after the checkpoint):",
-            "",
-            *t["table"],
-            "",
-            *(
-                [
-                    "COCO AP (IoU .50:.95) at that step, mean over seeds [min, max]: "
-                    + ", ".join(
-                        f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]"
-                        for k, v in sorted(t["ap_at_equal_steps"].items())
-                    ),
-                    "",
-                ]
-                if t.get("ap_at_equal_steps")
-                else []
-            ),
-            *_label_lines(t.get("labels_at_equal_steps") or {}),
-            "Mean training seconds to that step (rollouts included, eval excluded): "
-            + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(t["train_s_at_equal_steps"].items())),
-            "",
-        ]
-        for variant, w in t["equal_wall"].items():
-            lines += [
-                f"**Equal training wall time** vs {variant} ({w['ab_train_s']:.0f} s): A-only read at step(s) "
-                f"{', '.join(str(s) for s in w['a_only_steps'])} "
-                f"({', '.join(f'{x:.0f}' for x in w['a_only_train_s'])} s per seed):",
-                "",
-                *w["table"],
-                "",
-            ]
-        lines += [f"![{task}: held-out F1]({t['plot']})", ""]
-    lines.append(f"Whole check: {r['total_s'] / 60:.0f} min.")
-    if r.get("notes"):  # the reading of this run's numbers, written by whoever ran it
-        lines += ["", *r["notes"]]
-    if r.get("separated"):
-        lines += ["", *separated_section(r)]
-    return lines
-
-
 def memory(r: dict[str, Any]) -> list[str]:
     mib = 1024**2
     lines = [
@@ -597,7 +507,7 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "weight_sync": weight_sync,
     "async": async_,
     "cli": cli,
-    "learning": learning,
+    "learning": learning_section,
     "memory": memory,
     "fsdp": fsdp,
     "coco_eval": coco_eval,

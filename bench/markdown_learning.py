@@ -83,7 +83,7 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
         f"{o['train_s']:.0f} s (idle {o['idle_fraction']:.0%}) and pushed weights for {o['weight_sync_s']:.1f} s; "
         f"with no idle the wall ratio would be {ratio_no_idle:.2f} (the rest is the weight push and B's own "
         f"cost on one learner core against A-only's two). Mean ver lag {o['ver_lag_mean']:.2f}, drop rate "
-        f"{o['drop_rate']:.1%}, realised B share {o['b_ratio_realized']:.2f} (of 0.5 asked).",
+        f"{o['drop_rate']:.1%}, realised B share {o['b_ratio_realized']:.2f} (of {t.get('b_ratio_asked', 0.5):g} asked).",
     ]
     return lines
 
@@ -91,6 +91,7 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
 def separated_section(r: dict[str, Any]) -> list[str]:
     """The sub-section from `result["separated"]` (`bench.learning_separated`) and the check's sizes."""
     sep = r["separated"]
+    arm = sep.get("arm") or {"variant": sep.get("ab_target", "clean_prefix"), "b_ratio": 0.5}
     sizes = r["sizes"]
     learner, server = sep["cores"]
     reused = sep.get("stage1_reused") or []
@@ -102,8 +103,8 @@ def separated_section(r: dict[str, Any]) -> list[str]:
         + (f" (Stage-1 checkpoints reused: {', '.join(reused)})" if reused else "")
         + "._",
         "",
-        f"From the same Stage-1 checkpoints, one run at a time (each owns both cores): **{AB}** (`b_ratio` 0.5, "
-        f"{sep['ab_target']}, `channel_b.mode: async` from an embedded hf rollout server with full http weight "
+        f"From the same Stage-1 checkpoints, one run at a time (each owns both cores): **{AB}** (`b_ratio` "
+        f"{arm['b_ratio']:g}, {arm['variant']}, `channel_b.mode: async` from an embedded hf rollout server with full http weight "
         f"sync every step; learner on CPU {learner}, server and prefetcher on CPU {server}; "
         f"{sizes['phase2_steps']} steps) vs **{A2}** (`b_ratio` 0, the learner pinned to CPUs {learner} and "
         f"{server}, two torch threads; {r['a_only_factor']}x the steps). Same config otherwise, same held-out "
@@ -113,6 +114,25 @@ def separated_section(r: dict[str, Any]) -> list[str]:
     ]
     for task, t in sep["tasks"].items():
         eq = t["equal_wall"]
+        if t.get("headline"):
+            h = t["headline"]
+            lines += [
+                f"**{task} task, the headline: equal training time** ({AB} at step {t['step']}; A-only 2 cores read "
+                f"at step(s) {', '.join(str(s) for s in eq['a_only_steps'])}; Δ against A-only 2 cores):",
+                "",
+                *table(h["wall"]),
+                "",
+                f"{task} task, equal optimizer steps (step {t['step']}):",
+                "",
+                *table(h["steps"]),
+                "",
+                f"Reading ({task}): class-aware ΔAP at equal training time {cell(h['wall'][1]['metrics']['d_AP'], True)} "
+                f"({sign(h['wall'][1]['metrics']['d_AP'])}), at equal steps {cell(h['steps'][1]['metrics']['d_AP'], True)} "
+                f"({sign(h['steps'][1]['metrics']['d_AP'])}).",
+                "",
+                "F1 box, as the earlier check read it:",
+                "",
+            ]
         lines += [
             f"**{task} task, equal optimizer steps** (step {t['step']}):",
             "",
@@ -131,3 +151,166 @@ def separated_section(r: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines[:-1]  # write_markdown adds the blank line after a section
+
+
+# --- the 1-core check: Stage-1, protocol, screen, confirmation (bench.learning_analysis) ---
+
+COLUMNS = (
+    ("AP", "AP"),
+    ("d_AP", "ΔAP"),
+    ("AP_agnostic", "AP class-agnostic"),
+    ("d_AP_agnostic", "ΔAP agn."),
+    ("desc_accuracy", "desc accuracy"),
+    ("d_desc_accuracy", "Δdesc acc."),
+    ("f1", "F1 box"),
+    ("f1_desc", "F1 desc"),
+    ("d_f1_desc", "ΔF1 desc"),
+)
+
+
+def cell(iv: dict[str, float] | None, signed: bool = False) -> str:
+    if iv is None:
+        return "—"
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(iv['value'])} [{f.format(iv['low'])}, {f.format(iv['high'])}]"
+
+
+def sign(iv: dict[str, float] | None) -> str:
+    """What an interval of a difference says."""
+    if iv is None:
+        return "n/a"
+    if iv["low"] > 0:
+        return "above 0"
+    if iv["high"] < 0:
+        return "below 0"
+    return "not distinguishable from 0"
+
+
+def table(rows: list[dict[str, Any]], key: str = "metrics", against: str = "A-only") -> list[str]:
+    head = "| variant | b_ratio | seeds | " + " | ".join(name for _, name in COLUMNS) + " | training s |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in rows:
+        m = row.get(key)
+        if m is None:
+            continue
+        cells = [cell(m.get(k), signed=k.startswith("d_")) for k, _ in COLUMNS]
+        train = row.get("train_s")
+        lines.append(
+            f"| {row['variant']} | {row['b_ratio']:g} | {row['seeds']} | "
+            + " | ".join(cells)
+            + f" | {train:.0f} |"
+            if isinstance(train, float)
+            else f"| {row['variant']} | {row['b_ratio']:g} | {row['seeds']} | " + " | ".join(cells) + " | — |"
+        )
+    return lines
+
+
+def task_reading(task: str, t: dict[str, Any]) -> list[str]:
+    """The task's reading, generated from the intervals."""
+    lines = []
+    for p in t.get("protocol", []):
+        d = p["metrics"].get("d_AP")
+        lines.append(
+            f"- {p['variant']} ({'LR ' + p['variant'].split('_lr')[1] if '_lr' in p['variant'] else 'LR 1e-4'}) "
+            f"at step {t['step']} against the Stage-1 checkpoint: ΔAP {cell(d, True)} ({sign(d)})."
+        )
+    for row in t.get("confirm", [])[1:]:
+        steps, wall, s1 = (
+            row["metrics"].get("d_AP"),
+            (row.get("wall") or {}).get("d_AP"),
+            (row.get("vs_stage1") or {}).get("d_AP"),
+        )
+        lines.append(
+            f"- {row['variant']}, b_ratio {row['b_ratio']:g}, {row['seeds']} seeds: ΔAP vs A-only at equal steps "
+            f"{cell(steps, True)} ({sign(steps)}), at equal training time {cell(wall, True)} ({sign(wall)}; A-only "
+            f"read at step {', '.join(str(s) for s in row.get('a_only_steps', []))}); vs the Stage-1 checkpoint "
+            f"{cell(s1, True)} ({sign(s1)})."
+        )
+    return lines
+
+
+def learning_section(r: dict[str, Any]) -> list[str]:
+    sizes = r["sizes"]
+    sel = r.get("selection") or {}
+    lines = [
+        "Stage-2 as it is used: `examples/tiny/learn_shapes.yaml` (tiny Qwen3-VL) trained A-only (Stage-1: cosine "
+        "from LR 1e-3 down to 1e-4, steps per task below) to a checkpoint; from it, phase 2 for "
+        f"{sizes['phase2_steps']} optimizer steps at a constant LR of {sizes['phase2_lr']:g} (Stage-1's final LR; "
+        f"A-only runs on to {r['a_only_factor']}x the steps for the equal-training-time read). "
+        f"**Screen**: every Channel-B variant at `b_ratio` {r.get('screen_b_ratio', 0.25):g}, seed 0, every task. "
+        "**Confirmation**: the two variants with the best mean class-aware ΔAP in the screen"
+        + (f" ({', '.join(sel.get('best_two', []))})" if sel.get("best_two") else "")
+        + f", {sizes['seeds']} seeds, over `b_ratio` "
+        f"{', '.join(f'{b:g}' for b in r.get('sweep_b_ratios', []))} on the sweep task(s) "
+        f"({', '.join(r.get('sweep_tasks', []))}) and at the screen's `b_ratio` elsewhere; A-only with every seed. "
+        f"{r['workers']} runs at a time, one torch thread each. Greedy held-out eval: class-aware COCO AP "
+        "(IoU .50:.95, the score `coord_desc`), class-agnostic AP (COCOeval `useCats = 0`: boxes only), desc "
+        "accuracy (share of box matches whose desc is right), F1 box (IoU 0.5, labels ignored) and F1 desc (a hit "
+        "needs the right desc). Each cell: mean over seeds [95% interval: bootstrap over seeds, then held-out "
+        "images, paired on images; AP by pycocotools' evaluate/accumulate on every draw, "
+        "`stagectl/report/ap_intervals.py`]. Δ columns: against A-only at the same step (equal steps), or against "
+        "A-only read at the eval whose training seconds come closest (equal training time; rollouts included, "
+        "evals excluded).",
+        "",
+    ]
+    if sel.get("screen_delta_ap"):
+        lines += [
+            "Screen, mean class-aware ΔAP vs A-only over the tasks (seed 0): "
+            + ", ".join(
+                f"{k} {v:+.3f}" for k, v in sorted(sel["screen_delta_ap"].items(), key=lambda kv: -kv[1])
+            )
+            + ".",
+            "",
+        ]
+    if r.get("reading"):
+        lines += ["**Reading** (generated from the intervals below):", "", *r["reading"], ""]
+    for task, t in r["tasks"].items():
+        spec = r["tasks_spec"][task]
+        n_eval = sizes["eval_images"][task]
+        low = spec.get("min_objects", 1)
+        lines += [
+            f"### {task} task: {low}-{spec['max_objects']} shapes of {spec['side_fraction'][0]:g}-"
+            f"{spec['side_fraction'][1]:g} of a {spec['image_size']} px image, {n_eval} held-out images, "
+            f"Stage-1 {sizes['stage1_steps'][task]} steps",
+            "",
+            *task_reading(task, t),
+            "",
+            "**Stage-1 checkpoint and the phase-2 protocol** (ΔAP etc. against the Stage-1 checkpoint):",
+            "",
+            *table(
+                [
+                    {
+                        "variant": "Stage-1 checkpoint",
+                        "b_ratio": 0,
+                        "seeds": 1,
+                        "metrics": t["stage1"]["metrics"],
+                    },
+                    *t.get("protocol", []),
+                ]
+            ),
+            "",
+            f"**Screen** (seed 0, step {t['step']}; Δ against A-only seed 0), equal optimizer steps:",
+            "",
+            *table(t.get("screen", [])),
+            "",
+            "Screen, equal training time:",
+            "",
+            *table(t.get("screen", []), key="wall"),
+            "",
+        ]
+        if len(t.get("confirm", [])) > 1:
+            lines += [
+                f"**Confirmation**, equal optimizer steps (step {t['step']}; the A-only row's Δ is against the "
+                "Stage-1 checkpoint):",
+                "",
+                *table(t["confirm"]),
+                "",
+                "Confirmation, equal training time:",
+                "",
+                *table(t["confirm"], key="wall"),
+                "",
+            ]
+    lines.append(f"Whole check: {r['total_s'] / 60:.0f} min.")
+    if r.get("separated"):
+        lines += ["", *separated_section(r)]
+    return lines
