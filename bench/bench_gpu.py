@@ -258,7 +258,7 @@ def rollout(
 
     from stagectl.inference.client import RolloutClient, to_generation
     from stagectl.wire.protocol import RequestConfig
-    from stagectl.rollout.requests import detection_request
+    from stagectl.inference.requests import detection_request
     from stagectl.server.launcher import ServerProcess
 
     images = checkpoint / "images"

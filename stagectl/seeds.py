@@ -3,7 +3,7 @@
 `derive_seed(a, b, ...)` is the first 31 bits of sha256("a:b:..."): independent of rank count,
 process and platform, never correlated between neighbouring coordinates (unlike `seed + step`), and
 small enough for every sampler (torch, vLLM, numpy). Within one `/infer/` call the wire rule adds
-the request's index to the call's base seed (`rollout.protocol`).
+the request's index to the call's base seed (`wire.protocol`).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def in_process_generate(
 
 def server_generate(client: Any, samples: Sequence[DetectionSample], spec: SamplingSpec) -> Generate:
     """Rollouts from rollout servers: one `/infer/` call per chunk, request k seeded `seed + k`."""
-    from stagectl.rollout.requests import detection_infer_request, to_generation
+    from stagectl.inference.requests import detection_infer_request, to_generation
 
     def generate(indices: Sequence[int], seed: int) -> list[Generation]:
         config = RequestConfig.from_sampling(spec, seed, return_details=True)

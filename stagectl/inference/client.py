@@ -45,7 +45,7 @@ from stagectl.wire.protocol import (
     VersionResponse,
     read_token,
 )
-from stagectl.rollout.requests import (
+from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
     read_answer_item,

@@ -25,7 +25,7 @@ from stagectl.prefetch.fence import SyncFence
 from stagectl.inference.client import RolloutClient
 from stagectl.wire.errors import RolloutServerError
 from stagectl.wire.protocol import InferRequest, InferResponse
-from stagectl.rollout.requests import detection_infer_request, request_config, to_generation
+from stagectl.inference.requests import detection_infer_request, request_config, to_generation
 
 T = TypeVar("T")
 

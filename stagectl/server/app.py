@@ -1,6 +1,6 @@
 """The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check (every
 route but `/health/`), the request-size limit, the request-body deadline and the structured access log.
-Endpoints are in `rollout/protocol.py` and `weightsync/protocol.py`; the guards themselves in `guards.py`."""
+Endpoints are in `wire/protocol.py` and `weightsync/protocol.py`; the guards themselves in `guards.py`."""
 
 from __future__ import annotations
 

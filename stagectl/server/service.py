@@ -1,5 +1,5 @@
 """What the rollout server does, without HTTP: validate and load request inputs, call the engine,
-shape swift-style responses, run weight syncs, count. `rollout.server.app` maps HTTP onto these methods."""
+shape swift-style responses, run weight syncs, count. `server.app` maps HTTP onto these methods."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class ServerSettings:
     body_timeout_s: float = 120.0  # a request body must arrive within this (slow-client guard: 408)
     weight_stream_host: str = "127.0.0.1"  # the weight-stream listener (`weightsync.stream`): its address,
     weight_stream_port: int | None = 0  # its port (0: a free one; None: off, chunks go to the app's port)
-    tls_certfile: Path | None = None  # both set: TLS on both ports (`rollout.tls`)
+    tls_certfile: Path | None = None  # both set: TLS on both ports (`wire.tls`)
     tls_keyfile: Path | None = None
     # the weight-sync transports whose routes the app mounts (an embedded server: its learner's one only)
     weight_transports: frozenset[str] = frozenset(TRANSPORTS)

@@ -1,4 +1,4 @@
-"""`runner.engine: server`: rollouts from running rollout servers through `rollout.client.RolloutClient`.
+"""`runner.engine: server`: rollouts from running rollout servers through `inference.client.RolloutClient`.
 
 The Stage-B processes hold no model. Each `judge` call is one `infer` over the rank's shard (the client
 spreads it over the servers, retries and splits); request i is sampled with `spec.seed + i`.

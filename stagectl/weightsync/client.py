@@ -6,7 +6,7 @@ server still serving its previous version. `versions()` reads what every server 
 given) goes on every request; `https://` servers are verified against the system's trust store or
 `tls_ca_file`, and only left unverified with `tls_skip_verify`.
 
-Inference is `rollout.client.RolloutClient`; the two share no connection, so a prefetcher thread may run
+Inference is `inference.client.RolloutClient`; the two share no connection, so a prefetcher thread may run
 rollouts while the main thread pushes weights.
 """
 

@@ -1,5 +1,5 @@
 """The wire contract of the rollout server's weight endpoints, shared by each transport's sender (`http`,
-`collective`, `disk`) and the server's routes (`rollout.server.app`, and `stream` on the weight-stream port):
+`collective`, `disk`) and the server's routes (`server.app`, and `stream` on the weight-stream port):
 
 - `POST /update_weights/?sync_id=&chunk_index=&digest=&version=[&base_version=]` (`WEIGHT_CHUNK_PATH`,
   query `ChunkQuery`, answer `ChunkResponse`) with a raw safetensors body (one chunk,
@@ -11,7 +11,7 @@
   `GroupFinishBody` (`transport: collective`).
 
 A sync that commits answers `SyncResponse`. Requests are strict (`extra="forbid"`: a typo is a 422 naming
-the key), answers tolerate extra fields: the bases are `rollout.protocol`'s, as are the inference side and
+the key), answers tolerate extra fields: the bases are `wire.protocol`'s, as are the inference side and
 `GET /version/`. No pickle: JSON and safetensors only.
 """
 

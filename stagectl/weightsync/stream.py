@@ -9,7 +9,7 @@ socket carries (BENCHMARKS.md, "Weight sync"). Here the body is read with `readi
 of up to 8 MiB at a time, each under the body deadline); the request line and headers still go through the
 standard library's HTTP parser.
 
-Guards, the app's own (`rollout.guards`): the bearer token (`check_token`, 401), the chunk-size limit and
+Guards, the app's own (`wire.guards`): the bearer token (`check_token`, 401), the chunk-size limit and
 the deadline for the whole body (`BodyBudget`: 413, 408), the query model (`protocol.ChunkQuery`, 422);
 and for this port alone a per-read socket timeout and a cap on open connections (503 beyond it). With
 `rollout_server.tls_certfile` the listening socket is wrapped with `ssl`; each connection's handshake runs
@@ -64,7 +64,7 @@ _BUSY = (
 
 
 class StreamSettings(Protocol):
-    """What the port reads of the server's settings (`rollout.server.service.ServerSettings` has them all)."""
+    """What the port reads of the server's settings (`server.service.ServerSettings` has them all)."""
 
     @property
     def auth_token(self) -> str | None: ...

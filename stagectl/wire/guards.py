@@ -1,7 +1,7 @@
 """The rollout server's request guards, written once for both ports (the app's and the weight-stream
 port): the bearer token (`check_token`, 401), a body's size limit and deadline (`BodyBudget`: 413, 408),
 the 422 detail of a query or body that fails its model (`validation_detail`), and the bounds on the work
-one `/infer/` call may ask for. Pure: the HTTP layers (`rollout.server.app`, `weightsync.stream`) and the engines
+one `/infer/` call may ask for. Pure: the HTTP layers (`server.app`, `weightsync.stream`) and the engines
 call these and map each failure type onto its own status code."""
 
 from __future__ import annotations

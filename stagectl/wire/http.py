@@ -1,5 +1,5 @@
 """Reading a rollout server's HTTP answers, shared by the two clients that talk to it: the inference
-client (`rollout.client`) and the weight sync (`weightsync`), so neither imports the other."""
+client (`inference.client`) and the weight sync (`weightsync`), so neither imports the other."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The wire contract of the rollout server's inference side, shared by the server (`rollout.server.app`)
+"""The wire contract of the rollout server's inference side, shared by the server (`server.app`)
 and the client; the weight endpoints' bodies and answers are `weightsync.protocol`, built on this
 module's `WireRequest` / `WireResponse`.
 
@@ -13,11 +13,11 @@ given), so a request keeps its seed when the client retries or splits a chunk (i
 with the seed shifted by the half's offset) and a rollout is reproducible from the logged base seed.
 
 Requests are strict (`extra="forbid"`: a typo is a 422 naming the key); the `/infer/` models take every
-field swift's client sends, null meaning the default (`rollout.server.swift_fields` refuses, with a 400, the
+field swift's client sends, null meaning the default (`server.swift_fields` refuses, with a 400, the
 values stagectl cannot honour). Responses tolerate extra fields because a swift server sends more than
 stagectl reads. No pickle anywhere: JSON and safetensors only.
 
-Also here, because the engine interface (`rollout.engine`) names them and weight sync imports the rollout
+Also here, because the engine interface (`engines.interface`) names them and weight sync imports the rollout
 leaves, never the reverse: `TensorSpec` (a weight tensor's shape and dtype) and `read_token`.
 """
 
@@ -43,7 +43,7 @@ class WireRequest(BaseModel):
 class _SwiftRequest(WireRequest):
     """A model swift's client fills: `null` for a known field means its default (swift sends `top_p:
     null`, `stop: null`, ...); unknown names still fail. Fields stagectl cannot honour are accepted at
-    their defaults and refused by name otherwise (`rollout.server.swift_fields`, a 400)."""
+    their defaults and refused by name otherwise (`server.swift_fields`, a 400)."""
 
     @model_validator(mode="before")
     @classmethod

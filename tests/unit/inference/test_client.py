@@ -9,7 +9,7 @@ import pytest
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.inference.client import RolloutClient
 from stagectl.wire.protocol import InferResponse, RequestConfig
-from stagectl.rollout.requests import (
+from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
     request_config,

@@ -11,7 +11,7 @@ import torch
 from stagectl.models.generate import ChosenLogprobs
 from stagectl.models.sampling import SamplingSpec
 from stagectl.wire.protocol import InferBody, InferRequest, InferResponse, Message, RequestConfig
-from stagectl.rollout.requests import to_generation
+from stagectl.inference.requests import to_generation
 from stagectl.engines.fake import FakeEngine, fake_logprob
 from stagectl.server.service import RolloutService, ServerSettings
 

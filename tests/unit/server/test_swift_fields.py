@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from stagectl.wire.protocol import InferBody, InferResponse, RequestConfig, RolloutItem
-from stagectl.rollout.requests import read_answer_item, to_generation
+from stagectl.inference.requests import read_answer_item, to_generation
 from stagectl.server.swift_fields import refusals
 
 # What ms-swift 4.6.0's VLLMInferClient posts for `RolloutInferRequest(messages=...)` and a default
