@@ -89,6 +89,28 @@ def load_run_ap(run_dir: Path, step: int, *, use_cats: bool = True) -> RunAP:
     return RunAP(json.loads(gt_path.read_text()), at[-1]["predictions"], use_cats=use_cats)
 
 
+def image_draws(num_images: int, resamples: int, seed: int = 0) -> np.ndarray:
+    """[resamples, num_images] image positions drawn with replacement (share one across the variants
+    compared, so their differences are paired on images)."""
+    return np.random.default_rng(seed).integers(0, num_images, size=(resamples, num_images))
+
+
+def resampled_ap(run: RunAP, draws: np.ndarray) -> np.ndarray:
+    """[resamples]: the run's AP on each draw of images."""
+    return np.asarray([run.ap(images) for images in draws])
+
+
+def seed_means(per_seed: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """[resamples]: per resample, the mean over seeds drawn with replacement of their resampled values."""
+    stacked = np.stack(per_seed)  # [S, B]
+    picks = rng.integers(0, stacked.shape[0], size=(stacked.shape[1], stacked.shape[0]))  # [B, S]
+    return stacked[picks, np.arange(stacked.shape[1])[:, None]].mean(axis=1)
+
+
+def interval(observed: float, samples: np.ndarray) -> Interval:
+    return Interval(observed, float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5)))
+
+
 @dataclass(frozen=True)
 class APIntervals:
     value: Interval  # the variant's AP, mean over seeds
@@ -109,22 +131,13 @@ def ap_intervals(
     if len(sizes) != 1:
         raise ValueError(f"runs were evaluated on different numbers of images: {sorted(sizes)}")
     n = sizes.pop()
-    rng = np.random.default_rng(seed)
+    draws = image_draws(n, resamples, seed)
+    rng = np.random.default_rng(seed + 1)
     everything = np.arange(n)
     observed = float(np.mean([r.ap(everything) for r in runs]))
-    observed_base = float(np.mean([r.ap(everything) for r in baseline])) if baseline else 0.0
-    boot, diff = [], []
-    for _ in range(resamples):
-        images = rng.integers(0, n, size=n)
-        value = float(np.mean([runs[s].ap(images) for s in rng.integers(0, len(runs), size=len(runs))]))
-        boot.append(value)
-        if baseline:
-            picks = rng.integers(0, len(baseline), size=len(baseline))
-            diff.append(value - float(np.mean([baseline[s].ap(images) for s in picks])))
-    value_iv = Interval(observed, float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
-    delta = (
-        Interval(observed - observed_base, float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5)))
-        if baseline
-        else None
-    )
-    return APIntervals(value_iv, delta)
+    boot = seed_means([resampled_ap(r, draws) for r in runs], rng)
+    if not baseline:
+        return APIntervals(interval(observed, boot), None)
+    observed_base = float(np.mean([r.ap(everything) for r in baseline]))
+    boot_base = seed_means([resampled_ap(r, draws) for r in baseline], rng)
+    return APIntervals(interval(observed, boot), interval(observed - observed_base, boot - boot_base))
