@@ -309,9 +309,9 @@ def reduce_ranks(per_rank: Sequence[Mapping[str, Number]]) -> dict[str, Number]:
     if not per_rank:
         raise ValueError("reduce_ranks: no ranks' values")
     keys = list(per_rank[0])
-    for rank, values in enumerate(per_rank):
-        if values.keys() != set(keys):
-            differ = sorted(values.keys() ^ set(keys))
+    for rank, rank_values in enumerate(per_rank):
+        if rank_values.keys() != set(keys):
+            differ = sorted(rank_values.keys() ^ set(keys))
             raise ValueError(f"rank {rank} reduces other metric keys than rank 0: {differ}")
     out: dict[str, Number] = {}
     for key in keys:

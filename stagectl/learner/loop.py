@@ -274,7 +274,7 @@ class Trainer:
             }
         )
         tokens, n_packs, capacity = r[mk.TOKENS], r[mk.PACKING_N_PACKS], r[mk.PACKING_CAPACITY]
-        changed, sampled = r[mk.UPDATE_CHANGED], r[mk.UPDATE_SAMPLED]
+        changed_sum, sampled_sum = r[mk.UPDATE_CHANGED], r[mk.UPDATE_SAMPLED]
         row: dict[str, Any] = {
             mk.STEP: step,
             mk.KIND: kind,
@@ -295,7 +295,7 @@ class Trainer:
             mk.PACKING_N_PACKS: n_packs,
             mk.PACKING_LOWER_BOUND: r[mk.PACKING_LOWER_BOUND],
             mk.PACKING_N_SEGMENTS: r[mk.PACKING_N_SEGMENTS],
-            mk.UPDATE_NONZERO_FRAC: changed / sampled if sampled else 0.0,
+            mk.UPDATE_NONZERO_FRAC: changed_sum / sampled_sum if sampled_sum else 0.0,
         }
         row.update(extra)
         row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall
