@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from bench.common import interleaved_times_s, summary
-from stagectl.models.loading import resolve_model_path
 from stagectl.inference.client import RolloutClient, to_generation
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
+from stagectl.models.loading import resolve_model_path
 from stagectl.server.launcher import ServerProcess
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
 ROOT = Path(__file__).parents[1]
 MODEL = "builtin:tiny-qwen2"

@@ -167,8 +167,8 @@ def _serve(specs_path: str) -> None:
     """The server process: the real app over a fake engine holding zeros of the announced specs."""
     import torch
 
-    from stagectl.server.app import build_app
     from stagectl.engines.fake import FakeEngine
+    from stagectl.server.app import build_app
     from stagectl.server.service import RolloutService, ServerSettings
     from stagectl.server.serving import bind_socket, serve
 

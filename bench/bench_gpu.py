@@ -257,9 +257,9 @@ def rollout(
     from PIL import Image
 
     from stagectl.inference.client import RolloutClient, to_generation
-    from stagectl.wire.protocol import RequestConfig
     from stagectl.inference.requests import detection_request
     from stagectl.server.launcher import ServerProcess
+    from stagectl.wire.protocol import RequestConfig
 
     images = checkpoint / "images"
     images.mkdir(exist_ok=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from stagectl.models.loading import load_bundle
-from stagectl.inference.client import RolloutClient, detection_request
-from stagectl.wire.protocol import RequestConfig
-from stagectl.server.app import build_app
 from stagectl.engines.hf import HFEngine
+from stagectl.inference.client import RolloutClient, detection_request
+from stagectl.models.loading import load_bundle
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
+from stagectl.wire.protocol import RequestConfig
 
 MODEL = "builtin:tiny-qwen2.5-vl"
 CONCURRENCY = 8

@@ -56,8 +56,8 @@ SENDERS: tuple[Transport, ...] = ("http", "disk", "collective")  # one client ea
 
 def _serve(weights_dir: str, state_mib: int) -> None:
     """The benchmark's server process: the real app over a fake engine holding `state_mib` of weights."""
-    from stagectl.server.app import build_app
     from stagectl.engines.fake import FakeEngine
+    from stagectl.server.app import build_app
     from stagectl.server.service import RolloutService, ServerSettings
     from stagectl.server.serving import bind_socket, serve
 

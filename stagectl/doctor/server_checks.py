@@ -204,9 +204,9 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     that version; train-ab pushes its own weights before its first Channel-B rollouts anyway."""
     import torch
 
-    from stagectl.wire.errors import RolloutRequestError
     from stagectl.weightsync.client import WeightSyncClient
     from stagectl.weightsync.errors import WeightPushError
+    from stagectl.wire.errors import RolloutRequestError
 
     name = "server.push"
     _, none = external_servers(cfg)

@@ -21,17 +21,17 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from stagectl.detection.vocab import token_bytes_table
+from stagectl.engines.batching import BatchingWorker
+from stagectl.engines.hf_adapter import AdapterMerger
+from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
+from stagectl.engines.sampling import PerRowSampler
+from stagectl.engines.text import cut_at_stop
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import KvCache, PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
 from stagectl.models.sampling import SamplingSpec
-from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
-from stagectl.wire.guards import check_context
-from stagectl.engines.batching import BatchingWorker
-from stagectl.engines.hf_adapter import AdapterMerger
-from stagectl.engines.sampling import PerRowSampler
-from stagectl.engines.text import cut_at_stop
 from stagectl.weightsync.wire import spec_of
+from stagectl.wire.guards import check_context
 
 
 class _Job:

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from stagectl.config.model_data import AdapterConfig
-from stagectl.models.lora import LORA_A, LORA_B, MAGNITUDE, adapter_shapes, merge_weight, target_layers
 from stagectl.engines.interface import TensorSpec
+from stagectl.models.lora import LORA_A, LORA_B, MAGNITUDE, adapter_shapes, merge_weight, target_layers
 
 
 class AdapterMerger:

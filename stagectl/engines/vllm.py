@@ -45,6 +45,9 @@ from safetensors import safe_open
 
 from stagectl.config.rollout import VllmEngineArgs
 from stagectl.detection.vocab import token_bytes_table
+from stagectl.engines.batching import BatchingWorker
+from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
+from stagectl.engines.text import cut_at_stop
 from stagectl.models import qwen_vl
 from stagectl.models.chat import chat_template_ids
 from stagectl.models.loading import (
@@ -56,10 +59,7 @@ from stagectl.models.loading import (
     model_class_for,
 )
 from stagectl.models.tokenizer import IMAGE_PAD, coord_token_ids, token_id
-from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.wire.guards import check_context
-from stagectl.engines.batching import BatchingWorker
-from stagectl.engines.text import cut_at_stop
 
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 DEFAULT_CPU_KV_CACHE_MB = 256

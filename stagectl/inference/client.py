@@ -35,6 +35,14 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.inference.requests import (
+    contiguous_parts,
+    detection_request,
+    read_answer_item,
+    request_config,
+    to_generation,
+    with_seed_offset,
+)
 from stagectl.wire.errors import RolloutRequestError, RolloutServerError, WrongVersionError
 from stagectl.wire.http import raise_for_status, response_detail, server_version
 from stagectl.wire.protocol import (
@@ -44,14 +52,6 @@ from stagectl.wire.protocol import (
     RequestConfig,
     VersionResponse,
     read_token,
-)
-from stagectl.inference.requests import (
-    contiguous_parts,
-    detection_request,
-    read_answer_item,
-    request_config,
-    to_generation,
-    with_seed_offset,
 )
 from stagectl.wire.tls import client_context
 

@@ -28,6 +28,7 @@ from stagectl import metric_keys as mk
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.config import StagectlConfig
 from stagectl.detection.stats import RolloutStats
+from stagectl.inference.client import RolloutClient
 from stagectl.learner.b_gallery import make_b_gallery
 from stagectl.learner.b_steps import SkipReason
 from stagectl.learner.channel_b import Decision, build_b_segments
@@ -42,7 +43,6 @@ from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import ReadyPack
 from stagectl.prefetch.staleness import decide_step
-from stagectl.inference.client import RolloutClient
 from stagectl.wire.protocol import VersionResponse
 
 

@@ -12,6 +12,7 @@ The rollout client and the weight sync it opens are handed back to the trainer, 
 from __future__ import annotations
 
 from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.inference.client import RolloutClient
 from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
 from stagectl.learner.channel_b import ChannelB
 from stagectl.learner.channel_b_async import AsyncChannelB
@@ -22,7 +23,6 @@ from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
 from stagectl.prefetch.fence import SyncFence
-from stagectl.inference.client import RolloutClient
 from stagectl.weightsync.client import WeightSyncClient
 
 

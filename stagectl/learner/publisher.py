@@ -23,11 +23,11 @@ import torch
 
 from stagectl import dist
 from stagectl.prefetch.fence import SyncFence
-from stagectl.wire.errors import RolloutRequestError
 from stagectl.weightsync.base import PushReport
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import WeightState
+from stagectl.wire.errors import RolloutRequestError
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.inference.client import RolloutClient
+from stagectl.inference.requests import detection_infer_request, request_config, to_generation
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation, generate_batch
 from stagectl.models.sampling import SamplingSpec
 from stagectl.prefetch.fence import SyncFence
-from stagectl.inference.client import RolloutClient
 from stagectl.wire.errors import RolloutServerError
 from stagectl.wire.protocol import InferRequest, InferResponse
-from stagectl.inference.requests import detection_infer_request, request_config, to_generation
 
 T = TypeVar("T")
 

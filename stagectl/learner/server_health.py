@@ -25,11 +25,11 @@ from collections.abc import Callable
 from stagectl import dist
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.console import say
+from stagectl.inference.client import RolloutClient
 from stagectl.learner.channel_b import Decision
 from stagectl.learner.publisher import SyncOutcome, WeightPublisher
 from stagectl.learner.server_watch import ServerPlan, ServerWatch
 from stagectl.prefetch.fence import SyncFence
-from stagectl.inference.client import RolloutClient
 
 POLL_S = 1.0  # how often a waiting B step probes the servers again
 MAX_DEFER_STEPS = 2  # B steps in a row a re-sync waits for an A step (while another server serves)

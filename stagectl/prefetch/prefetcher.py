@@ -69,8 +69,8 @@ from stagectl.prefetch.records import (
     VersionedSource,
 )
 from stagectl.prefetch.snapshot import commit_point, rebuild_packs, rebuild_segments, snapshot_state
-from stagectl.wire.errors import RolloutServerError, WrongVersionError
 from stagectl.seeds import derive_seed
+from stagectl.wire.errors import RolloutServerError, WrongVersionError
 
 
 @dataclass

@@ -19,25 +19,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stagectl.wire.guards import (
-    BodyBudget,
-    BodyTimeout,
-    BodyTooLarge,
-    TooManyRequests,
-    TooManyTokens,
-    Unauthorized,
-    check_token,
-    validation_detail,
-)
-from stagectl.wire.paths import PathRefused
-from stagectl.wire.protocol import (
-    HealthResponse,
-    InferBody,
-    RolloutItem,
-    StatsResponse,
-    VersionResponse,
-    WorldSizeResponse,
-)
 from stagectl.server.service import BadRequest, RolloutService
 from stagectl.weightsync.collective import GroupError, GroupInfo, GroupReceiver
 from stagectl.weightsync.disk import DiskReceiver
@@ -57,6 +38,25 @@ from stagectl.weightsync.protocol import (
     SyncResponse,
 )
 from stagectl.weightsync.stream import WeightStreamServer
+from stagectl.wire.guards import (
+    BodyBudget,
+    BodyTimeout,
+    BodyTooLarge,
+    TooManyRequests,
+    TooManyTokens,
+    Unauthorized,
+    check_token,
+    validation_detail,
+)
+from stagectl.wire.paths import PathRefused
+from stagectl.wire.protocol import (
+    HealthResponse,
+    InferBody,
+    RolloutItem,
+    StatsResponse,
+    VersionResponse,
+    WorldSizeResponse,
+)
 
 ACCESS_LOGGER = "stagectl.rollout.access"
 STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"

@@ -14,6 +14,10 @@ from pathlib import Path
 import stagectl
 from stagectl.config.rollout import TRANSPORTS
 from stagectl.engines.interface import Engine, EngineRequest, EngineResult
+from stagectl.engines.text import normalize_messages
+from stagectl.server.swift_fields import refusals
+from stagectl.weightsync.factory import build_receivers
+from stagectl.weightsync.receiver import WeightSync
 from stagectl.wire.guards import CallLimits, TooManyTokens, check_call
 from stagectl.wire.paths import load_image
 from stagectl.wire.protocol import (
@@ -28,10 +32,6 @@ from stagectl.wire.protocol import (
     Usage,
     VersionResponse,
 )
-from stagectl.server.swift_fields import refusals
-from stagectl.engines.text import normalize_messages
-from stagectl.weightsync.factory import build_receivers
-from stagectl.weightsync.receiver import WeightSync
 
 
 class BadRequest(ValueError):

@@ -26,10 +26,10 @@ from stagectl.config import StagectlConfig
 from stagectl.config.rollout import TRANSPORTS, RolloutServerConfig
 from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
 from stagectl.engines.interface import Engine
-from stagectl.wire.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
-from stagectl.wire.protocol import LISTENING_PREFIX, read_token
 from stagectl.server.app import ACCESS_LOGGER, build_app
 from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.wire.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
+from stagectl.wire.protocol import LISTENING_PREFIX, read_token
 from stagectl.wire.tls import server_context
 
 GRACEFUL_SHUTDOWN_S = 30
@@ -96,8 +96,8 @@ def build_engine(cfg: StagectlConfig) -> Engine:
     if rs.engine == "hf":
         import torch
 
-        from stagectl.models.loading import load_bundle
         from stagectl.engines.hf import HFEngine
+        from stagectl.models.loading import load_bundle
 
         adapter_sync = (
             cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
@@ -125,8 +125,8 @@ def build_engine(cfg: StagectlConfig) -> Engine:
             adapter=merger,
             kv_cache=rs.hf_kv_cache,
         )
-    from stagectl.models.loading import resolve_model_path
     from stagectl.engines.vllm import VllmEngine
+    from stagectl.models.loading import resolve_model_path
 
     return VllmEngine(
         resolve_model_path(cfg.model.name_or_path),

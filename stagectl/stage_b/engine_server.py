@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stagectl.config.stage_b import StageBServerConfig
-from stagectl.models.sampling import SamplingSpec
 from stagectl.inference.client import RolloutClient
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig, read_token
+from stagectl.models.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig, read_token
 
 
 class ServerEngine:

@@ -8,7 +8,7 @@ staging, commit and failure handling they share (`receiver.WeightSync`); the rol
 mounts the configured ones. Shared: `protocol` (the weight endpoints' bodies and answers), `wire` (chunk
 format, checksum), `staging`, `delta`, `errors` (one type per failure, one HTTP status each).
 
-Imports: the rollout package's leaves (`rollout.protocol`, `.engine`, `.paths`, `.tls`, `.guards`,
-`.http` for reading a server's answers) and `config`; never the inference client (`rollout.client`) nor a
-role (learner, rollout server).
+Imports: the wire code (`wire.protocol`, `.paths`, `.tls`, `.guards`, `.http` for reading a server's
+answers) and `config`; never an engine (what it writes into is `gate.WeightTarget`), the inference client
+(`inference`) nor a role (learner, rollout server).
 """

@@ -18,10 +18,10 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
-from stagectl.wire.http import response_detail
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.wire import TensorStream, WeightState
+from stagectl.wire.http import response_detail
 
 Transport = Literal["http", "collective", "disk"]
 T = TypeVar("T")

@@ -22,14 +22,14 @@ from typing import Any
 import httpx
 
 from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync, RolloutMatchingConfig
-from stagectl.wire.errors import RolloutRequestError
-from stagectl.wire.http import server_version
-from stagectl.wire.protocol import VersionResponse, read_token
-from stagectl.wire.tls import client_context
 from stagectl.weightsync.base import PushReport, Servers, Transport
 from stagectl.weightsync.factory import build_sender
 from stagectl.weightsync.http import HttpSender
 from stagectl.weightsync.wire import WeightState
+from stagectl.wire.errors import RolloutRequestError
+from stagectl.wire.http import server_version
+from stagectl.wire.protocol import VersionResponse, read_token
+from stagectl.wire.tls import client_context
 
 log = logging.getLogger("stagectl.weightsync.client")
 MIB = 1024 * 1024

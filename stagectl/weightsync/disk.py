@@ -19,13 +19,13 @@ import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from stagectl.wire.paths import resolve_under_roots
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.staging import verify_full
 from stagectl.weightsync.wire import TensorStream, WeightState, byte_view, encode_chunks, safetensors_prefix
+from stagectl.wire.paths import resolve_under_roots
 
 
 def write_snapshot(path: Path, state: WeightState) -> tuple[str, int]:

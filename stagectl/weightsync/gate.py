@@ -22,12 +22,29 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Protocol
 
-from stagectl.engines.interface import Engine
+from stagectl.wire.protocol import TensorSpec
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("stagectl.weightsync.gate")
+
+
+class WeightTarget(Protocol):
+    """What weight sync needs of an engine (every `engines.interface.Engine` is one): its serving version,
+    the tensors a full sync must bring, and an atomic swap. Declared here so that weight sync imports no
+    engine."""
+
+    @property
+    def version(self) -> int: ...
+
+    def weight_specs(self) -> dict[str, TensorSpec]: ...
+
+    def apply_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None: ...
 
 
 class WrongVersion(Exception):
@@ -35,7 +52,7 @@ class WrongVersion(Exception):
 
 
 class VersionGate:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: WeightTarget) -> None:
         self.engine = engine
         self._cond = threading.Condition()
         self._in_progress = 0

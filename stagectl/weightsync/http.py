@@ -34,7 +34,6 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from stagectl.wire.protocol import VersionResponse
 from stagectl.weightsync.base import Sent, Servers, Transport, check_versions, state_bytes
 from stagectl.weightsync.delta import DeltaTracker
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError, WeightSyncError
@@ -42,6 +41,7 @@ from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, SyncResponse
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.staging import ChunkReceiver
 from stagectl.weightsync.wire import TensorStream, WeightChunk, WeightState, encode_chunks, encode_pieces
+from stagectl.wire.protocol import VersionResponse
 
 log = logging.getLogger("stagectl.weightsync.http")
 

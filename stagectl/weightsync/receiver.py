@@ -27,9 +27,8 @@ from typing import Protocol
 
 import torch
 
-from stagectl.engines.interface import Engine
 from stagectl.weightsync.errors import DeltaBaseError, WeightSyncError
-from stagectl.weightsync.gate import VersionGate
+from stagectl.weightsync.gate import VersionGate, WeightTarget
 from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.staging import StagedWeights
 
@@ -50,7 +49,7 @@ class WeightSync:
     """The staging and the sync in progress. Methods marked "the lock held" are called by the receivers
     inside `with sync.lock:`; the lock is never held while bytes stream in."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: WeightTarget) -> None:
         self.engine = engine
         self.gate = VersionGate(engine)  # a commit swaps in between rollout calls (`weightsync.gate`)
         self.lock = threading.Lock()  # guards the state below

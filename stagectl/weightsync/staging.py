@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from stagectl.engines.interface import TensorSpec
 from stagectl.weightsync.delta import bits_np
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.wire import (
@@ -28,6 +27,7 @@ from stagectl.weightsync.wire import (
     dtype_name,
     is_row_span,
 )
+from stagectl.wire.protocol import TensorSpec
 
 
 @dataclass(frozen=True)

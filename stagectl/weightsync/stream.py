@@ -35,6 +35,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
+from stagectl.weightsync.errors import WeightSyncError, status_of
+from stagectl.weightsync.http import HttpReceiver
+from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, ChunkQuery
+from stagectl.weightsync.staging import ChunkReceiver
 from stagectl.wire.guards import (
     BodyBudget,
     BodyTimeout,
@@ -44,10 +48,6 @@ from stagectl.wire.guards import (
     validation_detail,
 )
 from stagectl.wire.tls import server_context
-from stagectl.weightsync.errors import WeightSyncError, status_of
-from stagectl.weightsync.http import HttpReceiver
-from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, ChunkQuery
-from stagectl.weightsync.staging import ChunkReceiver
 
 access_log = logging.getLogger("stagectl.rollout.access")
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
-from stagectl.wire.protocol import TensorSpec
 from stagectl.weightsync.errors import WeightSyncError
+from stagectl.wire.protocol import TensorSpec
 
 ROWS_KEY = "stagectl.rows"
 SPARSE_KEY = "stagectl.sparse"  # JSON list of names sent as values + `<name>@index` (delta only)

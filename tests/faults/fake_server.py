@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import bind_socket, serve
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.app import build_app
 from stagectl.server.launcher import ServerProcess
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import torch
 
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient

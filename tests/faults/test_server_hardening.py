@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from tests.faults.helpers import report

@@ -16,13 +16,13 @@ import pytest
 import torch
 from PIL import Image
 
+from stagectl.inference.client import RolloutClient, detection_request, to_generation
 from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.inference.client import RolloutClient, detection_request, to_generation
-from stagectl.wire.protocol import RequestConfig
 from stagectl.server.launcher import ServerProcess, start_server_process
 from stagectl.weightsync.client import WeightSyncClient
+from stagectl.wire.protocol import RequestConfig
 from tests.faults.helpers import report
 from tests.integration.helpers import ROOT
 

@@ -17,13 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
+from stagectl.inference.client import RolloutClient, detection_request, to_generation
 from stagectl.models.chat import encode_answer_text, encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.inference.client import RolloutClient, detection_request, to_generation
-from stagectl.wire.protocol import RequestConfig
 from stagectl.server.launcher import ServerProcess
 from stagectl.weightsync.client import WeightSyncClient
+from stagectl.wire.protocol import RequestConfig
 from tests.gpu.helpers import require_gpus, require_vllm_cuda
 from tests.integration.helpers import ROOT, read_metrics, run_cli, tiny_train_config, write_config
 

@@ -20,12 +20,12 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from stagectl import dist
+from stagectl.engines.fake import FakeEngine
 from stagectl.learner import sharding
 from stagectl.learner.precision import Precision
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.prefetch.fence import SyncFence
 from stagectl.server.app import build_app
-from stagectl.engines.fake import FakeEngine
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient

@@ -18,9 +18,9 @@ import yaml
 
 from stagectl.collate import Segment, collate_pack
 from stagectl.config import load_config
+from stagectl.engines.hf import HFEngine
 from stagectl.models.loading import load_bundle
 from stagectl.server.app import build_app
-from stagectl.engines.hf import HFEngine
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer, build_engine
 from stagectl.stage_b.runner import run_all

@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
 from stagectl.config.rollout import VllmEngineArgs
+from stagectl.engines.vllm import VllmEngine
 from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import SamplingSpec, generate_batch
 from stagectl.models.loading import load_bundle, resolve_model_path
 from stagectl.models.tokenizer import coord_token
-from stagectl.engines.vllm import VllmEngine
 from tests.integration.helpers import run_cli, tiny_train_config, write_config
 
 pytestmark = pytest.mark.integration

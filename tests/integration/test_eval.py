@@ -23,11 +23,11 @@ from typer.testing import CliRunner
 
 from stagectl.cli.app import app
 from stagectl.config import load_config
+from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
 from stagectl.evaluation.session import run_eval
 from stagectl.models.loading import load_tokenizer
 from stagectl.report.markdown import fmt
 from stagectl.report.write import write_reports
-from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer

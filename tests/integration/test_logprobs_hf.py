@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
+from stagectl.engines.hf import HFEngine
+from stagectl.engines.interface import EngineRequest
 from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.engines.interface import EngineRequest
-from stagectl.engines.hf import HFEngine
 
 MODEL = "builtin:tiny-qwen2.5-vl"
 INSTRUCTION = "Find every object."

@@ -16,15 +16,20 @@ import pytest
 import torch
 from PIL import Image
 
-from stagectl.inference.client import RolloutClient, RolloutRequestError, RolloutServerError, detection_request
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.inference.client import (
+    RolloutClient,
+    RolloutRequestError,
+    RolloutServerError,
+    detection_request,
+)
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

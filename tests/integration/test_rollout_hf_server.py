@@ -18,16 +18,16 @@ import pytest
 import torch
 from PIL import Image
 
+from stagectl.inference.client import RolloutClient, detection_request, to_generation
 from stagectl.models.chat import encode_answer_text, encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.inference.client import RolloutClient, detection_request, to_generation
-from stagectl.wire.protocol import InferRequest, RequestConfig
 from stagectl.server.app import STOPPED_LINE
 from stagectl.server.launcher import start_server_process
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks
+from stagectl.wire.protocol import InferRequest, RequestConfig
 from tests.integration.helpers import ROOT, run_cli
 
 MODEL = "builtin:tiny-qwen2.5-vl"

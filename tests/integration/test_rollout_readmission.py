@@ -16,16 +16,16 @@ import torch
 
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.dist import World
+from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.inference.client import RolloutClient, RolloutServerError
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.server_health import MAX_DEFER_STEPS, RolloutLossError, ServerHealth
 from stagectl.prefetch.fence import SyncFence
-from stagectl.inference.client import RolloutClient, RolloutServerError
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from stagectl.server.app import build_app
-from stagectl.engines.fake import FakeEngine, default_weights
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
 
 def _serve(port: int = 0) -> ThreadedServer:

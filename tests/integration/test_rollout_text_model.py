@@ -14,17 +14,17 @@ import pytest
 import torch
 from PIL import Image
 
+from stagectl.engines.hf import HFEngine
+from stagectl.engines.text import cut_at_stop
+from stagectl.inference.client import RolloutClient, to_generation
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.inference.client import RolloutClient, to_generation
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from stagectl.server.app import build_app
-from stagectl.engines.hf import HFEngine
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
-from stagectl.engines.text import cut_at_stop
 from stagectl.weightsync.client import WeightSyncClient
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
 MODEL = "builtin:tiny-qwen2"
 MAX_TOKENS = 24

@@ -15,15 +15,15 @@ import httpx
 import pytest
 import torch
 
-from stagectl.inference.client import RolloutClient, RolloutRequestError
-from stagectl.wire.guards import CallLimits
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.inference.client import RolloutClient, RolloutRequestError
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync import stream
 from stagectl.weightsync.client import WeightSyncClient
+from stagectl.wire.guards import CallLimits
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
 TOKEN = "access-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

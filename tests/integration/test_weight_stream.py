@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import stagectl.weightsync.stream as stream
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient

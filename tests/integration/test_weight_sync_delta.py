@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from stagectl.engines.fake import FakeEngine, default_weights
 from stagectl.models.loading import load_bundle
 from stagectl.server.app import build_app
-from stagectl.engines.fake import FakeEngine, default_weights
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.client import WeightSyncClient

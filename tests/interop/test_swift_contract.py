@@ -18,16 +18,16 @@ import pytest
 from PIL import Image
 
 from stagectl.config import load_config
-from stagectl.models.chat import encode_prompt
-from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
-from stagectl.inference.client import RolloutClient, RolloutRequestError, to_generation
-from stagectl.engines.interface import EngineRequest, EngineResult
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, fake_logprob
 from stagectl.engines.hf import HFEngine
+from stagectl.engines.interface import EngineRequest, EngineResult
+from stagectl.inference.client import RolloutClient, RolloutRequestError, to_generation
+from stagectl.models.chat import encode_prompt
+from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer, build_engine
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from tests.interop.helpers import SWIFT_SIDE, require_interop_python, swift_client
 
 INSTRUCTION = "Find every object."

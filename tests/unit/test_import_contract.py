@@ -2,17 +2,15 @@
 must go from a layer to the same package or to a lower layer:
 
     entry   cli, __main__, torchrun, launch, doctor (the preflight probes every role)
-    role    learner, stage_b, report, the rollout server (the subpackage `rollout.server`)
-    core    prefetch, the rollout package's leaves: client, wire format, engine interface, guards
-            (every `rollout` module outside `rollout.server`),
-            weightsync (both sides of every transport: it may import the rollout leaves, never a role),
-            packing, collate, detection, data, models, dist, schedule, watchdog, files, console, seeds, cache,
-            memory, placement, timing, metric_keys, templating
+    role    learner, stage_b, report, server (the rollout server)
+    core    prefetch, inference (the client), engines, weightsync (both sides of every transport), wire (the
+            code every process shares), packing, collate, detection, data, models, dist, schedule, watchdog,
+            files, console, seeds, cache, memory, placement, timing, metric_keys, templating
     config  config
 
-Inside `core`, packages may use each other but never in a cycle; inside `role`, one role never imports
-another (the learner does not reach into the rollout server). `python -m tests.unit.test_import_contract`
-prints the package-level map.
+A unit is a top package (or top module) under `stagectl`, nothing more. Inside `core`, packages may use
+each other but never in a cycle; inside `role`, one role never imports another (the learner does not
+reach into the rollout server). `python -m tests.unit.test_import_contract` prints the package-level map.
 """
 
 from __future__ import annotations
@@ -25,11 +23,13 @@ ROOT = Path(__file__).parents[2] / "stagectl"
 
 LAYERS = {
     "entry": {"cli", "__main__", "torchrun", "launch", "doctor"},
-    "role": {"learner", "stage_b", "report", "rollout_server"},
+    "role": {"learner", "stage_b", "report", "server"},
     "core": {
         "prefetch",
-        "rollout",
+        "inference",
+        "engines",
         "weightsync",
+        "wire",
         "packing",
         "detection",
         "evaluation",
@@ -57,13 +57,8 @@ RANK = {"entry": 3, "role": 2, "core": 1, "config": 0}
 
 
 def unit_of(module: str) -> str:
-    """The unit a module belongs to: its top package under stagectl, with the rollout package split by
-    path into `rollout_server` (`stagectl.server` and below: a role) and `rollout` (the rest: the
-    leaves that `weightsync` and the roles may import)."""
-    parts = module.split(".")[1:] or ["__init__"]
-    if parts[:2] == ["rollout", "server"]:
-        return "rollout_server"
-    return parts[0]
+    """The unit a module belongs to: its top package (or top module) under stagectl."""
+    return (module.split(".")[1:] or ["__init__"])[0]
 
 
 def layer_of(unit: str) -> str:
@@ -164,18 +159,27 @@ def test_no_cycle_between_packages() -> None:
 
 
 def test_inference_callers_build_no_weight_machinery() -> None:
-    """The rollout client is inference only: Stage-B, eval and the client itself never reach weightsync."""
+    """The inference client is inference only: Stage-B, eval and the client itself never reach weightsync."""
     graph = module_graph()
-    for module in ("stagectl.inference.client", "stagectl.stage_b", "stagectl.evaluation"):
+    for module in ("stagectl.inference", "stagectl.stage_b", "stagectl.evaluation"):
         reached = _closure(graph, {m for m in graph if m == module or m.startswith(module + ".")})
         assert not {m for m in reached if m.startswith("stagectl.weightsync")}, module
 
 
-def test_weight_sync_builds_no_inference_client() -> None:
-    """Weight sync reads a server's answers through the rollout leaves (`rollout.http`), never the client."""
+def test_weight_sync_builds_no_inference_client_and_no_engine() -> None:
+    """Weight sync reads a server's answers through the wire code (`wire.http`), never the client, and
+    writes into an engine through its own `gate.WeightTarget`, never an engine module."""
     graph = module_graph()
     reached = _closure(graph, {m for m in graph if m.startswith("stagectl.weightsync")})
-    assert "stagectl.inference.client" not in reached
+    assert not {m for m in reached if m.startswith(("stagectl.inference", "stagectl.engines"))}
+
+
+def test_the_wire_code_reaches_no_side() -> None:
+    """Every process shares `wire`: it reaches neither the client, the engines, weight sync nor the server."""
+    graph = module_graph()
+    reached = _closure(graph, {m for m in graph if m.startswith("stagectl.wire")})
+    sides = ("stagectl.inference", "stagectl.engines", "stagectl.weightsync", "stagectl.server")
+    assert not {m for m in reached if m.startswith(sides)}
 
 
 def _closure(graph: dict[str, set[str]], start: set[str]) -> set[str]:
@@ -202,14 +206,10 @@ def test_the_checker_sees_an_uphill_edge_and_a_cycle() -> None:
     ]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert uphill_edges({"stagectl.learner.x": {"stagectl.server.service"}})  # role -> another role
-    # the rollout package splits by path alone: `rollout.server` and below is the server role
-    assert (
-        unit_of("stagectl.engines.vllm")
-        == unit_of("stagectl.server")
-        == "rollout_server"
-    )
-    assert unit_of("stagectl.wire.protocol") == unit_of("stagectl.rollout") == "rollout"
+    # a unit is the top package, whatever the depth of the module
+    assert unit_of("stagectl.engines.vllm") == unit_of("stagectl.engines") == "engines"
     assert uphill_edges({"stagectl.weightsync.x": {"stagectl.server.app"}})  # core -> role
+    assert uphill_edges({"stagectl.wire.x": {"stagectl.config.y"}}) == []  # core -> config
 
 
 def main() -> None:

@@ -14,17 +14,17 @@ import httpx
 import pytest
 import torch
 
+from stagectl.engines.text import cut_at_stop
+from stagectl.inference.client import RolloutClient, to_generation
 from stagectl.models.chat import encode_answer_text, encode_messages
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.inference.client import RolloutClient, to_generation
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from stagectl.server.app import STOPPED_LINE
 from stagectl.server.launcher import ServerProcess
-from stagectl.engines.text import cut_at_stop
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
 from stagectl.weightsync.wire import encode_chunks
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from tests.vllm.helpers import ROOT, require_vllm_python
 
 MODEL = "builtin:tiny-qwen2"

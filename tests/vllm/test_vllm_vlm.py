@@ -21,14 +21,14 @@ import pytest
 import torch
 from PIL import Image
 
+from stagectl.inference.client import RolloutClient, to_generation
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.models.loading import ModelBundle, checkpoint_stop_ids, load_bundle, resolve_model_path
 from stagectl.models.tokenizer import coord_token_ids
-from stagectl.inference.client import RolloutClient, to_generation
-from stagectl.wire.protocol import ContentItem, InferRequest, Message, RequestConfig
 from stagectl.server.launcher import ServerProcess
 from stagectl.weightsync.client import WeightSyncClient
+from stagectl.wire.protocol import ContentItem, InferRequest, Message, RequestConfig
 from tests.vllm.helpers import ROOT, require_vllm_python
 
 MODELS = ["builtin:tiny-qwen2.5-vl", "builtin:tiny-qwen3-vl"]

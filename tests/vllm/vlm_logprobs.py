@@ -15,9 +15,9 @@ from pathlib import Path
 from PIL import Image
 
 from stagectl.config.rollout import VllmEngineArgs
+from stagectl.engines.vllm import _start_llm
 from stagectl.models.chat import chat_template_ids
 from stagectl.models.loading import checkpoint_stop_ids, load_tokenizer
-from stagectl.engines.vllm import _start_llm
 
 
 def main(argv: list[str]) -> None:

@@ -16,12 +16,12 @@ import stagectl
 from stagectl.config import StagectlConfig, load_config
 from stagectl.doctor.report import Check
 from stagectl.doctor.server_checks import _version, _weight_transport, check_push, check_servers
-from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.wire.protocol import VersionResponse
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine
+from stagectl.models.loading import ModelBundle, load_bundle
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
+from stagectl.wire.protocol import VersionResponse
 
 TINY = "builtin:tiny-qwen2.5-vl"
 TOKEN_ENV = "DOCTOR_TEST_TOKEN"

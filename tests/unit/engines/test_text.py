@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from stagectl.engines.text import cut_at_stop, normalize_messages
 from stagectl.models.chat import detection_messages
 from stagectl.wire.protocol import ContentItem, Message
-from stagectl.engines.text import cut_at_stop, normalize_messages
 
 
 def _decode(ids: Sequence[int]) -> str:

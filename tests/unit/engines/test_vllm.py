@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stagectl.models.loading import load_bundle, load_model_config, resolve_model_path
 from stagectl.engines.interface import TensorSpec
 from stagectl.engines.vllm import checkpoint_specs, learner_specs, torchvision_problem
+from stagectl.models.loading import load_bundle, load_model_config, resolve_model_path
 
 
 def test_specs_of_a_qwen25_vl_checkpoint_are_the_learners_names() -> None:

@@ -8,7 +8,6 @@ import pytest
 
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.inference.client import RolloutClient
-from stagectl.wire.protocol import InferResponse, RequestConfig
 from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
@@ -18,6 +17,7 @@ from stagectl.inference.requests import (
 )
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.disk import DiskSender
+from stagectl.wire.protocol import InferResponse, RequestConfig
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ import torch
 
 from stagectl.dist import World
 from stagectl.learner.publisher import WeightPublisher
-from stagectl.wire.errors import RolloutRequestError
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
+from stagectl.wire.errors import RolloutRequestError
 
 
 @dataclass

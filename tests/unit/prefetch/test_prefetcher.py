@@ -19,8 +19,8 @@ from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import PrefetchError, ReadyPack
-from stagectl.wire.errors import RolloutServerError, WrongVersionError
 from stagectl.seeds import derive_seed
+from stagectl.wire.errors import RolloutServerError, WrongVersionError
 
 SEGMENT_TOKENS = 10
 
@@ -126,8 +126,8 @@ def test_a_burst_fills_exactly_the_packs_pacing_wants_at_the_fill_ratio() -> Non
     pf = make(source, queue, gas=2, target_packs=4)
     pf._burst(pf._packs_wanted())
     # b_ratio 1, sync every step, window 1: 2 B steps in the horizon x gas 2 = 4 packs, room 4;
-    # 4 x 90 tokens / 10 per rollout = 36 rollouts: 80% first (29), then the 7 missing
-    assert source.requests == [29, 7] and source.sections == 1
+    # 4 x 90 tokens / 10 per rollout = 36 rollouts, all in the first request
+    assert source.requests == [36] and source.sections == 1
     packs = [queue.pop_for_ver(0) for _ in range(4)]
     assert [p.num_segments for p in packs] == [9, 9, 9, 9]  # fill 0.9 each
     assert queue.depth() == 0 and pf._packs_wanted() == 4
@@ -135,14 +135,18 @@ def test_a_burst_fills_exactly_the_packs_pacing_wants_at_the_fill_ratio() -> Non
 
 def test_a_waiting_sync_cuts_the_burst_to_the_request_in_flight() -> None:
     """The learner's weight sync waits for an open burst: the burst skips its top-ups and packs what the
-    first request brought into the packs asked for (less full), all queued before the sync goes on."""
+    first request brought into the packs asked for (less full), all queued before the sync goes on. The
+    first request asks for the whole need at the estimate, so only an estimate that ran high (12 tokens a
+    rollout against 10) leaves the packs short: 30 rollouts, no top-up of 6."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
-    pf = make(source, queue, gas=2, target_packs=4, sync_pending=lambda: True)
+    pf = make(
+        source, queue, gas=2, target_packs=4, sync_pending=lambda: True, initial_tokens_per_rollout=12.0
+    )
     pf._burst(pf._packs_wanted())
-    assert source.requests == [29] and pf.counters.cut_short_total == 1  # no top-up of 7
+    assert source.requests == [30] and pf.counters.cut_short_total == 1  # no top-up of 6
     packs = [queue.pop_for_ver(0) for _ in range(4)]
-    assert sum(p.num_segments for p in packs) == 29 and queue.depth() == 0
+    assert sum(p.num_segments for p in packs) == 30 and queue.depth() == 0
 
 
 def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> None:
@@ -162,11 +166,10 @@ def test_nothing_is_requested_when_the_queue_holds_what_b_steps_can_train() -> N
 
 def test_requests_are_rounded_up_to_whole_decode_batches_that_fit_the_packs() -> None:
     """The server answers a request in decode batches, and a batch of a few rollouts costs it about as
-    much as a full one: 4 packs of 90 tokens at 10 per rollout need 36 rollouts, 80% first (29). When a
-    next burst of the version follows (it takes what does not fit), with batches of 12 the first request
-    is 36 (the packs hold 400 tokens), no top-up; with batches of 5 the first is 30 and the top-up of 6
-    becomes 10 (all 40 fit the 4 packs: nothing is carried)."""
-    for multiple, expected, segments in ((12, [36], [9, 9, 9, 9]), (5, [30, 10], [10, 10, 10, 10])):
+    much as a full one: 4 packs of 90 tokens at 10 per rollout need 36 rollouts. When a next burst of the
+    version follows (it takes what does not fit), with batches of 12 the request is 36 (3 batches); with
+    batches of 5 it is 40 (all 40 fit the 4 packs' 400 tokens: nothing is carried)."""
+    for multiple, expected, segments in ((12, [36], [9, 9, 9, 9]), (5, [40], [10, 10, 10, 10])):
         queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
         source = FakeSource()
         pf = make(source, queue, gas=2, target_packs=4, request_multiples=(multiple,))
@@ -176,16 +179,16 @@ def test_requests_are_rounded_up_to_whole_decode_batches_that_fit_the_packs() ->
         assert queue.depth() == 0 and pf.snapshot()["carry"] == []
 
 
-def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold() -> None:
-    """Batches of 24: rounding 29 up to 48 (480 tokens) would overshoot the packs' 400 tokens at the
-    estimate, so the request is rounded down to one batch (24); the 12 still missing are less than a batch
-    and the 4 packs have a segment each, so no top-up: the packs come out less full (6 segments each)."""
+def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold_nor_less_than_they_need() -> None:
+    """Batches of 24: rounding 36 up to 48 (480 tokens) would overshoot the packs' 400 tokens at the
+    estimate, and rounding it down to one batch (24) left the packs at 6 segments of 9 (fill 0.6): the
+    request is the need itself (36), the packs reach their fill (9 segments each)."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
     pf = make(source, queue, gas=2, target_packs=4, request_multiples=(24,))
     pf._burst(pf._packs_wanted(), another_follows=True)
-    assert source.requests == [24]
-    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [6, 6, 6, 6]
+    assert source.requests == [36]
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [9, 9, 9, 9]
 
 
 def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -> None:
@@ -244,7 +247,7 @@ def test_the_nearest_b_step_gets_its_packs_first_in_a_burst_of_its_own() -> None
     assert wait_for(lambda: queue.depth() == 4, 5.0)
     assert pf.stop(5.0)
     assert source.sections == 2
-    assert source.requests[0] < 2 * 9  # the first request is for 2 packs of 9 segments, not 4
+    assert source.requests[0] == 2 * 9  # the first request is for 2 packs of 9 segments, not 4
 
 
 def test_no_rollouts_for_a_version_whose_b_steps_do_not_come() -> None:
@@ -282,8 +285,8 @@ def test_a_short_burst_is_topped_up_inside_the_same_section() -> None:
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
     pf = make(source, queue, gas=1, target_packs=1, initial_tokens_per_rollout=100.0)
-    pf._burst(1)  # the first guess is high (prompt + max_new_tokens): 1 rollout, then top-ups
-    assert source.sections == 1 and len(source.requests) == 3 and source.requests[0] == 1
+    pf._burst(1)  # the first guess is high (prompt + max_new_tokens): 1 rollout, then a top-up
+    assert source.sections == 1 and source.requests == [1, 8]
     first = queue.pop_for_ver(0)
     assert first.num_segments == sum(source.requests)
     source.requests.clear()
@@ -293,11 +296,12 @@ def test_a_short_burst_is_topped_up_inside_the_same_section() -> None:
 
 def test_rollouts_longer_than_estimated_never_make_an_extra_pack() -> None:
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
-    source = FakeSource(tokens=12)  # the estimate says 10: 9 rollouts would make 108 > 100
+    source = FakeSource(tokens=12)  # the estimate says 10: 9 rollouts make 108 > 100
     pf = make(source, queue, gas=1, target_packs=1)
-    pf._burst(1)  # 80% first: 8 x 12 = 96 >= 90, done
-    assert source.requests == [8]
+    pf._burst(1)  # 9 x 12 = 108: 8 fill the one pack (96 >= 90), the 9th is carried, not a second pack
+    assert source.requests == [9]
     assert queue.depth() == 1 and queue.pop_for_ver(0).num_segments == 8
+    assert len(pf.snapshot()["carry"]) == 1
 
 
 def test_non_transient_errors_reach_the_learner_after_n_failures() -> None:
@@ -359,10 +363,10 @@ def test_segments_that_fit_no_pack_start_the_next_burst_of_the_same_version() ->
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=40)
     pf = make(source, queue, gas=1, target_packs=1, initial_tokens_per_rollout=20.0)
-    pf._burst(1)  # the estimate says 20: 80% of 90 -> 4 rollouts of 40 = 160 tokens, 2 fit in 100
-    assert source.requests == [4] and queue.pop_for_ver(0).num_segments == 2
-    pf._burst(1)  # 2 carried (80 tokens) + 1 more rollout: 120 -> 2 fit, 1 carried again
-    assert source.requests == [4, 1] and queue.pop_for_ver(0).num_segments == 2
+    pf._burst(1)  # the estimate says 20: 90 -> 5 rollouts of 40 = 200 tokens, 2 fit in 100
+    assert source.requests == [5] and queue.pop_for_ver(0).num_segments == 2
+    pf._burst(1)  # 3 carried (120 tokens) reach the target alone: 2 fit, 1 carried again
+    assert source.requests == [5] and queue.pop_for_ver(0).num_segments == 2
     source.ver = 1
     queue.set_current_ver(1)
     pf._burst(1)  # the version moved on: the carried segment is dropped and counted
@@ -427,14 +431,15 @@ def test_a_call_refused_after_a_swap_gives_its_samples_back_and_the_burst_packs_
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
     source.refuse = {2: 1}
-    pf = make(source, queue, gas=2, target_packs=4)
+    # an estimate that runs high (12 tokens a rollout against 10): the first request (30) leaves 6 missing
+    pf = make(source, queue, gas=2, target_packs=4, initial_tokens_per_rollout=12.0)
     pf._burst(pf._packs_wanted())
-    assert source.requests == [29, 7] and pf.counters.refused_total == 1
-    assert pf.sampler.num_consumed == 29 and pf.num_chunks == 1 and pf.counters.lost_total == 0
-    assert sum(queue.pop_for_ver(0).num_segments for _ in range(4)) == 29
+    assert source.requests == [30, 6] and pf.counters.refused_total == 1
+    assert pf.sampler.num_consumed == 30 and pf.num_chunks == 1 and pf.counters.lost_total == 0
+    assert sum(queue.pop_for_ver(0).num_segments for _ in range(4)) == 30
     queue.set_current_ver(1)
     pf._burst(2)
-    assert pf.snapshot()["stream_pos"] == 29 + sum(source.requests[2:])
+    assert pf.snapshot()["stream_pos"] == 30 + sum(source.requests[2:])
     assert source.seeds[1] == derive_seed(0, 0, 1)  # the refused call's seed, now answered
 
 

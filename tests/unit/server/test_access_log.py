@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stagectl.server.app import ACCESS_LOGGER, build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.app import ACCESS_LOGGER, build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer, configure_access_log
 

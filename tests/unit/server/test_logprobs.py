@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from stagectl.engines.fake import FakeEngine, fake_logprob
+from stagectl.inference.requests import to_generation
 from stagectl.models.generate import ChosenLogprobs
 from stagectl.models.sampling import SamplingSpec
-from stagectl.wire.protocol import InferBody, InferRequest, InferResponse, Message, RequestConfig
-from stagectl.inference.requests import to_generation
-from stagectl.engines.fake import FakeEngine, fake_logprob
 from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.wire.protocol import InferBody, InferRequest, InferResponse, Message, RequestConfig
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from stagectl.wire.protocol import LISTENING_PREFIX
 from stagectl.server.launcher import ServerKeeper, ServerProcess
+from stagectl.wire.protocol import LISTENING_PREFIX
 
 
 def _child(exit_code: int) -> ServerProcess:

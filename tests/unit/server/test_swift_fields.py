@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from stagectl.wire.protocol import InferBody, InferResponse, RequestConfig, RolloutItem
 from stagectl.inference.requests import read_answer_item, to_generation
 from stagectl.server.swift_fields import refusals
+from stagectl.wire.protocol import InferBody, InferResponse, RequestConfig, RolloutItem
 
 # What ms-swift 4.6.0's VLLMInferClient posts for `RolloutInferRequest(messages=...)` and a default
 # `RequestConfig()`: `asdict` of its dataclasses, nulls included.

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from stagectl.config import load_config
-from stagectl.server.app import build_app
 from stagectl.engines.fake import FakeEngine, default_weights
+from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer, weight_transports
 from stagectl.weightsync.base import Servers

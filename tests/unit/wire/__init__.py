@@ -1,1 +1,1 @@
-"""Unit tests of `stagectl.rollout`, named after its modules or topics."""
+"""Unit tests of `stagectl.wire`, named after its modules or topics."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stagectl.config import ConfigError, load_config
+from stagectl.server.serving import call_limits, server_settings
 from stagectl.wire.guards import (
     DEFAULT_MAX_NEW_TOKENS_CAP,
     DEFAULT_MAX_REQUESTS_PER_CALL,
@@ -25,7 +26,6 @@ from stagectl.wire.guards import (
     check_token,
     validation_detail,
 )
-from stagectl.server.serving import call_limits, server_settings
 from stagectl.wire.tls import client_context, server_context
 
 SERVER_ROLLOUTS = [

@@ -1,0 +1,1 @@
+"""Unit tests of `stagectl.inference`, named after its modules or topics."""
