@@ -97,6 +97,21 @@ def rollouts_for_tokens(tokens: int, tokens_per_rollout: float) -> int:
     return math.floor(tokens / max(1.0, tokens_per_rollout))
 
 
+ESTIMATE_WEIGHT = 0.2  # the weight of one request's tokens per rollout in the running estimate
+
+
+def update_estimate(estimate: float, observed: float, num_requests: int) -> float:
+    """The running estimate of segment tokens per requested rollout after a request that made `observed`
+    (`num_requests`: the requests made so far, this one included): the mean of the requests so far for
+    the first 1 / `ESTIMATE_WEIGHT` of them (the start-up estimate, prompt + `max_new_tokens`, is an upper
+    bound and goes at the first request), then a moving average that weighs each request `ESTIMATE_WEIGHT`.
+    Segments vary by +-20% around their mean on the tiny example, and the request is sized to the fill
+    target at this estimate: weighing the last request half (as before) swung it by as much, and the
+    packs of a burst sized low came out at 0.65-0.85 fill. At least one token per rollout."""
+    weight = max(ESTIMATE_WEIGHT, 1.0 / max(1, num_requests))
+    return max(1.0, (1.0 - weight) * estimate + weight * observed)
+
+
 def request_multiples(decode_batch_size: int, server_batches: Sequence[int | None]) -> tuple[int, ...]:
     """The request sizes a prefetcher aligns to, largest first: the servers' batch, then the client's
     decode batch (`rollout_decode_batch_size`).
@@ -118,39 +133,33 @@ def request_size(
     room: int,
     tokens_per_rollout: float,
     *,
-    first: bool,
     whole_batches: bool,
     multiples: Sequence[int],
-    first_share: float,
-    may_skip: bool = False,
 ) -> int:
     """Rollouts to request for `missing` tokens when the packs have `room` tokens left, at the running
-    estimate of tokens per rollout: the first request asks for `first_share` of the need (an estimate
-    that runs low must not overshoot the packs), a top-up for all of it. Every request is whole batches
-    where it can be (`multiples`, largest first: the servers' batch, then the decode batch; see
-    `request_multiples`): a batch of one or two rollouts costs the server about as much as a full one,
-    so a request of 8 + 2 costs nearly two batches for 10 rollouts.
+    estimate of tokens per rollout: the need, `ceil(missing / estimate)`, in one request, so that the
+    packs reach their fill target (`pack_tokens` each) from one call. A B step costs the learner about
+    the same whatever its packs hold, and a burst's later top-ups are often not sent at all (a weight
+    sync waits for the section, or with `in_flight_sync` the servers would refuse them), so the first
+    request must not leave the packs short. Top-ups follow only where the estimate ran high.
 
-    For each multiple in turn: with `whole_batches` the count is rounded up to whole batches whenever they
-    still fit the room at the estimate. What then fits no pack is carried, and a carry is trained only by
-    a next burst of the SAME version, so the caller asks for that only when one follows (pacing wants more
-    packs of this version than this burst builds, and no weight sync waits); never into packs of the next
+    With `whole_batches` the need is rounded up to whole batches (`multiples`, largest first: the
+    servers' batch, then the decode batch; see `request_multiples`) where they still fit the room at the
+    estimate: a batch of one or two rollouts costs the server about as much as a full one, so the extra
+    rollouts are nearly free. What then fits no pack is carried, and a carry is trained only by a next
+    burst of the SAME version, so the caller asks for that only when one follows (pacing wants more packs
+    of this version than this burst builds, and no weight sync waits); never into packs of the next
     version, whose B step needs one version on every rank (docs/training.md, "Async actor-learner").
-    Otherwise (or where they would not fit) the count is rounded down to whole batches: the packs come out
-    less full and cost a batch less. A count below the smallest batch is kept as it is, or is 0 (no
-    request) where `may_skip` says the burst already has a segment for each of its packs. The rule reads
-    only pacing state, the fence and the servers' batch, all the same on resume; `training.packing:
-    false` never rounds.
+    The need is never rounded *down* to whole batches: that left the packs below the fill target (the
+    tiny async example on 2 ranks: 8 rollouts of ~190 tokens where 2 packs of 1024 at 0.9 need 10, B pack
+    fill 0.73-0.77). The rule reads only pacing state, the fence and the servers' batch, all the same on
+    resume; `training.packing: false` never rounds.
     """
     per_rollout = max(1.0, tokens_per_rollout)
     need = max(1, math.ceil(missing / per_rollout))
-    count = max(1, math.ceil(first_share * need)) if first else need
-    for multiple in multiples:
-        if whole_batches:
-            whole = math.ceil(count / multiple) * multiple
+    if whole_batches:
+        for multiple in multiples:
+            whole = math.ceil(need / multiple) * multiple
             if whole * per_rollout <= room:
                 return whole
-        down = count // multiple * multiple
-        if down:
-            return down
-    return 0 if may_skip else count
+    return need

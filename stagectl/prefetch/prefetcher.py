@@ -5,10 +5,10 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 - Bursts: the thread asks `pacing` how many packs B steps will still train before the current version
   goes stale, takes one B step's worth of them (`gas` packs: the nearest B step first, so it never
   waits for the rollouts of a later one), requests the rollouts that fill them to `pack_tokens` each
-  (split into requests of `rollout_decode_batch_size` sent together; a first request for most of the
-  estimated need, then top-ups until the target is reached, at most `MAX_ROUNDS` requests; each rounded
-  up to whole decode batches only when pacing wants a next burst of the same version, which takes what
-  does not fit), and packs the burst's segments into that many packs at once (`packing.pack_into`: as
+  (split into requests of `rollout_decode_batch_size` sent together; a first request for the whole
+  estimated need, then top-ups only while the estimate ran high, at most `MAX_ROUNDS` requests; rounded
+  up to whole batches only when pacing wants a next burst of the same version, which takes what does not
+  fit, and never down: `pacing.request_size`), and packs the burst's segments into that many packs at once (`packing.pack_into`: as
   even as possible, each at most `packing_length`). One request and the grouping into packs are
   `prefetch.bursts`. A burst never makes more packs than pacing asked for: segments that
   fit nowhere (rollouts came out longer than estimated) start the next burst if the version has not
@@ -56,7 +56,13 @@ from stagectl.detection.stats import RolloutStats
 from stagectl.prefetch.burst_state import BurstState
 from stagectl.prefetch.bursts import pack_groups, request_rollouts
 from stagectl.prefetch.failures import FailurePolicy
-from stagectl.prefetch.pacing import PacingRules, QueueView, packs_wanted, request_size
+from stagectl.prefetch.pacing import (
+    PacingRules,
+    QueueView,
+    packs_wanted,
+    request_size,
+    update_estimate,
+)
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import (
     BuildSegments,
@@ -99,7 +105,6 @@ class Prefetcher:
     sync_pending: Callable[[], bool] = lambda: False  # a weight sync waits for this burst's section to end
     idle_wait_s: float = 0.02
     MAX_ROUNDS = 3  # requests per burst: the first, then top-ups while short of the target
-    FIRST_SHARE = 0.8  # the first request asks for this share of the estimated need
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -253,7 +258,6 @@ class Prefetcher:
                         num_packs * self.packing_length,
                         carried,
                         round_up=another_follows,
-                        min_segments=num_packs,
                     )
                 else:
                     built, dropped = self._roll_out_count(
@@ -305,13 +309,11 @@ class Prefetcher:
         carried: list[Built],
         *,
         round_up: bool,
-        min_segments: int,
     ) -> tuple[list[Built], RolloutStats]:
         """Roll out until the segments reach `target_tokens` (the packs hold at most `capacity_tokens`),
-        at most `MAX_ROUNDS` requests, each sized by `_request_size` (rounded up to whole decode batches
-        only while `round_up` holds and no weight sync waits: a waiting sync moves the version right after
-        this burst, and a surplus of this version would be dropped; else down, and a top-up of less than a
-        batch is skipped once there are `min_segments`, one per pack)."""
+        at most `MAX_ROUNDS` requests, each for the whole estimated need (`_request_size`; rounded up to
+        whole batches only while `round_up` holds and no weight sync waits: a waiting sync moves the
+        version right after this burst, and a surplus of this version would be dropped)."""
         built = list(carried)
         dropped = RolloutStats()
         for round_ in range(self.MAX_ROUNDS):
@@ -323,12 +325,8 @@ class Prefetcher:
             count = self._request_size(
                 target_tokens - have,
                 capacity_tokens - have,
-                first=round_ == 0,
                 whole_batches=round_up and not self.sync_pending() and self.current_ver() == section.ver,
-                may_skip=round_ > 0 and len(built) >= min_segments,
             )
-            if count == 0:  # less than a decode batch short, and the packs can be filled: no top-up
-                break
             try:
                 kept, lost = self._request(section, count)
             except WrongVersionError:
@@ -339,22 +337,17 @@ class Prefetcher:
             dropped.add(lost)
             # running estimate of tokens per requested rollout (too-long rollouts count as nothing)
             observed = sum(len(segment) for _, segment, _ in kept) / count
-            self._tokens_per_rollout = 0.5 * self._tokens_per_rollout + 0.5 * max(1.0, observed)
+            self._tokens_per_rollout = update_estimate(self._tokens_per_rollout, observed, self.num_chunks)
         return built, dropped
 
-    def _request_size(
-        self, missing: int, room: int, *, first: bool, whole_batches: bool, may_skip: bool = False
-    ) -> int:
+    def _request_size(self, missing: int, room: int, *, whole_batches: bool) -> int:
         """`pacing.request_size` at this thread's running estimate of tokens per rollout."""
         return request_size(
             missing,
             room,
             self._tokens_per_rollout,
-            first=first,
             whole_batches=whole_batches,
             multiples=self.request_multiples,
-            first_share=self.FIRST_SHARE,
-            may_skip=may_skip,
         )
 
     def _roll_out_count(

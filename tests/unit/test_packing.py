@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stagectl.collate import CoordGroup, Segment, collate_padded
-from stagectl.packing import PackBuffer, pack_into, pack_segments, packing_lower_bound, select_pack
+from stagectl.packing import (
+    PackBuffer,
+    _pack_evenly,
+    pack_into,
+    pack_segments,
+    packing_lower_bound,
+    select_pack,
+)
 from tests.helpers import fuzz_examples
 
 
@@ -189,6 +196,23 @@ def test_pack_buffer_drains_oldest_first_and_fills_packs() -> None:
     assert len(buffer) == 0
     with pytest.raises(ValueError, match="exceeds packing_length"):
         buffer.add("huge", 101)
+
+
+def test_pack_into_packs_the_fullest_subsets_where_not_everything_fits() -> None:
+    """A burst of the tiny async example (2 packs of 1024, 10 segments of 2096 tokens): the even spread
+    packed 1780 tokens (0.87) and left 2 segments; filling one pack at a time with the fullest subset packs
+    1947 (0.95) and leaves one."""
+    lengths = [167, 209, 197, 209, 239, 239, 149, 239, 239, 209]
+    groups, left = pack_into(lengths, 2, 1024)
+    assert sum(lengths[i] for g in groups for i in g) == 1947 and left == [6]
+    assert all(sum(lengths[i] for i in g) <= 1024 for g in groups)
+    rng = random.Random(5)
+    for _ in range(200):  # never fewer tokens than the even spread, every segment placed once
+        lengths = [rng.randint(1, 400) for _ in range(rng.randint(0, 14))]
+        groups, left = pack_into(lengths, 2, 1024)
+        even, _ = _pack_evenly(lengths, 2, 1024)
+        assert sum(lengths[i] for g in groups for i in g) >= sum(lengths[i] for g in even for i in g)
+        assert sorted([i for g in groups for i in g] + left) == list(range(len(lengths)))
 
 
 def test_pack_into_spreads_evenly_over_the_wanted_packs_and_never_makes_more() -> None:

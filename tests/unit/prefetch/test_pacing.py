@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
+import random
 
 import pytest
 
+from stagectl.packing import pack_into
 from stagectl.prefetch.pacing import (
+    ESTIMATE_WEIGHT,
     PacingRules,
     QueueView,
     b_steps_in,
@@ -16,6 +20,7 @@ from stagectl.prefetch.pacing import (
     request_multiples,
     request_size,
     rollouts_for_tokens,
+    update_estimate,
 )
 
 
@@ -133,32 +138,56 @@ def test_request_multiples_are_the_servers_whole_batches_then_the_decode_batch()
     assert request_multiples(4, []) == (4,)
 
 
-def test_request_size_takes_the_servers_batch_first_then_the_decode_batch() -> None:
-    size = functools.partial(request_size, multiples=(8, 4), first_share=0.8)
-    # 10 needed: rounded down to one server batch (8), not to 3 decode batches (12 = 8 + 4 on the server)
-    assert size(1300, 10_000, 100.0, first=False, whole_batches=False) == 8
-    # rounded up to 2 server batches where they fit the room, else down to one (not up to 12 = 8 + 4)
-    assert size(1000, 10_000, 100.0, first=False, whole_batches=True) == 16
-    assert size(1000, 1_200, 100.0, first=False, whole_batches=True) == 8
-    # fewer than a server batch: decode batches (6 -> 4); a server batch far above any request changes nothing
-    assert size(600, 10_000, 100.0, first=False, whole_batches=False) == 4
-    far = functools.partial(request_size, multiples=(256, 4), first_share=0.8)
-    assert far(1000, 1_200, 100.0, first=False, whole_batches=True) == 12
-    assert far(1000, 1_100, 100.0, first=False, whole_batches=True) == 8
-
-
-def test_request_size_is_whole_decode_batches_up_into_room_or_down() -> None:
-    size = functools.partial(request_size, multiples=(4,), first_share=0.8)
-    # 1000 tokens missing at 100 per rollout: 10 needed; the first request 80% of them (8), a top-up all 10
-    assert size(1000, 10_000, 100.0, first=True, whole_batches=False) == 8
-    # rounded up to whole decode batches where they fit the packs' room at the estimate, else down
-    assert size(1000, 10_000, 100.0, first=False, whole_batches=True) == 12
-    assert size(1000, 1_100, 100.0, first=False, whole_batches=True) == 8
-    assert size(1000, 10_000, 100.0, first=False, whole_batches=False) == 8
-    # less than a batch: asked as it is, or nothing where the burst may skip the top-up
-    assert size(300, 10_000, 100.0, first=False, whole_batches=False) == 3
-    assert size(300, 10_000, 100.0, first=False, whole_batches=False, may_skip=True) == 0
-    assert size(300, 10_000, 100.0, first=False, whole_batches=False, may_skip=False) == 3
+def test_request_size_asks_for_the_whole_need_and_never_rounds_it_down() -> None:
+    size = functools.partial(request_size, multiples=(8, 4))
+    # the tiny async example: 2 packs of 1024 at fill 0.9 (1844 tokens), ~190 tokens a segment: 10 rollouts
+    # in one request (rounded down to the server's batch of 8 they filled the packs to 0.73-0.77)
+    assert size(1844, 2048, 190.0, whole_batches=False) == 10
+    assert size(1844, 2048, 190.0, whole_batches=True) == 10  # 16 or 12 would not fit the packs
+    # a need of a whole batch stays one; a top-up of less than a batch is asked as it is (never skipped)
+    assert size(800, 10_000, 100.0, whole_batches=False) == 8
+    assert size(300, 10_000, 100.0, whole_batches=False) == 3
     # an estimate below one token per rollout counts as one; at least one rollout is asked
-    assert size(3, 10, 0.1, first=False, whole_batches=False) == 3
-    assert size(0, 10, 100.0, first=True, whole_batches=False) == 1
+    assert size(3, 10, 0.1, whole_batches=False) == 3
+    assert size(0, 10, 100.0, whole_batches=False) == 1
+
+
+def test_request_size_rounds_up_to_the_servers_batch_then_the_decode_batch_where_the_surplus_fits() -> None:
+    size = functools.partial(request_size, multiples=(8, 4))
+    # 10 needed: up to 2 server batches where they fit the room at the estimate, else 3 decode batches
+    assert size(1000, 10_000, 100.0, whole_batches=True) == 16
+    assert size(1000, 1_200, 100.0, whole_batches=True) == 12
+    assert size(1000, 1_100, 100.0, whole_batches=True) == 10  # no whole batches fit: the need
+    assert size(1000, 10_000, 100.0, whole_batches=False) == 10  # no burst of the version follows
+    far = functools.partial(request_size, multiples=(256, 4))
+    assert far(1000, 1_200, 100.0, whole_batches=True) == 12
+
+
+def test_update_estimate_is_the_mean_at_first_then_a_moving_average() -> None:
+    # the start-up upper bound (prompt + max_new_tokens) goes at the first request
+    assert update_estimate(300.0, 180.0, 1) == 180.0
+    assert update_estimate(180.0, 200.0, 2) == 190.0  # the mean of two requests
+    # from the 5th request on each weighs ESTIMATE_WEIGHT: one short request moves it a little
+    assert update_estimate(190.0, 140.0, 9) == pytest.approx(
+        (1 - ESTIMATE_WEIGHT) * 190.0 + ESTIMATE_WEIGHT * 140.0
+    )
+    assert update_estimate(190.0, 0.0, 9) >= 1.0  # every rollout too long: still at least a token
+
+
+def test_requests_sized_at_the_estimate_fill_the_packs_of_the_async_example() -> None:
+    """The burst a 2-rank async run at bs 1 makes, replayed: 2 packs of 1024 tokens (fill target 0.9) from
+    segments of the lengths the tiny example's rollouts made (137-239 tokens, 20 bursts); each burst sized
+    by `request_size` at `update_estimate`'s running estimate, in one request (a weight sync usually waits,
+    so no top-up), packed by `pack_into`. The fill of every burst's packs, mean over the bursts >= 0.9."""
+    rng = random.Random(0)
+    choices = [137, 149, 167, 179, 197, 209, 227, 239]
+    target, capacity = math.ceil(0.9 * 1024) * 2, 2 * 1024
+    estimate, fills = 96.0 + 96.0 + 9.0, []
+    for num_requests in range(1, 21):
+        count = request_size(target, capacity, estimate, whole_batches=False, multiples=(8, 4))
+        lengths = [rng.choice(choices) for _ in range(count)]
+        estimate = update_estimate(estimate, sum(lengths) / count, num_requests)
+        groups, _ = pack_into(lengths, 2, 1024)
+        fills.append(sum(lengths[i] for g in groups for i in g) / capacity)
+    assert sum(fills) / len(fills) >= 0.9
+    assert min(fills) >= 0.7

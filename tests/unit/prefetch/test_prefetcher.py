@@ -192,49 +192,53 @@ def test_rounding_to_decode_batches_never_asks_for_more_than_the_packs_hold_nor_
 
 
 def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -> None:
-    """Pacing wants one burst of 2 packs (target 2): it is the last of version 0. Rollouts make 12 tokens
-    (estimate 10): 80% of 18 is 15, 180 tokens, the target. Rounded up to a batch of 6 (18 x 12 = 216
-    tokens) 2 segments would fit no pack (8 of 12 tokens fit a pack of 100), be carried, and be dropped
-    when the version moves: so the request is rounded down to 2 batches (12), the top-up (less than a
-    batch) is skipped, and nothing is left over."""
+    """Pacing wants one burst of 2 packs (target 2): it is the last of version 0, so its request is the
+    need at the estimate (10 tokens a rollout: 18), not rounded up to a batch of 8 (24: 6 more segments
+    to carry and drop when the version moves). Rollouts make 12 tokens, so 2 of the 18 still fit no pack
+    (the estimate ran low) and are dropped, counted, when the version moves; the next burst asks at the
+    corrected estimate (15 x 12 = 180 tokens) and leaves nothing over."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
-    pf = make(source, queue, gas=2, target_packs=2, request_multiples=(6,))
+    pf = make(source, queue, gas=2, target_packs=2, request_multiples=(8,))
     pf.start()  # the thread decides whether a next burst of the version follows
     assert wait_for(lambda: queue.depth() == 2, 5.0)
     assert pf.stop(5.0)
-    assert source.requests == [12] and pf.snapshot()["carry"] == []
+    assert source.requests == [18] and len(pf.snapshot()["carry"]) == 2
     source.ver = 1
     queue.set_current_ver(1)
     pf._burst(2)
-    assert pf.counters.carry_dropped_total == 0
-    assert pf.counters.segments_total == sum(queue.pop_for_ver(v).num_segments for v in (0, 0, 1, 1))
+    assert source.requests == [18, 15] and pf.snapshot()["carry"] == []
+    assert pf.counters.carry_dropped_total == 2
+    assert [queue.pop_for_ver(v).num_segments for v in (0, 0, 1, 1)] == [8, 8, 8, 7]
 
 
 def test_rounding_happens_where_a_next_burst_of_the_version_takes_the_surplus() -> None:
-    """Pacing wants 4 packs (two bursts of gas 2) of version 0: the first burst rounds 15 up to 18 (3
-    batches of 6), 16 segments of 12 tokens fill its 2 packs and 2 are carried; the second burst (the last
-    of the version: rounded down, 12) starts from them. Every rollout is trained at version 0."""
+    """Pacing wants 4 packs (two bursts of gas 2) of version 0: the first burst's need (18 at the estimate
+    of 10) is whole batches of 6; 16 segments of 12 tokens fill its 2 packs and 2 are carried; the second
+    burst (the last of the version) starts from them and asks for the rest at the corrected estimate (13).
+    Every rollout is trained at version 0."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource(tokens=12)
     pf = make(source, queue, gas=2, target_packs=4, request_multiples=(6,))
     pf.start()
     assert wait_for(lambda: queue.depth() == 4, 5.0)
     assert pf.stop(5.0)
-    assert source.requests[0] == 18 and source.sections == 2
-    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [8, 8, 7, 7]
-    assert source.requests == [18, 12] and pf.snapshot()["carry"] == []
-    assert pf.counters.carry_dropped_total == 0
+    assert source.requests == [18, 13] and source.sections == 2
+    assert [queue.pop_for_ver(0).num_segments for _ in range(4)] == [8, 8, 8, 7]
+    assert pf.snapshot()["carry"] == [] and pf.counters.carry_dropped_total == 0
 
 
 def test_no_rounding_while_a_weight_sync_waits_for_the_burst() -> None:
     """A waiting sync moves the version right after this burst, so its surplus could not be used by a
-    next burst of the version: the first request is not rounded up to 18 but down to 12."""
+    next burst of the version: the request is the need (18), not rounded up to 5 batches of 4 (20)."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
-    source = FakeSource(tokens=12)
-    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(6,), sync_pending=lambda: True)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(4,), sync_pending=lambda: True)
     pf._burst(2, another_follows=True)
-    assert source.requests == [12] and pf.snapshot()["carry"] == []
+    assert source.requests == [18]
+    free = FakeSource()  # no sync waits: rounded up to whole batches that fit the packs at the estimate
+    make(free, queue, gas=2, target_packs=4, request_multiples=(4,))._burst(2, another_follows=True)
+    assert free.requests == [20]
 
 
 def test_the_nearest_b_step_gets_its_packs_first_in_a_burst_of_its_own() -> None:
@@ -475,14 +479,14 @@ def test_wait_burst_returns_for_the_burst_in_progress_even_when_the_next_has_beg
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
     source.tickets = threading.Semaphore(0)
-    pf = make(source, queue, gas=2, target_packs=4)  # two bursts of 2 packs: 15 + 3 rollouts each
+    pf = make(source, queue, gas=2, target_packs=4)  # two bursts of 2 packs: one request of 18 each
     pf.start()
     assert wait_for(lambda: pf.burst_version() == 0, 5.0)  # in its section
     waited: list[bool] = []
     waiter = threading.Thread(target=lambda: waited.append(pf.wait_burst(10.0)))
     waiter.start()
-    source.tickets.release(2)  # the first burst's two requests; the second burst blocks on its first
-    assert wait_for(lambda: len(source.requests) == 3, 5.0)
+    source.tickets.release(1)  # the first burst's request; the second burst blocks on its first
+    assert wait_for(lambda: len(source.requests) == 2, 5.0)
     waiter.join(5.0)
     assert waited == [True] and pf.burst_version() == 0 and queue.depth() == 2  # the next one runs
     source.tickets.release(10)
