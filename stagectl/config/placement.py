@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from stagectl.config.engines import ENGINES
 from stagectl.config.root import LOOPBACK_HOSTS, Problem, StagectlConfig
 
 SHARING_COST = (
@@ -89,15 +90,20 @@ def validate_placement(cfg: StagectlConfig, world_size: int) -> list[Problem]:
         )
     if problems:  # the rules below count the ids
         return problems
-    if rs.devices is not None and rs.engine == "hf" and len(rs.devices) > 1:
+    devices = ENGINES[rs.engine].devices  # how many devices the engine runs on
+    if rs.devices is not None and devices == "one" and len(rs.devices) > 1:
         problems.append(
             Problem(
                 "rollout_server.devices",
-                f"the hf engine runs on one device, {len(rs.devices)} given; list one, or use engine: vllm "
+                f"the {rs.engine} engine runs on one device, {len(rs.devices)} given; list one, or use engine: vllm "
                 "with vllm.tensor_parallel_size equal to the number of devices",
             )
         )
-    if rs.devices is not None and rs.engine == "vllm" and rs.vllm.tensor_parallel_size != len(rs.devices):
+    if (
+        rs.devices is not None
+        and devices == "tensor_parallel"
+        and rs.vllm.tensor_parallel_size != len(rs.devices)
+    ):
         problems.append(
             Problem(
                 "rollout_server.devices",

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.config.engines import ENGINES
 from stagectl.doctor.report import Check, fail, ok, warn
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def _coord_tokens(cfg: StagectlConfig, tokenizer: PreTrainedTokenizerBase) -> Ch
     try:
         ids = coord_token_ids(tokenizer)
     except ValueError as exc:
-        if uses_server_rollouts(cfg) and cfg.rollout_server.engine == "vllm":
+        if uses_server_rollouts(cfg) and not ENGINES[cfg.rollout_server.engine].adds_coord_tokens:
             return fail(
                 name,
                 f"{exc}: a vLLM rollout server serves the checkpoint as it is and refuses detection without them",

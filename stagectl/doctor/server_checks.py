@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 import stagectl
 from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.config.engines import ENGINES
 from stagectl.doctor.report import Check, fail, ok, skip, warn
 from stagectl.wire.protocol import VersionResponse, read_token
 
@@ -47,7 +48,7 @@ def expected_sync_dtype(cfg: StagectlConfig) -> str:
     adapter_sync = (
         cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
     )
-    if adapter_sync and cfg.rollout_server.engine == "hf":
+    if adapter_sync and ENGINES[cfg.rollout_server.engine].merges_adapter:
         return "float32"  # peft's adapter tensors, merged by the server onto its float32 base
     return cfg.model.torch_dtype
 

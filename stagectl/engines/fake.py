@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from stagectl.config.engines import ENGINES
 from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.engines.text import cut_at_stop
@@ -71,6 +72,7 @@ def _last_user_text(request: EngineRequest) -> str:
 
 class FakeEngine:
     name = "fake"
+    capabilities = ENGINES["fake"]
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ from functools import cached_property
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from stagectl.config.engines import ENGINES
 from stagectl.detection.vocab import token_bytes_table
 from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.hf_adapter import AdapterMerger
@@ -42,6 +43,7 @@ class _Job:
 
 class HFEngine:
     name = "hf"
+    capabilities = ENGINES["hf"]
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from stagectl.config.engines import EngineCapabilities
 from stagectl.models.sampling import SamplingSpec
 from stagectl.wire.protocol import TensorSpec
 
@@ -48,6 +49,7 @@ class Engine(Protocol):
     """What the server needs from an inference engine. Every method is safe to call from any thread."""
 
     name: str  # "hf", "vllm", "fake"
+    capabilities: EngineCapabilities  # what it can do (`config.engines.ENGINES[name]`): checks read these
     model_name: str  # what /version/ reports
     max_model_len: int  # context length: prompt + generated tokens of one request (`guards.check_context`)
 

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from stagectl.config.engines import ENGINES
 from stagectl.config.rollout import VllmEngineArgs
 from stagectl.detection.vocab import token_bytes_table
 from stagectl.engines.batching import BatchingWorker
@@ -127,6 +128,7 @@ class _Job:
 
 class VllmEngine:
     name = "vllm"
+    capabilities = ENGINES["vllm"]
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ import httpx
 import torch
 
 from stagectl import dist
+from stagectl.config.engines import merges_adapter
 from stagectl.prefetch.fence import SyncFence
 from stagectl.weightsync.base import PushReport
 from stagectl.weightsync.client import WeightSyncClient
@@ -58,9 +59,9 @@ class WeightPublisher:
         self.storage_dtype = storage_dtype  # the servers' dtype: float32 masters are converted to it
         versions = client.versions() if world.is_main else []
         self.ver: int = dist.broadcast_object(max(v.version for v in versions) if versions else 0)
-        # `sync.mode: adapter`: hf-engine servers merge a pushed adapter themselves; any other engine (vLLM)
-        # gets the merged weights (a full sync of the plain model), the same tensors a checkpoint's model/ holds
-        adapter_engines = adapter_sync and all(v.engine == "hf" for v in versions)
+        # `sync.mode: adapter`: servers whose engine merges adapters (hf) get the adapter alone; if any engine
+        # cannot (vLLM), all get the merged weights (a full sync of the plain model, as a checkpoint's model/)
+        adapter_engines = adapter_sync and all(merges_adapter(v.engine) for v in versions)
         self.sends_adapter: bool = adapter_sync and dist.broadcast_object(adapter_engines)
         # a fresh server already serves the base weights; anything else gets a push first
         self.pushed_at_update = 0 if self.ver == 0 and num_updates == 0 else -1

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from stagectl.config import StagectlConfig
+from stagectl.config.engines import ENGINES, EngineCapabilities
 from stagectl.config.placement import rank_cpus, resolve_cpus, server_on_learner_node, validate_placement
 from stagectl.placement import visible_devices
 
@@ -103,6 +104,16 @@ def test_devices_match_the_engine() -> None:
     vllm = {**two, "engine": "vllm", "vllm": {"tensor_parallel_size": 1}}
     assert "tensor_parallel_size" in problems(config(rollout_server=vllm))["rollout_server.devices"]
     assert problems(config(rollout_server={**vllm, "vllm": {"tensor_parallel_size": 2}})) == {}
+
+
+def test_the_device_rule_follows_the_engines_capability_not_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    two = {"embedded": True, "devices": [6, 7], "vllm": {"tensor_parallel_size": 2}}
+    assert "hf engine runs on one device" in problems(config(rollout_server=two))["rollout_server.devices"]
+    tensor_parallel = EngineCapabilities(
+        merges_adapter=True, devices="tensor_parallel", adds_coord_tokens=True
+    )
+    monkeypatch.setitem(ENGINES, "hf", tensor_parallel)
+    assert problems(config(rollout_server=two)) == {}
 
 
 def test_every_rank_needs_a_cpu() -> None:

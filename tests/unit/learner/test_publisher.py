@@ -121,3 +121,21 @@ def test_a_refusal_caused_by_a_transport_error_is_still_a_refusal() -> None:
 
     client.push_weights = refused  # type: ignore[method-assign]
     assert publisher._push(publisher._state_dict()).status == "error"
+
+
+@pytest.mark.parametrize(
+    ("engines", "sends_adapter"),
+    [(["hf", "hf"], True), (["hf", "vllm"], False), (["hf", "swift"], False), (["fake"], False)],
+)
+def test_adapter_syncs_go_only_to_servers_whose_engines_all_merge_adapters(
+    engines: list[str], sends_adapter: bool
+) -> None:
+    client = SimpleNamespace(versions=lambda: [SimpleNamespace(version=0, engine=e) for e in engines])
+    publisher = WeightPublisher(
+        client,  # type: ignore[arg-type]
+        torch.nn.Linear(2, 2),
+        World(0, 0, 1),
+        num_updates=0,
+        adapter_sync=True,
+    )
+    assert publisher.sends_adapter is sends_adapter
