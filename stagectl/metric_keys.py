@@ -57,6 +57,7 @@ TOKENS = "tokens"
 UPDATE_NONZERO_FRAC = "optim/update_nonzero_frac"
 PACKING_FILL = "packing/fill"
 PACKING_FILL_MIN = "packing/fill_min"
+PACKING_B_FILL = "packing/b_fill"
 PACKING_TOKENS_PER_FORWARD = "packing/tokens_per_forward"
 PACKING_N_PACKS = "packing/n_packs"
 PACKING_LOWER_BOUND = "packing/lower_bound"
@@ -110,6 +111,15 @@ _STEP = [
     Metric("optim/loss_scale", "none", "", "optional", "fp16 gradient scaler's scale (fp16 runs only)."),
     Metric(PACKING_FILL, "derived", "", "every step", "Trained tokens / pack capacity."),
     Metric(PACKING_FILL_MIN, "min", "", "every step", "Fill of the emptiest pack on any rank."),
+    Metric(
+        PACKING_B_FILL,
+        "derived",
+        "",
+        "B steps",
+        "Channel-B pack fill: `packing/fill` of a B step, under its own key so that B fill reads without a "
+        "row filter (async B packs are built to `training.packing_min_fill_ratio`; `stagectl report` shows "
+        "its mean and min).",
+    ),
     Metric(PACKING_TOKENS_PER_FORWARD, "derived", "tokens", "every step", "Tokens per packed forward."),
     Metric(PACKING_N_PACKS, "sum", "", "every step", "Packs (forward passes) in the step."),
     Metric(PACKING_LOWER_BOUND, "sum", "", "every step", "Fewest packs the segments could fit in."),

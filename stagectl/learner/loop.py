@@ -297,6 +297,8 @@ class Trainer:
             mk.PACKING_N_SEGMENTS: r[mk.PACKING_N_SEGMENTS],
             mk.UPDATE_NONZERO_FRAC: changed_sum / sampled_sum if sampled_sum else 0.0,
         }
+        if kind == "B":
+            row[mk.PACKING_B_FILL] = row[mk.PACKING_FILL]
         row.update(extra)
         row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall
         if "time/weight_sync_s" in row and step_s > 0:

@@ -95,6 +95,13 @@ def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, 
                     fmt(ev.pred_desc_top_share_last),
                 ),
             ]
+    if s.b_fill_mean is not None:
+        rows.append(
+            (
+                "Channel-B pack fill (`packing/b_fill`): mean / min",
+                f"{fmt(s.b_fill_mean)} / {fmt(s.b_fill_min)} (step {s.b_fill_min_step})",
+            )
+        )
     if s.is_async:
         rows += [
             ("dropped packs: stale / oldest", f"{fmt(s.drop_stale_total)} / {fmt(s.drop_oldest_total)}"),

@@ -18,6 +18,7 @@ from stagectl.metric_keys import (
     KIND,
     LOSS,
     LOSS_PREFIX,
+    PACKING_B_FILL,
     POLICY_WANTS_B,
     ROLLOUT_F1,
     ROLLOUT_PRECISION,
@@ -97,6 +98,10 @@ class TrainAbSummary:
     mean_step_s_a: float | None = None
     mean_step_s_b: float | None = None
     wait_total_s: float = 0.0
+    # Channel-B pack fill (`packing/b_fill`) over the B steps that logged it; None without any
+    b_fill_mean: float | None = None
+    b_fill_min: float | None = None
+    b_fill_min_step: int | None = None
 
 
 def last_run(rows: Sequence[Row]) -> tuple[list[Row], int]:
@@ -210,6 +215,7 @@ def summarize_train_ab(rows: Sequence[Row], target: Fraction | None) -> TrainAbS
     _add_async(summary, rows)
     _add_weight_syncs(summary, rows)
     _add_throughput(summary, rows)
+    _add_b_fill(summary, rows)
     return summary
 
 
@@ -261,6 +267,15 @@ def _add_throughput(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
     b_times = [t for row in rows if is_b(row) and (t := number(row, STEP_S)) is not None]
     summary.mean_step_s_a = mean(a_times)
     summary.mean_step_s_b = mean(b_times)
+
+
+def _add_b_fill(summary: TrainAbSummary, rows: Sequence[Row]) -> None:
+    steps, fills = series(rows, PACKING_B_FILL)
+    if not fills:
+        return
+    summary.b_fill_mean = mean(fills)
+    lowest = min(range(len(fills)), key=lambda i: (fills[i], i))  # the earliest of equal lows
+    summary.b_fill_min, summary.b_fill_min_step = fills[lowest], int(steps[lowest])
 
 
 @dataclass(frozen=True)

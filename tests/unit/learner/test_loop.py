@@ -67,3 +67,13 @@ def test_two_ranks_row_is_reduced_by_the_catalog(monkeypatch: pytest.MonkeyPatch
     }
     assert row["optim/update_nonzero_frac"] == 0.2  # (30 + 10) / (100 + 100)
     assert "packing/capacity_tokens" not in row and "optim/update_changed" not in row  # inputs, not keys
+
+
+def test_a_b_row_reports_its_pack_fill_under_packing_b_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A B step's row carries `packing/b_fill` (its packs' fill, the value of `packing/fill`); an A step's
+    row does not, so the B fill is read without a row filter (`stagectl report` summarises it)."""
+    monkeypatch.setattr(dist, "all_gather_objects", lambda local: [local])
+    acc = _acc(loss=1.0, tokens=180, capacity=200, fill=0.85)
+    row = _trainer()._row(5, "B", True, acc, (1, 2), {}, grad_norm=0.5, step_s=2.0)
+    assert row["packing/b_fill"] == row["packing/fill"] == 0.9
+    assert "packing/b_fill" not in _row(_trainer(), _acc(loss=1.0, tokens=60, capacity=200, fill=0.2), (1, 2))

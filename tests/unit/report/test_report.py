@@ -130,6 +130,24 @@ def test_summary_of_a_step_mode_run_follows_the_schedule() -> None:
     assert (terms["loss/ce"].first, terms["loss/ce"].last, terms["loss/ce"].min) == (8.0, 0.0, 0.0)
 
 
+def test_summary_and_markdown_show_the_channel_b_pack_fill() -> None:
+    """`packing/b_fill` of the B steps: its mean and its lowest step in the summary and in report.md;
+    a run that never logged it (an older run, or no B step) shows no such row."""
+    rows = [
+        ab_row(0),
+        ab_row(1, "B", **{"packing/b_fill": 0.95}),
+        ab_row(2),
+        ab_row(3, "B", **{"packing/b_fill": 0.85}),
+    ]
+    s = summarize_train_ab(rows, Fraction(1, 2))
+    assert s.b_fill_mean == pytest.approx(0.9) and (s.b_fill_min, s.b_fill_min_step) == (0.85, 3)
+    md = render_train_ab("t", "s", s, None, Figures([]), "plots", [])
+    assert "| Channel-B pack fill (`packing/b_fill`): mean / min | 0.9 / 0.85 (step 3) |" in md
+    older = summarize_train_ab([ab_row(0), ab_row(1, "B")], Fraction(1, 2))
+    assert older.b_fill_mean is None
+    assert "Channel-B pack fill" not in render_train_ab("t", "s", older, None, Figures([]), "plots", [])
+
+
 def test_summary_of_an_async_run_counts_skips_drops_and_lag() -> None:
     rows = []
     for step in range(6):
