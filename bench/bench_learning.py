@@ -95,7 +95,7 @@ SWEEP_B_RATIOS = (0.05, 0.1, 0.25, 0.5)
 # the b_ratio sweep runs on these tasks; the others confirm the best two at SCREEN_B_RATIO with every seed
 SWEEP_TASKS = ("sparse",)
 # the separated phase (async AB on separate cores vs A-only on both: the equal-training-time headline)
-SEPARATED_TASKS = ("sparse", "crowded")
+SEPARATED_TASKS = ("sparse", "dense")
 # `--quick` (the test tier's plumbing run): two variants, one b_ratio, no protocol run
 QUICK_VARIANTS = ("raw_prefix", "reordered_gt desc_matched")
 OLD_PHASE2_LR = 3.0e-4  # the protocol before issue 40 (A-only fell below Stage-1): one A-only run to show it
@@ -280,6 +280,7 @@ def run(
     workers: int = 2,
     one_core: bool = True,
     separated: bool | None = None,
+    only_tasks: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Run the check and return its tables, intervals and curves: Stage-1, the 1-core phase-2 variants
     (`one_core`), then the separated phase (`separated`; default: at full size, not in `--quick`, whose
@@ -288,6 +289,8 @@ def run(
     from bench import learning_separated
 
     sizes = QUICK if quick else FULL
+    if only_tasks:
+        sizes = Sizes(**{**asdict(sizes), "tasks": tuple(only_tasks)})
     with_separated = not quick if separated is None else separated
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
@@ -457,9 +460,10 @@ def main() -> None:
         action="store_true",
         help="Stage-1, the screen and the sweep only (no separated phase)",
     )
+    parser.add_argument("--tasks", nargs="+", default=None, help=f"these tasks only (of {', '.join(TASKS)})")
     args = parser.parse_args()
     if args.no_separated:
-        result = run(args.quick, args.out, args.jobs, separated=False)
+        result = run(args.quick, args.out, args.jobs, separated=False, only_tasks=args.tasks)
     elif args.separated_only:
         result = run(args.quick, args.out, args.jobs, one_core=False, separated=True)
     else:
