@@ -46,11 +46,12 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
     (in list order otherwise); returns each job's wall seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     pending = list(jobs)
+    names = {job.name for job in jobs}  # a job needed but not in the list (a reused Stage-1) is done
     running: dict[str, tuple[subprocess.Popen[bytes], float, Path]] = {}
     walls: dict[str, float] = {}
     while pending or running:
         while len(running) < workers:
-            ready = [j for j in pending if j.after is None or j.after in walls]
+            ready = [j for j in pending if j.after is None or j.after in walls or j.after not in names]
             if not ready:
                 break
             job = ready[0]
