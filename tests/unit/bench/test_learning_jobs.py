@@ -1,0 +1,27 @@
+"""The learning check's scheduler: a job runs after the job it needs, and a prerequisite that is not in the
+list (a Stage-1 reused from an earlier check) counts as done instead of blocking forever."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.learning_jobs import Job, run_jobs
+
+
+def _job(name: str, out: Path, after: str | None = None) -> Job:
+    marker = out / "order.txt"
+    code = f"open({str(marker)!r}, 'a').write({name!r} + '\\n')"
+    return Job(name, [sys.executable, "-c", code], out / name, after=after)
+
+
+def test_reused_prerequisite_does_not_block_and_order_is_kept(tmp_path: Path) -> None:
+    jobs = [
+        _job("screen-a", tmp_path, after="sparse-stage1"),  # reused: not in the list
+        _job("stage1", tmp_path),
+        _job("phase2", tmp_path, after="stage1"),
+    ]
+    walls = run_jobs(jobs, 1, tmp_path)
+    assert set(walls) == {"screen-a", "stage1", "phase2"}
+    order = (tmp_path / "order.txt").read_text().split()
+    assert order.index("stage1") < order.index("phase2")
