@@ -21,8 +21,8 @@ from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.engines.text import cut_at_stop
 from stagectl.models.sampling import SamplingSpec
-from stagectl.weightsync.wire import spec_of
 from stagectl.wire.guards import check_context
+from stagectl.wire.protocol import spec_of
 
 
 def default_weights(num_mib: int = 0, block_mib: int = 4) -> dict[str, torch.Tensor]:

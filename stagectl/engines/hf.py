@@ -31,8 +31,8 @@ from stagectl.models.chat import encode_messages
 from stagectl.models.generate import KvCache, PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
 from stagectl.models.sampling import SamplingSpec
-from stagectl.weightsync.wire import spec_of
 from stagectl.wire.guards import check_context
+from stagectl.wire.protocol import spec_of
 
 
 class _Job:

@@ -34,8 +34,8 @@ from torch.distributed.tensor import DTensor
 
 from stagectl.learner.parts import transformer_blocks
 from stagectl.learner.precision import Precision
-from stagectl.weightsync.wire import TensorStream, dtype_name
-from stagectl.wire.protocol import TensorSpec
+from stagectl.weightsync.wire import TensorStream
+from stagectl.wire.protocol import TensorSpec, dtype_name
 
 
 def shard(model: nn.Module, precision: Precision, device: torch.device, world_size: int) -> None:

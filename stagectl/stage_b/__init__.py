@@ -2,8 +2,8 @@
 
 Pure cores: `tickets` (the data), `guidance` + `guidance_ops` (the rules and their edits), `prompts`,
 `verdict` (the two-line output contract), `selection` (votes), `rows` (a judged ticket's rows), `sharding`,
-`metrics`. Shells: `guidance_store` and `artifacts` (rank-0 files), `engine` (the model interface) with
-`engine_hf`, `engine_server` and `engine_rules`, `reflection` (one reflection step), `judge` (every rank:
+`metrics`. Shells: `guidance_store` and `artifacts` (rank-0 files), `engine` (the `runner.engine` backends' interface) with
+`engine_model`, `engine_server` and `engine_rules`, `reflection` (one reflection step), `judge` (every rank:
 its shard of a global batch), `consumer` (rank 0: writer, store, window, reflection queue) and `runner`
 (`run_all`: start-up checks, then the loop over global batches).
 """

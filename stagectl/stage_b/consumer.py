@@ -11,7 +11,7 @@ from pathlib import Path
 from stagectl.config import StagectlConfig
 from stagectl.console import say
 from stagectl.stage_b import artifacts as art
-from stagectl.stage_b.engine import Engine, candidate_seed
+from stagectl.stage_b.engine import Backend, candidate_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_store import GuidanceStore, utc_now
 from stagectl.stage_b.metrics import MetricsWindow
@@ -23,7 +23,7 @@ from stagectl.stage_b.tickets import Ticket
 
 class Consumer:
     def __init__(
-        self, cfg: StagectlConfig, run_dir: Path, guidance: Guidance, engine: Engine, *, fresh: bool
+        self, cfg: StagectlConfig, run_dir: Path, guidance: Guidance, engine: Backend, *, fresh: bool
     ) -> None:
         assert cfg.mission is not None and cfg.guidance is not None
         self.cfg = cfg

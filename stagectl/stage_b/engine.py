@@ -1,8 +1,8 @@
-"""The Stage-B engine interface: what the loop asks of a model, as a `Protocol`, plus its plain data.
-
-Implementations: `engine_hf.HFEngine` (each rank's own copy of the model), `engine_server.ServerEngine`
+"""What `runner.engine` chooses: the backend the loop asks for answers (`Backend`: `judge` and `reflect`),
+plus its plain data. Implementations: `engine_model.ModelBackend` (each rank's own copy of the model,
+generating through the one inference engine, `engines.interface.Engine`), `engine_server.ServerBackend`
 (rollouts from `stagectl rollout-server`s: it only sends the requests' `messages`) and
-`engine_rules.RulesEngine` (a deterministic rule engine without a model, for dry runs and tests).
+`engine_rules.RulesBackend` (a deterministic rule engine without a model, for dry runs and tests).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ class ReflectRequest:
     messages: list[Message]  # the rendered reflection prompt
 
 
-class Engine(Protocol):
+class Backend(Protocol):
+    """Where the loop's answers come from; the `model` backend runs an inference engine, the others do not."""
+
     def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
         """One answer text per request, in request order."""
         ...

@@ -32,7 +32,7 @@ from stagectl.stage_b.tickets import Ticket
 _RULE = re.compile(r"\b([a-z]+) means fail\b", re.IGNORECASE)
 
 
-class RulesEngine:
+class RulesBackend:
     """The same answers on every rank and every run: a function of ticket, guidance and seed."""
 
     def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:

@@ -16,7 +16,7 @@ from stagectl.stage_b.prompts import Message as ChatMessage
 from stagectl.wire.protocol import InferRequest, Message, RequestConfig, read_token
 
 
-class ServerEngine:
+class ServerBackend:
     def __init__(self, client: RolloutClient) -> None:
         self.client = client
 
@@ -35,7 +35,7 @@ class ServerEngine:
         return [response.choices[0].message.content for response in self.client.infer(requests, config)]
 
 
-def connect_server_engine(server: StageBServerConfig) -> tuple[ServerEngine, str]:
+def connect_server_backend(server: StageBServerConfig) -> tuple[ServerBackend, str]:
     """A client of `runner.server.base_urls`, once every server answers `/health/`."""
     if not server.base_urls:
         raise ValueError(
@@ -54,4 +54,4 @@ def connect_server_engine(server: StageBServerConfig) -> tuple[ServerEngine, str
     except TimeoutError as exc:
         client.close()
         raise ValueError(f"runner.server.base_urls: {exc}") from None
-    return ServerEngine(client), f"rollouts from {', '.join(server.base_urls)}"
+    return ServerBackend(client), f"rollouts from {', '.join(server.base_urls)}"

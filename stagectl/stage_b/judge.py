@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from stagectl.config.stage_b import SamplerConfig
 from stagectl.models.sampling import SamplingSpec
-from stagectl.stage_b.engine import Engine, JudgeRequest, candidate_seed
+from stagectl.stage_b.engine import Backend, JudgeRequest, candidate_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import rollout_messages
 from stagectl.stage_b.rows import Candidate
@@ -14,7 +14,7 @@ from stagectl.stage_b.tickets import Ticket
 
 
 def judge_shard(
-    engine: Engine,
+    engine: Backend,
     tickets: Sequence[Ticket],
     first: int,
     guidance: Guidance,

@@ -14,7 +14,7 @@ from typing import Any
 
 from stagectl.config.stage_b import ReflectionConfig
 from stagectl.models.sampling import SamplingSpec
-from stagectl.stage_b.engine import Engine, ReflectRequest
+from stagectl.stage_b.engine import Backend, ReflectRequest
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_ops import OpsOutcome, apply_operations
 from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages
@@ -44,7 +44,7 @@ def decode_answer(text: str) -> tuple[Any, str | None]:
 
 
 def reflect(
-    engine: Engine,
+    engine: Backend,
     guidance: Guidance,
     records: Sequence[ReflectionRecord],
     cfg: ReflectionConfig,

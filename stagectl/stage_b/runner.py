@@ -26,7 +26,7 @@ from stagectl.config import StagectlConfig, to_plain
 from stagectl.console import say
 from stagectl.files import write_resolved_config
 from stagectl.stage_b.consumer import Consumer
-from stagectl.stage_b.engine import Engine
+from stagectl.stage_b.engine import Backend
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file
 from stagectl.stage_b.judge import judge_shard
@@ -69,7 +69,7 @@ def run_dir_of(cfg: StagectlConfig) -> Path:
     return cfg.output.root / cfg.output.run_name / cfg.mission
 
 
-def run_all(cfg: StagectlConfig, engine: Engine | None = None) -> RunSummary | None:
+def run_all(cfg: StagectlConfig, engine: Backend | None = None) -> RunSummary | None:
     """Run the loop on this rank (world read from torchrun's environment); rank 0 gets the summary."""
     world = dist.read_world()
     dist.init_distributed(world, cfg.launch.watchdog)
@@ -80,7 +80,7 @@ def run_all(cfg: StagectlConfig, engine: Engine | None = None) -> RunSummary | N
             if prepared.error is not None:
                 raise ValueError(prepared.error)
             if engine is None:
-                engine = build_engine(cfg, world)
+                engine = build_backend(cfg, world)
             dist.barrier()  # every rank holds its engine: only now does the run directory get written
         if world.is_main:
             _start_run_dir(cfg, prepared)
@@ -91,20 +91,20 @@ def run_all(cfg: StagectlConfig, engine: Engine | None = None) -> RunSummary | N
         dist.teardown(final_barrier=finished)
 
 
-def build_engine(cfg: StagectlConfig, world: dist.World) -> Engine:
+def build_backend(cfg: StagectlConfig, world: dist.World) -> Backend:
     if cfg.runner.engine == "rules":
-        from stagectl.stage_b.engine_rules import RulesEngine
+        from stagectl.stage_b.engine_rules import RulesBackend
 
-        return RulesEngine()
+        return RulesBackend()
     if cfg.runner.engine == "server":
-        from stagectl.stage_b.engine_server import connect_server_engine
+        from stagectl.stage_b.engine_server import connect_server_backend
 
-        server_engine, note = connect_server_engine(cfg.runner.server)
+        server_engine, note = connect_server_backend(cfg.runner.server)
         say("stage-b", note, every_rank=True)
         return server_engine
-    from stagectl.stage_b.engine_hf import load_hf_engine
+    from stagectl.stage_b.engine_model import load_model_backend
 
-    engine, note = load_hf_engine(cfg, world)
+    engine, note = load_model_backend(cfg, world)
     say("stage-b", note, every_rank=True)
     return engine
 
@@ -157,7 +157,7 @@ class Loop:
     """Epochs of global batches: rank 0 broadcasts the order and the guidance snapshot, every rank judges
     its shard (`judge.judge_shard`), rank 0's `Consumer` takes the gathered candidates in batch order."""
 
-    def __init__(self, cfg: StagectlConfig, world: dist.World, prepared: Prepared, engine: Engine) -> None:
+    def __init__(self, cfg: StagectlConfig, world: dist.World, prepared: Prepared, engine: Backend) -> None:
         assert cfg.mission is not None and prepared.guidance is not None
         self.cfg = cfg
         self.world = world

@@ -24,10 +24,9 @@ from stagectl.weightsync.wire import (
     ST_DTYPES,
     Piece,
     byte_view,
-    dtype_name,
     is_row_span,
 )
-from stagectl.wire.protocol import TensorSpec
+from stagectl.wire.protocol import TensorSpec, dtype_name
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
 from stagectl.weightsync.errors import WeightSyncError
-from stagectl.wire.protocol import TensorSpec
+from stagectl.wire.protocol import TensorSpec, spec_of
 
 ROWS_KEY = "stagectl.rows"
 SPARSE_KEY = "stagectl.sparse"  # JSON list of names sent as values + `<name>@index` (delta only)
@@ -131,16 +131,8 @@ class TensorStream:
 WeightState = Mapping[str, torch.Tensor] | TensorStream  # what a push takes
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def spec_num_bytes(spec: TensorSpec) -> int:
     return spec.num_elements * ELEMENT_SIZES[ST_CODES[spec.dtype]]
-
-
-def spec_of(tensor: torch.Tensor) -> TensorSpec:
-    return TensorSpec(tuple(tensor.shape), dtype_name(tensor.dtype))
 
 
 def digest_hex(*buffers: bytes | memoryview) -> str:

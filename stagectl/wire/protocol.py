@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stagectl.models.sampling import SamplingSpec
+
+if TYPE_CHECKING:
+    import torch
 
 IMAGE_TAG = "<image>"
 LISTENING_PREFIX = "rollout-server: listening on "  # + base URL, printed once the socket listens
@@ -330,6 +333,14 @@ class TensorSpec:
         for dim in self.shape:
             count *= dim
         return count
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def spec_of(tensor: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(tensor.shape), dtype_name(tensor.dtype))
 
 
 def read_token(env_name: str | None, key: str) -> str | None:

@@ -349,7 +349,7 @@ def _slow_infer(module: ModuleType, ms: str) -> None:
 def _raise_in_judge(module: ModuleType, rank: str, batch: str) -> None:
     if os.environ.get("RANK", "0") != rank:
         return
-    cls = module.RulesEngine
+    cls = module.RulesBackend
     original = cls.judge
 
     def judge(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:

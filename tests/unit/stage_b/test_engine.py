@@ -9,7 +9,7 @@ import pytest
 from stagectl.config.stage_b import ReflectionConfig
 from stagectl.models.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, candidate_seed
-from stagectl.stage_b.engine_rules import RulesEngine
+from stagectl.stage_b.engine_rules import RulesBackend
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.metrics import MetricsWindow
 from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages, rollout_messages
@@ -26,7 +26,7 @@ SPEC = SamplingSpec(max_new_tokens=16, temperature=0.7, top_p=0.9)
 
 
 def judge(
-    engine: RulesEngine, ticket: Ticket, guidance: Guidance = G, batch_index: int = 0, seed: int = 4
+    engine: RulesBackend, ticket: Ticket, guidance: Guidance = G, batch_index: int = 0, seed: int = 4
 ) -> str:
     request = JudgeRequest(ticket, guidance, rollout_messages(guidance, ticket, "m"), batch_index)
     return engine.judge([request], SPEC, seed)[0]
@@ -48,7 +48,7 @@ def test_reflection_prompt_lists_records_with_keys_and_labels() -> None:
 
 
 def test_rules_engine_answers_from_the_guidance_it_is_given() -> None:
-    engine = RulesEngine()
+    engine = RulesBackend()
     assert parse_verdict(judge(engine, RED)).verdict == "fail"
     assert parse_verdict(judge(engine, BLUE)).verdict == "pass"
     no_rules = Guidance(0, "", {"G0": "judge"})
@@ -56,7 +56,7 @@ def test_rules_engine_answers_from_the_guidance_it_is_given() -> None:
 
 
 def test_rules_engine_third_state_and_ambiguous_answers() -> None:
-    engine = RulesEngine()
+    engine = RulesBackend()
     unreadable = Ticket("m", "u", "pass", (("image_1", "unreadable blur"),))
     assert parse_verdict(judge(engine, unreadable)).error is not None
     ambiguous = Ticket("m", "a", "pass", (("image_1", "ambiguous shape"),))
@@ -69,7 +69,7 @@ def test_reflect_with_the_rules_engine_adds_a_rule_and_drops_the_unsafe_op() -> 
         ReflectionRecord(GREEN_FAIL, "pass", 1, 0, ()),
         ReflectionRecord(BLUE, "fail", 0, 1, ()),
     ]
-    result = reflect(RulesEngine(), G, records, ReflectionConfig(batch_size=2), "m", 0, "now")
+    result = reflect(RulesBackend(), G, records, ReflectionConfig(batch_size=2), "m", 0, "now")
     out = result.outcome
     assert result.decode_error is None and out.changed
     assert out.guidance.experiences["G2"] == "green means fail" and out.guidance.step == 1

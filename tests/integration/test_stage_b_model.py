@@ -1,4 +1,4 @@
-"""The HF engine with the tiny model, in process: judge and reflect answer text, seeded reproducibly."""
+"""The model backend (the hf engine) with the tiny model, in process: judge and reflect answer text, seeded reproducibly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from stagectl.config import load_config
 from stagectl.dist import World
 from stagectl.models.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
-from stagectl.stage_b.engine_hf import load_hf_engine
+from stagectl.stage_b.engine_model import load_model_backend
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import ReflectionRecord, reflection_messages, rollout_messages
 from stagectl.stage_b.tickets import Ticket
@@ -18,9 +18,9 @@ TICKETS = [
 ]
 
 
-def test_hf_engine_judges_and_reflects() -> None:
+def test_the_model_backend_judges_and_reflects() -> None:
     cfg = load_config(None, ["model.device_map=auto"])
-    engine, note = load_hf_engine(cfg, World(rank=0, local_rank=0, world_size=1))
+    engine, note = load_model_backend(cfg, World(rank=0, local_rank=0, world_size=1))
     assert "on cpu" in note and "device_map='auto' ignored" in note
     requests = [JudgeRequest(t, G, rollout_messages(G, t, "m"), 0) for t in TICKETS]
     spec = SamplingSpec(temperature=1.0, top_p=0.9, max_new_tokens=6)
