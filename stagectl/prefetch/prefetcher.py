@@ -8,8 +8,9 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   (split into requests of `rollout_decode_batch_size` sent together; a first request for the whole
   estimated need, then top-ups only while the estimate ran high, at most `MAX_ROUNDS` requests; rounded
   up to whole batches only when pacing wants a next burst of the same version, which takes what does not
-  fit, and never down: `pacing.request_size`), and packs the burst's segments into that many packs at once (`packing.pack_into`: as
-  even as possible, each at most `packing_length`). One request and the grouping into packs are
+  fit, and never down: `pacing.request_size`), and packs the burst's segments into that many packs at
+  once (`packing.pack_into`: as even as possible, or the fullest subsets where not all fit; each at most
+  `packing_length`). One request and the grouping into packs are
   `prefetch.bursts`. A burst never makes more packs than pacing asked for: segments that
   fit nowhere (rollouts came out longer than estimated) start the next burst if the version has not
   moved, else they are dropped and counted. Nothing else is held back, so neither a version change nor
