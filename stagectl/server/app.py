@@ -1,6 +1,8 @@
 """The rollout server's HTTP layer: FastAPI routes over a `RolloutService`, the bearer-token check (every
 route but `/health/`), the request-size limit, the request-body deadline and the structured access log.
-Endpoints are in `wire/protocol.py` and `weightsync/protocol.py`; the guards themselves in `guards.py`."""
+Endpoints are in `wire/protocol.py` and `weightsync/protocol.py`; each weight-sync transport brings its own
+routes (`weightsync/{http,collective,disk}_routes.py`), mounted when the service built its receiver; the guards
+themselves are in `wire/guards.py`."""
 
 from __future__ import annotations
 
@@ -12,31 +14,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagectl.server.service import BadRequest, RolloutService
-from stagectl.weightsync.collective import GroupError, GroupInfo, GroupReceiver
-from stagectl.weightsync.disk import DiskReceiver
+from stagectl.weightsync import collective_routes, disk_routes, http_routes
 from stagectl.weightsync.errors import WeightSyncError, status_of
 from stagectl.weightsync.gate import WrongVersion
-from stagectl.weightsync.http import HttpReceiver
-from stagectl.weightsync.protocol import (
-    WEIGHT_CHUNK_PATH,
-    AbortBody,
-    ChunkQuery,
-    ChunkResponse,
-    CommitBody,
-    DiskSyncBody,
-    GroupFinishBody,
-    GroupInitBody,
-    GroupStartBody,
-    SyncResponse,
-)
+from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, AbortBody
 from stagectl.weightsync.stream import WeightStreamServer
 from stagectl.wire.guards import (
     BodyBudget,
@@ -73,25 +62,6 @@ def _service(request: Request) -> RolloutService:
     return service
 
 
-# A transport's routes are mounted only where the service built its receiver (`weight_transports`).
-def _http(request: Request) -> HttpReceiver:
-    receiver = _service(request).http
-    assert receiver is not None
-    return receiver
-
-
-def _collective(request: Request) -> GroupReceiver:
-    receiver = _service(request).collective
-    assert receiver is not None
-    return receiver
-
-
-def _disk(request: Request) -> DiskReceiver:
-    receiver = _service(request).disk
-    assert receiver is not None
-    return receiver
-
-
 # Handlers below are `async def` unless they block: FastAPI runs plain `def` handlers (and dependencies) on
 # one shared thread pool, which concurrent /infer/ calls can fill while they wait on the engine; health,
 # version and stats answers and weight syncs must not queue behind them. Weight operations run on the
@@ -118,16 +88,11 @@ async def require_token_unless_open_infer(request: Request) -> None:
         await require_token(request)
 
 
-# The dependency sits on the router, so no protected route can forget it; `/health/` alone is outside.
+# The dependency sits on the router, so no protected route can forget it; `/health/` alone is outside. Each
+# weight-sync transport brings its own routes (`weightsync.*_routes`), mounted behind the same dependency.
 health_router = APIRouter()
 swift_router = APIRouter(dependencies=[Depends(require_token_unless_open_infer)])
 router = APIRouter(dependencies=[Depends(require_token)])
-# one router per weight-sync transport: the app mounts those whose receiver the service built (the
-# transports in `ServerSettings.weight_transports`), no other
-weight_routers = {
-    transport: APIRouter(dependencies=[Depends(require_token)])
-    for transport in ("http", "collective", "disk")
-}
 
 
 @health_router.get("/health/")
@@ -156,74 +121,9 @@ def infer(body: InferBody, request: Request) -> list[RolloutItem]:
     return [RolloutItem.of(response) for response in _service(request).infer(body)]
 
 
-@weight_routers["http"].post(WEIGHT_CHUNK_PATH)
-async def update_weights(request: Request, query: Annotated[ChunkQuery, Query()]) -> ChunkResponse:
-    # The body is streamed into the staging as it arrives (checked, hashed and copied once per piece on
-    # the event loop: a memcpy and an XXH3 pass over at most a socket read), never gathered whole.
-    sync = _http(request)
-    try:
-        receiver = await _weight_call(
-            request,
-            sync.begin_chunk,
-            query.sync_id,
-            query.chunk_index,
-            query.digest,
-            query.version,
-            query.base_version,
-        )
-    except WeightSyncError:
-        # Refused before its body was read (e.g. a delta against another base: 409). Drain the body (no copy)
-        # so the answer goes out on a connection the client can keep using, never onto a half-read request.
-        async for _ in request.stream():
-            pass
-        raise
-    finished = False
-    try:
-        async for data in request.stream():
-            receiver.feed(data)
-        finished = True
-    finally:
-        if not finished:
-            await _weight_call(request, sync.fail_chunk, receiver, "the chunk's body did not arrive whole")
-    num = await _weight_call(request, sync.finish_chunk, receiver)
-    return ChunkResponse(sync_id=query.sync_id, chunk_index=query.chunk_index, num_tensors=num)
-
-
-@weight_routers["http"].post("/update_weights/commit/")
-async def commit(body: CommitBody, request: Request) -> SyncResponse:
-    return await _weight_call(request, _http(request).commit, body.sync_id, body.version, body.num_chunks)
-
-
 @router.post("/update_weights/abort/")
 async def abort(body: AbortBody, request: Request) -> dict[str, bool]:
     return {"aborted": await _weight_call(request, _service(request).sync.abort, body.sync_id)}
-
-
-@weight_routers["collective"].post("/update_weights/group/init/")
-async def group_init(body: GroupInitBody, request: Request) -> dict[str, int]:
-    info = GroupInfo(body.master_address, body.master_port, body.rank, body.world_size, body.timeout_s)
-    try:
-        await _weight_call(request, _collective(request).group_init, info)
-    except GroupError as exc:
-        raise HTTPException(400, str(exc)) from None
-    return {"rank": body.rank}
-
-
-@weight_routers["collective"].post("/update_weights/group/start/")
-async def group_start(body: GroupStartBody, request: Request) -> dict[str, str]:
-    tensors = [(t.name, t.dtype, tuple(t.shape)) for t in body.tensors]
-    await _weight_call(request, _collective(request).group_start, body.sync_id, body.version, tensors)
-    return {"sync_id": body.sync_id}
-
-
-@weight_routers["collective"].post("/update_weights/group/finish/")
-async def group_finish(body: GroupFinishBody, request: Request) -> SyncResponse:
-    return await _weight_call(request, _collective(request).group_finish, body.sync_id, body.version)
-
-
-@weight_routers["disk"].post("/update_weights/from_disk/")
-async def from_disk(body: DiskSyncBody, request: Request) -> SyncResponse:
-    return await _weight_call(request, _disk(request).load_from_disk, body.path, body.version)
 
 
 def _wrong_version(request: Request, exc: Exception) -> JSONResponse:
@@ -354,13 +254,20 @@ def build_app(service: RolloutService) -> FastAPI:
     app.state.weight_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-sync")
     for routes in (health_router, swift_router, router):
         app.include_router(routes)
-    for transport, receiver in (
-        ("http", service.http),
-        ("collective", service.collective),
-        ("disk", service.disk),
-    ):
-        if receiver is not None:  # the configured transports' receivers and routes only
-            app.include_router(weight_routers[transport])
+
+    async def off_loop(func: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            app.state.weight_executor, functools.partial(func, *args)
+        )
+
+    # the configured transports' receivers and routes only (`ServerSettings.weight_transports`)
+    token = [Depends(require_token)]
+    if service.http is not None:
+        app.include_router(http_routes.routes(service.http, off_loop), dependencies=token)
+    if service.collective is not None:
+        app.include_router(collective_routes.routes(service.collective, off_loop), dependencies=token)
+    if service.disk is not None:
+        app.include_router(disk_routes.routes(service.disk, off_loop), dependencies=token)
     for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
     app.add_exception_handler(TooManyRequests, _too_many_requests)
