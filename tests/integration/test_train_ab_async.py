@@ -61,11 +61,13 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
     )
     assert 0 < last["stage2_ab/async/rollout_request_s"] <= last["stage2_ab/async/prefetch_busy_s"]
     assert last["stage2_ab/async/drop_oldest_total"] == 0  # pacing never overfills the queue
-    # one ready pack per micro-step, filled by tokens; a burst cut short by a waiting sync packs its first
-    # request only (0.8 of the estimated need), so its packs may be less full
-    floor = 0.8 if last["stage2_ab/async/bursts_cut_short_total"] == 0 else 0.6
-    for r in (r for r in rows if r["kind"] == "B"):
-        assert r["packing/fill"] >= floor
+    # one ready pack per micro-step, filled by tokens: a burst's first request asks for its whole need, so
+    # a burst cut short by a sync still fills its packs (B fill 0.92-0.94 a run; 0.74-0.77 when it asked for
+    # 80% of the need rounded down to whole batches); every B row logs it as packing/b_fill
+    b_fills = [r["packing/b_fill"] for r in rows if r["kind"] == "B"]
+    assert b_fills == [r["packing/fill"] for r in rows if r["kind"] == "B"]
+    assert min(b_fills) >= 0.8 and sum(b_fills) / len(b_fills) >= 0.85
+    assert all("packing/b_fill" not in r for r in rows if r["kind"] == "A")
     assert (out / "rollout_server.log").read_text().count('"path": "/infer/"') > 0
     assert synced[0]["weight_sync/delta"] == 0  # nothing pushed before: full
     assert all(r["weight_sync/delta"] == 1 for r in synced[1:])
