@@ -49,7 +49,17 @@ from typing import Any
 
 import yaml
 
-from bench.learning_jobs import A_ONLY_FACTOR, ROOT, Job, Sizes, phase2_overrides, run_jobs, train_argv
+from bench.learning_jobs import (
+    A_ONLY_FACTOR,
+    AB_VARIANTS,
+    ROOT,
+    Job,
+    Sizes,
+    phase2_overrides,
+    run_jobs,
+    slug,
+    train_argv,
+)
 
 CONFIG = ROOT / "examples" / "tiny" / "learn_shapes.yaml"
 PLOTS = Path(__file__).parent / "plots"
@@ -65,30 +75,6 @@ TASKS: dict[str, dict[str, Any]] = {
         "side_fraction": [0.2, 0.3],
         "max_new_tokens": 320,
     },
-}
-# Channel-B variants screened (one seed, `SCREEN_B_RATIO`, every task), each the overrides beside b_ratio;
-# the best two by class-aware AP go on to the b_ratio sweep (`SWEEP_B_RATIOS`, `sizes.seeds` seeds).
-AB_VARIANTS: dict[str, list[str]] = {
-    "raw_prefix": ["stage2_ab.channel_b.target=raw_prefix"],
-    "clean_prefix": ["stage2_ab.channel_b.target=clean_prefix"],
-    "clean_prefix desc_matched": [
-        "stage2_ab.channel_b.target=clean_prefix",
-        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
-    ],
-    "reordered_gt desc_matched": [
-        "stage2_ab.channel_b.target=reordered_gt",
-        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
-    ],
-    "reordered_gt desc_matched unmasked": [
-        "stage2_ab.channel_b.target=reordered_gt",
-        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
-        "stage2_ab.channel_b.mask_correct_matched_desc=false",
-    ],
-    "clean_prefix greedy_iou desc_gated": [
-        "stage2_ab.channel_b.target=clean_prefix",
-        "stage2_ab.channel_b.match.assignment=greedy_iou",
-        "stage2_ab.channel_b.match.desc_gated=true",
-    ],
 }
 SCREEN_B_RATIO = 0.25
 SWEEP_B_RATIOS = (0.05, 0.1, 0.25, 0.5)
@@ -135,10 +121,6 @@ def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
     config["custom"]["extra"]["rollout_matching"]["max_new_tokens"] = spec["max_new_tokens"]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def slug(variant: str) -> str:
-    return variant.replace(" ", "_")
 
 
 def run_name(task: str, variant: str, b_ratio: float, seed: int) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.learning_jobs import AB_VARIANTS, slug
 from stagectl.report.ap_intervals import image_draws, interval, load_run_ap, resampled_ap, seed_means
 from stagectl.report.compare import RunEval, load_run
 from stagectl.report.intervals import Interval, counts_from_row, difference_intervals, variant_intervals
@@ -45,7 +46,8 @@ def parse_name(task: str, name: str) -> tuple[str, float, int] | None:
     found = re.fullmatch(rf"{re.escape(task)}-(.+?)(?:-b([0-9.]+))?-seed(\d+)", name)
     if found is None:
         return None
-    variant = found.group(1).replace("_", " ") if found.group(2) else found.group(1)
+    names = {slug(v): v for v in AB_VARIANTS}
+    variant = names.get(found.group(1), found.group(1)) if found.group(2) else found.group(1)
     return variant, float(found.group(2) or 0), int(found.group(3))
 
 

@@ -15,6 +15,37 @@ ROOT = Path(__file__).parents[1]
 A_ONLY_FACTOR = 2  # A-only phase-2 runs this many times the steps (for the equal-wall-time comparison)
 
 
+# Channel-B variants screened (one seed, `SCREEN_B_RATIO`, every task), each the overrides beside b_ratio;
+# the best two by class-aware AP go on to the b_ratio sweep (`SWEEP_B_RATIOS`, `sizes.seeds` seeds).
+AB_VARIANTS: dict[str, list[str]] = {
+    "raw_prefix": ["stage2_ab.channel_b.target=raw_prefix"],
+    "clean_prefix": ["stage2_ab.channel_b.target=clean_prefix"],
+    "clean_prefix desc_matched": [
+        "stage2_ab.channel_b.target=clean_prefix",
+        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
+    ],
+    "reordered_gt desc_matched": [
+        "stage2_ab.channel_b.target=reordered_gt",
+        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
+    ],
+    "reordered_gt desc_matched unmasked": [
+        "stage2_ab.channel_b.target=reordered_gt",
+        "stage2_ab.channel_b.desc_ce_weight_matched=1.0",
+        "stage2_ab.channel_b.mask_correct_matched_desc=false",
+    ],
+    "clean_prefix greedy_iou desc_gated": [
+        "stage2_ab.channel_b.target=clean_prefix",
+        "stage2_ab.channel_b.match.assignment=greedy_iou",
+        "stage2_ab.channel_b.match.desc_gated=true",
+    ],
+}
+
+
+def slug(variant: str) -> str:
+    """A variant's name in run dir names (`bench.bench_learning.run_name`)."""
+    return variant.replace(" ", "_")
+
+
 @dataclass(frozen=True)
 class Sizes:
     tasks: tuple[str, ...]

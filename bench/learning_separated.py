@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from bench import document
-from bench.learning_jobs import A_ONLY_FACTOR, Job, Sizes, phase2_overrides, run_jobs, train_argv
+from bench.learning_jobs import A_ONLY_FACTOR, AB_VARIANTS, Job, Sizes, phase2_overrides, run_jobs, train_argv
 
 AB = "AB async separated"
 A2 = "A-only 2 cores"
@@ -65,8 +65,6 @@ def two_cores() -> tuple[int, int]:
 
 def variant_overrides(cores: tuple[int, int], arm: tuple[str, float] = DEFAULT_ARM) -> dict[str, list[str]]:
     """Each separated variant's overrides on top of the phase-2 ones (`arm`: the AB variant and b_ratio)."""
-    from bench.bench_learning import AB_VARIANTS
-
     learner, server = cores
     variant, b_ratio = arm
     return {
@@ -184,8 +182,6 @@ def reanalyse(out: Path, sizes: Sizes) -> dict[str, Any] | None:
 
 def _variant_of(cb: dict[str, Any]) -> str:
     """The AB_VARIANTS name whose overrides give this channel_b section (as written to config.yaml)."""
-    from bench.bench_learning import AB_VARIANTS
-
     for name, overrides in AB_VARIANTS.items():
         wanted = dict(item.removeprefix("stage2_ab.channel_b.").split("=", 1) for item in overrides)
         values = {

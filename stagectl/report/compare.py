@@ -19,7 +19,6 @@ import numpy as np
 import yaml
 
 from stagectl.report.intervals import (
-    METRICS,
     Interval,
     counts_from_row,
     difference_intervals,
@@ -95,6 +94,9 @@ class VariantRow:
     metrics: dict[str, Interval]
     per_seed_f1: list[float]
     vs_baseline: dict[str, Interval] | None  # None for the baseline itself or when there is none
+    # class-aware COCO AP and its difference to the baseline, when every run wrote its eval predictions
+    ap: Interval | None = None
+    ap_vs_baseline: Interval | None = None
 
 
 def group(runs: Sequence[RunEval]) -> dict[str, list[RunEval]]:
@@ -127,7 +129,56 @@ def compare_at(
             diff = difference_intervals(counts[name], counts[baseline])
         steps = {step_of[r.path] for r in members}
         rows.append(VariantRow(name, len(members), max(steps), variant_intervals(counts[name]), f1s, diff))
-    return rows
+    return _with_ap(rows, groups, step_of, baseline)
+
+
+AP_RESAMPLES = 200
+
+
+def _with_ap(
+    rows: list[VariantRow], groups: dict[str, list[RunEval]], step_of: dict[Path, int], baseline: str
+) -> list[VariantRow]:
+    """`rows` with AP intervals (`stagectl.report.ap_intervals`, one image draw shared by every run), when
+    every run has `eval_predictions.jsonl` (runs from before it keep AP out of the table)."""
+    from dataclasses import replace
+
+    from stagectl.report.ap_intervals import (
+        PREDICTIONS_FILE,
+        image_draws,
+        interval,
+        load_run_ap,
+        resampled_ap,
+        seed_means,
+    )
+
+    runs = [r for members in groups.values() for r in members]
+    if not all((r.path / PREDICTIONS_FILE).is_file() for r in runs):
+        return rows
+    loaded = {r.path: load_run_ap(r.path, step_of[r.path]) for r in runs}
+    sizes = {len(a.image_ids) for a in loaded.values()}
+    if len(sizes) != 1:
+        return rows
+    draws = image_draws(sizes.pop(), AP_RESAMPLES)
+    everything = np.arange(draws.shape[1])
+    observed = {path: a.ap(everything) for path, a in loaded.items()}
+    boot = {path: resampled_ap(a, draws) for path, a in loaded.items()}
+    rng = np.random.default_rng(1)
+    per_group = {
+        name: (
+            float(np.mean([observed[r.path] for r in members])),
+            seed_means([boot[r.path] for r in members], rng),
+        )
+        for name, members in groups.items()
+    }
+    out = []
+    for row in rows:
+        value, samples = per_group[row.variant]
+        delta = None
+        if baseline in per_group and row.variant != baseline:
+            base_value, base_samples = per_group[baseline]
+            delta = interval(value - base_value, samples - base_samples)
+        out.append(replace(row, ap=interval(value, samples), ap_vs_baseline=delta))
+    return out
 
 
 def compare(runs: Sequence[RunEval], step: int | None = None) -> tuple[int, list[VariantRow]]:
@@ -140,25 +191,44 @@ def compare(runs: Sequence[RunEval], step: int | None = None) -> tuple[int, list
 
 
 def _ci(iv: Interval, signed: bool = False) -> str:
+    if np.isnan(iv.value):  # eval rows from before the desc-aware counter
+        return "—"
     sign = "+" if signed else ""
     return f"{iv.value:{sign}.3f} [{iv.low:{sign}.3f}, {iv.high:{sign}.3f}]"
 
 
 def render_table(rows: Sequence[VariantRow]) -> list[str]:
-    """Markdown: each metric with its 95% interval, then F1 minus the baseline's (paired on images)."""
-    lines = [
-        "| variant | seeds | step | F1 | precision | recall | invalid rollouts | duplicate rate | ΔF1 vs A-only | F1 per seed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    """Markdown: each metric with its 95% interval, then AP and F1 minus the baseline's (paired on images).
+    F1 is box-only (class-agnostic, IoU 0.5); F1 desc counts a hit only with the right desc; desc accuracy
+    is the share of box hits whose desc is right (docs/evaluation.md). AP columns when the runs wrote their
+    eval predictions."""
+    with_ap = all(r.ap is not None for r in rows)
+    head = ["variant", "seeds", "step"]
+    head += ["AP", "ΔAP vs A-only"] if with_ap else []
+    head += [
+        "F1 box",
+        "F1 desc",
+        "desc accuracy",
+        "precision",
+        "recall",
+        "invalid rollouts",
+        "duplicate rate",
     ]
+    head += ["ΔF1 vs A-only", "F1 per seed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [_ci(r.metrics[m]) for m in METRICS]
-        f1, precision, recall, invalid, dup = cells
-        delta = _ci(r.vs_baseline["f1"], signed=True) if r.vs_baseline else "—"
-        seeds = " ".join(f"{v:.3f}" for v in r.per_seed_f1)
-        lines.append(
-            f"| {r.variant} | {r.num_seeds} | {r.step} | {f1} | {precision} | {recall} | {invalid} | {dup} | "
-            f"{delta} | {seeds} |"
-        )
+        m = r.metrics
+        cells = [r.variant, str(r.num_seeds), str(r.step)]
+        if with_ap:
+            assert r.ap is not None
+            cells += [_ci(r.ap), _ci(r.ap_vs_baseline, signed=True) if r.ap_vs_baseline else "—"]
+        cells += [
+            _ci(m[k])
+            for k in ("f1", "f1_desc", "desc_accuracy", "precision", "recall", "invalid_rate", "dup_rate")
+        ]
+        cells.append(_ci(r.vs_baseline["f1"], signed=True) if r.vs_baseline else "—")
+        cells.append(" ".join(f"{v:.3f}" for v in r.per_seed_f1))
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

@@ -310,14 +310,35 @@ def write_ablation_run(path: Path, b_ratio: float, target: str, seed: int, hits:
         "stage2_ab": {"schedule": {"b_ratio": b_ratio}, "channel_b": {"target": target}},
     }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
-    fields = ["n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup"]
+    fields = ["n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup", "n_matched_desc"]
     evals = []
     for step in (2, 4):
-        per_image = [[2, 2, h, 0, 0, 0] for h in hits]
+        per_image = [[2, 2, h, 0, 0, 0, min(h, 1)] for h in hits]  # one hit per image has the right desc
         matched = sum(hits)
         f1 = matched / (2 * len(hits))
         evals.append({"step": step, "f1": f1, "per_image_fields": fields, "per_image": per_image})
     write_jsonl(path / "eval.jsonl", evals)
+    # the scored predictions train-ab writes beside them: a hit is the GT box itself, a miss lands elsewhere
+    images, anns, preds = [], [], []
+    for image_id, h in enumerate(hits, start=1):
+        images.append({"id": image_id, "width": 100, "height": 100, "file_name": f"{image_id}.png"})
+        for k in range(2):
+            box = [10.0 + 40 * k, 10.0, 30.0, 30.0]
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": image_id,
+                    "category_id": 1,
+                    "bbox": box,
+                    "area": 900.0,
+                    "iscrowd": 0,
+                }
+            )
+            guess = box if k < h else [70.0, 70.0, 20.0, 20.0]
+            preds.append({"image_id": image_id, "category_id": 1, "bbox": guess, "score": 0.9 - 0.1 * k})
+    gt = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "red circle"}]}
+    (path / "eval_gt.coco.json").write_text(json.dumps(gt))
+    write_jsonl(path / "eval_predictions.jsonl", [{"step": s, "predictions": preds} for s in (2, 4)])
     write_jsonl(path / "metrics.jsonl", [{"step": s, "kind": "A", "time/step_s": 0.5} for s in range(4)])
 
 
@@ -334,8 +355,17 @@ def test_report_compares_several_runs_with_intervals(tmp_path: Path) -> None:
     text = (out / "comparison.md").read_text()
     a_row = next(line for line in text.splitlines() if line.startswith("| A-only |"))
     ab_row = next(line for line in text.splitlines() if line.startswith("| AB b=0.5 clean_prefix |"))
-    assert "| 2 | 4 | 0.625 [" in a_row  # two seeds, compared at the last common eval step
-    assert "| 2 | 4 | 0.875 [" in ab_row and "+0.250 [" in ab_row
+    header = next(line for line in text.splitlines() if line.startswith("| variant |"))
+    assert "| AP | ΔAP vs A-only | F1 box | F1 desc | desc accuracy |" in header
+    a_cells = [c.strip() for c in a_row.strip("|").split("|")]
+    ab_cells = [c.strip() for c in ab_row.strip("|").split("|")]
+    assert a_cells[1:3] == ["2", "4"]  # two seeds, compared at the last common eval step
+    assert a_cells[5].startswith("0.625 [") and ab_cells[5].startswith("0.875 [")  # F1 box
+    assert ab_cells[-2].startswith("+0.250 [")  # ΔF1, paired on images
+    assert a_cells[7].startswith("0.800 [") and ab_cells[7].startswith(
+        "0.571 ["
+    )  # desc accuracy: 1 of 1.25 / 1.75
+    assert float(ab_cells[4].split()[0]) > 0 and a_cells[4] == "—"  # ΔAP: AB finds more boxes
     with Image.open(out / "comparison_f1.png") as image:
         assert image.size[0] >= 400
     assert "A-only" in result.stdout

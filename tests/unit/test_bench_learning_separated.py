@@ -12,7 +12,7 @@ import pytest
 
 from bench import bench_learning, learning_separated
 from bench.learning_separated import A2, AB
-from bench.markdown import learning
+from bench.markdown_learning import learning_section as learning
 from bench.markdown_learning import separated_section
 from stagectl.config.loader import load_config
 
@@ -51,6 +51,36 @@ def test_separated_runs_validate_against_the_schema_pinned_as_described(tmp_path
     assert a2.stage2_ab is not None and a2.stage2_ab.schedule.b_ratio == 0
     assert a2.launch.cpus == [learner, server] and a2.rollout_server.cpus is None
     assert a2.training.max_steps == bench_learning.A_ONLY_FACTOR * sizes.phase2_steps
+    # the arm the confirmation chose: its variant's keys and its b_ratio
+    arm = ("reordered_gt desc_matched unmasked", 0.1)
+    [chosen, _, *_] = learning_separated.separated_jobs(
+        "dense", config, checkpoint, sizes, tmp_path, (learner, server), arm
+    )
+    cfg = load_config(config, _overrides(chosen.argv))
+    assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio == 0.1
+    cb = cfg.stage2_ab.channel_b
+    assert (cb.target, cb.desc_ce_weight_matched, cb.mask_correct_matched_desc) == (
+        "reordered_gt",
+        1.0,
+        False,
+    )
+    assert cb.mode == "async"
+
+
+def test_choose_arm_takes_the_best_mean_delta_at_equal_training_time() -> None:
+    def row(variant: str, b: float, d: float) -> dict[str, Any]:
+        return {
+            "variant": variant,
+            "b_ratio": b,
+            "wall": {"d_AP": {"value": d, "low": d - 0.01, "high": d + 0.01}},
+        }
+
+    tasks = {
+        "sparse": {"confirm": [{"variant": "A-only"}, row("x", 0.1, 0.02), row("y", 0.25, 0.03)]},
+        "dense": {"confirm": [{"variant": "A-only"}, row("x", 0.1, 0.02), row("y", 0.25, -0.02)]},
+    }
+    assert learning_separated.choose_arm(tasks) == ("x", 0.1)  # y's mean is 0.005
+    assert learning_separated.choose_arm({}) == learning_separated.DEFAULT_ARM
 
 
 def test_separated_phase_runs_one_job_at_a_time_on_the_first_two_cores(
@@ -68,7 +98,7 @@ def test_separated_phase_runs_one_job_at_a_time_on_the_first_two_cores(
     sizes = bench_learning.FULL
     configs = {t: tmp_path / f"{t}.yaml" for t in sizes.tasks}
     part = learning_separated.run_phase(
-        configs, {t: tmp_path / t for t in sizes.tasks}, sizes, tmp_path, tmp_path
+        configs, {t: tmp_path / t for t in sizes.tasks}, sizes, tmp_path, tmp_path, tasks=("sparse", "dense")
     )
 
     assert part["cores"] == [3, 5]
@@ -77,8 +107,12 @@ def test_separated_phase_runs_one_job_at_a_time_on_the_first_two_cores(
     assert part["tasks"] == {"sparse": {"task": "sparse"}, "dense": {"task": "dense"}}
 
     (tmp_path / "sep-dense-A-only_2_cores-seed1").mkdir()
-    with pytest.raises(ValueError, match="already holds separated runs \\(sep-dense-A-only_2_cores-seed1\\)"):
+    with pytest.raises(
+        ValueError, match="already holds unfinished separated runs \\(sep-dense-A-only_2_cores-seed1\\)"
+    ):
         learning_separated.refuse_existing(tmp_path, sizes)
+    (tmp_path / "sep-dense-A-only_2_cores-seed1" / "final_state.json").write_text("{}")
+    learning_separated.refuse_existing(tmp_path, sizes)  # a finished run is kept, not run again
     learning_separated.refuse_existing(tmp_path / "elsewhere", sizes)
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
