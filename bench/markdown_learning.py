@@ -275,6 +275,30 @@ def learning_section(r: dict[str, Any]) -> list[str]:
             "",
             *task_reading(task, t),
             "",
+        ]
+        if not t.get("phase2_run", True):
+            c = t["stage1"].get("counts") or {}
+            lines += [
+                "Phase 2 was not run on this task in the recorded check: the Stage-1 checkpoint does not localise "
+                f"its objects (recall {c.get('recall', float('nan')):.3f}, precision "
+                f"{c.get('precision', float('nan')):.3f} at IoU 0.5, {c.get('n_pred')} predictions for "
+                f"{c.get('n_gt')} objects), so there is no detector for Channel-B to improve at this budget; "
+                "its Stage-1 row:",
+                "",
+                *table(
+                    [
+                        {
+                            "variant": "Stage-1 checkpoint",
+                            "b_ratio": 0,
+                            "seeds": 1,
+                            "metrics": t["stage1"]["metrics"],
+                        }
+                    ]
+                ),
+                "",
+            ]
+            continue
+        lines += [
             "**Stage-1 checkpoint and the phase-2 protocol** (ΔAP etc. against the Stage-1 checkpoint):",
             "",
             *table(
