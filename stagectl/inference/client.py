@@ -66,7 +66,7 @@ __all__ = [  # the request helpers are re-exported: callers need one import for 
     "to_generation",
 ]
 
-log = logging.getLogger("stagectl.rollout.client")
+log = logging.getLogger("stagectl.rollout.client")  # the name from before the move: log filters keep working
 _ITEMS = TypeAdapter(list[Any])  # each item read by `read_answer_item` (either swift shape)
 
 

@@ -49,6 +49,7 @@ from stagectl.wire.protocol import (
 
 ACCESS_LOGGER = "stagectl.rollout.access"
 STOPPED_LINE = "rollout-server: stopped (in-flight requests answered, engine closed)"
+# the logger names from before the move to stagectl/server/: log filters keep working
 log = logging.getLogger("stagectl.rollout.server.app")
 access_log = logging.getLogger(ACCESS_LOGGER)
 CLOSE = {"Connection": "close"}  # on 408/413 the rest of the body is not read: end the connection
