@@ -39,7 +39,7 @@ def main() -> None:
         from bench.bench_learning import run as run_learning
 
         result = run_learning(quick=True, out_dir=args.out)
-        print(json.dumps({task: r["table"] for task, r in result["tasks"].items()}, indent=2))
+        print("\n".join(result["reading"]))
         return
     names = [n for n in (args.names or MODULES) if n not in args.skip]
     RESULTS.mkdir(parents=True, exist_ok=True)
