@@ -246,6 +246,12 @@ def analyse(out: Path, quick: bool = False) -> dict[str, Any]:
     return tasks
 
 
+def wall_deltas(out: Path, task: str, phase2_steps: int) -> dict[tuple[str, float], float]:
+    from bench import learning_analysis
+
+    return learning_analysis.wall_deltas(out, task, phase2_steps)
+
+
 def reading(tasks: dict[str, Any]) -> list[str]:
     from bench import learning_analysis
 
@@ -333,7 +339,9 @@ def run(
         tasks = analyse(out, quick) if one_core else {}
         extra: dict[str, Any] = {}
         if with_separated:
-            arm = learning_separated.choose_arm(tasks or analyse(out, quick))
+            arm = learning_separated.choose_arm_from(
+                {t: wall_deltas(out, t, sizes.phase2_steps) for t in sizes.tasks}
+            )
             print(f"   separated phase: {arm[0]} at b_ratio {arm[1]:g}", flush=True)
             part = learning_separated.run_phase(
                 configs,

@@ -301,3 +301,23 @@ def overall_reading(tasks: dict[str, dict[str, Any]]) -> list[str]:
         + (f"met ({', '.join(above_stage1)})." if above_stage1 else "not met on any task.")
     )
     return lines
+
+
+def wall_deltas(out: Path, task: str, phase2_steps: int) -> dict[tuple[str, float], float]:
+    """Per confirmed (variant, b_ratio) group: its mean class-aware AP at `phase2_steps` minus A-only's read
+    at equal training time, from the eval rows alone (the observed value of the confirmation's `wall` ΔAP,
+    without the bootstrap: what the separated phase needs to choose its arm)."""
+    runs = finished_runs(out, task)
+    a_all = [r for r in runs if r.variant == "A-only" and phase2_steps in r.eval.evals]
+    groups: dict[tuple[str, float], list[Run]] = {}
+    for run in runs:
+        if not run.variant.startswith("A-only") and phase2_steps in run.eval.evals:
+            groups.setdefault((run.variant, run.b_ratio), []).append(run)
+    out_deltas = {}
+    for key, members in groups.items():
+        if len(members) < 2 or not a_all:
+            continue
+        wall = float(np.mean([r.eval.train_s_at.get(phase2_steps, float("nan")) for r in members]))
+        a_ap = np.mean([float(row["AP"]) for _, row, _ in _wall_read(a_all, wall)])
+        out_deltas[key] = float(np.mean([float(r.eval.evals[phase2_steps]["AP"]) for r in members]) - a_ap)
+    return out_deltas

@@ -42,11 +42,23 @@ DEFAULT_ARM = ("clean_prefix", 0.5)  # before a confirmation chose one (the chec
 def choose_arm(tasks: dict[str, Any]) -> tuple[str, float]:
     """(variant, b_ratio) of the confirmed AB group with the best mean class-aware ΔAP vs A-only at equal
     training time over the tasks that ran it (`bench.learning_analysis` rows, JSON form)."""
+    per_task = {
+        task: {
+            (row["variant"], row["b_ratio"]): row["wall"]["d_AP"]["value"]
+            for row in t.get("confirm", [])[1:]
+            if row.get("wall")
+        }
+        for task, t in tasks.items()
+    }
+    return choose_arm_from(per_task)
+
+
+def choose_arm_from(per_task: dict[str, dict[tuple[str, float], float]]) -> tuple[str, float]:
+    """The same choice from per-task {(variant, b_ratio): ΔAP at equal training time} (DEFAULT_ARM if none)."""
     deltas: dict[tuple[str, float], list[float]] = {}
-    for t in tasks.values():
-        for row in t.get("confirm", [])[1:]:
-            if row.get("wall"):
-                deltas.setdefault((row["variant"], row["b_ratio"]), []).append(row["wall"]["d_AP"]["value"])
+    for groups in per_task.values():
+        for key, value in groups.items():
+            deltas.setdefault(key, []).append(value)
     if not deltas:
         return DEFAULT_ARM
     return max(deltas, key=lambda k: sum(deltas[k]) / len(deltas[k]))
