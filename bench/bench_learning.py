@@ -119,6 +119,11 @@ def _task_config(task: str, sizes: Sizes, path: Path) -> Path:
         "every_steps": 0,
     }
     config["custom"]["extra"]["rollout_matching"]["max_new_tokens"] = spec["max_new_tokens"]
+    # every variant is its AB_VARIANTS overrides on the defaults: the example's own Channel-B target and its
+    # knobs (its recommendation) must not leak into the variants that do not name them
+    channel_b = config["stage2_ab"]["channel_b"]
+    for key in ("target", "desc_ce_weight_matched", "mask_correct_matched_desc", "match", "insertion_order"):
+        channel_b.pop(key, None)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
