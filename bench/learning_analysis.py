@@ -155,12 +155,13 @@ def ensure_stage1_eval(out: Path, task: str, config: Path, checkpoint: Path) -> 
 
 
 def analyse_task(out: Path, task: str, phase2_steps: int, screen_b: float) -> dict[str, Any] | None:
-    """Everything the task's section of BENCHMARKS.md shows (None when no A-only run finished)."""
+    """Everything the task's section of BENCHMARKS.md shows (None without a Stage-1 eval with predictions;
+    only the Stage-1 row when no A-only run finished)."""
     runs = finished_runs(out, task)
     a_only = [r for r in runs if r.variant == "A-only"]
-    if not a_only:
-        return None
     stage1_dir = stage1_eval_dir(out, task)
+    if not (stage1_dir / "eval_predictions.jsonl").is_file():
+        return None
     stage1_row = [json.loads(line) for line in (stage1_dir / "eval.jsonl").read_text().splitlines()][-1]
     stage1_step = int(stage1_row["step"])
     metrics = Metrics(len(stage1_row["per_image"]))
@@ -171,6 +172,13 @@ def analyse_task(out: Path, task: str, phase2_steps: int, screen_b: float) -> di
         "step": n,
         "stage1": {"step": stage1_step, "metrics": metrics.summary(stage1, None)},
     }
+    result["stage1"]["counts"] = {
+        k: stage1_row.get(k) for k in ("n_gt", "n_pred", "recall", "precision", "AP50_agnostic")
+    }
+    if not a_only:  # Stage-1 only: phase 2 was not run on this task
+        result.update(protocol=[], screen=[], confirm=[], phase2_run=False)
+        return result
+    result["phase2_run"] = True
 
     # the protocol: A-only at Stage-1's final LR and at the old LR, both against the Stage-1 checkpoint
     protocol = []
