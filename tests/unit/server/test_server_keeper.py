@@ -15,8 +15,11 @@ from stagectl.wire.protocol import LISTENING_PREFIX
 
 def _child(exit_code: int) -> ServerProcess:
     """A stand-in child that 'listens', then exits with `exit_code` (negative: killed by that signal)."""
-    end = f"os.kill(os.getpid(), {-exit_code})" if exit_code < 0 else f"sys.exit({exit_code})"
-    code = f"import os, sys, time; print('{LISTENING_PREFIX}http://127.0.0.1:5', flush=True); time.sleep(0.2); {end}"
+    # SIGINT's and SIGTERM's default actions restored first: a test runner's worker may start children with
+    # SIGINT ignored (pytest-xdist's do), and an ignored SIGINT would let the child exit 0
+    reset = "signal.signal(signal.SIGINT, signal.SIG_DFL); signal.signal(signal.SIGTERM, signal.SIG_DFL)"
+    end = f"{reset}; os.kill(os.getpid(), {-exit_code})" if exit_code < 0 else f"sys.exit({exit_code})"
+    code = f"import os, signal, sys, time; print('{LISTENING_PREFIX}http://127.0.0.1:5', flush=True); time.sleep(0.2); {end}"
     server = ServerProcess([sys.executable, "-c", code])
     server.wait_listening(30)
     return server
