@@ -186,22 +186,19 @@ def sign(iv: dict[str, float] | None) -> str:
     return "not distinguishable from 0"
 
 
-def table(rows: list[dict[str, Any]], key: str = "metrics", against: str = "A-only") -> list[str]:
+def table(rows: list[dict[str, Any]], key: str = "metrics") -> list[str]:
+    """One line per row that has `key` (its metrics, or its equal-training-time `wall` metrics)."""
     head = "| variant | b_ratio | seeds | " + " | ".join(name for _, name in COLUMNS) + " | training s |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         m = row.get(key)
         if m is None:
             continue
-        cells = [cell(m.get(k), signed=k.startswith("d_")) for k, _ in COLUMNS]
+        cells = [row["variant"], f"{row['b_ratio']:g}", str(row["seeds"])]
+        cells += [cell(m.get(k), signed=k.startswith("d_")) for k, _ in COLUMNS]
         train = row.get("train_s")
-        lines.append(
-            f"| {row['variant']} | {row['b_ratio']:g} | {row['seeds']} | "
-            + " | ".join(cells)
-            + f" | {train:.0f} |"
-            if isinstance(train, float)
-            else f"| {row['variant']} | {row['b_ratio']:g} | {row['seeds']} | " + " | ".join(cells) + " | — |"
-        )
+        cells.append(f"{train:.0f}" if isinstance(train, float) else "—")
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
