@@ -17,7 +17,7 @@ from stagectl.collate import CoordGroup, Segment
 from stagectl.engines.interface import EngineRequest
 from stagectl.models.chat import encode_answer_text, encode_prompt, encode_training
 from stagectl.models.loading import ModelBundle
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 
 ANSWERS = [
     '{"object_1": {"desc": "red circle", "bbox_2d": ["<|coord_1|>", "<|coord_2|>", "<|coord_300|>", "<|coord_400|>"]}}',

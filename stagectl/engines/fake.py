@@ -20,7 +20,7 @@ from stagectl.config.engines import ENGINES
 from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.engines.text import cut_at_stop
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.guards import check_context
 from stagectl.wire.protocol import spec_of
 

@@ -30,7 +30,7 @@ from stagectl.engines.text import cut_at_stop
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import KvCache, PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.guards import check_context
 from stagectl.wire.protocol import spec_of
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from stagectl.config.engines import EngineCapabilities
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.protocol import TensorSpec
 
 if TYPE_CHECKING:

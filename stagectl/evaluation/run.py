@@ -25,7 +25,7 @@ from stagectl.evaluation.coco import CocoIds
 from stagectl.evaluation.core import EvalReport, ImageOutcome, judge_image
 from stagectl.files import atomic_write_text
 from stagectl.models.generate import Generation
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.protocol import RequestConfig
 
 METRICS_FILE = "metrics.json"

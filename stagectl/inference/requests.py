@@ -12,7 +12,7 @@ from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.data.sample import DetectionSample
 from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.protocol import (
     IMAGE_TAG,
     WEIGHT_VERSION_KEY,

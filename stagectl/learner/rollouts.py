@@ -22,7 +22,7 @@ from stagectl.inference.client import RolloutClient
 from stagectl.inference.requests import detection_infer_request, request_config, to_generation
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation, generate_batch
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.prefetch.fence import SyncFence
 from stagectl.wire.errors import RolloutServerError
 from stagectl.wire.protocol import InferRequest, InferResponse

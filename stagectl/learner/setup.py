@@ -13,6 +13,7 @@ import torch
 
 from stagectl import dist
 from stagectl.config import StagectlConfig, resolve_config, to_plain
+from stagectl.config.plan import TrainPlan, train_plan
 from stagectl.config.root import Resolved
 from stagectl.console import say
 from stagectl.data.jsonl import load_jsonl_dataset
@@ -36,6 +37,7 @@ from stagectl.rundir import prepare_train_dir, resume_note
 @dataclass
 class LearnerState:
     cfg: StagectlConfig
+    plan: TrainPlan
     resolved: Resolved
     world: World
     device: torch.device
@@ -186,6 +188,7 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         write_resolved_config(out, plain)
     return LearnerState(
         cfg=cfg,
+        plan=train_plan(cfg, world.world_size),
         resolved=resolved,
         world=world,
         device=device,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

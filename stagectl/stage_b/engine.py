@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.seeds import derive_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import Message, ReflectionRecord

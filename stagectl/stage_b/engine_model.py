@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from stagectl.config import StagectlConfig
 from stagectl.dist import World
 from stagectl.engines.interface import Engine, EngineRequest
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest, rank_device
 from stagectl.stage_b.prompts import Message
 

@@ -24,7 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.tickets import Ticket

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from stagectl.config.stage_b import StageBServerConfig
 from stagectl.inference.client import RolloutClient
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
 from stagectl.wire.protocol import InferRequest, Message, RequestConfig, read_token

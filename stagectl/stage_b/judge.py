@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stagectl.config.stage_b import SamplerConfig
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import Backend, JudgeRequest, candidate_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import rollout_messages

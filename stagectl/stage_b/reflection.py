@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stagectl.config.stage_b import ReflectionConfig
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import Backend, ReflectRequest
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_ops import OpsOutcome, apply_operations

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 
 if TYPE_CHECKING:
     import torch

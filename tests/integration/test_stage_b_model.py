@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stagectl.config import load_config
 from stagectl.dist import World
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.engine_model import load_model_backend
 from stagectl.stage_b.guidance import Guidance

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from stagectl.models.loading import ModelBundle, load_bundle
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from tests.helpers import greedy_engine_ids
 
 

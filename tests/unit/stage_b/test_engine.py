@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stagectl.config.stage_b import ReflectionConfig
-from stagectl.models.sampling import SamplingSpec
+from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, candidate_seed
 from stagectl.stage_b.engine_rules import RulesBackend
 from stagectl.stage_b.guidance import Guidance

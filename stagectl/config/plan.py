@@ -1,0 +1,420 @@
+"""The resolved plan: the parts of a valid config each component receives (the YAML stays the contract;
+every command resolves it once, here, and hands out parts; no component outside `config/` and `cli/`
+reads the root `StagectlConfig`).
+
+Parts are frozen and named for their purpose. Where the YAML spells one choice with several keys that
+validators keep consistent (where Channel-B's rollouts come from: `rollout_backend`, `vllm.mode`,
+`channel_b.mode`, `enable_pipeline`; the target with its `insertion_order`), the plan holds one union,
+so a combination the validators refuse cannot be built:
+
+    ChannelBPlan.source:  InProcessStep | ServerStep(servers, pipeline) | AsyncServers(servers, queue)
+    TargetPlan.shape:     RawPrefix | CleanPrefix(insertion_order) | ReorderedGT
+
+`TrainPlan` is what `train-ab` resolves on the launcher; it is written to the run directory as
+`plan.json` and every torchrun rank reads that file instead of parsing the YAML again
+(`write_train_plan` / `read_train_plan`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from stagectl.config.fractions import as_fraction
+from stagectl.config.model_data import DataConfig, EvalDataConfig, ModelConfig
+from stagectl.config.rollout import DiskSync, RolloutMatchingConfig, VllmSyncConfig
+from stagectl.config.root import Resolved, StagectlConfig, resolve_config, uses_server_rollouts
+from stagectl.config.sampling import SamplingSpec
+from stagectl.config.stage_b import StageBServerConfig
+from stagectl.config.training import LaunchConfig, TrainingConfig, WatchdogConfig
+
+PLAN_FILE = "plan.json"
+SERVERS_KEY = "custom.extra.rollout_matching.vllm.server"
+
+
+# ---------------------------------------------------------------- parts shared by several commands
+
+
+@dataclass(frozen=True)
+class ServerList:
+    """Rollout servers a client talks to: train-ab's Channel-B and eval, `stagectl eval --server`, and
+    Stage-B's `runner.engine: server` alike. `key` is the config section it came from (for messages)."""
+
+    base_urls: tuple[str, ...]
+    key: str = SERVERS_KEY
+    auth_token_env: str | None = None
+    tls_ca_file: Path | None = None
+    tls_skip_verify: bool = False
+    infer_timeout_s: float | None = 600.0  # None: no read timeout
+    wait_healthy_s: float = 120.0
+
+    @property
+    def token_key(self) -> str:
+        """The config key that names the token's environment variable."""
+        return f"{self.key}.auth_token_env"
+
+    @classmethod
+    def of_rollout_matching(cls, rm: RolloutMatchingConfig) -> ServerList:
+        server = rm.vllm.server
+        timeout = server.infer_timeout_s
+        return cls(
+            base_urls=tuple(s.base_url.rstrip("/") for s in server.servers),
+            key=SERVERS_KEY,
+            auth_token_env=server.auth_token_env,
+            tls_ca_file=server.tls_ca_file,
+            tls_skip_verify=server.tls_skip_verify,
+            infer_timeout_s=timeout if timeout is not None and timeout > 0 else None,
+            wait_healthy_s=server.timeout_s,
+        )
+
+    @classmethod
+    def of_stage_b(cls, server: StageBServerConfig) -> ServerList:
+        return cls(
+            base_urls=tuple(url.rstrip("/") for url in server.base_urls),
+            key="runner.server",
+            auth_token_env=server.auth_token_env,
+            tls_ca_file=server.tls_ca_file,
+            tls_skip_verify=server.tls_skip_verify,
+            infer_timeout_s=server.infer_timeout_s,
+            wait_healthy_s=server.wait_healthy_s,
+        )
+
+
+@dataclass(frozen=True)
+class MatchCosts:
+    """How predictions are paired with ground truth: the IoU gate, the costs of an unmatched prediction
+    or object, the assignment and whether only equal descs may match. The default is evaluation's:
+    Hungarian on boxes alone."""
+
+    iou_gate: float = 0.3
+    fp_cost: float = 1.0
+    fn_cost: float = 1.0
+    assignment: Literal["hungarian", "greedy_iou"] = "hungarian"
+    desc_gated: bool = False
+
+
+# ---------------------------------------------------------------- Channel-B
+
+
+@dataclass(frozen=True)
+class RawPrefix:
+    """The rollout's own token prefix, FP and invalid entries masked, missed GT appended."""
+
+    kind: Literal["raw_prefix"] = "raw_prefix"
+
+
+@dataclass(frozen=True)
+class CleanPrefix:
+    """The matched predictions re-serialised, FP / invalid / duplicates dropped, missed GT inserted."""
+
+    kind: Literal["clean_prefix"] = "clean_prefix"
+    insertion_order: Literal["tail_append", "sorted"] = "tail_append"
+
+
+@dataclass(frozen=True)
+class ReorderedGT:
+    """The GT objects the rollout found in its order, then the missed ones, all teacher-forced."""
+
+    kind: Literal["reordered_gt"] = "reordered_gt"
+
+
+TargetShape = Annotated[RawPrefix | CleanPrefix | ReorderedGT, Field(discriminator="kind")]
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """How a judged rollout becomes the B target (docs/training.md, "Channel-B targets")."""
+
+    shape: TargetShape = field(default_factory=RawPrefix)
+    desc_ce_weight_missed: float = 1.0  # `stage2_ab.desc_ce_weight`
+    desc_ce_weight_matched: float = 0.0
+    mask_correct_matched_desc: bool = True
+    duplicate_iou_threshold: float = 0.7
+
+    @property
+    def kind(self) -> Literal["raw_prefix", "clean_prefix", "reordered_gt"]:
+        return self.shape.kind
+
+    @property
+    def insertion_order(self) -> Literal["tail_append", "sorted"]:
+        return self.shape.insertion_order if isinstance(self.shape, CleanPrefix) else "tail_append"
+
+
+@dataclass(frozen=True)
+class ServerRollouts:
+    """Where server rollouts come from and how the learner's weights reach them."""
+
+    servers: ServerList
+    sync: VllmSyncConfig  # a disk sync's `disk_dir` is resolved (default `{output_dir}/weight_sync`)
+    on_rollout_loss: Literal["stop", "continue_a_only"] = "stop"
+    rollout_loss_timeout_s: float = 300.0
+
+    @property
+    def adapter_sync(self) -> bool:
+        return self.sync.mode == "adapter"
+
+
+@dataclass(frozen=True)
+class AsyncQueue:
+    """`stage2_ab.channel_b.async`: the ready-pack queue, pacing and sync cadence."""
+
+    queue_limit: int = 8
+    version_window: int = 1
+    prefetch_target_packs: int = 4
+    sync_every_steps: int = 1
+    max_consecutive_failures: int = 3
+    in_flight_sync: bool = True
+
+
+@dataclass(frozen=True)
+class InProcessStep:
+    """Step mode on the learner's own model (`rollout_backend: hf`)."""
+
+    kind: Literal["in_process_step"] = "in_process_step"
+
+
+@dataclass(frozen=True)
+class ServerStep:
+    """Step mode over rollout servers; `pipeline`: a producer thread overlaps rollout with learning."""
+
+    rollouts: ServerRollouts
+    pipeline: bool = False
+    kind: Literal["server_step"] = "server_step"
+
+
+@dataclass(frozen=True)
+class AsyncServers:
+    """Async mode: a per-rank prefetcher fed by rollout servers."""
+
+    rollouts: ServerRollouts
+    queue: AsyncQueue = field(default_factory=AsyncQueue)
+    kind: Literal["async"] = "async"
+
+
+ChannelBSource = Annotated[InProcessStep | ServerStep | AsyncServers, Field(discriminator="kind")]
+
+
+@dataclass(frozen=True)
+class ChannelBPlan:
+    """Everything Channel-B needs: where rollouts come from, how they are sampled, judged and turned into
+    targets, and how many a B step takes."""
+
+    source: ChannelBSource
+    target: TargetPlan
+    match: MatchCosts
+    sampling: SamplingSpec
+    rollouts_per_step: int
+    decode_batch_size: int
+    gallery_steps: int = 4
+    b_ratio_tolerance: float = 0.05
+
+    @property
+    def rollouts(self) -> ServerRollouts | None:
+        """The server side of the source; None for in-process rollouts."""
+        return None if isinstance(self.source, InProcessStep) else self.source.rollouts
+
+
+# ---------------------------------------------------------------- the rest of train-ab
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """`stage2_ab`'s loss weights (both channels)."""
+
+    desc_ce_weight: float = 1.0
+    bbox_smoothl1_weight: float = 1.0
+    bbox_smoothl1_beta: float = 0.05
+    bbox_ciou_weight: float = 1.0
+    coord_ce_weight: float = 0.0
+    coord_ce_vocab: Literal["full", "coord"] = "full"
+    coord_gate_weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """The held-out eval: the split, its rollouts' sampling and chunk size, and how they are matched."""
+
+    data: EvalDataConfig
+    box_format: Literal["norm1000", "pixel", "auto"]
+    sampling: SamplingSpec
+    chunk_size: int
+    match: MatchCosts = field(default_factory=MatchCosts)
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What `train-ab` runs: resolved once by the launcher, read by every rank."""
+
+    model: ModelConfig
+    data: DataConfig
+    training: TrainingConfig
+    launch: LaunchConfig
+    resolved: Resolved
+    packing_length: int
+    b_ratio: str  # the schedule's exact fraction, e.g. "1/4"
+    loss: LossWeights
+    channel_b: ChannelBPlan
+    eval: EvalPlan | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return self.training.output_dir
+
+    @property
+    def watchdog(self) -> WatchdogConfig:
+        return self.launch.watchdog
+
+
+# ---------------------------------------------------------------- resolving
+
+
+def match_costs(cfg: StagectlConfig) -> MatchCosts:
+    rm = cfg.custom.extra.rollout_matching
+    how = cfg.stage2_ab.channel_b.match if cfg.stage2_ab is not None else None
+    return MatchCosts(
+        iou_gate=rm.iou_gate,
+        fp_cost=rm.fp_cost,
+        fn_cost=rm.fn_cost,
+        assignment=how.assignment if how is not None else "hungarian",
+        desc_gated=how.desc_gated if how is not None else False,
+    )
+
+
+def server_rollouts(cfg: StagectlConfig) -> ServerRollouts:
+    """The rollout servers of `custom.extra.rollout_matching` and the weight sync to them."""
+    rm = cfg.custom.extra.rollout_matching
+    sync = rm.vllm.sync
+    if isinstance(sync, DiskSync) and sync.disk_dir is None:
+        sync = sync.model_copy(update={"disk_dir": cfg.training.output_dir / "weight_sync"})
+    cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else None
+    return ServerRollouts(
+        servers=ServerList.of_rollout_matching(rm),
+        sync=sync,
+        on_rollout_loss=cb.on_rollout_loss if cb is not None else "stop",
+        rollout_loss_timeout_s=cb.rollout_loss_timeout_s if cb is not None else 300.0,
+    )
+
+
+def eval_plan(cfg: StagectlConfig) -> EvalPlan | None:
+    """The held-out eval of `data.eval` (None without one)."""
+    if cfg.data is None or cfg.data.eval is None:
+        return None
+    rm = cfg.custom.extra.rollout_matching
+    return EvalPlan(
+        data=cfg.data.eval,
+        box_format=cfg.data.box_format,
+        sampling=SamplingSpec.for_eval(rm, cfg.data.eval.decoding),
+        chunk_size=rm.decode_batch_size,
+    )
+
+
+def channel_b_plan(cfg: StagectlConfig, resolved: Resolved) -> ChannelBPlan:
+    """Channel-B's part (call on a validated train-ab config)."""
+    assert cfg.stage2_ab is not None
+    cb = cfg.stage2_ab.channel_b
+    rm = cfg.custom.extra.rollout_matching
+    source: InProcessStep | ServerStep | AsyncServers
+    if not uses_server_rollouts(cfg):
+        source = InProcessStep()
+    elif cb.mode == "async":
+        a = cb.async_
+        source = AsyncServers(
+            server_rollouts(cfg),
+            AsyncQueue(
+                queue_limit=a.queue_limit,
+                version_window=a.version_window,
+                prefetch_target_packs=a.prefetch_target_packs,
+                sync_every_steps=a.sync_every_steps,
+                max_consecutive_failures=a.max_consecutive_failures,
+                in_flight_sync=a.in_flight_sync,
+            ),
+        )
+    else:
+        source = ServerStep(server_rollouts(cfg), pipeline=cb.enable_pipeline)
+    shape: RawPrefix | CleanPrefix | ReorderedGT
+    if cb.target == "clean_prefix":
+        shape = CleanPrefix(insertion_order=cb.insertion_order)
+    elif cb.target == "reordered_gt":
+        shape = ReorderedGT()
+    else:
+        shape = RawPrefix()
+    return ChannelBPlan(
+        source=source,
+        target=TargetPlan(
+            shape=shape,
+            desc_ce_weight_missed=cfg.stage2_ab.desc_ce_weight,
+            desc_ce_weight_matched=cb.desc_ce_weight_matched,
+            mask_correct_matched_desc=cb.mask_correct_matched_desc,
+            duplicate_iou_threshold=cb.duplicate_iou_threshold,
+        ),
+        match=match_costs(cfg),
+        sampling=SamplingSpec.for_channel_b(rm),
+        rollouts_per_step=resolved.rollouts_per_step,
+        decode_batch_size=resolved.rollout_decode_batch_size,
+        gallery_steps=cb.gallery_steps,
+        b_ratio_tolerance=cb.b_ratio_tolerance,
+    )
+
+
+def train_plan(cfg: StagectlConfig, world_size: int) -> TrainPlan:
+    """Resolve a validated train-ab config for `world_size` learner ranks."""
+    ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
+    if cfg.stage2_ab is None or ratio is None:
+        raise ValueError("train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)")
+    if cfg.data is None:
+        raise ValueError("data: required for train-ab; set data.synthetic or data.train_jsonl")
+    resolved = resolve_config(cfg, world_size)
+    ab = cfg.stage2_ab
+    return TrainPlan(
+        model=cfg.model,
+        data=cfg.data,
+        training=cfg.training,
+        launch=cfg.launch,
+        resolved=resolved,
+        packing_length=cfg.packing_length,
+        b_ratio=str(as_fraction(ratio)),
+        loss=LossWeights(
+            desc_ce_weight=ab.desc_ce_weight,
+            bbox_smoothl1_weight=ab.bbox_smoothl1_weight,
+            bbox_smoothl1_beta=ab.bbox_smoothl1_beta,
+            bbox_ciou_weight=ab.bbox_ciou_weight,
+            coord_ce_weight=ab.coord_ce_weight,
+            coord_ce_vocab=ab.coord_ce_vocab,
+            coord_gate_weight=ab.coord_gate_weight,
+        ),
+        channel_b=channel_b_plan(cfg, resolved),
+        eval=eval_plan(cfg),
+    )
+
+
+_TRAIN_PLAN = TypeAdapter(TrainPlan)
+
+
+def dump_train_plan(plan: TrainPlan) -> bytes:
+    return _TRAIN_PLAN.dump_json(plan, indent=1, by_alias=True)
+
+
+def load_train_plan(text: str | bytes) -> TrainPlan:
+    return _TRAIN_PLAN.validate_json(text)
+
+
+def write_train_plan(path: Path, plan: TrainPlan) -> Path:
+    """Write `plan` to `path` atomically (a reader never sees half a plan)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(dump_train_plan(plan))
+    os.replace(tmp, path)
+    return path
+
+
+def read_train_plan(path: Path) -> TrainPlan:
+    try:
+        return load_train_plan(path.read_bytes())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: the resolved plan the launcher writes for the ranks is missing") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a train-ab plan this stagectl can read: {exc}") from None
