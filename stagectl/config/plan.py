@@ -25,10 +25,11 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from stagectl.config.fractions import as_fraction
-from stagectl.config.model_data import DataConfig, EvalDataConfig, ModelConfig
+from stagectl.config.model_data import DataConfig, EvalDataConfig, ModelConfig, ScoreKind
 from stagectl.config.rollout import DiskSync, RolloutMatchingConfig, VllmSyncConfig
 from stagectl.config.root import Resolved, StagectlConfig, resolve_config, uses_server_rollouts
 from stagectl.config.sampling import SamplingSpec
+from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.config.stage_b import StageBServerConfig
 from stagectl.config.training import LaunchConfig, TrainingConfig, WatchdogConfig
 
@@ -236,13 +237,20 @@ class LossWeights:
 
 @dataclass(frozen=True)
 class EvalPlan:
-    """The held-out eval: the split, its rollouts' sampling and chunk size, and how they are matched."""
+    """The held-out eval (train-ab's periodic eval and `stagectl eval`): the split, its rollouts' sampling
+    and chunk size, how they are matched, and the score COCO AP ranks objects by."""
 
     data: EvalDataConfig
     box_format: Literal["norm1000", "pixel", "auto"]
     sampling: SamplingSpec
-    chunk_size: int
+    chunk_size: int  # `rollout_matching.decode_batch_size`: images per generate call
     match: MatchCosts = field(default_factory=MatchCosts)
+    duplicate_iou_threshold: float = 0.7  # `stage2_ab.channel_b.duplicate_iou_threshold`
+
+    @property
+    def score(self) -> ScoreKind:
+        """`data.eval.score`: the per-object score COCO AP ranks by."""
+        return self.data.score
 
 
 @dataclass(frozen=True)
@@ -304,11 +312,13 @@ def eval_plan(cfg: StagectlConfig) -> EvalPlan | None:
     if cfg.data is None or cfg.data.eval is None:
         return None
     rm = cfg.custom.extra.rollout_matching
+    cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else ChannelBConfig()
     return EvalPlan(
         data=cfg.data.eval,
         box_format=cfg.data.box_format,
         sampling=SamplingSpec.for_eval(rm, cfg.data.eval.decoding),
         chunk_size=rm.decode_batch_size,
+        duplicate_iou_threshold=cb.duplicate_iou_threshold,
     )
 
 
