@@ -1,6 +1,6 @@
 """Judging one rollout against its ground truth, on plain data: strict parse, match (Hungarian or greedy by
 IoU, optionally desc-gated: `stage2_ab.channel_b.match`), duplicates and the rollout-quality counters.
-Channel-B training and evaluation share it; evaluation matches by box alone (the default `match`)."""
+Channel-B training and evaluation share it; evaluation matches by box alone (the default `MatchCosts`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.config.stage2_ab import ChannelBMatchConfig
+from stagectl.config.plan import MatchCosts
 from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.matching import MatchResult, greedy_iou_match, hungarian_match
 from stagectl.detection.parse import RolloutParse, parse_rollout
@@ -18,34 +17,33 @@ from stagectl.detection.stats import RolloutStats
 from stagectl.detection.targets import sample_counters
 from stagectl.detection.vocab import TokenVocab
 
-BOX_ONLY = ChannelBMatchConfig()  # Hungarian on boxes alone: evaluation's matching and the default
+BOX_ONLY = MatchCosts()  # Hungarian on boxes alone at the default IoU gate and costs
 
 
 def match_objects(
     preds: Sequence[BoxedObject],
     gt: Sequence[BoxedObject],
-    rm: RolloutMatchingConfig,
-    how: ChannelBMatchConfig = BOX_ONLY,
+    costs: MatchCosts = BOX_ONLY,
 ) -> MatchResult:
-    """Match predicted to ground-truth objects with `rm`'s IoU gate and costs, by `how.assignment`; with
-    `how.desc_gated` only pairs of equal desc text may match."""
+    """Match predicted to ground-truth objects with `costs`' IoU gate and costs, by `costs.assignment`;
+    with `costs.desc_gated` only pairs of equal desc text may match."""
     allowed = None
-    if how.desc_gated:
+    if costs.desc_gated:
         allowed = np.array([[p.desc == g.desc for g in gt] for p in preds], dtype=bool).reshape(
             len(preds), len(gt)
         )
-    if how.assignment == "hungarian":
+    if costs.assignment == "hungarian":
         assign = hungarian_match
-    elif how.assignment == "greedy_iou":
+    elif costs.assignment == "greedy_iou":
         assign = greedy_iou_match
     else:
-        raise ValueError(f"match.assignment must be hungarian or greedy_iou, got {how.assignment!r}")
+        raise ValueError(f"match.assignment must be hungarian or greedy_iou, got {costs.assignment!r}")
     return assign(
         [obj.bbox_2d for obj in preds],
         [obj.bbox_2d for obj in gt],
-        iou_gate=rm.iou_gate,
-        fp_cost=rm.fp_cost,
-        fn_cost=rm.fn_cost,
+        iou_gate=costs.iou_gate,
+        fp_cost=costs.fp_cost,
+        fn_cost=costs.fn_cost,
         allowed=allowed,
     )
 
@@ -54,16 +52,15 @@ def judge_rollout(
     token_ids: Sequence[int],
     gt: Sequence[BoxedObject],
     vocab: TokenVocab,
-    rm: RolloutMatchingConfig,
+    costs: MatchCosts = BOX_ONLY,
     *,
     duplicate_iou_threshold: float,
-    how: ChannelBMatchConfig = BOX_ONLY,
 ) -> tuple[RolloutParse, MatchResult, list[int], RolloutStats]:
-    """Strict parse + match (`how`) of one response (generated ids) against ground-truth objects, the
+    """Strict parse + match (`costs`) of one response (generated ids) against ground-truth objects, the
     indices of its duplicate predictions, and its counters (duplicates count as predictions: a matched
     one is a hit, else an FP)."""
     parse = parse_rollout(token_ids, vocab)
-    match = match_objects(parse.valid_objects, gt, rm, how)
+    match = match_objects(parse.valid_objects, gt, costs)
     duplicates = find_duplicates(parse.valid_objects, duplicate_iou_threshold)
     counters = sample_counters(parse, match, len(gt))
     stats = RolloutStats(

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Literal
 
+from stagectl.config.plan import TargetPlan
 from stagectl.detection.matching import MatchResult
 from stagectl.detection.parse import ParsedObject, RolloutParse
 from stagectl.detection.serialize import (
@@ -216,15 +217,13 @@ def build_channel_b_segment(
     *,
     encode: Encode,
     vocab: TokenVocab,
-    desc_ce_weight: float,
-    desc_ce_weight_matched: float = 0.0,
-    mask_correct_matched_desc: bool = True,
+    target: TargetPlan,
 ) -> Segment:
     """Rollout prefix + FN append + end-of-turn. `match` pairs indices of `parse.valid_objects` with
-    indices of `gt_objects`; matched descs per `matched_desc` (module docstring)."""
+    indices of `gt_objects`; matched descs per `matched_desc` (module docstring); the desc weights are
+    `target`'s."""
     _check_match(match, len(parse.valid_objects), len(gt_objects), "parse.valid_objects")
-    if desc_ce_weight < 0:
-        raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
+    desc_ce_weight = _missed_desc_weight(target)
 
     prefix = list(parse.prefix_token_ids)
     starts = list(accumulate((len(vocab.token_bytes[t]) for t in prefix), initial=0))  # [len(prefix) + 1]
@@ -247,8 +246,8 @@ def build_channel_b_segment(
         desc, desc_weight = matched_desc(
             obj.desc,
             gt_objects[j].desc,
-            weight=desc_ce_weight_matched,
-            mask_correct=mask_correct_matched_desc,
+            weight=target.desc_ce_weight_matched,
+            mask_correct=target.mask_correct_matched_desc,
             always_gt=False,
         )
         if desc != obj.desc:  # the span's weights are replaced by the splice's below
@@ -349,11 +348,16 @@ def _serialized_segment(entries: Sequence[_CleanEntry], encode: Encode, vocab: T
     )
 
 
+def _missed_desc_weight(target: TargetPlan) -> float:
+    if target.desc_ce_weight_missed < 0:
+        raise ValueError(f"desc_ce_weight must be >= 0, got {target.desc_ce_weight_missed}")
+    return target.desc_ce_weight_missed
+
+
 def _missed_entries(
-    match: MatchResult, gt_objects: Sequence[BoxedObject], desc_ce_weight: float
+    match: MatchResult, gt_objects: Sequence[BoxedObject], target: TargetPlan
 ) -> list[_CleanEntry]:
-    if desc_ce_weight < 0:
-        raise ValueError(f"desc_ce_weight must be >= 0, got {desc_ce_weight}")
+    desc_ce_weight = _missed_desc_weight(target)
     return [
         _CleanEntry(g.desc, _bins(g), _bins(g), desc_ce_weight)
         for g in sort_objects([gt_objects[j] for j in match.fn])
@@ -367,10 +371,7 @@ def build_channel_b_clean_segment(
     *,
     encode: Encode,
     vocab: TokenVocab,
-    desc_ce_weight: float,
-    insertion_order: Literal["tail_append", "sorted"],
-    desc_ce_weight_matched: float = 0.0,
-    mask_correct_matched_desc: bool = True,
+    target: TargetPlan,
 ) -> Segment:
     """The clean-prefix target: canonical text of the matched predictions + the missed GT + end-of-turn.
 
@@ -378,28 +379,29 @@ def build_channel_b_clean_segment(
     indices with indices of `gt_objects`. FP (unmatched) predictions, duplicates and invalid entries are
     not in the text at all, so no token of theirs is input or target. Kept (matched) objects are written
     with their own box and the desc `matched_desc` gives (their own with CE 0 unless
-    `desc_ce_weight_matched` > 0): structure CE 1, coordinate slots -> a group toward the matched GT.
-    Missed GT: desc CE `desc_ce_weight`, coordinate slots -> a group toward itself. `tail_append`: kept
-    objects in rollout order, then the missed ones sorted; `sorted`: all in answer order. Keys object_1..N.
+    `target.desc_ce_weight_matched` > 0): structure CE 1, coordinate slots -> a group toward the matched
+    GT. Missed GT: desc CE `target.desc_ce_weight_missed`, coordinate slots -> a group toward itself.
+    `target.insertion_order`: `tail_append`: kept objects in rollout order, then the missed ones sorted;
+    `sorted`: all in answer order. Keys object_1..N.
     """
     _check_match(match, len(accepted), len(gt_objects), "accepted")
-    missed = _missed_entries(match, gt_objects, desc_ce_weight)
+    missed = _missed_entries(match, gt_objects, target)
     kept = []
     for i, j in sorted(match.pairs):
         desc, weight = matched_desc(
             accepted[i].desc,
             gt_objects[j].desc,
-            weight=desc_ce_weight_matched,
-            mask_correct=mask_correct_matched_desc,
+            weight=target.desc_ce_weight_matched,
+            mask_correct=target.mask_correct_matched_desc,
             always_gt=False,
         )
         kept.append(_CleanEntry(desc, _bins(accepted[i]), _bins(gt_objects[j]), weight))
-    if insertion_order == "tail_append":
+    if target.insertion_order == "tail_append":
         entries = kept + missed
-    elif insertion_order == "sorted":
+    elif target.insertion_order == "sorted":
         entries = sort_objects(kept + missed)
     else:
-        raise ValueError(f"insertion_order must be tail_append or sorted, got {insertion_order!r}")
+        raise ValueError(f"insertion_order must be tail_append or sorted, got {target.insertion_order!r}")
     return _serialized_segment(entries, encode, vocab)
 
 
@@ -410,27 +412,25 @@ def build_channel_b_reordered_gt_segment(
     *,
     encode: Encode,
     vocab: TokenVocab,
-    desc_ce_weight: float,
-    desc_ce_weight_matched: float,
-    mask_correct_matched_desc: bool = True,
+    target: TargetPlan,
 ) -> Segment:
     """The reordered-GT target (the async design seed's `y_train_ids`): the GT objects the rollout found,
     each written with its GT desc and GT box in the order of the predictions that found them, then the
     missed GT sorted, + end-of-turn. Nothing of the rollout's own text is in it; the rollout decides only
-    the order and which descs carry CE. Structure CE 1; a matched desc `desc_ce_weight_matched` (0 where
-    the prediction's desc was already right under `mask_correct_matched_desc`); a missed desc
-    `desc_ce_weight`; every box a group toward its own bins. `accepted` / `match` as for the clean prefix.
+    the order and which descs carry CE. Structure CE 1; a matched desc `target.desc_ce_weight_matched` (0
+    where the prediction's desc was already right under `target.mask_correct_matched_desc`); a missed desc
+    `target.desc_ce_weight_missed`; every box a group toward its own bins. `accepted` / `match` as for the clean prefix.
     """
     _check_match(match, len(accepted), len(gt_objects), "accepted")
-    missed = _missed_entries(match, gt_objects, desc_ce_weight)
+    missed = _missed_entries(match, gt_objects, target)
     found = []
     for i, j in sorted(match.pairs):
         gt = gt_objects[j]
         desc, weight = matched_desc(
             accepted[i].desc,
             gt.desc,
-            weight=desc_ce_weight_matched,
-            mask_correct=mask_correct_matched_desc,
+            weight=target.desc_ce_weight_matched,
+            mask_correct=target.mask_correct_matched_desc,
             always_gt=True,
         )
         found.append(_CleanEntry(desc, _bins(gt), _bins(gt), weight))

@@ -205,6 +205,7 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     that version; train-ab pushes its own weights before its first Channel-B rollouts anyway."""
     import torch
 
+    from stagectl.config.plan import server_rollouts
     from stagectl.weightsync.client import WeightSyncClient
     from stagectl.weightsync.errors import WeightPushError
     from stagectl.wire.errors import RolloutRequestError
@@ -225,7 +226,7 @@ def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
     ) or cfg.training.output_dir / "weight_sync"
     created = [p for p in (disk_dir, *disk_dir.parents) if not p.exists()]  # removed again if left empty
     try:
-        with WeightSyncClient.from_config(rm, disk_dir=disk_dir) as client:
+        with WeightSyncClient.for_rollouts(server_rollouts(cfg)) as client:
             target = max(v.version for v in client.versions()) + 1
             report = client.push_weights(state, target)
             served = [v.version for v in client.versions()]

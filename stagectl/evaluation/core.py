@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.plan import MatchCosts
 from stagectl.data.sample import DetectionSample
 from stagectl.detection.judge import judge_rollout
 from stagectl.detection.scores import (
@@ -38,6 +38,7 @@ from stagectl.evaluation.labels import desc_histogram, label_metrics, matched_de
 from stagectl.models.generate import Generation
 
 EVAL_IOU = 0.5  # precision / recall / F1 use this IoU gate (COCO's AP50 threshold)
+EVAL_MATCH = MatchCosts(iou_gate=EVAL_IOU)  # Hungarian on boxes alone at that gate
 # per-image counters kept in each eval row, in this order (bootstrap intervals resample images)
 PER_IMAGE_FIELDS = ("n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup", "n_matched_desc")
 AGNOSTIC_METRICS = ("AP", "AP50", "AP75", "AR100")  # written with an `_agnostic` suffix
@@ -70,7 +71,11 @@ def judge_image(
 ) -> ImageOutcome:
     """Parse, match and score (`score`: `detection.scores`) one image's rollout (see the module docstring)."""
     parse, match, _, stats = judge_rollout(
-        generation.token_ids, sample.objects, vocab, _gate(), duplicate_iou_threshold=duplicate_iou_threshold
+        generation.token_ids,
+        sample.objects,
+        vocab,
+        EVAL_MATCH,
+        duplicate_iou_threshold=duplicate_iou_threshold,
     )
     predictions, parsed, kept, num_unknown = [], [], [], 0
     for obj, conf in zip(parse.valid_objects, object_confidences(parse, generation.logprobs), strict=True):
@@ -102,10 +107,6 @@ def judge_image(
         num_matched_desc=matched_desc_count(parse.valid_objects, sample.objects, match),
         pred_descs=[obj.desc for obj in parse.valid_objects],
     )
-
-
-def _gate() -> RolloutMatchingConfig:
-    return RolloutMatchingConfig(iou_gate=EVAL_IOU)
 
 
 @dataclass(frozen=True)

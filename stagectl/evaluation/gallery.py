@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
-from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.plan import MatchCosts
 from stagectl.data.sample import DetectionSample, bins_to_pixel_box
 from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.judge import match_objects
@@ -94,7 +94,7 @@ def judge_for_gallery(
     from stagectl.evaluation.core import EVAL_IOU  # (core loads torch; the report pages need only `draw`)
 
     preds = [_Pred(str(p["desc"]), _box(p["bbox_2d"])) for p in parsed]
-    match = match_objects(preds, sample.objects, RolloutMatchingConfig(iou_gate=EVAL_IOU))
+    match = match_objects(preds, sample.objects, MatchCosts(iou_gate=EVAL_IOU))
     duplicates = set(find_duplicates(preds, duplicate_iou_threshold))
     iou_of_pred = {i: iou for (i, _), iou in zip(match.pairs, match.ious, strict=True)}
     matched_gt = {j for _, j in match.pairs}

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.plan import ServerList
 from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
@@ -118,24 +118,16 @@ class RolloutClient:
         self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0, "failovers": 0}
 
     @classmethod
-    def from_config(
-        cls,
-        rm: RolloutMatchingConfig,
-        *,
-        base_urls: Sequence[str] | None = None,
-    ) -> RolloutClient:
-        """From `custom.extra.rollout_matching`; `base_urls` overrides `vllm.server.servers` (an embedded
-        server's address)."""
-        server = rm.vllm.server
-        urls = list(base_urls) if base_urls is not None else [s.base_url for s in server.servers]
-        token = read_token(server.auth_token_env, "custom.extra.rollout_matching.vllm.server.auth_token_env")
+    def for_servers(cls, servers: ServerList) -> RolloutClient:
+        """A client of `servers` (the token read from the variable `servers.auth_token_env` names; a
+        missing one is reported under `servers.token_key`)."""
         return cls(
-            urls,
-            timeout_s=server.timeout_s,
-            infer_timeout_s=server.infer_timeout_s,
-            auth_token=token,
-            tls_ca_file=server.tls_ca_file,
-            tls_skip_verify=server.tls_skip_verify,
+            servers.base_urls,
+            timeout_s=servers.wait_healthy_s,
+            infer_timeout_s=servers.infer_timeout_s,
+            auth_token=read_token(servers.auth_token_env, servers.token_key),
+            tls_ca_file=servers.tls_ca_file,
+            tls_skip_verify=servers.tls_skip_verify,
         )
 
     def _new_http(self) -> httpx.Client:

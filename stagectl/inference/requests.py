@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.sampling import SamplingSpec
 from stagectl.data.sample import DetectionSample
 from stagectl.models.corpus import DETECTION_INSTRUCTION
 from stagectl.models.generate import Generation
-from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.protocol import (
     IMAGE_TAG,
     WEIGHT_VERSION_KEY,
@@ -43,9 +42,8 @@ def detection_infer_request(sample: DetectionSample) -> InferRequest:
     return InferRequest(messages=[Message(role="user", content=content)], images=list(sample.images))
 
 
-def request_config(rm: RolloutMatchingConfig, seed: int | None, *, logprobs: bool = False) -> RequestConfig:
-    """Channel-B's sampling settings as a request config (token ids always returned)."""
-    spec = SamplingSpec.for_channel_b(rm, logprobs=logprobs)
+def request_config(spec: SamplingSpec, seed: int | None) -> RequestConfig:
+    """`spec` (Channel-B's sampling) as a request config that always returns token ids."""
     return RequestConfig.from_sampling(spec, seed, return_details=True)
 
 

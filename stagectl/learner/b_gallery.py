@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.collate import Segment
-from stagectl.config import StagectlConfig
-from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.config.plan import MatchCosts, TargetPlan
 from stagectl.data.sample import DetectionSample
 from stagectl.detection.judge import match_objects
 from stagectl.detection.matching import MatchResult
@@ -74,17 +72,17 @@ def effective_match(
     match: MatchResult,
     duplicates: Sequence[int],
     gt: Sequence[Any],
-    rm: RolloutMatchingConfig,
-    cb: ChannelBConfig,
+    target: TargetPlan,
+    costs: MatchCosts,
 ) -> tuple[dict[int, float], list[int]]:
     """({valid object index: IoU} of the matched predictions, the GT indices appended as misses) as the
     target form saw them: the judge's match for `raw_prefix`; for the forms that drop duplicates first
     (clean_prefix, reordered_gt) the match without them, as `channel_b.build_b_segment` builds it."""
-    if cb.target == "raw_prefix":
+    if target.kind == "raw_prefix":
         return {i: iou for (i, _), iou in zip(match.pairs, match.ious, strict=True)}, list(match.fn)
     dup = set(duplicates)
     kept = [i for i in range(len(parse.valid_objects)) if i not in dup]
-    accepted = match_objects([parse.valid_objects[i] for i in kept], gt, rm, cb.match)
+    accepted = match_objects([parse.valid_objects[i] for i in kept], gt, costs)
     iou_of = {kept[i]: iou for (i, _), iou in zip(accepted.pairs, accepted.ious, strict=True)}
     return iou_of, list(accepted.fn)
 
@@ -126,26 +124,22 @@ def build_record(
     index: int,
     generation: Generation,
     encoder: SampleEncoder,
-    rm: RolloutMatchingConfig,
-    cb: ChannelBConfig,
-    *,
-    desc_ce_weight: float,
+    target: TargetPlan,
+    costs: MatchCosts,
 ) -> BRecord:
     """The record of sample `index`'s rollout at `step`: judged and built exactly as the B step built it
     (`channel_b.score_rollout`, `channel_b.build_b_segment`), with no length limit."""
     from stagectl.learner.channel_b import build_b_segment, score_rollout
 
-    parse, match, duplicates, _ = score_rollout(index, generation, encoder, rm, cb)
-    segment, _ = build_b_segment(
-        index, generation, encoder, rm, cb, desc_ce_weight=desc_ce_weight, packing_length=2**62
-    )
+    parse, match, duplicates, _ = score_rollout(index, generation, encoder, target, costs)
+    segment, _ = build_b_segment(index, generation, encoder, target, costs, packing_length=2**62)
     assert segment is not None  # no length limit
     gt = encoder.samples[index].objects
-    iou_of, misses = effective_match(parse, match, duplicates, gt, rm, cb)
+    iou_of, misses = effective_match(parse, match, duplicates, gt, target, costs)
     return BRecord(
         step=step,
         sample=index,
-        target_kind=cb.target,
+        target_kind=target.kind,
         rollout_text=_text(generation.token_ids, encoder.vocab),
         objects=object_verdicts(parse, iou_of, duplicates, encoder.vocab),
         misses=[{"gt": j, "desc": gt[j].desc} for j in misses],
@@ -257,22 +251,20 @@ def write_record(out_dir: Path, record: BRecord, sample: DetectionSample) -> Pat
     return out_dir / name
 
 
-def make_b_gallery(cfg: StagectlConfig, state: LearnerState) -> BGallery | None:
+def make_b_gallery(state: LearnerState) -> BGallery | None:
     """The run's Channel-B gallery (rank 0; step and async mode), None when `channel_b.gallery_steps` is 0."""
-    assert cfg.stage2_ab is not None
-    cb = cfg.stage2_ab.channel_b
+    cb = state.plan.channel_b
     if cb.gallery_steps == 0:
         return None
-    encoder, rm = state.encoder, cfg.custom.extra.rollout_matching
-    desc_ce_weight = cfg.stage2_ab.desc_ce_weight
+    encoder = state.encoder
 
     def build(step: int, index: int, generation: Generation) -> BRecord:
-        return build_record(step, index, generation, encoder, rm, cb, desc_ce_weight=desc_ce_weight)
+        return build_record(step, index, generation, encoder, cb.target, cb.match)
 
     return BGallery(
-        Path(cfg.training.output_dir) / B_GALLERY_DIR,
+        state.plan.output_dir / B_GALLERY_DIR,
         encoder.samples,
-        max_steps=cfg.training.max_steps,
+        max_steps=state.plan.training.max_steps,
         num_records=cb.gallery_steps,
         build=build,
     )

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from stagectl.collate import Segment
-from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.config.plan import MatchCosts, TargetPlan
 from stagectl.detection.judge import judge_rollout, match_objects
 from stagectl.detection.matching import MatchResult
 from stagectl.detection.parse import RolloutParse
@@ -73,19 +72,18 @@ def score_rollout(
     index: int,
     generation: Generation,
     encoder: SampleEncoder,
-    rm: RolloutMatchingConfig,
-    cb: ChannelBConfig,
+    target: TargetPlan,
+    costs: MatchCosts,
 ) -> tuple[RolloutParse, MatchResult, list[int], RolloutStats]:
-    """Strict parse + match (`cb.match`) of one rollout against its sample's GT, the indices of its
+    """Strict parse + match (`costs`) of one rollout against its sample's GT, the indices of its
     duplicate predictions, and its counters (duplicates count as predictions: a matched one is a hit, else
     an FP)."""
     return judge_rollout(
         generation.token_ids,
         encoder.samples[index].objects,
         encoder.vocab,
-        rm,
-        duplicate_iou_threshold=cb.duplicate_iou_threshold,
-        how=cb.match,
+        costs,
+        duplicate_iou_threshold=target.duplicate_iou_threshold,
     )
 
 
@@ -93,60 +91,33 @@ def build_b_segment(
     index: int,
     generation: Generation,
     encoder: SampleEncoder,
-    rm: RolloutMatchingConfig,
-    cb: ChannelBConfig,
+    target: TargetPlan,
+    costs: MatchCosts,
     *,
-    desc_ce_weight: float,
     packing_length: int,
 ) -> tuple[Segment | None, RolloutStats]:
     """The Channel-B segment of one rollout (None when it exceeds `packing_length`: dropped, counted), in
-    the target form `cb.target` names."""
-    parse, match, duplicates, stats = score_rollout(index, generation, encoder, rm, cb)
+    the target form `target.kind` names."""
+    parse, match, duplicates, stats = score_rollout(index, generation, encoder, target, costs)
     gt = encoder.samples[index].objects
-    if cb.target == "raw_prefix":
-        target = build_channel_b_segment(
-            parse,
-            match,
-            gt,
-            encode=encoder.encode_text,
-            vocab=encoder.vocab,
-            desc_ce_weight=desc_ce_weight,
-            desc_ce_weight_matched=cb.desc_ce_weight_matched,
-            mask_correct_matched_desc=cb.mask_correct_matched_desc,
+    if target.kind == "raw_prefix":
+        assistant = build_channel_b_segment(
+            parse, match, gt, encode=encoder.encode_text, vocab=encoder.vocab, target=target
         )
-    elif cb.target in ("clean_prefix", "reordered_gt"):
+    else:
         dup_set = set(duplicates)
         accepted = [obj for i, obj in enumerate(parse.valid_objects) if i not in dup_set]
         # duplicates never take a GT object from the object they repeat
-        accepted_match = match_objects(accepted, gt, rm, cb.match)
-        if cb.target == "clean_prefix":
-            target = build_channel_b_clean_segment(
-                accepted,
-                accepted_match,
-                gt,
-                encode=encoder.encode_text,
-                vocab=encoder.vocab,
-                desc_ce_weight=desc_ce_weight,
-                insertion_order=cb.insertion_order,
-                desc_ce_weight_matched=cb.desc_ce_weight_matched,
-                mask_correct_matched_desc=cb.mask_correct_matched_desc,
-            )
-        else:
-            target = build_channel_b_reordered_gt_segment(
-                accepted,
-                accepted_match,
-                gt,
-                encode=encoder.encode_text,
-                vocab=encoder.vocab,
-                desc_ce_weight=desc_ce_weight,
-                desc_ce_weight_matched=cb.desc_ce_weight_matched,
-                mask_correct_matched_desc=cb.mask_correct_matched_desc,
-            )
-    else:
-        raise ValueError(
-            f"stage2_ab.channel_b.target must be raw_prefix, clean_prefix or reordered_gt, got {cb.target!r}"
+        accepted_match = match_objects(accepted, gt, costs)
+        build = (
+            build_channel_b_clean_segment
+            if target.kind == "clean_prefix"
+            else build_channel_b_reordered_gt_segment
         )
-    segment = to_segment(encoder.prompt(index), target)
+        assistant = build(
+            accepted, accepted_match, gt, encode=encoder.encode_text, vocab=encoder.vocab, target=target
+        )
+    segment = to_segment(encoder.prompt(index), assistant)
     if len(segment) > packing_length:
         stats.n_too_long = 1
         return None, stats
@@ -157,10 +128,9 @@ def build_b_segments(
     indices: Sequence[int],
     generations: Sequence[Generation],
     encoder: SampleEncoder,
-    rm: RolloutMatchingConfig,
-    cb: ChannelBConfig,
+    target: TargetPlan,
+    costs: MatchCosts,
     *,
-    desc_ce_weight: float,
     packing_length: int,
 ) -> tuple[list[tuple[int, Segment, RolloutStats]], RolloutStats]:
     """Each kept rollout as (its offset in `indices`, its segment, its counters), and the summed counters
@@ -169,7 +139,7 @@ def build_b_segments(
     dropped = RolloutStats()
     for offset, (index, generation) in enumerate(zip(indices, generations, strict=True)):
         segment, stats = build_b_segment(
-            index, generation, encoder, rm, cb, desc_ce_weight=desc_ce_weight, packing_length=packing_length
+            index, generation, encoder, target, costs, packing_length=packing_length
         )
         if segment is None:
             dropped.add(stats)

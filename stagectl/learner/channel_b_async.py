@@ -74,7 +74,7 @@ class AsyncChannelB:
         self.source = ServerRollouts(
             client,
             state.encoder,
-            rm,
+            state.plan.channel_b.sampling,
             state.resolved.rollout_decode_batch_size,
             self.fence,
             lambda: self.ver,
@@ -82,7 +82,6 @@ class AsyncChannelB:
         )
         self.next_step = state.start_step  # the step whose channel decision comes next
         self.open_step = state.start_step  # the first step whose post-update sync is still ahead
-        desc_w = cfg.stage2_ab.desc_ce_weight
         cb_cfg = cfg.stage2_ab.channel_b
         packing_length = cfg.packing_length
         prompt_tokens = len(state.encoder.prompt(0).input_ids)
@@ -102,9 +101,8 @@ class AsyncChannelB:
                 indices,
                 generations,
                 state.encoder,
-                rm,
-                cb_cfg,
-                desc_ce_weight=desc_w,
+                state.plan.channel_b.target,
+                state.plan.channel_b.match,
                 packing_length=packing_length,
             ),
             collate=self._collate,
@@ -158,7 +156,7 @@ class AsyncChannelB:
         # the servers' version `ver` holds exactly the learner's current weights (a fresh run: the base)
         self.weights_are_ver = True
         self._prefetch_seconds = (0.0, 0.0)  # the prefetcher's (build_s, collate_s) at the last metrics row
-        self.gallery = make_b_gallery(cfg, state) if self.world.is_main else None
+        self.gallery = make_b_gallery(state) if self.world.is_main else None
 
     def _collate(self, segments: list[Segment]) -> PackedBatch:
         if self.cfg.training.packing:

@@ -11,7 +11,9 @@ The rollout client and the weight sync it opens are handed back to the trainer, 
 
 from __future__ import annotations
 
-from stagectl.config import StagectlConfig, uses_server_rollouts
+from stagectl.config import StagectlConfig
+from stagectl.config.plan import ServerList
+from stagectl.config.plan import ServerRollouts as ServerRolloutsPlan
 from stagectl.inference.client import RolloutClient
 from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
 from stagectl.learner.channel_b import ChannelB
@@ -26,18 +28,16 @@ from stagectl.prefetch.fence import SyncFence
 from stagectl.weightsync.client import WeightSyncClient
 
 
-def make_client(cfg: StagectlConfig) -> RolloutClient:
+def make_client(servers: ServerList) -> RolloutClient:
     """The rollout client for server-mode rollouts, once every server answers /health/."""
-    client = RolloutClient.from_config(cfg.custom.extra.rollout_matching)
+    client = RolloutClient.for_servers(servers)
     client.wait_healthy()
     return client
 
 
-def make_weight_sync(cfg: StagectlConfig) -> WeightSyncClient:
+def make_weight_sync(rollouts: ServerRolloutsPlan) -> WeightSyncClient:
     """The weight sync to the rollout servers (rank 0 pushes; `vllm.sync` picks the transport)."""
-    return WeightSyncClient.from_config(
-        cfg.custom.extra.rollout_matching, disk_dir=cfg.training.output_dir / "weight_sync"
-    )
+    return WeightSyncClient.for_rollouts(rollouts)
 
 
 def build_channel_b(
@@ -52,20 +52,22 @@ def build_channel_b(
     servers. `num_updates`: optimizer updates so far (a resumed run's); `prefetcher_cpus`: the CPUs the
     async prefetcher thread runs on (None: the rank's own)."""
     assert cfg.stage2_ab is not None
-    rm = cfg.custom.extra.rollout_matching
+    plan = st.plan.channel_b
     chunk = st.resolved.rollout_decode_batch_size
-    if not uses_server_rollouts(cfg):
+    rollouts = plan.rollouts
+    if rollouts is None:
         warn_unused_async_state(st)
-        return StepChannelB(cfg, st, runner, HFRollouts(st.bundle.model, st.encoder, rm, chunk)), None, None
-    client = make_client(cfg)
-    weight_sync = make_weight_sync(cfg)
+        source = HFRollouts(st.bundle.model, st.encoder, plan.sampling, chunk)
+        return StepChannelB(cfg, st, runner, source), None, None
+    client = make_client(rollouts.servers)
+    weight_sync = make_weight_sync(rollouts)
     publisher = WeightPublisher(
         weight_sync,
         st.bundle.model,
         st.world,
         num_updates=num_updates,
         storage_dtype=st.precision.storage_dtype,
-        adapter_sync=rm.vllm.sync.mode == "adapter",
+        adapter_sync=rollouts.adapter_sync,
     )
     if cfg.stage2_ab.channel_b.mode == "async":
         async_b = AsyncChannelB(cfg, st, runner, client, publisher, prefetcher_cpus)
@@ -76,22 +78,22 @@ def build_channel_b(
         return async_b, client, weight_sync
     warn_unused_async_state(st)
     fence = SyncFence()
-    source = ServerRollouts(client, st.encoder, rm, chunk, fence, lambda: publisher.ver)
-    infer_timeout = rm.vllm.server.infer_timeout_s
+    server_source = ServerRollouts(client, st.encoder, plan.sampling, chunk, fence, lambda: publisher.ver)
+    infer_timeout = rollouts.servers.infer_timeout_s
     health = ServerHealth(
         cfg.stage2_ab.channel_b,
         st.world,
         publisher,
         client,
         fence,
-        infer_timeout if infer_timeout is not None and infer_timeout > 0 else None,
+        infer_timeout,
         after_sync=lambda outcome: None,
     )
     step_b = StepChannelB(
         cfg,
         st,
         runner,
-        source,
+        server_source,
         publisher=publisher,
         pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
         health=health,

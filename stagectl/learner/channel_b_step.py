@@ -57,11 +57,9 @@ class StepChannelB:
         self.publisher = publisher
         self.pipeline = pipeline
         self.health = health
-        self.desc_ce_weight = cfg.stage2_ab.desc_ce_weight
-        self.cb_cfg = cfg.stage2_ab.channel_b
         self.chunk_size = state.resolved.rollout_decode_batch_size
         self.num_updates = 0  # set by the trainer before each step
-        self.gallery = make_b_gallery(cfg, state) if state.world.is_main else None
+        self.gallery = make_b_gallery(state) if state.world.is_main else None
         self._step = 0
 
     def start(self) -> None:
@@ -131,9 +129,8 @@ class StepChannelB:
             indices,
             generations,
             self.state.encoder,
-            self.cfg.custom.extra.rollout_matching,
-            self.cb_cfg,
-            desc_ce_weight=self.desc_ce_weight,
+            self.state.plan.channel_b.target,
+            self.state.plan.channel_b.match,
             packing_length=self.runner.packing_length,
         )
         stats = RolloutStats()

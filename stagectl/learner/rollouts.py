@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
-from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.sampling import SamplingSpec
 from stagectl.inference.client import RolloutClient
 from stagectl.inference.requests import detection_infer_request, request_config, to_generation
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation, generate_batch
-from stagectl.config.sampling import SamplingSpec
 from stagectl.prefetch.fence import SyncFence
 from stagectl.wire.errors import RolloutServerError
 from stagectl.wire.protocol import InferRequest, InferResponse
@@ -45,16 +44,14 @@ class HFRollouts:
         self,
         model: Any,
         encoder: SampleEncoder,
-        rm: RolloutMatchingConfig,
+        spec: SamplingSpec,
         chunk_size: int,
-        *,
-        logprobs: bool = False,
     ) -> None:
-        """`logprobs`: each generation also carries its tokens' log-probabilities (evaluation scores)."""
+        """`spec.logprobs`: each generation also carries its tokens' log-probabilities."""
         self.model = model
         self.encoder = encoder
         self.chunk_size = chunk_size
-        self.spec = SamplingSpec.for_channel_b(rm, logprobs=logprobs)
+        self.spec = spec
         self.num_calls = 0
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
@@ -84,12 +81,11 @@ class ServerRollouts:
         self,
         client: RolloutClient,
         encoder: SampleEncoder,
-        rm: RolloutMatchingConfig,
+        spec: SamplingSpec,
         chunk_size: int,
         fence: SyncFence,
         current_ver: Callable[[], int],
         *,
-        logprobs: bool = False,
         tag_versions: bool = False,
     ) -> None:
         """`tag_versions` (async `in_flight_sync`): a section does not hold the fence; its calls carry
@@ -100,7 +96,7 @@ class ServerRollouts:
         self.chunk_size = chunk_size
         self.fence = fence
         self.current_ver = current_ver
-        self.base_config = request_config(rm, seed=None, logprobs=logprobs)
+        self.base_config = request_config(spec, seed=None)
         self.num_calls = 0
         self._stop = threading.Event()
 

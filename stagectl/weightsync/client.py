@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync, RolloutMatchingConfig
+from stagectl.config.plan import ServerRollouts
+from stagectl.config.rollout import CollectiveSync, DiskSync, HttpSync
 from stagectl.weightsync.base import PushReport, Servers, Transport
 from stagectl.weightsync.factory import build_sender
 from stagectl.weightsync.http import HttpSender
@@ -82,33 +83,25 @@ class WeightSyncClient:
         self.last_push: PushReport | None = None
 
     @classmethod
-    def from_config(
-        cls,
-        rm: RolloutMatchingConfig,
-        *,
-        base_urls: Sequence[str] | None = None,
-        disk_dir: str | Path | None = None,
-    ) -> WeightSyncClient:
-        """From `custom.extra.rollout_matching`; `base_urls` overrides `vllm.server.servers` (an embedded
-        server's address), `disk_dir` is the default of `vllm.sync.disk_dir` (`{output_dir}/weight_sync`)."""
-        server, sync = rm.vllm.server, rm.vllm.sync
-        urls = list(base_urls) if base_urls is not None else [s.base_url for s in server.servers]
-        token = read_token(server.auth_token_env, "custom.extra.rollout_matching.vllm.server.auth_token_env")
+    def for_rollouts(cls, rollouts: ServerRollouts) -> WeightSyncClient:
+        """The weight sync to `rollouts.servers` over `rollouts.sync`'s transport (a disk sync's directory
+        is resolved by the plan: `vllm.sync.disk_dir`, default `{output_dir}/weight_sync`)."""
+        servers, sync = rollouts.servers, rollouts.sync
         own: dict[str, Any] = {}  # the keys of the configured transport's section (each has only its own)
         if isinstance(sync, HttpSync):
             own = {"chunk_bytes": int(sync.chunk_mb * MIB), "delta": sync.delta}
         elif isinstance(sync, CollectiveSync):
             own = {"group_address": sync.group_address}
         elif isinstance(sync, DiskSync):
-            own = {"disk_dir": sync.disk_dir if sync.disk_dir is not None else disk_dir}
+            own = {"disk_dir": sync.disk_dir}
         return cls(
-            urls,
+            servers.base_urls,
             transport=sync.transport,
-            timeout_s=server.timeout_s,
-            read_timeout_s=server.infer_timeout_s,
-            auth_token=token,
-            tls_ca_file=server.tls_ca_file,
-            tls_skip_verify=server.tls_skip_verify,
+            timeout_s=servers.wait_healthy_s,
+            read_timeout_s=servers.infer_timeout_s,
+            auth_token=read_token(servers.auth_token_env, servers.token_key),
+            tls_ca_file=servers.tls_ca_file,
+            tls_skip_verify=servers.tls_skip_verify,
             **own,
         )
 

@@ -414,7 +414,7 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
     version again."""
     from types import SimpleNamespace
 
-    from stagectl.config.rollout import RolloutMatchingConfig
+    from stagectl.config.sampling import SamplingSpec
     from stagectl.learner.rollouts import ServerRollouts
     from stagectl.prefetch.fence import SyncFence
 
@@ -431,7 +431,7 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
             source = ServerRollouts(
                 both,
                 encoder,
-                RolloutMatchingConfig(max_new_tokens=8),
+                SamplingSpec(max_new_tokens=8),
                 2,
                 SyncFence(),
                 lambda: ver[0],  # type: ignore[arg-type]

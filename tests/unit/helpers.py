@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stagectl.config.plan import CleanPrefix, RawPrefix, ReorderedGT, TargetPlan
 from stagectl.detection.coords import COORD_TOKENS
 from stagectl.detection.parse import (
     STOP_END_OF_INPUT,
@@ -189,3 +190,10 @@ def check_invariants(result: RolloutParse, vocab: TokenVocab) -> None:
     if len(set(keys)) == len(keys) and not any(d.reason == "duplicate_key" for d in result.dropped_objects):
         for obj in result.valid_objects:
             assert completed[f"object_{obj.key_index}"]["desc"] == obj.desc
+
+
+def target_plan(kind: str, **knobs: Any) -> TargetPlan:
+    """The `TargetPlan` of the target form `kind` (`stage2_ab.channel_b.target`), with `knobs` (its
+    weights, duplicate threshold) as given."""
+    shapes = {"raw_prefix": RawPrefix(), "clean_prefix": CleanPrefix(), "reordered_gt": ReorderedGT()}
+    return TargetPlan(shape=shapes[kind], **knobs)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from stagectl.config.plan import TargetPlan
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import parse_rollout
 from stagectl.detection.targets import (
@@ -33,7 +34,7 @@ def test_channel_b_one_matched_one_fp_two_missed_has_exactly_the_expected_masks(
     assert (match.pairs, match.fp, match.fn) == ([(0, 0)], [1], [1, 2])
 
     segment = build_channel_b_segment(
-        parse, match, GT, encode=CHAR.encode, vocab=CHAR.vocab, desc_ce_weight=0.5
+        parse, match, GT, encode=CHAR.encode, vocab=CHAR.vocab, target=TargetPlan(desc_ce_weight_missed=0.5)
     )
 
     fp_entry = ROLLOUT[ROLLOUT.index(', "object_2"') : ROLLOUT.index(EOT) - 1]
@@ -81,7 +82,12 @@ def test_channel_b_masks_dropped_entries_and_fused_boundary_tokens() -> None:
     assert parse.dropped_by_reason == {"bbox_arity": 1} and parse.max_object_index == 7
     match = hungarian_match([o.bbox_2d for o in parse.valid_objects], [GT[0].bbox_2d])
     segment = build_channel_b_segment(
-        parse, match, GT[:1], encode=fused.encode, vocab=fused.vocab, desc_ce_weight=0
+        parse,
+        match,
+        GT[:1],
+        encode=fused.encode,
+        vocab=fused.vocab,
+        target=TargetPlan(desc_ce_weight_missed=0),
     )
 
     dropped = rollout[rollout.index(', "object_7"') + 1 : -1]  # after the fused `"]},`
@@ -105,7 +111,7 @@ def test_channel_b_invalid_rollout_teaches_every_gt_object_from_the_bare_prefix(
     parse = parse_rollout(CHAR.encode("I see nothing." + EOT), CHAR.vocab)
     match = hungarian_match([], [g.bbox_2d for g in GT])
     segment = build_channel_b_segment(
-        parse, match, GT, encode=CHAR.encode, vocab=CHAR.vocab, desc_ce_weight=1.0
+        parse, match, GT, encode=CHAR.encode, vocab=CHAR.vocab, target=TargetPlan(desc_ce_weight_missed=1.0)
     )
     text = CHAR.text(segment.input_ids[:-1])
     assert text.startswith('{"object_1": {"desc": "red square"') and text.endswith("]}}")

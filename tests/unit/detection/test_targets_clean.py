@@ -9,8 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.config.plan import CleanPrefix, MatchCosts, TargetPlan
 from stagectl.data.sample import DetectionSample, DetObject
 from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.matching import MatchResult, hungarian_match
@@ -19,7 +18,17 @@ from stagectl.detection.targets import CoordGroup, build_channel_b_clean_segment
 from stagectl.learner.channel_b import build_b_segments
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
-from tests.unit.helpers import CHAR, EOT, Obj, ToyEncoder, box_pieces, coord_positions, expand, toy_tokenizer
+from tests.unit.helpers import (
+    CHAR,
+    EOT,
+    Obj,
+    ToyEncoder,
+    box_pieces,
+    coord_positions,
+    expand,
+    target_plan,
+    toy_tokenizer,
+)
 
 GT = [
     Obj("red square", (12, 11, 50, 52)),  # matched by the rollout's second object
@@ -69,8 +78,7 @@ def test_clean_prefix_tail_append_keeps_rollout_order_and_drops_fp_duplicate_inv
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=0.5,
-        insertion_order="tail_append",
+        target=TargetPlan(shape=CleanPrefix(insertion_order="tail_append"), desc_ce_weight_missed=0.5),
     )
     expected_ids, expected_weights = expand(
         CHAR,
@@ -107,8 +115,7 @@ def test_clean_prefix_sorted_writes_everything_in_answer_order() -> None:
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=1.0,
-        insertion_order="sorted",
+        target=TargetPlan(shape=CleanPrefix(insertion_order="sorted"), desc_ce_weight_missed=1.0),
     )
     expected_ids, expected_weights = expand(
         CHAR,
@@ -142,8 +149,7 @@ def test_clean_prefix_of_an_empty_rollout_is_the_gt_answer_and_of_nothing_is_emp
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=1.0,
-        insertion_order="tail_append",
+        target=TargetPlan(shape=CleanPrefix(insertion_order="tail_append"), desc_ce_weight_missed=1.0),
     )
     text = CHAR.text(segment.input_ids[:-1])
     assert (
@@ -155,8 +161,7 @@ def test_clean_prefix_of_an_empty_rollout_is_the_gt_answer_and_of_nothing_is_emp
         [],
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=1.0,
-        insertion_order="sorted",
+        target=TargetPlan(shape=CleanPrefix(insertion_order="sorted"), desc_ce_weight_missed=1.0),
     )
     assert CHAR.text(empty.input_ids[:-1]) == "{}" and empty.ce_weights == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="match indices"):
@@ -166,8 +171,7 @@ def test_clean_prefix_of_an_empty_rollout_is_the_gt_answer_and_of_nothing_is_emp
             GT,
             encode=CHAR.encode,
             vocab=CHAR.vocab,
-            desc_ce_weight=1.0,
-            insertion_order="sorted",
+            target=TargetPlan(shape=CleanPrefix(insertion_order="sorted"), desc_ce_weight_missed=1.0),
         )
 
 
@@ -204,9 +208,8 @@ def b_step_targets(target: str, rollouts: Sequence[str]) -> list[tuple[list[int]
         list(range(len(rollouts))),
         [Generation(CHAR.encode(r), "stop") for r in rollouts],
         encoder,
-        RolloutMatchingConfig(),
-        ChannelBConfig(target=target),  # type: ignore[arg-type]
-        desc_ce_weight=1.0,
+        target_plan(target),
+        MatchCosts(),
         packing_length=100_000,
     )
     assert dropped.n_samples == 0 and len(kept) == len(rollouts)
@@ -255,9 +258,8 @@ def test_b_step_stats_count_duplicates() -> None:
         [0],
         [Generation(CHAR.encode(ROLLOUT), "stop")],
         encoder,
-        RolloutMatchingConfig(),
-        ChannelBConfig(target="clean_prefix"),
-        desc_ce_weight=1.0,
+        target_plan("clean_prefix"),
+        MatchCosts(),
         packing_length=100_000,
     )
     metrics = kept[0][2].metrics()
@@ -273,8 +275,7 @@ def test_fused_tokenizer_clean_prefix_matches_char_tokenizer_text() -> None:
         GT,
         encode=fused.encode,
         vocab=fused.vocab,
-        desc_ce_weight=0.5,
-        insertion_order="sorted",
+        target=TargetPlan(shape=CleanPrefix(insertion_order="sorted"), desc_ce_weight_missed=0.5),
     )
     b = build_channel_b_clean_segment(
         accepted,
@@ -282,8 +283,7 @@ def test_fused_tokenizer_clean_prefix_matches_char_tokenizer_text() -> None:
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=0.5,
-        insertion_order="sorted",
+        target=TargetPlan(shape=CleanPrefix(insertion_order="sorted"), desc_ce_weight_missed=0.5),
     )
     assert fused.text(a.input_ids[:-1]) == CHAR.text(b.input_ids[:-1])
     # the CE mass on desc text is the same: desc tokens are whole in both tokenizers

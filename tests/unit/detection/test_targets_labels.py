@@ -8,8 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.config.stage2_ab import ChannelBConfig, ChannelBMatchConfig
+from stagectl.config.plan import CleanPrefix, MatchCosts, ReorderedGT, TargetPlan
 from stagectl.data.sample import DetectionSample, DetObject
 from stagectl.detection.judge import match_objects
 from stagectl.detection.matching import MatchResult
@@ -34,6 +33,7 @@ from tests.unit.helpers import (
     box_pieces,
     coord_positions,
     expand,
+    target_plan,
     toy_tokenizer,
 )
 
@@ -61,7 +61,7 @@ W_MISSED = 0.5
 
 def rollout_parse(tok: ToyTokenizer = CHAR) -> tuple[RolloutParse, MatchResult]:
     parse = parse_rollout(tok.encode(ROLLOUT), tok.vocab)
-    match = match_objects(parse.valid_objects, GT, RolloutMatchingConfig())  # boxes only
+    match = match_objects(parse.valid_objects, GT, MatchCosts())  # boxes only
     assert (match.pairs, match.fp, match.fn) == ([(0, 1), (1, 0)], [2], [2])
     return parse, match
 
@@ -74,9 +74,11 @@ def raw(weight: float, mask_correct: bool = True, tok: ToyTokenizer = CHAR) -> S
         GT,
         encode=tok.encode,
         vocab=tok.vocab,
-        desc_ce_weight=W_MISSED,
-        desc_ce_weight_matched=weight,
-        mask_correct_matched_desc=mask_correct,
+        target=TargetPlan(
+            desc_ce_weight_missed=W_MISSED,
+            desc_ce_weight_matched=weight,
+            mask_correct_matched_desc=mask_correct,
+        ),
     )
 
 
@@ -123,7 +125,12 @@ def test_raw_prefix_without_matched_desc_weight_keeps_the_wrong_label_unsupervis
     assert_segment(raw(0.0), raw_pieces(0.0, "blue ring", 0.0), RAW_GROUPS, fp_boxes=3)
     parse, match = rollout_parse()
     default = build_channel_b_segment(
-        parse, match, GT, encode=CHAR.encode, vocab=CHAR.vocab, desc_ce_weight=W_MISSED
+        parse,
+        match,
+        GT,
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        target=TargetPlan(desc_ce_weight_missed=W_MISSED),
     )
     assert default == raw(0.0)  # the keys' defaults are the behaviour before them
 
@@ -173,14 +180,11 @@ def test_raw_prefix_splice_keeps_a_masked_fp_neighbour_masked() -> None:
     rollout = "{" + entry(1, "green star", GREEN_PRED) + ", " + box_first + FP_ENTRY + "}" + EOT
     fused = toy_tokenizer(['g"}, "'])
     parse = parse_rollout(fused.encode(rollout), fused.vocab)
-    match = match_objects(parse.valid_objects, GT, RolloutMatchingConfig())
+    match = match_objects(parse.valid_objects, GT, MatchCosts())
     assert (match.pairs, match.fp) == ([(0, 1), (1, 0)], [2])
 
     def build(weight: float) -> Segment:
-        return build_channel_b_segment(
-            parse, match, GT, encode=fused.encode, vocab=fused.vocab, desc_ce_weight=W_MISSED,
-            desc_ce_weight_matched=weight,
-        )  # fmt: skip
+        return build_channel_b_segment(parse, match, GT, encode=fused.encode, vocab=fused.vocab, target=TargetPlan(desc_ce_weight_missed=W_MISSED, desc_ce_weight_matched=weight))  # fmt: skip
 
     unspliced = build(0.0)
     k = unspliced.input_ids.index(fused.ids('g"}, "')[0])
@@ -215,9 +219,11 @@ def test_clean_prefix_matched_desc(weight: float, second_desc: str) -> None:
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=W_MISSED,
-        insertion_order="tail_append",
-        desc_ce_weight_matched=weight,
+        target=TargetPlan(
+            shape=CleanPrefix(insertion_order="tail_append"),
+            desc_ce_weight_missed=W_MISSED,
+            desc_ce_weight_matched=weight,
+        ),
     )
     pieces = [
         ('{"object_1": {"desc": "', 1.0),
@@ -243,9 +249,12 @@ def test_reordered_gt_writes_gt_objects_in_rollout_order_then_the_missed(
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=W_MISSED,
-        desc_ce_weight_matched=weight,
-        mask_correct_matched_desc=mask_correct,
+        target=TargetPlan(
+            shape=ReorderedGT(),
+            desc_ce_weight_missed=W_MISSED,
+            desc_ce_weight_matched=weight,
+            mask_correct_matched_desc=mask_correct,
+        ),
     )
     pieces = [
         ('{"object_1": {"desc": "', 1.0),
@@ -266,8 +275,7 @@ def test_reordered_gt_of_an_empty_rollout_is_the_gt_answer() -> None:
         GT,
         encode=CHAR.encode,
         vocab=CHAR.vocab,
-        desc_ce_weight=1.0,
-        desc_ce_weight_matched=0.0,
+        target=TargetPlan(shape=ReorderedGT(), desc_ce_weight_missed=1.0, desc_ce_weight_matched=0.0),
     )
     text = CHAR.text(segment.input_ids[:-1])
     assert text.index("red square") < text.index("black box") < text.index("green star")  # answer order
@@ -277,15 +285,16 @@ def test_reordered_gt_of_an_empty_rollout_is_the_gt_answer() -> None:
             GT,
             encode=CHAR.encode,
             vocab=CHAR.vocab,
-            desc_ce_weight=1.0,
-            desc_ce_weight_matched=-1.0,
+            target=TargetPlan(shape=ReorderedGT(), desc_ce_weight_missed=1.0, desc_ce_weight_matched=-1.0),
         )
 
 
 # ---------------------------------------------------------------- as a B step builds it, from the config
 
 
-def b_step(cb: ChannelBConfig) -> tuple[list[int], list[float], list[tuple[int, ...]]]:
+def b_step(
+    target: TargetPlan, costs: MatchCosts = MatchCosts()
+) -> tuple[list[int], list[float], list[tuple[int, ...]]]:
     sample = DetectionSample(
         images=[], width=1000, height=1000, objects=[DetObject(g.desc, g.bbox_2d) for g in GT]
     )
@@ -293,9 +302,8 @@ def b_step(cb: ChannelBConfig) -> tuple[list[int], list[float], list[tuple[int, 
         [0],
         [Generation(CHAR.encode(ROLLOUT), "stop")],
         cast(SampleEncoder, ToyEncoder([sample])),
-        RolloutMatchingConfig(),
-        cb,
-        desc_ce_weight=W_MISSED,
+        target,
+        costs,
         packing_length=100_000,
     )
     assert dropped.n_samples == 0 and len(kept) == 1
@@ -305,15 +313,17 @@ def b_step(cb: ChannelBConfig) -> tuple[list[int], list[float], list[tuple[int, 
 
 
 def test_b_step_passes_the_matched_desc_keys_to_the_target() -> None:
-    ids, weights, bins = b_step(ChannelBConfig(target="raw_prefix", desc_ce_weight_matched=W_MATCHED))
+    ids, weights, bins = b_step(
+        target_plan("raw_prefix", desc_ce_weight_missed=W_MISSED, desc_ce_weight_matched=W_MATCHED)
+    )
     assert (ids, weights) == expand(CHAR, raw_pieces(0.0, "red square", W_MATCHED))
     assert bins == RAW_GROUPS
 
 
 def test_desc_gated_b_step_turns_the_wrong_label_into_an_fp_and_its_gt_into_a_miss() -> None:
-    gated = ChannelBMatchConfig(desc_gated=True)
+    gated = MatchCosts(desc_gated=True)
     ids, weights, bins = b_step(
-        ChannelBConfig(target="reordered_gt", desc_ce_weight_matched=W_MATCHED, match=gated)
+        target_plan("reordered_gt", desc_ce_weight_missed=W_MISSED, desc_ce_weight_matched=W_MATCHED), gated
     )
     missed = [
         (', "object_2": {"desc": "', 1.0),
@@ -329,7 +339,7 @@ def test_desc_gated_b_step_turns_the_wrong_label_into_an_fp_and_its_gt_into_a_mi
     assert (ids, weights) == expand(CHAR, green + missed)
     assert bins == [(200, 300, 260, 380), (12, 11, 50, 52), (100, 100, 150, 120)]
 
-    ids, weights, _ = b_step(ChannelBConfig(target="raw_prefix", match=gated))
+    ids, weights, _ = b_step(target_plan("raw_prefix", desc_ce_weight_missed=W_MISSED), gated)
     text = CHAR.text(ids)
     blue = text.index('"object_2": {"desc": "blue ring"')
     span = range(len(CHAR.encode(text[:blue])) - 2, len(CHAR.encode(text[: text.index('"object_3"')])) - 2)
@@ -340,8 +350,7 @@ def test_desc_gated_b_step_turns_the_wrong_label_into_an_fp_and_its_gt_into_a_mi
 def test_greedy_assignment_from_the_config() -> None:
     preds = [Obj("a", (0, 0, 10, 10)), Obj("a", (4, 0, 14, 10))]
     gt = [Obj("a", (1, 0, 11, 10)), Obj("a", (0, 0, 7, 10))]
-    rm = RolloutMatchingConfig(iou_gate=0.5)
-    hungarian = match_objects(preds, gt, rm)
-    greedy = match_objects(preds, gt, rm, ChannelBMatchConfig(assignment="greedy_iou"))
+    hungarian = match_objects(preds, gt, MatchCosts(iou_gate=0.5))
+    greedy = match_objects(preds, gt, MatchCosts(iou_gate=0.5, assignment="greedy_iou"))
     assert hungarian.pairs == [(0, 1), (1, 0)]
     assert (greedy.pairs, greedy.fp, greedy.fn) == ([(0, 0)], [1], [1])

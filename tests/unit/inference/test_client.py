@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from stagectl.config.plan import ServerList, ServerRollouts
 from stagectl.config.rollout import RolloutMatchingConfig
+from stagectl.config.sampling import SamplingSpec
+from stagectl.config.stage_b import StageBServerConfig
 from stagectl.inference.client import RolloutClient
 from stagectl.inference.requests import (
     contiguous_parts,
@@ -50,7 +53,7 @@ def test_detection_request_is_swift_style(tmp_path: Path) -> None:
     assert Path(request.images[1]).is_absolute()
 
 
-def test_request_config_from_rollout_matching() -> None:
+def test_request_config_from_channel_b_sampling() -> None:
     rm = RolloutMatchingConfig.model_validate(
         {
             "max_new_tokens": 77,
@@ -58,9 +61,11 @@ def test_request_config_from_rollout_matching() -> None:
             "repetition_penalty": 1.1,
         }
     )
-    config = request_config(rm, seed=123)
+    config = request_config(SamplingSpec.for_channel_b(rm), seed=123)
     assert (config.max_tokens, config.temperature, config.top_p, config.top_k) == (77, 0.7, 0.9, 5)
     assert config.repetition_penalty == 1.1 and config.seed == 123 and config.return_details
+    assert not config.logprobs
+    assert request_config(SamplingSpec.for_channel_b(rm, logprobs=True), seed=None).logprobs
 
 
 def test_to_generation() -> None:
@@ -76,7 +81,9 @@ def test_to_generation() -> None:
         to_generation(InferResponse.model_validate({"choices": [{"message": {"content": "x"}}]}))
 
 
-def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_clients_of_the_plan_parts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Both clients are built from the plan's parts; a missing token is reported under the config key
+    that names its variable (`ServerList.token_key`), whichever section the servers came from."""
     rm = RolloutMatchingConfig.model_validate(
         {
             "rollout_backend": "vllm",
@@ -90,14 +97,26 @@ def test_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             },
         }
     )
+    servers = ServerList.of_rollout_matching(rm)
+    rollouts = ServerRollouts(servers, rm.vllm.sync.model_copy(update={"disk_dir": tmp_path}))
+    stage_b = ServerList.of_stage_b(
+        StageBServerConfig(base_urls=["http://127.0.0.1:3"], auth_token_env="TOK")
+    )
     monkeypatch.delenv("TOK", raising=False)
-    with pytest.raises(ValueError, match=r"\$TOK, which is unset"):
-        RolloutClient.from_config(rm)
+    key = r"custom\.extra\.rollout_matching\.vllm\.server\.auth_token_env names \$TOK, which is unset"
+    with pytest.raises(ValueError, match=key):
+        RolloutClient.for_servers(servers)
+    with pytest.raises(ValueError, match=key):
+        WeightSyncClient.for_rollouts(rollouts)
+    with pytest.raises(ValueError, match=r"^runner\.server\.auth_token_env names \$TOK"):
+        RolloutClient.for_servers(stage_b)
     monkeypatch.setenv("TOK", "secret")
-    with RolloutClient.from_config(rm) as client:
+    with RolloutClient.for_servers(servers) as client:
         assert client.base_urls == ["http://127.0.0.1:1"]
-    with WeightSyncClient.from_config(rm, disk_dir=tmp_path) as sync:
+        assert client._headers == {"Authorization": "Bearer secret"}
+        assert client.timeout_s == servers.wait_healthy_s and client._timeout.read is None  # 0: none
+    with WeightSyncClient.for_rollouts(rollouts) as sync:
         assert sync.base_urls == ["http://127.0.0.1:1"] and isinstance(sync.sender, DiskSender)
         assert sync.transport == "disk" and sync.disk_dir == tmp_path
-    with RolloutClient.from_config(rm, base_urls=["http://127.0.0.1:2"]) as client:
-        assert client.base_urls == ["http://127.0.0.1:2"]
+    with RolloutClient.for_servers(stage_b) as client:
+        assert client.base_urls == ["http://127.0.0.1:3"]

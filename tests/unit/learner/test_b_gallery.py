@@ -12,8 +12,7 @@ from typing import Any, cast
 
 from PIL import Image
 
-from stagectl.config.rollout import RolloutMatchingConfig
-from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.config.plan import MatchCosts
 from stagectl.data.sample import DetectionSample, DetObject
 from stagectl.detection.stats import RolloutStats
 from stagectl.learner.b_gallery import RECORDS, BGallery, BRecord, TargetToken, build_record, sampled_steps
@@ -21,7 +20,7 @@ from stagectl.learner.channel_b import Decision
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
 from stagectl.prefetch.records import ReadyPack, Rollout
-from tests.unit.helpers import CHAR, ToyEncoder
+from tests.unit.helpers import CHAR, ToyEncoder, target_plan
 
 GT = [
     ("red square", (12, 11, 50, 52)),
@@ -59,9 +58,8 @@ def record(target: str, image: str = "") -> BRecord:
         0,
         Generation(CHAR.encode(ROLLOUT), "length"),
         encoder,
-        RolloutMatchingConfig(),
-        ChannelBConfig(target=target),  # type: ignore[arg-type]
-        desc_ce_weight=1.0,
+        target_plan(target),
+        MatchCosts(),
     )
 
 
@@ -120,9 +118,8 @@ def test_a_rollout_with_an_id_past_the_byte_table_is_recorded() -> None:
         0,
         Generation([*CHAR.encode(ROLLOUT[:40]), past], "length"),
         cast(SampleEncoder, ToyEncoder([sample])),
-        RolloutMatchingConfig(),
-        ChannelBConfig(target="clean_prefix"),
-        desc_ce_weight=1.0,
+        target_plan("clean_prefix"),
+        MatchCosts(),
     )
     assert rec.rollout_text == ROLLOUT[:40] + f"<|id {past}|>"
 
@@ -169,10 +166,10 @@ def test_an_async_b_step_records_a_rollout_of_the_packs_it_trained_after_its_upd
     Image.new("RGB", (100, 100), (255, 255, 255)).save(image)
     sample = DetectionSample([str(image)], 1000, 1000, [DetObject(d, b) for d, b in GT])
     encoder = cast(SampleEncoder, ToyEncoder([sample, sample]))
-    rm, cb = RolloutMatchingConfig(), ChannelBConfig(target="clean_prefix")
+    target = target_plan("clean_prefix")
 
     def build(step: int, index: int, generation: Generation) -> BRecord:
-        return build_record(step, index, generation, encoder, rm, cb, desc_ce_weight=1.0)
+        return build_record(step, index, generation, encoder, target, MatchCosts())
 
     channel: Any = object.__new__(AsyncChannelB)  # only what run / after_update use is set
     channel.gallery = BGallery(
