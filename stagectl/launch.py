@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from stagectl.config import StagectlConfig
 from stagectl.config.model_data import DataConfig
+from stagectl.config.rollout import RolloutServerConfig
 from stagectl.config.training import LaunchConfig
 from stagectl.watchdog import LAUNCHER_PID_ENV
 
@@ -129,40 +129,46 @@ def data_image_roots(data: DataConfig | None) -> list[Path]:
 
 @contextmanager
 def embedded_rollout_server(
-    config_path: Path, overrides: Sequence[str], cfg: StagectlConfig, timeout_s: float = 300.0
+    config_path: Path,
+    overrides: Sequence[str],
+    server: RolloutServerConfig,
+    data: DataConfig | None,
+    output_dir: Path,
+    timeout_s: float = 300.0,
 ) -> Iterator[str]:
     """Start `stagectl rollout-server` as a child on a free loopback port, wait for /health/, yield its
-    URL, and always stop it (normal exit, errors, Ctrl-C)."""
+    URL, and always stop it (normal exit, errors, Ctrl-C). The child reads the same YAML and `overrides`
+    (it resolves its own `ServerPlan`), may read the training images (`data`'s and `server.image_roots`),
+    loads disk weight syncs from `output_dir/weight_sync`, and logs to `output_dir/rollout_server.log`."""
     from stagectl.server.launcher import ServerKeeper, start_server_process
 
-    out = cfg.training.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    roots = [str(p.absolute()) for p in [*cfg.rollout_server.image_roots, *data_image_roots(cfg.data)]]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    roots = [str(p.absolute()) for p in [*server.image_roots, *data_image_roots(data)]]
 
     def args_for_port(port: int) -> list[str]:
         args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
         args += ["--set", f"rollout_server.image_roots={roots!r}"]
         args += ["--host", "127.0.0.1", "--port", str(port)]
-        args += ["--weights-dir", str((out / "weight_sync").absolute())]
+        args += ["--weights-dir", str((output_dir / "weight_sync").absolute())]
         return [*args, "--access-log", "-"]  # its output goes to rollout_server.log, not to the terminal
 
     from stagectl.placement import cuda_env
 
-    devices = cuda_env("rollout_server.devices", cfg.rollout_server.devices)
+    devices = cuda_env("rollout_server.devices", server.devices)
     env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}", **devices})
-    log_path = out / "rollout_server.log"
-    server = start_server_process(args_for_port(0), log_path=log_path, timeout_s=timeout_s, env=env)
+    log_path = output_dir / "rollout_server.log"
+    child = start_server_process(args_for_port(0), log_path=log_path, timeout_s=timeout_s, env=env)
     # a server that crashes is started again on its port (the learner re-syncs it)
     keeper = ServerKeeper(
-        server,
+        child,
         args_for_port,
-        max_restarts=cfg.rollout_server.embedded_max_restarts,
+        max_restarts=server.embedded_max_restarts,
         env=env,
         log_path=log_path,
         timeout_s=timeout_s,
     )
     try:
-        yield str(server.url)
+        yield str(child.url)
     finally:
         keeper.stop()
 

@@ -56,9 +56,10 @@ def command(
     except ValueError as exc:
         fail(str(exc))
 
+    from stagectl.config.plan_server import server_plan
     from stagectl.server.serving import run_server
 
     try:
-        run_server(cfg, weight_dirs=weights_dirs, access_log=access_log)
+        run_server(server_plan(cfg), weight_dirs=weights_dirs, access_log=access_log)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))

@@ -82,7 +82,7 @@ def command(
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
     if cfg.rollout_server.embedded:
-        server = embedded_rollout_server(config, sets, cfg)
+        server = embedded_rollout_server(config, sets, cfg.rollout_server, cfg.data, t.output_dir)
     with _server_errors(), server as url:
         if url is not None:
             typer.echo(f"embedded rollout server: {url}", err=True)

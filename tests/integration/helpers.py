@@ -110,6 +110,7 @@ def in_process_server(model: str, *sets: str) -> Iterator[str]:
     import torch
 
     from stagectl.config import load_config
+    from stagectl.config.plan_server import server_plan
     from stagectl.server.app import build_app
     from stagectl.server.service import RolloutService
     from stagectl.server.serving import ThreadedServer, build_engine, settings_for
@@ -117,8 +118,8 @@ def in_process_server(model: str, *sets: str) -> Iterator[str]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = load_config(None, [f"model.name_or_path={model}", "rollout_server.port=0", *sets])
-        server = ThreadedServer(build_app(RolloutService(build_engine(cfg), settings_for(cfg)))).start(
+        plan = server_plan(load_config(None, [f"model.name_or_path={model}", "rollout_server.port=0", *sets]))
+        server = ThreadedServer(build_app(RolloutService(build_engine(plan), settings_for(plan)))).start(
             timeout_s=120
         )
         try:

@@ -22,6 +22,7 @@ from stagectl.engines.hf import HFEngine
 from stagectl.models.loading import load_bundle
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.config.plan_server import server_plan
 from stagectl.server.serving import ThreadedServer, build_engine
 from stagectl.stage_b.runner import run_all
 from tests.integration.any_model import (
@@ -100,7 +101,9 @@ def test_detection_loading_adds_coordinate_tokens_to_any_model() -> None:
 def test_hf_server_answers_and_stops_at_the_end_of_turn(arch: str, planted: dict[str, Planted]) -> None:
     plant = planted[arch]
     cfg = load_config(None, [f"model.name_or_path={plant.path}", "rollout_server.max_batch_size=2"])
-    engine = build_engine(cfg)  # what `stagectl rollout-server --model DIR` builds: a plain serving config
+    engine = build_engine(
+        server_plan(cfg)
+    )  # what `stagectl rollout-server --model DIR` builds: a plain serving config
     assert isinstance(engine, HFEngine)
     assert engine.bundle.coord_ids is None or arch in VL_ARCHS  # plain serving adds no tokens
     server = ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()

@@ -26,6 +26,7 @@ from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
+from stagectl.config.plan_server import server_plan
 from stagectl.server.serving import ThreadedServer, build_engine
 from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from tests.interop.helpers import SWIFT_SIDE, require_interop_python, swift_client
@@ -272,7 +273,7 @@ def test_swift_client_greedy_token_ids_from_the_tiny_vl_model(swift_python: Path
     client gets the greedy token ids transformers' own greedy decode gives, and the prompt ids."""
     image_path = tmp_path / "img.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (56, 84, 3), dtype=np.uint8)).save(image_path)
-    engine = build_engine(load_config(None, ["model.name_or_path=builtin:tiny-qwen2.5-vl"]))
+    engine = build_engine(server_plan(load_config(None, ["model.name_or_path=builtin:tiny-qwen2.5-vl"])))
     assert isinstance(engine, HFEngine)
     bundle = engine.bundle
     server = ThreadedServer(build_app(RolloutService(engine, ServerSettings(image_roots=[tmp_path])))).start()

@@ -131,6 +131,7 @@ def test_adapter_config_defaults_and_freeze_vit_combine() -> None:
 def test_hf_server_merges_a_synced_adapter_bit_identically_to_the_checkpoint(kind: str, dtype: str) -> None:
     """`sync.mode: adapter`: the hf engine's specs are the adapter's (peft names, float32), and after
     `apply_weights` it serves exactly the weights `merged_state_dict` writes to a checkpoint's model/."""
+    from stagectl.config.plan_server import server_plan
     from stagectl.server.serving import build_engine
     from stagectl.weightsync.wire import spec_of
 
@@ -140,7 +141,7 @@ def test_hf_server_merges_a_synced_adapter_bit_identically_to_the_checkpoint(kin
         "custom.extra.rollout_matching.vllm.sync.mode=adapter",
         f"model.torch_dtype={dtype}",
     ]
-    engine = build_engine(load_config(None, overrides))
+    engine = build_engine(server_plan(load_config(None, overrides)))
     try:
         sent = adapter.adapter_state_dict(learner)
         assert {k: spec_of(v) for k, v in sent.items()} == engine.weight_specs()

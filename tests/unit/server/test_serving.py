@@ -1,13 +1,22 @@
-"""The rollout server's listening socket says it is TCP, so asyncio turns Nagle off (TCP_NODELAY) on every
-connection it accepts. Without it each answer, whose head and body uvicorn writes apart, waited for the
-client's delayed ACK: a 44 ms floor under every request (measured: /health/ 44 ms -> 0.3 ms)."""
+"""Serving: the bounds of one call come from the server's plan (the config's own caller: a train-ab
+learner, a Stage-B runner). The listening socket says it is TCP, so asyncio turns Nagle off (TCP_NODELAY)
+on every connection it accepts. Without it each answer, whose head and body uvicorn writes apart, waited
+for the client's delayed ACK: a 44 ms floor under every request (measured: /health/ 44 ms -> 0.3 ms)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
-from stagectl.server.serving import bind_socket
+import pytest
+
+from stagectl.config import load_config
+from stagectl.config.plan_server import server_plan
+from stagectl.engines.fake import FakeEngine
+from stagectl.server.service import RolloutService
+from stagectl.server.serving import bind_socket, settings_for
+from stagectl.wire.guards import CallLimits, TooManyRequests, TooManyTokens
+from stagectl.wire.protocol import InferBody, InferRequest, Message, RequestConfig
 
 
 def test_accepted_connections_have_nagle_off() -> None:
@@ -32,3 +41,51 @@ def test_accepted_connections_have_nagle_off() -> None:
 
     asyncio.run(main())
     assert seen and seen[0] != 0
+
+
+TRAIN_AB = [
+    "data.synthetic.num_samples=8",
+    "stage2_ab.schedule.b_ratio=0.5",
+    "custom.extra.rollout_matching.rollout_backend=vllm",
+    "rollout_server.embedded=true",
+    "custom.extra.rollout_matching.max_new_tokens=10000",
+    "stage2_ab.channel_b.rollout_decode_batch_size=2048",
+]
+STAGE_B = [
+    "mission=m",
+    "tickets=[t.jsonl]",
+    "guidance.path=g.json",
+    "sampler.grid=[{max_new_tokens: 9000}]",
+    "runner.per_rank_rollout_batch_size=1500",
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tokens", "requests"), [(TRAIN_AB, 10000, 2048), (STAGE_B, 9000, 1500)]
+)
+def test_the_server_of_a_train_ab_or_stage_b_config_enforces_its_callers_bounds(
+    overrides: list[str], tokens: int, requests: int
+) -> None:
+    """A server started from the training (or Stage-B) YAML takes its own caller's largest call and longest
+    rollout, and refuses one beyond either (413 / 400 over HTTP)."""
+    settings = settings_for(server_plan(load_config(None, overrides)))
+    assert settings.limits == CallLimits(tokens, requests)
+    service = RolloutService(FakeEngine(batch_wait_ms=0), settings)
+    try:
+        one = [InferRequest(messages=[Message(role="user", content="hi")])]
+        with pytest.raises(
+            TooManyRequests, match=f"{requests + 1} requests in one call; .* at most {requests}"
+        ):
+            service.infer(
+                InferBody(infer_requests=one * (requests + 1), request_config=RequestConfig(max_tokens=8))
+            )
+        with pytest.raises(
+            TooManyTokens, match=f"max_tokens {tokens + 1} exceeds this server's cap of {tokens}"
+        ):
+            service.infer(InferBody(infer_requests=one, request_config=RequestConfig(max_tokens=tokens + 1)))
+        (answer,) = service.infer(
+            InferBody(infer_requests=one, request_config=RequestConfig(max_tokens=tokens))
+        )
+        assert answer.choices
+    finally:
+        service.close()

@@ -6,18 +6,16 @@ thread, the fake engine, its weight-stream port on)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from stagectl.config import load_config
 from stagectl.engines.fake import FakeEngine, default_weights
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
-from stagectl.server.serving import ThreadedServer, weight_transports
+from stagectl.server.serving import ThreadedServer
 from stagectl.weightsync.base import Servers
 from stagectl.weightsync.errors import (
     DeltaBaseError,
@@ -183,13 +181,3 @@ def test_the_app_mounts_only_the_configured_transports_routes() -> None:
     assert (
         disk_only.post("/update_weights/from_disk/", json={}).status_code == 422
     )  # served: the body is wrong
-
-
-def test_an_embedded_server_takes_its_learners_transport_only(tmp_path: Path) -> None:
-    yaml = "custom:\n  extra:\n    rollout_matching:\n      rollout_backend: vllm\n"
-    (tmp_path / "c.yaml").write_text(yaml)
-    sync = "custom.extra.rollout_matching.vllm.sync.transport=disk"
-    embedded = load_config(tmp_path / "c.yaml", [sync, "rollout_server.embedded=true"])
-    standalone = load_config(tmp_path / "c.yaml", [sync])
-    assert weight_transports(embedded) == {"disk"}
-    assert weight_transports(standalone) == {"http", "collective", "disk"}

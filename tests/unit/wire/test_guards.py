@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stagectl.config import ConfigError, load_config
-from stagectl.server.serving import call_limits, server_settings
+from stagectl.server.serving import server_settings
 from stagectl.wire.guards import (
     DEFAULT_MAX_NEW_TOKENS_CAP,
     DEFAULT_MAX_REQUESTS_PER_CALL,
@@ -72,27 +72,14 @@ def test_check_context_names_both_numbers() -> None:
         check_context(97, 32, 128)
 
 
-def test_limits_default_to_what_the_config_itself_asks_for() -> None:
-    plain = call_limits(load_config(None, []))
-    assert plain == CallLimits(DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL)
-    big = [
-        *SERVER_ROLLOUTS,
-        "custom.extra.rollout_matching.max_new_tokens=10000",
-        "stage2_ab.channel_b.rollout_decode_batch_size=2048",
-    ]
-    assert call_limits(load_config(None, big)) == CallLimits(10000, 2048)  # the embedded server's learner
-    stage_b = [
-        "mission=m",
-        "tickets=[t.jsonl]",
-        "guidance.path=g.json",
-        "sampler.grid=[{max_new_tokens: 9000}]",
-        "runner.per_rank_rollout_batch_size=1500",
-    ]
-    assert call_limits(load_config(None, stage_b)) == CallLimits(9000, 1500)
+def test_settings_take_explicit_limits_else_the_defaults() -> None:
+    """`server_settings` alone (no plan): the configured bounds, else the defaults. What a config's own
+    caller raises them to is `config.plan_server.call_limits` (tests/unit/config/test_plan_server.py)."""
+    assert server_settings(load_config(None, []).rollout_server).limits == CallLimits(
+        DEFAULT_MAX_NEW_TOKENS_CAP, DEFAULT_MAX_REQUESTS_PER_CALL
+    )
     explicit = ["rollout_server.max_new_tokens_cap=512", "rollout_server.max_requests_per_call=16"]
-    cfg = load_config(None, explicit)
-    assert call_limits(cfg) == CallLimits(512, 16)
-    assert server_settings(cfg.rollout_server).limits == CallLimits(512, 16)
+    assert server_settings(load_config(None, explicit).rollout_server).limits == CallLimits(512, 16)
 
 
 def _problems(*overrides: str) -> dict[str, str]:
