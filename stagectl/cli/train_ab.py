@@ -38,6 +38,7 @@ def command(
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
+    from stagectl.memory.from_config import knobs_from_config
     from stagectl.placement import check_devices
     from stagectl.rundir import prepare_train_dir
 
@@ -75,7 +76,8 @@ def command(
                 typer.echo(note, err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts
         check_devices(cfg)
-        too_big = disk_warning(cfg, effective_world_size(cfg))  # doctor's checkpoint-size estimate
+        knobs = knobs_from_config(cfg, effective_world_size(cfg))
+        too_big = disk_warning(cfg.model, t, knobs)  # doctor's checkpoint-size estimate
         if too_big is not None:
             typer.echo(f"train-ab: warning: the checkpoints will not fit: {too_big}", err=True)
     except ValueError as exc:

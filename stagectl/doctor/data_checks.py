@@ -8,7 +8,6 @@ seconds for COCO-sized sets where encoding every image would take most of an hou
 
 from __future__ import annotations
 
-from stagectl.config import StagectlConfig
 from stagectl.config.model_data import DataConfig
 from stagectl.data.jsonl import DataError, load_jsonl_dataset, read_box_format
 from stagectl.data.sample import DetectionSample
@@ -130,9 +129,9 @@ def _image_size(path: str) -> tuple[int, int]:
         return image.size
 
 
-def check_longest_sample(cfg: StagectlConfig, lengths: list[int]) -> list[Check]:
+def check_longest_sample(global_max_length: int, lengths: list[int]) -> list[Check]:
     name = "data.longest_sample"
-    limit = cfg.global_max_length
+    limit = global_max_length
     too_long = [i for i, n in enumerate(lengths) if n > limit]
     longest = max(range(len(lengths)), key=lambda i: lengths[i])
     if too_long:

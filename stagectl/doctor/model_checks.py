@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from stagectl.config import StagectlConfig, uses_server_rollouts
 from stagectl.config.engines import ENGINES
+from stagectl.config.model_data import ModelConfig
 from stagectl.doctor.report import Check, fail, ok, warn
 
 if TYPE_CHECKING:
@@ -18,13 +18,14 @@ if TYPE_CHECKING:
 MODEL_FIX = "set model.name_or_path to a local Qwen-VL checkpoint directory or builtin:tiny-qwen2.5-vl"
 
 
-def check_tokenizer(cfg: StagectlConfig) -> tuple[bool, list[Check]]:
-    """Chat template, stop ids and coordinate tokens, from the checkpoint's tokenizer as it is on disk.
+def check_tokenizer(model: ModelConfig, rollout_engine: str | None) -> tuple[bool, list[Check]]:
+    """Chat template, stop ids and coordinate tokens, from the checkpoint's tokenizer as it is on disk;
+    `rollout_engine`: the engine Channel-B's rollout servers run (None: rollouts run in the learner).
     Returns whether loading the weights is worth trying, and the lines."""
     from stagectl.models.loading import checkpoint_stop_ids, load_tokenizer, resolve_model_path
     from stagectl.models.turns import template_end_of_turn_id
 
-    name = cfg.model.name_or_path
+    name = model.name_or_path
     try:
         path = resolve_model_path(name)
         tokenizer = load_tokenizer(name, add_coord_tokens=False)
@@ -54,21 +55,21 @@ def check_tokenizer(cfg: StagectlConfig) -> tuple[bool, list[Check]]:
             "model.chat_template",
             f"end of turn {tokenizer.convert_ids_to_tokens(end_of_turn)} ({end_of_turn}); rollouts stop at {shown}",
         )
-    return True, [chat, _coord_tokens(cfg, tokenizer)]
+    return True, [chat, _coord_tokens(name, rollout_engine, tokenizer)]
 
 
-def _coord_tokens(cfg: StagectlConfig, tokenizer: PreTrainedTokenizerBase) -> Check:
+def _coord_tokens(name_or_path: str, rollout_engine: str | None, tokenizer: PreTrainedTokenizerBase) -> Check:
     from stagectl.models.tokenizer import coord_token_ids
 
     name = "model.coord_tokens"
     try:
         ids = coord_token_ids(tokenizer)
     except ValueError as exc:
-        if uses_server_rollouts(cfg) and not ENGINES[cfg.rollout_server.engine].adds_coord_tokens:
+        if rollout_engine is not None and not ENGINES[rollout_engine].adds_coord_tokens:
             return fail(
                 name,
                 f"{exc}: a vLLM rollout server serves the checkpoint as it is and refuses detection without them",
-                f"`stagectl export {cfg.model.name_or_path} OUT --add-coord-tokens`, then set "
+                f"`stagectl export {name_or_path} OUT --add-coord-tokens`, then set "
                 "model.name_or_path to OUT for the learner and the servers",
             )
         return warn(
@@ -81,21 +82,21 @@ def _coord_tokens(cfg: StagectlConfig, tokenizer: PreTrainedTokenizerBase) -> Ch
     return ok(name, f"<|coord_0|>..<|coord_999|> present (ids {ids[0]}..{ids[-1]})")
 
 
-def load_model(cfg: StagectlConfig, device: str) -> tuple[ModelBundle | None, Check]:
+def load_model(model: ModelConfig, device: str) -> tuple[ModelBundle | None, Check]:
     """The model as train-ab loads it: float32 master weights, coordinate tokens added when missing."""
     from stagectl.models.loading import load_bundle
 
     started = time.perf_counter()
     try:
         bundle = load_bundle(
-            cfg.model.name_or_path,
+            model.name_or_path,
             torch_dtype="float32",
             device=device,
-            attn_implementation=cfg.model.attn_implementation,  # as train-ab loads it
+            attn_implementation=model.attn_implementation,  # as train-ab loads it
             add_coord_tokens=True,
         )
     except (FileNotFoundError, ValueError, OSError) as exc:
-        return None, fail("model.load", f"model.name_or_path {cfg.model.name_or_path}: {exc}", MODEL_FIX)
+        return None, fail("model.load", f"model.name_or_path {model.name_or_path}: {exc}", MODEL_FIX)
     seconds = time.perf_counter() - started
     if not bundle.vision_language:
         return None, fail(

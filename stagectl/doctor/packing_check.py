@@ -11,7 +11,7 @@ bf16 rounding would hide a small leak."""
 from __future__ import annotations
 
 from stagectl import collate
-from stagectl.config import StagectlConfig
+from stagectl.config.training import TrainingConfig
 from stagectl.data.sample import DetectionSample
 from stagectl.doctor.report import Check, fail, ok, warn
 from stagectl.models.loading import ModelBundle
@@ -22,7 +22,11 @@ LOOKAHEAD = 64  # samples the pack is chosen from (Channel-A's buffer holds trai
 
 
 def check_packed_forward(
-    cfg: StagectlConfig, bundle: ModelBundle, samples: list[DetectionSample], lengths: list[int]
+    global_max_length: int,
+    training: TrainingConfig,
+    bundle: ModelBundle,
+    samples: list[DetectionSample],
+    lengths: list[int],
 ) -> Check:
     import torch
 
@@ -30,9 +34,9 @@ def check_packed_forward(
     from stagectl.learner.segments import SampleEncoder
 
     name = "packing.forward"
-    limit = cfg.global_max_length
+    limit = global_max_length
     fitting = [i for i in range(len(samples)) if lengths[i] <= limit][
-        : min(LOOKAHEAD, cfg.training.packing_buffer)
+        : min(LOOKAHEAD, training.packing_buffer)
     ]
     if not fitting:
         return fail(name, "no sample fits global_max_length", "see data.longest_sample")
@@ -62,7 +66,7 @@ def check_packed_forward(
             "segments leak into each other (position ids that do not restart, or an attention kernel that "
             "ignores them)"
         )
-        if not cfg.training.packing:
+        if not training.packing:
             return warn(name, message, "training.packing is false, so training is unaffected; keep it off")
         return fail(
             name,

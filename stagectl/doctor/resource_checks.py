@@ -1,6 +1,6 @@
 """Resource checks: free disk for the checkpoints the run keeps (`resources.disk`) and the per-rank GPU
-memory estimate against the card
-(`resources.gpu`, where CUDA is present; `stagectl.memory`)."""
+memory estimate against the card (`resources.gpu`, where CUDA is present; `stagectl.memory`). Both read
+the memory model's `TrainingKnobs` (which carry the world size), resolved from the config by the caller."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from stagectl.config import StagectlConfig, effective_world_size
+from stagectl.config.model_data import ModelConfig
+from stagectl.config.training import TrainingConfig
 from stagectl.doctor.report import Check, fail, ok, skip, warn
-from stagectl.memory.estimate import DTYPE_BYTES, GIB, estimate_memory, trainable_params
-from stagectl.memory.from_config import knobs_from_config, model_shape
+from stagectl.memory.estimate import DTYPE_BYTES, GIB, TrainingKnobs, estimate_memory, trainable_params
+from stagectl.memory.from_config import model_shape
 from stagectl.memory.shapes import ModelShape
 
 GPU_WARN_FRACTION = 0.9  # an estimate above this share of the card is a warning (fragmentation, kernels)
@@ -28,21 +29,19 @@ class CheckpointSize:
         return self.model_bytes + self.train_state_bytes
 
 
-def checkpoint_size(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> CheckpointSize:
+def checkpoint_size(shape: ModelShape, knobs: TrainingKnobs) -> CheckpointSize:
     """Bytes of one `checkpoint-N/` (see `stagectl.learner.checkpoint` for the layout)."""
-    knobs = knobs_from_config(cfg, world_size)
     total, trainable = shape.counts.total, trainable_params(shape, knobs)
-    storage = DTYPE_BYTES[cfg.model.torch_dtype]
+    storage = DTYPE_BYTES[knobs.torch_dtype]  # model.torch_dtype
     masters = total * 4 if knobs.param_bytes == 4 and storage != 4 else 0
     return CheckpointSize(
         model_bytes=total * storage, train_state_bytes=2 * trainable * knobs.param_bytes + masters
     )
 
 
-def num_checkpoints_on_disk(cfg: StagectlConfig) -> int:
+def num_checkpoints_on_disk(t: TrainingConfig) -> int:
     """The most checkpoints the run holds at once: `save_total_limit` plus the one being written before the
     oldest is removed, or every checkpoint it writes (every `save_steps` and the final one)."""
-    t = cfg.training
     written = (t.max_steps // t.save_steps if t.save_steps else 0) + 1
     if t.save_total_limit is None:
         return written
@@ -57,12 +56,12 @@ def free_bytes(path: Path) -> tuple[Path, int]:
     return probe, shutil.disk_usage(probe).free
 
 
-def check_disk(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> Check:
+def check_disk(training: TrainingConfig, shape: ModelShape, knobs: TrainingKnobs) -> Check:
     name = "resources.disk"
-    size = checkpoint_size(cfg, shape, world_size)
-    count = num_checkpoints_on_disk(cfg)
+    size = checkpoint_size(shape, knobs)
+    count = num_checkpoints_on_disk(training)
     needed = count * size.total
-    where, free = free_bytes(cfg.training.output_dir)
+    where, free = free_bytes(training.output_dir)
     what = (
         f"{count} checkpoint(s) of {_size(size.total)} (model/ {_size(size.model_bytes)}, optimizer and "
         f"masters {_size(size.train_state_bytes)}) need {_size(needed)}; {_size(free)} free at {where}"
@@ -70,11 +69,11 @@ def check_disk(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> Check
     if not os.access(where, os.W_OK):
         return fail(
             name,
-            f"{where} is not writable (training.output_dir {cfg.training.output_dir})",
+            f"{where} is not writable (training.output_dir {training.output_dir})",
             "point training.output_dir at a writable directory",
         )
     if needed > free:
-        limit = cfg.training.save_total_limit
+        limit = training.save_total_limit
         return fail(
             name,
             what,
@@ -84,16 +83,14 @@ def check_disk(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> Check
     return ok(name, what)
 
 
-def disk_warning(cfg: StagectlConfig, world_size: int) -> str | None:
+def disk_warning(model: ModelConfig, training: TrainingConfig, knobs: TrainingKnobs) -> str | None:
     """train-ab's pre-flight: `check_disk`'s finding when the checkpoints the run keeps will not fit (None
     when they fit, or the model's shape cannot be read: `stagectl doctor` says why)."""
-    from stagectl.memory.from_config import model_shape
-
     try:
-        shape = model_shape(cfg.model.name_or_path)
+        shape = model_shape(model.name_or_path)
     except ValueError:
         return None
-    check = check_disk(cfg, shape, world_size)
+    check = check_disk(training, shape, knobs)
     return None if check.status == "ok" else f"{check.message} (fix: {check.fix})"
 
 
@@ -101,14 +98,15 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 2**20:.1f} MiB"
 
 
-def check_gpu(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> list[Check]:
+def check_gpu(nproc_per_node: int, shape: ModelShape, knobs: TrainingKnobs) -> list[Check]:
+    """The per-rank estimate against the first visible card; `nproc_per_node`: `launch.nproc_per_node`."""
     import torch
 
     name = "resources.gpu"
     if not torch.cuda.is_available():
         return [skip(name, "no CUDA device here: the per-rank memory estimate needs one to compare with")]
     checks = []
-    nproc, visible = cfg.launch.nproc_per_node, torch.cuda.device_count()
+    nproc, visible = nproc_per_node, torch.cuda.device_count()
     if nproc > visible:
         checks.append(
             fail(
@@ -117,11 +115,10 @@ def check_gpu(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> list[C
                 f"set launch.nproc_per_node (or --nproc) to at most {visible}, or check CUDA_VISIBLE_DEVICES",
             )
         )
-    knobs = knobs_from_config(cfg, world_size)
     estimate = estimate_memory(shape, knobs)
     card = torch.cuda.get_device_properties(0).total_memory
     what = (
-        f"estimated peak {estimate.total / GIB:.1f} GiB per rank ({knobs.parallelism}, world size {world_size}, "
+        f"estimated peak {estimate.total / GIB:.1f} GiB per rank ({knobs.parallelism}, world size {knobs.world_size}, "
         f"mixed_precision {knobs.mixed_precision}) of {card / GIB:.1f} GiB on {torch.cuda.get_device_name(0)}"
     )
     relief = (
@@ -137,11 +134,12 @@ def check_gpu(cfg: StagectlConfig, shape: ModelShape, world_size: int) -> list[C
     return checks
 
 
-def check_resources(cfg: StagectlConfig, world_size: int | None) -> list[Check]:
+def check_resources(
+    model: ModelConfig, training: TrainingConfig, nproc_per_node: int, knobs: TrainingKnobs
+) -> list[Check]:
     """Every resource line; the model's shape comes from its config.json and safetensors headers."""
-    n = effective_world_size(cfg, world_size)
     try:
-        shape = model_shape(cfg.model.name_or_path)
+        shape = model_shape(model.name_or_path)
     except ValueError as exc:
         return [skip("resources", f"model shape unknown ({exc}); see model.load")]
-    return [check_disk(cfg, shape, n), *check_gpu(cfg, shape, n)]
+    return [check_disk(training, shape, knobs), *check_gpu(nproc_per_node, shape, knobs)]

@@ -1,6 +1,10 @@
 """`run_doctor`: every check in order, cheap ones first (config, data files, servers, tokenizer), then the
 ones that need the model (load, resources, sample lengths, the packed forward, `--push`). Each line is
-handed to `emit` as soon as it is known, so a slow step shows what it is waiting on."""
+handed to `emit` as soon as it is known, so a slow step shows what it is waiting on.
+
+The doctor probes every role, so `run_doctor` alone holds the root config: it resolves it once into the
+parts each check probes (the model and training sections, the learner's rollout servers, the memory
+model's knobs) and hands each check its part."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stagectl.config import effective_world_size
+from stagectl.config.plan_server import learner_servers
 from stagectl.doctor.config_check import check_config
 from stagectl.doctor.data_checks import (
     check_box_format,
@@ -20,6 +26,7 @@ from stagectl.doctor.model_checks import check_tokenizer, load_model
 from stagectl.doctor.report import Check, fail, skip
 from stagectl.doctor.resource_checks import check_resources
 from stagectl.doctor.server_checks import check_push, check_servers
+from stagectl.memory.from_config import knobs_from_config
 
 
 @dataclass(frozen=True)
@@ -45,16 +52,18 @@ def run_doctor(options: DoctorOptions, emit: Callable[[Check], None] = lambda ch
     if cfg is None:
         return checks
     assert cfg.data is not None  # check_config refuses configs without one
+    servers = learner_servers(cfg)
+    knobs = knobs_from_config(cfg, effective_world_size(cfg, options.world_size))
     samples, lines = load_samples(cfg.data)
     add(*lines, *check_eval_file(cfg.data), *check_box_format(cfg.data))
-    add(*check_servers(cfg))
-    loadable, lines = check_tokenizer(cfg)
+    add(*check_servers(servers))
+    loadable, lines = check_tokenizer(cfg.model, servers.rollout_engine)
     add(*lines)
     bundle = None
     if loadable:
-        bundle, line = load_model(cfg, "cuda" if torch.cuda.is_available() else "cpu")
+        bundle, line = load_model(cfg.model, "cuda" if torch.cuda.is_available() else "cpu")
         add(line)
-    add(*check_resources(cfg, options.world_size))
+    add(*check_resources(cfg.model, cfg.training, cfg.launch.nproc_per_node, knobs))
     if bundle is None or samples is None:
         why = "needs the model" if bundle is None else "needs the data"
         add(skip("data.longest_sample", why), skip("packing.forward", why))
@@ -66,8 +75,8 @@ def run_doctor(options: DoctorOptions, emit: Callable[[Check], None] = lambda ch
         except ValueError as exc:  # e.g. a vision-language family whose images stagectl cannot encode
             add(fail("data.longest_sample", str(exc), "train-ab trains Qwen-VL models (model.name_or_path)"))
         else:
-            add(*check_longest_sample(cfg, lengths))
-            add(check_packed_forward(cfg, bundle, samples, lengths))
+            add(*check_longest_sample(cfg.global_max_length, lengths))
+            add(check_packed_forward(cfg.global_max_length, cfg.training, bundle, samples, lengths))
     if options.push:
-        add(check_push(cfg, bundle) if bundle is not None else skip("server.push", "needs the model"))
+        add(check_push(servers, bundle) if bundle is not None else skip("server.push", "needs the model"))
     return checks

@@ -18,8 +18,9 @@ import httpx
 from pydantic import ValidationError
 
 import stagectl
-from stagectl.config import StagectlConfig, uses_server_rollouts
-from stagectl.config.engines import ENGINES
+from stagectl.config.plan import SERVERS_KEY, ServerRollouts
+from stagectl.config.plan_server import LearnerServers
+from stagectl.config.rollout import DiskSync
 from stagectl.doctor.report import Check, fail, ok, skip, warn
 from stagectl.wire.protocol import VersionResponse, read_token
 
@@ -27,47 +28,36 @@ if TYPE_CHECKING:
     from stagectl.models.loading import ModelBundle
 
 PROBE_TIMEOUT_S = 5.0
-SERVERS_KEY = "custom.extra.rollout_matching.vllm.server"
 START_FIX = (
     "start it with `stagectl rollout-server CONFIG` (the same config), or fix " + SERVERS_KEY + ".servers"
 )
 
 
-def external_servers(cfg: StagectlConfig) -> tuple[list[str], Check | None]:
-    """The base URLs to probe, or a skip line saying why there are none."""
-    if not uses_server_rollouts(cfg):
-        return [], skip("server", "rollouts run in the learner (rollout_backend: hf): no server to check")
-    if cfg.rollout_server.embedded:
-        return [], skip("server", "rollout_server.embedded: train-ab starts its own server on loopback")
-    urls = [s.base_url.rstrip("/") for s in cfg.custom.extra.rollout_matching.vllm.server.servers]
-    return urls, None
+def external_servers(servers: LearnerServers) -> tuple[ServerRollouts | None, Check | None]:
+    """The servers to probe, or a skip line saying why there are none."""
+    if servers.rollouts is None:
+        return None, skip("server", "rollouts run in the learner (rollout_backend: hf): no server to check")
+    if servers.embedded:
+        return None, skip("server", "rollout_server.embedded: train-ab starts its own server on loopback")
+    return servers.rollouts, None
 
 
-def expected_sync_dtype(cfg: StagectlConfig) -> str:
-    """The dtype the learner's weight syncs carry to an `rollout_server.engine` server."""
-    adapter_sync = (
-        cfg.model.adapter is not None and cfg.custom.extra.rollout_matching.vllm.sync.mode == "adapter"
-    )
-    if adapter_sync and ENGINES[cfg.rollout_server.engine].merges_adapter:
-        return "float32"  # peft's adapter tensors, merged by the server onto its float32 base
-    return cfg.model.torch_dtype
-
-
-def check_servers(cfg: StagectlConfig) -> list[Check]:
-    urls, none = external_servers(cfg)
-    if none is not None:
+def check_servers(servers: LearnerServers) -> list[Check]:
+    rollouts, none = external_servers(servers)
+    if rollouts is None:
+        assert none is not None
         return [none]
-    server_cfg = cfg.custom.extra.rollout_matching.vllm.server
+    listed = rollouts.servers
     try:
-        token = read_token(server_cfg.auth_token_env, f"{SERVERS_KEY}.auth_token_env")
+        token = read_token(listed.auth_token_env, listed.token_key)
     except ValueError as exc:
-        return [fail("server.token", str(exc), f"export ${server_cfg.auth_token_env} before training")]
+        return [fail("server.token", str(exc), f"export ${listed.auth_token_env} before training")]
     tls: ssl.SSLContext | None = None
-    if any(url.startswith("https://") for url in urls):
+    if any(url.startswith("https://") for url in listed.base_urls):
         from stagectl.wire.tls import client_context
 
         try:
-            tls = client_context(server_cfg.tls_ca_file, skip_verify=server_cfg.tls_skip_verify)
+            tls = client_context(listed.tls_ca_file, skip_verify=listed.tls_skip_verify)
         except ValueError as exc:
             return [
                 fail("server.tls", str(exc), f"set {SERVERS_KEY}.tls_ca_file to the servers' CA certificate")
@@ -75,15 +65,17 @@ def check_servers(cfg: StagectlConfig) -> list[Check]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     checks: list[Check] = []
     with httpx.Client(timeout=PROBE_TIMEOUT_S, verify=tls or True) as http:
-        for k, url in enumerate(urls):
-            checks += check_server(cfg, http, k, url, headers, token is not None)
+        for k, url in enumerate(listed.base_urls):
+            checks += check_server(servers, http, k, url, headers, token is not None)
     return checks
 
 
 def check_server(
-    cfg: StagectlConfig, http: httpx.Client, k: int, url: str, headers: dict[str, str], has_token: bool
+    servers: LearnerServers, http: httpx.Client, k: int, url: str, headers: dict[str, str], has_token: bool
 ) -> list[Check]:
     """The lines of server `k`; stops at the first probe that makes the next ones meaningless."""
+    rollouts = servers.rollouts
+    assert rollouts is not None  # `check_servers` probes external servers only
     name = f"server[{k}]"
     try:
         health = http.get(f"{url}/health/")
@@ -98,7 +90,7 @@ def check_server(
         return [*checks, fail(f"{name}.version", f"{url}/version/: {type(exc).__name__}: {exc}", START_FIX)]
     if response.status_code == 401:
         fix = (
-            f"export the server's token in ${cfg.custom.extra.rollout_matching.vllm.server.auth_token_env}"
+            f"export the server's token in ${rollouts.servers.auth_token_env}"
             if has_token
             else f"the server wants a token: set {SERVERS_KEY}.auth_token_env to a variable holding it"
         )
@@ -125,7 +117,11 @@ def check_server(
             *checks,
             fail(f"{name}.version", f"{url}/version/ sent an unreadable answer: {exc}", START_FIX),
         ]
-    checks += [_version(name, info), _engine(cfg, name, info), _weight_transport(cfg, name, url, info)]
+    checks += [
+        _version(name, info),
+        _engine(servers, name, info),
+        _weight_transport(rollouts, name, url, info),
+    ]
     return checks
 
 
@@ -146,8 +142,8 @@ def _version(name: str, info: VersionResponse) -> Check:
     return ok(f"{name}.version", f"stagectl {info.stagectl_version}, {serving}")
 
 
-def _engine(cfg: StagectlConfig, name: str, info: VersionResponse) -> Check:
-    engine, dtype = cfg.rollout_server.engine, expected_sync_dtype(cfg)
+def _engine(servers: LearnerServers, name: str, info: VersionResponse) -> Check:
+    engine, dtype = servers.engine, servers.sync_dtype
     problems = []
     if info.engine != engine:
         problems.append(f"engine {info.engine!r}, configured {engine!r} (rollout_server.engine)")
@@ -164,8 +160,8 @@ def _engine(cfg: StagectlConfig, name: str, info: VersionResponse) -> Check:
     return ok(f"{name}.engine", f"{info.engine}, {shown}")
 
 
-def _weight_transport(cfg: StagectlConfig, name: str, url: str, info: VersionResponse) -> Check:
-    sync = cfg.custom.extra.rollout_matching.vllm.sync
+def _weight_transport(rollouts: ServerRollouts, name: str, url: str, info: VersionResponse) -> Check:
+    sync = rollouts.sync
     check_name = f"{name}.weight_transport"
     if sync.transport == "http":
         host = urlsplit(url).hostname or ""
@@ -199,39 +195,39 @@ def _weight_transport(cfg: StagectlConfig, name: str, url: str, info: VersionRes
     return ok(check_name, f"{sync.transport}: snapshots by path (--push proves the server may read them)")
 
 
-def check_push(cfg: StagectlConfig, bundle: ModelBundle) -> Check:
+def check_push(servers: LearnerServers, bundle: ModelBundle) -> Check:
     """One full weight push of the loaded (base) model to every server as the next version, over the
     configured transport, then every server's version read back. Servers then serve the base weights at
     that version; train-ab pushes its own weights before its first Channel-B rollouts anyway."""
     import torch
 
-    from stagectl.config.plan import server_rollouts
     from stagectl.weightsync.client import WeightSyncClient
     from stagectl.weightsync.errors import WeightPushError
     from stagectl.wire.errors import RolloutRequestError
 
     name = "server.push"
-    _, none = external_servers(cfg)
-    if none is not None:
+    rollouts, none = external_servers(servers)
+    if rollouts is None:
+        assert none is not None
         return skip(name, none.message)
-    rm = cfg.custom.extra.rollout_matching
-    if rm.vllm.sync.mode == "adapter" and cfg.model.adapter is not None:
+    if servers.adapter_sync:
         return skip(name, "adapter syncs carry a trained adapter; --push checks full syncs only")
-    dtype = getattr(torch, cfg.model.torch_dtype)
+    dtype = getattr(torch, servers.sync_dtype)  # a full sync carries model.torch_dtype
     state = {n: t.detach().to("cpu", dtype=dtype) for n, t in bundle.model.state_dict().items()}
     fix = "read the server's log; a shape or dtype mismatch means the server runs another checkpoint"
-    sync = rm.vllm.sync
-    disk_dir = (
-        sync.disk_dir if sync.transport == "disk" else None
-    ) or cfg.training.output_dir / "weight_sync"
-    created = [p for p in (disk_dir, *disk_dir.parents) if not p.exists()]  # removed again if left empty
+    sync = rollouts.sync
+    # a disk sync's directory (the plan resolved its default, `{output_dir}/weight_sync`)
+    disk_dir = sync.disk_dir if isinstance(sync, DiskSync) else None
+    created = (  # removed again if left empty
+        [p for p in (disk_dir, *disk_dir.parents) if not p.exists()] if disk_dir is not None else []
+    )
     try:
-        with WeightSyncClient.for_rollouts(server_rollouts(cfg)) as client:
+        with WeightSyncClient.for_rollouts(rollouts) as client:
             target = max(v.version for v in client.versions()) + 1
             report = client.push_weights(state, target)
             served = [v.version for v in client.versions()]
     except (WeightPushError, RolloutRequestError, httpx.HTTPError, ValueError) as exc:
-        return fail(name, f"{rm.vllm.sync.transport} push failed: {exc}", fix)
+        return fail(name, f"{sync.transport} push failed: {exc}", fix)
     finally:
         for path in created:  # innermost first: doctor leaves no run directory behind
             if path.is_dir() and not any(path.iterdir()):

@@ -23,7 +23,8 @@ from stagectl.doctor.resource_checks import (
     checkpoint_size,
     num_checkpoints_on_disk,
 )
-from stagectl.memory.from_config import model_shape
+from stagectl.memory.estimate import TrainingKnobs
+from stagectl.memory.from_config import knobs_from_config, model_shape
 
 
 def _config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
@@ -43,6 +44,10 @@ def _write(tmp_path: Path, cfg: dict[str, Any]) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def _knobs(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
+    return knobs_from_config(cfg, world_size)
 
 
 def _only(checks: list[Check], name: str) -> Check:
@@ -172,9 +177,9 @@ def test_box_format(tmp_path: Path) -> None:
 
 def test_longest_sample_fits(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)  # global_max_length 512
-    (line,) = check_longest_sample(cfg, [100, 512, 300])
+    (line,) = check_longest_sample(cfg.global_max_length, [100, 512, 300])
     assert line.status == "ok" and "(index 1) has 512 tokens of 512" in line.message
-    (line,) = check_longest_sample(cfg, [100, 600, 513])
+    (line,) = check_longest_sample(cfg.global_max_length, [100, 600, 513])
     assert line.status == "fail"
     assert line.message.startswith("2 of 3 samples exceed global_max_length 512 (sample 1 has 600 tokens)")
     assert line.fix.startswith("set global_max_length >= 600")
@@ -191,7 +196,7 @@ def test_checkpoints_on_disk(max_steps: int, save_steps: int, limit: int | None,
     cfg = StagectlConfig.model_validate(
         {"training": {"max_steps": max_steps, "save_steps": save_steps, "save_total_limit": limit}}
     )
-    assert num_checkpoints_on_disk(cfg) == expected
+    assert num_checkpoints_on_disk(cfg.training) == expected
 
 
 def test_checkpoint_size_counts_storage_masters_and_adamw(tmp_path: Path) -> None:
@@ -201,7 +206,7 @@ def test_checkpoint_size_counts_storage_masters_and_adamw(tmp_path: Path) -> Non
     shape = model_shape("builtin:tiny-qwen2.5-vl")
     n = shape.counts.total
     fp32 = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
-    assert checkpoint_size(fp32, shape, 1).total == 4 * n + 2 * 4 * n
+    assert checkpoint_size(shape, _knobs(fp32, 1)).total == 4 * n + 2 * 4 * n
     bf16 = load_config(
         _write(
             tmp_path,
@@ -209,7 +214,7 @@ def test_checkpoint_size_counts_storage_masters_and_adamw(tmp_path: Path) -> Non
         ),
         world_size=1,
     )
-    size = checkpoint_size(bf16, shape, 1)
+    size = checkpoint_size(shape, _knobs(bf16, 1))
     assert (size.model_bytes, size.train_state_bytes) == (2 * n, 4 * n + 2 * 4 * n)
 
 
@@ -224,12 +229,12 @@ def test_disk_fails_without_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ),
         world_size=1,
     )
-    line = check_disk(cfg, shape, 1)
+    line = check_disk(cfg.training, shape, _knobs(cfg, 1))
     assert line.status == "ok" and line.message.startswith("3 checkpoint(s) of ")
     # a full disk: the filesystem of output_dir reports 1 MiB free
     real = resource_checks.free_bytes
     monkeypatch.setattr(resource_checks, "free_bytes", lambda path: (real(path)[0], 2**20))
-    line = check_disk(cfg, shape, 1)
+    line = check_disk(cfg.training, shape, _knobs(cfg, 1))
     assert line.status == "fail" and "1.0 MiB free at" in line.message
     assert "training.save_total_limit (now 2) lower" in line.fix
     assert not (tmp_path / "run").exists()  # the check creates no run directory
@@ -246,10 +251,10 @@ def test_train_ab_preflight_warns_when_the_kept_checkpoints_will_not_fit(
         ),
         world_size=1,
     )
-    assert disk_warning(cfg, 1) is None
+    assert disk_warning(cfg.model, cfg.training, _knobs(cfg, 1)) is None
     real = resource_checks.free_bytes
     monkeypatch.setattr(resource_checks, "free_bytes", lambda path: (real(path)[0], 2**20))
-    warning = disk_warning(cfg, 1)
+    warning = disk_warning(cfg.model, cfg.training, _knobs(cfg, 1))
     assert warning is not None and "3 checkpoint(s) of " in warning and "1.0 MiB free at" in warning
     assert "save_total_limit (now 2) lower" in warning
 
@@ -269,7 +274,7 @@ def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.Monke
         world_size=2,
     )
     if not torch.cuda.is_available():
-        (line,) = check_gpu(cfg, shape, 2)
+        (line,) = check_gpu(cfg.launch.nproc_per_node, shape, _knobs(cfg, 2))
         assert line.status == "skip" and "no CUDA" in line.message
     # a node with one small card (the test stands in for CUDA)
     card = SimpleNamespace(total_memory=2**20)
@@ -277,13 +282,13 @@ def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: card)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Tiny GPU")
-    lines = check_gpu(cfg, shape, 2)
+    lines = check_gpu(cfg.launch.nproc_per_node, shape, _knobs(cfg, 2))
     assert [(c.name, c.status) for c in lines] == [("resources.gpus", "fail"), ("resources.gpu", "fail")]
     assert "nproc_per_node is 2 but this node has 1 visible" in lines[0].message
     assert "of 0.0 GiB on Tiny GPU" in lines[1].message and "fsdp" in lines[1].fix
     card.total_memory = 2**40
     single = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
-    (line,) = check_gpu(single, shape, 1)
+    (line,) = check_gpu(single.launch.nproc_per_node, shape, _knobs(single, 1))
     assert line.status == "ok" and "of 1024.0 GiB on Tiny GPU" in line.message
 
 

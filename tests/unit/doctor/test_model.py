@@ -14,6 +14,7 @@ import yaml
 
 from stagectl import collate
 from stagectl.config import StagectlConfig, load_config
+from stagectl.config.plan_server import learner_servers
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
 from stagectl.doctor.data_checks import sample_lengths
@@ -55,7 +56,7 @@ def _cfg(tmp_path: Path, **sections: Any) -> StagectlConfig:
 
 
 def test_tokenizer_checks_pass_on_the_tiny_model(tmp_path: Path) -> None:
-    loadable, (chat, coords) = check_tokenizer(_cfg(tmp_path))
+    loadable, (chat, coords) = check_tokenizer(_cfg(tmp_path).model, None)
     assert loadable
     assert chat.status == "ok" and chat.message.startswith("end of turn <|im_end|> (")
     assert "rollouts stop at <|im_end|>" in chat.message
@@ -66,7 +67,7 @@ def test_a_checkpoint_without_chat_template_fails(tmp_path: Path) -> None:
     broken = tmp_path / "no-template"
     shutil.copytree(resolve_model_path(TINY), broken)
     (broken / "chat_template.jinja").unlink()
-    loadable, (line,) = check_tokenizer(_cfg(tmp_path, model={"name_or_path": str(broken)}))
+    loadable, (line,) = check_tokenizer(_cfg(tmp_path, model={"name_or_path": str(broken)}).model, None)
     assert not loadable
     assert line.name == "model.chat_template" and line.status == "fail"
     assert "the tokenizer has no chat template" in line.message and "instruct" in line.fix
@@ -74,7 +75,9 @@ def test_a_checkpoint_without_chat_template_fails(tmp_path: Path) -> None:
 
 def test_missing_coordinate_tokens_warn_or_fail_where_a_server_needs_them(tmp_path: Path) -> None:
     without = build_tiny_tokenizer(with_coord_tokens=False)
-    line = _coord_tokens(_cfg(tmp_path), without)
+    in_learner = learner_servers(_cfg(tmp_path)).rollout_engine
+    assert in_learner is None
+    line = _coord_tokens(TINY, in_learner, without)
     assert line.status == "warn" and "tokenizer lacks 1000 coordinate tokens" in line.message
     rollouts = {
         "rollout_backend": "vllm",
@@ -83,18 +86,20 @@ def test_missing_coordinate_tokens_warn_or_fail_where_a_server_needs_them(tmp_pa
     vllm_server = _cfg(
         tmp_path, custom={"extra": {"rollout_matching": rollouts}}, rollout_server={"engine": "vllm"}
     )
-    line = _coord_tokens(vllm_server, without)
+    line = _coord_tokens(TINY, learner_servers(vllm_server).rollout_engine, without)
     assert line.status == "fail" and "a vLLM rollout server" in line.message
     assert "--add-coord-tokens" in line.fix
 
 
 def test_model_load_fails_on_a_missing_or_text_only_model(tmp_path: Path) -> None:
-    loadable, (line,) = check_tokenizer(_cfg(tmp_path, model={"name_or_path": str(tmp_path / "nope")}))
+    loadable, (line,) = check_tokenizer(
+        _cfg(tmp_path, model={"name_or_path": str(tmp_path / "nope")}).model, None
+    )
     assert not loadable and line.name == "model.load" and line.status == "fail"
     assert "model directory not found" in line.message
-    bundle, line = load_model(_cfg(tmp_path, model={"name_or_path": "builtin:tiny-qwen2"}), "cpu")
+    bundle, line = load_model(_cfg(tmp_path, model={"name_or_path": "builtin:tiny-qwen2"}).model, "cpu")
     assert bundle is None and line.status == "fail" and "text-only qwen2 model" in line.message
-    bundle, line = load_model(_cfg(tmp_path), "cpu")
+    bundle, line = load_model(_cfg(tmp_path).model, "cpu")
     assert bundle is not None and line.status == "ok" and "qwen2_5_vl from" in line.message
 
 
@@ -116,7 +121,7 @@ def _pack(tmp_path: Path, bundle: ModelBundle, **sections: Any) -> tuple[Stagect
 
 def test_packed_forward_equals_unpacked(tmp_path: Path, bundle: ModelBundle) -> None:
     cfg, samples, lengths = _pack(tmp_path, bundle)
-    line = check_packed_forward(cfg, bundle, samples, lengths)
+    line = check_packed_forward(cfg.global_max_length, cfg.training, bundle, samples, lengths)
     assert line.status == "ok", line
     assert "samples," in line.message and "of 512 tokens" in line.message
     num_samples = int(line.message.split("on a pack of ")[1].split(" samples")[0])
@@ -140,10 +145,12 @@ def test_packed_forward_catches_positions_that_do_not_restart(
 ) -> None:
     cfg, samples, lengths = _pack(tmp_path, bundle)
     monkeypatch.setattr(collate, "collate_pack", _positions_do_not_restart(collate.collate_pack))
-    line = check_packed_forward(cfg, bundle, samples, lengths)
+    line = check_packed_forward(cfg.global_max_length, cfg.training, bundle, samples, lengths)
     assert line.status == "fail" and line.name == "packing.forward"
     assert line.message.startswith("packed logits differ from unpacked ones by ")
     assert "segments leak into each other" in line.message and "training.packing: false" in line.fix
     # with packing off training never reads a pack: a warning, not a failure
     cfg, samples, lengths = _pack(tmp_path, bundle, training={"packing": False})
-    assert check_packed_forward(cfg, bundle, samples, lengths).status == "warn"
+    assert (
+        check_packed_forward(cfg.global_max_length, cfg.training, bundle, samples, lengths).status == "warn"
+    )

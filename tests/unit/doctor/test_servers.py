@@ -4,6 +4,7 @@ server refuses) and its line read back."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import yaml
 
 import stagectl
-from stagectl.config import StagectlConfig, load_config
+from stagectl.config import load_config
+from stagectl.config.plan_server import LearnerServers, learner_servers
 from stagectl.doctor.report import Check
 from stagectl.doctor.server_checks import _version, _weight_transport, check_push, check_servers
 from stagectl.engines.fake import FakeEngine
@@ -48,7 +50,8 @@ def server(tmp_path: Path, bundle: ModelBundle, monkeypatch: pytest.MonkeyPatch)
     running.stop()
 
 
-def _cfg(tmp_path: Path, url: str, **sections: Any) -> StagectlConfig:
+def _servers(tmp_path: Path, url: str, **sections: Any) -> LearnerServers:
+    """The learner's servers of a train-ab config talking to `url` (`sections` merged in)."""
     rollouts = {
         "rollout_backend": "vllm",
         "vllm": {"server": {"servers": [{"base_url": url}], "auth_token_env": TOKEN_ENV}},
@@ -64,7 +67,7 @@ def _cfg(tmp_path: Path, url: str, **sections: Any) -> StagectlConfig:
         raw[key] = {**raw.get(key, {}), **value}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
-    return load_config(path, world_size=1)
+    return learner_servers(load_config(path, world_size=1))
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:
@@ -72,7 +75,7 @@ def _by_name(checks: list[Check]) -> dict[str, Check]:
 
 
 def test_a_good_server_passes_every_probe(tmp_path: Path, server: ThreadedServer) -> None:
-    checks = _by_name(check_servers(_cfg(tmp_path, server.url)))
+    checks = _by_name(check_servers(_servers(tmp_path, server.url)))
     assert {name: c.status for name, c in checks.items()} == {
         "server[0].reachable": "ok",
         "server[0].auth": "ok",
@@ -94,7 +97,7 @@ def test_no_server_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    (line,) = check_servers(_cfg(tmp_path, url))
+    (line,) = check_servers(_servers(tmp_path, url))
     assert line.name == "server[0].reachable" and line.status == "fail"
     assert line.message.startswith(f"{url}: ConnectError") and "stagectl rollout-server" in line.fix
 
@@ -103,17 +106,17 @@ def test_a_wrong_or_missing_token(
     tmp_path: Path, server: ThreadedServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, "wrong")
-    checks = check_servers(_cfg(tmp_path, server.url))
+    checks = check_servers(_servers(tmp_path, server.url))
     assert [(c.name, c.status) for c in checks] == [("server[0].reachable", "ok"), ("server[0].auth", "fail")]
     assert checks[1].message == f"{server.url} refuses the token (HTTP 401)"
     assert checks[1].fix == f"export the server's token in ${TOKEN_ENV}"
     monkeypatch.delenv(TOKEN_ENV)
-    (line,) = check_servers(_cfg(tmp_path, server.url))
+    (line,) = check_servers(_servers(tmp_path, server.url))
     assert line.name == "server.token" and line.status == "fail" and f"${TOKEN_ENV}" in line.message
 
 
 def test_another_sync_dtype_fails(tmp_path: Path, server: ThreadedServer) -> None:
-    cfg = _cfg(
+    cfg = _servers(
         tmp_path,
         server.url,
         model={"torch_dtype": "bfloat16"},
@@ -122,7 +125,7 @@ def test_another_sync_dtype_fails(tmp_path: Path, server: ThreadedServer) -> Non
     engine = _by_name(check_servers(cfg))["server[0].engine"]
     assert engine.status == "fail"
     assert engine.message == "weights in float32, but the learner syncs bfloat16 (model.torch_dtype)"
-    cfg = _cfg(tmp_path, server.url, rollout_server={"engine": "vllm"})
+    cfg = _servers(tmp_path, server.url, rollout_server={"engine": "vllm"})
     engine = _by_name(check_servers(cfg))["server[0].engine"]
     assert (
         engine.status == "fail" and engine.message == "engine 'hf', configured 'vllm' (rollout_server.engine)"
@@ -145,12 +148,13 @@ def test_a_closed_weight_stream_port_fails(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     info = VersionResponse(version=0, model=TINY, engine="hf", weight_stream_port=port)
-    cfg = _cfg(tmp_path, "http://127.0.0.1:9")
-    line = _weight_transport(cfg, "server[0]", "http://127.0.0.1:9", info)
+    cfg = _servers(tmp_path, "http://127.0.0.1:9")
+    assert cfg.rollouts is not None
+    line = _weight_transport(cfg.rollouts, "server[0]", "http://127.0.0.1:9", info)
     assert line.status == "fail" and line.message.startswith(
         f"http: the weight-stream port 127.0.0.1:{port} does not"
     )
-    collective = _cfg(
+    collective = _servers(
         tmp_path,
         "http://127.0.0.1:9",
         custom={
@@ -168,14 +172,15 @@ def test_a_closed_weight_stream_port_fails(tmp_path: Path) -> None:
             }
         },
     )
-    line = _weight_transport(collective, "server[0]", "http://127.0.0.1:9", info)
+    assert collective.rollouts is not None
+    line = _weight_transport(collective.rollouts, "server[0]", "http://127.0.0.1:9", info)
     assert line.status == "fail" and "cannot listen on group_address 192.0.2.1" in line.message
 
 
 def test_push_round_trip(tmp_path: Path, server: ThreadedServer, bundle: ModelBundle) -> None:
-    line = check_push(_cfg(tmp_path, server.url), bundle)
+    line = check_push(_servers(tmp_path, server.url), bundle)
     assert line.status == "ok" and " as version 1 over http in " in line.message, line
-    assert _by_name(check_servers(_cfg(tmp_path, server.url)))["server[0].version"].message.endswith(
+    assert _by_name(check_servers(_servers(tmp_path, server.url)))["server[0].version"].message.endswith(
         f"serving weight version 1 of {TINY}"
     )
     assert not (tmp_path / "run").exists()
@@ -187,7 +192,7 @@ def test_a_push_the_server_refuses_fails(
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
     other = _serve(tmp_path)  # serves the fake engine's own tensors, not this model's
     try:
-        line = check_push(_cfg(tmp_path, other.url), bundle)
+        line = check_push(_servers(tmp_path, other.url), bundle)
     finally:
         other.stop()
     assert line.name == "server.push" and line.status == "fail"
@@ -199,8 +204,10 @@ def test_an_unreadable_ca_file_fails(tmp_path: Path, monkeypatch: pytest.MonkeyP
     bad_ca = tmp_path / "ca.pem"
     bad_ca.write_text("not a certificate")
     url = "https://127.0.0.1:9"
-    cfg = _cfg(tmp_path, url)
-    cfg.custom.extra.rollout_matching.vllm.server.tls_ca_file = bad_ca
-    (line,) = check_servers(cfg)
+    servers = _servers(tmp_path, url)
+    assert servers.rollouts is not None
+    listed = dataclasses.replace(servers.rollouts.servers, tls_ca_file=bad_ca)  # past the config's own check
+    servers = dataclasses.replace(servers, rollouts=dataclasses.replace(servers.rollouts, servers=listed))
+    (line,) = check_servers(servers)
     assert line.name == "server.tls" and line.status == "fail"
     assert line.message.startswith(f"tls_ca_file: cannot load {bad_ca}")
