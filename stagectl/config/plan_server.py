@@ -94,6 +94,7 @@ def served_model(cfg: StagectlConfig) -> ServedModel:
 
 def server_plan(cfg: StagectlConfig) -> ServerPlan:
     """The rollout server of a validated config (any command's: train-ab, Stage-B or a plain serving one)."""
+    transports: frozenset[str]
     if cfg.rollout_server.embedded:
         transports = frozenset({cfg.custom.extra.rollout_matching.vllm.sync.transport})
     else:
