@@ -187,7 +187,6 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
     from stagectl.dist import World
     from stagectl.learner import sharding
     from stagectl.learner.publisher import WeightPublisher
-    from stagectl.prefetch.fence import SyncFence
     from stagectl.server.launcher import ServerProcess
     from stagectl.weightsync.client import WeightSyncClient
 
@@ -214,13 +213,13 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
         base = _reset_peak()
         start = time.perf_counter()
         if mode == "streamed":
-            outcome = publisher.sync(SyncFence(), None)
+            outcome = publisher.sync(None)
             assert outcome.status == "ok", outcome.message
         else:  # the learner before streaming: everything gathered on rank 0, then pushed
             state = sharding.full_state_dict(model, dtype=torch.bfloat16, keep=world.is_main)
             if world.is_main:
                 client.push_weights(state, publisher.ver + 1)
-            publisher.ver += 1
+            publisher.clock.advance(publisher.ver + 1)
             del state
         seconds.append(time.perf_counter() - start)
         extra.append(_status_bytes("VmHWM") - base)

@@ -29,9 +29,7 @@ def resume_sync(async_b: AsyncChannelB, state: LearnerState) -> None:
     """Push the resumed weights (every rank) and set the queue's current version from the outcome."""
     with dist.phase("weight sync", "weight_sync_s"):
         target = resume_version(state.extra_state, async_b.publisher.ver) if state.resumed_from else None
-        outcome = async_b.publisher.sync(
-            async_b.fence, async_b.fence_timeout_s, target=target, then=async_b.after_sync
-        )
+        outcome = async_b.publisher.sync(async_b.fence_timeout_s, target=target, then=async_b.after_sync)
     async_b.weights_are_ver = outcome.status == "ok"
 
 

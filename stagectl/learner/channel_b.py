@@ -56,15 +56,22 @@ class ChannelB(Protocol):
         ...
 
     def metrics(self) -> dict[str, Any]:
-        """Cumulative Channel-B metrics for the step's row (may be a collective)."""
+        """Cumulative Channel-B metrics for the step's row (may be a collective), with its rollout client's
+        and weight sync's counters when it has servers."""
         ...
 
     def rank_state(self) -> dict[str, Any]:
-        """This rank's Channel-B stream positions (async: and its async state), saved with a checkpoint."""
+        """This rank's Channel-B stream positions (async: and its async state under "async", which the
+        checkpoint writes to its own file), saved with a checkpoint."""
         ...
 
-    def close(self) -> None:
-        """Stop producing and release connections (raises if a thread will not stop)."""
+    def saved_version(self) -> dict[str, Any]:
+        """What a checkpoint records of the policy version (async: `ver`, `ver_is_weights`; else empty)."""
+        ...
+
+    def close(self, deadline_s: float) -> None:
+        """Stop producing, close the rollout client and the weight sync (raises if a thread will not stop
+        within `deadline_s`)."""
         ...
 
 

@@ -25,19 +25,18 @@ from typing import Any, Literal
 
 from stagectl import dist
 from stagectl import metric_keys as mk
-from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
-from stagectl.config import StagectlConfig
+from stagectl.config.plan import AsyncQueue, AsyncServers, ChannelBPlan
 from stagectl.detection.stats import RolloutStats
 from stagectl.inference.client import RolloutClient
 from stagectl.learner.b_gallery import make_b_gallery
+from stagectl.learner.b_packs import PackBuilder
 from stagectl.learner.b_steps import SkipReason
-from stagectl.learner.channel_b import Decision, build_b_segments
+from stagectl.learner.channel_b import Decision
 from stagectl.learner.packs import PackRunner, StepAccumulator
-from stagectl.learner.publisher import WeightPublisher
+from stagectl.learner.publisher import WeightPublisher, connection_metrics
 from stagectl.learner.rollouts import ServerRollouts
 from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
-from stagectl.prefetch.fence import SyncFence
 from stagectl.prefetch.pacing import PacingRules, request_multiples
 from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
@@ -49,41 +48,39 @@ from stagectl.wire.protocol import VersionResponse
 class AsyncChannelB:
     def __init__(
         self,
-        cfg: StagectlConfig,
+        plan: ChannelBPlan,
         state: LearnerState,
         runner: PackRunner,
         client: RolloutClient,
         publisher: WeightPublisher,
         prefetcher_cpus: tuple[int, ...] | None = None,
     ) -> None:
-        assert cfg.stage2_ab is not None and cfg.stage2_ab.schedule.b_ratio is not None
-        self.acfg = cfg.stage2_ab.channel_b.async_
-        rm = cfg.custom.extra.rollout_matching
-        self.cfg = cfg
+        """`plan.source` is `AsyncServers`; the rest of what it reads comes from `state.plan` (seed, steps,
+        packing). `client` and `publisher` (with its weight sync) are this Channel-B's to report and close."""
+        assert isinstance(plan.source, AsyncServers), "async Channel-B needs an AsyncServers source"
+        self.queue_plan: AsyncQueue = plan.source.queue
+        q = self.queue_plan
+        training = state.plan.training
         self.state = state
         self.runner = runner
         self.client = client
         self.publisher = publisher
         self.world = state.world
         self.gas = state.resolved.gradient_accumulation_steps
-        self.fence = SyncFence()
-        self.queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(
-            self.acfg.queue_limit, self.acfg.version_window
-        )
-        self.queue.set_current_ver(publisher.ver)
+        # the one clock every part reads: the publisher advances `ver`, the learner moves the steps
+        self.clock = publisher.clock
+        self.clock.next_step = state.start_step  # the step whose channel decision comes next
+        self.clock.open_step = state.start_step  # the first step whose post-update sync is still ahead
+        self.queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(q.queue_limit, q.version_window, self.clock)
         self.source = ServerRollouts(
             client,
             state.encoder,
-            state.plan.channel_b.sampling,
-            state.resolved.rollout_decode_batch_size,
-            self.fence,
-            lambda: self.ver,
-            tag_versions=self.acfg.in_flight_sync,
+            plan.sampling,
+            plan.decode_batch_size,
+            self.clock,
+            tag_versions=q.in_flight_sync,
         )
-        self.next_step = state.start_step  # the step whose channel decision comes next
-        self.open_step = state.start_step  # the first step whose post-update sync is still ahead
-        cb_cfg = cfg.stage2_ab.channel_b
-        packing_length = cfg.packing_length
+        packs = PackBuilder.of_state(state)
         prompt_tokens = len(state.encoder.prompt(0).input_ids)
         # every server's decode batch (`/version/`), read once on rank 0 so that every rank sizes alike
         versions = client.versions() if self.world.is_main else []
@@ -93,59 +90,42 @@ class AsyncChannelB:
                 servers_without_version_tags(client.base_urls, versions) if self.world.is_main else [],
             )
         )
-        if self.acfg.in_flight_sync and untagged:
+        if q.in_flight_sync and untagged:
             raise dist.SharedError(untagged_message(untagged))
         self.prefetcher = Prefetcher(
             source=self.source,
-            build_segments=lambda indices, generations: build_b_segments(
-                indices,
-                generations,
-                state.encoder,
-                state.plan.channel_b.target,
-                state.plan.channel_b.match,
-                packing_length=packing_length,
-            ),
-            collate=self._collate,
+            packs=packs,
             sampler=state.b_sampler,
             queue=self.queue,
-            current_ver=lambda: self.ver,
-            next_step=lambda: self.next_step,
-            open_step=lambda: self.open_step,
             rules=PacingRules(
-                b_ratio=cfg.stage2_ab.schedule.b_ratio,
+                b_ratio=state.plan.b_ratio,
                 gas=self.gas,
-                sync_every_steps=self.acfg.sync_every_steps,
-                version_window=self.acfg.version_window,
-                target_packs=self.acfg.prefetch_target_packs,
-                pack_tokens=math.ceil(cfg.training.packing_min_fill_ratio * packing_length),
-                max_steps=cfg.training.max_steps,
+                sync_every_steps=q.sync_every_steps,
+                version_window=q.version_window,
+                target_packs=q.prefetch_target_packs,
+                pack_tokens=math.ceil(training.packing_min_fill_ratio * packs.packing_length),
+                max_steps=training.max_steps,
             ),
-            packing_length=packing_length,
-            initial_tokens_per_rollout=float(prompt_tokens + rm.max_new_tokens),
-            max_consecutive_failures=self.acfg.max_consecutive_failures,
+            initial_tokens_per_rollout=float(prompt_tokens + plan.sampling.max_new_tokens),
+            max_consecutive_failures=q.max_consecutive_failures,
             # a server outage never ends the thread: it backs off and retries, and the learner decides
             # (`ServerHealth`: re-sync a server that is back, or stop after `rollout_loss_timeout_s`)
             outage_timeout_s=math.inf,
-            seed=cfg.training.seed,
+            seed=training.seed,
             rank=self.world.rank,
-            segments_per_pack=None if cfg.training.packing else cfg.training.per_device_train_batch_size,
             num_chunks=int(state.extra_state.get("rank_state", {}).get("b_chunks", 0)),
-            request_multiples=request_multiples(state.resolved.rollout_decode_batch_size, server_batches),
+            request_multiples=request_multiples(plan.decode_batch_size, server_batches),
             cpus=prefetcher_cpus,
-            sync_pending=lambda: self.fence.sync_pending,
         )
-        infer_timeout = rm.vllm.server.infer_timeout_s
-        self.fence_timeout_s = infer_timeout if infer_timeout is not None and infer_timeout > 0 else None
+        self.fence_timeout_s = plan.source.rollouts.servers.infer_timeout_s
         self.health = ServerHealth(
-            cb_cfg,
+            plan.source.rollouts,
             self.world,
             publisher,
             client,
-            self.fence,
-            self.fence_timeout_s,
             self.after_sync,
             # the watchdog watches the step phase a B step waits in on several ranks only
-            watchdog_step_s=cfg.launch.watchdog.step_s if self.world.world_size > 1 else None,
+            watchdog_step_s=state.plan.watchdog.step_s if self.world.world_size > 1 else None,
         )
         self._held: list[ReadyPack] = []
         self._stale_seen = 0  # the queue's drop_stale_total at the last decision
@@ -158,14 +138,9 @@ class AsyncChannelB:
         self._prefetch_seconds = (0.0, 0.0)  # the prefetcher's (build_s, collate_s) at the last metrics row
         self.gallery = make_b_gallery(state) if self.world.is_main else None
 
-    def _collate(self, segments: list[Segment]) -> PackedBatch:
-        if self.cfg.training.packing:
-            return collate_pack(segments, self.state.bundle.model)
-        return collate_padded(segments, self.state.encoder.pad_token_id)
-
     @property
     def ver(self) -> int:
-        return self.publisher.ver
+        return self.clock.ver
 
     def start(self) -> None:
         self.prefetcher.start()
@@ -177,7 +152,7 @@ class AsyncChannelB:
 
     def _decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         t0 = time.perf_counter()
-        if self.acfg.in_flight_sync and policy_wants_b:
+        if self.queue_plan.in_flight_sync and policy_wants_b:
             self._wait_for_burst()
         errors = dist.all_gather_objects(self.prefetcher.error())
         for rank, error in enumerate(errors):
@@ -212,9 +187,9 @@ class AsyncChannelB:
             assert len(self._held) == self.gas, "the gate decided on packs this rank did not hold"
         else:
             self.queue.release_held()
-        if self.acfg.in_flight_sync:
+        if self.queue_plan.in_flight_sync:
             self._measure_shared()  # a burst that began before the last sync has queued since, or failed
-        self.next_step = step + 1
+        self.clock.next_step = step + 1
         self.num_steps += 1
         self.num_b_steps += kind == "B"
         self.num_skipped += policy_wants_b and kind == "A"
@@ -237,8 +212,7 @@ class AsyncChannelB:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            began = self.prefetcher.burst_version()
-            if began is None or began >= self.ver or not self.prefetcher.wait_burst(remaining):
+            if not self.prefetcher.burst_behind() or not self.prefetcher.wait_burst(remaining):
                 return
 
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
@@ -266,19 +240,19 @@ class AsyncChannelB:
 
     def after_update(self, num_updates: int) -> dict[str, Any]:
         out = self._write_gallery()
-        if num_updates % self.acfg.sync_every_steps:
-            self.open_step = self.next_step
+        if num_updates % self.queue_plan.sync_every_steps:
+            self.clock.open_step = self.clock.next_step
             self.weights_are_ver = False
             return out
-        fence_before = self.fence.wait_s_total
+        fence_before = self.clock.wait_s_total
         started = time.perf_counter()
         with dist.phase("weight sync", "weight_sync_s"):
-            outcome = self.publisher.sync(self.fence, self.fence_timeout_s, then=self.after_sync)
+            outcome = self.publisher.sync(self.fence_timeout_s, then=self.after_sync)
         self.weights_are_ver = outcome.status == "ok"
-        fence_s = self.fence.wait_s_total - fence_before
+        fence_s = self.clock.wait_s_total - fence_before
         self.runner.timer.add("fence", fence_s)
         self.runner.timer.add("weight_sync", time.perf_counter() - started - fence_s)
-        self.open_step = self.next_step
+        self.clock.open_step = self.clock.next_step
         return {
             **out,
             **self.publisher.metrics(outcome),
@@ -292,10 +266,9 @@ class AsyncChannelB:
         return {}
 
     def after_sync(self, outcome: object) -> None:
-        """Inside the sync's fence, every rank: the queue takes the new version (packs now outside the window
-        go), then the ranks measure which packs of the older versions EVERY rank holds (those versions can no
-        longer grow) for pacing (`ReadyPackQueue.set_shared`)."""
-        self.queue.set_current_ver(self.ver)
+        """Inside the sync's fence, every rank: the clock has the new version (the queue drops the packs now
+        outside the window), then the ranks measure which packs of the older versions EVERY rank holds (those
+        versions can no longer grow) for pacing (`ReadyPackQueue.set_shared`)."""
         self._measure_shared()
 
     def _measure_shared(self) -> None:
@@ -306,7 +279,9 @@ class AsyncChannelB:
         the new version, to go stale unused (the learning check's runs dropped 36-49% of their rollouts so)."""
         # the same versions on every rank
         versions, counts = (
-            self.prefetcher.counts_with_coming() if self.acfg.in_flight_sync else self.queue.eligible_counts()
+            self.prefetcher.counts_with_coming()
+            if self.queue_plan.in_flight_sync
+            else self.queue.eligible_counts()
         )
         self.queue.set_shared(versions, dist.all_reduce_ints(counts, "min"))
 
@@ -352,7 +327,12 @@ class AsyncChannelB:
         dropped = row[mk.ASYNC_PREFIX + "rollouts_dropped_total"]
         requested = row[mk.ASYNC_PREFIX + "rollouts_requested_total"]
         row[mk.ASYNC_PREFIX + "drop_rate"] = dropped / requested if requested else 0.0
+        row.update(connection_metrics(self.client, self.publisher))  # this rank's, as written by rank 0
         return row
+
+    def saved_version(self) -> dict[str, Any]:
+        """The checkpoint's `ver` and whether the servers' `ver` holds exactly the saved weights."""
+        return {"ver": self.ver, "ver_is_weights": self.weights_are_ver}
 
     def rank_state(self) -> dict[str, Any]:
         """The B-stream position and seed counter after the last finished burst, and under `async` the
@@ -378,16 +358,19 @@ class AsyncChannelB:
 
     def close(self, deadline_s: float = 30.0) -> None:
         """Stop event -> close the HTTP sessions (ends a rollout call in flight) -> join the prefetcher
-        with a deadline. A prefetcher that does not stop is an error: a thread left running inside torch
-        or an HTTP call at interpreter exit is what crashes a finished run."""
+        with a deadline -> close the weight sync. A prefetcher that does not stop is an error: a thread left
+        running inside torch or an HTTP call at interpreter exit is what crashes a finished run."""
         self.prefetcher.request_stop()
         self.source.stop()
-        self.client.close()
-        if not self.prefetcher.join(deadline_s):
-            raise RuntimeError(
-                f"the Channel-B prefetcher on rank {self.world.rank} did not stop within {deadline_s:g} s "
-                f"of the shutdown; its stack:\n{thread_stack(self.prefetcher.thread_ident)}"
-            )
+        try:
+            self.client.close()
+            if not self.prefetcher.join(deadline_s):
+                raise RuntimeError(
+                    f"the Channel-B prefetcher on rank {self.world.rank} did not stop within {deadline_s:g} s "
+                    f"of the shutdown; its stack:\n{thread_stack(self.prefetcher.thread_ident)}"
+                )
+        finally:
+            self.publisher.client.close()
 
 
 def skip_reason(*, serving: bool, some_rank_held: bool, went_stale: bool) -> SkipReason:

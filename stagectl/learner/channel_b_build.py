@@ -6,13 +6,13 @@
 - rollout servers, `channel_b.mode: async`: the prefetcher-fed `AsyncChannelB`, its weights pushed first
   when the servers do not hold the base weights, and its saved state restored on resume.
 
-The rollout client and the weight sync it opens are handed back to the trainer, which closes them.
+The rollout client and the weight sync it opens belong to the Channel-B built: it reports their counters
+in its metrics and closes them in its `close`.
 """
 
 from __future__ import annotations
 
-from stagectl.config import StagectlConfig
-from stagectl.config.plan import ServerList
+from stagectl.config.plan import AsyncServers, ChannelBPlan, ServerList
 from stagectl.config.plan import ServerRollouts as ServerRolloutsPlan
 from stagectl.inference.client import RolloutClient
 from stagectl.learner.async_resume import restore_async, resume_sync, warn_unused_async_state
@@ -24,7 +24,7 @@ from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.rollouts import HFRollouts, ServerRollouts
 from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
-from stagectl.prefetch.fence import SyncFence
+from stagectl.prefetch.fence import VersionClock
 from stagectl.weightsync.client import WeightSyncClient
 
 
@@ -41,62 +41,40 @@ def make_weight_sync(rollouts: ServerRolloutsPlan) -> WeightSyncClient:
 
 
 def build_channel_b(
-    cfg: StagectlConfig,
+    plan: ChannelBPlan,
     st: LearnerState,
     runner: PackRunner,
     *,
     num_updates: int,
     prefetcher_cpus: tuple[int, ...] | None,
-) -> tuple[ChannelB, RolloutClient | None, WeightSyncClient | None]:
-    """(the run's Channel-B, the rollout client, the weight sync); the last two are None without rollout
-    servers. `num_updates`: optimizer updates so far (a resumed run's); `prefetcher_cpus`: the CPUs the
-    async prefetcher thread runs on (None: the rank's own)."""
-    assert cfg.stage2_ab is not None
-    plan = st.plan.channel_b
-    chunk = st.resolved.rollout_decode_batch_size
+) -> ChannelB:
+    """The run's Channel-B for `plan.source`. `num_updates`: optimizer updates so far (a resumed run's);
+    `prefetcher_cpus`: the CPUs the async prefetcher thread runs on (None: the rank's own)."""
     rollouts = plan.rollouts
     if rollouts is None:
         warn_unused_async_state(st)
-        source = HFRollouts(st.bundle.model, st.encoder, plan.sampling, chunk)
-        return StepChannelB(cfg, st, runner, source), None, None
+        source = HFRollouts(st.bundle.model, st.encoder, plan.sampling, plan.decode_batch_size)
+        return StepChannelB(plan, st, runner, source)
     client = make_client(rollouts.servers)
-    weight_sync = make_weight_sync(rollouts)
     publisher = WeightPublisher(
-        weight_sync,
+        make_weight_sync(rollouts),
         st.bundle.model,
         st.world,
         num_updates=num_updates,
+        clock=VersionClock(),
         storage_dtype=st.precision.storage_dtype,
         adapter_sync=rollouts.adapter_sync,
     )
-    if cfg.stage2_ab.channel_b.mode == "async":
-        async_b = AsyncChannelB(cfg, st, runner, client, publisher, prefetcher_cpus)
+    if isinstance(plan.source, AsyncServers):
+        async_b = AsyncChannelB(plan, st, runner, client, publisher, prefetcher_cpus)
         if not publisher.fresh:  # not a fresh server on the base weights: push before any rollout
             resume_sync(async_b, st)
         if st.resumed_from is not None:
             restore_async(async_b, st)
-        return async_b, client, weight_sync
+        return async_b
     warn_unused_async_state(st)
-    fence = SyncFence()
-    server_source = ServerRollouts(client, st.encoder, plan.sampling, chunk, fence, lambda: publisher.ver)
-    infer_timeout = rollouts.servers.infer_timeout_s
-    health = ServerHealth(
-        cfg.stage2_ab.channel_b,
-        st.world,
-        publisher,
-        client,
-        fence,
-        infer_timeout,
-        after_sync=lambda outcome: None,
-    )
-    step_b = StepChannelB(
-        cfg,
-        st,
-        runner,
-        server_source,
-        publisher=publisher,
-        pipeline=cfg.stage2_ab.channel_b.enable_pipeline,
-        health=health,
-    )
+    server_source = ServerRollouts(client, st.encoder, plan.sampling, plan.decode_batch_size, publisher.clock)
+    health = ServerHealth(rollouts, st.world, publisher, client, after_sync=lambda outcome: None)
+    step_b = StepChannelB(plan, st, runner, server_source, client=client, publisher=publisher, health=health)
     step_b.num_updates = num_updates
-    return step_b, client, weight_sync
+    return step_b

@@ -23,41 +23,45 @@ from typing import Any
 
 import torch
 
-from stagectl.collate import Segment, collate_pack, collate_padded
-from stagectl.config import StagectlConfig
+from stagectl.collate import Segment
+from stagectl.config.plan import ChannelBPlan, ServerStep
 from stagectl.detection.stats import RolloutStats
+from stagectl.inference.client import RolloutClient
 from stagectl.learner.b_gallery import make_b_gallery
-from stagectl.learner.channel_b import Decision, build_b_segments, rollout_seed
+from stagectl.learner.b_packs import PackBuilder
+from stagectl.learner.channel_b import Decision, rollout_seed
 from stagectl.learner.packs import PackRunner, StepAccumulator
-from stagectl.learner.publisher import WeightPublisher
+from stagectl.learner.publisher import WeightPublisher, connection_metrics
 from stagectl.learner.rollouts import RolloutSource
 from stagectl.learner.server_health import ServerHealth
 from stagectl.learner.setup import LearnerState
-from stagectl.packing import pack_segments
 
 
 class StepChannelB:
     def __init__(
         self,
-        cfg: StagectlConfig,
+        plan: ChannelBPlan,
         state: LearnerState,
         runner: PackRunner,
         source: RolloutSource,
         *,
+        client: RolloutClient | None = None,
         publisher: WeightPublisher | None = None,
-        pipeline: bool = False,
         health: ServerHealth | None = None,
     ) -> None:
-        """`health`: server rollouts' restart detection and re-sync (`learner.server_health`)."""
-        assert cfg.stage2_ab is not None
-        self.cfg = cfg
+        """Server rollouts (`plan.source` is `ServerStep`): `client` and `publisher` (with its weight sync)
+        are this Channel-B's to report and close; `health`: restart detection and re-sync."""
         self.state = state
         self.runner = runner
         self.source = source
+        self.client = client
         self.publisher = publisher
-        self.pipeline = pipeline
+        self.pipeline = isinstance(plan.source, ServerStep) and plan.source.pipeline
         self.health = health
-        self.chunk_size = state.resolved.rollout_decode_batch_size
+        self.packs = PackBuilder.of_state(state)
+        self.seed = state.plan.training.seed
+        self.rollouts_per_step = plan.rollouts_per_step
+        self.chunk_size = plan.decode_batch_size
         self.num_updates = 0  # set by the trainer before each step
         self.gallery = make_b_gallery(state) if state.world.is_main else None
         self._step = 0
@@ -72,13 +76,13 @@ class StepChannelB:
 
     def run(self, step: int, decision: Decision, acc: StepAccumulator) -> dict[str, Any]:
         first_pos = self.state.b_sampler.num_consumed
-        indices = self.state.b_sampler.take(self.state.resolved.rollouts_per_step)
+        indices = self.state.b_sampler.take(self.rollouts_per_step)
         extra: dict[str, Any] = {}
         if self.publisher is not None:
             with self.runner.timer.time("weight_sync"):
                 outcome = self.publisher.ensure_current(self.num_updates)
             extra.update(self.publisher.metrics(outcome))
-        seed = rollout_seed(self.cfg.training.seed, step)
+        seed = rollout_seed(self.seed, step)
         self._step = step
         calls_before = self.source.num_calls
         if self.pipeline:
@@ -105,13 +109,24 @@ class StepChannelB:
         return {}
 
     def metrics(self) -> dict[str, Any]:
-        return {}
+        if self.client is None or self.publisher is None:
+            return {}
+        return connection_metrics(self.client, self.publisher)
 
     def rank_state(self) -> dict[str, Any]:
         return {}
 
-    def close(self) -> None:
-        pass
+    def saved_version(self) -> dict[str, Any]:
+        return {}
+
+    def close(self, deadline_s: float = 30.0) -> None:
+        """Close the rollout client and the weight sync (no thread outlives a step here)."""
+        try:
+            if self.client is not None:
+                self.client.close()
+        finally:
+            if self.publisher is not None:
+                self.publisher.client.close()
 
     # ------------------------------------------------------------------ the two paths
 
@@ -125,14 +140,7 @@ class StepChannelB:
         rolled = time.perf_counter()
         if self.gallery is not None:
             self.gallery.offer(self._step, indices, generations)  # a reference; built after the update
-        kept, dropped = build_b_segments(
-            indices,
-            generations,
-            self.state.encoder,
-            self.state.plan.channel_b.target,
-            self.state.plan.channel_b.match,
-            packing_length=self.runner.packing_length,
-        )
+        kept, dropped = self.packs.segments(indices, generations)
         stats = RolloutStats()
         stats.add(dropped)
         for _, _, s in kept:
@@ -145,20 +153,11 @@ class StepChannelB:
     def _train(self, segments: Sequence[Segment], denominator: int, acc: StepAccumulator) -> None:
         """The fewest packs of `segments` (`packing: false`: padded batches of the per-device size), one
         forward/backward each, scaled by their share of `denominator` segments."""
-        training = self.cfg.training
-        if training.packing:
-            with self.runner.timer.time("collate"):
-                groups = pack_segments([len(s) for s in segments], self.runner.packing_length)
-        else:
-            size = training.per_device_train_batch_size
-            groups = [list(range(k, min(k + size, len(segments)))) for k in range(0, len(segments), size)]
+        with self.runner.timer.time("collate"):
+            groups = self.packs.step_groups([len(s) for s in segments])
         for group in groups:
-            members = [segments[i] for i in group]
             with self.runner.timer.time("collate"):
-                if training.packing:
-                    batch = collate_pack(members, self.runner.base_model)
-                else:
-                    batch = collate_padded(members, self.state.encoder.pad_token_id)
+                batch = self.packs.collate([segments[i] for i in group])
             self.runner.run_batch(batch, scale=len(group) / denominator, sync=True, acc=acc)
 
     def _sequential(

@@ -5,7 +5,7 @@ Per optimizer step `s`: rank 0 decides whether the schedule wants Channel-B and 
 kind is fixed for the whole accumulation window; Channel-A runs one micro-batch per micro-step, a B step
 runs Channel-B's forward/backward passes; then exactly one optimizer update, Channel-B's after-update work
 (an async weight sync when due), and rank 0 appends one metrics row. Which Channel-B a run trains with
-(and the rollout client and weight sync it opens) is `channel_b_build`.
+(with the rollout client and weight sync it owns) is `channel_b_build`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding
 from stagectl.learner.b_steps import BStepLedger
 from stagectl.learner.channel_a import ChannelA
-from stagectl.learner.channel_b_async import AsyncChannelB
 from stagectl.learner.channel_b_build import build_channel_b
 from stagectl.learner.evaluate import EVAL_LOGGED, Evaluator
 from stagectl.learner.loss import LossWeights
@@ -87,8 +86,8 @@ class Trainer:
         # B steps wanted / trained (and why not) over the whole run; a checkpoint older than it: from here on
         self.b_steps = BStepLedger.from_dict(saved_b_steps) if saved_b_steps else BStepLedger()
         self.channel_a = ChannelA(st, self.runner)
-        self.channel_b, self.client, self.weight_sync = build_channel_b(
-            cfg, st, self.runner, num_updates=self.num_updates, prefetcher_cpus=prefetcher_cpus
+        self.channel_b = build_channel_b(
+            st.plan.channel_b, st, self.runner, num_updates=self.num_updates, prefetcher_cpus=prefetcher_cpus
         )
         self.metrics = (
             MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
@@ -303,10 +302,6 @@ class Trainer:
         row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall
         if "time/weight_sync_s" in row and step_s > 0:
             row["weight_sync/step_fraction"] = row["time/weight_sync_s"] / step_s
-        if self.client is not None:
-            row.update({f"rollout_client/{k}": v for k, v in self.client.counters().items()})
-        if self.weight_sync is not None:
-            row["weight_sync/delta_fallbacks"] = self.weight_sync.counters()["delta_fallbacks"]
         return row
 
     # ------------------------------------------------------------------ checkpoints and close
@@ -323,11 +318,10 @@ class Trainer:
                 assert gathered is not None
                 rank_states = [g[1] for g in gathered]
                 extra: dict[str, Any] = {"num_updates": self.num_updates}
+                extra.update(self.channel_b.saved_version())
                 async_states = None
-                if isinstance(self.channel_b, AsyncChannelB):
-                    extra["ver"] = self.channel_b.ver
-                    extra["ver_is_weights"] = self.channel_b.weights_are_ver
-                    async_states = [r.pop("async") for r in rank_states]  # to async_state.pt, not the JSON
+                if "async" in rank_states[0]:  # to async_state.pt, not the JSON
+                    async_states = [r.pop("async") for r in rank_states]
                 saving.write_checkpoint(
                     self.cfg,
                     st,
@@ -391,15 +385,8 @@ class Trainer:
         peers may be gone, and the launcher ends them."""
         try:
             with dist.phase("shutdown: stop the prefetcher", "shutdown_s"):
-                if isinstance(self.channel_b, AsyncChannelB):
-                    # half the phase's deadline: a stuck thread is reported by name, not by the watchdog
-                    self.channel_b.close(deadline_s=self.cfg.launch.watchdog.shutdown_s / 2)
-                else:
-                    self.channel_b.close()
-                if self.client is not None:
-                    self.client.close()
-                if self.weight_sync is not None:
-                    self.weight_sync.close()
+                # half the phase's deadline: a stuck thread is reported by name, not by the watchdog
+                self.channel_b.close(deadline_s=self.cfg.launch.watchdog.shutdown_s / 2)
         finally:
             self.progress.close()
             if self.metrics is not None:

@@ -1,8 +1,9 @@
 """`WeightPublisher`: the learner's side of keeping rollout servers on its policy.
 
-It owns the push of the state dict (rank 0 pushes; every rank learns the outcome), the policy version
-`ver` the servers serve (it starts from what the servers report and moves with every push, past any
-version a partly committed push left on some server), and the fresh-server
+It owns the push of the state dict (rank 0 pushes; every rank learns the outcome) and advances the
+shared `VersionClock` (`clock.ver`: the policy version the servers serve; it starts from what the servers
+report and moves with every push, past any version a partly committed push left on some server; the
+queue, the rollout source and the prefetcher read the same clock), and the fresh-server
 rule: a server that reports version 0 while the learner has made no update already serves the base
 weights; anything else gets a push before its rollouts are used.
 
@@ -23,7 +24,8 @@ import torch
 
 from stagectl import dist
 from stagectl.config.engines import merges_adapter
-from stagectl.prefetch.fence import SyncFence
+from stagectl.inference.client import RolloutClient
+from stagectl.prefetch.fence import VersionClock
 from stagectl.weightsync.base import PushReport
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.errors import WeightPushError
@@ -50,15 +52,19 @@ class WeightPublisher:
         world: dist.World,
         *,
         num_updates: int,
+        clock: VersionClock | None = None,
         storage_dtype: torch.dtype | None = None,
         adapter_sync: bool = False,
     ) -> None:
+        """`clock`: the version clock and fence Channel-B shares (a clock of its own when None); it is set
+        to the highest version the servers report."""
         self.client = client
         self.model = model
         self.world = world
+        self.clock = clock if clock is not None else VersionClock()
         self.storage_dtype = storage_dtype  # the servers' dtype: float32 masters are converted to it
         versions = client.versions() if world.is_main else []
-        self.ver: int = dist.broadcast_object(max(v.version for v in versions) if versions else 0)
+        self.clock.advance(dist.broadcast_object(max(v.version for v in versions) if versions else 0))
         # `sync.mode: adapter`: servers whose engine merges adapters (hf) get the adapter alone; if any engine
         # cannot (vLLM), all get the merged weights (a full sync of the plain model, as a checkpoint's model/)
         adapter_engines = adapter_sync and all(merges_adapter(v.engine) for v in versions)
@@ -73,6 +79,11 @@ class WeightPublisher:
         # After a failed push some servers may have committed it (a multi-server commit that failed on
         # another server): the next push must go past the highest version any server serves.
         self._maybe_diverged = False
+
+    @property
+    def ver(self) -> int:
+        """The policy version the servers serve (the clock's)."""
+        return self.clock.ver
 
     @property
     def fresh(self) -> bool:
@@ -93,19 +104,18 @@ class WeightPublisher:
 
     def sync(
         self,
-        fence: SyncFence,
         fence_timeout_s: float | None,
         *,
         target: int | None = None,
         then: Callable[[SyncOutcome], None] | None = None,
     ) -> SyncOutcome:
-        """Async mode, every rank: close the fence (no rollout call in flight on this rank), meet, rank 0
+        """Async mode, every rank: close the clock's fence (no rollout call in flight on this rank), meet, rank 0
         pushes the next version, every rank learns the outcome (and the version pushed). An unreachable server skips this sync (the
         next retries); a rejected push ends every rank with its message. `target`: push as this version
         instead of the next (a resumed run re-labels its checkpoint's weights with their saved version);
         it must be above every version the servers report. `then(outcome)` runs on every rank once the
         version has moved, with the fence still closed (a collective is allowed there)."""
-        with fence.sync(timeout_s=fence_timeout_s):
+        with self.clock.sync(timeout_s=fence_timeout_s):
             dist.barrier()
             # under fsdp every rank gathers each tensor in turn while rank 0 sends it (see `_weights`)
             with self._weights() as weights:
@@ -127,7 +137,7 @@ class WeightPublisher:
         return outcome
 
     def _advance(self, outcome: SyncOutcome) -> None:
-        self.ver = outcome.version
+        self.clock.advance(outcome.version)
         self.num_syncs += 1
         self.seconds_total += outcome.seconds
         self.bytes_total += outcome.num_bytes
@@ -207,3 +217,10 @@ class WeightPublisher:
                 outcome.num_bytes / 1e6 / outcome.seconds if outcome.seconds else 0.0
             )
         return row
+
+
+def connection_metrics(client: RolloutClient, publisher: WeightPublisher) -> dict[str, Any]:
+    """The rollout client's and the weight sync's running counters (every step's row with servers)."""
+    row: dict[str, Any] = {f"rollout_client/{k}": v for k, v in client.counters().items()}
+    row["weight_sync/delta_fallbacks"] = publisher.client.counters()["delta_fallbacks"]
+    return row

@@ -22,7 +22,7 @@ from stagectl.inference.client import RolloutClient
 from stagectl.inference.requests import detection_infer_request, request_config, to_generation
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation, generate_batch
-from stagectl.prefetch.fence import SyncFence
+from stagectl.prefetch.fence import VersionClock
 from stagectl.wire.errors import RolloutServerError
 from stagectl.wire.protocol import InferRequest, InferResponse
 
@@ -83,19 +83,19 @@ class ServerRollouts:
         encoder: SampleEncoder,
         spec: SamplingSpec,
         chunk_size: int,
-        fence: SyncFence,
-        current_ver: Callable[[], int],
+        clock: VersionClock,
         *,
         tag_versions: bool = False,
     ) -> None:
-        """`tag_versions` (async `in_flight_sync`): a section does not hold the fence; its calls carry
-        its version (`weight_version`), which the servers answer with or refuse (`WrongVersionError`)."""
+        """`clock`: the shared version clock (a section's version is its `ver` on entry; its fence keeps
+        syncs out of a section). `tag_versions` (async `in_flight_sync`): a section does not hold the fence;
+        its calls carry its version (`weight_version`), which the servers answer with or refuse
+        (`WrongVersionError`)."""
         self.client = client
         self.tag_versions = tag_versions
         self.encoder = encoder
         self.chunk_size = chunk_size
-        self.fence = fence
-        self.current_ver = current_ver
+        self.clock = clock
         self.base_config = request_config(spec, seed=None)
         self.num_calls = 0
         self._stop = threading.Event()
@@ -110,10 +110,10 @@ class ServerRollouts:
         the learner's counter captured on entry (`section.ver`). With `tag_versions` the servers keep
         that promise instead (a sync goes ahead; the section's calls are answered at its version or refused)."""
         if self.tag_versions:
-            yield RolloutSection(self, self.current_ver())
+            yield RolloutSection(self, self.clock.ver)
             return
-        with self.fence.call():
-            yield RolloutSection(self, self.current_ver())
+        with self.clock.call():
+            yield RolloutSection(self, self.clock.ver)
 
     def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
         with self.section() as section:

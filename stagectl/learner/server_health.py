@@ -23,13 +23,12 @@ import time
 from collections.abc import Callable
 
 from stagectl import dist
-from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.config.plan import ServerRollouts
 from stagectl.console import say
 from stagectl.inference.client import RolloutClient
 from stagectl.learner.channel_b import Decision
 from stagectl.learner.publisher import SyncOutcome, WeightPublisher
 from stagectl.learner.server_watch import ServerPlan, ServerWatch
-from stagectl.prefetch.fence import SyncFence
 
 POLL_S = 1.0  # how often a waiting B step probes the servers again
 MAX_DEFER_STEPS = 2  # B steps in a row a re-sync waits for an A step (while another server serves)
@@ -46,20 +45,20 @@ class RolloutLossError(dist.SharedError):
 class ServerHealth:
     def __init__(
         self,
-        cb_cfg: ChannelBConfig,
+        rollouts: ServerRollouts,
         world: dist.World,
         publisher: WeightPublisher,
         rollout_client: RolloutClient,
-        fence: SyncFence,
-        fence_timeout_s: float | None,
         after_sync: Callable[[SyncOutcome], None],
         *,
         watchdog_step_s: float | None = None,
     ) -> None:
-        """`watchdog_step_s`: the deadline of the step phase a B step waits in (multi-rank runs): the wait
-        ends at 80% of it if that comes first, so the run stops with the servers named, not by the watchdog."""
-        self.on_loss = cb_cfg.on_rollout_loss
-        self.configured_timeout_s = cb_cfg.rollout_loss_timeout_s
+        """`rollouts`: the servers (a re-sync waits for calls in flight up to their `infer_timeout_s`) and
+        the loss policy. `watchdog_step_s`: the deadline of the step phase a B step waits in (multi-rank
+        runs): the wait ends at 80% of it if that comes first, so the run stops with the servers named, not
+        by the watchdog."""
+        self.on_loss = rollouts.on_rollout_loss
+        self.configured_timeout_s = rollouts.rollout_loss_timeout_s
         self.timeout_s = self.configured_timeout_s
         if watchdog_step_s is not None:
             self.timeout_s = min(self.timeout_s, 0.8 * watchdog_step_s)
@@ -67,8 +66,7 @@ class ServerHealth:
         self.publisher = publisher
         self.weight_client = publisher.client
         self.rollout_client = rollout_client
-        self.fence = fence
-        self.fence_timeout_s = fence_timeout_s
+        self.fence_timeout_s = rollouts.servers.infer_timeout_s
         self.after_sync = after_sync
         self.watch = ServerWatch(self.weight_client.base_urls)
         self.num_resyncs = 0  # full pushes to restarted or lagging servers
@@ -122,7 +120,7 @@ class ServerHealth:
         """A full push of the current weights to every server that answered (collective)."""
         if self.world.is_main:
             self.weight_client.forget_delta_base()
-        outcome = self.publisher.sync(self.fence, self.fence_timeout_s, then=self.after_sync)
+        outcome = self.publisher.sync(self.fence_timeout_s, then=self.after_sync)
         if outcome.status != "ok":
             if self.world.is_main:
                 self.watch.failed(outcome.message)

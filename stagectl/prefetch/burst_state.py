@@ -5,7 +5,7 @@ Two spans, because they answer different questions:
   failed. `wait` waits for it, counting ended bursts, so a waiter returns for the burst it saw even when
   the thread has begun the next one before the waiter wakes.
 - *packs coming* (`set_coming` .. `queued`): from the section's start, when its version is known, until
-  its packs are in the queue. `version` and `add_coming` read it: a pack is counted as coming or as
+  its packs are in the queue. `version`, `behind` (that version against the shared clock's) and `add_coming` read it: a pack is counted as coming or as
   queued, never both and never neither, because the queue's pushes and `queued` happen under the same
   lock the readers take.
 
@@ -17,10 +17,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from stagectl.prefetch.fence import VersionClock
+
 
 class BurstState:
-    def __init__(self, lock: threading.Lock) -> None:
+    def __init__(self, lock: threading.Lock, clock: VersionClock) -> None:
         self.lock = lock
+        self.clock = clock
         self._done = threading.Condition(lock)
         self._in_burst = False
         self._num_ended = 0  # a waiter's mark: the next burst may begin before it wakes up
@@ -53,6 +56,12 @@ class BurstState:
         """The version of the burst in progress, from its section's start until its packs are queued."""
         with self.lock:
             return None if self._coming is None else self._coming[0]
+
+    def behind(self) -> bool:
+        """A burst's packs are coming (its section started, its packs not queued yet) at a version older
+        than the clock's: the burst began before the last sync."""
+        with self.lock:
+            return self._coming is not None and self._coming[0] < self.clock.ver
 
     def add_coming(self, versions: list[int], counts: list[int]) -> None:
         """Add the coming packs to their version's count, in place (call under `lock`, with the counts read

@@ -1,5 +1,5 @@
-"""The steps of one prefetcher burst that need none of the thread's own state: one rollout request turned
-into segments that remember their place in the B stream, and the burst's segments grouped into its packs.
+"""The step of one prefetcher burst that needs none of the thread's own state: one rollout request turned
+into segments that remember their place in the B stream (the grouping into packs is the `PackBuilder`'s).
 How many rollouts to ask for is `pacing`; the rounds, the fence and the commit point are `prefetcher`."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 
 from stagectl.detection.stats import RolloutStats
-from stagectl.packing import pack_into
-from stagectl.prefetch.records import BuildSegments, Built, PrefetchCounters, Rollout, Section
+from stagectl.learner.b_packs import PackBuilder
+from stagectl.prefetch.records import Built, PrefetchCounters, Rollout, Section
 
 
 def request_rollouts(
     section: Section,
-    build_segments: BuildSegments,
+    packs: PackBuilder,
     indices: list[int],
     first_pos: int,
     seed: int,
@@ -28,7 +28,7 @@ def request_rollouts(
     counters.requests_total += 1
     counters.request_s += time.perf_counter() - started
     started = time.perf_counter()
-    kept, lost = build_segments(indices, generations)
+    kept, lost = packs.segments(indices, generations)
     counters.build_s += time.perf_counter() - started
     counters.rollouts_total += count
     counters.segments_total += len(kept)
@@ -41,16 +41,3 @@ def request_rollouts(
         for k, segment, stats in kept
     ]
     return built, lost
-
-
-def pack_groups(
-    lengths: list[int], num_packs: int, packing_length: int, segments_per_pack: int | None
-) -> tuple[list[list[int]], list[int]]:
-    """(the segment indices of each pack, the indices left over) for a burst of segments of `lengths`:
-    at most `num_packs` packs, each at most `packing_length` tokens (`packing.pack_into`), or, under
-    `training.packing: false`, of exactly `segments_per_pack` segments in order."""
-    if segments_per_pack is None:
-        return pack_into(lengths, num_packs, packing_length)
-    size = segments_per_pack
-    groups = [list(range(k * size, (k + 1) * size)) for k in range(min(num_packs, len(lengths) // size))]
-    return groups, list(range(len(groups) * size, len(lengths)))

@@ -1,10 +1,16 @@
-"""The sync fence between rollout calls and weight sync.
+"""`VersionClock`: the one object async and server Channel-B share for *when* — the policy version `ver`,
+the learner's step position pacing reads, and the sync fence between rollout calls and weight sync.
 
-Rollout HTTP calls enter a shared section (`with fence.call():`) that blocks while a sync is pending;
-a sync (`with fence.sync():`) blocks new calls and waits for in-flight ones to finish, so the server
-never answers a request with half-updated weights from the learner's point of view. Only the HTTP
-call itself is fenced, never a section that makes further fenced calls: nesting is refused, which is
-what makes a deadlock between a sync and the prefetcher impossible.
+- `ver`: the version the rollout servers serve. The weight publisher advances it (`advance`, inside the
+  fence, before it opens); the ready-pack queue judges staleness against it, the rollout source tags its
+  sections with it, the prefetcher's pacing and the learner's burst wait read it. Nobody keeps a copy.
+- `next_step` / `open_step`: the step whose channel decision comes next, and the first step whose
+  post-update weight sync is still ahead (the learner moves them; pacing reads them).
+- The fence: rollout HTTP calls enter a shared section (`with clock.call():`) that blocks while a sync is
+  pending; a sync (`with clock.sync():`) blocks new calls and waits for in-flight ones to finish, so the
+  server never answers a request with half-updated weights from the learner's point of view. Only the HTTP
+  call itself is fenced, never a section that makes further fenced calls: nesting is refused, which is
+  what makes a deadlock between a sync and the prefetcher impossible.
 """
 
 from __future__ import annotations
@@ -15,15 +21,34 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-class SyncFence:
-    def __init__(self) -> None:
+class VersionClock:
+    def __init__(self, ver: int = 0) -> None:
         self._cond = threading.Condition()
+        self._ver = ver
         self._in_flight = 0
         self._sync_pending = False
         self._local = threading.local()
+        self.next_step = 0  # the optimizer step whose channel decision comes next
+        self.open_step = 0  # the first step whose post-update weight sync has not happened yet
         self.num_calls = 0
         self.num_syncs = 0
         self.wait_s_total = 0.0  # syncs waiting for calls in flight (and for an earlier sync) to end
+
+    # ------------------------------------------------------------------ the version
+
+    @property
+    def ver(self) -> int:
+        """The policy version the rollout servers serve (the learner's weights after the last push)."""
+        return self._ver
+
+    def advance(self, ver: int) -> None:
+        """Move to version `ver` (the publisher, after a push landed; never backwards)."""
+        with self._cond:
+            if ver < self._ver:
+                raise ValueError(f"policy version went back from {self._ver} to {ver}")
+            self._ver = ver
+
+    # ------------------------------------------------------------------ the fence
 
     @contextmanager
     def call(self) -> Iterator[None]:

@@ -15,6 +15,9 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   fit nowhere (rollouts came out longer than estimated) start the next burst if the version has not
   moved, else they are dropped and counted. Nothing else is held back, so neither a version change nor
   a slow server can strand a pack's worth of rollouts.
+- One shared clock: the policy version `ver`, the learner's step position and the sync fence are the
+  `VersionClock` the publisher advances and the queue and the source read; the segments, the packs'
+  grouping and their collation are the run's `PackBuilder` (packed or padded, decided there).
 - Version purity: a burst runs inside one fenced section of the source (the sync fence stays closed
   until its packs are queued), so every rollout of a burst comes from one version — the one captured
   when the section passed the fence — and its packs are queued before the next sync can start: the next
@@ -45,18 +48,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from stagectl.collate import PackedBatch, Segment
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_packs import PackBuilder
 from stagectl.prefetch.burst_state import BurstState
-from stagectl.prefetch.bursts import pack_groups, request_rollouts
+from stagectl.prefetch.bursts import request_rollouts
 from stagectl.prefetch.failures import FailurePolicy
+from stagectl.prefetch.fence import VersionClock
 from stagectl.prefetch.pacing import (
     PacingRules,
     QueueView,
@@ -66,7 +70,6 @@ from stagectl.prefetch.pacing import (
 )
 from stagectl.prefetch.queue import ReadyPackQueue
 from stagectl.prefetch.records import (
-    BuildSegments,
     Built,
     PrefetchCounters,
     PrefetchError,
@@ -83,27 +86,20 @@ from stagectl.wire.errors import RolloutServerError, WrongVersionError
 @dataclass
 class Prefetcher:
     source: VersionedSource
-    build_segments: BuildSegments
-    collate: Callable[[list[Segment]], PackedBatch]
+    packs: PackBuilder  # rollouts -> segments -> packs -> micro-batches
     sampler: ShardedSampler
-    queue: ReadyPackQueue[ReadyPack]
-    current_ver: Callable[[], int]
-    next_step: Callable[[], int]  # the optimizer step whose channel decision comes next
-    open_step: Callable[[], int]  # the first step whose post-update weight sync has not happened yet
+    queue: ReadyPackQueue[ReadyPack]  # judges staleness by `queue.clock`, the clock this thread reads
     rules: PacingRules
-    packing_length: int
     initial_tokens_per_rollout: float  # before the first burst: prompt + max_new_tokens (an upper bound)
     max_consecutive_failures: int
     outage_timeout_s: float
     seed: int
     rank: int
-    segments_per_pack: int | None = None  # training.packing: false: a pack is this many padded segments
     num_chunks: int = 0  # rollout requests so far (seeds derive from it; restored on resume)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
     # request sizes to align to, largest first: the servers' batch, the decode batch (`pacing.request_multiples`)
     request_multiples: tuple[int, ...] = (1,)
     cpus: Sequence[int] | None = None  # pin the thread (and the request threads it starts) to these CPUs
-    sync_pending: Callable[[], bool] = lambda: False  # a weight sync waits for this burst's section to end
     idle_wait_s: float = 0.02
     MAX_ROUNDS = 3  # requests per burst: the first, then top-ups while short of the target
 
@@ -115,9 +111,16 @@ class Prefetcher:
         self._carry: list[Built] = []
         self._carry_ver = -1
         self._lock = threading.Lock()  # the commit point, the carry and the queue's pushes move together
-        self._bursts = BurstState(self._lock)  # the burst in progress, for the learner (`in_flight_sync`)
+        self._bursts = BurstState(
+            self._lock, self.clock
+        )  # the burst in progress, for the learner (`in_flight_sync`)
         self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
+
+    @property
+    def clock(self) -> VersionClock:
+        """The shared version clock (the queue's): `ver`, the learner's step position, the fence."""
+        return self.queue.clock
 
     # ------------------------------------------------------------------ owner side
 
@@ -150,6 +153,11 @@ class Prefetcher:
     def burst_version(self) -> int | None:
         """The version of the burst in progress, from its section's start until its packs are queued."""
         return self._bursts.version()
+
+    def burst_behind(self) -> bool:
+        """A burst is in progress (its section started, its packs not yet queued) at a version older than
+        the clock's: it began before the last sync."""
+        return self._bursts.behind()
 
     def wait_burst(self, timeout_s: float | None) -> bool:
         """Wait until the burst in progress, if any, has ended (or the thread stopped or failed); False
@@ -203,9 +211,9 @@ class Prefetcher:
         self.num_chunks = int(state["num_chunks"])
         self._tokens_per_rollout = float(state["tokens_per_rollout"])
         self.counters = PrefetchCounters(**state["counters"])
-        self._carry = rebuild_segments(self.build_segments, [Rollout(**r) for r in state["carry"]])
+        self._carry = rebuild_segments(self.packs, [Rollout(**r) for r in state["carry"]])
         self._carry_ver = int(state["carry_ver"])
-        packs = rebuild_packs(state["packs"], self.build_segments, self.collate)
+        packs = rebuild_packs(state["packs"], self.packs)
         self.queue.restore(packs, state["queue_counters"], size=lambda pack: pack.num_segments)
         self.queue.restore_shared(state.get("shared"))  # absent from checkpoints written before it was kept
         self._commit()
@@ -230,8 +238,8 @@ class Prefetcher:
 
     def _packs_wanted(self) -> int:
         versions, counts, shared = self.queue.pacing_counts()
-        view = QueueView(versions, counts, self.current_ver(), shared)
-        return packs_wanted(self.next_step(), view, self.rules, open_step=self.open_step())
+        view = QueueView(versions, counts, self.clock.ver, shared)
+        return packs_wanted(self.clock.next_step, view, self.rules, open_step=self.clock.open_step)
 
     def _burst(self, num_packs: int, *, another_follows: bool = False) -> None:
         """Fill `num_packs` packs in one fenced section. `another_follows`: pacing wants more packs of this
@@ -252,17 +260,17 @@ class Prefetcher:
                 with self._lock:
                     self._bursts.set_coming(section.ver, num_packs)
                 carried = self._take_carry(section.ver)
-                if self.segments_per_pack is None:
+                if self.packs.segments_per_pack is None:
                     built, dropped = self._roll_out(
                         section,
                         num_packs * self.rules.pack_tokens,
-                        num_packs * self.packing_length,
+                        num_packs * self.packs.packing_length,
                         carried,
                         round_up=another_follows,
                     )
                 else:
                     built, dropped = self._roll_out_count(
-                        section, num_packs * self.segments_per_pack, carried
+                        section, num_packs * self.packs.segments_per_pack, carried
                     )
                 # still inside the section: fenced, the packs are queued before any sync can start
                 self._failures.succeeded()
@@ -326,12 +334,12 @@ class Prefetcher:
             count = self._request_size(
                 target_tokens - have,
                 capacity_tokens - have,
-                whole_batches=round_up and not self.sync_pending() and self.current_ver() == section.ver,
+                whole_batches=round_up and not self.clock.sync_pending and self.clock.ver == section.ver,
             )
             try:
                 kept, lost = self._request(section, count)
             except WrongVersionError:
-                if round_ == 0 and self.current_ver() == section.ver:
+                if round_ == 0 and self.clock.ver == section.ver:
                     raise  # refused before any rollout, the learner still at that version: servers ahead
                 break  # a sync was swapped in: pack what arrived (its version is still eligible)
             built += kept
@@ -367,7 +375,7 @@ class Prefetcher:
             try:
                 kept, lost = self._request(section, missing)
             except WrongVersionError:
-                if round_ == 0 and self.current_ver() == section.ver:
+                if round_ == 0 and self.clock.ver == section.ver:
                     raise
                 break
             built += kept
@@ -378,7 +386,7 @@ class Prefetcher:
         """A weight sync is waiting for this burst's section, or (`in_flight_sync`) one has moved the version
         since it began: skip the top-ups (the learner would wait a whole rollout call more, or the servers
         would refuse them) and pack what arrived into the packs asked for, less full."""
-        if not self.sync_pending() and self.current_ver() == ver:
+        if not self.clock.sync_pending and self.clock.ver == ver:
             return False
         self.counters.cut_short_total += 1
         return True
@@ -389,7 +397,7 @@ class Prefetcher:
         seed = derive_seed(self.seed, self.rank, self.num_chunks)
         self.num_chunks += 1
         try:
-            return request_rollouts(section, self.build_segments, indices, first_pos, seed, self.counters)
+            return request_rollouts(section, self.packs, indices, first_pos, seed, self.counters)
         except WrongVersionError:
             # refused before anything was generated: the stream and the seeds go on as if it had not been made
             self.sampler.num_consumed = first_pos
@@ -411,7 +419,7 @@ class Prefetcher:
     def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
         started = time.perf_counter()
         lengths = [len(segment) for _, segment, _ in built]
-        groups, left = pack_groups(lengths, num_packs, self.packing_length, self.segments_per_pack)
+        groups, left = self.packs.groups(lengths, num_packs)
         # what does not fit waits for the next burst of this version (a burst never makes extra packs)
         self._carry, self._carry_ver = [built[i] for i in left], ver
         for k, group in enumerate(groups):
@@ -420,7 +428,7 @@ class Prefetcher:
                 stats.add(dropped)  # rollouts that made no segment still count in the step's metrics
             for i in group:
                 stats.add(built[i][2])
-            batch = self.collate([built[i][1] for i in group])
+            batch = self.packs.collate([built[i][1] for i in group])
             self.counters.collate_s += time.perf_counter() - started
             rollouts = [built[i][0] for i in group]
             self.queue.push(ReadyPack(batch, len(group), stats, ver, rollouts), ver, size=len(group))

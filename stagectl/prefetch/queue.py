@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Generic, TypeVar
 
+from stagectl.prefetch.fence import VersionClock
 from stagectl.prefetch.staleness import eligible_versions, is_stale
 
 T = TypeVar("T")
@@ -51,7 +52,8 @@ class _Entry(Generic[T]):
 
 
 class ReadyPackQueue(Generic[T]):
-    def __init__(self, queue_limit: int, version_window: int) -> None:
+    def __init__(self, queue_limit: int, version_window: int, clock: VersionClock | None = None) -> None:
+        """`clock`: the shared version clock the queue judges staleness against (its own when None)."""
         if queue_limit < 1:
             raise ValueError(f"queue_limit must be >= 1, got {queue_limit}")
         if version_window < 0:
@@ -60,7 +62,7 @@ class ReadyPackQueue(Generic[T]):
         self.version_window = version_window
         self._items: list[_Entry[T]] = []  # push order; held entries keep their place
         self._lock = threading.Lock()
-        self._current_ver = 0
+        self.clock = clock if clock is not None else VersionClock()
         self._shared: dict[int, int] | None = None  # None: never measured (each rank's own counts stand)
         self._pushed = self._popped = self._drop_oldest = self._drop_stale = self._dropped_segments = 0
 
@@ -69,7 +71,7 @@ class ReadyPackQueue(Generic[T]):
     def push(self, pack: T, ver: int, size: int = 1) -> bool:
         """Queue `pack` of version `ver` (`size` segments); False if it was dropped instead."""
         with self._lock:
-            if is_stale(ver, self._current_ver, self.version_window):
+            if is_stale(ver, self.clock.ver, self.version_window):
                 self._drop_stale += 1
                 self._dropped_segments += size
                 return False
@@ -88,17 +90,10 @@ class ReadyPackQueue(Generic[T]):
 
     # ------------------------------------------------------------------ consumer
 
-    def set_current_ver(self, ver: int) -> None:
-        """Advance the learner's version; packs now outside the window are dropped."""
-        with self._lock:
-            if ver < self._current_ver:
-                raise ValueError(f"policy version went back from {self._current_ver} to {ver}")
-            self._current_ver = ver
-            self._purge_stale()
-
     @property
     def current_ver(self) -> int:
-        return self._current_ver
+        """The clock's version (packs outside its window are dropped at the next read or push)."""
+        return self.clock.ver
 
     def eligible_counts(self) -> tuple[list[int], list[int]]:
         """(versions oldest first, this rank's packs of each, held or not) — what the sync's shared view and
@@ -110,7 +105,8 @@ class ReadyPackQueue(Generic[T]):
         """The packs of each version every rank holds (the minimum over ranks of `eligible_counts`),
         measured right after a weight sync; only the versions older than the current one are kept."""
         with self._lock:
-            self._shared = {v: c for v, c in zip(versions, counts, strict=True) if v < self._current_ver}
+            current = self.clock.ver
+            self._shared = {v: c for v, c in zip(versions, counts, strict=True) if v < current}
 
     def restore_shared(self, pairs: list[tuple[int, int]] | None) -> None:
         """Put back a checkpoint's shared view (`sorted(shared().items())`); None: not measured (a
@@ -126,13 +122,13 @@ class ReadyPackQueue(Generic[T]):
         """(versions oldest first, this rank's packs of each, the packs of each that every rank holds as
         far as this rank knows: the shared view for older versions, this rank's own count otherwise)."""
         with self._lock:
-            self._purge_stale()
-            versions = eligible_versions(self._current_ver, self.version_window)
+            current = self._purge_stale()
+            versions = eligible_versions(current, self.version_window)
             own = [sum(1 for e in self._items if e.ver == v) for v in versions]
             if self._shared is None:
                 return versions, own, list(own)
             shared = [
-                min(c, self._shared.get(v, 0)) if v < self._current_ver else c
+                min(c, self._shared.get(v, 0)) if v < current else c
                 for v, c in zip(versions, own, strict=True)
             ]
             return versions, own, shared
@@ -143,8 +139,8 @@ class ReadyPackQueue(Generic[T]):
         with self._lock:
             if any(e.held for e in self._items):
                 raise RuntimeError("hold() while packs are still held: take or release them first")
-            self._purge_stale()
-            versions = eligible_versions(self._current_ver, self.version_window)
+            current = self._purge_stale()
+            versions = eligible_versions(current, self.version_window)
             counts = []
             for ver in versions:
                 mine = [e for e in self._items if e.ver == ver][:gas]
@@ -224,7 +220,7 @@ class ReadyPackQueue(Generic[T]):
             self._drop_stale = int(counters["drop_stale_total"])
             self._dropped_segments = int(counters["dropped_segments_total"])
         for ver, pack in packs:
-            if ver > self._current_ver:
+            if ver > self.clock.ver:
                 with self._lock:
                     self._drop_stale += 1
                     self._dropped_segments += size(pack)
@@ -233,12 +229,15 @@ class ReadyPackQueue(Generic[T]):
                 with self._lock:
                     self._pushed -= 1
 
-    def _purge_stale(self) -> None:
+    def _purge_stale(self) -> int:
+        """Drop the packs outside the window of the clock's version (under the lock); that version."""
+        current = self.clock.ver  # read once: a sync may move it meanwhile
         kept = []
         for entry in self._items:
-            if not entry.held and is_stale(entry.ver, self._current_ver, self.version_window):
+            if not entry.held and is_stale(entry.ver, current, self.version_window):
                 self._drop_stale += 1
                 self._dropped_segments += entry.size
             else:
                 kept.append(entry)
         self._items = kept
+        return current

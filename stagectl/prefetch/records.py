@@ -1,9 +1,9 @@
 """What the async prefetcher makes and what it calls: a rollout as a checkpoint saves it, a ready pack, the
-fenced source of rollouts, the segment builder's signature, and the thread's counters."""
+fenced source of rollouts, a built rollout, and the thread's counters."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, cast
@@ -59,11 +59,6 @@ class VersionedSource(Protocol):
         ...
 
 
-# (sample indices, their rollouts) -> (each kept rollout as (offset in the indices, segment, stats),
-# stats of the dropped ones)
-BuildSegments = Callable[
-    [Sequence[int], Sequence[Generation]], tuple[list[tuple[int, Segment, RolloutStats]], RolloutStats]
-]
 Built = tuple[Rollout, Segment, RolloutStats]
 
 

@@ -16,14 +16,13 @@ saved rollouts into segments and ready packs. No threads, no locks: `Prefetcher.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from stagectl.collate import PackedBatch, Segment
 from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_packs import PackBuilder
 from stagectl.models.generate import Generation
-from stagectl.prefetch.records import BuildSegments, Built, PrefetchCounters, ReadyPack, Rollout
+from stagectl.prefetch.records import Built, PrefetchCounters, ReadyPack, Rollout
 
 
 def commit_point(
@@ -65,10 +64,10 @@ def snapshot_state(
     }
 
 
-def rebuild_segments(build_segments: BuildSegments, rollouts: list[Rollout]) -> list[Built]:
+def rebuild_segments(packs: PackBuilder, rollouts: list[Rollout]) -> list[Built]:
     """The segments of saved rollouts (a pure function of the sample and its tokens)."""
     generations = [Generation(list(r.token_ids), r.finish_reason) for r in rollouts]  # type: ignore[arg-type]
-    kept, _ = build_segments([r.sample for r in rollouts], generations)
+    kept, _ = packs.segments([r.sample for r in rollouts], generations)
     if len(kept) != len(rollouts):
         lost = sorted(set(range(len(rollouts))) - {offset for offset, _, _ in kept})
         raise ValueError(
@@ -79,17 +78,13 @@ def rebuild_segments(build_segments: BuildSegments, rollouts: list[Rollout]) -> 
     return [(rollouts[offset], segment, stats) for offset, segment, stats in kept]
 
 
-def rebuild_packs(
-    saved_packs: list[dict[str, Any]],
-    build_segments: BuildSegments,
-    collate: Callable[[list[Segment]], PackedBatch],
-) -> list[tuple[int, ReadyPack]]:
+def rebuild_packs(saved_packs: list[dict[str, Any]], packs: PackBuilder) -> list[tuple[int, ReadyPack]]:
     """The snapshot's queued packs as (ver, pack), rebuilt from their rollouts, in saved order."""
-    packs = []
+    out = []
     for saved in saved_packs:
-        built = rebuild_segments(build_segments, [Rollout(**r) for r in saved["rollouts"]])
-        batch = collate([segment for _, segment, _ in built])
+        built = rebuild_segments(packs, [Rollout(**r) for r in saved["rollouts"]])
+        batch = packs.collate([segment for _, segment, _ in built])
         stats = RolloutStats.from_list(saved["stats"])
         ver = int(saved["ver"])
-        packs.append((ver, ReadyPack(batch, len(built), stats, ver, [r for r, _, _ in built])))
-    return packs
+        out.append((ver, ReadyPack(batch, len(built), stats, ver, [r for r, _, _ in built])))
+    return out

@@ -24,7 +24,6 @@ from stagectl.engines.fake import FakeEngine
 from stagectl.learner import sharding
 from stagectl.learner.precision import Precision
 from stagectl.learner.publisher import WeightPublisher
-from stagectl.prefetch.fence import SyncFence
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
@@ -91,7 +90,7 @@ def main() -> None:
         with torch.no_grad():  # new weights for this sync, different on every shard
             for param in model.parameters():
                 param.to_local().add_(torch.randn_like(param.to_local()))
-        outcome = publisher.sync(SyncFence(), None)
+        outcome = publisher.sync(None)
         expected = sharding.full_state_dict(model, dtype=STORAGE, keep=world.is_main)
         if world.is_main:
             served = servers[0][1].weights
@@ -103,7 +102,7 @@ def main() -> None:
     client = WeightSyncClient([bad_url], chunk_bytes=CHUNK_BYTES)
     publisher = WeightPublisher(client, model, world, num_updates=1, storage_dtype=STORAGE)
     try:
-        publisher.sync(SyncFence(), None)
+        publisher.sync(None)
         refused = ""
     except dist.SharedError as exc:
         refused = str(exc)

@@ -416,12 +416,12 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
 
     from stagectl.config.sampling import SamplingSpec
     from stagectl.learner.rollouts import ServerRollouts
-    from stagectl.prefetch.fence import SyncFence
+    from stagectl.prefetch.fence import VersionClock
 
     engines = [FakeEngine(default_weights(), batch_wait_ms=0) for _ in range(2)]
     servers = [_serve(e, ServerSettings()) for e in engines]
     encoder = SimpleNamespace(samples=[SimpleNamespace(images=[]) for _ in range(8)])
-    ver = [0]
+    clock = VersionClock()
     try:
         with (
             RolloutClient([s.url for s in servers]) as both,
@@ -433,8 +433,7 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
                 encoder,
                 SamplingSpec(max_new_tokens=8),
                 2,
-                SyncFence(),
-                lambda: ver[0],  # type: ignore[arg-type]
+                clock,
             )
             assert len(source.rollout(list(range(4)), seed=0)) == 4
             weights = {name: t + 1 for name, t in default_weights().items()}
@@ -448,7 +447,7 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
             with pytest.raises(WeightPushError, match="not above the serving version 1"):
                 both_push.push_weights(weights, 1)
             both_push.push_weights(weights, 2)
-            ver[0] = 2
+            clock.advance(2)
             assert len(source.rollout(list(range(4)), seed=0)) == 4
     finally:
         for server in servers:

@@ -14,13 +14,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from stagectl.config.plan import ServerList, ServerRollouts
+from stagectl.config.rollout import HttpSync
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.dist import World
 from stagectl.engines.fake import FakeEngine, default_weights
 from stagectl.inference.client import RolloutClient, RolloutServerError
 from stagectl.learner.publisher import WeightPublisher
 from stagectl.learner.server_health import MAX_DEFER_STEPS, RolloutLossError, ServerHealth
-from stagectl.prefetch.fence import SyncFence
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
@@ -55,14 +56,17 @@ class Rig:
         self.weights = WeightSyncClient(self.urls, delta=True)
         self.rollouts = RolloutClient(self.urls)
         self.publisher = WeightPublisher(self.weights, self.model, World(0, 0, 1), num_updates=0)
-        self.fence = SyncFence()
+        loss = ServerRollouts(
+            ServerList(tuple(self.urls), infer_timeout_s=10.0),
+            HttpSync(),
+            on_rollout_loss=cb_cfg.on_rollout_loss,
+            rollout_loss_timeout_s=cb_cfg.rollout_loss_timeout_s,
+        )
         self.health = ServerHealth(
-            cb_cfg,
+            loss,
             World(0, 0, 1),
             self.publisher,
             self.rollouts,
-            self.fence,
-            10.0,
             lambda o: None,
             watchdog_step_s=watchdog_step_s,
         )
@@ -71,7 +75,7 @@ class Rig:
         """An 'update' of the policy (its checksum w moves by 16) and the regular sync after it."""
         with torch.no_grad():
             self.model.w0 += 1.0
-        outcome = self.publisher.sync(self.fence, 10.0)
+        outcome = self.publisher.sync(10.0)
         assert outcome.status == "ok", outcome.message
 
     def answers(self) -> list[tuple[int, float]]:

@@ -182,7 +182,7 @@ def _wait_for_packs(module: ModuleType, seconds: str) -> None:
     original_after_update = cls.after_update
 
     def after_update(self: Any, num_updates: int) -> Any:
-        if num_updates % self.acfg.sync_every_steps == 0:  # a sync comes: finish this version's bursts
+        if num_updates % self.queue_plan.sync_every_steps == 0:  # a sync comes: finish this version's bursts
             deadline = time.monotonic() + float(seconds)
             while self.prefetcher._packs_wanted() > 0 and self.prefetcher.error() is None:
                 if time.monotonic() >= deadline:

@@ -160,7 +160,9 @@ def test_an_async_b_step_records_a_rollout_of_the_packs_it_trained_after_its_upd
     verdicts and spans) and logs its cost; the steps before and after the sampled point record nothing."""
     from types import SimpleNamespace
 
+    from stagectl.config.plan import AsyncQueue
     from stagectl.learner.channel_b_async import AsyncChannelB
+    from stagectl.prefetch.fence import VersionClock
 
     image = tmp_path / "img.png"
     Image.new("RGB", (100, 100), (255, 255, 255)).save(image)
@@ -176,9 +178,9 @@ def test_an_async_b_step_records_a_rollout_of_the_packs_it_trained_after_its_upd
         tmp_path / "b_gallery", encoder.samples, max_steps=20, num_records=2, build=build
     )
     channel.runner = SimpleNamespace(run_batch=lambda batch, **kwargs: None)
-    channel.publisher = SimpleNamespace(ver=0)
-    channel.acfg = SimpleNamespace(sync_every_steps=100)  # no weight sync at these updates
-    channel.gas, channel.rollouts_trained, channel.next_step = 2, 0, 0
+    channel.clock = VersionClock()
+    channel.queue_plan = AsyncQueue(sync_every_steps=100)  # no weight sync at these updates
+    channel.gas, channel.rollouts_trained = 2, 0
 
     def b_step(step: int) -> dict[str, object]:
         other = Rollout(sample=0, stream_pos=2 * step + 1, token_ids=CHAR.encode("{}"), finish_reason="stop")

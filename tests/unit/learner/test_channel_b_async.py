@@ -45,7 +45,10 @@ def _channel(scale: int) -> Any:
         )
     )
     channel._prefetch_seconds = (1.0, 0.5)
-    channel.publisher = SimpleNamespace(ver=4 * scale, num_syncs=4 * scale, num_failures=scale)
+    channel.clock = SimpleNamespace(ver=4 * scale)
+    channel.client = SimpleNamespace(counters=lambda: {"retries": scale})  # this rank's, not reduced
+    weight_sync = SimpleNamespace(counters=lambda: {"delta_fallbacks": 2 * scale})
+    channel.publisher = SimpleNamespace(num_syncs=4 * scale, num_failures=scale, client=weight_sync)
     channel.health = SimpleNamespace(num_resyncs=scale)
     channel.rollouts_trained = 20 * scale
     channel.num_b_steps, channel.num_steps = scale, 4
@@ -85,5 +88,7 @@ def test_two_ranks_async_counters_are_summed_and_rank_0s_version_kept(
         A + "prefetch_busy_s": 1.5,
         A + "rollout_request_s": 0.75,
         A + "drop_rate": 21 / 120,
+        "rollout_client/retries": 1,  # the channel's own client and weight sync (rank 0's, as written)
+        "weight_sync/delta_fallbacks": 2,
     }
     assert isinstance(row[A + "queue_depth"], int)

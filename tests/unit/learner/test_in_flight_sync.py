@@ -34,8 +34,8 @@ class _Prefetcher:
     def __init__(self, queue, bursts: list[int], began: int) -> None:  # type: ignore[no-untyped-def]
         self.queue, self.bursts, self.began, self.waits = queue, bursts, began, 0
 
-    def burst_version(self) -> int | None:
-        return self.began if self.bursts else None
+    def burst_behind(self) -> bool:
+        return bool(self.bursts) and self.began < self.queue.clock.ver
 
     def wait_burst(self, timeout_s: float | None) -> bool:
         self.waits += 1
@@ -45,15 +45,13 @@ class _Prefetcher:
 
 
 def _channel(bursts: list[int], queued: int = 0, began: int = 0):  # type: ignore[no-untyped-def]
-    from types import SimpleNamespace
-
     from stagectl.learner.channel_b_async import AsyncChannelB
+    from stagectl.prefetch.fence import VersionClock
     from stagectl.prefetch.queue import ReadyPackQueue
 
     channel = object.__new__(AsyncChannelB)
-    channel.publisher = SimpleNamespace(ver=1)  # one sync since version 0
-    channel.queue = ReadyPackQueue(queue_limit=8, version_window=1)
-    channel.queue.set_current_ver(1)
+    channel.clock = VersionClock(1)  # one sync since version 0
+    channel.queue = ReadyPackQueue(queue_limit=8, version_window=1, clock=channel.clock)
     for _ in range(queued):
         channel.queue.push(object(), 0)
     channel.prefetcher = _Prefetcher(channel.queue, bursts, began)

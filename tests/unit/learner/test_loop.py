@@ -21,7 +21,6 @@ def _trainer() -> Any:
     trainer.state = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]))
     trainer.runner = SimpleNamespace(packing_length=100, timer=PhaseTimer())
     trainer.gas, trainer.num_updates = 2, 3
-    trainer.client = trainer.weight_sync = None
     return trainer
 
 

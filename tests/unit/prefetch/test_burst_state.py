@@ -5,14 +5,18 @@ from __future__ import annotations
 import threading
 
 from stagectl.prefetch.burst_state import BurstState
+from stagectl.prefetch.fence import VersionClock
 
 
 def test_coming_packs_count_for_their_version_until_queued() -> None:
-    state = BurstState(threading.Lock())
+    clock = VersionClock(3)
+    state = BurstState(threading.Lock(), clock)
     with state.lock:
         state.begin()
         state.set_coming(3, 2)
-    assert state.version() == 3
+    assert not state.behind()  # of the clock's version
+    clock.advance(4)  # a sync while the burst runs: the burst is behind, read from the shared clock
+    assert state.behind()
     versions, counts = [2, 3], [1, 0]
     state.add_coming(versions, counts)
     assert counts == [1, 2]
@@ -23,11 +27,11 @@ def test_coming_packs_count_for_their_version_until_queued() -> None:
         state.queued()
     counts = [1, 2]
     state.add_coming(versions, counts)
-    assert counts == [1, 2] and state.version() is None
+    assert counts == [1, 2] and not state.behind()  # queued: no burst's packs are coming
 
 
 def test_end_is_counted_once_per_burst() -> None:
-    state = BurstState(threading.Lock())
+    state = BurstState(threading.Lock(), VersionClock())
     with state.lock:
         state.begin()
         state.end()
@@ -36,7 +40,7 @@ def test_end_is_counted_once_per_burst() -> None:
 
 
 def test_a_wait_ends_for_its_burst_even_when_the_next_has_begun() -> None:
-    state = BurstState(threading.Lock())
+    state = BurstState(threading.Lock(), VersionClock())
     with state.lock:
         state.begin()
     waiting = threading.Event()

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from stagectl.prefetch.fence import SyncFence
+from stagectl.prefetch.fence import VersionClock
 
 
 def test_sync_waits_for_in_flight_call() -> None:
-    fence = SyncFence()
+    fence = VersionClock()
     entered, release = threading.Event(), threading.Event()
     order: list[str] = []
 
@@ -37,13 +37,13 @@ def test_sync_waits_for_in_flight_call() -> None:
     assert not fence.sync_pending and fence.wait_s_total >= 0.1  # the sync's wait, for time/fence_s
 
 
-def _sync(fence: SyncFence, order: list[str]) -> None:
+def _sync(fence: VersionClock, order: list[str]) -> None:
     with fence.sync():
         order.append("sync")
 
 
 def test_new_calls_block_while_sync_pending() -> None:
-    fence = SyncFence()
+    fence = VersionClock()
     in_sync, finish_sync = threading.Event(), threading.Event()
     events: list[str] = []
 
@@ -71,7 +71,7 @@ def test_new_calls_block_while_sync_pending() -> None:
 
 
 def test_nested_calls_are_refused() -> None:
-    fence = SyncFence()
+    fence = VersionClock()
     with fence.call(), pytest.raises(RuntimeError, match="nested"), fence.call():
         pass
     with fence.call(), pytest.raises(RuntimeError, match="wait for itself"), fence.sync():
@@ -80,7 +80,7 @@ def test_nested_calls_are_refused() -> None:
 
 
 def test_sync_timeout_releases_the_fence() -> None:
-    fence = SyncFence()
+    fence = VersionClock()
     stuck = threading.Event()
     entered = threading.Event()
 
@@ -103,7 +103,7 @@ def test_sync_timeout_releases_the_fence() -> None:
 def test_many_calls_and_syncs_interleaving_never_deadlock() -> None:
     """8 prefetcher-like threads making fenced calls + 2 syncing threads; the test fails (instead of
     hanging) if anything is still blocked after the deadline, and checks mutual exclusion."""
-    fence = SyncFence()
+    fence = VersionClock()
     state = {"in_call": 0, "in_sync": 0, "violations": 0}
     lock = threading.Lock()
     stop = time.monotonic() + 2.0

@@ -7,14 +7,18 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from stagectl.collate import Segment
+from stagectl.config.plan import MatchCosts, TargetPlan
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
+from stagectl.learner.b_packs import PackBuilder
 from stagectl.models.generate import Generation
+from stagectl.prefetch.fence import VersionClock
 from stagectl.prefetch.pacing import PacingRules
 from stagectl.prefetch.prefetcher import Prefetcher
 from stagectl.prefetch.queue import ReadyPackQueue
@@ -59,7 +63,7 @@ class FakeSource:
     """Answers with the version the test sets; can fail on demand; records sections and request sizes."""
 
     def __init__(self, tokens: int = SEGMENT_TOKENS) -> None:
-        self.ver = 0
+        self.clock = VersionClock()  # `make` hands it the queue's: the one clock the prefetcher reads
         self.tokens = tokens  # segment length each rollout makes
         self.requests: list[int] = []
         self.sections = 0
@@ -69,6 +73,14 @@ class FakeSource:
         self.tickets: threading.Semaphore | None = None
         self.refuse: dict[int, int] = {}  # request number (1-based) -> the version the learner moves to
         self.seeds: list[int] = []  # of the answered requests
+
+    @property
+    def ver(self) -> int:
+        return self.clock.ver
+
+    @ver.setter
+    def ver(self, ver: int) -> None:  # a weight sync: the publisher advances the shared clock
+        self.clock.advance(ver)
 
     @contextmanager
     def section(self) -> Iterator[FakeSection]:
@@ -87,6 +99,27 @@ class FakeSource:
         ], RolloutStats()
 
 
+@dataclass(frozen=True)
+class FakePacks(PackBuilder):
+    """The real grouping (`groups`), the source's segments, and a 'batch' that is the segment list."""
+
+    source: Any = None
+
+    def segments(self, indices: Sequence[int], generations: Sequence[Generation]) -> Any:
+        return self.source.build(indices, generations)
+
+    def collate(self, segments: list[Segment]) -> Any:
+        return segments
+
+
+class SyncPendingClock(VersionClock):
+    """A clock whose fence always has a weight sync waiting."""
+
+    @property
+    def sync_pending(self) -> bool:
+        return True
+
+
 def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) -> Prefetcher:
     rules = PacingRules(
         b_ratio=kwargs.pop("b_ratio", 1.0),
@@ -96,8 +129,19 @@ def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) ->
         target_packs=kwargs.pop("target_packs", 4),
         pack_tokens=90,  # 0.9 x packing_length 100: 9 segments of 10 tokens
     )
+    if kwargs.pop("sync_pending", False):
+        queue.clock = SyncPendingClock(queue.clock.ver)
+    source.clock = queue.clock
+    packs = FakePacks(
+        encoder=None,  # type: ignore[arg-type]
+        target=TargetPlan(),
+        match=MatchCosts(),
+        packing_length=100,
+        model=None,
+        segments_per_pack=kwargs.pop("segments_per_pack", None),
+        source=source,
+    )
     options: dict[str, Any] = {
-        "packing_length": 100,
         "initial_tokens_per_rollout": float(SEGMENT_TOKENS),
         "max_consecutive_failures": 2,
         "outage_timeout_s": 60.0,
@@ -106,13 +150,9 @@ def make(source: FakeSource, queue: ReadyPackQueue[ReadyPack], **kwargs: Any) ->
     options.update(kwargs)
     return Prefetcher(
         source=source,
-        build_segments=source.build,
-        collate=lambda segments: segments,  # type: ignore[arg-type,return-value]
+        packs=packs,
         sampler=ShardedSampler(500, rank=0, world_size=1, seed=0, stream="B"),
         queue=queue,
-        current_ver=lambda: source.ver,
-        next_step=lambda: 0,
-        open_step=lambda: 0,
         rules=rules,
         seed=0,
         rank=0,
@@ -140,9 +180,7 @@ def test_a_waiting_sync_cuts_the_burst_to_the_request_in_flight() -> None:
     rollout against 10) leaves the packs short: 30 rollouts, no top-up of 6."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
-    pf = make(
-        source, queue, gas=2, target_packs=4, sync_pending=lambda: True, initial_tokens_per_rollout=12.0
-    )
+    pf = make(source, queue, gas=2, target_packs=4, sync_pending=True, initial_tokens_per_rollout=12.0)
     pf._burst(pf._packs_wanted())
     assert source.requests == [30] and pf.counters.cut_short_total == 1  # no top-up of 6
     packs = [queue.pop_for_ver(0) for _ in range(4)]
@@ -205,7 +243,7 @@ def test_the_last_burst_of_a_version_asks_for_no_surplus_that_would_go_stale() -
     assert pf.stop(5.0)
     assert source.requests == [18] and len(pf.snapshot()["carry"]) == 2
     source.ver = 1
-    queue.set_current_ver(1)
+    queue.clock.advance(1)
     pf._burst(2)
     assert source.requests == [18, 15] and pf.snapshot()["carry"] == []
     assert pf.counters.carry_dropped_total == 2
@@ -233,11 +271,12 @@ def test_no_rounding_while_a_weight_sync_waits_for_the_burst() -> None:
     next burst of the version: the request is the need (18), not rounded up to 5 batches of 4 (20)."""
     queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
     source = FakeSource()
-    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(4,), sync_pending=lambda: True)
+    pf = make(source, queue, gas=2, target_packs=4, request_multiples=(4,), sync_pending=True)
     pf._burst(2, another_follows=True)
     assert source.requests == [18]
     free = FakeSource()  # no sync waits: rounded up to whole batches that fit the packs at the estimate
-    make(free, queue, gas=2, target_packs=4, request_multiples=(4,))._burst(2, another_follows=True)
+    free_queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    make(free, free_queue, gas=2, target_packs=4, request_multiples=(4,))._burst(2, another_follows=True)
     assert free.requests == [20]
 
 
@@ -279,7 +318,7 @@ def test_packs_carry_the_version_of_their_burst_and_are_queued_inside_it() -> No
     pf = make(source, queue, gas=1, target_packs=1)
     pf._burst(1)
     source.ver = 3
-    queue.set_current_ver(3)
+    queue.clock.advance(3)
     pf._burst(1)
     assert [queue.pop_for_ver(0).ver, queue.pop_for_ver(3).ver] == [0, 3]
     assert pushed_inside == [True, True]  # the sync fence was still closed when each pack was queued
@@ -372,7 +411,7 @@ def test_segments_that_fit_no_pack_start_the_next_burst_of_the_same_version() ->
     pf._burst(1)  # 3 carried (120 tokens) reach the target alone: 2 fit, 1 carried again
     assert source.requests == [5] and queue.pop_for_ver(0).num_segments == 2
     source.ver = 1
-    queue.set_current_ver(1)
+    queue.clock.advance(1)
     pf._burst(1)  # the version moved on: the carried segment is dropped and counted
     assert pf.counters.carry_dropped_total == 1 and queue.pop_for_ver(1).ver == 1
 
@@ -441,7 +480,7 @@ def test_a_call_refused_after_a_swap_gives_its_samples_back_and_the_burst_packs_
     assert source.requests == [30, 6] and pf.counters.refused_total == 1
     assert pf.sampler.num_consumed == 30 and pf.num_chunks == 1 and pf.counters.lost_total == 0
     assert sum(queue.pop_for_ver(0).num_segments for _ in range(4)) == 30
-    queue.set_current_ver(1)
+    queue.clock.advance(1)
     pf._burst(2)
     assert pf.snapshot()["stream_pos"] == 30 + sum(source.requests[2:])
     assert source.seeds[1] == derive_seed(0, 0, 1)  # the refused call's seed, now answered
@@ -506,7 +545,7 @@ def test_the_packs_of_a_burst_in_flight_at_a_sync_count_as_held_for_pacing() -> 
     burst.start()
     assert source.in_section.wait(5.0)
     source.ver = 1  # the sync, while the burst runs
-    queue.set_current_ver(1)
+    queue.clock.advance(1)
     assert pf.counts_with_coming() == ([0, 1], [2, 0])
     queue.set_shared(*pf.counts_with_coming())
     source.gate.set()

@@ -58,7 +58,7 @@ def test_stale_pack_dropped_counted_never_returned() -> None:
     q: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=1)
     q.push("old", ver=0)
     q.push("mid", ver=1)
-    q.set_current_ver(2)  # window 1: v0 < 2 - 1 is stale
+    q.clock.advance(2)  # window 1: v0 < 2 - 1 is stale
     assert q.eligible_counts() == ([1, 2], [1, 0])
     with pytest.raises(LookupError):
         q.pop_for_ver(0)
@@ -73,7 +73,7 @@ def test_pop_for_ver_takes_oldest_of_that_version() -> None:
     for name, ver in [("a0", 0), ("b1", 1), ("c0", 0), ("d1", 1)]:
         q.push(name, ver)
     assert q.eligible_counts() == ([0], [2])  # current version 0
-    q.set_current_ver(1)
+    q.clock.advance(1)
     assert q.eligible_counts() == ([0, 1], [2, 2])
     assert q.pop_for_ver(1) == "b1" and q.pop_for_ver(0) == "a0"
     assert q.counters().popped_total == 2
@@ -81,9 +81,9 @@ def test_pop_for_ver_takes_oldest_of_that_version() -> None:
 
 def test_version_cannot_go_back() -> None:
     q: ReadyPackQueue[int] = ReadyPackQueue(queue_limit=2, version_window=0)
-    q.set_current_ver(3)
+    q.clock.advance(3)
     with pytest.raises(ValueError, match="went back"):
-        q.set_current_ver(2)
+        q.clock.advance(2)
 
 
 def test_concurrent_push_and_pop_lose_nothing() -> None:
@@ -112,7 +112,7 @@ def test_bad_limits(limit: int, window: int) -> None:
 
 def test_held_packs_survive_drop_oldest_and_come_back_in_place_when_released() -> None:
     q: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=3, version_window=1)
-    q.set_current_ver(1)
+    q.clock.advance(1)
     for name, ver in [("a0", 0), ("b1", 1), ("c1", 1)]:
         q.push(name, ver)
     assert q.hold(gas=2) == ([0, 1], [1, 2])
@@ -125,14 +125,14 @@ def test_held_packs_survive_drop_oldest_and_come_back_in_place_when_released() -
 
 def test_take_held_returns_exactly_the_chosen_version_and_releases_the_rest() -> None:
     q: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=1)
-    q.set_current_ver(1)
+    q.clock.advance(1)
     for name, ver in [("a0", 0), ("b0", 0), ("c1", 1), ("d1", 1), ("e1", 1)]:
         q.push(name, ver)
     assert q.hold(gas=2) == ([0, 1], [2, 2])  # e1 is not held: gas 2 per version
     assert q.take_held(1) == ["c1", "d1"]
     assert q.hold(gas=2) == ([0, 1], [2, 1])  # a0, b0 were released by the take
     q.release_held()
-    q.set_current_ver(2)  # v0 goes stale once no longer held
+    q.clock.advance(2)  # v0 goes stale once no longer held
     assert q.eligible_counts() == ([1, 2], [1, 0])
 
 
@@ -170,7 +170,7 @@ def test_stress_the_gate_never_loses_a_held_pack() -> None:
                 q.release_held()
             if round_ % 50 == 49:
                 current[0] += 1
-                q.set_current_ver(current[0])
+                q.clock.advance(current[0])
     finally:
         stop.set()
         producer.join()
@@ -180,14 +180,14 @@ def test_stress_the_gate_never_loses_a_held_pack() -> None:
 
 def test_restore_keeps_packs_inside_the_window_and_drops_and_counts_the_rest() -> None:
     saved: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
-    saved.set_current_ver(1)
+    saved.clock.advance(1)
     saved.push("old", ver=0, size=3)
     saved.push("new", ver=1, size=2)
     packs, counters = saved.state()
     assert packs == [(0, "old"), (1, "new")] and counters["pushed_total"] == 2
 
     resumed: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
-    resumed.set_current_ver(3)  # the resumed run is two versions further: version 0 is outside the window
+    resumed.clock.advance(3)  # the resumed run is two versions further: version 0 is outside the window
     resumed.restore(packs, counters, size=lambda pack: {"old": 3, "new": 2}[pack])
     assert resumed.state()[0] == [(1, "new")]
     after = resumed.counters()
@@ -210,7 +210,7 @@ def test_the_shared_view_counts_older_packs_every_rank_holds_and_follows_takes()
     for name in ("a", "b", "c", "d"):
         q.push(name, 0)
     assert q.pacing_counts() == ([0], [4], [4])  # never measured: this rank's own counts stand
-    q.set_current_ver(1)
+    q.clock.advance(1)
     q.set_shared([0, 1], [2, 0])  # the other rank holds 2 packs of version 0; the current one is not kept
     assert q.shared() == {0: 2}
     q.push("e", 1)
@@ -221,7 +221,7 @@ def test_the_shared_view_counts_older_packs_every_rank_holds_and_follows_takes()
     assert q.pacing_counts() == ([0, 1], [2, 1], [0, 1])
     saved = sorted((q.shared() or {}).items())
     other: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=8, version_window=2)
-    other.set_current_ver(1)
+    other.clock.advance(1)
     other.restore_shared(saved)
     assert other.shared() == {0: 0}
     other.restore_shared(None)  # a checkpoint from before the view was kept
