@@ -163,3 +163,19 @@ def test_objectness_ranks_the_late_false_positive_last_and_beats_the_coordinate_
     by_score = metrics["AP_by_score"]
     assert by_score["objectness"] > by_score["coord"]  # the coordinate score puts the false positive first
     assert by_score["coord_desc"] > by_score["coord"]  # the unsure label drags the wrong-label cat down
+
+
+@pytest.mark.parametrize(("bins", "matched"), [((100, 100, 300, 240), 1), ((100, 100, 300, 180), 0)])
+def test_the_metrics_match_at_the_eval_iou_gate(bins: tuple[int, int, int, int], matched: int) -> None:
+    """IoU 0.7 with the GT box is a match; IoU 0.4 (over training's default gate of 0.3, under the eval's
+    0.5) is a false positive and a miss."""
+    sample = DetectionSample(["im.png"], 100, 100, [DetObject("cat", CAT_1)])
+    ids = assign_ids([sample], "test")
+    outcome = judge_image(
+        0, sample, _generation([Pred("cat", bins)]), CHAR.vocab, ids, duplicate_iou_threshold=0.9
+    )
+    assert (outcome.stats.n_matched, outcome.stats.n_fp, outcome.stats.n_fn) == (
+        matched,
+        1 - matched,
+        1 - matched,
+    )
