@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from stagectl.cli.common import fail
+
+if TYPE_CHECKING:
+    from stagectl.config.plan_stage_b import StageBPlan
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -46,9 +50,10 @@ def command(
     directory ({output.root}/{output.run_name}/{mission}) that holds a run is refused unless --resume or
     --overwrite says what to do with it."""
     from stagectl.config import ConfigError, effective_world_size, load_config
+    from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.launch import inside_torchrun
     from stagectl.rundir import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
-    from stagectl.stage_b.runner import run_dir_of, valid_mission
+    from stagectl.stage_b.runner import valid_mission
 
     devices: list[str] = []
     if gpus is not None:
@@ -67,14 +72,16 @@ def command(
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
-    if cfg.mission is None:
-        fail(f"{config}: not a Stage-B config; set mission, tickets and guidance.path")
+    try:
+        plan = stage_b_plan(cfg)
+    except ValueError as exc:
+        fail(f"{config}: {exc}")
     if cfg.launch.nnodes != 1:
         fail("stage-b runs on one node; set launch.nnodes: 1")
     # once, before any rank starts (the ranks continue whatever guidance is there); a bad mission name is
     # reported by the runner
-    if not inside_torchrun() and valid_mission(cfg.mission):
-        run_dir = run_dir_of(cfg)
+    if not inside_torchrun() and valid_mission(plan.mission):
+        run_dir = plan.run_dir
         try:
             note = apply_policy(
                 run_dir,
@@ -91,7 +98,7 @@ def command(
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():
         raise typer.Exit(_relaunch(config, sets, cfg))
-    _run(cfg)
+    _run(plan)
 
 
 def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
@@ -103,14 +110,12 @@ def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
     return relaunch_under_torchrun(args, cfg.launch)
 
 
-def _run(cfg: object) -> None:
-    from stagectl.config import StagectlConfig
+def _run(plan: StageBPlan) -> None:
     from stagectl.dist import CollectiveError
     from stagectl.stage_b.runner import run_all
 
-    assert isinstance(cfg, StagectlConfig)
     try:
-        summary = run_all(cfg)
+        summary = run_all(plan)
     except CollectiveError as exc:
         fail(str(exc))
     except (ValueError, FileNotFoundError) as exc:  # a bad config, model path, ticket or guidance file

@@ -1,5 +1,6 @@
 """The rank-0 half of a global batch: it owns the artifact writer, the guidance store, the metrics window
-and the reflection queue, consumes the gathered candidates in batch order, and reflects."""
+and the reflection queue, consumes the gathered candidates in batch order, and reflects (its parts of the
+`StageBPlan`: the sampler grid, the reflection, the loop's seed and logging window, the review bar)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from stagectl.config import StagectlConfig
+from stagectl.config.plan_stage_b import ReflectionPlan, RunnerPlan, SamplerPlan
 from stagectl.console import say
 from stagectl.stage_b import artifacts as art
 from stagectl.stage_b.engine import Backend, candidate_seed
@@ -23,15 +24,28 @@ from stagectl.stage_b.tickets import Ticket
 
 class Consumer:
     def __init__(
-        self, cfg: StagectlConfig, run_dir: Path, guidance: Guidance, engine: Backend, *, fresh: bool
+        self,
+        run_dir: Path,
+        guidance: Guidance,
+        engine: Backend,
+        *,
+        fresh: bool,
+        mission: str,
+        sampler: SamplerPlan,
+        reflection: ReflectionPlan,
+        runner: RunnerPlan,
+        guidance_retention: int,
+        min_vote_strength: float,
     ) -> None:
-        assert cfg.mission is not None and cfg.guidance is not None
-        self.cfg = cfg
-        self.mission = cfg.mission
+        self.mission = mission
+        self.sampler = sampler
+        self.reflection = reflection
+        self.runner = runner
+        self.min_vote_strength = min_vote_strength
         self.engine = engine  # reflection runs on rank 0's engine
         self.guidance = guidance  # authoritative: the other ranks get it by broadcast
         self.writer = art.ArtifactWriter(run_dir, fresh=fresh)
-        self.store = GuidanceStore(run_dir, cfg.guidance.retention)
+        self.store = GuidanceStore(run_dir, guidance_retention)
         self.queue: list[ReflectionRecord] = []
         self.num_reflections = 0
         self.num_judged = 0
@@ -56,9 +70,7 @@ class Consumer:
         where = {"epoch": epoch, "batch_index": batch_index, "guidance_step": guidance.step}
         for position, ticket in enumerate(tickets):
             mine = sorted(by_position[position], key=lambda c: (c.grid_index, c.sample_index))
-            rows = ticket_rows(
-                ticket, mine, self.cfg.sampler.grid, where, self.cfg.manual_review.min_vote_strength
-            )
+            rows = ticket_rows(ticket, mine, self.sampler.grid, where, self.min_vote_strength)
             for row in rows.trajectories:
                 self.writer.write(art.TRAJECTORIES, row)
             for row in rows.malformed:
@@ -76,21 +88,19 @@ class Consumer:
                         ticket, selection.verdict, selection.num_pass, selection.num_fail, rows.reasons
                     )
                 )
-            if len(self.queue) >= self.cfg.reflection.batch_size:
+            if len(self.queue) >= self.reflection.batch_size:
                 self._reflect(epoch, batch_index, trigger=ticket.key)
         self.window_batches += 1
-        if self.window_batches >= self.cfg.runner.logging_steps:
+        if self.window_batches >= self.runner.logging_steps:
             self.write_metrics(epoch, batch_index)
         self.writer.flush()
 
     def _reflect(self, epoch: int, batch_index: int, trigger: str) -> None:
-        size = self.cfg.reflection.batch_size
+        size = self.reflection.batch_size
         records, self.queue = self.queue[:size], self.queue[size:]
         # Reflection seeds live apart from rollout seeds (epoch -1), one per reflection.
-        seed = candidate_seed(self.cfg.runner.seed, 0, self.num_reflections, -1, batch_index)
-        result = reflect(
-            self.engine, self.guidance, records, self.cfg.reflection, self.mission, seed, utc_now()
-        )
+        seed = candidate_seed(self.runner.seed, 0, self.num_reflections, -1, batch_index)
+        result = reflect(self.engine, self.guidance, records, self.reflection, self.mission, seed, utc_now())
         self.num_reflections += 1
         self.window.num_reflections += 1
         row = {"epoch": epoch, "batch_index": batch_index, "trigger_ticket": trigger}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stagectl.config import StagectlConfig
+from stagectl.config.plan_stage_b import ModelBackendPlan
+from stagectl.config.sampling import SamplingSpec
 from stagectl.dist import World
 from stagectl.engines.interface import Engine, EngineRequest
-from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest, rank_device
 from stagectl.stage_b.prompts import Message
 
@@ -37,9 +37,9 @@ class ModelBackend:
         return [result.text for result in self.engine.generate(requests)]
 
 
-def load_model_backend(cfg: StagectlConfig, world: World) -> tuple[ModelBackend, str]:
-    """The rank's backend (the `hf` engine over the rank's copy of the model) and a one-line note of where
-    the model went.
+def load_model_backend(plan: ModelBackendPlan, world: World) -> tuple[ModelBackend, str]:
+    """The rank's backend (the `hf` engine over the rank's copy of `plan.model`) and a one-line note of
+    where the model went.
 
     `model.device_map` is not used: under torchrun every rank loads the full model on its local device
     (a sharded map would make ranks fight over the same GPUs); a single process uses the first device.
@@ -52,21 +52,22 @@ def load_model_backend(cfg: StagectlConfig, world: World) -> tuple[ModelBackend,
     device = rank_device(world, torch.cuda.is_available())
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
+    model = plan.model
     bundle = load_bundle(
-        cfg.model.name_or_path,
-        torch_dtype=cfg.model.torch_dtype,
+        model.name_or_path,
+        torch_dtype=model.torch_dtype,
         device=device,
-        attn_implementation=cfg.model.attn_implementation,
+        attn_implementation=model.attn_implementation,
         add_coord_tokens=False,
     )
-    note = f"rank {world.rank}: model {cfg.model.name_or_path} on {device}"
-    if cfg.model.device_map is not None:
-        note += f" (model.device_map={cfg.model.device_map!r} ignored: one full copy per rank)"
+    note = f"rank {world.rank}: model {model.name_or_path} on {device}"
+    if model.device_map is not None:
+        note += f" (model.device_map={model.device_map!r} ignored: one full copy per rank)"
     # one batch per call: a judge call is the rank's shard, at most per_rank_rollout_batch_size requests
     engine = HFEngine(
         bundle,
-        model_name=cfg.model.name_or_path,
-        max_batch_size=cfg.runner.per_rank_rollout_batch_size,
+        model_name=model.name_or_path,
+        max_batch_size=plan.max_batch_size,
         batch_wait_ms=10,
     )
     return ModelBackend(engine), note

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stagectl.config.stage_b import StageBServerConfig
-from stagectl.inference.client import RolloutClient
+from stagectl.config.plan import ServerList
 from stagectl.config.sampling import SamplingSpec
+from stagectl.inference.client import RolloutClient
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
-from stagectl.wire.protocol import InferRequest, Message, RequestConfig, read_token
+from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
 
 class ServerBackend:
@@ -35,23 +35,12 @@ class ServerBackend:
         return [response.choices[0].message.content for response in self.client.infer(requests, config)]
 
 
-def connect_server_backend(server: StageBServerConfig) -> tuple[ServerBackend, str]:
-    """A client of `runner.server.base_urls`, once every server answers `/health/`."""
-    if not server.base_urls:
-        raise ValueError(
-            "runner.server.base_urls: runner.engine: server needs at least one rollout server URL"
-        )
-    token = read_token(server.auth_token_env, "runner.server.auth_token_env")
-    client = RolloutClient(
-        server.base_urls,
-        infer_timeout_s=server.infer_timeout_s,
-        auth_token=token,
-        tls_ca_file=server.tls_ca_file,
-        tls_skip_verify=server.tls_skip_verify,
-    )
+def connect_server_backend(servers: ServerList) -> tuple[ServerBackend, str]:
+    """A client of `servers` (`runner.server`), once every server answers `/health/`."""
+    client = RolloutClient.for_servers(servers)  # a missing token is reported under servers.token_key
     try:
-        client.wait_healthy(server.wait_healthy_s)
+        client.wait_healthy(servers.wait_healthy_s)
     except TimeoutError as exc:
         client.close()
-        raise ValueError(f"runner.server.base_urls: {exc}") from None
-    return ServerBackend(client), f"rollouts from {', '.join(server.base_urls)}"
+        raise ValueError(f"{servers.key}.base_urls: {exc}") from None
+    return ServerBackend(client), f"rollouts from {', '.join(servers.base_urls)}"

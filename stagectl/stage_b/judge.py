@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stagectl.config.stage_b import SamplerConfig
-from stagectl.config.sampling import SamplingSpec
+from stagectl.config.plan_stage_b import SamplerPlan
 from stagectl.stage_b.engine import Backend, JudgeRequest, candidate_seed
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.prompts import rollout_messages
@@ -20,7 +19,7 @@ def judge_shard(
     guidance: Guidance,
     *,
     mission: str,
-    sampler: SamplerConfig,
+    sampler: SamplerPlan,
     run_seed: int,
     rank: int,
     epoch: int,
@@ -38,7 +37,7 @@ def judge_shard(
     for grid_index, entry in enumerate(sampler.grid):
         for sample_index in range(sampler.samples_per_decode):
             seed = candidate_seed(run_seed, entry.seed, sample_index, epoch, batch_index)
-            texts = engine.judge(requests, SamplingSpec.for_stage_b(entry), seed)
+            texts = engine.judge(requests, entry.spec, seed)
             if len(texts) != len(requests):
                 raise RuntimeError(f"the engine answered {len(texts)} of {len(requests)} requests")
             out += [

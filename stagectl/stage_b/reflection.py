@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stagectl.config.stage_b import ReflectionConfig
-from stagectl.config.sampling import SamplingSpec
+from stagectl.config.plan_stage_b import ReflectionPlan
 from stagectl.stage_b.engine import Backend, ReflectRequest
 from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_ops import OpsOutcome, apply_operations
@@ -47,19 +46,19 @@ def reflect(
     engine: Backend,
     guidance: Guidance,
     records: Sequence[ReflectionRecord],
-    cfg: ReflectionConfig,
+    plan: ReflectionPlan,
     mission: str,
     seed: int,
     now: str,
 ) -> ReflectionResult:
-    messages = reflection_messages(guidance, records, mission, cfg.max_operations)
+    messages = reflection_messages(guidance, records, mission, plan.max_operations)
     request = ReflectRequest(guidance=guidance, records=list(records), messages=messages)
-    answer = engine.reflect(request, SamplingSpec.for_stage_b(cfg), seed)
+    answer = engine.reflect(request, plan.sampling, seed)
     raw, error = decode_answer(answer)
     keys = [r.ticket.key for r in records]
     if error is not None:
         return ReflectionResult(guidance, OpsOutcome(guidance, rejected=error), answer, error)
-    outcome = apply_operations(raw, guidance, keys, cfg.max_operations, now)
+    outcome = apply_operations(raw, guidance, keys, plan.max_operations, now)
     return ReflectionResult(guidance, outcome, answer, None)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagectl.config.stage_b import SamplerEntry
+from stagectl.config.plan_stage_b import GridEntry
 from stagectl.stage_b.selection import Selection, needs_reflection, review_reason, select_verdict
 from stagectl.stage_b.tickets import Ticket
 from stagectl.stage_b.verdict import VerdictParse, parse_verdict
@@ -38,7 +38,7 @@ class TicketRows:
 def ticket_rows(
     ticket: Ticket,
     candidates: Sequence[Candidate],
-    grid: Sequence[SamplerEntry],
+    grid: Sequence[GridEntry],
     where: dict[str, Any],
     min_vote_strength: float,
 ) -> TicketRows:
@@ -55,8 +55,8 @@ def ticket_rows(
             "grid_index": c.grid_index,
             "sample_index": c.sample_index,
             "seed": c.seed,
-            "temperature": entry.temperature,
-            "top_p": entry.top_p,
+            "temperature": entry.spec.temperature,
+            "top_p": entry.spec.top_p,
             "text": c.text,
             "verdict": parsed.verdict,
             "reason": parsed.reason,

@@ -1,4 +1,5 @@
-"""`run_all(cfg)`: the Stage-B loop, the one orchestration entry point for one process or many.
+"""`run_all(plan)`: the Stage-B loop, the one orchestration entry point for one process or many (`plan`:
+the `StageBPlan` the command resolved; the consumer and the backend get their parts of it).
 
 Rank 0 reads the tickets and the guidance and broadcasts them (or the error, so every rank stops
 cleanly); every rank then builds its engine (loads the model), and only when all of them have one does
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from stagectl import dist
-from stagectl.config import StagectlConfig, to_plain
+from stagectl.config.plan_stage_b import StageBPlan
 from stagectl.console import say
 from stagectl.files import write_resolved_config
 from stagectl.stage_b.consumer import Consumer
@@ -64,47 +65,43 @@ def valid_mission(name: str) -> bool:
     return bool(_MISSION_NAME.match(name))
 
 
-def run_dir_of(cfg: StagectlConfig) -> Path:
-    assert cfg.mission is not None
-    return cfg.output.root / cfg.output.run_name / cfg.mission
-
-
-def run_all(cfg: StagectlConfig, engine: Backend | None = None) -> RunSummary | None:
+def run_all(plan: StageBPlan, engine: Backend | None = None) -> RunSummary | None:
     """Run the loop on this rank (world read from torchrun's environment); rank 0 gets the summary."""
     world = dist.read_world()
-    dist.init_distributed(world, cfg.launch.watchdog)
+    dist.init_distributed(world, plan.watchdog)
     finished = False
     try:
         with dist.phase("start-up: tickets, guidance and model load", "startup_s"):
-            prepared = from_main(_prepare(cfg) if world.is_main else None)
+            prepared = from_main(_prepare(plan) if world.is_main else None)
             if prepared.error is not None:
                 raise ValueError(prepared.error)
             if engine is None:
-                engine = build_backend(cfg, world)
+                engine = build_backend(plan, world)
             dist.barrier()  # every rank holds its engine: only now does the run directory get written
         if world.is_main:
-            _start_run_dir(cfg, prepared)
-        summary = Loop(cfg, world, prepared, engine).run()
+            _start_run_dir(plan, prepared)
+        summary = Loop(plan, world, prepared, engine).run()
         finished = True
         return summary
     finally:
         dist.teardown(final_barrier=finished)
 
 
-def build_backend(cfg: StagectlConfig, world: dist.World) -> Backend:
-    if cfg.runner.engine == "rules":
+def build_backend(plan: StageBPlan, world: dist.World) -> Backend:
+    backend = plan.backend
+    if backend.kind == "rules":
         from stagectl.stage_b.engine_rules import RulesBackend
 
         return RulesBackend()
-    if cfg.runner.engine == "server":
+    if backend.kind == "server":
         from stagectl.stage_b.engine_server import connect_server_backend
 
-        server_engine, note = connect_server_backend(cfg.runner.server)
+        server_engine, note = connect_server_backend(backend.servers)
         say("stage-b", note, every_rank=True)
         return server_engine
     from stagectl.stage_b.engine_model import load_model_backend
 
-    engine, note = load_model_backend(cfg, world)
+    engine, note = load_model_backend(backend, world)
     say("stage-b", note, every_rank=True)
     return engine
 
@@ -116,39 +113,37 @@ def from_main(value: T | None) -> T:
     return out
 
 
-def _prepare(cfg: StagectlConfig) -> Prepared:
+def _prepare(plan: StageBPlan) -> Prepared:
     """Rank 0: read and check the tickets and the guidance (nothing is written yet)."""
-    assert cfg.mission is not None and cfg.guidance is not None  # validate_stage_b
     try:
-        if not valid_mission(cfg.mission):
-            raise ValueError(f"mission {cfg.mission!r} must be a plain name (letters, digits, _ . -)")
-        ticket_set = load_tickets(cfg.tickets, cfg.mission)
+        if not valid_mission(plan.mission):
+            raise ValueError(f"mission {plan.mission!r} must be a plain name (letters, digits, _ . -)")
+        ticket_set = load_tickets(plan.tickets, plan.mission)
         for problem in ticket_set.problems[:MAX_REPORTED_LINES]:
             say("stage-b", f"skipped {problem}")
         if len(ticket_set.problems) > MAX_REPORTED_LINES:
             say("stage-b", f"... and {len(ticket_set.problems) - MAX_REPORTED_LINES} more bad ticket line(s)")
-        run_dir = run_dir_of(cfg)
-        store = GuidanceStore(run_dir, cfg.guidance.retention)
+        store = GuidanceStore(plan.run_dir, plan.guidance.retention)
         existing = store.load()  # the CLI refused a run directory holding a run unless --resume
-        guidance = existing or read_guidance_file(cfg.guidance.path)
+        guidance = existing or read_guidance_file(plan.guidance.path)
     except (ValueError, OSError) as exc:
         return Prepared([], None, False, error=str(exc))
     source = "continuing from" if existing else "starting from"
     say(
         "stage-b",
-        f"{len(ticket_set.tickets)} tickets of {cfg.mission}; {source} guidance step {guidance.step}",
+        f"{len(ticket_set.tickets)} tickets of {plan.mission}; {source} guidance step {guidance.step}",
     )
     return Prepared(ticket_set.tickets, guidance, fresh=existing is None)
 
 
-def _start_run_dir(cfg: StagectlConfig, prepared: Prepared) -> None:
+def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
     """Rank 0, once every check passed: the starting guidance (fresh runs) and the resolved config."""
-    assert cfg.guidance is not None and prepared.guidance is not None
-    run_dir = run_dir_of(cfg)
+    assert prepared.guidance is not None
+    run_dir = plan.run_dir
     try:
         if prepared.fresh:
-            GuidanceStore(run_dir, cfg.guidance.retention).save(prepared.guidance)
-        write_resolved_config(run_dir, to_plain(cfg))
+            GuidanceStore(run_dir, plan.guidance.retention).save(prepared.guidance)
+        write_resolved_config(run_dir, plan.resolved_config)
     except OSError as exc:
         raise ValueError(f"output.root: cannot write the run directory {run_dir}: {exc}") from None
 
@@ -157,20 +152,31 @@ class Loop:
     """Epochs of global batches: rank 0 broadcasts the order and the guidance snapshot, every rank judges
     its shard (`judge.judge_shard`), rank 0's `Consumer` takes the gathered candidates in batch order."""
 
-    def __init__(self, cfg: StagectlConfig, world: dist.World, prepared: Prepared, engine: Backend) -> None:
-        assert cfg.mission is not None and prepared.guidance is not None
-        self.cfg = cfg
+    def __init__(self, plan: StageBPlan, world: dist.World, prepared: Prepared, engine: Backend) -> None:
+        assert prepared.guidance is not None
+        self.plan = plan
         self.world = world
         self.tickets = prepared.tickets
         self.engine = engine
         self.consumer = (
-            Consumer(cfg, run_dir_of(cfg), prepared.guidance, engine, fresh=prepared.fresh)
+            Consumer(
+                plan.run_dir,
+                prepared.guidance,
+                engine,
+                fresh=prepared.fresh,
+                mission=plan.mission,
+                sampler=plan.sampler,
+                reflection=plan.reflection,
+                runner=plan.runner,
+                guidance_retention=plan.guidance.retention,
+                min_vote_strength=plan.min_vote_strength,
+            )
             if world.is_main
             else None
         )
 
     def run(self) -> RunSummary | None:
-        runner = self.cfg.runner
+        runner = self.plan.runner
         batch_index = 0  # global batches over the whole run
         try:
             for epoch in range(runner.epochs):
@@ -191,7 +197,7 @@ class Loop:
                 self.consumer.close()
         c = self.consumer
         return RunSummary(
-            run_dir=run_dir_of(self.cfg),
+            run_dir=self.plan.run_dir,
             num_tickets=len(self.tickets),
             num_batches=batch_index,
             num_judged=c.num_judged,
@@ -204,15 +210,14 @@ class Loop:
         with dist.phase(f"guidance broadcast of global batch {batch_index}", "step_s"):
             guidance = from_main(self.consumer.guidance if self.consumer is not None else None)
         first, count = shard_bounds(len(batch), self.world.world_size, self.world.rank)
-        assert self.cfg.mission is not None
         mine = judge_shard(
             self.engine,
             batch[first : first + count],
             first,
             guidance,
-            mission=self.cfg.mission,
-            sampler=self.cfg.sampler,
-            run_seed=self.cfg.runner.seed,
+            mission=self.plan.mission,
+            sampler=self.plan.sampler,
+            run_seed=self.plan.runner.seed,
             rank=self.world.rank,
             epoch=epoch,
             batch_index=batch_index,

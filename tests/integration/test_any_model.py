@@ -18,11 +18,12 @@ import yaml
 
 from stagectl.collate import Segment, collate_pack
 from stagectl.config import load_config
+from stagectl.config.plan_server import server_plan
+from stagectl.config.plan_stage_b import stage_b_plan
 from stagectl.engines.hf import HFEngine
 from stagectl.models.loading import load_bundle
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
-from stagectl.config.plan_server import server_plan
 from stagectl.server.serving import ThreadedServer, build_engine
 from stagectl.stage_b.runner import run_all
 from tests.integration.any_model import (
@@ -152,7 +153,7 @@ def test_stage_b_judges_a_batch_and_reflects(arch: str, tmp_path: Path) -> None:
     tickets, guidance = stage_b_inputs(tmp_path)
     judge = train_judge(arch, tickets, guidance, tmp_path / "judge")
     cfg = _stage_b_config(tmp_path, str(judge))
-    summary = run_all(cfg)
+    summary = run_all(stage_b_plan(cfg))
     assert summary is not None and summary.num_judged == 3
     run_dir = tmp_path / "out" / "r" / MISSION
     trajectories = _rows(run_dir / "trajectories.jsonl")
@@ -169,7 +170,7 @@ def test_stage_b_judges_a_batch_and_reflects(arch: str, tmp_path: Path) -> None:
 def test_stage_b_that_cannot_load_its_model_writes_nothing(tmp_path: Path) -> None:
     cfg = _stage_b_config(tmp_path, str(tmp_path / "no-such-model"))
     with pytest.raises(FileNotFoundError, match="model directory not found"):
-        run_all(cfg)
+        run_all(stage_b_plan(cfg))
     assert not (tmp_path / "out").exists()
     # The CLI says the same in one line and exits 1, still without artifacts.
     done = run_cli("stage-b", str(tmp_path / "stage_b.yaml"), timeout=300)
@@ -183,7 +184,7 @@ def test_stage_b_model_that_is_not_a_checkpoint_writes_nothing(tmp_path: Path) -
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "no_such_model"}))
     cfg = _stage_b_config(tmp_path, str(tmp_path / "broken"))
     with pytest.raises(ValueError, match="cannot load this checkpoint"):
-        run_all(cfg)
+        run_all(stage_b_plan(cfg))
     assert not (tmp_path / "out").exists()
 
 

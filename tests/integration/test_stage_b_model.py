@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from stagectl.config import load_config
-from stagectl.dist import World
+from stagectl.config.plan_stage_b import ModelBackendPlan, backend_plan
 from stagectl.config.sampling import SamplingSpec
+from stagectl.dist import World
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.engine_model import load_model_backend
 from stagectl.stage_b.guidance import Guidance
@@ -20,7 +21,9 @@ TICKETS = [
 
 def test_the_model_backend_judges_and_reflects() -> None:
     cfg = load_config(None, ["model.device_map=auto"])
-    engine, note = load_model_backend(cfg, World(rank=0, local_rank=0, world_size=1))
+    plan = backend_plan(cfg)  # runner.engine: model, the default
+    assert isinstance(plan, ModelBackendPlan)
+    engine, note = load_model_backend(plan, World(rank=0, local_rank=0, world_size=1))
     assert "on cpu" in note and "device_map='auto' ignored" in note
     requests = [JudgeRequest(t, G, rollout_messages(G, t, "m"), 0) for t in TICKETS]
     spec = SamplingSpec(temperature=1.0, top_p=0.9, max_new_tokens=6)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from stagectl.config import load_config
+from stagectl.config.plan_stage_b import stage_b_plan
 from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
@@ -109,7 +110,7 @@ def test_stage_b_through_the_rollout_server(
             "reflection.batch_size=2",
         ],
     )
-    summary = run_all(cfg)
+    summary = run_all(stage_b_plan(cfg))
     assert summary is not None and summary.num_judged == 6 and summary.num_reflections == 1
     run_dir = tmp_path / "out" / "default" / "m"
     selections = [json.loads(line) for line in (run_dir / "selections.jsonl").read_text().splitlines()]
@@ -139,7 +140,7 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
     guidance.write_text(json.dumps({"step": 0, "updated_at": "", "experiences": {"G0": "f"}}))
     base = ["mission=m", f"tickets=[{tickets}]", f"guidance.path={guidance}", f"output.root={tmp_path}"]
     with pytest.raises(ValueError, match=r"runner\.server\.base_urls: runner\.engine: server needs"):
-        run_all(load_config(None, [*base, "runner.engine=server"]))
+        load_config(None, [*base, "runner.engine=server"])  # the validator refuses it
     cfg = load_config(
         None,
         [
@@ -150,4 +151,4 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
         ],
     )
     with pytest.raises(ValueError, match="not healthy"):
-        run_all(cfg)
+        run_all(stage_b_plan(cfg))

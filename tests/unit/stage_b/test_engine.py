@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stagectl.config.stage_b import ReflectionConfig
+from stagectl.config.plan_stage_b import ReflectionPlan
 from stagectl.config.sampling import SamplingSpec
 from stagectl.stage_b.engine import JudgeRequest, candidate_seed
 from stagectl.stage_b.engine_rules import RulesBackend
@@ -69,7 +69,10 @@ def test_reflect_with_the_rules_engine_adds_a_rule_and_drops_the_unsafe_op() -> 
         ReflectionRecord(GREEN_FAIL, "pass", 1, 0, ()),
         ReflectionRecord(BLUE, "fail", 0, 1, ()),
     ]
-    result = reflect(RulesBackend(), G, records, ReflectionConfig(batch_size=2), "m", 0, "now")
+    plan = ReflectionPlan(
+        batch_size=2, max_operations=3, sampling=SamplingSpec(max_new_tokens=256, temperature=0.0)
+    )
+    result = reflect(RulesBackend(), G, records, plan, "m", 0, "now")
     out = result.outcome
     assert result.decode_error is None and out.changed
     assert out.guidance.experiences["G2"] == "green means fail" and out.guidance.step == 1
