@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from stagectl.config import load_config
+from stagectl.config.plan_server import server_plan
 from stagectl.engines.fake import FakeEngine, fake_logprob
 from stagectl.engines.hf import HFEngine
 from stagectl.engines.interface import EngineRequest, EngineResult
@@ -26,7 +27,6 @@ from stagectl.models.chat import encode_prompt
 from stagectl.models.generate import PromptInputs, SamplingSpec, generate_batch
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
-from stagectl.config.plan_server import server_plan
 from stagectl.server.serving import ThreadedServer, build_engine
 from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 from tests.interop.helpers import SWIFT_SIDE, require_interop_python, swift_client
