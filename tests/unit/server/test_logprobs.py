@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from stagectl.config.sampling import SamplingSpec
 from stagectl.engines.fake import FakeEngine, fake_logprob
 from stagectl.inference.requests import to_generation
 from stagectl.models.generate import ChosenLogprobs
-from stagectl.config.sampling import SamplingSpec
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.wire.protocol import InferBody, InferRequest, InferResponse, Message, RequestConfig
 
