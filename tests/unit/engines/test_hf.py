@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from stagectl.models.loading import ModelBundle, load_bundle
 from stagectl.config.sampling import SamplingSpec
+from stagectl.models.loading import ModelBundle, load_bundle
 from tests.helpers import greedy_engine_ids
 
 

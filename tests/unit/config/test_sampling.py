@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from stagectl.config.rollout import DecodingConfig, RolloutMatchingConfig
-from stagectl.config.stage_b import ReflectionConfig, SamplerEntry
 from stagectl.config.sampling import SamplingSpec
+from stagectl.config.stage_b import ReflectionConfig, SamplerEntry
 
 RM = RolloutMatchingConfig(
     max_new_tokens=64, repetition_penalty=1.1, decoding=DecodingConfig(temperature=0.5, top_p=0.8, top_k=20)
