@@ -46,9 +46,10 @@ def _config(data: Path) -> Any:
 
 
 def run(repeats: int = 3) -> dict[str, Any]:
+    from stagectl.config.plan_eval import eval_session
     from stagectl.data.synthetic import generate_synthetic
     from stagectl.detection.vocab import TokenVocab
-    from stagectl.evaluation.run import eval_sampling, in_process_generate
+    from stagectl.evaluation.run import in_process_generate
     from stagectl.evaluation.session import load_eval_samples, run_eval
     from stagectl.models.loading import load_bundle
     from stagectl.server.launcher import ServerProcess, start_server_process
@@ -59,8 +60,9 @@ def run(repeats: int = 3) -> dict[str, Any]:
         generate_synthetic(2, 0, data, 112)  # train.jsonl (the config needs a training source)
         generate_synthetic(NUM_IMAGES, 0, data, 112, split="eval")
         cfg = _config(data)
+        session = eval_session(cfg)
         started = time.perf_counter()
-        local = run_eval(cfg, Path(tmp) / "local", server_url=None, rank=0, world_size=1)
+        local = run_eval(session, Path(tmp) / "local", rank=0, world_size=1)
         assert local is not None
         results["hf_in_process"] = {
             "images_per_s": local.images_per_s,
@@ -108,9 +110,9 @@ def run(repeats: int = 3) -> dict[str, Any]:
             results["vllm_server"] = {"skipped": f"no vLLM environment at {vllm_python.parents[1]}"}
         # logprobs on vs off, same prompts, same model
         bundle = load_bundle(MODEL)
-        samples, _, _ = load_eval_samples(cfg)
+        samples, _, _ = load_eval_samples(session.eval)
         vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
-        spec = eval_sampling(cfg)
+        spec = session.eval.sampling
         with_lp = in_process_generate(bundle, samples, vocab, spec)
         without_lp = in_process_generate(bundle, samples, vocab, replace(spec, logprobs=False))
         chunk = list(range(2 * BATCH))
@@ -121,10 +123,11 @@ def run(repeats: int = 3) -> dict[str, Any]:
 
 
 def _eval_against(cfg: Any, out: Path, url: str) -> dict[str, Any]:
+    from stagectl.config.plan_eval import eval_session
     from stagectl.evaluation.session import run_eval
 
     started = time.perf_counter()
-    remote = run_eval(cfg, out, server_url=url, rank=0, world_size=1)
+    remote = run_eval(eval_session(cfg, url), out, rank=0, world_size=1)
     assert remote is not None
     return {
         "images_per_s": remote.images_per_s,

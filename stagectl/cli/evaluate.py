@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from stagectl.cli.common import fail
+
+if TYPE_CHECKING:
+    from stagectl.config.plan_eval import EvalSession
+    from stagectl.config.training import WatchdogConfig
 
 SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "f1", "precision", "recall")
 # box vs label: class-agnostic AP, the label's share of the box hits, the desc-aware F1, the score's worth
@@ -56,6 +61,7 @@ def command(
     per-class AP table; writes DIR/metrics.json, DIR/predictions.coco.json and the worst images drawn under
     DIR/gallery/. A DIR that holds an earlier eval is refused unless --overwrite."""
     from stagectl.config import ConfigError, load_config
+    from stagectl.config.plan_eval import eval_session
     from stagectl.launch import inside_torchrun, relaunch_under_torchrun
     from stagectl.rundir import EVAL_MARKERS, RunDirPolicy, apply_policy, files_summary
 
@@ -75,6 +81,10 @@ def command(
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
+    try:
+        session = eval_session(cfg, server)
+    except ValueError as exc:
+        fail(str(exc))
     out_dir = out if out is not None else Path(cfg.training.output_dir) / "eval"
     if not inside_torchrun():  # once, before any rank starts (the ranks get the same --out)
         try:
@@ -98,20 +108,18 @@ def command(
         if code:
             raise typer.Exit(code)
         return
-    _evaluate(cfg, out_dir, server)
+    _evaluate(session, out_dir, cfg.launch.watchdog)
 
 
-def _evaluate(cfg: object, out_dir: Path, server: str | None) -> None:
+def _evaluate(session: EvalSession, out_dir: Path, watchdog: WatchdogConfig) -> None:
     from stagectl import dist
-    from stagectl.config import StagectlConfig
     from stagectl.evaluation.session import run_eval
     from stagectl.wire.errors import RolloutServerError
 
-    assert isinstance(cfg, StagectlConfig)
     world = dist.read_world()
     try:
-        dist.init_distributed(world, cfg.launch.watchdog)
-        run = run_eval(cfg, out_dir, server_url=server, rank=world.rank, world_size=world.world_size)
+        dist.init_distributed(world, watchdog)
+        run = run_eval(session, out_dir, rank=world.rank, world_size=world.world_size)
         dist.teardown()
     except (ValueError, FileNotFoundError, TimeoutError, RolloutServerError, dist.CollectiveError) as exc:
         fail(str(exc) or type(exc).__name__)

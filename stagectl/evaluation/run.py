@@ -1,10 +1,10 @@
 """Running an evaluation (the impure shell around `evaluation.core`): rollouts from the model in this
 process or from rollout servers, sharded over ranks, a progress bar, and the files of `stagectl eval`.
 
-Images are cut into chunks of `custom.extra.rollout_matching.decode_batch_size` in order; chunk c goes
-to rank c % world_size, so every chunk is generated in the same batch whatever the number of ranks
-(greedy results do not depend on it), and image k is sampled with seed k when decoding samples. Rank 0
-gathers every rank's per-image outcomes and computes the metrics once.
+Images are cut into chunks of `EvalPlan.chunk_size` (`custom.extra.rollout_matching.decode_batch_size`)
+in order; chunk c goes to rank c % world_size, so every chunk is generated in the same batch whatever the
+number of ranks (greedy results do not depend on it), and image k is sampled with seed k when decoding
+samples. Rank 0 gathers every rank's per-image outcomes and computes the metrics once.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stagectl.config import StagectlConfig
 from stagectl.config.model_data import ScoreKind
+from stagectl.config.sampling import SamplingSpec
 from stagectl.data.sample import DetectionSample
 from stagectl.detection.scores import DEFAULT_SCORE
 from stagectl.detection.vocab import TokenVocab
@@ -25,7 +25,6 @@ from stagectl.evaluation.coco import CocoIds
 from stagectl.evaluation.core import EvalReport, ImageOutcome, judge_image
 from stagectl.files import atomic_write_text
 from stagectl.models.generate import Generation
-from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.protocol import RequestConfig
 
 METRICS_FILE = "metrics.json"
@@ -33,19 +32,6 @@ PREDICTIONS_FILE = "predictions.coco.json"
 GROUND_TRUTH_FILE = "ground_truth.coco.json"
 
 Generate = Callable[[Sequence[int], int], list[Generation]]  # (sample indices, base seed) -> generations
-
-
-def eval_sampling(cfg: StagectlConfig) -> SamplingSpec:
-    """How eval rollouts sample (`SamplingSpec.for_eval`): `data.eval.decoding` (greedy by default), the
-    rollout length and repetition penalty of `custom.extra.rollout_matching`; always with logprobs."""
-    ev = cfg.data.eval if cfg.data is not None else None
-    return SamplingSpec.for_eval(cfg.custom.extra.rollout_matching, ev.decoding if ev is not None else None)
-
-
-def eval_score(cfg: StagectlConfig) -> ScoreKind:
-    """The per-object score of eval predictions: `data.eval.score`, the default without `data.eval`."""
-    ev = cfg.data.eval if cfg.data is not None else None
-    return ev.score if ev is not None else DEFAULT_SCORE
 
 
 def shard_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[list[int]]:

@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.config import StagectlConfig
+from stagectl.config.plan import eval_plan
+from stagectl.config.sampling import SamplingSpec
 from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.detection.scores import DEFAULT_SCORE
 from stagectl.detection.serialize import object_record
 from stagectl.detection.vocab import TokenVocab
 from stagectl.evaluation.coco import assign_ids
 from stagectl.evaluation.core import PER_IMAGE_FIELDS, ImageOutcome, summarize
-from stagectl.evaluation.run import eval_sampling, eval_score, in_process_generate, judge_chunks, shard_chunks
+from stagectl.evaluation.run import in_process_generate, judge_chunks, shard_chunks
 from stagectl.evaluation.session import load_eval_samples
 from stagectl.files import atomic_write_text
 from stagectl.learner.metrics import keep_rows_before
@@ -59,10 +62,12 @@ class Evaluator:
         self._replace_after: int | None = resume_step if resume_step else None
         self.bundle = bundle
         self.vocab = encoder_vocab
-        self.samples, _, source = load_eval_samples(cfg)
+        plan = eval_plan(cfg)  # None without data.eval (then there are no samples: never generates)
+        self.samples, _, source = load_eval_samples(plan)
         self.ids = assign_ids(self.samples, source)  # refuses mixed COCO ids before training starts
-        self.generate = in_process_generate(bundle, self.samples, encoder_vocab, eval_sampling(cfg))
-        self.score = eval_score(cfg)
+        spec = plan.sampling if plan is not None else SamplingSpec(max_new_tokens=1, temperature=0.0)
+        self.generate = in_process_generate(bundle, self.samples, encoder_vocab, spec)
+        self.score = plan.score if plan is not None else DEFAULT_SCORE
         self.chunk_size = cfg.custom.extra.rollout_matching.decode_batch_size
         self.path = Path(cfg.training.output_dir) / EVAL_FILE
         self.samples_path = Path(cfg.training.output_dir) / EVAL_SAMPLES_FILE

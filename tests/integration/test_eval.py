@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from stagectl.cli.app import app
 from stagectl.config import load_config
+from stagectl.config.plan_eval import eval_session
 from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
 from stagectl.evaluation.session import run_eval
 from stagectl.models.loading import load_tokenizer
@@ -169,7 +170,7 @@ def _sets(served: Served) -> list[str]:
 
 def _evaluate(served: Served, out: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    run = run_eval(load_config(None, _sets(served)), out, server_url=served.url, rank=0, world_size=1)
+    run = run_eval(eval_session(load_config(None, _sets(served)), served.url), out, rank=0, world_size=1)
     assert run is not None
     return json.loads((out / "metrics.json").read_text())
 
