@@ -186,7 +186,7 @@ def _sync_worker(model: Any, rank: int, mode: str, transport: str, chunk_mib: in
     from stagectl import dist
     from stagectl.dist import World
     from stagectl.learner import sharding
-    from stagectl.learner.publisher import WeightPublisher
+    from stagectl.learner.channel_b.publisher import WeightPublisher
     from stagectl.server.launcher import ServerProcess
     from stagectl.weightsync.client import WeightSyncClient
 

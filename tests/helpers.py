@@ -14,10 +14,10 @@ import torch
 from PIL import Image, ImageDraw
 
 from stagectl.collate import CoordGroup, Segment
+from stagectl.config.sampling import SamplingSpec
 from stagectl.engines.interface import EngineRequest
 from stagectl.models.chat import encode_answer_text, encode_prompt, encode_training
 from stagectl.models.loading import ModelBundle
-from stagectl.config.sampling import SamplingSpec
 
 ANSWERS = [
     '{"object_1": {"desc": "red circle", "bbox_2d": ["<|coord_1|>", "<|coord_2|>", "<|coord_300|>", "<|coord_400|>"]}}',
@@ -133,7 +133,7 @@ def write_report_dirs(root: Path) -> tuple[Path, Path, Path]:
     from stagectl.detection.stats import RolloutStats
     from stagectl.evaluation.core import ImageOutcome
     from stagectl.evaluation.gallery import write_gallery
-    from stagectl.learner.b_gallery import BRecord, ObjectVerdict, TargetToken, write_record
+    from stagectl.learner.channel_b.gallery import BRecord, ObjectVerdict, TargetToken, write_record
     from stagectl.timing import PHASES, phase_key
 
     run = root / "run"

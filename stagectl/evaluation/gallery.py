@@ -10,7 +10,7 @@ Each object is marked by the matching the metrics use (`detection.judge.match_ob
 
 "Worst" is most misses + false positives (ties: image order). Images are scaled for display so the longer side
 is within [`MIN_SIDE`, `MAX_SIDE`] px; boxes are decoded from bins on the sample's own width/height and scaled
-with the image, so they stay where they are. The Channel-B gallery (`learner/b_gallery.py`) draws with the same `draw`.
+with the image, so they stay where they are. The Channel-B gallery (`learner/channel_b/gallery.py`) draws with the same `draw`.
 """
 
 from __future__ import annotations

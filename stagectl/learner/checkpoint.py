@@ -13,7 +13,7 @@ Layout of `{output_dir}/checkpoint-{step}/`:
   async_state.pt      async Channel-B runs: every rank's async state (index = rank; plain data): its queued
                       packs (version, pack stats, each rollout's sample, B-stream position and token ids),
                       the leftovers carried to the next burst, the B-stream position after the last
-                      finished burst, the pacing estimate and the counters (see `prefetch.prefetcher`)
+                      finished burst, the pacing estimate and the counters (see `learner.channel_b.prefetcher`)
   trainer_state.json  global_step, every rank's data stream positions (`data_state.ranks[r]`),
                       the world size that wrote it, policy version, counters
 """

@@ -5,7 +5,7 @@ Per optimizer step `s`: rank 0 decides whether the schedule wants Channel-B and 
 kind is fixed for the whole accumulation window; Channel-A runs one micro-batch per micro-step, a B step
 runs Channel-B's forward/backward passes; then exactly one optimizer update, Channel-B's after-update work
 (an async weight sync when due), and rank 0 appends one metrics row. Which Channel-B a run trains with
-(with the rollout client and weight sync it owns) is `channel_b_build`.
+(with the rollout client and weight sync it owns) is `channel_b.build`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from stagectl.config import StagectlConfig
 from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding
-from stagectl.learner.b_steps import BStepLedger
 from stagectl.learner.channel_a import ChannelA
-from stagectl.learner.channel_b_build import build_channel_b
+from stagectl.learner.channel_b.build import build_channel_b
+from stagectl.learner.channel_b.health import RolloutLossError
+from stagectl.learner.channel_b.protocol import BStepLedger
 from stagectl.learner.evaluate import EVAL_LOGGED, Evaluator
 from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
@@ -34,7 +35,6 @@ from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.parts import trainable_parameters
 from stagectl.learner.precision import UpdateProbe
 from stagectl.learner.samples import SampleRecord, SamplesWriter
-from stagectl.learner.server_health import RolloutLossError
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound

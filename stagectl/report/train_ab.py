@@ -79,7 +79,7 @@ class TrainAbSummary:
     prefetch_fail_total: float | None = None
     sync_total: float | None = None
     sync_fail_total: float | None = None
-    # `final_state.json`'s "b_steps" of a finished run (`learner.b_steps`): B steps wanted / trained over the
+    # `final_state.json`'s "b_steps" of a finished run (`learner.channel_b.protocol`): B steps wanted / trained over the
     # whole run and why each other wanted one trained as A; None when the file or the key is absent
     b_steps: dict[str, Any] | None = None
     num_weight_syncs: int = 0  # rows with a successful sync (`weight_sync/bytes` and its time), any mode

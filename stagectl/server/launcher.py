@@ -110,7 +110,7 @@ class ServerKeeper:
     on the same port when it crashes (any exit but 0 or a SIGTERM/SIGINT stop), at most `max_restarts`
     times, each start announced on
     stderr. The learner sees the new process (its `instance_id`) and re-syncs it in full
-    (`learner.server_health`); once the restarts are spent the learner's `on_rollout_loss` applies."""
+    (`learner.channel_b.health`); once the restarts are spent the learner's `on_rollout_loss` applies."""
 
     def __init__(
         self,

@@ -111,7 +111,7 @@ class WeightSyncClient:
         return [server_version(self.servers.clients[k], self.base_urls[k]) for k in self.servers.active]
 
     def probe(self) -> list[VersionResponse | str]:
-        """Every server's `/version/`, or the error of a call that failed (`learner.server_watch`)."""
+        """Every server's `/version/`, or the error of a call that failed (`learner.channel_b.health`)."""
         out: list[VersionResponse | str] = []
         for http, url in zip(self.servers.clients, self.base_urls, strict=True):
             try:

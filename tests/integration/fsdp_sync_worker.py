@@ -22,8 +22,8 @@ from torch import nn
 from stagectl import dist
 from stagectl.engines.fake import FakeEngine
 from stagectl.learner import sharding
+from stagectl.learner.channel_b.publisher import WeightPublisher
 from stagectl.learner.precision import Precision
-from stagectl.learner.publisher import WeightPublisher
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer

@@ -415,8 +415,8 @@ def test_servers_left_on_different_versions_give_no_rollout_until_the_next_sync(
     from types import SimpleNamespace
 
     from stagectl.config.sampling import SamplingSpec
-    from stagectl.learner.rollouts import ServerRollouts
-    from stagectl.prefetch.fence import VersionClock
+    from stagectl.learner.channel_b.clock import VersionClock
+    from stagectl.learner.channel_b.rollouts import ServerRollouts
 
     engines = [FakeEngine(default_weights(), batch_wait_ms=0) for _ in range(2)]
     servers = [_serve(e, ServerSettings()) for e in engines]

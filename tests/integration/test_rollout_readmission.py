@@ -20,8 +20,8 @@ from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.dist import World
 from stagectl.engines.fake import FakeEngine, default_weights
 from stagectl.inference.client import RolloutClient, RolloutServerError
-from stagectl.learner.publisher import WeightPublisher
-from stagectl.learner.server_health import MAX_DEFER_STEPS, RolloutLossError, ServerHealth
+from stagectl.learner.channel_b.health import MAX_DEFER_STEPS, RolloutLossError, ServerHealth
+from stagectl.learner.channel_b.publisher import WeightPublisher
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer

@@ -3,7 +3,7 @@ must go from a layer to the same package or to a lower layer:
 
     entry   cli, __main__, torchrun, launch, doctor (the preflight probes every role)
     role    learner, stage_b, report, server (the rollout server)
-    core    prefetch, inference (the client), engines, weightsync (both sides of every transport), wire (the
+    core    inference (the client), engines, weightsync (both sides of every transport), wire (the
             code every process shares), packing, collate, detection, data, models, dist, schedule, watchdog,
             files, console, seeds, cache, memory, placement, timing, metric_keys, templating
     config  config
@@ -25,7 +25,6 @@ LAYERS = {
     "entry": {"cli", "__main__", "torchrun", "launch", "doctor"},
     "role": {"learner", "stage_b", "report", "server"},
     "core": {
-        "prefetch",
         "inference",
         "engines",
         "weightsync",

@@ -17,9 +17,9 @@ from stagectl import dist, metric_keys
 from stagectl.detection.stats import RolloutStats
 from stagectl.dist import World
 from stagectl.inference.client import RolloutClient
+from stagectl.learner.channel_b.publisher import SyncOutcome, WeightPublisher
 from stagectl.learner.evaluate import EVAL_LOGGED
 from stagectl.learner.loss import LossTerms
-from stagectl.learner.publisher import SyncOutcome, WeightPublisher
 from stagectl.timing import PhaseTimer
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stagectl.learner.channel_b import rollout_seed
+from stagectl.learner.channel_b.packs import rollout_seed
 from stagectl.seeds import derive_seed
 from stagectl.stage_b.engine import candidate_seed
 

@@ -15,7 +15,7 @@ from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import parse_rollout
 from stagectl.detection.targets import CoordGroup, build_channel_b_clean_segment
-from stagectl.learner.channel_b import build_b_segments
+from stagectl.learner.channel_b.packs import build_b_segments
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
 from tests.unit.helpers import (

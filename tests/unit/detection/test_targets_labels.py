@@ -20,7 +20,7 @@ from stagectl.detection.targets import (
     build_channel_b_reordered_gt_segment,
     build_channel_b_segment,
 )
-from stagectl.learner.channel_b import build_b_segments
+from stagectl.learner.channel_b.packs import build_b_segments
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
 from tests.unit.helpers import (

@@ -1,0 +1,118 @@
+"""The step of one prefetcher burst that needs none of the thread's own state: one rollout request turned
+into segments that remember their place in the B stream (the grouping into packs is the `PackBuilder`'s).
+How many rollouts to ask for is `pacing`; the rounds, the fence and the commit point are `prefetcher`.
+
+What the learner may know about the prefetcher's burst in progress (`in_flight_sync`).
+
+Two spans, because they answer different questions:
+- *in a burst* (`begin` .. `end`): from before the section opens until the burst has queued its packs or
+  failed. `wait` waits for it, counting ended bursts, so a waiter returns for the burst it saw even when
+  the thread has begun the next one before the waiter wakes.
+- *packs coming* (`set_coming` .. `queued`): from the section's start, when its version is known, until
+  its packs are in the queue. `version`, `behind` (that version against the shared clock's) and `add_coming` read it: a pack is counted as coming or as
+  queued, never both and never neither, because the queue's pushes and `queued` happen under the same
+  lock the readers take.
+
+The state lives under the prefetcher's lock (passed in), the one its queue pushes and commit point take.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from stagectl.detection.stats import RolloutStats
+from stagectl.learner.channel_b.clock import VersionClock
+from stagectl.learner.channel_b.packs import PackBuilder
+from stagectl.learner.channel_b.records import Built, PrefetchCounters, Rollout, Section
+
+
+def request_rollouts(
+    section: Section,
+    packs: PackBuilder,
+    indices: list[int],
+    first_pos: int,
+    seed: int,
+    counters: PrefetchCounters,
+) -> tuple[list[Built], RolloutStats]:
+    """Roll out the samples `indices` (taken from the B stream at position `first_pos`) at `seed` and build
+    their segments: (each kept rollout with its segment and stats, stats of the dropped ones). Timed and
+    counted in `counters`."""
+    count = len(indices)
+    started = time.perf_counter()
+    generations = section.rollout(indices, seed)
+    counters.requests_total += 1
+    counters.request_s += time.perf_counter() - started
+    started = time.perf_counter()
+    kept, lost = packs.segments(indices, generations)
+    counters.build_s += time.perf_counter() - started
+    counters.rollouts_total += count
+    counters.segments_total += len(kept)
+    built = [
+        (
+            Rollout(indices[k], first_pos + k, list(generations[k].token_ids), generations[k].finish_reason),
+            segment,
+            stats,
+        )
+        for k, segment, stats in kept
+    ]
+    return built, lost
+
+
+class BurstState:
+    def __init__(self, lock: threading.Lock, clock: VersionClock) -> None:
+        self.lock = lock
+        self.clock = clock
+        self._done = threading.Condition(lock)
+        self._in_burst = False
+        self._num_ended = 0  # a waiter's mark: the next burst may begin before it wakes up
+        self._coming: tuple[int, int] | None = None  # (version, packs) of the burst in progress
+
+    # the prefetcher's thread, each under `lock`
+
+    def begin(self) -> None:
+        self._in_burst = True
+
+    def set_coming(self, ver: int, num_packs: int) -> None:
+        self._coming = (ver, num_packs)
+
+    def queued(self) -> None:
+        """The burst's packs are in the queue: counted there from now on."""
+        self._coming = None
+
+    def end(self) -> None:
+        """The burst has queued what it made, or failed (a second call for the same burst does nothing)."""
+        if not self._in_burst:
+            return
+        self._in_burst = False
+        self._coming = None
+        self._num_ended += 1
+        self._done.notify_all()
+
+    # readers (the learner)
+
+    def version(self) -> int | None:
+        """The version of the burst in progress, from its section's start until its packs are queued."""
+        with self.lock:
+            return None if self._coming is None else self._coming[0]
+
+    def behind(self) -> bool:
+        """A burst's packs are coming (its section started, its packs not queued yet) at a version older
+        than the clock's: the burst began before the last sync."""
+        with self.lock:
+            return self._coming is not None and self._coming[0] < self.clock.ver
+
+    def add_coming(self, versions: list[int], counts: list[int]) -> None:
+        """Add the coming packs to their version's count, in place (call under `lock`, with the counts read
+        from the queue under it)."""
+        if self._coming is not None and self._coming[0] in versions:
+            counts[versions.index(self._coming[0])] += self._coming[1]
+
+    def wait(self, timeout_s: float | None, give_up: Callable[[], bool]) -> bool:
+        """Until the burst in progress, if any, has ended or `give_up()` holds; False after `timeout_s`."""
+        with self._done:
+            if not self._in_burst:
+                return True
+            mark = self._num_ended
+            return self._done.wait_for(lambda: self._num_ended > mark or give_up(), timeout_s)

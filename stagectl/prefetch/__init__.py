@@ -1,1 +1,0 @@
-"""stagectl.prefetch."""
