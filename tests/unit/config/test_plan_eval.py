@@ -70,3 +70,19 @@ def test_a_config_without_data_eval_has_nothing_to_evaluate() -> None:
     cfg = load_config(None, [])
     with pytest.raises(ValueError, match=r"nothing to evaluate \(no data.eval\): give --data JSONL"):
         eval_session(cfg)
+
+
+def test_a_missing_server_token_names_the_rollout_matching_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagectl.inference.client import RolloutClient
+
+    monkeypatch.delenv("STAGECTL_TEST_NO_SUCH_TOKEN", raising=False)
+    cfg = load_config(
+        CONFIG, ["custom.extra.rollout_matching.vllm.server.auth_token_env=STAGECTL_TEST_NO_SUCH_TOKEN"]
+    )
+    servers = eval_session(cfg, "http://127.0.0.1:9").server
+    assert servers is not None
+    with pytest.raises(
+        ValueError,
+        match=r"^custom\.extra\.rollout_matching\.vllm\.server\.auth_token_env names \$STAGECTL_TEST_NO_SUCH_TOKEN",
+    ):
+        RolloutClient.for_servers(servers)
