@@ -76,3 +76,34 @@ def test_a_b_row_reports_its_pack_fill_under_packing_b_fill(monkeypatch: pytest.
     row = _trainer()._row(5, "B", True, acc, (1, 2), {}, grad_norm=0.5, step_s=2.0)
     assert row["packing/b_fill"] == row["packing/fill"] == 0.9
     assert "packing/b_fill" not in _row(_trainer(), _acc(loss=1.0, tokens=60, capacity=200, fill=0.2), (1, 2))
+
+
+def test_close_ends_channel_b_through_its_protocol_and_then_the_sinks_whatever_it_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop knows only `ChannelB.close(deadline_s)` (half the watchdog's shutdown phase), whichever
+    Channel-B it is: no client or weight sync of its own to close. A Channel-B that fails to stop (a stuck
+    prefetcher) is raised, after the sinks are closed and the process group torn down without the final
+    barrier's promise being broken."""
+    from stagectl.learner.loop import Trainer
+
+    calls: list[Any] = []
+
+    class Channel:
+        def close(self, deadline_s: float) -> None:
+            calls.append(("channel_b.close", deadline_s))
+            raise RuntimeError("the Channel-B prefetcher on rank 0 did not stop")
+
+    trainer: Any = object.__new__(Trainer)  # only what `close` reads is set
+    trainer.channel_b = Channel()
+    trainer.cfg = SimpleNamespace(launch=SimpleNamespace(watchdog=SimpleNamespace(shutdown_s=60.0)))
+    trainer.progress = SimpleNamespace(close=lambda: calls.append("progress"))
+    trainer.metrics = SimpleNamespace(close=lambda: calls.append("metrics"))
+    trainer.samples = None
+    trainer.state = SimpleNamespace(ddp_model=object())
+    trainer.runner = SimpleNamespace(ddp_model=object())
+    monkeypatch.setattr(dist, "teardown", lambda final_barrier: calls.append(("teardown", final_barrier)))
+    with pytest.raises(RuntimeError, match="did not stop"):
+        trainer.close(finished=True)
+    assert calls == [("channel_b.close", 30.0), "progress", "metrics", ("teardown", True)]
+    assert trainer.state.ddp_model is None and trainer.runner.ddp_model is None

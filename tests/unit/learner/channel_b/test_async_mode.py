@@ -92,3 +92,41 @@ def test_two_ranks_async_counters_are_summed_and_rank_0s_version_kept(
         "weight_sync/delta_fallbacks": 2,
     }
     assert isinstance(row[A + "queue_depth"], int)
+
+
+def _connections(calls: list[str]) -> tuple[Any, Any]:
+    """A rollout client and a publisher whose weight sync record their `close`."""
+    client = SimpleNamespace(close=lambda: calls.append("rollout client"))
+    publisher = SimpleNamespace(client=SimpleNamespace(close=lambda: calls.append("weight sync")))
+    return client, publisher
+
+
+def test_async_close_closes_its_client_and_weight_sync_even_when_the_prefetcher_hangs() -> None:
+    from stagectl.learner.channel_b.async_mode import AsyncChannelB
+
+    calls: list[str] = []
+    channel: Any = object.__new__(AsyncChannelB)
+    channel.client, channel.publisher = _connections(calls)
+    channel.world = SimpleNamespace(rank=1)
+    channel.source = SimpleNamespace(stop=lambda: calls.append("source stop"))
+    channel.prefetcher = SimpleNamespace(
+        request_stop=lambda: calls.append("stop event"),
+        join=lambda deadline_s: calls.append(f"join {deadline_s:g}") is not None,  # still alive: False
+        thread_ident=None,
+    )
+    with pytest.raises(RuntimeError, match="prefetcher on rank 1 did not stop within 2 s"):
+        channel.close(deadline_s=2.0)
+    assert calls == ["stop event", "source stop", "rollout client", "join 2", "weight sync"]
+
+
+def test_step_mode_close_closes_its_client_and_weight_sync() -> None:
+    from stagectl.learner.channel_b.step_mode import StepChannelB
+
+    calls: list[str] = []
+    channel: Any = object.__new__(StepChannelB)
+    channel.client, channel.publisher = _connections(calls)
+    channel.close(deadline_s=2.0)
+    assert calls == ["rollout client", "weight sync"]
+    in_process: Any = object.__new__(StepChannelB)  # no servers: nothing to close
+    in_process.client = in_process.publisher = None
+    in_process.close(deadline_s=2.0)

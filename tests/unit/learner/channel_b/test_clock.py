@@ -1,14 +1,61 @@
-"""The sync fence: syncs wait for in-flight calls, block new ones, and can never deadlock."""
+"""The version clock: one `ver` the publisher advances and the queue and the rollout source read; its sync
+fence: syncs wait for in-flight calls, block new ones, and can never deadlock."""
 
 from __future__ import annotations
 
 import random
 import threading
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import torch
 
+from stagectl.config.sampling import SamplingSpec
+from stagectl.dist import World
 from stagectl.learner.channel_b.clock import VersionClock
+from stagectl.learner.channel_b.publisher import WeightPublisher
+from stagectl.learner.channel_b.queue import ReadyPackQueue
+from stagectl.learner.channel_b.rollouts import ServerRollouts
+
+
+class _Servers:
+    """A weight sync whose servers take every push (only what `WeightPublisher` calls)."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    def versions(self) -> list[Any]:
+        return [SimpleNamespace(version=self.served, engine="hf")]
+
+    def keeps_delta_base(self) -> bool:
+        return False
+
+    def push_weights(self, state_dict: Any, version: int, base_version: int | None = None) -> Any:
+        self.served = version
+        return SimpleNamespace(num_bytes=8, state_bytes=8, delta=False)
+
+
+def test_a_sync_moves_the_one_version_the_queue_and_the_rollout_source_read() -> None:
+    """No copy of `ver`: the publisher advances the shared clock inside the fence; the queue judges its packs
+    by it (a version-0 pack goes stale at version 1 with window 0, before the fence opens) and the next
+    rollout section takes it, with nobody forwarding it."""
+    clock = VersionClock()
+    servers = _Servers()
+    publisher = WeightPublisher(servers, torch.nn.Linear(2, 2), World(0, 0, 1), num_updates=0, clock=clock)  # type: ignore[arg-type]
+    queue: ReadyPackQueue[str] = ReadyPackQueue(queue_limit=4, version_window=0, clock=clock)
+    source = ServerRollouts(None, None, SamplingSpec(max_new_tokens=8), 2, clock)  # type: ignore[arg-type]
+    assert queue.push("pack of version 0", 0)
+    seen: list[tuple[int, list[int], list[int]]] = []
+    outcome = publisher.sync(None, then=lambda _: seen.append((queue.current_ver, *queue.eligible_counts())))
+    assert outcome.status == "ok" and servers.served == 1 and publisher.ver == 1
+    assert seen == [(1, [1], [0])]  # inside the fence: the queue already at version 1, the old pack gone
+    assert queue.counters().drop_stale_total == 1
+    with source.section() as section:
+        assert section.ver == 1
+    with pytest.raises(ValueError, match="went back from 1 to 0"):
+        clock.advance(0)
 
 
 def test_sync_waits_for_in_flight_call() -> None:
