@@ -1,17 +1,29 @@
-"""The step of one prefetcher burst that needs none of the thread's own state: one rollout request turned
-into segments that remember their place in the B stream (the grouping into packs is the `PackBuilder`'s).
-How many rollouts to ask for is `pacing`; the rounds, the fence and the commit point are `prefetcher`.
+"""One prefetcher burst: what it is, the step of it that needs none of the thread's own state, and what the
+learner may know about the burst in progress.
 
-What the learner may know about the prefetcher's burst in progress (`in_flight_sync`).
+A burst: the thread asks `pacing` how many packs B steps will still train before the current version goes
+stale, takes one B step's worth of them (`gas` packs: the nearest B step first, so it never waits for the
+rollouts of a later one), requests the rollouts that fill them to `pack_tokens` each (split into requests
+of `rollout_decode_batch_size` sent together; a first request for the whole estimated need, then top-ups
+only while the estimate ran high, at most `MAX_ROUNDS` requests; rounded up to whole batches only when
+pacing wants a next burst of the same version, which takes what does not fit, and never down:
+`pacing.request_size`), and packs the burst's segments into that many packs at once
+(`PackBuilder.groups`: `packing.pack_into`, as even as possible, or the fullest subsets where not all fit;
+each at most `packing_length`). A burst never makes more packs than pacing asked for: segments that fit
+nowhere (rollouts came out longer than estimated) start the next burst if the version has not moved, else
+they are dropped and counted. Nothing else is held back, so neither a version change nor a slow server can
+strand a pack's worth of rollouts. One request turned into segments that remember their place in the B
+stream is `request_rollouts`; the rounds, the fence and the commit point are `prefetcher`.
 
-Two spans, because they answer different questions:
+`BurstState`, the burst in progress as the learner sees it (`in_flight_sync`), has two spans, because they
+answer different questions:
 - *in a burst* (`begin` .. `end`): from before the section opens until the burst has queued its packs or
   failed. `wait` waits for it, counting ended bursts, so a waiter returns for the burst it saw even when
   the thread has begun the next one before the waiter wakes.
 - *packs coming* (`set_coming` .. `queued`): from the section's start, when its version is known, until
-  its packs are in the queue. `version`, `behind` (that version against the shared clock's) and `add_coming` read it: a pack is counted as coming or as
-  queued, never both and never neither, because the queue's pushes and `queued` happen under the same
-  lock the readers take.
+  its packs are in the queue. `version`, `behind` (that version against the shared clock's) and
+  `add_coming` read it: a pack is counted as coming or as queued, never both and never neither, because
+  the queue's pushes and `queued` happen under the same lock the readers take.
 
 The state lives under the prefetcher's lock (passed in), the one its queue pushes and commit point take.
 """

@@ -2,19 +2,9 @@
 ready packs (rollout -> parse -> match -> targets -> encode -> pack), tagged with the policy version
 that generated them, in the rank's bounded `ReadyPackQueue`.
 
-- Bursts: the thread asks `pacing` how many packs B steps will still train before the current version
-  goes stale, takes one B step's worth of them (`gas` packs: the nearest B step first, so it never
-  waits for the rollouts of a later one), requests the rollouts that fill them to `pack_tokens` each
-  (split into requests of `rollout_decode_batch_size` sent together; a first request for the whole
-  estimated need, then top-ups only while the estimate ran high, at most `MAX_ROUNDS` requests; rounded
-  up to whole batches only when pacing wants a next burst of the same version, which takes what does not
-  fit, and never down: `pacing.request_size`), and packs the burst's segments into that many packs at
-  once (`packing.pack_into`: as even as possible, or the fullest subsets where not all fit; each at most
-  `packing_length`). One request and the grouping into packs are
-  `bursts`. A burst never makes more packs than pacing asked for: segments that
-  fit nowhere (rollouts came out longer than estimated) start the next burst if the version has not
-  moved, else they are dropped and counted. Nothing else is held back, so neither a version change nor
-  a slow server can strand a pack's worth of rollouts.
+- Bursts: one B step's packs at a time, the nearest B step first (how a burst is sized, filled and
+  packed: `bursts`). A burst never makes more packs than pacing asked for; what fits nowhere starts the
+  next burst of the same version or is dropped and counted.
 - One shared clock: the policy version `ver`, the learner's step position and the sync fence are the
   `VersionClock` the publisher advances and the queue and the source read; the segments, the packs'
   grouping and their collation are the run's `PackBuilder` (packed or padded, decided there).
@@ -31,7 +21,7 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   steps can train), and never more than fits under `prefetch_target_packs`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
   saved with the rank's state, so a resumed run continues the sequence).
-- Errors: every failure is counted; `failures.FailurePolicy` says when to retry (server trouble with
+- Errors: every failure is counted; `pacing.FailurePolicy` says when to retry (server trouble with
   back-off, so the learner keeps training Channel-A meanwhile) and when to give up. Then the thread
   stops and keeps the exception; the learner re-raises it (`raise_if_failed`). It never swallows one.
 - Checkpoints (lossless resume): the thread publishes a *commit point* under `_lock` at the end of every

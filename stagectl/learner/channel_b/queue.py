@@ -19,10 +19,11 @@ that made it older, when it could no longer grow; lowered by each B step that ta
 counts an older group as covering a coming B step only if every rank has it: a group one rank holds alone
 can never pass the gate.
 
-Version arithmetic of async Channel-B, as pure functions (no threads, no I/O).
-
-A ready pack built from rollouts of policy version `ver` is *eligible* at learner version `current`
-iff `current - version_window <= ver <= current`; older packs are *stale* (dropped, never trained).
+The version is the shared `VersionClock`'s (the publisher advances it; the queue keeps no copy). Its
+arithmetic is pure functions at the end of the module: a ready pack built from rollouts of policy version
+`ver` is *eligible* at learner version `current` iff `current - version_window <= ver <= current`; older
+packs are *stale* (dropped, never trained); the feasibility gate (`decide_step`) picks the oldest version
+every rank holds `gas` packs of.
 """
 
 from __future__ import annotations
