@@ -1,1 +1,1 @@
-"""Unit tests of `stagectl.prefetch`, named after its modules or topics."""
+"""Unit tests of `stagectl.learner.channel_b`, named after its modules or topics."""
