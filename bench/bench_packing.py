@@ -141,7 +141,8 @@ def tiny_channel_a_lengths(num_samples: int = 256) -> list[int]:
 
     cfg = load_config(ROOT / "examples/tiny/train_ab.yaml", [f"data.synthetic.num_samples={num_samples}"])
     bundle = load_bundle(cfg.model.name_or_path, torch_dtype="float32", device="cpu")
-    samples = load_train_samples(cfg)
+    assert cfg.data is not None
+    samples = load_train_samples(cfg.data)
     encoder = SampleEncoder(bundle=bundle, samples=samples, vocab=TokenVocab.from_tokenizer(bundle.tokenizer))
     order = np.random.default_rng(0).permutation(len(samples))
     return [encoder.channel_a_length(int(i)) for i in order]

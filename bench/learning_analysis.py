@@ -140,6 +140,7 @@ def ensure_stage1_eval(out: Path, task: str, config: Path, checkpoint: Path) -> 
     if stage1_eval_dir(out, task) != target or (target / "eval_predictions.jsonl").is_file():
         return
     from stagectl.config import load_config
+    from stagectl.config.plan import eval_plan
     from stagectl.detection.vocab import TokenVocab
     from stagectl.learner.evaluate import Evaluator
     from stagectl.models.loading import load_bundle
@@ -151,7 +152,7 @@ def ensure_stage1_eval(out: Path, task: str, config: Path, checkpoint: Path) -> 
     )
     target.mkdir(parents=True, exist_ok=True)
     bundle = load_bundle(str(checkpoint), torch_dtype=cfg.model.torch_dtype, add_coord_tokens=True)
-    Evaluator(cfg, bundle, TokenVocab.from_tokenizer(bundle.tokenizer)).run(step)
+    Evaluator(eval_plan(cfg), cfg.training, bundle, TokenVocab.from_tokenizer(bundle.tokenizer)).run(step)
 
 
 def analyse_task(out: Path, task: str, phase2_steps: int, screen_b: float) -> dict[str, Any] | None:

@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stagectl.config import StagectlConfig
-from stagectl.config.placement import rank_cpus, resolve_cpus, server_on_learner_node
+from stagectl.config.placement import CpuSides, rank_cpus
+from stagectl.config.rollout import RolloutServerConfig
+from stagectl.config.training import LaunchConfig
 from stagectl.console import say
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
@@ -67,11 +68,11 @@ def cuda_env(key: str, ids: Sequence[int] | None) -> dict[str, str]:
     return {CUDA_ENV: value, PLACED_ENV: "1"}
 
 
-def check_devices(cfg: StagectlConfig) -> None:
+def check_devices(launch: LaunchConfig, rollout_server: RolloutServerConfig) -> None:
     """Fail before anything starts when a configured CUDA id does not exist here (ValueError)."""
     for key, ids in (
-        ("launch.devices", cfg.launch.devices),
-        ("rollout_server.devices", cfg.rollout_server.devices),
+        ("launch.devices", launch.devices),
+        ("rollout_server.devices", rollout_server.devices),
     ):
         if ids is not None:
             visible_devices(key, ids, os.environ.get(CUDA_ENV), host_num_devices())
@@ -99,31 +100,31 @@ def pin_cpus(cpus: Sequence[int]) -> None:
     torch.set_num_threads(len(cpus))
 
 
-def place_learner_rank(cfg: StagectlConfig, local_rank: int) -> tuple[int, ...] | None:
+def place_learner_rank(launch: LaunchConfig, sides: CpuSides, local_rank: int) -> tuple[int, ...] | None:
     """At the start of a learner rank: its devices (a one-rank learner sets its own) and its CPU slice.
     Returns the CPUs its async prefetcher thread goes to (`launch.prefetcher_cpus`; None: stay)."""
-    place_devices_here("launch.devices", cfg.launch.devices)
-    plan = resolve_cpus(cfg, os.sched_getaffinity(0))
+    place_devices_here("launch.devices", launch.devices)
+    plan = sides.resolve(os.sched_getaffinity(0))
     if plan.learner is None:
         return None
-    cpus = rank_cpus(plan.learner, cfg.launch.nproc_per_node, local_rank)
+    cpus = rank_cpus(plan.learner, launch.nproc_per_node, local_rank)
     pin_cpus(cpus)
     say(
         "placement",
         f"learner rank {local_rank} on CPU(s) {list(cpus)}, {len(cpus)} torch thread(s)",
         every_rank=True,
     )
-    if cfg.launch.prefetcher_cpus == "server" and plan.server is not None and server_on_learner_node(cfg):
+    if launch.prefetcher_cpus == "server" and plan.server is not None and sides.same_node:
         return plan.server
     return None
 
 
-def place_server(cfg: StagectlConfig) -> None:
+def place_server(rollout_server: RolloutServerConfig, sides: CpuSides) -> None:
     """At the start of `stagectl rollout-server`: its devices and CPUs."""
-    place_devices_here("rollout_server.devices", cfg.rollout_server.devices)
-    plan = resolve_cpus(cfg, os.sched_getaffinity(0))
+    place_devices_here("rollout_server.devices", rollout_server.devices)
+    plan = sides.resolve(os.sched_getaffinity(0))
     if plan.server is not None:
         pin_cpus(plan.server)
         say("placement", f"rollout server on CPU(s) {list(plan.server)}, {len(plan.server)} torch thread(s)")
-    if os.environ.get(CUDA_ENV) is not None and cfg.rollout_server.devices is not None:
+    if os.environ.get(CUDA_ENV) is not None and rollout_server.devices is not None:
         say("placement", f"rollout server {CUDA_ENV}={os.environ[CUDA_ENV]}")

@@ -21,11 +21,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from stagectl.config.plan import PLAN_FILE
 from stagectl.files import RESOLVED_CONFIG
 
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
 TRAIN_FILES = (
     RESOLVED_CONFIG,
+    PLAN_FILE,
     "metrics.jsonl",
     "final_state.json",
     "wandb_run_id",

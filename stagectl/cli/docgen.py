@@ -63,7 +63,9 @@ def _walk_commands(group: Any, path: list[str]) -> list[tuple[list[str], Any]]:
 def _command_section(path: list[str], command: Any) -> list[str]:
     usage = " ".join([*path, *_usage_pieces(command)])
     lines = [f"## `{' '.join(path[1:])}`", "", "```", usage, "```", "", _paragraphs(command.help or ""), ""]
-    rows = [_param_row(param) for param in command.params if param.name != "help"]
+    # hidden options are stagectl's own (e.g. train-ab's --plan for its torchrun ranks), not the user's
+    shown = [p for p in command.params if p.name != "help" and not getattr(p, "hidden", False)]
+    rows = [_param_row(param) for param in shown]
     if rows:
         lines += ["| argument / option | type | default | meaning |", "|---|---|---|---|", *rows, ""]
     return lines

@@ -49,10 +49,11 @@ def command(
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
 
+    from stagectl.config.placement import CpuSides
     from stagectl.placement import place_server
 
     try:
-        place_server(cfg)  # before the engine (and CUDA) starts
+        place_server(cfg.rollout_server, CpuSides.of(cfg))  # before the engine (and CUDA) starts
     except ValueError as exc:
         fail(str(exc))
 

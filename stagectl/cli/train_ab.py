@@ -1,4 +1,10 @@
-"""`stagectl train-ab CONFIG [--nproc N] [--resume | --overwrite] [--set key=value ...]`."""
+"""`stagectl train-ab CONFIG [--nproc N] [--resume | --overwrite] [--set key=value ...]`.
+
+The launcher parses CONFIG once and resolves the run's `TrainPlan` (`stagectl.config.plan.train_plan`, after
+an embedded server's address is known). One process trains that plan in-process; more ranks are re-launched
+under torchrun with `--plan FILE` (hidden: the plan written atomically to a private temporary directory),
+and each rank reads that file instead of parsing the YAML again.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,15 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from stagectl.cli.common import fail
+
+if TYPE_CHECKING:
+    from stagectl.config import StagectlConfig
+    from stagectl.config.plan import TrainPlan
 
 
 def command(
@@ -29,11 +40,20 @@ def command(
         help="training.output_dir holds a run: move it aside to OUTPUT_DIR.replaced-<time> and start a new one.",
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.max_steps=10"),
+    plan_file: Path | None = typer.Option(
+        None, "--plan", hidden=True, help="(the launcher's, for its torchrun ranks) the resolved plan to run."
+    ),
+    user_options: bool = typer.Option(
+        False, "--user-options", hidden=True, help="(with --plan) the user's command gave --set or --nproc."
+    ),
 ) -> None:
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
     rollout server first when rollout_server.embedded is true). A training.output_dir that already holds
     a run is refused unless --resume or --overwrite says what to do with it."""
-    from stagectl.config import ConfigError, StagectlConfig, effective_world_size, load_config
+    if plan_file is not None:  # a rank the launcher started: the plan, never the YAML
+        _rank_from_plan(plan_file, (config, user_options))
+        return
+    from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
@@ -61,8 +81,8 @@ def command(
     if cfg.stage2_ab is None:
         fail(f"{config}: train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)")
     restart = (config, bool(overrides) or nproc is not None)  # for the end line of a stopped run
-    if inside_torchrun():
-        _train(cfg, restart)
+    if inside_torchrun():  # torchrun started by hand: each rank resolves the plan from the YAML
+        _train(_plan_or_fail(cfg, effective_world_size(cfg)), restart)
         return
     t = cfg.training
     try:
@@ -75,8 +95,10 @@ def command(
             if note is not None:
                 typer.echo(note, err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts
-        check_devices(cfg)
-        knobs = knobs_from_config(cfg, effective_world_size(cfg))
+        check_devices(cfg.launch, cfg.rollout_server)
+        knobs = knobs_from_config(
+            cfg.model, t, global_max_length=cfg.global_max_length, world_size=effective_world_size(cfg)
+        )
         too_big = disk_warning(cfg.model, t, knobs)  # doctor's checkpoint-size estimate
         if too_big is not None:
             typer.echo(f"train-ab: warning: the checkpoints will not fit: {too_big}", err=True)
@@ -94,12 +116,23 @@ def command(
                 f"custom.extra.rollout_matching.vllm.server.servers=[{{base_url: '{url}'}}]",
             ]
             cfg = load_config(config, sets, world_size=nproc)
-        if effective_world_size(cfg) > 1:
-            code = _relaunch(config, sets, cfg)
+        world_size = effective_world_size(cfg)
+        plan = _plan_or_fail(cfg, world_size)  # every node's launcher resolves its own
+        if world_size > 1:
+            code = _relaunch(config, plan, restart[1])
             if code:
                 raise typer.Exit(code)
         else:
-            _train(cfg, restart)
+            _train(plan, restart)
+
+
+def _plan_or_fail(cfg: StagectlConfig, world_size: int) -> TrainPlan:
+    from stagectl.config.plan import train_plan
+
+    try:
+        return train_plan(cfg, world_size)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @contextlib.contextmanager
@@ -113,17 +146,30 @@ def _server_errors() -> Iterator[None]:
         fail(str(exc))
 
 
-def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
-    from stagectl.config import StagectlConfig
+def _relaunch(config: Path, plan: TrainPlan, user_options: bool) -> int:
+    """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
+    import tempfile
+
+    from stagectl.config.plan import PLAN_FILE, write_train_plan
     from stagectl.launch import relaunch_under_torchrun
 
-    assert isinstance(cfg, StagectlConfig)
-    args = ["train-ab", str(config), *(a for s in sets for a in ("--set", s))]
-    return relaunch_under_torchrun(args, cfg.launch)
+    with tempfile.TemporaryDirectory(prefix="stagectl-plan-") as tmp:
+        path = write_train_plan(Path(tmp) / PLAN_FILE, plan)
+        args = ["train-ab", str(config), "--plan", str(path), *(["--user-options"] if user_options else [])]
+        return relaunch_under_torchrun(args, plan.launch)
 
 
-def _train(cfg: object, restart: tuple[Path, bool]) -> None:
-    from stagectl.config import StagectlConfig
+def _rank_from_plan(path: Path, restart: tuple[Path, bool]) -> None:
+    from stagectl.config.plan import read_train_plan
+
+    try:
+        plan = read_train_plan(path)
+    except ValueError as exc:
+        fail(str(exc))
+    _train(plan, restart)
+
+
+def _train(plan: TrainPlan, restart: tuple[Path, bool]) -> None:
     from stagectl.console import say
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.learner.checkpoint import CheckpointWriteError
@@ -132,15 +178,16 @@ def _train(cfg: object, restart: tuple[Path, bool]) -> None:
     from stagectl.placement import place_learner_rank
     from stagectl.rundir import DirSnapshot, stop_note
 
-    assert isinstance(cfg, StagectlConfig)
     rank = int(os.environ.get("RANK", "0"))
-    out = cfg.training.output_dir
+    out = plan.output_dir
     before = DirSnapshot.take(out)
     try:
         try:
             # before the model and any thread
-            prefetcher_cpus = place_learner_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
-            trainer = Trainer(cfg, prefetcher_cpus=prefetcher_cpus)
+            prefetcher_cpus = place_learner_rank(
+                plan.launch, plan.cpus, int(os.environ.get("LOCAL_RANK", "0"))
+            )
+            trainer = Trainer(plan, prefetcher_cpus=prefetcher_cpus)
             step = trainer.run()
         except BaseException:
             if rank == 0:
@@ -166,8 +213,7 @@ def _train(cfg: object, restart: tuple[Path, bool]) -> None:
         return
     say("train-ab", f"done, {step} optimizer steps; run dir {out}")
     say("train-ab", trainer.b_steps.summary_line())
-    assert cfg.stage2_ab is not None
-    off = trainer.b_steps.off_schedule(cfg.stage2_ab.channel_b.b_ratio_tolerance)
+    off = trainer.b_steps.off_schedule(plan.channel_b.b_ratio_tolerance)
     if off is not None:
         say("train-ab", f"warning: {off}")
     f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)

@@ -62,7 +62,9 @@ def _memory_report(cfg: StagectlConfig, world_size: int, budget_bytes: int) -> N
     except ValueError as exc:
         typer.echo(f"memory estimate skipped: model.name_or_path: {exc}", err=True)
         return
-    knobs = knobs_from_config(cfg, world_size)
+    knobs = knobs_from_config(
+        cfg.model, cfg.training, global_max_length=cfg.global_max_length, world_size=world_size
+    )
     estimate = estimate_memory(shape, knobs)
     title = (
         f"memory per rank (estimate; {shape.counts.total:,} params, world size {world_size}, "

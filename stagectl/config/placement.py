@@ -30,6 +30,36 @@ class CpuPlan:
     server: tuple[int, ...] | None
 
 
+@dataclass(frozen=True)
+class CpuSides:
+    """The placement part a process applies at its start (`stagectl.placement`): each side's configured
+    CPUs (`launch.cpus`, `rollout_server.cpus`; None: not set) and whether the rollout server runs on the
+    learner's node (`server_on_learner_node`), which decides whether a side left null gets the rest."""
+
+    learner: tuple[int, ...] | None = None
+    server: tuple[int, ...] | None = None
+    same_node: bool = False
+
+    @classmethod
+    def of(cls, cfg: StagectlConfig) -> CpuSides:
+        return cls(
+            learner=tuple(cfg.launch.cpus) if cfg.launch.cpus is not None else None,
+            server=tuple(cfg.rollout_server.cpus) if cfg.rollout_server.cpus is not None else None,
+            same_node=server_on_learner_node(cfg),
+        )
+
+    def resolve(self, host_cpus: Collection[int]) -> CpuPlan:
+        """Each side's CPUs. On the learner's node a side left null gets the host CPUs the other side does
+        not use (sorted); otherwise each side is what its key says."""
+        learner, server = self.learner, self.server
+        if self.same_node:
+            if learner is None and server is not None:
+                learner = tuple(sorted(set(host_cpus) - set(server)))
+            elif server is None and learner is not None:
+                server = tuple(sorted(set(host_cpus) - set(learner)))
+        return CpuPlan(learner, server)
+
+
 def server_on_learner_node(cfg: StagectlConfig) -> bool:
     """The rollout server runs on the learner's node: embedded, or every configured server is loopback."""
     if cfg.rollout_server.embedded:
@@ -39,16 +69,8 @@ def server_on_learner_node(cfg: StagectlConfig) -> bool:
 
 
 def resolve_cpus(cfg: StagectlConfig, host_cpus: Collection[int]) -> CpuPlan:
-    """Each side's CPUs. On the learner's node a side left null gets the host CPUs the other side does not
-    use (sorted); otherwise each side is what its key says."""
-    learner = tuple(cfg.launch.cpus) if cfg.launch.cpus is not None else None
-    server = tuple(cfg.rollout_server.cpus) if cfg.rollout_server.cpus is not None else None
-    if server_on_learner_node(cfg):
-        if learner is None and server is not None:
-            learner = tuple(sorted(set(host_cpus) - set(server)))
-        elif server is None and learner is not None:
-            server = tuple(sorted(set(host_cpus) - set(learner)))
-    return CpuPlan(learner, server)
+    """Each side's CPUs on this host (`CpuSides.resolve`)."""
+    return CpuSides.of(cfg).resolve(host_cpus)
 
 
 def rank_cpus(learner_cpus: Sequence[int], nproc_per_node: int, local_rank: int) -> tuple[int, ...]:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
 from stagectl.config.fractions import as_fraction
+from stagectl.config.loader import to_plain
 from stagectl.config.model_data import DataConfig, EvalDataConfig, ModelConfig, ScoreKind
+from stagectl.config.placement import CpuSides
 from stagectl.config.rollout import DiskSync, RolloutMatchingConfig, VllmSyncConfig
 from stagectl.config.root import Resolved, StagectlConfig, resolve_config, uses_server_rollouts
 from stagectl.config.sampling import SamplingSpec
@@ -266,6 +268,9 @@ class TrainPlan:
     b_ratio: str  # the schedule's exact fraction, e.g. "1/4"
     loss: LossWeights
     channel_b: ChannelBPlan
+    cpus: CpuSides  # what a rank pins itself to (`stagectl.placement.place_learner_rank`)
+    # the validated config as plain data (aliases as in YAML), for rank 0's `config.yaml` and W&B's run config
+    run_config: dict[str, Any]
     eval: EvalPlan | None = None
 
     @property
@@ -397,6 +402,8 @@ def train_plan(cfg: StagectlConfig, world_size: int) -> TrainPlan:
             coord_gate_weight=ab.coord_gate_weight,
         ),
         channel_b=channel_b_plan(cfg, resolved),
+        cpus=CpuSides.of(cfg),
+        run_config=dict(to_plain(cfg)),
         eval=eval_plan(cfg),
     )
 

@@ -53,7 +53,12 @@ def run_doctor(options: DoctorOptions, emit: Callable[[Check], None] = lambda ch
         return checks
     assert cfg.data is not None  # check_config refuses configs without one
     servers = learner_servers(cfg)
-    knobs = knobs_from_config(cfg, effective_world_size(cfg, options.world_size))
+    knobs = knobs_from_config(
+        cfg.model,
+        cfg.training,
+        global_max_length=cfg.global_max_length,
+        world_size=effective_world_size(cfg, options.world_size),
+    )
     samples, lines = load_samples(cfg.data)
     add(*lines, *check_eval_file(cfg.data), *check_box_format(cfg.data))
     add(*check_servers(servers))

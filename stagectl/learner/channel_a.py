@@ -28,7 +28,7 @@ from stagectl.packing import PackBuffer
 
 class ChannelA:
     def __init__(self, state: LearnerState, runner: PackRunner) -> None:
-        training = state.cfg.training
+        training = state.plan.training
         self.state = state
         self.runner = runner
         self.packing = training.packing

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stagectl.config import StagectlConfig
-from stagectl.config.plan import eval_plan
+from stagectl.config.plan import EvalPlan
 from stagectl.config.sampling import SamplingSpec
-from stagectl.config.stage2_ab import ChannelBConfig
+from stagectl.config.training import TrainingConfig
 from stagectl.detection.scores import DEFAULT_SCORE
 from stagectl.detection.serialize import object_record
 from stagectl.detection.vocab import TokenVocab
@@ -55,32 +54,37 @@ SHOWN_SAMPLES = 4  # rollouts per eval written out as text, to see what the mode
 
 class Evaluator:
     def __init__(
-        self, cfg: StagectlConfig, bundle: ModelBundle, encoder_vocab: TokenVocab, *, resume_step: int = 0
+        self,
+        plan: EvalPlan | None,
+        training: TrainingConfig,
+        bundle: ModelBundle,
+        encoder_vocab: TokenVocab,
+        *,
+        resume_step: int = 0,
     ) -> None:
-        self.cfg = cfg
+        """`plan`: the run's held-out eval (None without `data.eval`: then it never generates); `training`:
+        where the eval files go (`output_dir`) and whether this start continues a run."""
         # a resumed run replaces the rows of evals after its checkpoint (they are re-run), at its first eval
         self._replace_after: int | None = resume_step if resume_step else None
         self.bundle = bundle
         self.vocab = encoder_vocab
-        plan = eval_plan(cfg)  # None without data.eval (then there are no samples: never generates)
         self.samples, _, source = load_eval_samples(plan)
         self.ids = assign_ids(self.samples, source)  # refuses mixed COCO ids before training starts
         spec = plan.sampling if plan is not None else SamplingSpec(max_new_tokens=1, temperature=0.0)
         self.generate = in_process_generate(bundle, self.samples, encoder_vocab, spec)
         self.score = plan.score if plan is not None else DEFAULT_SCORE
-        self.chunk_size = cfg.custom.extra.rollout_matching.decode_batch_size
-        self.path = Path(cfg.training.output_dir) / EVAL_FILE
-        self.samples_path = Path(cfg.training.output_dir) / EVAL_SAMPLES_FILE
-        self.predictions_path = Path(cfg.training.output_dir) / EVAL_PREDICTIONS_FILE
-        self.gt_path = Path(cfg.training.output_dir) / EVAL_GT_FILE
-        if cfg.training.resume_from_checkpoint is None:
+        self.chunk_size = plan.chunk_size if plan is not None else 1
+        out = Path(training.output_dir)
+        self.path = out / EVAL_FILE
+        self.samples_path = out / EVAL_SAMPLES_FILE
+        self.predictions_path = out / EVAL_PREDICTIONS_FILE
+        self.gt_path = out / EVAL_GT_FILE
+        if training.resume_from_checkpoint is None:
             # a fresh run starts fresh eval logs
             for path in (self.path, self.samples_path, self.predictions_path):
                 path.unlink(missing_ok=True)
-        cb = cfg.stage2_ab.channel_b if cfg.stage2_ab is not None else ChannelBConfig()
-        self.duplicate_iou_threshold = cb.duplicate_iou_threshold
-        ev = cfg.data.eval if cfg.data is not None else None
-        self.every_steps = ev.every_steps if ev is not None else 0
+        self.duplicate_iou_threshold = plan.duplicate_iou_threshold if plan is not None else 0.7
+        self.every_steps = plan.data.every_steps if plan is not None else 0
 
     @property
     def enabled(self) -> bool:

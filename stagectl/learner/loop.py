@@ -20,7 +20,7 @@ import torch
 
 from stagectl import dist
 from stagectl import metric_keys as mk
-from stagectl.config import StagectlConfig
+from stagectl.config.plan import TrainPlan
 from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding
@@ -42,41 +42,41 @@ from stagectl.schedule import channel_for_step
 
 
 class Trainer:
-    def __init__(self, cfg: StagectlConfig, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
-        """`prefetcher_cpus`: the CPUs the async prefetcher thread runs on (None: the rank's own)."""
-        self.cfg = cfg
+    def __init__(self, plan: TrainPlan, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
+        """`plan`: the run, resolved once by the launcher; `prefetcher_cpus`: the CPUs the async prefetcher
+        thread runs on (None: the rank's own)."""
+        self.plan = plan
         self.world = dist.read_world()
-        self.state: LearnerState = build_learner(cfg, self.world)
+        self.state: LearnerState = build_learner(plan, self.world)
         st = self.state
-        s2 = cfg.stage2_ab
-        assert s2 is not None and s2.schedule.b_ratio is not None  # validated by the config
-        self.b_ratio = s2.schedule.b_ratio
+        loss = plan.loss
+        self.b_ratio = plan.b_ratio
         self.gas = st.resolved.gradient_accumulation_steps
         self.runner = PackRunner(
             ddp_model=st.ddp_model,
             base_model=st.bundle.model,
             loss_weights=LossWeights(
-                bbox_smoothl1=s2.bbox_smoothl1_weight,
-                bbox_ciou=s2.bbox_ciou_weight,
-                coord_ce=s2.coord_ce_weight,
-                coord_gate=s2.coord_gate_weight,
-                smoothl1_beta=s2.bbox_smoothl1_beta,
-                coord_ce_vocab=s2.coord_ce_vocab,
+                bbox_smoothl1=loss.bbox_smoothl1_weight,
+                bbox_ciou=loss.bbox_ciou_weight,
+                coord_ce=loss.coord_ce_weight,
+                coord_gate=loss.coord_gate_weight,
+                smoothl1_beta=loss.bbox_smoothl1_beta,
+                coord_ce_vocab=loss.coord_ce_vocab,
             ),
             coord_token_ids=st.coord_token_ids,
-            packing_length=cfg.packing_length,
+            packing_length=plan.packing_length,
             device=st.device,
             precision=st.precision,
             grad_scaler=st.grad_scaler,
-            fused_linear_cross_entropy=cfg.training.kernels.fused_linear_cross_entropy,
+            fused_linear_cross_entropy=plan.training.kernels.fused_linear_cross_entropy,
         )
         self.params = trainable_parameters(st.bundle.model)
         self.update_probe = UpdateProbe(self.params)
-        training = cfg.training
+        training = plan.training
         say(
             "train-ab",
             f"{training.parallelism} over {self.world.world_size} rank(s), master weights "
-            f"{st.precision.param_dtype_name}, compute {training.mixed_precision}, storage {cfg.model.torch_dtype}, "
+            f"{st.precision.param_dtype_name}, compute {training.mixed_precision}, storage {plan.model.torch_dtype}, "
             f"attention {describe_attention(st.bundle.model)}; "
             f"trainable {st.freeze.num_trainable:,} of {st.freeze.num_trainable + st.freeze.num_frozen:,} parameters"
             + (f" (frozen: {', '.join(st.freeze.frozen_parts)})" if st.freeze.frozen_parts else ""),
@@ -90,15 +90,17 @@ class Trainer:
             st.plan.channel_b, st, self.runner, num_updates=self.num_updates, prefetcher_cpus=prefetcher_cpus
         )
         self.metrics = (
-            MetricsWriter.for_training(cfg, resume_step=st.start_step) if self.world.is_main else None
+            MetricsWriter.for_training(training, plan.run_config, resume_step=st.start_step)
+            if self.world.is_main
+            else None
         )
         resume_step = st.start_step if st.resumed_from is not None else None
         self.samples = (
-            SamplesWriter(cfg.training.output_dir, resume_step=resume_step) if self.world.is_main else None
+            SamplesWriter(training.output_dir, resume_step=resume_step) if self.world.is_main else None
         )
-        self.progress = ProgressBar(cfg.training.max_steps, st.start_step, enabled=self.world.is_main)
+        self.progress = ProgressBar(training.max_steps, st.start_step, enabled=self.world.is_main)
         self.evaluator = (
-            Evaluator(cfg, st.bundle, st.encoder.vocab, resume_step=st.start_step)
+            Evaluator(plan.eval, training, st.bundle, st.encoder.vocab, resume_step=st.start_step)
             if self.world.is_main
             else None
         )
@@ -110,7 +112,7 @@ class Trainer:
         """Train to `max_steps` (or until SIGTERM/SIGINT, which saves first); returns the last step.
         Every collective runs inside a named watchdog phase; the end is orderly (see `close`)."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        cfg = self.cfg.training
+        cfg = self.plan.training
         step = self.state.start_step
         finished = False
         try:
@@ -144,7 +146,7 @@ class Trainer:
         `eval/*` keys for the step's metrics row (empty when no eval ran here)."""
         logged: dict[str, float] = {}
         with dist.phase("held-out eval", "eval_s"):
-            main_due = self.evaluator is not None and self.evaluator.due(step, self.cfg.training.max_steps)
+            main_due = self.evaluator is not None and self.evaluator.due(step, self.plan.training.max_steps)
             if not dist.broadcast_object(main_due):
                 return logged
             # fsdp: every rank unshards, so rank 0 generates with no collective per forward
@@ -222,7 +224,7 @@ class Trainer:
         scaler = st.grad_scaler
         if scaler is not None:
             scaler.unscale_(st.optimizer)  # clip and report the true gradient norm
-        max_norm = self.cfg.training.max_grad_norm
+        max_norm = self.plan.training.max_grad_norm
         # inf: the norm without clipping; a DTensor under fsdp (the norm over every rank's shard)
         total = torch.nn.utils.clip_grad_norm_(
             [p for p in self.params if p.grad is not None], max_norm if max_norm is not None else float("inf")
@@ -311,9 +313,7 @@ class Trainer:
         st = self.state
         with dist.phase("checkpoint", "checkpoint_s"):
             gathered = dist.gather_objects((ckpt.rng_state(), self._rank_state()))
-            model_state, sharded_dir = saving.model_state_to_save(
-                self.cfg, st, step, is_main=self.world.is_main
-            )
+            model_state, sharded_dir = saving.model_state_to_save(st, step, is_main=self.world.is_main)
             if self.world.is_main:
                 assert gathered is not None
                 rank_states = [g[1] for g in gathered]
@@ -323,7 +323,6 @@ class Trainer:
                 if "async" in rank_states[0]:  # to async_state.pt, not the JSON
                     async_states = [r.pop("async") for r in rank_states]
                 saving.write_checkpoint(
-                    self.cfg,
                     st,
                     step,
                     [g[0] for g in gathered],
@@ -351,7 +350,7 @@ class Trainer:
     def _save_for_resume(self, step: int) -> str:
         """Every rank, a run that must stop between steps: a checkpoint of `step` (unless one is there or
         nothing was trained since the start); where to resume from."""
-        out = self.cfg.training.output_dir
+        out = self.plan.output_dir
         if step > self.state.start_step and not (out / f"checkpoint-{step}").is_dir():
             self.save(step)
         latest = ckpt.list_checkpoints(out)
@@ -376,7 +375,7 @@ class Trainer:
                 "rank_weight_digests": digests,
                 "b_steps": self.b_steps.as_dict(),
             }
-            (self.cfg.training.output_dir / "final_state.json").write_text(json.dumps(summary, indent=2))
+            (self.plan.output_dir / "final_state.json").write_text(json.dumps(summary, indent=2))
 
     def close(self, *, finished: bool) -> None:
         """The orderly end of the run on this rank: stop and join the prefetcher (its HTTP sessions
@@ -386,7 +385,7 @@ class Trainer:
         try:
             with dist.phase("shutdown: stop the prefetcher", "shutdown_s"):
                 # half the phase's deadline: a stuck thread is reported by name, not by the watchdog
-                self.channel_b.close(deadline_s=self.cfg.launch.watchdog.shutdown_s / 2)
+                self.channel_b.close(deadline_s=self.plan.watchdog.shutdown_s / 2)
         finally:
             self.progress.close()
             if self.metrics is not None:

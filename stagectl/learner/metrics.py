@@ -11,7 +11,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from stagectl.files import atomic_write_lines
 from stagectl.rundir import count_rows
 
 if TYPE_CHECKING:
-    from stagectl.config import StagectlConfig
+    from stagectl.config.training import TrainingConfig
 
 METRICS_FILE = "metrics.jsonl"
 WANDB_RUN_ID_FILE = "wandb_run_id"
@@ -66,11 +66,13 @@ class MetricsWriter:
         self._wandb = wandb
 
     @classmethod
-    def for_training(cls, cfg: StagectlConfig, *, resume_step: int = 0) -> MetricsWriter:
-        """The writer `training.report_to` asks for, in `training.output_dir`."""
-        t = cfg.training
+    def for_training(
+        cls, t: TrainingConfig, run_config: Mapping[str, Any], *, resume_step: int = 0
+    ) -> MetricsWriter:
+        """The writer `training.report_to` asks for, in `training.output_dir`; `run_config`: the resolved
+        config as plain data (W&B's run config)."""
         _refuse_truncation(t.output_dir / METRICS_FILE, resume_step)  # before a W&B run is started
-        wandb = WandbSink.start(cfg, resume_step=resume_step) if "wandb" in t.report_to else None
+        wandb = WandbSink.start(t, run_config, resume_step=resume_step) if "wandb" in t.report_to else None
         return cls(
             t.output_dir, tensorboard="tensorboard" in t.report_to, resume_step=resume_step, wandb=wandb
         )
@@ -106,16 +108,13 @@ class WandbSink:
         self.run = run
 
     @classmethod
-    def start(cls, cfg: StagectlConfig, *, resume_step: int = 0) -> WandbSink:
+    def start(cls, t: TrainingConfig, run_config: Mapping[str, Any], *, resume_step: int = 0) -> WandbSink:
         try:
             import wandb
         except ImportError as exc:
             raise ValueError(
                 "training.report_to: wandb needs the wandb package: pip install 'stagectl[wandb]'"
             ) from exc
-        from stagectl.config import to_plain
-
-        t = cfg.training
         settings = t.wandb
         t.output_dir.mkdir(parents=True, exist_ok=True)
         id_file = t.output_dir / WANDB_RUN_ID_FILE
@@ -132,7 +131,7 @@ class WandbSink:
             resume="allow",
             dir=str(t.output_dir),
             mode=settings.mode,
-            config=dict(to_plain(cfg)),
+            config=dict(run_config),
         )
         return cls(run)
 

@@ -24,7 +24,8 @@ from typing import Literal, cast
 import torch
 from torch.distributed.tensor import DTensor
 
-from stagectl.config import StagectlConfig
+from stagectl.config.model_data import ModelConfig
+from stagectl.config.training import TrainingConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,10 +39,11 @@ class Precision:
     loss_scaling: bool  # fp16 compute: dynamic loss scaler
 
     @classmethod
-    def from_config(cls, cfg: StagectlConfig) -> Precision:
-        storage = DTYPES[cfg.model.torch_dtype]
-        mixed = cfg.training.mixed_precision
-        low = cfg.training.allow_low_precision_params
+    def from_config(cls, model: ModelConfig, training: TrainingConfig) -> Precision:
+        """`model.torch_dtype` (storage), `training.mixed_precision` and `training.allow_low_precision_params`."""
+        storage = DTYPES[model.torch_dtype]
+        mixed = training.mixed_precision
+        low = training.allow_low_precision_params
         return cls(
             param_dtype=storage if low else torch.float32,
             compute_dtype=COMPUTE_DTYPES.get(mixed),

@@ -16,21 +16,20 @@ from typing import Any
 import torch
 
 from stagectl import dist
-from stagectl.config import StagectlConfig
 from stagectl.learner import adapter, sharding
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner.setup import LearnerState
 
 
 def model_state_to_save(
-    cfg: StagectlConfig, st: LearnerState, step: int, *, is_main: bool
+    st: LearnerState, step: int, *, is_main: bool
 ) -> tuple[dict[str, torch.Tensor] | None, Path | None]:
     """Every rank: `(model_state, sharded_dir)` for `write_checkpoint` (the state only on rank 0 under fsdp)."""
     model = st.bundle.model
     if sharding.is_sharded(model):
         import torch.distributed.checkpoint as dcp
 
-        staging = ckpt.shards_staging_dir(cfg.training.output_dir, step) if is_main else None
+        staging = ckpt.shards_staging_dir(st.plan.output_dir, step) if is_main else None
         sharded_dir = Path(dist.broadcast_object(str(staging)))
         dcp.save(sharding.sharded_state(model, st.optimizer), checkpoint_id=str(sharded_dir))
         return sharding.full_state_dict(model, dtype=st.precision.storage_dtype, keep=is_main), sharded_dir
@@ -46,7 +45,6 @@ def model_state_to_save(
 
 
 def write_checkpoint(
-    cfg: StagectlConfig,
     st: LearnerState,
     step: int,
     rng_states: list[dict[str, Any]],
@@ -62,7 +60,7 @@ def write_checkpoint(
     scheduler, every rank's RNG state and stream positions, and `extra` in `trainer_state.json`."""
     # ddp with model/ in another dtype: the float32 masters are kept beside it for an exact resume
     # (with an adapter the base is model.name_or_path and adapter/ holds the trained tensors in float32)
-    adapter_cfg = cfg.model.adapter
+    adapter_cfg = st.plan.model.adapter
     keep_masters = sharded_dir is None and model_state is not None and adapter_cfg is None
 
     def save_processors(path: Any) -> None:
@@ -70,11 +68,11 @@ def write_checkpoint(
         if st.bundle.image_processor is not None:  # text-only models have none
             st.bundle.image_processor.save_pretrained(path)
         if adapter_cfg is not None:  # `path` is the checkpoint's model/: adapter/ goes beside it
-            base = cfg.model.name_or_path
+            base = st.plan.model.name_or_path
             adapter.save_adapter(st.bundle.model, adapter_cfg, base, Path(path).parent / adapter.ADAPTER_DIR)
 
     ckpt.save_checkpoint(
-        cfg.training.output_dir,
+        st.plan.output_dir,
         step,
         model=st.bundle.model,
         save_tokenizer=save_processors,
@@ -87,7 +85,7 @@ def write_checkpoint(
         trainer_state=ckpt.TrainerState(
             global_step=step, data_state={"world_size": world_size, "ranks": rank_states}, extra=extra
         ),
-        total_limit=cfg.training.save_total_limit,
+        total_limit=st.plan.training.save_total_limit,
         async_states=async_states,
     )
 

@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from stagectl import dist
-from stagectl.config import StagectlConfig, resolve_config, to_plain
-from stagectl.config.plan import TrainPlan, train_plan
+from stagectl.config.model_data import DataConfig
+from stagectl.config.plan import PLAN_FILE, TrainPlan, write_train_plan
 from stagectl.config.root import Resolved
+from stagectl.config.training import TrainingConfig
 from stagectl.console import say
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
@@ -36,7 +37,6 @@ from stagectl.rundir import prepare_train_dir, resume_note
 
 @dataclass
 class LearnerState:
-    cfg: StagectlConfig
     plan: TrainPlan
     resolved: Resolved
     world: World
@@ -57,10 +57,7 @@ class LearnerState:
     extra_state: dict[str, Any]
 
 
-def load_train_samples(cfg: StagectlConfig) -> list[DetectionSample]:
-    data = cfg.data
-    if data is None:
-        raise ValueError("data: required for train-ab; set data.synthetic or data.train_jsonl")
+def load_train_samples(data: DataConfig) -> list[DetectionSample]:
     if data.synthetic is not None:
         syn = data.synthetic
         return generate_synthetic(syn.num_samples, syn.seed, **syn.generator_kwargs())
@@ -77,41 +74,48 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
-    resolved = resolve_config(cfg, world.world_size)
-    out = cfg.training.output_dir
+def build_learner(plan: TrainPlan, world: World) -> LearnerState:
+    resolved = plan.resolved
+    if resolved.world_size != world.world_size:
+        raise ValueError(
+            f"the plan was resolved for {resolved.world_size} learner rank(s) but this run has "
+            f"{world.world_size} (launch.nnodes x launch.nproc_per_node): every node's launcher resolves "
+            "it from the same config"
+        )
+    training, model = plan.training, plan.model
+    out = training.output_dir
     if world.is_main:
         # the run-directory policy again (a no-op after the CLI's on one node; the only check multi-node)
-        note = prepare_train_dir(out, cfg.training.resume_from_checkpoint, cfg.training.overwrite_output_dir)
+        note = prepare_train_dir(out, training.resume_from_checkpoint, training.overwrite_output_dir)
         if note is not None:
             say("train-ab", note)
         check_output_dir(out)
     # cheap checks first, so a bad path fails in seconds and before any model is loaded
-    samples = load_train_samples(cfg)
-    init_distributed(world, cfg.launch.watchdog)
+    samples = load_train_samples(plan.data)
+    init_distributed(world, plan.launch.watchdog)
     with dist.phase("start-up: resume and model load", "startup_s"):
         # rank 0 alone resolves the checkpoint (`latest` ignores incomplete ones) and every rank
         # follows it, so no rank can pick another checkpoint (e.g. one written while it looked)
-        resume, rank_state = shared_resume(cfg, world)
+        resume, rank_state = shared_resume(training, world)
         # every rank loads the same weights: the base model, or the checkpoint's on resume (with an
         # adapter the base never changes: it comes from model.name_or_path, the adapter from `adapter/`)
-        adapter_cfg = cfg.model.adapter
-        source = str(resume / "model") if resume and adapter_cfg is None else cfg.model.name_or_path
+        adapter_cfg = model.adapter
+        source = str(resume / "model") if resume and adapter_cfg is None else model.name_or_path
         try:
             resolve_model_path(source)
         except (FileNotFoundError, ValueError) as exc:
             raise ValueError(f"model.name_or_path: {exc}") from None
         device = device_for(world)
-        seed_everything(cfg.training.seed)
-        precision = Precision.from_config(cfg)
+        seed_everything(training.seed)
+        precision = Precision.from_config(model, training)
         # master weights in float32 (or the stored dtype itself, only when the user opted in); under
         # fsdp only rank 0 reads them, the other ranks build the structure on meta and get their shards
-        on_meta = cfg.training.parallelism == "fsdp" and world.distributed and not world.is_main
+        on_meta = training.parallelism == "fsdp" and world.distributed and not world.is_main
         bundle = load_bundle(
             source,
             torch_dtype=precision.param_dtype_name,
             device=str(device),
-            attn_implementation=cfg.model.attn_implementation,
+            attn_implementation=model.attn_implementation,
             add_coord_tokens=True,
             on_meta=on_meta,
         )
@@ -120,15 +124,15 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         if adapter_cfg is None:
             freeze = freeze_parts(
                 bundle.model,
-                vit=cfg.model.freeze_vit,
-                aligner=cfg.model.freeze_aligner,
-                llm=cfg.model.freeze_llm,
+                vit=model.freeze_vit,
+                aligner=model.freeze_aligner,
+                llm=model.freeze_llm,
             )
         else:
             freeze = adapter.apply_adapter(bundle.model, adapter_cfg)
             if resume is not None:
                 adapter.load_adapter(bundle.model, resume / adapter.ADAPTER_DIR)
-        kernels = cfg.training.kernels
+        kernels = training.kernels
         applied = apply_speedups(
             bundle.model,
             device,
@@ -140,11 +144,11 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
             say("train-ab", f"training.kernels: {', '.join(applied)}")
         bundle.model.train()
         bundle.model.config.use_cache = False
-        if cfg.training.gradient_checkpointing:
+        if training.gradient_checkpointing:
             # non-reentrant: works with packed inputs, frozen parts and FSDP2's hooks
             bundle.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ddp_model: Any = bundle.model
-        if cfg.training.parallelism == "fsdp":
+        if training.parallelism == "fsdp":
             with dist.collective("FSDP2 sharding"):
                 if world.distributed:
                     sharding.shard_from_rank0(
@@ -159,16 +163,16 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
                 )
     vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
     encoder = SampleEncoder(bundle=bundle, samples=samples, vocab=vocab)
-    seed = cfg.training.seed
+    seed = training.seed
     a_sampler = ShardedSampler(
         len(samples), rank=world.rank, world_size=world.world_size, seed=seed, stream="A"
     )
     b_sampler = ShardedSampler(
         len(samples), rank=world.rank, world_size=world.world_size, seed=seed, stream="B"
     )
-    optimizer, scheduler = build_optimizer(bundle.model, cfg.training)
+    optimizer, scheduler = build_optimizer(bundle.model, training)
     start_step, extra = 0, {}
-    if resume is None and cfg.training.resume_from_checkpoint is not None and world.is_main:
+    if resume is None and training.resume_from_checkpoint is not None and world.is_main:
         say("train-ab", f"resume: no checkpoint in {out} yet; starting a new run")
     if resume is not None:
         state = ckpt.load_trainer_state(resume)
@@ -177,18 +181,18 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
         ckpt.restore_rng(ckpt.load_rng_states(resume)[world.rank])
         start_step = state.global_step
         if world.is_main:
-            say("train-ab", resume_note(resume, start_step, cfg.training.max_steps))
+            say("train-ab", resume_note(resume, start_step, training.max_steps))
         a_sampler.num_consumed = int(rank_state["a_consumed"])
         b_sampler.num_consumed = int(rank_state["b_consumed"])
         extra = {**state.extra, "rank_state": rank_state}
     if world.is_main:
-        plain = dict(to_plain(cfg))
+        plain = dict(plan.run_config)
         # --overwrite acted on this start only: config.yaml reused to resume or re-run must not move the run aside
         plain["training"] = {**plain["training"], "overwrite_output_dir": False}
         write_resolved_config(out, plain)
+        write_train_plan(out / PLAN_FILE, plan)  # what the ranks ran (a record; config.yaml is the input)
     return LearnerState(
-        cfg=cfg,
-        plan=train_plan(cfg, world.world_size),
+        plan=plan,
         resolved=resolved,
         world=world,
         device=device,
@@ -209,13 +213,13 @@ def build_learner(cfg: StagectlConfig, world: World) -> LearnerState:
     )
 
 
-def shared_resume(cfg: StagectlConfig, world: World) -> tuple[Path | None, dict[str, Any]]:
+def shared_resume(training: TrainingConfig, world: World) -> tuple[Path | None, dict[str, Any]]:
     """Rank 0 resolves `training.resume_from_checkpoint` and checks it fits this world; every rank
     gets the same checkpoint (or the same error) and its own saved stream positions."""
     decided: tuple[str | None, str | None] = (None, None)
     if world.is_main:
         try:
-            found = ckpt.resolve_resume(cfg.training.resume_from_checkpoint, cfg.training.output_dir)
+            found = ckpt.resolve_resume(training.resume_from_checkpoint, training.output_dir)
             if found is not None:
                 ckpt.check_world_size(found, world.world_size)
             decided = (None if found is None else str(found), None)

@@ -1,5 +1,6 @@
-"""The memory model's inputs from a resolved `StagectlConfig`: the training knobs and the model shape of
-`model.name_or_path` (its `config.json` and safetensors headers; never the weights, never torch)."""
+"""The memory model's inputs from a resolved config's parts: the training knobs (`model`, `training` and
+`global_max_length`) and the model shape of `model.name_or_path` (its `config.json` and safetensors
+headers; never the weights, never torch)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ from pathlib import Path
 from typing import Literal
 
 from stagectl.cache import cache_root
-from stagectl.config import StagectlConfig
+from stagectl.config.model_data import ModelConfig
+from stagectl.config.training import TrainingConfig
 from stagectl.memory.estimate import AdapterKnobs, TrainingKnobs
 from stagectl.memory.shapes import ModelShape, shape_from_checkpoint
 
 BUILTIN_PREFIX = "builtin:"  # = stagectl.models.tiny.BUILTIN_PREFIX (that module imports torch)
 
 
-def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
+def knobs_from_config(
+    model: ModelConfig, training: TrainingConfig, *, global_max_length: int, world_size: int
+) -> TrainingKnobs:
     """Every config key the estimate depends on."""
-    training, model = cfg.training, cfg.model
     adapter = None
     if model.adapter is not None:
         a = model.adapter
@@ -31,10 +34,10 @@ def knobs_from_config(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
         freeze_aligner=model.freeze_aligner,
         freeze_llm=model.freeze_llm,
         adapter=adapter,
-        torch_dtype=cfg.model.torch_dtype,
-        global_max_length=cfg.global_max_length,
-        per_device_train_batch_size=cfg.training.per_device_train_batch_size,
-        attention=_attention(cfg.model.attn_implementation),
+        torch_dtype=model.torch_dtype,
+        global_max_length=global_max_length,
+        per_device_train_batch_size=training.per_device_train_batch_size,
+        attention=_attention(model.attn_implementation),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from stagectl.config import load_config
+from stagectl.config import load_config, to_plain
 from stagectl.learner.metrics import METRICS_FILE, WANDB_RUN_ID_FILE, MetricsWriter
 
 pytest.importorskip("wandb")
@@ -100,7 +100,7 @@ def test_offline_wandb_run_has_the_name_config_and_every_row(
 ) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = _config(tmp_path)
-    writer = MetricsWriter.for_training(cfg)
+    writer = MetricsWriter.for_training(cfg.training, to_plain(cfg))
     for row in ROWS:
         writer.write(row)
     writer.close()
@@ -123,11 +123,11 @@ def test_offline_wandb_run_has_the_name_config_and_every_row(
 def test_a_resumed_run_continues_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = _config(tmp_path, run_name="shapes")
-    first = MetricsWriter.for_training(cfg)
+    first = MetricsWriter.for_training(cfg.training, to_plain(cfg))
     first.write(ROWS[0])
     first.close()
     run_id = (cfg.training.output_dir / WANDB_RUN_ID_FILE).read_text().strip()
-    resumed = MetricsWriter.for_training(cfg, resume_step=1)
+    resumed = MetricsWriter.for_training(cfg.training, to_plain(cfg), resume_step=1)
     resumed.write(ROWS[1])
     resumed.close()
     sessions = [offline_run(path) for path in run_files(cfg.training.output_dir)]
@@ -135,7 +135,9 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path: Path, monkeypatch:
     assert [[h["_step"] for h in history] for _, history in sessions] == [[0], [1]]
     assert {run.display_name for run, _ in sessions} == {"shapes"}
     (cfg.training.output_dir / METRICS_FILE).unlink()  # what --overwrite does: the old rows are gone
-    fresh = MetricsWriter.for_training(cfg)  # a fresh start (resume_step 0) is a new W&B run
+    fresh = MetricsWriter.for_training(
+        cfg.training, to_plain(cfg)
+    )  # a fresh start (resume_step 0) is a new W&B run
     fresh.close()
     assert (cfg.training.output_dir / WANDB_RUN_ID_FILE).read_text().strip() != run_id
 

@@ -47,7 +47,9 @@ def _write(tmp_path: Path, cfg: dict[str, Any]) -> Path:
 
 
 def _knobs(cfg: StagectlConfig, world_size: int) -> TrainingKnobs:
-    return knobs_from_config(cfg, world_size)
+    return knobs_from_config(
+        cfg.model, cfg.training, global_max_length=cfg.global_max_length, world_size=world_size
+    )
 
 
 def _only(checks: list[Check], name: str) -> Check:

@@ -96,7 +96,7 @@ def test_close_ends_channel_b_through_its_protocol_and_then_the_sinks_whatever_i
 
     trainer: Any = object.__new__(Trainer)  # only what `close` reads is set
     trainer.channel_b = Channel()
-    trainer.cfg = SimpleNamespace(launch=SimpleNamespace(watchdog=SimpleNamespace(shutdown_s=60.0)))
+    trainer.plan = SimpleNamespace(watchdog=SimpleNamespace(shutdown_s=60.0))
     trainer.progress = SimpleNamespace(close=lambda: calls.append("progress"))
     trainer.metrics = SimpleNamespace(close=lambda: calls.append("metrics"))
     trainer.samples = None

@@ -256,10 +256,13 @@ def test_knobs_read_the_config() -> None:
         "training.packing=false",
         "training.per_device_train_batch_size=2",
     ]
-    knobs = knobs_from_config(load_config(None, overrides), world_size=8)
+    cfg = load_config(None, overrides)
+    knobs = knobs_from_config(cfg.model, cfg.training, global_max_length=cfg.global_max_length, world_size=8)
     assert (knobs.world_size, knobs.global_max_length, knobs.per_device_train_batch_size) == (8, 4096, 2)
     assert (knobs.torch_dtype, knobs.attention, knobs.num_tokens) == ("bfloat16", "flash_attention_2", 8192)
-    assert knobs_from_config(load_config(None, []), world_size=1).attention == "sdpa"  # transformers' default
+    default = load_config(None, [])
+    knobs = knobs_from_config(default.model, default.training, global_max_length=2048, world_size=1)
+    assert knobs.attention == "sdpa"  # transformers' default
 
 
 def test_checkpoint_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,5 +302,7 @@ def test_learner_keys_reach_the_estimate(override: str, knob: str, expected: obj
     fields = StagectlConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
     if key not in fields:
         pytest.skip(f"{dotted} is not in the config schema yet")
-    value = getattr(knobs_from_config(load_config(None, [override], world_size=2), world_size=2), knob)
+    cfg = load_config(None, [override], world_size=2)
+    knobs = knobs_from_config(cfg.model, cfg.training, global_max_length=cfg.global_max_length, world_size=2)
+    value = getattr(knobs, knob)
     assert (value.type if knob == "adapter" else value) == expected

@@ -1,0 +1,148 @@
+"""`stagectl train-ab`'s launcher and ranks around the resolved plan: the launcher parses the YAML once and
+resolves a `TrainPlan`; torchrun's ranks get it as a file (`--plan`) and never parse the YAML; a one-rank
+run trains the same plan in-process. The trainer and torchrun are stand-ins: what is checked is which plan
+reaches them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar, NoReturn
+
+import pytest
+from typer.testing import CliRunner
+
+from stagectl.cli.app import app
+from stagectl.config import load_config
+from stagectl.config.plan import TrainPlan, read_train_plan, train_plan, write_train_plan
+
+ROOT = Path(__file__).resolve().parents[3]
+ASYNC = ROOT / "examples/tiny/train_ab_async.yaml"
+TINY = ROOT / "examples/tiny/train_ab.yaml"
+
+
+def _sets(out: Path) -> list[str]:
+    """The async example against a server that is never called, with two overrides to follow."""
+    return [
+        f"training.output_dir={out}",
+        "training.learning_rate=0.00123",
+        "stage2_ab.channel_b.async.queue_limit=5",
+        "rollout_server.embedded=false",
+        "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://127.0.0.1:9'}]",
+    ]
+
+
+def _set_args(sets: list[str]) -> list[str]:
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+class _Trainer:
+    """Takes the plan the rank would train and stops at once."""
+
+    seen: ClassVar[list[TrainPlan]] = []
+
+    def __init__(self, plan: TrainPlan, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
+        self.seen.append(plan)
+        self.stopped_by_signal = None
+        self.b_steps = SimpleNamespace(
+            summary_line=lambda: "B steps: none", off_schedule=lambda tolerance: None
+        )
+        self.progress = SimpleNamespace(rollout_f1s=[])
+
+    def run(self) -> int:
+        return 0
+
+
+@pytest.fixture
+def trainer(monkeypatch: pytest.MonkeyPatch) -> list[TrainPlan]:
+    """The plans handed to the trainer (a launcher's own process, not under torchrun)."""
+    import stagectl.learner.loop
+    import stagectl.placement
+
+    _Trainer.seen = []
+    monkeypatch.setattr(stagectl.learner.loop, "Trainer", _Trainer)
+    monkeypatch.setattr(stagectl.placement, "place_learner_rank", lambda launch, sides, local_rank: None)
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return _Trainer.seen
+
+
+@pytest.fixture
+def rank(trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch) -> list[TrainPlan]:
+    """A learner rank torchrun started: its trainer records the plan; parsing a YAML raises."""
+    import stagectl.config
+    import stagectl.config.loader
+
+    def no_yaml(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("a rank started with a plan parsed the YAML")
+
+    monkeypatch.setattr(stagectl.config, "load_config", no_yaml)
+    monkeypatch.setattr(stagectl.config.loader, "load_config", no_yaml)
+    monkeypatch.setenv("STAGECTL_LAUNCHED", "1")
+    return trainer
+
+
+def test_a_rank_started_with_a_plan_file_trains_that_plan_without_parsing_the_yaml(
+    tmp_path: Path, rank: list[TrainPlan]
+) -> None:
+    plan = train_plan(load_config(ASYNC, _sets(tmp_path / "run"), world_size=2), world_size=2)
+    path = write_train_plan(tmp_path / "plan.json", plan)
+    # the config argument names no file: the rank must not need it
+    result = CliRunner().invoke(app, ["train-ab", str(tmp_path / "gone.yaml"), "--plan", str(path)])
+    assert result.exit_code == 0, result.output
+    assert rank == [plan]
+
+
+def test_a_rank_with_a_missing_or_corrupt_plan_file_fails_in_one_line(
+    tmp_path: Path, rank: list[TrainPlan]
+) -> None:
+    missing = CliRunner().invoke(app, ["train-ab", "cfg.yaml", "--plan", str(tmp_path / "plan.json")])
+    assert missing.exit_code == 1 and rank == []
+    assert "the resolved plan the launcher writes for the ranks is missing" in missing.output
+    (tmp_path / "plan.json").write_text('{"model": 1}')
+    corrupt = CliRunner().invoke(app, ["train-ab", "cfg.yaml", "--plan", str(tmp_path / "plan.json")])
+    assert corrupt.exit_code == 1 and rank == []
+    assert "not a train-ab plan this stagectl can read" in corrupt.output
+
+
+def test_the_launcher_hands_torchrun_the_plan_with_the_sets_resolved_in_it(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stagectl.launch
+
+    launched: list[tuple[list[str], TrainPlan]] = []
+
+    def torchrun(args: list[str], launch: Any) -> int:
+        plan_path = Path(args[args.index("--plan") + 1])
+        launched.append((list(args), read_train_plan(plan_path)))  # the file is gone once the ranks are
+        return 0
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    sets = _sets(tmp_path / "run")
+    result = CliRunner().invoke(app, ["train-ab", str(ASYNC), *_set_args(sets)])
+    assert result.exit_code == 0, result.output
+    ((args, plan),) = launched
+    assert args[:2] == ["train-ab", str(ASYNC)] and "--set" not in args and "--user-options" in args
+    assert not Path(args[args.index("--plan") + 1]).exists()  # removed after the ranks exit
+    assert plan == train_plan(load_config(ASYNC, sets, world_size=2), world_size=2)
+    assert plan.training.learning_rate == 0.00123 and plan.resolved.world_size == 2
+    assert plan.channel_b.rollouts is not None
+    assert plan.channel_b.rollouts.servers.base_urls == ("http://127.0.0.1:9",)
+    assert plan.run_config["training"]["learning_rate"] == 0.00123  # what rank 0 writes to config.yaml
+    assert trainer == []  # the launcher itself trains nothing
+
+
+def test_one_rank_trains_the_plan_it_resolved_in_process(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stagectl.launch
+
+    def no_torchrun(args: list[str], launch: Any) -> NoReturn:
+        raise AssertionError("a one-rank run started torchrun")
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", no_torchrun)
+    sets = [f"training.output_dir={tmp_path / 'run'}", "training.learning_rate=0.00123"]
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), *_set_args(sets)])
+    assert result.exit_code == 0, result.output
+    assert trainer == [train_plan(load_config(TINY, sets, world_size=1), world_size=1)]
+    assert trainer[0].training.learning_rate == 0.00123
