@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stagectl.config.plan import read_train_plan
 from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
 
 
@@ -108,5 +109,7 @@ def test_refused_then_resumed_then_overwritten(tmp_path: Path, umask_022: None) 
         "eval_samples.jsonl",
         "final_state.json",
         "metrics.jsonl",
+        "plan.json",
         "samples.jsonl",
     ]
+    assert read_train_plan(out / "plan.json").training.max_steps == 2  # what the ranks ran, --set included
