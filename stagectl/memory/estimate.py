@@ -60,7 +60,7 @@ class AdapterKnobs:
 @dataclass(frozen=True)
 class TrainingKnobs:
     """The config keys the memory depends on (`training.*`, `model.*`, `global_max_length`) and the world
-    size; `stagectl.memory.from_config.knobs_from_config` fills it from a `StagectlConfig`."""
+    size; `stagectl.memory.from_config.knobs_from_config` fills it from the config's `model` and `training` parts."""
 
     world_size: int = 1
     parallelism: Literal["ddp", "fsdp"] = "ddp"
