@@ -51,6 +51,10 @@ def command(
     rollout server first when rollout_server.embedded is true). A training.output_dir that already holds
     a run is refused unless --resume or --overwrite says what to do with it."""
     if plan_file is not None:  # a rank the launcher started: the plan, never the YAML
+        if overrides or nproc is not None or resume or overwrite:
+            fail(
+                "--plan (the launcher's option for its torchrun ranks) takes no --set, --nproc, --resume or --overwrite"
+            )
         _rank_from_plan(plan_file, (config, user_options))
         return
     from stagectl.config import ConfigError, effective_world_size, load_config

@@ -103,6 +103,8 @@ def test_a_rank_with_a_missing_or_corrupt_plan_file_fails_in_one_line(
     corrupt = CliRunner().invoke(app, ["train-ab", "cfg.yaml", "--plan", str(tmp_path / "plan.json")])
     assert corrupt.exit_code == 1 and rank == []
     assert "not a train-ab plan this stagectl can read" in corrupt.output
+    with_set = CliRunner().invoke(app, ["train-ab", "cfg.yaml", "--plan", "plan.json", "--set", "seed=1"])
+    assert with_set.exit_code == 1 and "--plan" in with_set.output and rank == []
 
 
 def test_the_launcher_hands_torchrun_the_plan_with_the_sets_resolved_in_it(
