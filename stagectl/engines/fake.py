@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from stagectl.config.engines import ENGINES
+from stagectl.config.sampling import SamplingSpec
 from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
 from stagectl.engines.text import cut_at_stop
-from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.guards import check_context
 from stagectl.wire.protocol import spec_of
 

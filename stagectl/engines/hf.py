@@ -21,6 +21,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from stagectl.config.engines import ENGINES
+from stagectl.config.sampling import SamplingSpec
 from stagectl.detection.vocab import token_bytes_table
 from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.hf_adapter import AdapterMerger
@@ -30,7 +31,6 @@ from stagectl.engines.text import cut_at_stop
 from stagectl.models.chat import encode_messages
 from stagectl.models.generate import KvCache, PromptInputs, generate_batch
 from stagectl.models.loading import ModelBundle
-from stagectl.config.sampling import SamplingSpec
 from stagectl.wire.guards import check_context
 from stagectl.wire.protocol import spec_of
 

@@ -98,7 +98,10 @@ def test_eval_out_holding_results_is_refused_unless_overwrite(tmp_path: Path) ->
     out.mkdir()
     (out / "metrics.json").write_text('{"AP": 0.5}\n')
     config = tmp_path / "cfg.yaml"
-    config.write_text("{}\n")
+    config.write_text(
+        "data: {synthetic: {num_samples: 2}, eval: {synthetic: {num_samples: 2, seed: 1}}}\n"
+        "stage2_ab: {schedule: {b_ratio: 0.0}}\n"
+    )
     refused = CliRunner().invoke(app, ["eval", str(config), "--out", str(out)])
     assert refused.exit_code == 1
     assert (
