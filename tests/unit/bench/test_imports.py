@@ -59,3 +59,13 @@ def test_the_bench_has_no_import_cycle() -> None:
     edges = graph()
     assert "bench.document" in edges and edges["bench.__main__"]  # the walk found the modules
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
+
+
+def test_the_product_never_imports_the_bench() -> None:
+    """`bench/` sits above the package: it imports stagectl, stagectl never imports it."""
+    product = Path(__file__).parents[3] / "stagectl"
+    importers = [
+        str(p.relative_to(product.parent)) for p in sorted(product.rglob("*.py")) if bench_imports(p)
+    ]
+    assert importers == []
+    assert bench_imports(BENCH / "__main__.py")  # the walk sees a bench import where there is one
