@@ -1,4 +1,10 @@
-"""`stagectl stage-b CONFIG [--gpus 0,1,2,3 | --nproc N] [--resume | --overwrite] [--set key=value ...]`."""
+"""`stagectl stage-b CONFIG [--gpus 0,1,2,3 | --nproc N] [--resume | --overwrite] [--set key=value ...]`.
+
+The launcher parses CONFIG once and resolves the run's `StageBPlan` (`stagectl.config.plan_stage_b`). One
+process runs that plan in-process; more are re-launched under torchrun with `--plan FILE` (hidden: the plan
+written atomically to a private temporary directory), and each rank reads that file instead of parsing the
+YAML again.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from stagectl.cli.common import fail
 
 if TYPE_CHECKING:
     from stagectl.config.plan_stage_b import StageBPlan
+    from stagectl.config.training import LaunchConfig
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -45,10 +52,21 @@ def command(
         help="The run directory holds a run: move it aside to DIR.replaced-<time> and start from guidance.path.",
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set runner.epochs=2"),
+    plan_file: Path | None = typer.Option(
+        None, "--plan", hidden=True, help="(the launcher's, for its torchrun ranks) the resolved plan to run."
+    ),
 ) -> None:
     """Run the Stage-B guidance loop (re-launches itself under single-node torchrun for > 1 process). A run
     directory ({output.root}/{output.run_name}/{mission}) that holds a run is refused unless --resume or
     --overwrite says what to do with it."""
+    if plan_file is not None:  # a rank the launcher started: the plan, never the YAML
+        if overrides or gpus is not None or nproc is not None or resume or overwrite:
+            fail(
+                "--plan (the launcher's option for its torchrun ranks) takes no --set, --gpus, --nproc, "
+                "--resume or --overwrite"
+            )
+        _rank_from_plan(plan_file)
+        return
     from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.launch import inside_torchrun
@@ -97,17 +115,31 @@ def command(
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():
-        raise typer.Exit(_relaunch(config, sets, cfg))
+        raise typer.Exit(_relaunch(config, plan, cfg.launch))
     _run(plan)
 
 
-def _relaunch(config: Path, sets: list[str], cfg: object) -> int:
-    from stagectl.config import StagectlConfig
+def _relaunch(config: Path, plan: StageBPlan, launch: LaunchConfig) -> int:
+    """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
+    import tempfile
+
+    from stagectl.config.plan import PLAN_FILE
+    from stagectl.config.plan_stage_b import write_stage_b_plan
     from stagectl.launch import relaunch_under_torchrun
 
-    assert isinstance(cfg, StagectlConfig)
-    args = ["stage-b", str(config), *(a for s in sets for a in ("--set", s))]
-    return relaunch_under_torchrun(args, cfg.launch)
+    with tempfile.TemporaryDirectory(prefix="stagectl-plan-") as tmp:
+        path = write_stage_b_plan(Path(tmp) / PLAN_FILE, plan)
+        return relaunch_under_torchrun(["stage-b", str(config), "--plan", str(path)], launch)
+
+
+def _rank_from_plan(path: Path) -> None:
+    from stagectl.config.plan_stage_b import read_stage_b_plan
+
+    try:
+        plan = read_stage_b_plan(path)
+    except ValueError as exc:
+        fail(str(exc))
+    _run(plan)
 
 
 def _run(plan: StageBPlan) -> None:

@@ -12,7 +12,8 @@ so a combination the validators refuse cannot be built:
 
 `TrainPlan` is what `train-ab` resolves on the launcher; it is written to the run directory as
 `plan.json` and every torchrun rank reads that file instead of parsing the YAML again
-(`write_train_plan` / `read_train_plan`).
+(`write_train_plan` / `read_train_plan`; `StageBPlan` of `stagectl.config.plan_stage_b` goes the same way
+through `write_plan` / `read_plan`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, ValidationError
 
 from stagectl.config.fractions import as_fraction
 from stagectl.config.loader import to_plain
@@ -409,6 +410,7 @@ def train_plan(cfg: StagectlConfig, world_size: int) -> TrainPlan:
 
 
 _TRAIN_PLAN = TypeAdapter(TrainPlan)
+P = TypeVar("P")
 
 
 def dump_train_plan(plan: TrainPlan) -> bytes:
@@ -419,19 +421,34 @@ def load_train_plan(text: str | bytes) -> TrainPlan:
     return _TRAIN_PLAN.validate_json(text)
 
 
-def write_train_plan(path: Path, plan: TrainPlan) -> Path:
-    """Write `plan` to `path` atomically (a reader never sees half a plan)."""
+def write_plan(path: Path, adapter: TypeAdapter[P], plan: P) -> Path:
+    """Write `plan` as JSON to `path` atomically (a reader never sees half a plan)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(dump_train_plan(plan))
+    tmp.write_bytes(adapter.dump_json(plan, indent=1, by_alias=True))
     os.replace(tmp, path)
     return path
 
 
-def read_train_plan(path: Path) -> TrainPlan:
+def read_plan(path: Path, adapter: TypeAdapter[P], command: str) -> P:
+    """The `command`'s plan in `path`; `ValueError` naming the file when it is missing or unreadable."""
     try:
-        return load_train_plan(path.read_bytes())
+        return adapter.validate_json(path.read_bytes())
     except FileNotFoundError:
         raise ValueError(f"{path}: the resolved plan the launcher writes for the ranks is missing") from None
-    except ValueError as exc:
-        raise ValueError(f"{path}: not a train-ab plan this stagectl can read: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(the file)'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+        raise ValueError(f"{path}: not a {command} plan this stagectl can read: {problems}{more}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a {command} plan this stagectl can read: {exc}") from None
+
+
+def write_train_plan(path: Path, plan: TrainPlan) -> Path:
+    return write_plan(path, _TRAIN_PLAN, plan)
+
+
+def read_train_plan(path: Path) -> TrainPlan:
+    return read_plan(path, _TRAIN_PLAN, "train-ab")

@@ -1,6 +1,8 @@
-"""Stage-B's part of a config (`StageBPlan`), resolved once by `stagectl stage-b` (on every rank): the
-mission and its inputs, where the run directory is, how candidates and reflections are sampled, the loop's
-sizes and deadlines, and the backend that answers.
+"""Stage-B's part of a config (`StageBPlan`), resolved once by `stagectl stage-b`'s launcher: the mission
+and its inputs, where the run directory is, how candidates and reflections are sampled, the loop's sizes
+and deadlines, and the backend that answers. torchrun's ranks get it as a file (`--plan`, written
+by `write_stage_b_plan`, read by `read_stage_b_plan`) and never parse the YAML; rank 0 also writes it to the
+run directory as `plan.json`.
 
 `runner.engine` and its settings become one union, so a backend without its settings cannot be built:
 
@@ -17,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from stagectl.config.loader import to_plain
 from stagectl.config.model_data import ModelConfig
-from stagectl.config.plan import ServerList
+from stagectl.config.plan import ServerList, read_plan, write_plan
 from stagectl.config.root import StagectlConfig
 from stagectl.config.sampling import SamplingSpec
 from stagectl.config.stage_b import GuidanceConfig, OutputConfig, SelectionConfig
@@ -161,3 +163,16 @@ def stage_b_plan(cfg: StagectlConfig) -> StageBPlan:
         backend=backend_plan(cfg),
         resolved_config=to_plain(cfg),
     )
+
+
+_STAGE_B_PLAN = TypeAdapter(StageBPlan)
+
+
+def write_stage_b_plan(path: Path, plan: StageBPlan) -> Path:
+    """`plan` as JSON at `path`, written atomically."""
+    return write_plan(path, _STAGE_B_PLAN, plan)
+
+
+def read_stage_b_plan(path: Path) -> StageBPlan:
+    """The plan at `path`; `ValueError` naming the file when it is missing or not a Stage-B plan."""
+    return read_plan(path, _STAGE_B_PLAN, "stage-b")

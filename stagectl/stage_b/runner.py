@@ -3,7 +3,8 @@ the `StageBPlan` the command resolved; the consumer and the backend get their pa
 
 Rank 0 reads the tickets and the guidance and broadcasts them (or the error, so every rank stops
 cleanly); every rank then builds its engine (loads the model), and only when all of them have one does
-rank 0 write anything (guidance, snapshot, config.yaml): a run that cannot start leaves no artifacts.
+rank 0 write anything (guidance, snapshot, config.yaml, plan.json): a run that cannot start leaves no
+artifacts.
 Per epoch rank 0 shuffles the tickets (seeded) and broadcasts the order. Per global batch
 (`runner.per_rank_rollout_batch_size x world size` tickets) rank 0 broadcasts one guidance snapshot;
 every rank judges its contiguous shard with it (`sharding.shard_bounds`); the candidates are gathered
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from stagectl import dist
-from stagectl.config.plan_stage_b import StageBPlan
+from stagectl.config.plan import PLAN_FILE
+from stagectl.config.plan_stage_b import StageBPlan, write_stage_b_plan
 from stagectl.console import say
 from stagectl.files import write_resolved_config
 from stagectl.stage_b.consumer import Consumer
@@ -137,13 +139,15 @@ def _prepare(plan: StageBPlan) -> Prepared:
 
 
 def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
-    """Rank 0, once every check passed: the starting guidance (fresh runs) and the resolved config."""
+    """Rank 0, once every check passed: the starting guidance (fresh runs), the resolved config and the
+    plan every rank runs (`plan.json`: a record, not an input)."""
     assert prepared.guidance is not None
     run_dir = plan.run_dir
     try:
         if prepared.fresh:
             GuidanceStore(run_dir, plan.guidance.retention).save(prepared.guidance)
         write_resolved_config(run_dir, plan.resolved_config)
+        write_stage_b_plan(run_dir / PLAN_FILE, plan)
     except OSError as exc:
         raise ValueError(f"output.root: cannot write the run directory {run_dir}: {exc}") from None
 

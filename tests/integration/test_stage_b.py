@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stagectl.config.plan_stage_b import read_stage_b_plan
 from tests.faults.helpers import INJECT_DIR
 from tests.integration.helpers import (
     MISSION,
@@ -31,6 +32,7 @@ from tests.integration.helpers import (
 
 ARTIFACTS = {
     "config.yaml",
+    "plan.json",
     "guidance.json",
     "snapshots",
     "trajectories.jsonl",
@@ -71,7 +73,11 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
 def test_relaunches_under_torchrun_and_only_rank_zero_writes(two_ranks: tuple) -> None:
     result, run_dir = two_ranks
     assert "launching: " in result.stderr and "--nproc-per-node=2" in result.stderr
+    launching = next(line for line in result.stderr.splitlines() if line.startswith("launching: "))
+    assert " --plan " in launching and " --set " not in launching  # the ranks read the plan, not the YAML
     assert {p.name for p in run_dir.iterdir()} == ARTIFACTS
+    plan = read_stage_b_plan(run_dir / "plan.json")  # what the ranks ran, --nproc included
+    assert plan.run_dir == run_dir and plan.resolved_config["launch"]["nproc_per_node"] == 2
     assert [p.name for p in run_dir.parents[1].iterdir()] == ["r"]  # nothing else under output.root
     trajectories = read_jsonl(run_dir / "trajectories.jsonl")
     selections = read_jsonl(run_dir / "selections.jsonl")

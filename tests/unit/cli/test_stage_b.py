@@ -1,12 +1,27 @@
-"""`stagectl stage-b` argument helpers (the command itself is exercised in tests/integration)."""
+"""`stagectl stage-b`: its argument helpers, and its launcher and ranks around the resolved plan (the
+launcher parses the YAML once and resolves a `StageBPlan`; torchrun's ranks get it as a file, `--plan`, and
+never parse the YAML). torchrun is a stand-in here; the command end to end is in tests/integration."""
 
 from __future__ import annotations
 
-import pytest
+import os
+from pathlib import Path
+from typing import Any, NoReturn
 
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from stagectl.cli.app import app
 from stagectl.cli.stage_b import parse_gpus
+from stagectl.config import load_config
+from stagectl.config.plan_stage_b import StageBPlan, read_stage_b_plan, stage_b_plan, write_stage_b_plan
 from stagectl.dist import World
 from stagectl.stage_b.engine import rank_device
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "examples/tiny/stage_b.yaml"
+EXAMPLE = ROOT / "examples/tiny/stage_b"
 
 
 def test_parse_gpus() -> None:
@@ -24,3 +39,145 @@ def test_each_rank_holds_the_full_model_on_its_local_device() -> None:
     assert rank_device(World(rank=5, local_rank=1, world_size=8), cuda_available=True) == "cuda:1"
     assert rank_device(World(rank=0, local_rank=0, world_size=1), cuda_available=True) == "cuda:0"
     assert rank_device(World(rank=1, local_rank=1, world_size=2), cuda_available=False) == "cpu"
+
+
+# ---------------------------------------------------------------- the launcher and its ranks around the plan
+
+
+def _sets(root: Path) -> list[str]:
+    """The tiny example on the rules engine, its inputs by absolute path, its run under `root`."""
+    return [
+        "runner.engine=rules",
+        f"tickets=[{EXAMPLE}/tickets.jsonl]",
+        f"guidance.path={EXAMPLE}/guidance.json",
+        f"output.root={root}",
+        "runner.epochs=2",
+    ]
+
+
+def _set_args(sets: list[str]) -> list[str]:
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def _no_yaml(*args: Any, **kwargs: Any) -> NoReturn:
+    raise AssertionError("a rank started with a plan parsed the YAML")
+
+
+@pytest.fixture(autouse=True)
+def _not_under_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank the launcher started (a world of one here): parsing a YAML raises."""
+    import stagectl.config
+    import stagectl.config.loader
+
+    monkeypatch.setattr(stagectl.config, "load_config", _no_yaml)
+    monkeypatch.setattr(stagectl.config.loader, "load_config", _no_yaml)
+
+
+def test_a_rank_started_with_a_plan_file_runs_that_plan_without_parsing_the_yaml(tmp_path: Path) -> None:
+    plan = stage_b_plan(load_config(TINY, [*_sets(tmp_path / "out"), "launch.nproc_per_node=2"]))
+    path = write_stage_b_plan(tmp_path / "plan.json", plan)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("stagectl.config.load_config", _no_yaml)
+        patch.setattr("stagectl.config.loader.load_config", _no_yaml)
+        result = CliRunner().invoke(app, ["stage-b", str(tmp_path / "gone.yaml"), "--plan", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "stage-b: done, 32 tickets judged" in result.output  # 16 tickets x the plan's runner.epochs=2
+    # rank 0 keeps the plan it ran beside config.yaml, which is the launcher's resolved config
+    assert read_stage_b_plan(plan.run_dir / "plan.json") == plan
+    assert yaml.safe_load((plan.run_dir / "config.yaml").read_text()) == plan.resolved_config
+
+
+@pytest.mark.usefixtures("rank")
+def test_a_rank_with_a_missing_or_corrupt_plan_file_fails_in_one_line(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.json"
+    missing = CliRunner().invoke(app, ["stage-b", "cfg.yaml", "--plan", str(plan_file)])
+    assert missing.exit_code == 1
+    assert (
+        missing.output
+        == f"error: {plan_file}: the resolved plan the launcher writes for the ranks is missing\n"
+    )
+    plan_file.write_text('{"mission": "m"')
+    corrupt = CliRunner().invoke(app, ["stage-b", "cfg.yaml", "--plan", str(plan_file)])
+    assert corrupt.exit_code == 1 and corrupt.output.count("\n") == 1
+    assert corrupt.output.startswith(f"error: {plan_file}: not a stage-b plan this stagectl can read: ")
+    plan_file.write_text('{"mission": "m"}')
+    partial = CliRunner().invoke(app, ["stage-b", "cfg.yaml", "--plan", str(plan_file)])
+    assert partial.exit_code == 1 and partial.output.count("\n") == 1
+    assert "not a stage-b plan this stagectl can read: tickets: Field required" in partial.output
+
+
+@pytest.mark.usefixtures("rank")
+@pytest.mark.parametrize(
+    "extra",
+    [["--set", "runner.epochs=1"], ["--nproc", "2"], ["--gpus", "0,1"], ["--resume"], ["--overwrite"]],
+)
+def test_a_plan_takes_no_user_options(extra: list[str], tmp_path: Path) -> None:
+    path = write_stage_b_plan(tmp_path / "plan.json", stage_b_plan(load_config(TINY, _sets(tmp_path))))
+    result = CliRunner().invoke(app, ["stage-b", "cfg.yaml", "--plan", str(path), *extra])
+    assert result.exit_code == 1
+    assert result.output == (
+        "error: --plan (the launcher's option for its torchrun ranks) takes no --set, --gpus, --nproc, --resume or "
+        "--overwrite\n"
+    )
+    assert not (tmp_path / "tiny").exists()  # nothing ran
+
+
+def test_the_launcher_hands_torchrun_the_plan_with_the_sets_resolved_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stagectl.launch
+    import stagectl.stage_b.runner
+
+    launched: list[tuple[list[str], StageBPlan, str | None]] = []
+
+    def torchrun(args: list[str], launch: Any) -> int:
+        plan = read_stage_b_plan(Path(args[args.index("--plan") + 1]))  # the file is gone once the ranks are
+        launched.append((list(args), plan, os.environ.get("CUDA_VISIBLE_DEVICES")))
+        assert launch.nproc_per_node == 2
+        return 0
+
+    def no_run(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("the launcher of two ranks ran the loop itself")
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", no_run)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # restored after the test
+    sets = [*_sets(tmp_path / "out"), "runner.seed=41"]
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), "--gpus", "2,3", *_set_args(sets)])
+    assert result.exit_code == 0, result.output
+    ((args, plan, devices),) = launched
+    assert args[:2] == ["stage-b", str(TINY)] and args[2] == "--plan" and len(args) == 4
+    assert not Path(args[3]).exists()  # removed after the ranks exit
+    assert devices == "2,3"  # the ranks inherit --gpus as CUDA_VISIBLE_DEVICES
+    assert plan == stage_b_plan(load_config(TINY, [*sets, "launch.nproc_per_node=2"], world_size=2))
+    assert plan.runner.seed == 41 and plan.runner.epochs == 2 and plan.backend.kind == "rules"
+    assert plan.resolved_config["launch"]["nproc_per_node"] == 2  # what rank 0 writes to config.yaml
+    assert not plan.run_dir.exists()  # only the ranks write the run directory
+
+
+def test_one_process_runs_the_plan_it_resolved_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stagectl.launch
+    import stagectl.stage_b.runner
+
+    ran: list[StageBPlan] = []
+
+    def no_torchrun(args: list[str], launch: Any) -> NoReturn:
+        raise AssertionError("a one-process run started torchrun")
+
+    def run_all(plan: StageBPlan) -> None:
+        ran.append(plan)
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", no_torchrun)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", run_all)
+    sets = _sets(tmp_path / "out")
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(sets)])
+    assert result.exit_code == 0, result.output
+    assert ran == [stage_b_plan(load_config(TINY, sets))]

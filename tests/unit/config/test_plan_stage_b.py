@@ -14,7 +14,9 @@ from stagectl.config.plan_stage_b import (
     ModelBackendPlan,
     RulesBackendPlan,
     ServerBackendPlan,
+    read_stage_b_plan,
     stage_b_plan,
+    write_stage_b_plan,
 )
 from stagectl.config.sampling import SamplingSpec
 
@@ -42,6 +44,35 @@ def test_the_backend_is_the_engine_runner_engine_names(overrides: list[str], kin
     plan = stage_b_plan(cfg)
     assert cfg.runner.engine == kind
     assert plan.backend.kind == kind and isinstance(plan.backend, part)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "part"),
+    [
+        (["model.name_or_path=/m", "runner.per_rank_rollout_batch_size=3"], ModelBackendPlan),
+        ([*SERVER, "runner.server.tls_skip_verify=true"], ServerBackendPlan),
+        (
+            ["runner.engine=rules", "sampler.grid=[{temperature: 0.5, seed: 7}, {top_p: 0.8}]"],
+            RulesBackendPlan,
+        ),
+    ],
+)
+def test_the_plan_of_each_backend_round_trips_through_its_file(
+    overrides: list[str], part: type, tmp_path: Path
+) -> None:
+    plan = stage_b_plan(load_config(None, [*STAGE_B, *overrides]))
+    path = write_stage_b_plan(tmp_path / "plan.json", plan)
+    back = read_stage_b_plan(path)
+    assert isinstance(back.backend, part)
+    assert back == plan  # every part, the resolved config (rank 0's config.yaml) included
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left
+
+
+def test_a_stage_b_plan_file_without_its_backend_settings_is_refused(tmp_path: Path) -> None:
+    path = write_stage_b_plan(tmp_path / "plan.json", stage_b_plan(load_config(None, [*STAGE_B, *SERVER])))
+    path.write_text(path.read_text().replace('"servers"', '"no_servers"'))
+    with pytest.raises(ValueError, match=r"plan\.json: not a stage-b plan this stagectl can read: .*servers"):
+        read_stage_b_plan(path)
 
 
 def test_a_server_backend_carries_the_server_list_of_runner_server() -> None:
