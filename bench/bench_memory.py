@@ -119,10 +119,10 @@ def _worker(out: Path, parallelism: str, global_max_length: int, steps: int, che
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from stagectl.collate import collate_pack
+    from stagectl.config.plan import LossWeights
     from stagectl.config.training import TrainingConfig
     from stagectl.data.synthetic import generate_synthetic
     from stagectl.detection.vocab import TokenVocab
-    from stagectl.learner.loss import LossWeights
     from stagectl.learner.optim import build_optimizer
     from stagectl.learner.packs import PackRunner, StepAccumulator
     from stagectl.learner.segments import SampleEncoder

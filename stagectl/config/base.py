@@ -13,4 +13,6 @@ class StrictModel(BaseModel):
         use_attribute_docstrings=True,
         validate_default=True,
         frozen=False,
+        # JSON has no infinity: a `.inf` key (a timeout that never fires) is written "Infinity" in plan files, not null
+        ser_json_inf_nan="strings",
     )

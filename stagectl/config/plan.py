@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, TypeAdapter, ValidationError
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    create_model,
+)
 
 from stagectl.config.fractions import as_fraction
 from stagectl.config.loader import to_plain
@@ -38,6 +47,14 @@ from stagectl.config.training import LaunchConfig, TrainingConfig, WatchdogConfi
 
 PLAN_FILE = "plan.json"
 SERVERS_KEY = "custom.extra.rollout_matching.vllm.server"
+
+PlainConfig = Annotated[
+    dict[str, Any],
+    PlainSerializer(lambda plain: yaml.safe_dump(plain, sort_keys=False), return_type=str, when_used="json"),
+    BeforeValidator(lambda value: yaml.safe_load(value) if isinstance(value, str) else value),
+]
+"""The validated config as plain data (aliases as in YAML), kept for `config.yaml` and W&B's run config. In a
+plan file it is the YAML text itself, so every value (`.inf` included) reads back exactly."""
 
 
 # ---------------------------------------------------------------- parts shared by several commands
@@ -227,27 +244,27 @@ class ChannelBPlan:
 
 @dataclass(frozen=True)
 class LossWeights:
-    """`stage2_ab`'s loss weights (both channels)."""
+    """`stage2_ab`'s geometry and coordinate loss weights, both channels (`learner.loss.compute_loss`); the
+    desc CE weights are the target's (`TargetPlan`)."""
 
-    desc_ce_weight: float = 1.0
-    bbox_smoothl1_weight: float = 1.0
-    bbox_smoothl1_beta: float = 0.05
-    bbox_ciou_weight: float = 1.0
-    coord_ce_weight: float = 0.0
+    bbox_smoothl1: float = 1.0
+    bbox_ciou: float = 1.0
+    coord_ce: float = 0.0
+    coord_gate: float = 1.0
+    smoothl1_beta: float = 0.05  # in box units of [0, 1]
     coord_ce_vocab: Literal["full", "coord"] = "full"
-    coord_gate_weight: float = 1.0
 
 
 @dataclass(frozen=True)
 class EvalPlan:
     """The held-out eval (train-ab's periodic eval and `stagectl eval`): the split, its rollouts' sampling
-    and chunk size, how they are matched, and the score COCO AP ranks objects by."""
+    and chunk size, and the score COCO AP ranks objects by. Matching is the evaluator's own, not a key:
+    box-only Hungarian at IoU 0.5 (`evaluation.core.EVAL_MATCH`)."""
 
     data: EvalDataConfig
     box_format: Literal["norm1000", "pixel", "auto"]
     sampling: SamplingSpec
     chunk_size: int  # `rollout_matching.decode_batch_size`: images per generate call
-    match: MatchCosts = field(default_factory=MatchCosts)
     duplicate_iou_threshold: float = 0.7  # `stage2_ab.channel_b.duplicate_iou_threshold`
 
     @property
@@ -271,7 +288,7 @@ class TrainPlan:
     channel_b: ChannelBPlan
     cpus: CpuSides  # what a rank pins itself to (`stagectl.placement.place_learner_rank`)
     # the validated config as plain data (aliases as in YAML), for rank 0's `config.yaml` and W&B's run config
-    run_config: dict[str, Any]
+    run_config: PlainConfig
     eval: EvalPlan | None = None
 
     @property
@@ -394,13 +411,12 @@ def train_plan(cfg: StagectlConfig, world_size: int) -> TrainPlan:
         packing_length=cfg.packing_length,
         b_ratio=str(as_fraction(ratio)),
         loss=LossWeights(
-            desc_ce_weight=ab.desc_ce_weight,
-            bbox_smoothl1_weight=ab.bbox_smoothl1_weight,
-            bbox_smoothl1_beta=ab.bbox_smoothl1_beta,
-            bbox_ciou_weight=ab.bbox_ciou_weight,
-            coord_ce_weight=ab.coord_ce_weight,
+            bbox_smoothl1=ab.bbox_smoothl1_weight,
+            bbox_ciou=ab.bbox_ciou_weight,
+            coord_ce=ab.coord_ce_weight,
+            coord_gate=ab.coord_gate_weight,
+            smoothl1_beta=ab.bbox_smoothl1_beta,
             coord_ce_vocab=ab.coord_ce_vocab,
-            coord_gate_weight=ab.coord_gate_weight,
         ),
         channel_b=channel_b_plan(cfg, resolved),
         cpus=CpuSides.of(cfg),
@@ -409,36 +425,37 @@ def train_plan(cfg: StagectlConfig, world_size: int) -> TrainPlan:
     )
 
 
-_TRAIN_PLAN = TypeAdapter(TrainPlan)
 P = TypeVar("P")
+# plan files are JSON; a float key set to `.inf` (a timeout that never fires) must read back as inf, not null
+_FILE_CONFIG = ConfigDict(ser_json_inf_nan="strings")
 
 
-def dump_train_plan(plan: TrainPlan) -> bytes:
-    return _TRAIN_PLAN.dump_json(plan, indent=1, by_alias=True)
+def plan_file_model(kind: type[P]) -> type[BaseModel]:
+    """The model of a plan file: `{"plan": ...}` with non-finite floats written as JSON strings."""
+    return create_model(f"{kind.__name__}File", __config__=_FILE_CONFIG, plan=(kind, ...))
 
 
-def load_train_plan(text: str | bytes) -> TrainPlan:
-    return _TRAIN_PLAN.validate_json(text)
+_TRAIN_PLAN_FILE = plan_file_model(TrainPlan)
 
 
-def write_plan(path: Path, adapter: TypeAdapter[P], plan: P) -> Path:
+def write_plan(path: Path, file_model: type[BaseModel], plan: object) -> Path:
     """Write `plan` as JSON to `path` atomically (a reader never sees half a plan)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(adapter.dump_json(plan, indent=1, by_alias=True))
+    tmp.write_text(file_model(plan=plan).model_dump_json(indent=1, by_alias=True), encoding="utf-8")
     os.replace(tmp, path)
     return path
 
 
-def read_plan(path: Path, adapter: TypeAdapter[P], command: str) -> P:
+def read_plan(path: Path, file_model: type[BaseModel], command: str) -> Any:
     """The `command`'s plan in `path`; `ValueError` naming the file when it is missing or unreadable."""
     try:
-        return adapter.validate_json(path.read_bytes())
+        return file_model.model_validate_json(path.read_bytes()).plan  # type: ignore[attr-defined]
     except FileNotFoundError:
         raise ValueError(f"{path}: the resolved plan the launcher writes for the ranks is missing") from None
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(the file)'}: {e['msg']}" for e in exc.errors()[:3]
+            f"{'.'.join(map(str, e['loc'][1:])) or '(the file)'}: {e['msg']}" for e in exc.errors()[:3]
         )
         more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
         raise ValueError(f"{path}: not a {command} plan this stagectl can read: {problems}{more}") from None
@@ -447,8 +464,9 @@ def read_plan(path: Path, adapter: TypeAdapter[P], command: str) -> P:
 
 
 def write_train_plan(path: Path, plan: TrainPlan) -> Path:
-    return write_plan(path, _TRAIN_PLAN, plan)
+    return write_plan(path, _TRAIN_PLAN_FILE, plan)
 
 
 def read_train_plan(path: Path) -> TrainPlan:
-    return read_plan(path, _TRAIN_PLAN, "train-ab")
+    plan: TrainPlan = read_plan(path, _TRAIN_PLAN_FILE, "train-ab")
+    return plan

@@ -14,16 +14,15 @@ with its key path, and the builder here refuses what they refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from stagectl.config.loader import to_plain
 from stagectl.config.model_data import ModelConfig
-from stagectl.config.plan import ServerList, read_plan, write_plan
+from stagectl.config.plan import PlainConfig, ServerList, plan_file_model, read_plan, write_plan
 from stagectl.config.root import StagectlConfig
 from stagectl.config.sampling import SamplingSpec
 from stagectl.config.stage_b import GuidanceConfig, OutputConfig, SelectionConfig
@@ -114,7 +113,7 @@ class StageBPlan:
     min_vote_strength: float  # `manual_review.min_vote_strength`
     watchdog: WatchdogConfig  # `launch.watchdog`: the deadlines of every collective phase
     backend: BackendPlan
-    resolved_config: Mapping[str, Any]  # the whole config as plain data, written to `config.yaml`
+    resolved_config: PlainConfig  # the whole config as plain data, written to `config.yaml`
 
     @property
     def run_dir(self) -> Path:
@@ -161,18 +160,19 @@ def stage_b_plan(cfg: StagectlConfig) -> StageBPlan:
         min_vote_strength=cfg.manual_review.min_vote_strength,
         watchdog=cfg.launch.watchdog,
         backend=backend_plan(cfg),
-        resolved_config=to_plain(cfg),
+        resolved_config=dict(to_plain(cfg)),
     )
 
 
-_STAGE_B_PLAN = TypeAdapter(StageBPlan)
+_STAGE_B_PLAN_FILE = plan_file_model(StageBPlan)
 
 
 def write_stage_b_plan(path: Path, plan: StageBPlan) -> Path:
     """`plan` as JSON at `path`, written atomically."""
-    return write_plan(path, _STAGE_B_PLAN, plan)
+    return write_plan(path, _STAGE_B_PLAN_FILE, plan)
 
 
 def read_stage_b_plan(path: Path) -> StageBPlan:
     """The plan at `path`; `ValueError` naming the file when it is missing or not a Stage-B plan."""
-    return read_plan(path, _STAGE_B_PLAN, "stage-b")
+    plan: StageBPlan = read_plan(path, _STAGE_B_PLAN_FILE, "stage-b")
+    return plan

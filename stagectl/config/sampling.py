@@ -51,12 +51,6 @@ class SamplingSpec:
         top_p = cfg.top_p if isinstance(cfg, SamplerEntry) else 1.0
         return cls(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=top_p)
 
-    def with_logprobs(self, logprobs: bool = True) -> SamplingSpec:
-        """The same spec, also returning (or not) each generated token's log-probability."""
-        from dataclasses import replace
-
-        return replace(self, logprobs=logprobs)
-
     @classmethod
     def _decoding(
         cls, decoding: DecodingConfig, rm: RolloutMatchingConfig, *, logprobs: bool

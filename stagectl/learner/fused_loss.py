@@ -14,7 +14,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from stagectl.learner.loss import LossTerms, LossWeights, compute_loss
+from stagectl.config.plan import LossWeights
+from stagectl.learner.loss import LossTerms, compute_loss
 from stagectl.models.linear_ce import DEFAULT_CHUNK_ROWS, chunked_linear_cross_entropy
 
 

@@ -29,7 +29,6 @@ from stagectl.learner.channel_b.build import build_channel_b
 from stagectl.learner.channel_b.health import RolloutLossError
 from stagectl.learner.channel_b.protocol import BStepLedger
 from stagectl.learner.evaluate import EVAL_LOGGED, Evaluator
-from stagectl.learner.loss import LossWeights
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.parts import trainable_parameters
@@ -49,20 +48,12 @@ class Trainer:
         self.world = dist.read_world()
         self.state: LearnerState = build_learner(plan, self.world)
         st = self.state
-        loss = plan.loss
         self.b_ratio = plan.b_ratio
         self.gas = st.resolved.gradient_accumulation_steps
         self.runner = PackRunner(
             ddp_model=st.ddp_model,
             base_model=st.bundle.model,
-            loss_weights=LossWeights(
-                bbox_smoothl1=loss.bbox_smoothl1_weight,
-                bbox_ciou=loss.bbox_ciou_weight,
-                coord_ce=loss.coord_ce_weight,
-                coord_gate=loss.coord_gate_weight,
-                smoothl1_beta=loss.bbox_smoothl1_beta,
-                coord_ce_vocab=loss.coord_ce_vocab,
-            ),
+            loss_weights=plan.loss,
             coord_token_ids=st.coord_token_ids,
             packing_length=plan.packing_length,
             device=st.device,

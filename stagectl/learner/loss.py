@@ -20,20 +20,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class LossWeights:
-    bbox_smoothl1: float = 1.0
-    bbox_ciou: float = 1.0
-    coord_ce: float = 0.0
-    coord_gate: float = 1.0
-    smoothl1_beta: float = 0.05  # in box units of [0, 1]
-    coord_ce_vocab: Literal["full", "coord"] = "full"
+from stagectl.config.plan import LossWeights
 
 
 @dataclass

@@ -17,9 +17,10 @@ import torch
 
 from stagectl import dist
 from stagectl.collate import PackedBatch
+from stagectl.config.plan import LossWeights
 from stagectl.learner import sharding
 from stagectl.learner.fused_loss import compute_loss_from_hidden
-from stagectl.learner.loss import LossTerms, LossWeights, compute_loss, loss_rows
+from stagectl.learner.loss import LossTerms, compute_loss, loss_rows
 from stagectl.learner.precision import Precision
 from stagectl.learner.samples import SampleRecord
 from stagectl.timing import PhaseTimer

@@ -1,7 +1,7 @@
 """`ServerHealth`: the async learner's side of rollout servers that die and come back (every rank).
 
 Once per step, rank 0 probes every server's `/version/` (`ServerWatch` turns the answers into a
-`ServerPlan`) and every rank learns the plan: rollout requests go to the servers that serve the learner's
+`ServerRoster`) and every rank learns the roster: rollout requests go to the servers that serve the learner's
 version only, pushes to every server that answered. A server that restarted (new `instance_id`) or holds
 another version gets a full push of the current weights (never a delta: it no longer has the base) and,
 once that push succeeded, rollout requests again. The full push is a new version, so packs queued at the
@@ -17,7 +17,7 @@ When no server can serve, `stage2_ab.channel_b.on_rollout_loss` decides:
 - `continue_a_only`: the step trains Channel-A (`no_server`), with a warning line for every such B step.
 
 Which rollout servers can serve the learner's policy: a small pure class over probes it is given (rank 0
-probes every server's `/version/` once per step; `AsyncChannelB` acts on the plan).
+probes every server's `/version/` once per step; `AsyncChannelB` acts on the roster).
 
 A server *serves* when it answered and holds exactly the learner's version `ver` on the process the
 learner last synced (its `instance_id`, new at every server start). A server that answered but restarted
@@ -83,53 +83,53 @@ class ServerHealth:
         self.after_sync = after_sync
         self.watch = ServerWatch(self.weight_client.base_urls)
         self.num_resyncs = 0  # full pushes to restarted or lagging servers
-        self.plan = ServerPlan(tuple(range(len(self.weight_client.base_urls))), (), (), 0.0, "")
+        self.roster = ServerRoster(tuple(range(len(self.weight_client.base_urls))), (), (), 0.0, "")
         self._deferred = 0  # B steps in a row whose re-sync waited (`check`)
 
-    def check(self, step: int, *, wants_b: bool, defer_resync: bool = True) -> ServerPlan:
+    def check(self, step: int, *, wants_b: bool, defer_resync: bool = True) -> ServerRoster:
         """Every rank: probe, re-sync what needs it, route the rollouts; with policy `stop` a B step
-        waits for a server (at most until the outage reaches the timeout). The plan after it.
+        waits for a server (at most until the outage reaches the timeout). The roster after it.
         `defer_resync`: a B step while another server serves leaves the re-sync to the next A step (its new
         version would make queued packs stale), at most `MAX_DEFER_STEPS` in a row."""
-        plan = self._probe_and_resync(defer=defer_resync and wants_b)
-        while not plan.serving and self.on_loss == "stop":
-            if plan.outage_s > self.timeout_s:
-                raise RolloutLossError(self.loss_message(plan, step), step)
+        roster = self._probe_and_resync(defer=defer_resync and wants_b)
+        while not roster.serving and self.on_loss == "stop":
+            if roster.outage_s > self.timeout_s:
+                raise RolloutLossError(self.loss_message(roster, step), step)
             if not wants_b:
                 break
             time.sleep(POLL_S)
-            plan = self._probe_and_resync(defer=False)
-        if not plan.serving and wants_b:
-            say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(plan)}")
-        return plan
+            roster = self._probe_and_resync(defer=False)
+        if not roster.serving and wants_b:
+            say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(roster)}")
+        return roster
 
     def step_mode_decision(self, step: int, num_updates: int) -> Decision:
         """Step mode (one rank), a step the schedule wants as B: `check` (a restarted server re-synced;
         `stop` waits, or raises past the timeout), then B, or A (`no_server`) under `continue_a_only`."""
         resyncs = self.num_resyncs
-        plan = self.check(step, wants_b=True, defer_resync=False)  # no queue: no pack goes stale
+        roster = self.check(step, wants_b=True, defer_resync=False)  # no queue: no pack goes stale
         if self.num_resyncs != resyncs:  # the re-sync pushed the current weights: no push before the rollouts
             self.publisher.pushed_at_update = num_updates
-        return Decision("B") if plan.serving else Decision("A", reason="no_server")
+        return Decision("B") if roster.serving else Decision("A", reason="no_server")
 
-    def _probe_and_resync(self, *, defer: bool) -> ServerPlan:
+    def _probe_and_resync(self, *, defer: bool) -> ServerRoster:
         probed = None
         if self.world.is_main:
             probed = self.watch.observe(time.monotonic(), self.weight_client.probe(), self.publisher.ver)
-        plan = dist.broadcast_object(probed)
-        assert plan is not None, "rank 0 probes"
-        # the same decision on every rank: it rests on the broadcast plan and the rank-local count only
-        defer = defer and bool(plan.resync) and bool(plan.serving) and self._deferred < MAX_DEFER_STEPS
+        roster = dist.broadcast_object(probed)
+        assert roster is not None, "rank 0 probes"
+        # the same decision on every rank: it rests on the broadcast roster and the rank-local count only
+        defer = defer and bool(roster.resync) and bool(roster.serving) and self._deferred < MAX_DEFER_STEPS
         self._deferred = self._deferred + 1 if defer else 0
         if self.world.is_main:  # a server waiting for its re-sync takes no regular (delta) push either
-            self.weight_client.use_servers(plan.serving if defer else plan.up)
-        self.rollout_client.use_servers(plan.serving)
-        if plan.resync and not defer:
-            plan = self._resync(plan)
-        self.plan = plan
-        return plan
+            self.weight_client.use_servers(roster.serving if defer else roster.up)
+        self.rollout_client.use_servers(roster.serving)
+        if roster.resync and not defer:
+            roster = self._resync(roster)
+        self.roster = roster
+        return roster
 
-    def _resync(self, plan: ServerPlan) -> ServerPlan:
+    def _resync(self, roster: ServerRoster) -> ServerRoster:
         """A full push of the current weights to every server that answered (collective)."""
         if self.world.is_main:
             self.weight_client.forget_delta_base()
@@ -137,22 +137,20 @@ class ServerHealth:
         if outcome.status != "ok":
             if self.world.is_main:
                 self.watch.failed(outcome.message)
-            return plan
+            return roster
         self.num_resyncs += 1
         if self.world.is_main:
-            self.watch.synced(plan.up)
-        self.rollout_client.use_servers(plan.up)
-        return ServerPlan(plan.up, (), plan.down, 0.0, plan.last_error)
+            self.watch.synced(roster.up)
+        self.rollout_client.use_servers(roster.up)
+        return ServerRoster(roster.up, (), roster.down, 0.0, roster.last_error)
 
-    def _no_server(self, plan: ServerPlan) -> str:
+    def _no_server(self, roster: ServerRoster) -> str:
         urls = ", ".join(self.weight_client.base_urls)
-        return (
-            f"no rollout server can serve ({urls}) for {plan.outage_s:.1f} s; last error: {plan.last_error}"
-        )
+        return f"no rollout server can serve ({urls}) for {roster.outage_s:.1f} s; last error: {roster.last_error}"
 
-    def loss_message(self, plan: ServerPlan, step: int) -> str:
+    def loss_message(self, roster: ServerRoster, step: int) -> str:
         return (
-            f"{self._no_server(plan)} (> stage2_ab.channel_b.rollout_loss_timeout_s {self.configured_timeout_s:g}"
+            f"{self._no_server(roster)} (> stage2_ab.channel_b.rollout_loss_timeout_s {self.configured_timeout_s:g}"
             + (
                 f", capped at 80% of launch.watchdog.step_s: {self.timeout_s:g}"
                 if self.timeout_s < self.configured_timeout_s
@@ -164,7 +162,7 @@ class ServerHealth:
 
 
 @dataclass(frozen=True)
-class ServerPlan:
+class ServerRoster:
     """What the learner does with the servers this step (plain data: broadcast to every rank)."""
 
     serving: tuple[int, ...]  # servers that serve `ver` now
@@ -191,7 +189,7 @@ class ServerWatch:
         self.instance_ids = [None] * len(self.urls)
         self._seen_ids = [None] * len(self.urls)
 
-    def observe(self, now: float, probes: Sequence[VersionResponse | str], ver: int) -> ServerPlan:
+    def observe(self, now: float, probes: Sequence[VersionResponse | str], ver: int) -> ServerRoster:
         """One probe per server (its `/version/` answer, or the error message of a call that failed)."""
         assert len(probes) == len(self.urls), "one probe per server"
         serving, resync, down = [], [], []
@@ -216,7 +214,7 @@ class ServerWatch:
         elif self._outage_since is None:
             self._outage_since = now
         outage_s = 0.0 if self._outage_since is None else now - self._outage_since
-        return ServerPlan(tuple(serving), tuple(resync), tuple(down), outage_s, self.last_error)
+        return ServerRoster(tuple(serving), tuple(resync), tuple(down), outage_s, self.last_error)
 
     def synced(self, servers: Sequence[int]) -> None:
         """A push reached `servers` (each now serves the learner's version on the process last probed)."""

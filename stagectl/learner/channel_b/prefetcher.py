@@ -428,7 +428,7 @@ class Prefetcher:
             started = time.perf_counter()
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:
-        """Count the failure, then back off (`failures.FailurePolicy`) or stop the thread with it."""
+        """Count the failure, then back off (`pacing.FailurePolicy`) or stop the thread with it."""
         self.counters.fail_total += 1
         self.counters.last_error = f"{type(exc).__name__}: {exc}"
         verdict = self._failures.failed(time.monotonic(), transient=transient)

@@ -1,8 +1,6 @@
-"""What the async prefetcher makes and what it calls: a rollout as a checkpoint saves it, a ready pack, the
-fenced source of rollouts, a built rollout, and the thread's counters.
-
-The async prefetcher's checkpoint state (lossless resume) as plain data: its layout, and rebuilding
-saved rollouts into segments and ready packs. No threads, no locks: `Prefetcher.snapshot` and
+"""What the async prefetcher makes and what it calls (a rollout as a checkpoint saves it, a ready pack, the
+fenced source of rollouts, a built rollout, the thread's counters), and its checkpoint state (lossless
+resume) as plain data: its layout, and rebuilding saved rollouts into segments and ready packs. No threads, no locks: `Prefetcher.snapshot` and
 `Prefetcher.restore` call these under the thread's lock.
 
 - The *commit point* (`commit_point`): the B-stream position, seed counter, tokens-per-rollout estimate

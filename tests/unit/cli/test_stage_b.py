@@ -106,7 +106,7 @@ def test_a_rank_with_a_missing_or_corrupt_plan_file_fails_in_one_line(tmp_path: 
     corrupt = CliRunner().invoke(app, ["stage-b", "cfg.yaml", "--plan", str(plan_file)])
     assert corrupt.exit_code == 1 and corrupt.output.count("\n") == 1
     assert corrupt.output.startswith(f"error: {plan_file}: not a stage-b plan this stagectl can read: ")
-    plan_file.write_text('{"mission": "m"}')
+    plan_file.write_text('{"plan": {"mission": "m"}}')
     partial = CliRunner().invoke(app, ["stage-b", "cfg.yaml", "--plan", str(plan_file)])
     assert partial.exit_code == 1 and partial.output.count("\n") == 1
     assert "not a stage-b plan this stagectl can read: tickets: Field required" in partial.output

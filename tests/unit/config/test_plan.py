@@ -19,8 +19,6 @@ from stagectl.config.plan import (
     ReorderedGT,
     ServerStep,
     channel_b_plan,
-    dump_train_plan,
-    load_train_plan,
     read_train_plan,
     train_plan,
     write_train_plan,
@@ -48,10 +46,32 @@ def test_the_examples_with_a_stage2_ab_section_are_found() -> None:
 def test_every_train_ab_example_plan_round_trips_through_json(example: Path, tmp_path: Path) -> None:
     cfg = load_config(example)
     plan = train_plan(cfg, world_size(cfg))
-    assert load_train_plan(dump_train_plan(plan)) == plan
     path = write_train_plan(tmp_path / "run" / "plan.json", plan)
     assert read_train_plan(path) == plan
-    assert json.loads(path.read_text())["channel_b"]["source"]["kind"] == plan.channel_b.source.kind
+    assert json.loads(path.read_text())["plan"]["channel_b"]["source"]["kind"] == plan.channel_b.source.kind
+
+
+def test_a_timeout_set_to_inf_reads_back_as_inf_in_the_plan_and_its_config(tmp_path: Path) -> None:
+    """JSON has no infinity: the plan file writes it as a string, and the config.yaml it carries as YAML's
+    `.inf`, so a rank reads back exactly what the launcher resolved (not null)."""
+    inf = float("inf")
+    cfg = load_config(
+        ASYNC,
+        [
+            "stage2_ab.channel_b.rollout_loss_timeout_s=.inf",
+            "launch.watchdog.step_s=.inf",
+            "training.max_grad_norm=.inf",
+            "custom.extra.rollout_matching.vllm.server.infer_timeout_s=.inf",
+        ],
+    )
+    plan = train_plan(cfg, 2)
+    back = read_train_plan(write_train_plan(tmp_path / "plan.json", plan))
+    assert back == plan
+    rollouts = back.channel_b.rollouts
+    assert rollouts is not None and rollouts.rollout_loss_timeout_s == inf
+    assert back.watchdog.step_s == inf and back.training.max_grad_norm == inf
+    assert back.run_config["training"]["max_grad_norm"] == inf
+    assert back.run_config["stage2_ab"]["channel_b"]["rollout_loss_timeout_s"] == inf
 
 
 def test_in_process_rollouts_plan_an_in_process_step() -> None:
@@ -105,13 +125,15 @@ def test_step_mode_over_servers_plans_a_server_step(pipeline: bool) -> None:
     assert plan.source.rollouts.sync == HttpSync(transport="http")
 
 
-def test_a_plan_file_cannot_hold_async_without_servers() -> None:
+def test_a_plan_file_cannot_hold_async_without_servers(tmp_path: Path) -> None:
     cfg = load_config(ASYNC, EXTERNAL)
-    data = json.loads(dump_train_plan(train_plan(cfg, 2)))
-    assert data["channel_b"]["source"]["kind"] == "async"
-    del data["channel_b"]["source"]["rollouts"]
-    with pytest.raises(ValueError, match="rollouts"):
-        load_train_plan(json.dumps(data))
+    path = write_train_plan(tmp_path / "plan.json", train_plan(cfg, 2))
+    data = json.loads(path.read_text())
+    assert data["plan"]["channel_b"]["source"]["kind"] == "async"
+    del data["plan"]["channel_b"]["source"]["rollouts"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"channel_b\.source\.async\.rollouts: Field required"):
+        read_train_plan(path)
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,13 @@ def test_the_plan_of_each_backend_round_trips_through_its_file(
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left
 
 
+def test_a_watchdog_deadline_of_inf_reads_back_as_inf(tmp_path: Path) -> None:
+    plan = stage_b_plan(load_config(None, [*STAGE_B, "launch.watchdog.step_s=.inf"]))
+    back = read_stage_b_plan(write_stage_b_plan(tmp_path / "plan.json", plan))
+    assert back == plan and back.watchdog.step_s == float("inf")
+    assert back.resolved_config["launch"]["watchdog"]["step_s"] == float("inf")
+
+
 def test_a_stage_b_plan_file_without_its_backend_settings_is_refused(tmp_path: Path) -> None:
     path = write_stage_b_plan(tmp_path / "plan.json", stage_b_plan(load_config(None, [*STAGE_B, *SERVER])))
     path.write_text(path.read_text().replace('"servers"', '"no_servers"'))

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from stagectl.collate import collate_pack
+from stagectl.config.plan import LossWeights
 from stagectl.config.training import TrainingConfig
 from stagectl.learner.fused_loss import compute_loss_from_hidden
-from stagectl.learner.loss import LossWeights, compute_loss
+from stagectl.learner.loss import compute_loss
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.precision import Precision
 from stagectl.models.loading import ModelBundle, load_bundle

@@ -16,8 +16,8 @@ from torch.distributed.tensor import DTensor
 from transformers.modeling_outputs import CausalLMOutput
 
 from stagectl.collate import PackedBatch
+from stagectl.config.plan import LossWeights
 from stagectl.learner import sharding
-from stagectl.learner.loss import LossWeights
 from stagectl.learner.packs import PackRunner, StepAccumulator
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stagectl.learner.loss import LossWeights, complete_iou, compute_loss, loss_rows
+from stagectl.config.plan import LossWeights
+from stagectl.learner.loss import complete_iou, compute_loss, loss_rows
 
 V = 1100
 COORD_IDS = torch.arange(100, 1100)  # <|coord_k|> has id 100 + k
