@@ -140,7 +140,7 @@ def learner(
     num_warmup: int = 1,
 ) -> dict[str, Any]:
     """One row: the first `num_warmup` of `packs` untimed, the rest timed."""
-    from stagectl.config.plan import LossWeights
+    from stagectl.config.plan_train import LossWeights
     from stagectl.learner.loss import loss_rows
     from stagectl.learner.packs import PackRunner, StepAccumulator
     from stagectl.learner.precision import Precision

@@ -12,7 +12,7 @@ import torch
 
 from bench.common import interleaved_times_s, summary
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.data.synthetic import generate_synthetic
 from stagectl.detection.vocab import TokenVocab
 from stagectl.learner.packs import PackRunner, StepAccumulator

@@ -119,7 +119,7 @@ def _worker(out: Path, parallelism: str, global_max_length: int, steps: int, che
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from stagectl.collate import collate_pack
-    from stagectl.config.plan import LossWeights
+    from stagectl.config.plan_train import LossWeights
     from stagectl.config.training import TrainingConfig
     from stagectl.data.synthetic import generate_synthetic
     from stagectl.detection.vocab import TokenVocab

@@ -1,6 +1,6 @@
 """`stagectl train-ab CONFIG [--nproc N] [--resume | --overwrite] [--set key=value ...]`.
 
-The launcher parses CONFIG once and resolves the run's `TrainPlan` (`stagectl.config.plan.train_plan`, after
+The launcher parses CONFIG once and resolves the run's `TrainPlan` (`stagectl.config.plan_train.train_plan`, after
 an embedded server's address is known). One process trains that plan in-process; more ranks are re-launched
 under torchrun with `--plan FILE` (hidden: the plan written atomically to a private temporary directory),
 and each rank reads that file instead of parsing the YAML again.
@@ -20,7 +20,7 @@ from stagectl.cli.common import fail
 
 if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
-    from stagectl.config.plan import TrainPlan
+    from stagectl.config.plan_train import TrainPlan
 
 
 def command(
@@ -131,7 +131,7 @@ def command(
 
 
 def _plan_or_fail(cfg: StagectlConfig, world_size: int) -> TrainPlan:
-    from stagectl.config.plan import train_plan
+    from stagectl.config.plan_train import train_plan
 
     try:
         return train_plan(cfg, world_size)
@@ -154,7 +154,8 @@ def _relaunch(config: Path, plan: TrainPlan, user_options: bool) -> int:
     """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
     import tempfile
 
-    from stagectl.config.plan import PLAN_FILE, write_train_plan
+    from stagectl.config.plan import PLAN_FILE
+    from stagectl.config.plan_train import write_train_plan
     from stagectl.launch import relaunch_under_torchrun
 
     with tempfile.TemporaryDirectory(prefix="stagectl-plan-") as tmp:
@@ -164,7 +165,7 @@ def _relaunch(config: Path, plan: TrainPlan, user_options: bool) -> int:
 
 
 def _rank_from_plan(path: Path, restart: tuple[Path, bool]) -> None:
-    from stagectl.config.plan import read_train_plan
+    from stagectl.config.plan_train import read_train_plan
 
     try:
         plan = read_train_plan(path)

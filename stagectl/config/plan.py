@@ -10,10 +10,9 @@ so a combination the validators refuse cannot be built:
     ChannelBPlan.source:  InProcessStep | ServerStep(servers, pipeline) | AsyncServers(servers, queue)
     TargetPlan.shape:     RawPrefix | CleanPrefix(insertion_order) | ReorderedGT
 
-`TrainPlan` is what `train-ab` resolves on the launcher; it is written to the run directory as
-`plan.json` and every torchrun rank reads that file instead of parsing the YAML again
-(`write_train_plan` / `read_train_plan`; `StageBPlan` of `stagectl.config.plan_stage_b` goes the same way
-through `write_plan` / `read_plan`).
+Each command's plan is built in its own module from these parts: `plan_train` (train-ab's `TrainPlan`),
+`plan_server`, `plan_stage_b`, `plan_eval`. A plan that torchrun ranks read travels as a file written by
+`write_plan` and read by `read_plan` (JSON; a `.inf` key survives it).
 """
 
 from __future__ import annotations
@@ -34,16 +33,12 @@ from pydantic import (
     create_model,
 )
 
-from stagectl.config.fractions import as_fraction
-from stagectl.config.loader import to_plain
-from stagectl.config.model_data import DataConfig, EvalDataConfig, ModelConfig, ScoreKind
-from stagectl.config.placement import CpuSides
+from stagectl.config.model_data import EvalDataConfig, ScoreKind
 from stagectl.config.rollout import DiskSync, RolloutMatchingConfig, VllmSyncConfig
-from stagectl.config.root import Resolved, StagectlConfig, resolve_config, uses_server_rollouts
+from stagectl.config.root import StagectlConfig
 from stagectl.config.sampling import SamplingSpec
 from stagectl.config.stage2_ab import ChannelBConfig
 from stagectl.config.stage_b import StageBServerConfig
-from stagectl.config.training import LaunchConfig, TrainingConfig, WatchdogConfig
 
 PLAN_FILE = "plan.json"
 SERVERS_KEY = "custom.extra.rollout_matching.vllm.server"
@@ -243,19 +238,6 @@ class ChannelBPlan:
 
 
 @dataclass(frozen=True)
-class LossWeights:
-    """`stage2_ab`'s geometry and coordinate loss weights, both channels (`learner.loss.compute_loss`); the
-    desc CE weights are the target's (`TargetPlan`)."""
-
-    bbox_smoothl1: float = 1.0
-    bbox_ciou: float = 1.0
-    coord_ce: float = 0.0
-    coord_gate: float = 1.0
-    smoothl1_beta: float = 0.05  # in box units of [0, 1]
-    coord_ce_vocab: Literal["full", "coord"] = "full"
-
-
-@dataclass(frozen=True)
 class EvalPlan:
     """The held-out eval (train-ab's periodic eval and `stagectl eval`): the split, its rollouts' sampling
     and chunk size, and the score COCO AP ranks objects by. Matching is the evaluator's own, not a key:
@@ -271,33 +253,6 @@ class EvalPlan:
     def score(self) -> ScoreKind:
         """`data.eval.score`: the per-object score COCO AP ranks by."""
         return self.data.score
-
-
-@dataclass(frozen=True)
-class TrainPlan:
-    """What `train-ab` runs: resolved once by the launcher, read by every rank."""
-
-    model: ModelConfig
-    data: DataConfig
-    training: TrainingConfig
-    launch: LaunchConfig
-    resolved: Resolved
-    packing_length: int
-    b_ratio: str  # the schedule's exact fraction, e.g. "1/4"
-    loss: LossWeights
-    channel_b: ChannelBPlan
-    cpus: CpuSides  # what a rank pins itself to (`stagectl.placement.place_learner_rank`)
-    # the validated config as plain data (aliases as in YAML), for rank 0's `config.yaml` and W&B's run config
-    run_config: PlainConfig
-    eval: EvalPlan | None = None
-
-    @property
-    def output_dir(self) -> Path:
-        return self.training.output_dir
-
-    @property
-    def watchdog(self) -> WatchdogConfig:
-        return self.launch.watchdog
 
 
 # ---------------------------------------------------------------- resolving
@@ -345,86 +300,6 @@ def eval_plan(cfg: StagectlConfig) -> EvalPlan | None:
     )
 
 
-def channel_b_plan(cfg: StagectlConfig, resolved: Resolved) -> ChannelBPlan:
-    """Channel-B's part (call on a validated train-ab config)."""
-    assert cfg.stage2_ab is not None
-    cb = cfg.stage2_ab.channel_b
-    rm = cfg.custom.extra.rollout_matching
-    source: InProcessStep | ServerStep | AsyncServers
-    if not uses_server_rollouts(cfg):
-        source = InProcessStep()
-    elif cb.mode == "async":
-        a = cb.async_
-        source = AsyncServers(
-            server_rollouts(cfg),
-            AsyncQueue(
-                queue_limit=a.queue_limit,
-                version_window=a.version_window,
-                prefetch_target_packs=a.prefetch_target_packs,
-                sync_every_steps=a.sync_every_steps,
-                max_consecutive_failures=a.max_consecutive_failures,
-                in_flight_sync=a.in_flight_sync,
-            ),
-        )
-    else:
-        source = ServerStep(server_rollouts(cfg), pipeline=cb.enable_pipeline)
-    shape: RawPrefix | CleanPrefix | ReorderedGT
-    if cb.target == "clean_prefix":
-        shape = CleanPrefix(insertion_order=cb.insertion_order)
-    elif cb.target == "reordered_gt":
-        shape = ReorderedGT()
-    else:
-        shape = RawPrefix()
-    return ChannelBPlan(
-        source=source,
-        target=TargetPlan(
-            shape=shape,
-            desc_ce_weight_missed=cfg.stage2_ab.desc_ce_weight,
-            desc_ce_weight_matched=cb.desc_ce_weight_matched,
-            mask_correct_matched_desc=cb.mask_correct_matched_desc,
-            duplicate_iou_threshold=cb.duplicate_iou_threshold,
-        ),
-        match=match_costs(cfg),
-        sampling=SamplingSpec.for_channel_b(rm),
-        rollouts_per_step=resolved.rollouts_per_step,
-        decode_batch_size=resolved.rollout_decode_batch_size,
-        gallery_steps=cb.gallery_steps,
-        b_ratio_tolerance=cb.b_ratio_tolerance,
-    )
-
-
-def train_plan(cfg: StagectlConfig, world_size: int) -> TrainPlan:
-    """Resolve a validated train-ab config for `world_size` learner ranks."""
-    ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
-    if cfg.stage2_ab is None or ratio is None:
-        raise ValueError("train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)")
-    if cfg.data is None:
-        raise ValueError("data: required for train-ab; set data.synthetic or data.train_jsonl")
-    resolved = resolve_config(cfg, world_size)
-    ab = cfg.stage2_ab
-    return TrainPlan(
-        model=cfg.model,
-        data=cfg.data,
-        training=cfg.training,
-        launch=cfg.launch,
-        resolved=resolved,
-        packing_length=cfg.packing_length,
-        b_ratio=str(as_fraction(ratio)),
-        loss=LossWeights(
-            bbox_smoothl1=ab.bbox_smoothl1_weight,
-            bbox_ciou=ab.bbox_ciou_weight,
-            coord_ce=ab.coord_ce_weight,
-            coord_gate=ab.coord_gate_weight,
-            smoothl1_beta=ab.bbox_smoothl1_beta,
-            coord_ce_vocab=ab.coord_ce_vocab,
-        ),
-        channel_b=channel_b_plan(cfg, resolved),
-        cpus=CpuSides.of(cfg),
-        run_config=dict(to_plain(cfg)),
-        eval=eval_plan(cfg),
-    )
-
-
 P = TypeVar("P")
 # plan files are JSON; a float key set to `.inf` (a timeout that never fires) must read back as inf, not null
 _FILE_CONFIG = ConfigDict(ser_json_inf_nan="strings")
@@ -433,9 +308,6 @@ _FILE_CONFIG = ConfigDict(ser_json_inf_nan="strings")
 def plan_file_model(kind: type[P]) -> type[BaseModel]:
     """The model of a plan file: `{"plan": ...}` with non-finite floats written as JSON strings."""
     return create_model(f"{kind.__name__}File", __config__=_FILE_CONFIG, plan=(kind, ...))
-
-
-_TRAIN_PLAN_FILE = plan_file_model(TrainPlan)
 
 
 def write_plan(path: Path, file_model: type[BaseModel], plan: object) -> Path:
@@ -461,12 +333,3 @@ def read_plan(path: Path, file_model: type[BaseModel], command: str) -> Any:
         raise ValueError(f"{path}: not a {command} plan this stagectl can read: {problems}{more}") from None
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a {command} plan this stagectl can read: {exc}") from None
-
-
-def write_train_plan(path: Path, plan: TrainPlan) -> Path:
-    return write_plan(path, _TRAIN_PLAN_FILE, plan)
-
-
-def read_train_plan(path: Path) -> TrainPlan:
-    plan: TrainPlan = read_plan(path, _TRAIN_PLAN_FILE, "train-ab")
-    return plan

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.learner.loss import LossTerms, compute_loss
 from stagectl.models.linear_ce import DEFAULT_CHUNK_ROWS, chunked_linear_cross_entropy
 

@@ -20,7 +20,7 @@ import torch
 
 from stagectl import dist
 from stagectl import metric_keys as mk
-from stagectl.config.plan import TrainPlan
+from stagectl.config.plan_train import TrainPlan
 from stagectl.console import say
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 
 
 @dataclass

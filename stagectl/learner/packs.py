@@ -17,7 +17,7 @@ import torch
 
 from stagectl import dist
 from stagectl.collate import PackedBatch
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.learner import sharding
 from stagectl.learner.fused_loss import compute_loss_from_hidden
 from stagectl.learner.loss import LossTerms, compute_loss, loss_rows

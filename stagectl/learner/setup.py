@@ -13,7 +13,8 @@ import torch
 
 from stagectl import dist
 from stagectl.config.model_data import DataConfig
-from stagectl.config.plan import PLAN_FILE, TrainPlan, write_train_plan
+from stagectl.config.plan import PLAN_FILE
+from stagectl.config.plan_train import TrainPlan, write_train_plan
 from stagectl.config.root import Resolved
 from stagectl.config.training import TrainingConfig
 from stagectl.console import say

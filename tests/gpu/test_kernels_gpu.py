@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from stagectl.collate import collate_pack
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.precision import Precision
 from stagectl.models import speedups, text_attention

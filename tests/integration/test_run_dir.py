@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stagectl.config.plan import read_train_plan
+from stagectl.config.plan_train import read_train_plan
 from tests.integration.helpers import read_metrics, run_cli, tiny_train_config, write_config
 
 

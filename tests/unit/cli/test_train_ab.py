@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from stagectl.cli.app import app
 from stagectl.config import load_config
-from stagectl.config.plan import TrainPlan, read_train_plan, train_plan, write_train_plan
+from stagectl.config.plan_train import TrainPlan, read_train_plan, train_plan, write_train_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 ASYNC = ROOT / "examples/tiny/train_ab_async.yaml"

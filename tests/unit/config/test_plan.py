@@ -18,11 +18,8 @@ from stagectl.config.plan import (
     RawPrefix,
     ReorderedGT,
     ServerStep,
-    channel_b_plan,
-    read_train_plan,
-    train_plan,
-    write_train_plan,
 )
+from stagectl.config.plan_train import channel_b_plan, read_train_plan, train_plan, write_train_plan
 from stagectl.config.rollout import DiskSync, HttpSync
 from stagectl.config.root import resolve_config
 

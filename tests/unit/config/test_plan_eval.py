@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from stagectl.config import load_config
-from stagectl.config.plan import SERVERS_KEY, ServerList, train_plan
+from stagectl.config.plan import SERVERS_KEY, ServerList
 from stagectl.config.plan_eval import eval_session
+from stagectl.config.plan_train import train_plan
 from stagectl.config.sampling import SamplingSpec
 
 CONFIG = Path(__file__).parents[3] / "examples" / "tiny" / "learn_shapes.yaml"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from stagectl.collate import collate_pack
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.config.training import TrainingConfig
 from stagectl.learner.fused_loss import compute_loss_from_hidden
 from stagectl.learner.loss import compute_loss

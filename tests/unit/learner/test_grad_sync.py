@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from transformers.modeling_outputs import CausalLMOutput
 
 from stagectl.collate import PackedBatch
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.learner import sharding
 from stagectl.learner.packs import PackRunner, StepAccumulator
 

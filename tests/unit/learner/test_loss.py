@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.learner.loss import complete_iou, compute_loss, loss_rows
 
 V = 1100

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from stagectl.collate import collate_pack
-from stagectl.config.plan import LossWeights
+from stagectl.config.plan_train import LossWeights
 from stagectl.learner.packs import PackRunner, StepAccumulator, takes_logits_to_keep
 from stagectl.models.loading import load_bundle
 from tests.helpers import image_segments

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stagectl.config import load_config
-from stagectl.config.plan import train_plan
+from stagectl.config.plan_train import train_plan
 from stagectl.dist import World
 from stagectl.learner.setup import build_learner
 
