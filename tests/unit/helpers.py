@@ -197,3 +197,9 @@ def target_plan(kind: str, **knobs: Any) -> TargetPlan:
     weights, duplicate threshold) as given."""
     shapes = {"raw_prefix": RawPrefix(), "clean_prefix": CleanPrefix(), "reordered_gt": ReorderedGT()}
     return TargetPlan(shape=shapes[kind], **knobs)  # type: ignore[arg-type]
+
+
+def answer_entry(index: int, desc: str, bins: tuple[int, int, int, int]) -> str:
+    """One `"object_N": {...}` entry of an answer, its box as coordinate tokens."""
+    coords = ", ".join(f'"<|coord_{b}|>"' for b in bins)
+    return f'"object_{index}": {{"desc": "{desc}", "bbox_2d": [{coords}]}}'

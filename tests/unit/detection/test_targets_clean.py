@@ -29,17 +29,15 @@ from tests.unit.helpers import (
     target_plan,
     toy_tokenizer,
 )
+from tests.unit.helpers import (
+    answer_entry as entry,
+)
 
 GT = [
     Obj("red square", (12, 11, 50, 52)),  # matched by the rollout's second object
     Obj("green star", (200, 300, 260, 380)),  # matched by the rollout's first object
     Obj("black box", (100, 100, 150, 120)),  # missed
 ]
-
-
-def entry(index: int, desc: str, bins: tuple[int, int, int, int]) -> str:
-    coords = ", ".join(f'"<|coord_{b}|>"' for b in bins)
-    return f'"object_{index}": {{"desc": "{desc}", "bbox_2d": [{coords}]}}'
 
 
 # green star (kept), red square (kept), blue ring (FP), red square again (duplicate), an invalid entry

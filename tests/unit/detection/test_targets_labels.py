@@ -36,6 +36,9 @@ from tests.unit.helpers import (
     target_plan,
     toy_tokenizer,
 )
+from tests.unit.helpers import (
+    answer_entry as entry,
+)
 
 GT = [
     Obj("red square", (12, 11, 50, 52)),  # found by the rollout's 2nd object, with the wrong label
@@ -44,11 +47,6 @@ GT = [
 ]
 GREEN_PRED = (198, 302, 258, 380)
 BLUE_PRED = (10, 10, 50, 50)
-
-
-def entry(index: int, desc: str, bins: tuple[int, int, int, int]) -> str:
-    coords = ", ".join(f'"<|coord_{b}|>"' for b in bins)
-    return f'"object_{index}": {{"desc": "{desc}", "bbox_2d": [{coords}]}}'
 
 
 FP_ENTRY = ", " + entry(3, "white oval", (600, 600, 700, 700))

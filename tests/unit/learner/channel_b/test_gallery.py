@@ -28,17 +28,13 @@ from stagectl.learner.channel_b.records import ReadyPack, Rollout
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
 from tests.unit.helpers import CHAR, ToyEncoder, target_plan
+from tests.unit.helpers import answer_entry as entry
 
 GT = [
     ("red square", (12, 11, 50, 52)),
     ("green star", (200, 300, 260, 380)),
     ("black box", (100, 100, 150, 120)),
 ]
-
-
-def entry(index: int, desc: str, bins: tuple[int, int, int, int]) -> str:
-    coords = ", ".join(f'"<|coord_{b}|>"' for b in bins)
-    return f'"object_{index}": {{"desc": "{desc}", "bbox_2d": [{coords}]}}'
 
 
 # object_1 finds the green star, object_2 repeats it (IoU >= 0.7: a duplicate), object_3 is a false
