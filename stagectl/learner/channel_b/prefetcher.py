@@ -142,10 +142,6 @@ class Prefetcher:
             self._bursts.add_coming(versions, counts)
             return versions, counts
 
-    def burst_version(self) -> int | None:
-        """The version of the burst in progress, from its section's start until its packs are queued."""
-        return self._bursts.version()
-
     def burst_behind(self) -> bool:
         """A burst is in progress (its section started, its packs not yet queued) at a version older than
         the clock's: it began before the last sync."""

@@ -504,7 +504,7 @@ def test_wait_burst_returns_when_the_burst_in_progress_has_queued_its_packs() ->
     source.gate = threading.Event()
     pf = make(source, queue, gas=2, target_packs=2)
     pf.start()
-    assert wait_for(lambda: pf.burst_version() == 0, 5.0)  # in its section
+    assert wait_for(lambda: pf._bursts.version() == 0, 5.0)  # in its section
     assert pf.wait_burst(0.05) is False  # still in flight
     source.gate.set()
     assert pf.wait_burst(5.0) is True and queue.depth() >= 2
@@ -520,14 +520,14 @@ def test_wait_burst_returns_for_the_burst_in_progress_even_when_the_next_has_beg
     source.tickets = threading.Semaphore(0)
     pf = make(source, queue, gas=2, target_packs=4)  # two bursts of 2 packs: one request of 18 each
     pf.start()
-    assert wait_for(lambda: pf.burst_version() == 0, 5.0)  # in its section
+    assert wait_for(lambda: pf._bursts.version() == 0, 5.0)  # in its section
     waited: list[bool] = []
     waiter = threading.Thread(target=lambda: waited.append(pf.wait_burst(10.0)))
     waiter.start()
     source.tickets.release(1)  # the first burst's request; the second burst blocks on its first
     assert wait_for(lambda: len(source.requests) == 2, 5.0)
     waiter.join(5.0)
-    assert waited == [True] and pf.burst_version() == 0 and queue.depth() == 2  # the next one runs
+    assert waited == [True] and pf._bursts.version() == 0 and queue.depth() == 2  # the next one runs
     source.tickets.release(10)
     assert pf.stop(5.0)
 
