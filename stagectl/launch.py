@@ -6,10 +6,12 @@ import contextlib
 import hashlib
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -25,6 +27,8 @@ LAUNCHED_ENV = "STAGECTL_LAUNCHED"
 RUN_ID_ENV = "STAGECTL_RUN_ID"
 EXIT_WITH_PARENT_ENV = "STAGECTL_EXIT_WITH_PARENT"  # "PID:SIGNAL": die with that parent (Linux)
 KILL_GRACE_S = 3.0  # after a rank's watchdog fired: SIGTERM the node's ranks, SIGKILL what is left then
+PLAN_DIR_PREFIX = "stagectl-plan-"  # + the launcher's pid + "-" + tempfile's suffix
+ORPHAN_PLAN_DIR_AGE_S = 600.0  # a dead launcher's plan dir is removed once it is this old
 
 
 def inside_torchrun() -> bool:
@@ -190,6 +194,37 @@ def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -
     devices = cuda_env("launch.devices", launch.devices)  # every rank sees the node's learner devices
     print(f"launching: {shlex.join(argv)}", file=sys.stderr, flush=True)
     return run_torchrun(argv, child_env({RUN_ID_ENV: run_id, **devices}, single_node=launch.nnodes == 1))
+
+
+@contextmanager
+def plan_dir() -> Iterator[Path]:
+    """A private temp dir for the plan file torchrun's ranks read, removed when the block ends. Its name
+    carries this launcher's pid: a launcher that could not clean up (SIGKILL) leaves its dir behind, and
+    the next launch removes it (`remove_orphan_plan_dirs`)."""
+    remove_orphan_plan_dirs(Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(prefix=f"{PLAN_DIR_PREFIX}{os.getpid()}-") as tmp:
+        yield Path(tmp)
+
+
+def remove_orphan_plan_dirs(root: Path, *, min_age_s: float = ORPHAN_PLAN_DIR_AGE_S) -> list[Path]:
+    """Remove this user's plan dirs under `root` whose launcher is gone (its pid runs no process) and
+    that are older than `min_age_s`; returns them. Does nothing where /proc cannot tell (not Linux)."""
+    if not Path("/proc/self/stat").exists():
+        return []
+    removed: list[Path] = []
+    now = time.time()
+    for path in root.glob(f"{PLAN_DIR_PREFIX}*-*"):
+        pid = path.name[len(PLAN_DIR_PREFIX) :].split("-", 1)[0]
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        mine = st.st_uid == os.getuid() and path.is_dir() and not path.is_symlink()
+        if not (pid.isdigit() and mine and now - st.st_mtime > min_age_s) or _running(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:

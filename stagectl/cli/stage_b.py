@@ -121,14 +121,12 @@ def command(
 
 def _relaunch(config: Path, plan: StageBPlan, launch: LaunchConfig) -> int:
     """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
-    import tempfile
-
     from stagectl.config.plan import PLAN_FILE
     from stagectl.config.plan_stage_b import write_stage_b_plan
-    from stagectl.launch import relaunch_under_torchrun
+    from stagectl.launch import plan_dir, relaunch_under_torchrun
 
-    with tempfile.TemporaryDirectory(prefix="stagectl-plan-") as tmp:
-        path = write_stage_b_plan(Path(tmp) / PLAN_FILE, plan)
+    with plan_dir() as tmp:
+        path = write_stage_b_plan(tmp / PLAN_FILE, plan)
         return relaunch_under_torchrun(["stage-b", str(config), "--plan", str(path)], launch)
 
 

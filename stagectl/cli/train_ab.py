@@ -152,14 +152,12 @@ def _server_errors() -> Iterator[None]:
 
 def _relaunch(config: Path, plan: TrainPlan, user_options: bool) -> int:
     """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
-    import tempfile
-
     from stagectl.config.plan import PLAN_FILE
     from stagectl.config.plan_train import write_train_plan
-    from stagectl.launch import relaunch_under_torchrun
+    from stagectl.launch import plan_dir, relaunch_under_torchrun
 
-    with tempfile.TemporaryDirectory(prefix="stagectl-plan-") as tmp:
-        path = write_train_plan(Path(tmp) / PLAN_FILE, plan)
+    with plan_dir() as tmp:
+        path = write_train_plan(tmp / PLAN_FILE, plan)
         args = ["train-ab", str(config), "--plan", str(path), *(["--user-options"] if user_options else [])]
         return relaunch_under_torchrun(args, plan.launch)
 

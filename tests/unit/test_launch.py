@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -95,3 +96,34 @@ def test_a_lost_rendezvous_store_is_one_named_line_and_the_ranks_keep_the_user_l
         "that endpoint) died or the network broke; this node's ranks were stopped (RendezvousConnectionError)"
     ]
     assert seen_by_ranks == [user_level]
+
+
+def test_a_dead_launchers_old_plan_dir_is_removed_and_nothing_else(tmp_path: Path) -> None:
+    import subprocess
+
+    from stagectl.launch import PLAN_DIR_PREFIX, plan_dir, remove_orphan_plan_dirs
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(gone.stdout)  # the process has exited: its pid runs nothing (unless reused at once)
+    old = os.path.getmtime(tmp_path) - 3600
+
+    def make(name: str, age_s: float | None = None) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "plan.json").write_text("{}")
+        if age_s is not None:
+            os.utime(path, (old, old))
+        return path
+
+    orphan = make(f"{PLAN_DIR_PREFIX}{dead_pid}-abc", age_s=3600)
+    young = make(f"{PLAN_DIR_PREFIX}{dead_pid}-young")  # a launcher in another pid namespace may be starting
+    alive = make(f"{PLAN_DIR_PREFIX}{os.getpid()}-abc", age_s=3600)
+    foreign = make(f"{PLAN_DIR_PREFIX}abcdefgh", age_s=3600)  # not our layout: left alone
+    assert remove_orphan_plan_dirs(tmp_path) == [orphan]
+    assert not orphan.exists() and young.exists() and alive.exists() and foreign.exists()
+
+    with plan_dir() as tmp:  # the launcher's own: named with its pid, gone after the block
+        assert tmp.name.startswith(f"{PLAN_DIR_PREFIX}{os.getpid()}-") and tmp.is_dir()
+    assert not tmp.exists()
