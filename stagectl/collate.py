@@ -25,14 +25,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from stagectl.detection.targets import CoordGroup  # one box's 4 coordinate positions and GT bins
 
-@dataclass(frozen=True)
-class CoordGroup:
-    """One box: the target positions of its 4 coordinate tokens (x1, y1, x2, y2) and their GT bins."""
-
-    positions: tuple[int, int, int, int]  # target positions in the segment's input_ids
-    gt_bins: tuple[int, int, int, int]  # 0..999
-
+__all__ = ["CoordGroup", "PackedBatch", "Segment", "collate_pack", "collate_padded", "segment_position_ids"]
 
 @dataclass
 class Segment:

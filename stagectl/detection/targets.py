@@ -61,7 +61,11 @@ Encode = Callable[[str], Sequence[int]]  # text -> token ids, no special tokens 
 
 @dataclass(frozen=True)
 class CoordGroup:
-    positions: tuple[int, int, int, int]  # token indices into Segment.input_ids: x1, y1, x2, y2
+    """One box: the positions of its 4 coordinate tokens (x1, y1, x2, y2) in a segment's `input_ids` and
+    their GT bins (0..999). A target segment's positions index its assistant tokens; a
+    `collate.Segment`'s (the same class) index the whole sequence, prompt included."""
+
+    positions: tuple[int, int, int, int]
     gt_bins: tuple[int, int, int, int]
 
 
