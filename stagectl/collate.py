@@ -29,6 +29,7 @@ from stagectl.detection.targets import CoordGroup  # one box's 4 coordinate posi
 
 __all__ = ["CoordGroup", "PackedBatch", "Segment", "collate_pack", "collate_padded", "segment_position_ids"]
 
+
 @dataclass
 class Segment:
     """One teacher-forced sample, ready to pack.
