@@ -347,6 +347,16 @@ def generated_files() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    """Rewrite the files, or with `--check` compare them; `--help` prints the usage, anything else is refused
+    (exit 2) before a file is touched."""
+    usage = (__doc__ or "").split("\n\n", 2)[1]  # the usage lines of this module's docstring
+    if argv in (["--help"], ["-h"]):
+        print(usage)
+        return 0
+    unknown = [a for a in argv if a != "--check"]
+    if unknown:
+        print(f"unknown argument(s): {' '.join(unknown)}\n{usage}", file=sys.stderr)
+        return 2
     root = Path(__file__).resolve().parents[2]
     check = "--check" in argv
     stale = []

@@ -146,3 +146,17 @@ def test_the_reference_scan_catches_a_missing_file(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text('"""Rules (DESIGN.md section 5)."""\nx = 1  # see docs/gone.md\npath = a / "b.py"\n')
     assert missing_references(module) == ["DESIGN.md", "docs/gone.md"]
+
+
+def test_docgen_help_and_unknown_arguments_write_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+
+    def no_write() -> dict[str, str]:
+        raise AssertionError("the reference files were generated")
+
+    monkeypatch.setattr(docgen, "generated_files", no_write)
+    assert docgen.main(["--help"]) == 0
+    assert "--check" in capsys.readouterr().out
+    assert docgen.main(["--chek"]) == 2
+    assert "unknown argument(s): --chek" in capsys.readouterr().err
