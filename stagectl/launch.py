@@ -9,6 +9,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -214,13 +215,14 @@ def remove_orphan_plan_dirs(root: Path, *, min_age_s: float = ORPHAN_PLAN_DIR_AG
     removed: list[Path] = []
     now = time.time()
     for path in root.glob(f"{PLAN_DIR_PREFIX}*-*"):
-        pid = path.name[len(PLAN_DIR_PREFIX) :].split("-", 1)[0]
+        pid = path.name.removeprefix(PLAN_DIR_PREFIX).split("-", 1)[0]
         try:
             st = path.lstat()
         except OSError:
             continue
-        mine = st.st_uid == os.getuid() and path.is_dir() and not path.is_symlink()
-        if not (pid.isdigit() and mine and now - st.st_mtime > min_age_s) or _running(int(pid)):
+        if not (pid.isdigit() and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()):
+            continue  # not a plan dir of ours (a symlink, another user's, another naming)
+        if now - st.st_mtime <= min_age_s or _running(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
