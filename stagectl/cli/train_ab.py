@@ -210,15 +210,19 @@ def _train(plan: TrainPlan, restart: tuple[Path, bool]) -> None:
                 every_rank=True,
             )
         return
-    if trainer.stopped_by_signal is not None:
-        config, extra_options = restart
-        typer.echo(stop_note(trainer.stopped_by_signal, config, step, out, extra_options), err=True)
-        return
-    say("train-ab", f"done, {step} optimizer steps; run dir {out}")
+    stopped = trainer.stopped_by_signal
+    if stopped is None:
+        say("train-ab", f"done, {step} optimizer steps; run dir {out}")
+    # what the run trained so far, also when a signal stopped it: a wanted B step that trained as A is in
+    # the log of the run that skipped it, not only in final_state.json
     say("train-ab", trainer.b_steps.summary_line())
     off = trainer.b_steps.off_schedule(plan.channel_b.b_ratio_tolerance)
     if off is not None:
         say("train-ab", f"warning: {off}")
+    if stopped is not None:  # its last line says how to continue
+        config, extra_options = restart
+        typer.echo(stop_note(stopped, config, step, out, extra_options), err=True)
+        return
     f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)
     if f1_line is not None:
         say("train-ab", f1_line)

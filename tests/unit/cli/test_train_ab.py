@@ -148,3 +148,43 @@ def test_one_rank_trains_the_plan_it_resolved_in_process(
     assert result.exit_code == 0, result.output
     assert trainer == [train_plan(load_config(TINY, sets, world_size=1), world_size=1)]
     assert trainer[0].training.learning_rate == 0.00123
+
+
+@pytest.mark.parametrize("signum", [None, 15])
+def test_the_end_of_a_run_names_its_b_steps_trained_as_a_also_when_a_signal_stopped_it(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch, signum: int | None
+) -> None:
+    """A wanted B step that trained as Channel-A (here the first, its packs late) is in the run's log: the
+    ledger line and the off-schedule warning end a finished run and a run a signal stopped (before its
+    stop note, which stays the last line)."""
+    from stagectl.learner.channel_b.protocol import BStepLedger
+
+    ledger = BStepLedger()
+    for wants_b, kind, reason in [
+        (False, "A", None),
+        (True, "A", "queue_empty"),
+        (False, "A", None),
+        (True, "B", None),
+    ]:
+        ledger.record(wants_b, kind, reason)
+
+    def stopped(self: _Trainer) -> int:
+        self.stopped_by_signal = signum
+        self.b_steps = ledger
+        return 4
+
+    monkeypatch.setattr(_Trainer, "run", stopped)
+    sets = [f"training.output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), *_set_args(sets)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    ledger_line = "train-ab: B steps: 2 wanted, 1 trained; 1 as Channel-A (queue_empty 1)"
+    assert ledger_line in lines
+    warning = [line for line in lines if line.startswith("train-ab: warning: realized b_ratio 0.25")]
+    assert len(warning) == 1 and warning[0].endswith("1 as Channel-A (queue_empty 1)")
+    if signum is None:
+        assert "train-ab: done, 4 optimizer steps" in result.output
+    else:
+        assert "done," not in result.output
+        assert lines[-1].startswith("stopped by signal 15 after step 4; checkpoint saved")
+        assert lines.index(ledger_line) < len(lines) - 1
