@@ -43,8 +43,8 @@ class _Trainer:
 
     def __init__(self, plan: TrainPlan, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
         self.seen.append(plan)
-        self.stopped_by_signal = None
-        self.b_steps = SimpleNamespace(
+        self.stopped_by_signal: int | None = None
+        self.b_steps: Any = SimpleNamespace(
             summary_line=lambda: "B steps: none", off_schedule=lambda tolerance: None
         )
         self.progress = SimpleNamespace(rollout_f1s=[])
@@ -159,14 +159,11 @@ def test_the_end_of_a_run_names_its_b_steps_trained_as_a_also_when_a_signal_stop
     stop note, which stays the last line)."""
     from stagectl.learner.channel_b.protocol import BStepLedger
 
-    ledger = BStepLedger()
-    for wants_b, kind, reason in [
-        (False, "A", None),
-        (True, "A", "queue_empty"),
-        (False, "A", None),
-        (True, "B", None),
-    ]:
-        ledger.record(wants_b, kind, reason)
+    ledger = BStepLedger()  # A, B wanted but its packs late (A), A, B
+    ledger.record(False, "A", None)
+    ledger.record(True, "A", "queue_empty")
+    ledger.record(False, "A", None)
+    ledger.record(True, "B", None)
 
     def stopped(self: _Trainer) -> int:
         self.stopped_by_signal = signum
