@@ -43,7 +43,7 @@ from stagectl.inference.requests import (
     to_generation,
     with_seed_offset,
 )
-from stagectl.wire.errors import RolloutRequestError, RolloutServerError, WrongVersionError
+from stagectl.wire.errors import ClientClosedError, RolloutRequestError, RolloutServerError, WrongVersionError
 from stagectl.wire.http import raise_for_status, response_detail, server_version
 from stagectl.wire.protocol import (
     InferBody,
@@ -56,6 +56,7 @@ from stagectl.wire.protocol import (
 from stagectl.wire.tls import client_context
 
 __all__ = [  # the request helpers are re-exported: callers need one import for the whole client side
+    "ClientClosedError",
     "RolloutClient",
     "RolloutRequestError",
     "RolloutServerError",
@@ -116,6 +117,7 @@ class RolloutClient:
         self._pool = ThreadPoolExecutor(max_workers=len(self.base_urls), thread_name_prefix="rollout-client")
         self._lock = threading.Lock()
         self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0, "failovers": 0}
+        self._closed = threading.Event()  # set by `close`: a call it cut off is not retried
 
     @classmethod
     def for_servers(cls, servers: ServerList) -> RolloutClient:
@@ -274,6 +276,8 @@ class RolloutClient:
         try:
             return self._post_infer(k, body, fresh=False)
         except _Retryable as first:
+            if self._closed.is_set():  # `close` cut this call off: the owner is stopping, nothing to retry
+                raise ClientClosedError(f"rollout {where}: the client was closed ({first})") from None
             self._count("retries")
             log.warning("rollout %s failed (%s); retrying on a fresh connection", where, first)
         try:
@@ -319,6 +323,7 @@ class RolloutClient:
         return results
 
     def close(self) -> None:
+        self._closed.set()
         self._pool.shutdown(wait=True)
         for http in self._clients:
             http.close()

@@ -12,6 +12,11 @@ class RolloutServerError(RuntimeError):
     """A server failed a request even after the retry and the splits down to a single request."""
 
 
+class ClientClosedError(RolloutServerError):
+    """A call failed because its own client was closed meanwhile (the owner is shutting down): neither
+    retried nor counted as a failure."""
+
+
 class WrongVersionError(RolloutRequestError):
     """A server refused a call tagged with a weight version it no longer serves (HTTP 409): a sync was
     swapped in since the caller captured its version. Ask again at the current version."""

@@ -10,7 +10,7 @@ from stagectl.config.plan import ServerList, ServerRollouts
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.config.sampling import SamplingSpec
 from stagectl.config.stage_b import StageBServerConfig
-from stagectl.inference.client import RolloutClient
+from stagectl.inference.client import ClientClosedError, RolloutClient, _Retryable
 from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
@@ -120,3 +120,48 @@ def test_clients_of_the_plan_parts(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         assert sync.transport == "disk" and sync.disk_dir == tmp_path
     with RolloutClient.for_servers(stage_b) as client:
         assert client.base_urls == ["http://127.0.0.1:3"]
+
+
+def test_a_call_cut_off_by_close_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shutdown closes the client under a call in flight: that call ends with `ClientClosedError`, without
+    the "retrying on a fresh connection" warning, a retry, or a failure counted."""
+    client = RolloutClient(["http://127.0.0.1:9"])
+    posts: list[bool] = []
+
+    def post_cut_off(k: int, body: object, *, fresh: bool) -> list[InferResponse]:
+        posts.append(fresh)
+        client.close()  # what the owner's shutdown does while the call waits on its socket
+        raise _Retryable("ReadError: [Errno 9] Bad file descriptor", gone=True)
+
+    monkeypatch.setattr(client, "_post_infer", post_cut_off)
+    request = detection_request(["a.png"], "Find objects.")
+    with (
+        caplog.at_level("WARNING", logger="stagectl.rollout.client"),
+        pytest.raises(ClientClosedError, match="the client was closed"),
+    ):
+        client.infer([request], RequestConfig(seed=1))
+    assert posts == [False]
+    assert caplog.records == []
+    assert client.counters()["retries"] == 0 and client.counters()["failed_calls"] == 0
+
+
+def test_a_failed_call_of_an_open_client_is_retried_once_on_a_fresh_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = RolloutClient(["http://127.0.0.1:9"])
+    posts: list[bool] = []
+    answer = InferResponse.model_validate({"choices": [{"message": {"content": "{}"}, "token_ids": [1]}]})
+
+    def post_once_failing(k: int, body: object, *, fresh: bool) -> list[InferResponse]:
+        posts.append(fresh)
+        if not fresh:
+            raise _Retryable("ReadError: connection reset", gone=True)
+        return [answer]
+
+    monkeypatch.setattr(client, "_post_infer", post_once_failing)
+    got = client.infer([detection_request(["a.png"], "Find objects.")], RequestConfig(seed=1))
+    assert got == [answer] and posts == [False, True]
+    assert client.counters()["retries"] == 1
+    client.close()
