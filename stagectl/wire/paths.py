@@ -80,5 +80,7 @@ def _decode(handle: BinaryIO, what: str) -> Image.Image:
                     f"{what}: {image.width}x{image.height} is more than {MAX_IMAGE_PIXELS} pixels"
                 )
             return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:  # PIL's message names the handle object (a memory address), not the data
+        raise PathRefused(f"{what}: not a readable image (no image format recognised)") from None
+    except (OSError, Image.DecompressionBombError) as exc:
         raise PathRefused(f"{what}: not a readable image ({exc})") from None

@@ -74,6 +74,13 @@ def test_inline_data_url() -> None:
     assert image.size == (5, 7) and image.getpixel((0, 0)) == (0, 255, 0)
 
 
+def test_inline_data_url_that_is_no_image_names_no_python_object() -> None:
+    url = "data:image/png;base64," + base64.b64encode(b"hello, not a png").decode()
+    with pytest.raises(PathRefused) as refused:
+        load_image(url, [])
+    assert str(refused.value) == "inline image: not a readable image (no image format recognised)"
+
+
 @pytest.mark.parametrize(
     "url", ["data:image/png,rawbytes", "data:image/png;base64,!!!notbase64", "data:text/plain;base64,aGk="]
 )
