@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -183,7 +183,23 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
+class _Server(uvicorn.Server):
+    """uvicorn's server that calls `on_started` once it listens: after its signal handlers are in place and
+    the app's start-up has run, so a Ctrl-C right after the listening line is a normal, clean stop (printed
+    before `run`, a signal in between raised KeyboardInterrupt outside uvicorn: no stop line, and Python's
+    "coroutine 'Server.serve' was never awaited" warning)."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit and self.on_started is not None:
+            self.on_started()
+
+
+def _uvicorn_server(app: FastAPI, on_started: Callable[[], None] | None = None) -> _Server:
     settings: ServerSettings = app.state.service.settings
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         server_context(settings.tls_certfile, settings.tls_keyfile)  # a clear error naming the files, now
@@ -196,7 +212,7 @@ def _uvicorn_server(app: FastAPI) -> uvicorn.Server:
         ssl_certfile=settings.tls_certfile,  # uvicorn's own TLS: the listening socket serves https
         ssl_keyfile=settings.tls_keyfile,
     )
-    return uvicorn.Server(config)
+    return _Server(config, on_started)
 
 
 def configure_access_log(target: str | None) -> None:
@@ -246,9 +262,9 @@ def settings_for(plan: ServerPlan, weight_dirs: Sequence[Path] = ()) -> ServerSe
 
 
 def serve(app: FastAPI, sock: socket.socket) -> None:
-    """Print the listening line for `sock`, then serve `app` on it until SIGTERM/SIGINT."""
-    server = _uvicorn_server(app)
-    print(f"{LISTENING_PREFIX}{url_of(sock, tls=_uses_tls(app))}", flush=True)
+    """Serve `app` on `sock` until SIGTERM/SIGINT, printing the listening line once it accepts requests."""
+    line = f"{LISTENING_PREFIX}{url_of(sock, tls=_uses_tls(app))}"
+    server = _uvicorn_server(app, on_started=lambda: print(line, flush=True))
     server.run(sockets=[sock])
 
 

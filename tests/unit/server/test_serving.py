@@ -13,7 +13,7 @@ import pytest
 from stagectl.config import load_config
 from stagectl.config.plan_server import server_plan
 from stagectl.engines.fake import FakeEngine
-from stagectl.server.service import RolloutService
+from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import bind_socket, settings_for
 from stagectl.wire.guards import CallLimits, TooManyRequests, TooManyTokens
 from stagectl.wire.protocol import InferBody, InferRequest, Message, RequestConfig
@@ -89,3 +89,51 @@ def test_the_server_of_a_train_ab_or_stage_b_config_enforces_its_callers_bounds(
         assert answer.choices
     finally:
         service.close()
+
+
+def test_the_listening_line_comes_once_the_server_accepts_requests() -> None:
+    """`serve` prints the listening line from uvicorn's start-up, after the app's own start-up (and, in the
+    main thread, uvicorn's signal handlers): a Ctrl-C right after it is a normal stop. Printed before
+    `run`, a signal in between ended the process outside uvicorn, with no stop line."""
+    import contextlib
+    import threading
+    import time
+    from collections.abc import AsyncIterator
+    from types import SimpleNamespace
+
+    import httpx
+    from fastapi import FastAPI
+
+    from stagectl.server.serving import _uvicorn_server
+
+    events: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        events.append("app started")
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+    app.state.service = SimpleNamespace(settings=ServerSettings())  # what `_uvicorn_server` reads (no TLS)
+
+    @app.get("/health/")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    sock = bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    # where `serve` prints the listening line
+    server = _uvicorn_server(app, on_started=lambda: events.append("listening"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in events and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert events == ["app started", "listening"]
+        assert server.started
+        assert httpx.get(f"{url}/health/", timeout=5).status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
