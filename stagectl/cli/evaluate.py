@@ -54,7 +54,9 @@ def command(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="DIR holds an earlier eval: move it aside to DIR.replaced-<time> first."
     ),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set data.eval.max_samples=500"),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a key: --set data.eval.max_samples=null (every image)"
+    ),
 ) -> None:
     """Evaluate a checkpoint (or a rollout server) on a JSONL set: COCO bbox AP/AR (class-aware and
     class-agnostic), box-only and desc-aware F1 at IoU 0.5, desc accuracy, invalid and duplicate rates, a
@@ -136,7 +138,7 @@ def _evaluate(session: EvalSession, out_dir: Path, watchdog: WatchdogConfig) -> 
     if m["n_images"] < run.num_available:
         typer.echo(
             f"note: evaluated the first {m['n_images']} of {run.num_available} samples (data.eval.max_samples); "
-            f"--set data.eval.max_samples={run.num_available} for all",
+            "--set data.eval.max_samples=null for all",
             err=True,
         )
     typer.echo(f"eval: wrote {', '.join(str(p) for p in run.written)}")

@@ -132,8 +132,10 @@ class EvalDataConfig(StrictModel):
     """Held-out synthetic split (use a seed different from training)."""
     every_steps: int = Field(0, ge=0)
     """Run a greedy-rollout eval every N optimizer steps (0 = only at the end)."""
-    max_samples: int = Field(64, ge=1)
-    """Evaluate on at most this many samples (the first ones; `stagectl eval` says when it stops short)."""
+    max_samples: int | None = Field(64, ge=1)
+    """Evaluate on at most this many samples (the first ones; `stagectl eval` says when it stops short);
+    null: every sample of the split (a COCO score over all of val2017: `--set data.eval.max_samples=null`).
+    The default keeps train-ab's periodic eval short."""
     gallery_images: int = Field(24, ge=0)
     """`stagectl eval` (`--gallery N`): draw the N worst images (most misses + false positives) with the ground
     truth and the predictions into `DIR/gallery/` (docs/reports.md); 0: no gallery."""

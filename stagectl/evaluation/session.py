@@ -28,8 +28,8 @@ from stagectl.evaluation.run import (
 
 
 def load_eval_samples(plan: EvalPlan | None) -> tuple[list[DetectionSample], int, str]:
-    """(the first `data.eval.max_samples` samples of the eval split, how many it has, what it is); None:
-    the config has no `data.eval`."""
+    """(the first `data.eval.max_samples` samples of the eval split, all of them when it is None; how many
+    it has; what it is); `plan` None: the config has no `data.eval`."""
     if plan is None:
         return [], 0, "no data.eval"
     ev = plan.data
