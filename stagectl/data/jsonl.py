@@ -25,6 +25,7 @@ Boxes are read as `box_format`:
   with a message that asks for `data.box_format: pixel`;
 - `"pixel"`: numbers with `0 <= x <= width`, `0 <= y <= height` (corners on the 0..W-1 axis; a right or
   bottom edge equal to `width`/`height`, the exclusive-edge habit, is accepted and clamps to bin 999);
+  a box that is not, but is a norm-1000 box, is refused with a message that asks for `data.box_format: norm1000`;
 - `"auto"`: decided once for the whole file: pixel if any coordinate is fractional or above 999,
   norm-1000 if some box only fits its image read as bins, and an error asking for an explicit
   `box_format` when every box fits both readings.
@@ -366,8 +367,14 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
                     "but box_format is pixel: set data.box_format: norm1000 (or auto)"
                 )
             if not _fits_pixels(obj.box, raw.width, raw.height):
+                hint = (
+                    ": these look like norm-1000 boxes (integers in 0..999, as `stagectl demo-data` writes "
+                    "them): set data.box_format: norm1000"
+                    if _fits_bins(obj.box)
+                    else ""
+                )
                 raise _LineError(
-                    f"objects[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image"
+                    f"objects[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image{hint}"
                 )
             bins = pixel_box_to_bins(obj.box, raw.width, raw.height)
         objects.append(DetObject(desc=obj.desc, bbox_2d=bins, category_id=obj.category_id))

@@ -291,3 +291,23 @@ def test_convert_coco_output_without_pixel_box_format_says_so(tmp_path: Path) ->
         in message
     )
     assert message.startswith(f"{path}:1: objects[0]: bbox_2d [43.39, 11.1, 82.74, 50.45]")
+
+
+def test_norm1000_boxes_read_as_pixels_say_so(tmp_path: Path) -> None:
+    # what `stagectl demo-data` writes (bins), loaded under a pixel config such as the COCO example's
+    line = _record(width=112, height=112, objects=[{"desc": "dog", "bbox_2d": [432, 100, 600, 800]}])
+    path = _write(tmp_path, [line])
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(path, box_format="pixel")
+    assert str(info.value).startswith(
+        f"{path}:1: objects[0]: bbox_2d [432, 100, 600, 800] is outside the 112x112 image: these look like "
+        "norm-1000 boxes (integers in 0..999, as `stagectl demo-data` writes them): set data.box_format: norm1000"
+    )
+    # a box that fits neither reading gets no hint
+    (tmp_path / "far").mkdir()
+    far = _write(
+        tmp_path / "far",
+        [_record(width=112, height=112, objects=[{"desc": "d", "bbox_2d": [0, 0, 5000, 9]}])],
+    )
+    with pytest.raises(DataError, match=r"is outside the 112x112 image$"):
+        load_jsonl_dataset(far, box_format="pixel")
