@@ -179,8 +179,21 @@ _ROLLOUT = [
     Metric("rollout/n_valid", "sum", "", "B steps", "Valid predicted objects."),
     Metric("rollout/n_dropped", "sum", "", "B steps", "Predicted objects the parser dropped (malformed)."),
     Metric("rollout/n_samples", "sum", "", "B steps", "Rollouts in the step."),
-    Metric("rollout/parse_truncated_rate", "derived", "", "B steps", "Share of rollouts cut off mid-answer."),
-    Metric("rollout/invalid_rate", "derived", "", "B steps", "Share of rollouts with an invalid answer."),
+    Metric(
+        "rollout/parse_truncated_rate",
+        "derived",
+        "",
+        "B steps",
+        "Share of rollouts that ended (token limit or a stop token) before the top-level JSON object closed.",
+    ),
+    Metric(
+        "rollout/invalid_rate",
+        "derived",
+        "",
+        "B steps",
+        "Share of rollouts that can never be the answer's JSON object: no opening `{`, or a syntax error "
+        "(1 − this − `rollout/parse_truncated_rate` closed as one JSON object).",
+    ),
     Metric("rollout/n_too_long", "sum", "", "B steps", "Rollouts too long to pack."),
     Metric("rollout/mean_tokens", "derived", "tokens", "B steps", "Mean rollout length."),
     Metric("rollout/dup_total", "sum", "", "B steps", "Valid predictions duplicating an earlier one."),

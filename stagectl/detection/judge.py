@@ -72,7 +72,7 @@ def judge_rollout(
         n_fp=counters.n_fp,
         n_fn=counters.n_fn,
         n_truncated=int(parse.truncated),
-        n_invalid=int(parse.invalid_rollout),
+        n_invalid=int(parse.not_json),
         n_rollout_tokens=len(token_ids),
         n_dup=len(duplicates),
     )

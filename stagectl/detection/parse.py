@@ -125,7 +125,22 @@ class RolloutParse:
 
     @property
     def invalid_rollout(self) -> bool:
+        """No opening `{`: nothing of the answer is kept (the prefix is a bare `{`)."""
         return self.stop_reason == STOP_NO_OPEN_BRACE
+
+    # How an answer ended, three ways that partition every rollout (the rollout stats and the eval count
+    # them): `valid_json`, `truncated` (more tokens could still have closed it) or `not_json`.
+
+    @property
+    def valid_json(self) -> bool:
+        """The answer is one complete JSON object: the top level closed. Its entries may still have been
+        dropped (counted per entry); text after the closing `}` is ignored."""
+        return self.stop_reason == STOP_CLOSED
+
+    @property
+    def not_json(self) -> bool:
+        """The answer can never be the JSON object: no opening `{`, or a byte no JSON may have there."""
+        return self.stop_reason in (STOP_NO_OPEN_BRACE, STOP_SYNTAX_ERROR)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ class RolloutStats:
     n_matched: int = 0
     n_fp: int = 0
     n_fn: int = 0
-    n_truncated: int = 0
-    n_invalid: int = 0
+    # how each answer ended (`RolloutParse`): closed (valid JSON), truncated or not JSON; the three add up
+    n_truncated: int = 0  # ended before the top-level object closed (`truncated`)
+    n_invalid: int = 0  # can never be the JSON object: no `{` or a syntax error (`not_json`)
     n_too_long: int = 0
     n_rollout_tokens: int = 0
     n_dup: int = 0  # valid predictions that duplicate an earlier one (stagectl.detection.dedup)

@@ -3,7 +3,8 @@
 class-aware COCO bbox metrics (and a per-class AP table), class-agnostic AP (COCOeval's own
 `useCats = 0`), the AP every score kind would give and the AP with every score 1 (what the score is
 worth), box-only precision / recall / F1, desc accuracy on matched pairs and the desc-aware
-precision / recall / F1 (`evaluation.labels`), the predicted-desc histogram, invalid and duplicate rates.
+precision / recall / F1 (`evaluation.labels`), the predicted-desc histogram, how the answers ended
+(valid JSON, truncated, not JSON) and the duplicate rate.
 
 Per-image outcomes are plain data so ranks can evaluate shards and rank 0 can merge them in image order:
 the merged metrics are then those of one rank over all images.
@@ -184,9 +185,24 @@ def score_metrics(
     return {"score": score, "AP_constant_score": by_kind["constant"], "AP_by_score": by_kind}
 
 
+def answer_rates(stats: RolloutStats) -> dict[str, float]:
+    """How the answers ended, as shares of the images (`RolloutParse`: each answer is exactly one of closed,
+    truncated, not JSON): `valid_json_rate` closed as one JSON object; `invalid_rate` the rest (so
+    `valid_json_rate + invalid_rate == 1`; upstream counts both kinds as truncated); `truncated_rate` the
+    part of `invalid_rate` cut off before the object closed (the rest had no `{` or a syntax error)."""
+    if not stats.n_samples:
+        return {"valid_json_rate": 0.0, "invalid_rate": 0.0, "truncated_rate": 0.0}
+    not_closed = stats.n_invalid + stats.n_truncated
+    return {
+        "valid_json_rate": (stats.n_samples - not_closed) / stats.n_samples,
+        "invalid_rate": not_closed / stats.n_samples,
+        "truncated_rate": stats.n_truncated / stats.n_samples,
+    }
+
+
 def f1_metrics(stats: RolloutStats) -> dict[str, float]:
     """Box-only precision / recall / F1 at IoU 0.5 (desc ignored; `precision` / `recall` / `f1` and the
-    same numbers as `*_box`), invalid and duplicate rates, counts."""
+    same numbers as `*_box`), how the answers ended (`answer_rates`), the duplicate rate, counts."""
     m = stats.metrics()
     return {
         "precision": m["rollout/precision"],
@@ -195,8 +211,7 @@ def f1_metrics(stats: RolloutStats) -> dict[str, float]:
         "precision_box": m["rollout/precision"],
         "recall_box": m["rollout/recall"],
         "f1_box": m["rollout/f1"],
-        "valid_json_rate": 1.0 - m["rollout/invalid_rate"] - m["rollout/parse_truncated_rate"],
-        "invalid_rate": m["rollout/invalid_rate"] + m["rollout/parse_truncated_rate"],
+        **answer_rates(stats),
         "dup_rate": m["rollout/dup_rate"],
         "n_dup": stats.n_dup,
         "n_samples": stats.n_samples,

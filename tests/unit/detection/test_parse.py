@@ -300,3 +300,23 @@ def test_ids_outside_the_vocabulary_never_raise() -> None:
 def test_accepts_a_table_or_a_vocab() -> None:
     ids = CHAR.encode(serialize_objects([Obj("red square", (1, 2, 3, 4))]))
     assert parse_rollout(ids, CHAR.table) == parse_rollout(ids, CHAR.vocab)
+
+
+@pytest.mark.parametrize(
+    ("text", "ended"),
+    [
+        ("{" + entry(VALID) + "}", "valid_json"),
+        ("{" + entry('{"desc": "a"}') + "}", "valid_json"),  # its entry is dropped; the JSON is whole
+        ("{}" + EOT, "valid_json"),
+        ("{" + entry(VALID), "truncated"),
+        ("{" + entry(VALID) + EOT, "truncated"),
+        ('{"object_1": {"desc": "bbox_2d": "bbox_2d": "<|coord_378|>", ', "not_json"),
+        ("{" + entry(VALID) + "]", "not_json"),
+        ("sure: {}", "not_json"),
+        ("", "not_json"),
+    ],
+)
+def test_every_answer_ended_exactly_one_way(text: str, ended: str) -> None:
+    _, result = parse_text(text)
+    ways = {"valid_json": result.valid_json, "truncated": result.truncated, "not_json": result.not_json}
+    assert [way for way, holds in ways.items() if holds] == [ended]

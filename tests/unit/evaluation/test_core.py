@@ -179,3 +179,48 @@ def test_the_metrics_match_at_the_eval_iou_gate(bins: tuple[int, int, int, int],
         1 - matched,
         1 - matched,
     )
+
+
+# The answers of the user walkthrough's 30-step run: garbage that stops on a syntax error (it was counted
+# neither invalid nor truncated, so valid_json_rate read 1.0), one cut off by the token limit, one with no
+# `{` at all, and one complete answer whose only entry is dropped (valid JSON all the same).
+GARBAGE = '{"object_1": {"desc": "bbox_2d": "bbox_2d": "<|coord_378|>", "object_2": {"desc": "'
+CUT_OFF = '{"object_1": {"desc": "cat", "bbox_2d": ["<|coord_1|>", "<|coo'
+NO_BRACE = "cat at the top left<|im_end|>"
+CLOSED_DROPPED = '{"object_1": {"desc": "cat", "bbox_2d": ["<|coord_1|>"]}}<|im_end|>'
+
+
+def _rates(answers: list[str]) -> dict[str, Any]:
+    samples = [
+        DetectionSample([f"im{k}.png"], 100, 100, [DetObject("cat", CAT_1)]) for k in range(len(answers))
+    ]
+    ids = assign_ids(samples, "test")
+    outcomes = [
+        judge_image(
+            k,
+            samples[k],
+            Generation(CHAR.encode(text), "length"),
+            CHAR.vocab,
+            ids,
+            duplicate_iou_threshold=0.9,
+        )
+        for k, text in enumerate(answers)
+    ]
+    return summarize(samples, outcomes, ids).metrics
+
+
+@pytest.mark.parametrize(
+    ("answers", "valid_json", "truncated"),
+    [
+        ([GARBAGE], 0.0, 0.0),
+        ([GARBAGE, CUT_OFF, NO_BRACE, CLOSED_DROPPED], 0.25, 0.25),
+        ([CLOSED_DROPPED, ""], 0.5, 0.0),  # an empty answer is no JSON object
+    ],
+)
+def test_valid_json_rate_counts_only_answers_that_closed_as_one_json_object(
+    answers: list[str], valid_json: float, truncated: float
+) -> None:
+    metrics = _rates(answers)
+    assert metrics["valid_json_rate"] == pytest.approx(valid_json)
+    assert metrics["invalid_rate"] == pytest.approx(1.0 - valid_json)
+    assert metrics["truncated_rate"] == pytest.approx(truncated)
