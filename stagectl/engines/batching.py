@@ -4,6 +4,12 @@ Callers `submit` items and get futures. The worker takes the oldest pending item
 `batch_wait_ms` for more items with the same key (equal sampling parameters) until it has
 `max_batch_size`, runs `run_batch` on them and resolves their futures; an error in `run_batch`
 fails exactly that batch's futures. `take_batch` is the pure grouping rule.
+
+The thread is not a daemon, and it ends by itself once the main thread has ended (after the batch it is
+running; what is still queued fails): a daemon thread inside `run_batch` (a torch generate) when the
+interpreter finalises is torn down mid C++ call, which aborts the process (`terminate called without an
+active exception`, SIGABRT: what a Ctrl-C on `stagectl stage-b` used to end with). `close` is still the
+orderly end; this is what makes a forgotten or interrupted `close` harmless.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class _Pending(Generic[T, R]):
 
 
 _STOP = object()
+IDLE_POLL_S = 0.2  # how often an idle worker checks whether the main thread has ended
 
 
 class BatchingWorker(Generic[T, R]):
@@ -62,7 +69,7 @@ class BatchingWorker(Generic[T, R]):
         self._histogram: Counter[int] = Counter()
         self._histogram_lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=False)
         self._thread.start()
 
     def submit(self, items: Sequence[T]) -> list[Future[R]]:
@@ -94,7 +101,12 @@ class BatchingWorker(Generic[T, R]):
         pending: list[_Pending[T, R]] = []
         while True:
             if not pending:
-                got = self._queue.get()
+                try:
+                    got = self._queue.get(timeout=IDLE_POLL_S)
+                except queue.Empty:
+                    if threading.main_thread().is_alive():
+                        continue
+                    break  # the program is ending without close(): stop before the interpreter finalises
                 if got is _STOP:
                     break
                 assert isinstance(got, _Pending)
@@ -104,7 +116,7 @@ class BatchingWorker(Generic[T, R]):
             batch = [p for i, p in enumerate(pending) if i in chosen]
             pending = [p for i, p in enumerate(pending) if i not in chosen]
             self._execute(batch)
-            if stopping:
+            if stopping or not threading.main_thread().is_alive():
                 break
         self._fail_rest(pending)
 

@@ -118,3 +118,28 @@ def test_close_finishes_queued_items_and_refuses_new_ones() -> None:
 def test_max_batch_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
         BatchingWorker(lambda items: items, key=lambda i: 0, max_batch_size=0, batch_wait_ms=0)
+
+
+def test_a_program_that_ends_without_close_lets_the_running_batch_finish(tmp_path) -> None:
+    """A daemon worker inside `run_batch` (a torch generate) when the interpreter finalises aborts the
+    process (SIGABRT, `terminate called without an active exception`): the worker is not a daemon and
+    ends on its own once the main thread has, after the batch it is running."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "done"
+    script = f"""
+import sys, time
+from stagectl.engines.batching import BatchingWorker
+def run(items):
+    time.sleep(0.5)
+    open({str(done)!r}, "w").write("finished")
+    return items
+worker = BatchingWorker(run, key=lambda i: 0, max_batch_size=1, batch_wait_ms=0)
+worker.submit([1, 2])
+time.sleep(0.1)  # the first batch is running; the main thread ends without close()
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert done.read_text() == "finished"  # the running batch ended before the interpreter did
+    assert "Traceback" not in result.stderr
