@@ -117,6 +117,12 @@ class TrainingConfig(StrictModel):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """Weights & Biases run settings (used with `report_to: [wandb]`)."""
 
+    def saves_checkpoint(self, step: int) -> bool:
+        """Whether the run writes `checkpoint-{step}` when `step` optimizer steps are done: every `save_steps`
+        and at `max_steps` (once, when both hold; a run a signal stops also saves where it stops). The
+        learner's rule, and `stagectl doctor`'s count of the checkpoints a run writes."""
+        return (self.save_steps > 0 and step % self.save_steps == 0) or step == self.max_steps
+
     @model_validator(mode="after")
     def validate_fused_head_not_sharded(self) -> TrainingConfig:
         if self.kernels.fused_linear_cross_entropy and self.parallelism == "fsdp":

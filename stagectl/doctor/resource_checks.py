@@ -41,8 +41,8 @@ def checkpoint_size(shape: ModelShape, knobs: TrainingKnobs) -> CheckpointSize:
 
 def num_checkpoints_on_disk(t: TrainingConfig) -> int:
     """The most checkpoints the run holds at once: `save_total_limit` plus the one being written before the
-    oldest is removed, or every checkpoint it writes (every `save_steps` and the final one)."""
-    written = (t.max_steps // t.save_steps if t.save_steps else 0) + 1
+    oldest is removed, or every checkpoint it writes (`TrainingConfig.saves_checkpoint`, the learner's rule)."""
+    written = sum(1 for step in range(1, t.max_steps + 1) if t.saves_checkpoint(step))
     if t.save_total_limit is None:
         return written
     return min(written, t.save_total_limit + 1)

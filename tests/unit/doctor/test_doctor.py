@@ -192,7 +192,8 @@ def test_longest_sample_fits(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("max_steps", "save_steps", "limit", "expected"),
-    [(24, 12, None, 3), (24, 0, None, 1), (100, 10, 2, 3), (24, 12, 5, 3), (5, 10, 1, 1)],
+    # (24, 12): checkpoint-12 and checkpoint-24, the final save counted once; (25, 12): 12, 24 and 25
+    [(24, 12, None, 2), (25, 12, None, 3), (24, 0, None, 1), (100, 10, 2, 3), (24, 12, 5, 2), (5, 10, 1, 1)],
 )
 def test_checkpoints_on_disk(max_steps: int, save_steps: int, limit: int | None, expected: int) -> None:
     cfg = StagectlConfig.model_validate(
