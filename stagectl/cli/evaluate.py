@@ -79,7 +79,7 @@ def command(
     if gallery is not None:
         sets.append(f"data.eval.gallery_images={gallery}")
     try:
-        cfg = load_config(config, sets, world_size=None if inside_torchrun() else nproc)
+        cfg = load_config(config, sets, trains=False)  # --nproc shards images: no training-world rules
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None

@@ -62,11 +62,15 @@ def load_config(
     path: str | os.PathLike[str] | None,
     overrides: Iterable[str] = (),
     world_size: int | None = None,
+    *,
+    trains: bool = True,
 ) -> StagectlConfig:
     """Read YAML (or start empty when `path` is None), apply `key=value` overrides, validate.
 
     The world size used by the cross-section rules is `world_size` if given, else `$WORLD_SIZE`,
-    else `launch.nproc_per_node x launch.nnodes`.
+    else `launch.nproc_per_node x launch.nnodes`. `trains` False (`stagectl eval`, whose ranks only shard
+    images): the rules that judge the training world (`validators.TRAINING_WORLD_RULES`) are skipped, so
+    no world size is read.
     """
     source = str(path) if path is not None else "<overrides>"
     raw = _read_yaml(Path(path)) if path is not None else {}
@@ -82,7 +86,7 @@ def load_config(
     problems += schema_problems
     if cfg is not None:
         bad_paths = {p.path for p in schema_problems}
-        cross = run_validators(cfg, _world_size(cfg, world_size, problems))
+        cross = run_validators(cfg, _world_size(cfg, world_size, problems) if trains else None)
         problems += [p for p in cross if p.path not in bad_paths]
     if problems:
         raise ConfigError(problems, source)

@@ -336,8 +336,24 @@ VALIDATORS = (
 )
 
 
-def run_validators(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+# The rules that judge the training world (ranks x batch and GAS, Channel-B on one rank, fsdp's shards):
+# the only ones that read the world size. A command that does not train (eval: its --nproc shards images)
+# runs without them.
+TRAINING_WORLD_RULES = (
+    validate_channel_b_mode_world_size,
+    validate_async_queue_limits,
+    validate_batch_sizes,
+    validate_parallelism,
+)
+
+
+def run_validators(cfg: StagectlConfig, world_size: int | None) -> list[Problem]:
+    """Every rule's problems; `world_size` None (a command that does not train) skips
+    `TRAINING_WORLD_RULES` (the other rules do not read it)."""
     problems: list[Problem] = []
     for check in VALIDATORS:
-        problems.extend(check(cfg, world_size))
+        if world_size is not None:
+            problems.extend(check(cfg, world_size))
+        elif check not in TRAINING_WORLD_RULES:
+            problems.extend(check(cfg, 1))
     return problems

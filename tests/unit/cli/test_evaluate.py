@@ -1,0 +1,54 @@
+"""`stagectl eval`'s command: the rules it applies to its config (not the training-world ones) and the model it
+picks from --model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stagectl.cli.app import app
+
+COCO_CONFIG = Path(__file__).parents[3] / "examples" / "coco" / "train_ab.yaml"
+
+
+def test_nproc_2_is_not_refused_by_the_training_only_channel_b_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COCO config trains Channel-B in step mode (one learner rank); eval's ranks only shard images, so
+    `--nproc 2` relaunches under torchrun instead of failing `stage2_ab.channel_b.mode`."""
+    from stagectl import launch
+
+    launched: list[tuple[list[str], int]] = []
+
+    def relaunch(args: list[str], cfg: launch.LaunchConfig, **_: object) -> int:
+        launched.append((list(args), cfg.nproc_per_node))
+        return 0
+
+    monkeypatch.setattr(launch, "relaunch_under_torchrun", relaunch)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", str(COCO_CONFIG), "--out", str(out), "--nproc", "2"])
+    assert result.exit_code == 0, result.output
+    assert [n for _, n in launched] == [2] and "launch.nproc_per_node=2" in launched[0][0]
+
+
+def test_the_ranks_load_the_config_the_launcher_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside torchrun `$WORLD_SIZE` is 2: the training-world rules still do not apply to eval."""
+    from stagectl.config import ConfigError, load_config
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"stage2_ab\.channel_b\.mode"):
+        load_config(COCO_CONFIG)  # training reads it this way
+    cfg = load_config(COCO_CONFIG, ["launch.nproc_per_node=2"], trains=False)
+    assert cfg.launch.nproc_per_node == 2
+
+
+def test_a_fsdp_training_config_evaluates_on_one_process() -> None:
+    """fsdp needs 2+ learner ranks to train; eval on one process does not shard parameters."""
+    from stagectl.config import ConfigError, load_config
+
+    fsdp = Path(__file__).parents[3] / "examples" / "tiny" / "train_ab_fsdp.yaml"
+    with pytest.raises(ConfigError, match=r"training\.parallelism"):
+        load_config(fsdp, ["launch.nproc_per_node=1"], world_size=1)
+    assert load_config(fsdp, ["launch.nproc_per_node=1"], trains=False).training.parallelism == "fsdp"
