@@ -1,4 +1,6 @@
-"""`stagectl validate-config CONFIG [--world-size N] [--set k=v]... [--gpu-memory-gb G] [--schema]`."""
+"""`stagectl validate-config CONFIG [--for COMMAND] [--nproc N | --world-size N] [--set k=v]... [--gpu-memory-gb G]
+[--schema]`: the schema and cross-section rules, then what COMMAND (train-ab by default) resolves the config
+into before it starts (its plan), so a config this command passes is one that command accepts."""
 
 from __future__ import annotations
 
@@ -14,8 +16,24 @@ if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
 
 
+# the commands that read a config, each with the check of its own it runs before starting (`_resolve_for`)
+COMMANDS = ("train-ab", "eval", "stage-b", "rollout-server")
+
+
 def command(
     config: Path | None = typer.Argument(None, help="YAML config to validate."),
+    for_command: str = typer.Option(
+        "train-ab",
+        "--for",
+        help="The command the config is for: train-ab, eval, stage-b or rollout-server; what that command "
+        "checks before it starts is checked too (train-ab: a stage2_ab section and data).",
+    ),
+    nproc: int | None = typer.Option(
+        None,
+        "--nproc",
+        min=1,
+        help="Processes per node, as for train-ab and stage-b (sets launch.nproc_per_node and the world size).",
+    ),
     world_size: int | None = typer.Option(
         None, "--world-size", min=1, help="World size to validate against (default: $WORLD_SIZE or launch)."
     ),
@@ -35,21 +53,56 @@ def command(
     """Validate a config; print the resolved config (exit 0) or every problem (exit 1)."""
     from stagectl.config import ConfigError, effective_world_size, load_config, to_plain
     from stagectl.config import StagectlConfig as ConfigModel
+    from stagectl.config.root import is_train_ab
 
     fmt = _format(output_format)
+    if for_command not in COMMANDS:
+        fail(f"--for must be one of {', '.join(COMMANDS)}, got {for_command!r}", code=2)
     if schema:
         typer.echo(json.dumps(ConfigModel.model_json_schema(by_alias=True), indent=2))
         return
     if config is None:
         fail("missing CONFIG (or pass --schema)", code=2)
+    sets = list(overrides)
+    if nproc is not None:  # as train-ab and stage-b read it
+        sets.append(f"launch.nproc_per_node={nproc}")
+        world_size = nproc if world_size is None else world_size
     try:
-        cfg = load_config(config, overrides, world_size=world_size)
+        cfg = load_config(config, sets, world_size=world_size)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
+    try:
+        _resolve_for(for_command, cfg, effective_world_size(cfg, world_size))
+    except ValueError as exc:
+        hint = "" if for_command != "train-ab" or is_train_ab(cfg) else f"; {_OTHER_COMMANDS}"
+        fail(f"{config}: {exc}{hint}")
     typer.echo(_dump(to_plain(cfg), fmt))
     if gpu_memory_gb is not None:
         _memory_report(cfg, effective_world_size(cfg, world_size), int(gpu_memory_gb * 1024**3))
+
+
+_OTHER_COMMANDS = "a config for another command: --for eval, stage-b or rollout-server"
+
+
+def _resolve_for(name: str, cfg: StagectlConfig, world_size: int) -> None:
+    """Resolve `cfg` as command `name` does before it starts; a `ValueError` says what that command refuses."""
+    if name == "train-ab":
+        from stagectl.config.plan_train import train_plan
+
+        train_plan(cfg, world_size)
+    elif name == "eval":
+        from stagectl.config.plan_eval import eval_session
+
+        eval_session(cfg)
+    elif name == "stage-b":
+        from stagectl.config.plan_stage_b import stage_b_plan
+
+        stage_b_plan(cfg)
+    else:
+        from stagectl.config.plan_server import server_plan
+
+        server_plan(cfg)
 
 
 def _memory_report(cfg: StagectlConfig, world_size: int, budget_bytes: int) -> None:

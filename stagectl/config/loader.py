@@ -243,7 +243,7 @@ def _pydantic_problems(exc: ValidationError) -> list[Problem]:
                 f"{_tag(model)}; set that, or remove it"
             )
         elif kind == "extra_forbidden":
-            message = "unknown key; remove it" + _did_you_mean(loc[-1], model)
+            message = "unknown key; remove it" + _did_you_mean(loc[-1], model, loc[:-1])
         elif kind == "missing":
             message = "required; set it"
         elif kind == "literal_error":
@@ -308,13 +308,46 @@ def _variants_with(variants: list[type[BaseModel]], key: str) -> list[str]:
     return [f"{_tag_key(m)}: {_tag(m)}" for m in variants if _tag_key(m) and _field(m, key) is not None]
 
 
-def _did_you_mean(key: str, model: type[BaseModel] | None) -> str:
-    """Suggest the closest valid key of the section the unknown key sits in."""
+def _did_you_mean(key: str, model: type[BaseModel] | None, section: list[str]) -> str:
+    """Suggest where the unknown key of `section` belongs, as a full dotted path: the same key in another
+    section (a top-level `learning_rate` is `training.learning_rate`), else the closest key of its own
+    section, else a close key elsewhere."""
     if model is None:
         return ""
+    elsewhere = _key_paths(StagectlConfig)
+    exact = sorted((p for p in elsewhere if p.rsplit(".", 1)[-1] == key), key=lambda p: (p.count("."), p))
+    if exact:
+        return f" (did you mean {_one_of(exact[:3])}?)"
     names = [f.alias or name for name, f in model.model_fields.items()]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(names))})"
+    if close:
+        return f" (did you mean {'.'.join([*section, close[0]])!r}?)"
+    leaves = {p.rsplit(".", 1)[-1] for p in elsewhere}
+    near = difflib.get_close_matches(key, sorted(leaves), n=1, cutoff=0.8)
+    if near:
+        paths = sorted(
+            (p for p in elsewhere if p.rsplit(".", 1)[-1] == near[0]), key=lambda p: (p.count("."), p)
+        )
+        return f" (did you mean {_one_of(paths[:3])}?)"
+    return f" (valid keys: {', '.join(sorted(names))})"
+
+
+def _one_of(paths: list[str]) -> str:
+    quoted = [repr(p) for p in paths]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of `model`'s sections (a union's variants merged; no keys inside list items)."""
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{field.alias or name}"
+        paths.append(path)
+        if getattr(field.annotation, "__origin__", None) in (list, tuple, dict):
+            continue
+        for sub in _model_types(field.annotation):
+            paths += [p for p in _key_paths(sub, f"{path}.") if p not in paths]
+    return paths
 
 
 def _model_types(annotation: Any) -> list[type[BaseModel]]:

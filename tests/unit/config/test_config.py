@@ -309,8 +309,25 @@ def test_prefetch_target_above_queue_limit(tmp_path: Path) -> None:
 def test_unknown_keys_have_dotted_paths_and_suggestions(tmp_path: Path) -> None:
     data = {**BASE, "training": {"lerning_rate": 1e-4}, "bogus_section": {}}
     probs = problems_of(tmp_path, data)
-    assert "did you mean 'learning_rate'" in probs["training.lerning_rate"]
+    assert "did you mean 'training.learning_rate'" in probs["training.lerning_rate"]
     assert "unknown key" in probs["bogus_section"]
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("learning_rate", "(did you mean 'training.learning_rate'?)"),  # a section's key at the top
+        (
+            "training.max_new_tokens",
+            "'reflection.max_new_tokens' or 'custom.extra.rollout_matching.max_new_tokens'",
+        ),
+        ("training.global_max_lenght", "(did you mean 'global_max_length'?)"),  # misspelt, in another section
+        ("training.max_step", "(did you mean 'training.max_steps'?)"),  # misspelt, in its own section
+    ],
+)
+def test_an_unknown_key_is_suggested_where_it_belongs(tmp_path: Path, key: str, suggestion: str) -> None:
+    probs = problems_of(tmp_path, BASE, f"{key}=1")
+    assert probs[key].startswith("unknown key; remove it") and suggestion in probs[key]
 
 
 def test_every_problem_reported_at_once(tmp_path: Path) -> None:

@@ -1,0 +1,72 @@
+"""`stagectl validate-config --for COMMAND`: a config it passes is one that command accepts (train-ab by
+default); `--nproc` reads as train-ab's. In process (the subprocess tests of the command are in test_cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stagectl.cli.app import app
+
+EXAMPLES = Path(__file__).parents[3] / "examples" / "tiny"
+
+
+def validate(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["validate-config", *args])
+    return result.exit_code, result.output
+
+
+def test_an_empty_config_is_refused_as_train_ab_refuses_it(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    code, output = validate(str(empty))
+    assert code == 1
+    assert f"error: {empty}: train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)" in output
+    assert "--for eval, stage-b or rollout-server" in output  # it may be another command's config
+
+
+@pytest.mark.parametrize(
+    ("example", "command"),
+    [
+        ("train_ab.yaml", "train-ab"),
+        ("stage_b.yaml", "stage-b"),
+        ("rollout_server.yaml", "rollout-server"),
+        ("learn_shapes.yaml", "eval"),
+    ],
+)
+def test_each_example_validates_for_its_command(example: str, command: str) -> None:
+    code, output = validate(str(EXAMPLES / example), "--for", command, "--format", "json")
+    assert code == 0, output
+    assert json.loads(output)["model"]["name_or_path"].startswith("builtin:")
+
+
+@pytest.mark.parametrize(
+    ("example", "command", "message"),
+    [
+        ("stage_b.yaml", "train-ab", "train-ab needs a stage2_ab section"),
+        ("train_ab.yaml", "stage-b", "not a Stage-B config; set mission, tickets and guidance.path"),
+        ("train_ab.yaml", "eval", "nothing to evaluate (no data.eval)"),
+    ],
+)
+def test_a_config_for_another_command_is_refused_with_that_commands_words(
+    example: str, command: str, message: str
+) -> None:
+    code, output = validate(str(EXAMPLES / example), "--for", command)
+    assert code == 1 and message in output
+
+
+def test_nproc_reads_as_train_abs() -> None:
+    code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--nproc", "2")
+    assert code == 1  # train-ab --nproc 2 refuses step-mode Channel-B on 2 ranks
+    assert "'step' runs Channel-B on one learner rank only, but the world size is 2" in output
+    code, output = validate(str(EXAMPLES / "train_ab_async.yaml"), "--nproc", "3", "--format", "json")
+    assert code == 0, output
+    assert json.loads(output)["launch"]["nproc_per_node"] == 3
+
+
+def test_an_unknown_command_is_a_usage_error() -> None:
+    code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--for", "train")
+    assert code == 2 and "--for must be one of train-ab, eval, stage-b, rollout-server, got 'train'" in output
