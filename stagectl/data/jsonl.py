@@ -9,7 +9,9 @@ Image paths are relative to `image_root` (default: the JSONL file's directory) u
 come back absolute, and every image must exist (a cheap stat, the file is not opened; with
 `verify_images=True` each image is also opened and checked by pillow, without decoding its pixels,
 so a corrupt file is reported at its line instead of failing mid-training). `width` and `height` are
-the pixel size of the image the boxes refer to. Two optional ids ride along from `stagectl convert coco`:
+the pixel size of the image the boxes refer to, the line's first image: with `verify_images=True` a
+line whose first image has another size (read from its header) is a line error, since every box would
+be scaled against the wrong size. Two optional ids ride along from `stagectl convert coco`:
 `image_id` on the line and `category_id` on an object (non-negative integers; COCO's own ids, so
 `stagectl eval` writes predictions in them). Blank lines are skipped; no other field is allowed.
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
@@ -110,7 +112,7 @@ def load_jsonl_dataset(
     root = Path(os.path.abspath(root))
     errors: list[tuple[int, str]] = []  # (line number, full message); 0 for file-level problems
     raws: list[_RawSample] = []
-    seen_images: dict[str, str | None] = {}  # absolute path -> what is wrong with it (None: fine)
+    seen_images: dict[str, _ImageCheck] = {}  # absolute path -> what is wrong with it, its size
     with path.open("rb") as handle:
         for line_no, raw_line in enumerate(handle, start=1):
             try:
@@ -149,7 +151,7 @@ def read_box_format(
     path = Path(path)
     root = Path(os.path.abspath(Path(image_root) if image_root is not None else path.parent))
     raws: list[_RawSample] = []
-    seen_images: dict[str, str | None] = {}
+    seen_images: dict[str, _ImageCheck] = {}
     with path.open("rb") as handle:
         for line_no, raw_line in enumerate(handle, start=1):
             try:
@@ -172,7 +174,7 @@ def _decode(raw_line: bytes) -> str:
 
 
 def _parse_line(
-    line: str, line_no: int, root: Path, seen_images: dict[str, str | None], verify_images: bool
+    line: str, line_no: int, root: Path, seen_images: dict[str, _ImageCheck], verify_images: bool
 ) -> _RawSample:
     """Check one line's structure (everything that does not depend on the box format)."""
     text = line.rstrip("\r\n")  # with the newline, an error at the end of the line reads "line 2, column 1"
@@ -194,6 +196,13 @@ def _parse_line(
     width = _positive_int(record["width"], "width")
     height = _positive_int(record["height"], "height")
     images = _image_paths(record["images"], root, seen_images, verify_images)
+    size = seen_images[images[0]].size  # None unless verify_images
+    if size is not None and size != (width, height):
+        raise _LineError(
+            f"image {images[0]} is {size[0]}x{size[1]} but the line says width {width}, height {height}: "
+            f"every box would be scaled against the wrong size; write the image's real size (width "
+            f"{size[0]}, height {size[1]}) and boxes that refer to it"
+        )
 
     objects_field = record["objects"]
     if not isinstance(objects_field, list):
@@ -234,7 +243,7 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 def _image_paths(
-    value: Any, root: Path, seen_images: dict[str, str | None], verify_images: bool
+    value: Any, root: Path, seen_images: dict[str, _ImageCheck], verify_images: bool
 ) -> list[str]:
     if not isinstance(value, list) or not value:
         raise _LineError(f"images must be a non-empty list of paths, got {value!r}")
@@ -244,28 +253,35 @@ def _image_paths(
             raise _LineError(f"images must hold non-empty path strings, got {item!r}")
         full = os.path.abspath(os.path.join(root, item))  # an absolute `item` replaces `root`
         if full not in seen_images:
-            seen_images[full] = _image_problem(full, verify_images)
-        problem = seen_images[full]
+            seen_images[full] = _check_image(full, verify_images)
+        problem = seen_images[full].problem
         if problem is not None:
             raise _LineError(problem)
         paths.append(full)
     return paths
 
 
-def _image_problem(full: str, verify: bool) -> str | None:
-    """What is wrong with the image file at `full` (None when it is usable)."""
+@dataclass(frozen=True)
+class _ImageCheck:
+    problem: str | None  # what is wrong with the file (None: usable)
+    size: tuple[int, int] | None  # (width, height) from its header; None when not opened
+
+
+def _check_image(full: str, verify: bool) -> _ImageCheck:
+    """Whether the image file at `full` is usable and, with `verify`, its size."""
     if not os.path.isfile(full):
-        return f"image not found: {full}"
+        return _ImageCheck(f"image not found: {full}", None)
     if not verify:
-        return None
+        return _ImageCheck(None, None)
     from PIL import Image  # only when asked: the data module stays light for `validate-config`
 
     try:
         with Image.open(full) as image:
+            size = image.size  # from the header
             image.verify()  # reads the file's structure and checksums, decodes no pixels
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-        return f"image {full} is not a readable image: {str(exc) or type(exc).__name__}"
-    return None
+        return _ImageCheck(f"image {full} is not a readable image: {str(exc) or type(exc).__name__}", None)
+    return _ImageCheck(None, (int(size[0]), int(size[1])))
 
 
 def _parse_object(item: Any, index: int) -> _RawObject:

@@ -1,4 +1,5 @@
-"""Data checks: every line parses and every image exists and opens (`data.file`), the box format is
+"""Data checks: every line parses and every image exists, opens and has the size its line declares
+(`data.file`, the loader's own checks: `stagectl.data.jsonl`), the box format is
 unambiguous (`data.box_format`), and the longest Channel-A sample fits `global_max_length`
 (`data.longest_sample`, needs the tokenizer and image processor).
 
@@ -16,10 +17,19 @@ from stagectl.doctor.report import Check, fail, ok, skip, warn
 DATA_FIX = (
     "fix or remove the lines named (every image path is relative to data.image_root or the JSONL's directory)"
 )
+NUM_SHOWN_ERRORS = 3  # bad lines named in a data line; the rest are counted
+
+
+def _bad_lines(name: str, exc: DataError) -> Check:
+    """The first bad lines of a data file (`file:line: what`), and how many more there are."""
+    shown = exc.errors[:NUM_SHOWN_ERRORS]
+    more = f" (and {exc.num_errors - len(shown)} more bad lines)" if exc.num_errors > len(shown) else ""
+    return fail(name, "; ".join(shown) + more, DATA_FIX)
 
 
 def load_samples(data: DataConfig) -> tuple[list[DetectionSample] | None, list[Check]]:
-    """The training samples as train-ab reads them (images opened and verified), or None and a fail line."""
+    """The training samples as train-ab reads them (images opened and verified, the first image's size
+    compared with the line's width and height), or None and a fail line."""
     if data.synthetic is not None:
         from stagectl.data.synthetic import generate_synthetic
 
@@ -32,11 +42,14 @@ def load_samples(data: DataConfig) -> tuple[list[DetectionSample] | None, list[C
             data.train_jsonl, data.image_root, box_format=data.box_format, verify_images=True
         )
     except DataError as exc:
-        more = f" (and {exc.num_errors - 1} more bad lines)" if exc.num_errors > 1 else ""
-        return None, [fail("data.file", f"{exc.errors[0]}{more}", DATA_FIX)]
+        return None, [_bad_lines("data.file", exc)]
     num_images = len({path for s in samples for path in s.images})
     return samples, [
-        ok("data.file", f"{data.train_jsonl}: {len(samples)} samples, {num_images} images exist and open")
+        ok(
+            "data.file",
+            f"{data.train_jsonl}: {len(samples)} samples, {num_images} images exist, open and have the "
+            "lines' sizes",
+        )
     ]
 
 
@@ -49,8 +62,7 @@ def check_eval_file(data: DataConfig) -> list[Check]:
             data.eval.jsonl, data.eval.image_root, box_format=data.box_format, verify_images=True
         )
     except DataError as exc:
-        more = f" (and {exc.num_errors - 1} more bad lines)" if exc.num_errors > 1 else ""
-        return [fail("data.eval_file", f"{exc.errors[0]}{more}", DATA_FIX)]
+        return [_bad_lines("data.eval_file", exc)]
     return [ok("data.eval_file", f"{data.eval.jsonl}: {len(samples)} samples, every image opens")]
 
 

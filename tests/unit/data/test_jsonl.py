@@ -311,3 +311,20 @@ def test_norm1000_boxes_read_as_pixels_say_so(tmp_path: Path) -> None:
     )
     with pytest.raises(DataError, match=r"is outside the 112x112 image$"):
         load_jsonl_dataset(far, box_format="pixel")
+
+
+def test_declared_size_must_match_the_first_image_when_images_are_verified(tmp_path: Path) -> None:
+    """width/height are what every box is scaled against: with `verify_images` (train-ab, eval, doctor) a
+    line whose first image has another size is a line error naming the file, the line and both sizes."""
+    from PIL import Image
+
+    path = _write(tmp_path, [_record(width=112, height=56), _record(width=224, height=224), _record()])
+    Image.new("RGB", (112, 56)).save(tmp_path / "img" / "a.png")
+    assert len(load_jsonl_dataset(path, box_format="pixel")) == 3  # unverified: the files are not opened
+    with pytest.raises(DataError) as caught:
+        load_jsonl_dataset(path, box_format="pixel", verify_images=True)
+    assert caught.value.errors == [
+        f"{path}:2: image {tmp_path / 'img' / 'a.png'} is 112x56 but the line says width 224, height 224: "
+        "every box would be scaled against the wrong size; write the image's real size (width 112, height 56) "
+        "and boxes that refer to it"
+    ]

@@ -4,6 +4,7 @@ Each check is made to fail on purpose and its line read back."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -134,7 +135,10 @@ def test_data_file_every_image_exists_and_opens(tmp_path: Path) -> None:
     jsonl = _jsonl(tmp_path, [[10, 10, 500, 500]] * 3)
     samples, lines = load_samples(_data_cfg(tmp_path, jsonl).data)  # type: ignore[arg-type]
     assert samples is not None and len(samples) == 3
-    assert lines[0].status == "ok" and "3 samples, 3 images exist and open" in lines[0].message
+    assert (
+        lines[0].status == "ok"
+        and "3 samples, 3 images exist, open and have the lines' sizes" in lines[0].message
+    )
 
     (tmp_path / "img/1.png").write_bytes(b"\x89PNG truncated")  # corrupt
     (tmp_path / "img/2.png").unlink()  # missing
@@ -142,7 +146,20 @@ def test_data_file_every_image_exists_and_opens(tmp_path: Path) -> None:
     assert samples is None
     assert lines[0].status == "fail" and lines[0].name == "data.file"
     assert lines[0].message.startswith(f"{jsonl}:2: image {tmp_path / 'img/1.png'} is not a readable image")
-    assert lines[0].message.endswith("(and 1 more bad lines)")
+    assert f"; {jsonl}:3: image not found: {tmp_path / 'img/2.png'}" in lines[0].message
+
+
+def test_data_file_names_the_lines_whose_size_is_not_their_image_s(tmp_path: Path) -> None:
+    """A line declaring 112x112 for a 56x56 image: every pixel box would be mis-scaled. The first bad lines
+    are named (file:line, both sizes), the others counted."""
+    for k in range(5):
+        _png(tmp_path / f"img/{k}.png", (56, 56) if k else (112, 112))
+    jsonl = _jsonl(tmp_path, [[10, 10, 50, 50]] * 5)  # every line declares 112x112
+    samples, (line,) = load_samples(_data_cfg(tmp_path, jsonl, "pixel").data)  # type: ignore[arg-type]
+    assert samples is None and line.status == "fail" and line.name == "data.file"
+    assert re.findall(rf"{re.escape(str(jsonl))}:(\d+): ", line.message) == ["2", "3", "4"]
+    assert f"image {tmp_path / 'img/1.png'} is 56x56 but the line says width 112, height 112" in line.message
+    assert line.message.endswith("(and 1 more bad lines)")
 
 
 def test_eval_file_is_checked_too(tmp_path: Path) -> None:
