@@ -29,6 +29,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(value: bool) -> None:
+    """`stagectl --version`: the installed package's version (the checkout's own when run from a source tree
+    without an install), before any command or heavy import."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("stagectl")
+    except PackageNotFoundError:
+        from stagectl import __version__ as text
+    typer.echo(f"stagectl {text}")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print stagectl's version and exit."
+    ),
+) -> None:
+    """The options before a command (the app's help text is `Typer(help=...)` above)."""
+
+
 app.command("validate-config")(validate_config.command)
 app.command("doctor")(doctor.command)
 app.command("train-ab")(train_ab.command)

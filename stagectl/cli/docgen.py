@@ -45,6 +45,9 @@ def cli_reference() -> str:
         "transformers, vllm, fastapi) happen inside command bodies, so `--help` and `validate-config` never load them.",
         "",
     ]
+    top = [_param_row(param) for param in root.params if param.name != "help"]  # `stagectl --version`
+    if top:
+        lines += ["| option (before a command) | type | default | meaning |", "|---|---|---|---|", *top, ""]
     for path, command in _walk_commands(root, ["stagectl"]):
         lines += _command_section(path, command)
     return "\n".join(lines).rstrip() + "\n"

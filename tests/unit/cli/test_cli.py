@@ -24,13 +24,19 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[
     )
 
 
-def test_import_is_light() -> None:
+def test_import_and_version_are_light() -> None:
+    from importlib.metadata import version
+
     code = (
         "import sys, stagectl.cli.app, stagectl.config, stagectl.schedule\n"
+        "try:\n"
+        "    stagectl.cli.app.app(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.splitlines() == [f"stagectl {version('stagectl')}", "[]"]
 
 
 def test_validate_config_is_light(tmp_path: Path) -> None:
