@@ -25,7 +25,8 @@ def command(
     model: str | None = typer.Option(
         None,
         "--model",
-        help="Checkpoint to evaluate: a model dir or a train-ab checkpoint-N dir (model.name_or_path).",
+        help="Checkpoint to evaluate (model.name_or_path): a train-ab checkpoint-N dir, a run dir (its newest "
+        "checkpoint, as export reads it) or any model dir.",
     ),
     server: str | None = typer.Option(
         None,

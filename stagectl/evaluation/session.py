@@ -5,6 +5,7 @@ unless the eval completes."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,6 @@ def load_eval_samples(plan: EvalPlan | None) -> tuple[list[DetectionSample], int
     else:
         return [], 0, "data.eval has neither jsonl nor synthetic"
     return samples[: ev.max_samples], len(samples), source
-
-
-def checkpoint_dir(path: str) -> str:
-    """A train-ab checkpoint (`checkpoint-N/` holding `model/`) or a model directory, as a model path."""
-    p = Path(path).expanduser()
-    return str(p / "model") if (p / "model" / "config.json").is_file() else path
 
 
 @dataclass(frozen=True)
@@ -91,14 +86,20 @@ def _evaluate(
 ) -> EvalRun | None:
     from stagectl import dist
     from stagectl.detection.vocab import TokenVocab
-    from stagectl.models.loading import load_bundle, load_tokenizer, resolve_model_path
+    from stagectl.models.loading import load_bundle, load_tokenizer, resolve_checkpoint
 
     plan = session.eval
-    model_path = checkpoint_dir(session.model.name_or_path)
+    given = session.model.name_or_path
     try:
-        resolve_model_path(model_path)
+        picked = resolve_checkpoint(given)  # as `stagectl export` reads it
     except (FileNotFoundError, ValueError) as exc:
         raise ValueError(f"--model / model.name_or_path: {exc}") from None
+    if rank == 0 and picked.parent.parent == Path(given).expanduser():  # a run dir: RUN/checkpoint-N/model
+        print(
+            f"eval: {given} is a train-ab run; evaluating its newest checkpoint, {picked.parent.name} ({picked})",
+            file=sys.stderr,
+        )
+    model_path = str(picked)
     spec = plan.sampling
     client = None
     if session.server is not None:

@@ -23,11 +23,9 @@ from typing import Any, cast
 
 from stagectl.detection.coords import NUM_BINS, coord_token
 from stagectl.files import follow_umask, make_output_dir
-from stagectl.models.loading import TorchDtype, load_bundle, resolve_model_path
+from stagectl.models.loading import TorchDtype, load_bundle, resolve_checkpoint
 from stagectl.models.quiet import hf_progress_bars_off
-from stagectl.models.tiny import BUILTIN_PREFIX
 
-TRAINER_STATE = "trainer_state.json"  # = stagectl.learner.checkpoint.TRAINER_STATE
 # Keys transformers writes into tokenizer_config.json on a load -> save round trip that describe the
 # loading machine rather than the tokenizer.
 _LOAD_TIME_TOKENIZER_KEYS = ("is_local", "local_files_only")
@@ -45,23 +43,6 @@ class ExportSummary:
     vocab_size: int  # embedding rows
 
 
-def resolve_export_source(source: str) -> Path:
-    """The model directory to export: `checkpoint-N/model`, a run's newest checkpoint, or a model dir."""
-    if source.startswith(BUILTIN_PREFIX):
-        return resolve_model_path(source)
-    path = Path(source).expanduser()
-    if (path / TRAINER_STATE).is_file() and (path / "model" / "config.json").is_file():
-        return path / "model"
-    checkpoints = sorted(
-        (int(child.name.removeprefix("checkpoint-")), child)
-        for child in path.glob("checkpoint-*")
-        if child.name.removeprefix("checkpoint-").isdigit() and (child / TRAINER_STATE).is_file()
-    )
-    if checkpoints and not (path / "config.json").is_file():
-        return checkpoints[-1][1] / "model"
-    return resolve_model_path(str(path))
-
-
 def export_model(
     source: str, out: Path, *, torch_dtype: TorchDtype | None = None, add_coord_tokens: bool = False
 ) -> ExportSummary:
@@ -70,7 +51,7 @@ def export_model(
     `torch_dtype` None keeps the checkpoint's dtype. The directory appears whole or not at all."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory; choose a new path")
-    model_dir = resolve_export_source(source)
+    model_dir = resolve_checkpoint(source)
     dtype = torch_dtype or _saved_dtype(model_dir)
     bundle = load_bundle(str(model_dir), torch_dtype=dtype, add_coord_tokens=add_coord_tokens)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from stagectl.models import qwen_vl
+from stagectl.models.capability import IMAGE_PROCESSOR_FILE
 from stagectl.models.quiet import hf_progress_bars_off
 from stagectl.models.tiny import BUILTIN_PREFIX, resolve_builtin
 from stagectl.models.tokenizer import add_coord_tokens as add_coord_tokens_to
@@ -43,7 +44,7 @@ from stagectl.models.tokenizer import coord_token_ids
 from stagectl.models.turns import generation_eos_ids, stop_token_ids
 from stagectl.models.vision_attention import use_varlen_vision_attention
 
-IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
+TRAINER_STATE = "trainer_state.json"  # = stagectl.learner.checkpoint.TRAINER_STATE: the checkpoint is whole
 TorchDtype = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,6 +100,33 @@ def resolve_model_path(name_or_path: str) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a model checkpoint: it has no config.json")
     return path
+
+
+def resolve_checkpoint(source: str) -> Path:
+    """The model directory `source` names, as `stagectl export` and `stagectl eval --model` read it: a
+    train-ab `checkpoint-N/` (its `model/`), a run directory (its newest complete checkpoint's `model/`), a
+    model directory or a `builtin:` name. `FileNotFoundError` / `ValueError` say what `source` lacks."""
+    if source.startswith(BUILTIN_PREFIX):
+        return resolve_model_path(source)
+    path = Path(source).expanduser()
+    if (path / TRAINER_STATE).is_file() and (path / "model" / "config.json").is_file():
+        return path / "model"
+    numbered = [
+        (int(child.name.removeprefix("checkpoint-")), child)
+        for child in path.glob("checkpoint-*")
+        if child.name.removeprefix("checkpoint-").isdigit()
+    ]
+    complete = sorted((n, child) for n, child in numbered if (child / TRAINER_STATE).is_file())
+    if (path / "config.json").is_file():
+        return resolve_model_path(str(path))
+    if complete:
+        return complete[-1][1] / "model"
+    if numbered:
+        raise ValueError(
+            f"{path} holds no complete checkpoint: none of {', '.join(sorted(c.name for _, c in numbered))} "
+            f"has {TRAINER_STATE} (a save that did not finish); give a model directory or a finished run"
+        )
+    return resolve_model_path(str(path))
 
 
 def has_image_processor(path: Path) -> bool:

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from stagectl.cli.app import app
 
+LEARN_SHAPES = Path(__file__).parents[3] / "examples" / "tiny" / "learn_shapes.yaml"
 COCO_CONFIG = Path(__file__).parents[3] / "examples" / "coco" / "train_ab.yaml"
 
 
@@ -52,3 +53,23 @@ def test_a_fsdp_training_config_evaluates_on_one_process() -> None:
     with pytest.raises(ConfigError, match=r"training\.parallelism"):
         load_config(fsdp, ["launch.nproc_per_node=1"], world_size=1)
     assert load_config(fsdp, ["launch.nproc_per_node=1"], trains=False).training.parallelism == "fsdp"
+
+
+def test_model_a_run_dir_evaluates_its_newest_checkpoint_and_says_which(tmp_path: Path) -> None:
+    """`--model RUN_DIR` reads as `stagectl export` reads it (it failed with `no config.json`); here the
+    picked checkpoint's model is not loadable, so the eval stops right after naming it."""
+    from stagectl.models.loading import TRAINER_STATE
+
+    run = tmp_path / "run"
+    for step in (6, 12):
+        model = run / f"checkpoint-{step}" / "model"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text('{"model_type": "not-a-model"}')
+        (model.parent / TRAINER_STATE).write_text("{}")
+    result = CliRunner().invoke(
+        app,
+        ["eval", str(LEARN_SHAPES), "--model", str(run), "--out", str(tmp_path / "out"), "--gallery", "0"],
+    )
+    picked = run / "checkpoint-12" / "model"
+    assert f"evaluating its newest checkpoint, checkpoint-12 ({picked})" in result.output
+    assert result.exit_code == 1 and f"{picked}: transformers" in result.output

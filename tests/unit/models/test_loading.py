@@ -1,0 +1,42 @@
+"""`resolve_checkpoint`: what `stagectl export` and `stagectl eval --model` read a path as (a checkpoint, a
+run's newest complete checkpoint, a model directory), and what it says when a run holds no whole one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stagectl.models.loading import TRAINER_STATE, resolve_checkpoint
+
+
+def _checkpoint(run: Path, step: int, *, complete: bool = True) -> Path:
+    model = run / f"checkpoint-{step}" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    if complete:
+        (model.parent / TRAINER_STATE).write_text("{}")
+    return model
+
+
+def test_a_run_dir_reads_as_its_newest_complete_checkpoint(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, 5)
+    newest = _checkpoint(tmp_path, 12)
+    _checkpoint(tmp_path, 20, complete=False)  # a save a crash cut short
+    assert resolve_checkpoint(str(tmp_path)) == newest  # 12, not 5 (numbers, not names) nor 20
+
+
+def test_a_checkpoint_and_a_model_dir_read_as_themselves(tmp_path: Path) -> None:
+    model = _checkpoint(tmp_path, 3)
+    assert resolve_checkpoint(str(model.parent)) == model
+    assert resolve_checkpoint(str(model)) == model
+
+
+def test_a_run_with_no_complete_checkpoint_says_so(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, 4, complete=False)
+    with pytest.raises(
+        ValueError, match=rf"no complete checkpoint: none of checkpoint-4 has {TRAINER_STATE}"
+    ):
+        resolve_checkpoint(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        resolve_checkpoint(str(tmp_path / "nowhere"))
