@@ -24,3 +24,8 @@ def say(command: str, message: str, *, every_rank: bool = False) -> None:
     else:
         prefix = command
     print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 reflection`, `2 reflections`, `0 reflections` (`many`: the plural when it is not `noun` + s)."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"

@@ -27,6 +27,7 @@ from stagectl.files import RESOLVED_CONFIG
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
 TRAIN_FILES = (
     RESOLVED_CONFIG,
+from stagectl.console import plural
     PLAN_FILE,
     "metrics.jsonl",
     "final_state.json",
@@ -194,7 +195,7 @@ def resume_note(checkpoint: Path, step: int, max_steps: int) -> str:
             "step is left to train (raise training.max_steps to train further)"
         )
     return (
-        f"resuming from {checkpoint}: {step} optimizer steps done, continuing with step {step + 1} of "
+        f"resuming from {checkpoint}: {plural(step, 'optimizer step')} done, continuing with step {step + 1} of "
         f'{max_steps} (metrics.jsonl rows with "step" >= {step} are replaced, earlier ones kept)'
     )
 

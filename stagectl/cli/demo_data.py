@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from stagectl.cli.common import fail
+from stagectl.console import plural
 
 
 def command(
@@ -59,7 +60,10 @@ def command(
     except (ValueError, OSError) as exc:
         fail(str(exc))
     num_objects = sum(len(sample.objects) for sample in train)
-    summary = f"wrote {len(train)} samples ({num_objects} objects, {image_size}px) to {out / 'train.jsonl'}"
+    summary = (
+        f"wrote {plural(len(train), 'sample')} ({plural(num_objects, 'object')}, {image_size}px) to "
+        f"{out / 'train.jsonl'}"
+    )
     if evals:
         summary += f" and {len(evals)} to {out / 'eval.jsonl'}"
     typer.echo(summary)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from stagectl.config.training import LaunchConfig
 
 
+from stagectl.console import plural
 def parse_gpus(text: str) -> list[str]:
     """`0,1,3` -> ["0", "1", "3"]; `ValueError` for anything but distinct non-negative integers."""
     devices = [part.strip() for part in text.split(",")]
@@ -156,8 +157,9 @@ def _run(plan: StageBPlan) -> None:
         return
     accuracy = "n/a" if summary.accuracy is None else f"{summary.accuracy:.3f}"
     typer.echo(
-        f"stage-b: done, {summary.num_judged} tickets judged in {summary.num_batches} global batches, "
-        f"accuracy {accuracy}, {summary.num_reflections} reflections, guidance step {summary.guidance_step}; "
+        f"stage-b: done, {plural(summary.num_judged, 'ticket')} judged in "
+        f"{plural(summary.num_batches, 'global batch', 'global batches')}, accuracy {accuracy}, "
+        f"{plural(summary.num_reflections, 'reflection')}, guidance step {summary.guidance_step}; "
         f"run dir {summary.run_dir}",
         err=True,
     )
