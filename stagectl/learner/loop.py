@@ -27,7 +27,7 @@ from stagectl.learner import saving, sharding
 from stagectl.learner.channel_a import ChannelA
 from stagectl.learner.channel_b.build import build_channel_b
 from stagectl.learner.channel_b.health import RolloutLossError
-from stagectl.learner.channel_b.protocol import BStepLedger
+from stagectl.learner.channel_b.protocol import BStepLedger, SkipReason
 from stagectl.learner.evaluate import EVAL_LOGGED, Evaluator
 from stagectl.learner.metrics import MetricsWriter, ProgressBar
 from stagectl.learner.packs import PackRunner, StepAccumulator
@@ -96,6 +96,9 @@ class Trainer:
             else None
         )
         self._stop_signal: int | None = None
+        self.aborted_by_signal: int | None = None  # a second signal: the run stopped at once
+        # why the last step trained as Channel-A where the schedule wanted B (its console line says so)
+        self._b_skipped: SkipReason | None = None
 
     # ------------------------------------------------------------------ run
 
@@ -117,10 +120,12 @@ class Trainer:
                 row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
                 if self.metrics is not None:
                     self.metrics.write(row)
-                self.progress.update(step - 1, row, log=step % cfg.logging_steps == 0)
+                self.progress.update(
+                    step - 1, row, log=step % cfg.logging_steps == 0, b_skipped=self._b_skipped
+                )
                 with dist.phase("stop-signal broadcast", "step_s"):
                     stop = dist.broadcast_object(self._stop_signal is not None)
-                if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop:
+                if cfg.saves_checkpoint(step) or stop:
                     self.save(step)
                 if stop:
                     break
@@ -155,11 +160,13 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is not None:
-            raise KeyboardInterrupt  # second signal: stop now
+            self.aborted_by_signal = signum
+            raise KeyboardInterrupt  # second signal: stop now, no checkpoint
         self._stop_signal = signum
 
     @property
     def stopped_by_signal(self) -> int | None:
+        """The first stop signal (the run saves after its step and ends), None when none came."""
         return self._stop_signal
 
     # ------------------------------------------------------------------ one optimizer step
@@ -178,6 +185,7 @@ class Trainer:
         with dist.phase("Channel-B decision (prefetcher status, feasibility gate)", "step_s"):
             decision, extra = self.channel_b.decide(step, wants_b)
         self.b_steps.record(wants_b, decision.kind, decision.reason)
+        self._b_skipped = decision.reason
         if decision.kind == "B":
             extra.update(self.channel_b.run(step, decision, acc))
         else:
@@ -352,8 +360,9 @@ class Trainer:
         )
 
     def _write_final_state(self, step: int) -> None:
-        """Per-rank weight digests (proof that DDP ranks end identical; under fsdp the digest of the
-        gathered weights, the same on every rank) next to the metrics."""
+        """How the run ended (steps done of `max_steps`, the stop signal) and per-rank weight digests (proof
+        that DDP ranks end identical; under fsdp the digest of the gathered weights, the same on every
+        rank) next to the metrics."""
         model = self.state.bundle.model
         with dist.phase("final weight digests", "step_s"):
             digest = saving.weights_digest(model)
@@ -362,6 +371,9 @@ class Trainer:
         if self.world.is_main:
             summary = {
                 "global_step": step,
+                "max_steps": self.plan.training.max_steps,
+                # a run stopped early by SIGTERM/SIGINT says so (rundir.run_end: not "finished")
+                "stopped_by_signal": self._stop_signal if step < self.plan.training.max_steps else None,
                 "num_updates": self.num_updates,
                 "rank_weight_digests": digests,
                 "b_steps": self.b_steps.as_dict(),

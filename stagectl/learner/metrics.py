@@ -211,12 +211,14 @@ class ProgressBar:
             self._task = self._progress.add_task("steps", total=total_steps, completed=start_step, info="")
             self._progress.start()
 
-    def update(self, step: int, row: dict[str, Any], log: bool) -> None:
+    def update(self, step: int, row: dict[str, Any], log: bool, b_skipped: str | None = None) -> None:
+        """`b_skipped`: the step the schedule wanted as Channel-B trained as A, for this reason (`A (B
+        wanted: queue_empty)` on its line)."""
         if "rollout/f1" in row:
             self.rollout_f1s.append(float(row["rollout/f1"]))
         if not self.enabled:
             return
-        info = f"{row['kind']} loss={row['loss']:.4f}"
+        info = row["kind"] + (f" (B wanted: {b_skipped})" if b_skipped else "") + f" loss={row['loss']:.4f}"
         if "rollout/f1" in row:
             info += f" f1={row['rollout/f1']:.3f}"
         if self._progress is not None:

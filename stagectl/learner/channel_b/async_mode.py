@@ -1,13 +1,15 @@
 """Channel-B `async` mode, learner side: the rank's prefetcher and ready-pack queue, the collective
 feasibility gate, the weight sync, and the drop accounting.
 
-Per optimizer step (`decide`): every rank reports its prefetcher status (one rank's error ends every
-rank with that error); each rank holds up to GAS packs of every eligible version (held packs cannot be
-evicted by a push); the policy gate (schedule) and the feasibility gate (every rank holds >= GAS packs of
-one version: all-reduce MIN) let rank 0 decide `{kind, ver}` and broadcast it; each rank then takes
-exactly its held packs of that version (or releases them all for a Channel-A step). `run` trains one pack
-per micro-step. Every `sync_every_steps` updates `after_update` runs the weight sync (`WeightPublisher`)
-and advances `ver` on every rank.
+Per optimizer step (`decide`): a B step waits for the rank's packs where they are on their way (the
+prefetcher's first burst since start or resume; with `in_flight_sync`, a burst begun before the last
+sync; never a later burst begun at the current version); every rank reports its prefetcher status (one
+rank's error ends every rank with that error); each rank holds up to GAS packs of every eligible version
+(held packs cannot be evicted by a push); the policy gate (schedule) and the feasibility gate (every rank
+holds >= GAS packs of one version: all-reduce MIN) let rank 0 decide `{kind, ver}` and broadcast it; each
+rank then takes exactly its held packs of that version (or releases them all for a Channel-A step). `run`
+trains one pack per micro-step. Every `sync_every_steps` updates `after_update` runs the weight sync
+(`WeightPublisher`) and advances `ver` on every rank.
 
 Checkpoints: `rank_state` is the rank's async state (the prefetcher's `snapshot`: queued packs with their
 versions and rollouts, carried leftovers, the B-stream position after the last finished burst, the pacing
@@ -150,6 +152,8 @@ class AsyncChannelB:
 
     def _decide(self, step: int, policy_wants_b: bool) -> tuple[Decision, dict[str, Any]]:
         t0 = time.perf_counter()
+        if policy_wants_b:
+            self._wait_for_first_burst()
         if self.queue_plan.in_flight_sync and policy_wants_b:
             self._wait_for_burst()
         errors = dist.all_gather_objects(self.prefetcher.error())
@@ -197,6 +201,17 @@ class AsyncChannelB:
             "stage2_ab/async/b_step_skipped_due_to_queue": int(policy_wants_b and kind == "A"),
             "time/wait_s": time.perf_counter() - t0,
         }
+
+    def _wait_for_first_burst(self) -> None:
+        """A step that wants Channel-B while this rank holds fewer than GAS packs of every eligible version
+        and its prefetcher has not finished a burst since it started (a run's or a resume's first B step):
+        wait for that first burst (queued or failed; an idle, failed or stopped prefetcher: no wait), at
+        most the servers' `infer_timeout_s`. The thread starts with the step loop, and the first B step
+        came before its packs in 18 of 20 runs of the async example: without this wait every run began
+        one B step short of its schedule. Each rank waits for its own burst; the gates then decide
+        together, as at every step."""
+        if max(self.queue.eligible_counts()[1], default=0) < self.gas:
+            self.prefetcher.wait_first_burst(self.fence_timeout_s)
 
     def _wait_for_burst(self) -> None:
         """`in_flight_sync`, a step that wants Channel-B: while this rank holds fewer than GAS packs of any

@@ -24,6 +24,9 @@ answer different questions:
   its packs are in the queue. `version`, `behind` (that version against the shared clock's) and
   `add_coming` read it: a pack is counted as coming or as queued, never both and never neither, because
   the queue's pushes and `queued` happen under the same lock the readers take.
+- *the first burst* (from `start` until a burst has ended or the thread has found nothing to make):
+  `wait_first` waits for it. The thread starts with the step loop, so a run's (or a resume's) first B
+  step would otherwise race the rollouts of its own packs.
 
 The state lives under the prefetcher's lock (passed in), the one its queue pushes and commit point take.
 """
@@ -80,11 +83,19 @@ class BurstState:
         self._in_burst = False
         self._num_ended = 0  # a waiter's mark: the next burst may begin before it wakes up
         self._coming: tuple[int, int] | None = None  # (version, packs) of the burst in progress
+        self._idle = False  # the thread found nothing to make since its last burst began
 
     # the prefetcher's thread, each under `lock`
 
     def begin(self) -> None:
         self._in_burst = True
+        self._idle = False
+
+    def idle(self) -> None:
+        """Pacing wants no packs now: a first burst may not come (a waiter for it goes on)."""
+        if not self._idle:
+            self._idle = True
+            self._done.notify_all()
 
     def set_coming(self, ver: int, num_packs: int) -> None:
         self._coming = (ver, num_packs)
@@ -100,6 +111,10 @@ class BurstState:
         self._in_burst = False
         self._coming = None
         self._num_ended += 1
+        self._done.notify_all()
+
+    def thread_ended(self) -> None:
+        """The thread has ended (stopped or failed): every waiter re-checks its `give_up`."""
         self._done.notify_all()
 
     # readers (the learner)
@@ -128,3 +143,11 @@ class BurstState:
                 return True
             mark = self._num_ended
             return self._done.wait_for(lambda: self._num_ended > mark or give_up(), timeout_s)
+
+    def wait_first(self, timeout_s: float | None, give_up: Callable[[], bool]) -> bool:
+        """Until the thread's first burst has ended (queued its packs or failed), the thread is idle
+        outside a burst, or `give_up()` holds; False after `timeout_s`. At once once a burst has ended."""
+        with self._done:
+            return self._done.wait_for(
+                lambda: self._num_ended > 0 or (self._idle and not self._in_burst) or give_up(), timeout_s
+            )

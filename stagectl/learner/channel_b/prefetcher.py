@@ -17,6 +17,9 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
   (`weight_version`) or refuse it once a sync has been swapped in (`WrongVersionError`); a refused call
   gives its samples and seed back to the stream (`refused_total`), the burst packs what it has (its
   version is still eligible), and a B step whose packs are missing waits for the burst (`wait_burst`).
+- Start-up: the thread starts with the learner's step loop, so a B step of the run's (or the resume's)
+  first steps may come before its first burst has queued anything: that step waits for the first burst
+  (`wait_first_burst`), whatever its version.
 - Pacing: nothing is requested while `pacing.packs_wanted` is zero (the queue holds what the coming B
   steps can train), and never more than fits under `prefetch_target_packs`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
@@ -150,7 +153,15 @@ class Prefetcher:
     def wait_burst(self, timeout_s: float | None) -> bool:
         """Wait until the burst in progress, if any, has ended (or the thread stopped or failed); False
         after `timeout_s`. It returns for that burst even when the next has already begun."""
-        return self._bursts.wait(timeout_s, lambda: self._error is not None or self._stop.is_set())
+        return self._bursts.wait(timeout_s, self._gone)
+
+    def wait_first_burst(self, timeout_s: float | None) -> bool:
+        """Wait until the thread's first burst has ended (its packs queued, or it failed), the thread
+        found nothing to make, stopped or failed; False after `timeout_s`. At once after the first burst."""
+        return self._bursts.wait_first(timeout_s, self._gone)
+
+    def _gone(self) -> bool:
+        return self._error is not None or self._stop.is_set()
 
     @property
     def thread_ident(self) -> int | None:
@@ -215,6 +226,8 @@ class Prefetcher:
             while not self._stop.is_set():
                 packs = self._packs_wanted()
                 if packs == 0:
+                    with self._lock:
+                        self._bursts.idle()
                     self._stop.wait(self.idle_wait_s)
                     continue
                 # one B step's packs per burst, the nearest B step first: a burst for two steps ahead
@@ -223,6 +236,9 @@ class Prefetcher:
                 self._burst(num_packs, another_follows=packs > num_packs)
         except BaseException as exc:  # handed to the learner, never swallowed
             self._error = exc
+        finally:
+            with self._lock:
+                self._bursts.thread_ended()  # a learner waiting for a burst goes on now
 
     def _packs_wanted(self) -> int:
         versions, counts, shared = self.queue.pacing_counts()

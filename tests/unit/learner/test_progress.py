@@ -38,3 +38,17 @@ def test_a_model_that_finds_objects_gets_the_numbers_only() -> None:
     assert (
         rollout_f1_summary([0.0, 0.5, 0.25]) == "Channel-B rollout F1 last 0.250, best 0.500 over 3 B steps"
     )
+
+
+def test_a_b_step_that_trained_as_a_says_so_on_its_line(capsys: pytest.CaptureFixture[str]) -> None:
+    bar = ProgressBar(4)
+    bar.update(0, _row("A"), log=True)
+    bar.update(1, _row("A"), log=True, b_skipped="queue_empty")
+    bar.update(2, _row("B", 0.5), log=True)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "step 1/4 A loss=1.0000 (0.10s)",
+        "step 2/4 A (B wanted: queue_empty) loss=1.0000 (0.10s)",
+        "step 3/4 B loss=1.0000 f1=0.500 (0.10s)",
+    ]

@@ -60,3 +60,37 @@ def test_a_wait_ends_for_its_burst_even_when_the_next_has_begun() -> None:
     assert waited == [True]
     assert state.wait(0.05, lambda: False) is False  # the new burst is still in progress
     assert state.wait(0.05, lambda: True) is True  # give up: the thread stopped or failed
+
+
+def test_the_first_burst_is_waited_for_until_it_ends_and_never_again() -> None:
+    """A run's first B step waits for the thread's first burst (queued or failed): not before it has
+    ended, at once after it, and not at all for a later burst."""
+    state = BurstState(threading.Lock(), VersionClock())
+    assert state.wait_first(0.05, lambda: False) is False  # the thread has not begun a burst yet
+    with state.lock:
+        state.begin()
+        state.set_coming(0, 2)
+    assert state.wait_first(0.05, lambda: False) is False  # in flight
+    assert state.wait_first(0.05, lambda: True) is True  # the thread stopped or failed: no wait
+
+    def end() -> None:
+        with state.lock:
+            state.end()
+
+    threading.Timer(0.1, end).start()
+    assert state.wait_first(10.0, lambda: False) is True
+    with state.lock:
+        state.begin()  # the next burst: the first one has ended, no start-up wait is left
+    assert state.wait_first(0.0, lambda: False) is True
+
+
+def test_an_idle_thread_ends_the_first_burst_wait() -> None:
+    """Pacing wants nothing (a resume whose queue holds the coming B steps' packs): no first burst may
+    come, so a waiter goes on; once a burst begins, it is waited for again."""
+    state = BurstState(threading.Lock(), VersionClock())
+    with state.lock:
+        state.idle()
+    assert state.wait_first(0.0, lambda: False) is True
+    with state.lock:
+        state.begin()
+    assert state.wait_first(0.05, lambda: False) is False

@@ -555,3 +555,40 @@ def test_the_packs_of_a_burst_in_flight_at_a_sync_count_as_held_for_pacing() -> 
     assert pf._packs_wanted() == 2
     queue.set_shared([0, 1], [0, 0])  # the view without the burst in flight: a second group for the same step
     assert pf._packs_wanted() == 4
+
+
+def test_the_first_burst_wait_ends_with_its_packs_queued() -> None:
+    """The thread's first burst, held in flight: `wait_first_burst` waits for it and returns with its
+    packs in the queue; after it, at once."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.gate = threading.Event()
+    pf = make(source, queue, gas=2, target_packs=2)
+    pf.start()
+    assert source.in_section.wait(5.0)
+    assert pf.wait_first_burst(0.05) is False  # its rollouts are not back
+    threading.Timer(0.1, source.gate.set).start()
+    assert pf.wait_first_burst(10.0) is True
+    assert queue.depth() == 2
+    assert pf.wait_first_burst(0.0) is True
+    assert pf.stop(5.0)
+
+
+def test_no_first_burst_wait_for_an_idle_or_dead_thread() -> None:
+    """Pacing wants nothing (b_ratio 0): the thread idles and the wait ends. A thread that died before its
+    first burst (here: pinned to a CPU that does not exist) ends it too, at once, not at the timeout."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    idle = make(FakeSource(), queue, b_ratio=0.0)
+    idle.start()
+    assert idle.wait_first_burst(10.0) is True and queue.depth() == 0
+    assert idle.stop(5.0)
+    dead = make(FakeSource(), ReadyPackQueue(queue_limit=50, version_window=1), cpus=[10**6])
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(dead.wait_first_burst(10.0)))
+    waiter.start()
+    time.sleep(0.2)  # the learner waits before the thread dies
+    started = time.monotonic()
+    dead.start()
+    waiter.join(10.0)
+    assert waited == [True] and time.monotonic() - started < 5.0 and dead.error() is not None
+    assert dead.stop(1.0)
