@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stagectl.config.plan import PLAN_FILE
+from stagectl.console import plural
 from stagectl.files import RESOLVED_CONFIG
 
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
 TRAIN_FILES = (
     RESOLVED_CONFIG,
-from stagectl.console import plural
     PLAN_FILE,
     "metrics.jsonl",
     "final_state.json",

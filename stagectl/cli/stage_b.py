@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import typer
 
 from stagectl.cli.common import fail
+from stagectl.console import plural
 
 if TYPE_CHECKING:
     from stagectl.config.plan_stage_b import StageBPlan
     from stagectl.config.training import LaunchConfig
 
 
-from stagectl.console import plural
 def parse_gpus(text: str) -> list[str]:
     """`0,1,3` -> ["0", "1", "3"]; `ValueError` for anything but distinct non-negative integers."""
     devices = [part.strip() for part in text.split(",")]
