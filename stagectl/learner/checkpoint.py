@@ -261,6 +261,11 @@ def resolve_resume(resume: Path | str | None, output_dir: Path) -> Path | None:
         found = list_checkpoints(output_dir)
         return found[-1] if found else None
     path = Path(resume)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"training.resume_from_checkpoint: {path} does not exist (give a checkpoint-N directory, or "
+            "latest for the newest one in training.output_dir)"
+        )
     if not (path / TRAINER_STATE).is_file():
         raise FileNotFoundError(
             f"training.resume_from_checkpoint: {path} is not a complete checkpoint (no {TRAINER_STATE})"

@@ -77,8 +77,11 @@ def test_total_limit_keeps_newest(tmp_path: Path) -> None:
 def test_resume_errors(tmp_path: Path) -> None:
     assert ckpt.resolve_resume(None, tmp_path) is None
     assert ckpt.resolve_resume("latest", tmp_path / "empty") is None
-    with pytest.raises(FileNotFoundError, match="resume_from_checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"resume_from_checkpoint: \S+/missing does not exist"):
         ckpt.resolve_resume(tmp_path / "missing", tmp_path)
+    (tmp_path / "checkpoint-3").mkdir()  # there, but not a checkpoint
+    with pytest.raises(FileNotFoundError, match="checkpoint-3 is not a complete checkpoint"):
+        ckpt.resolve_resume(tmp_path / "checkpoint-3", tmp_path)
 
 
 def test_lr_warmup_then_cosine() -> None:
