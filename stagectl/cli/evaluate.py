@@ -49,8 +49,8 @@ def command(
         None,
         "--gallery",
         min=0,
-        help="Draw the N worst images (most misses + false positives) into DIR/gallery/ with an index.html "
-        "(data.eval.gallery_images, default 24); 0: no gallery.",
+        help="Draw the N worst images (most misses + false positives; only images with one) into DIR/gallery/ "
+        "with an index.html (data.eval.gallery_images, default 24); 0: no gallery.",
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="DIR holds an earlier eval: move it aside to DIR.replaced-<time> first."

@@ -137,8 +137,8 @@ class EvalDataConfig(StrictModel):
     null: every sample of the split (a COCO score over all of val2017: `--set data.eval.max_samples=null`).
     The default keeps train-ab's periodic eval short."""
     gallery_images: int = Field(24, ge=0)
-    """`stagectl eval` (`--gallery N`): draw the N worst images (most misses + false positives) with the ground
-    truth and the predictions into `DIR/gallery/` (docs/reports.md); 0: no gallery."""
+    """`stagectl eval` (`--gallery N`): draw the N worst images (most misses + false positives; only images with
+    one) with the ground truth and the predictions into `DIR/gallery/` (docs/reports.md); 0: no gallery."""
     decoding: DecodingConfig = Field(default_factory=lambda: DecodingConfig(temperature=0.0))
     """Sampling of the eval rollouts (train-ab's periodic eval and `stagectl eval`): greedy by default;
     with temperature > 0 image k is sampled with seed k. Length and repetition penalty come from

@@ -8,14 +8,18 @@ Each object is marked by the matching the metrics use (`detection.judge.match_ob
     prediction    matched  blue, solid, "desc score IoU"
                   false positive  red, dashed        duplicate  magenta, dotted (an unmatched repeat)
 
-"Worst" is most misses + false positives (ties: image order). Images are scaled for display so the longer side
-is within [`MIN_SIDE`, `MAX_SIDE`] px; boxes are decoded from bins on the sample's own width/height and scaled
+"Worst" is most misses + false positives (ties: image order); only images with at least one are drawn, so a
+perfect eval draws none and its index page says so. An image is named by what the data calls it: its COCO
+`image_id` when it has one and its file name (`003_id139_000000000139.png`: worst-first rank, id, file stem);
+`gallery.json` keeps its position in the evaluated set (`index`) too. Images are scaled for display so the
+longer side is within [`MIN_SIDE`, `MAX_SIDE`] px; boxes are decoded from bins on the sample's own width/height and scaled
 with the image, so they stay where they are. The Channel-B gallery (`learner/channel_b/gallery.py`) draws with the same `draw`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -180,8 +184,8 @@ def write_gallery(
     num_images: int,
     duplicate_iou_threshold: float,
 ) -> list[Path]:
-    """The `num_images` worst images of an eval drawn into `out_dir` (PNGs, gallery.json, index.html);
-    nothing when `num_images` is 0. Returns the files written."""
+    """The `num_images` worst images of an eval drawn into `out_dir` (PNGs, gallery.json, index.html), only
+    images with a miss or a false positive; nothing when `num_images` is 0. Returns the files written."""
     if num_images < 0:
         raise ValueError(f"--gallery must be >= 0 images, got {num_images}")
     if num_images == 0:
@@ -190,19 +194,23 @@ def write_gallery(
         (o, judge_for_gallery(samples[o.index], o.parsed, duplicate_iou_threshold=duplicate_iou_threshold))
         for o in outcomes
     ]
-    judged.sort(key=lambda item: (-item[1].badness, item[0].index))
+    imperfect = sorted(
+        (item for item in judged if item[1].badness), key=lambda item: (-item[1].badness, item[0].index)
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.png"):
         old.unlink()
     entries: list[dict[str, Any]] = []
-    for rank, (outcome, verdicts) in enumerate(judged[:num_images]):
+    for rank, (outcome, verdicts) in enumerate(imperfect[:num_images]):
         sample = samples[outcome.index]
-        name = f"{rank:03d}_image{outcome.index:05d}.png"
+        name = f"{rank:03d}_{file_label(sample)}.png"
         draw(sample.images[0], sample.width, sample.height, verdicts.boxes).save(out_dir / name)
         entries.append(
             {
                 "file": name,
+                "title": image_title(sample),
                 "index": outcome.index,
+                "image_id": sample.image_id,
                 "image": sample.images[0],
                 "num_missed": verdicts.num_missed,
                 "num_fp": verdicts.num_fp,
@@ -212,17 +220,46 @@ def write_gallery(
             }
         )
     listing = out_dir / GALLERY_JSON
-    listing.write_text(json.dumps({"images": entries}, indent=1) + "\n", encoding="utf-8")
+    summary = {"num_evaluated": len(outcomes), "num_imperfect": len(imperfect)}
+    listing.write_text(json.dumps({**summary, "images": entries}, indent=1) + "\n", encoding="utf-8")
     index = out_dir / INDEX_HTML
-    index.write_text(render_gallery_index(entries, len(outcomes)), encoding="utf-8")
+    index.write_text(render_gallery_index(entries, len(outcomes), len(imperfect)), encoding="utf-8")
     return [listing, index]
 
 
-def render_gallery_index(entries: Sequence[dict[str, Any]], num_images: int) -> str:
+def image_title(sample: DetectionSample) -> str:
+    """What a drawn image is called: its file name, with the COCO `image_id` when the data has one."""
+    name = Path(sample.images[0]).name
+    return name if sample.image_id is None else f"{name} (image_id {sample.image_id})"
+
+
+def file_label(sample: DetectionSample) -> str:
+    """The image's part of a gallery file name: `id<image_id>_` when it has one, then its file stem (made safe
+    for any file system; the rank before it keeps names unique)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(sample.images[0]).stem)[:80] or "image"
+    return stem if sample.image_id is None else f"id{sample.image_id}_{stem}"
+
+
+def gallery_intro(num_drawn: int, num_evaluated: int, num_imperfect: int) -> str:
+    """The sentence over a gallery: how many images it shows of how many, or that every image is perfect."""
+    if num_imperfect == 0:
+        return (
+            f"Every one of the {num_evaluated} evaluated images is perfect (each ground-truth object matched, no "
+            "false positive): nothing to draw."
+        )
+    shown = "all drawn" if num_drawn == num_imperfect else f"the {num_drawn} worst drawn"
+    return (
+        f"{num_imperfect} of {num_evaluated} evaluated images have a miss or a false positive ({shown}, most "
+        "misses + false positives first), matched exactly as the metrics match (IoU 0.5)."
+    )
+
+
+def render_gallery_index(entries: Sequence[dict[str, Any]], num_images: int, num_imperfect: int) -> str:
     """`gallery/index.html`: every drawn image (relative links) with its counts, and the legend."""
     from stagectl.templating import render
 
-    return render("gallery_index.html.j2", entries=entries, num_images=num_images, legend=legend())
+    intro = gallery_intro(len(entries), num_images, num_imperfect)
+    return render("gallery_index.html.j2", entries=entries, intro=intro, legend=legend())
 
 
 def legend() -> list[dict[str, str]]:

@@ -90,24 +90,29 @@ def phase_grid(rows: Sequence[Row]) -> Grid | None:
 
 def eval_gallery(page_dir: Path, eval_dir: Path, title: str) -> Gallery | None:
     """The gallery `stagectl eval` wrote under `eval_dir`, its images linked relative to `page_dir`."""
-    from stagectl.evaluation.gallery import legend
+    from stagectl.evaluation.gallery import gallery_intro, legend
 
     listing = eval_dir / EVAL_GALLERY
     if not listing.is_file():
         return None
-    entries = json.loads(listing.read_text(encoding="utf-8")).get("images", [])
+    saved = json.loads(listing.read_text(encoding="utf-8"))
+    entries = saved.get("images", [])
     base = Path(os.path.relpath(listing.parent.resolve(), page_dir.resolve())).as_posix()
     items = [
         Figure(
             f"{base}/{e['file']}",
-            f"image {e['index']}",
+            e.get("title", f"image {e['index']}"),  # a gallery written before titles: its position
             f"{e['num_missed']} missed, {e['num_fp']} false positive(s) of {e['num_gt']} GT / {e['num_pred']} predicted",
         )
         for e in entries
         if (listing.parent / e["file"]).is_file()
     ]
-    intro = f"The {len(items)} worst images (most misses + false positives first); the full gallery: {base}/index.html."
-    return Gallery(title, intro, items, legend())
+    if "num_imperfect" in saved:
+        intro = gallery_intro(len(items), saved["num_evaluated"], saved["num_imperfect"])
+    else:
+        intro = f"The {len(items)} worst images (most misses + false positives first)."
+    intro += f" The full gallery: {base}/index.html."
+    return Gallery(title, intro, items, legend() if items else [])
 
 
 def b_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
 from stagectl.detection.stats import RolloutStats
 from stagectl.evaluation.core import ImageOutcome
 from stagectl.evaluation.gallery import STYLES, draw, judge_for_gallery, write_gallery
-from stagectl.report.html import page_links
+from stagectl.report.html import eval_gallery, page_links
 
 WHITE = (255, 255, 255)
 GT_BOX = (80.0, 40.0, 240.0, 160.0)  # pixels on a 400 x 200 image (drawn at its own size)
@@ -136,10 +136,12 @@ def test_write_gallery_puts_the_worst_first_and_links_only_written_files(tmp_pat
     written = write_gallery(out, samples, outcomes, num_images=2, duplicate_iou_threshold=0.7)
     listing = json.loads((out / "gallery.json").read_text())
     assert [e["index"] for e in listing["images"]] == [1, 2]
-    assert sorted(p.name for p in out.glob("*.png")) == ["000_image00001.png", "001_image00002.png"]
+    assert (listing["num_evaluated"], listing["num_imperfect"]) == (3, 2)
+    assert sorted(p.name for p in out.glob("*.png")) == ["000_img.png", "001_img.png"]
     index = (out / "index.html").read_text()
     links = page_links(index)
-    assert links == ["000_image00001.png", "001_image00002.png"]
+    assert links == ["000_img.png", "001_img.png"]
+    assert "2 of 3 evaluated images have a miss or a false positive (all drawn" in index
     assert all((out / link).is_file() for link in links)
     assert {p.name for p in written} == {"gallery.json", "index.html"}
     assert (
@@ -148,3 +150,38 @@ def test_write_gallery_puts_the_worst_first_and_links_only_written_files(tmp_pat
     assert not (tmp_path / "none").exists()
     with pytest.raises(ValueError, match="--gallery"):
         write_gallery(out, samples, outcomes, num_images=-1, duplicate_iou_threshold=0.7)
+
+
+def test_images_are_named_by_their_coco_id_and_file_name(tmp_path: Path) -> None:
+    """Not by their line (`image 0`, `000_image00001.png`): a COCO image by its image_id and file, any other
+    by its file; the position in the evaluated set stays in gallery.json."""
+    coco = white_image(tmp_path, 400, 200, "000000000139.jpg")
+    other = white_image(tmp_path, 400, 200, "street view #2.png")
+    samples = [
+        DetectionSample([coco], 400, 200, sample_with(coco, 400, 200, GT_BOX).objects, image_id=139),
+        sample_with(other, 400, 200, GT_BOX),
+    ]
+    out = tmp_path / "gallery"
+    write_gallery(out, samples, [outcome(0, []), outcome(1, [])], num_images=5, duplicate_iou_threshold=0.7)
+    listing = json.loads((out / "gallery.json").read_text())
+    assert [(e["file"], e["title"], e["index"]) for e in listing["images"]] == [
+        ("000_id139_000000000139.png", "000000000139.jpg (image_id 139)", 0),
+        ("001_street_view_2.png", "street view #2.png", 1),
+    ]
+    index = (out / "index.html").read_text()
+    assert "000000000139.jpg (image_id 139): 1 missed" in index and "image 0" not in index
+    page = eval_gallery(tmp_path, tmp_path, "Prediction gallery")  # the report page reads the same names
+    assert page is not None and [f.title for f in page.items] == [e["title"] for e in listing["images"]]
+
+
+def test_a_perfect_eval_draws_nothing_and_says_so(tmp_path: Path) -> None:
+    path = white_image(tmp_path, 400, 200)
+    samples = [sample_with(path, 400, 200, GT_BOX) for _ in range(3)]
+    outcomes = [outcome(k, [pred(samples[k], GT_BOX)]) for k in range(3)]
+    out = tmp_path / "gallery"
+    write_gallery(out, samples, outcomes, num_images=24, duplicate_iou_threshold=0.7)
+    assert list(out.glob("*.png")) == []
+    assert json.loads((out / "gallery.json").read_text())["images"] == []
+    assert "Every one of the 3 evaluated images is perfect" in (out / "index.html").read_text()
+    page = eval_gallery(tmp_path, tmp_path, "Prediction gallery")
+    assert page is not None and page.items == [] and "is perfect" in page.intro

@@ -43,8 +43,8 @@ def test_eval_page_shows_the_gallery(tmp_path: Path) -> None:
     (written,) = write_reports(ev)
     links = links_exist(written.html or Path("-"))
     assert [link for link in links if link.startswith("gallery/")] == [
-        "gallery/000_image00001.png",
-        "gallery/001_image00000.png",
+        "gallery/000_scene.png",
+        "gallery/001_scene.png",
     ]
     index = ev / "gallery" / "index.html"
     assert page_links(index.read_text()) and all(
@@ -81,6 +81,6 @@ def test_comparison_page_links_each_runs_gallery_relative_to_itself(tmp_path: Pa
     links = links_exist(page)
     assert "<td>A-only</td>" in page.read_text()
     assert [link for link in links if "gallery" in link] == [
-        "../run/eval/gallery/000_image00001.png",
-        "../run/eval/gallery/001_image00000.png",
+        "../run/eval/gallery/000_scene.png",
+        "../run/eval/gallery/001_scene.png",
     ]
