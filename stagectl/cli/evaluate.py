@@ -132,7 +132,8 @@ def _evaluate(session: EvalSession, out_dir: Path, watchdog: WatchdogConfig) -> 
     typer.echo("  ".join(f"{name}={m[name]:.4f}" for name in SHOWN))
     typer.echo("  ".join(f"{name}={m[name]:.4f}" for name in SHOWN_LABELS) + f"  score={m['score']}")
     typer.echo(
-        f"images={m['n_images']} (of {run.num_available})  invalid_rate={m['invalid_rate']:.3f}  "
+        f"images={m['n_images']} (of {run.num_available})  valid_json_rate={m['valid_json_rate']:.3f}  "
+        f"truncated_rate={m['truncated_rate']:.3f}  "
         f"dup_rate={m['dup_rate']:.3f}  unknown_category={m['n_unknown_category']}  "
         f"{run.images_per_s:.2f} images/s"
     )
