@@ -47,6 +47,9 @@ def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None
     directories made for the probe are removed again (the run creates its directory when it first writes),
     so a start that fails later leaves no empty run directory behind."""
     missing = [p for p in (output_dir, *output_dir.parents) if not p.exists()]  # innermost first
+    existing = next((p for p in (output_dir, *output_dir.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():  # mkdir would say only "[Errno 20] Not a directory"
+        raise ValueError(f"{key}: cannot write to {output_dir}: {existing} is a file, not a directory")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe = output_dir / ".write-probe"

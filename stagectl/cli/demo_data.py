@@ -28,12 +28,16 @@ def command(
         0, "--num-eval-samples", help="Also write a held-out eval.jsonl with this many samples."
     ),
 ) -> None:
-    """Write the synthetic shapes data set: coloured shapes with exact norm-1000 boxes."""
-    from stagectl.data.synthetic import generate_synthetic
+    """Write the synthetic shapes data set: coloured shapes with exact norm-1000 boxes. Writing again into
+    the same OUT replaces what an earlier demo-data wrote there (its extra images, an eval split not asked
+    for now); other files are left alone."""
+    from stagectl.data.synthetic import generate_synthetic, remove_synthetic_split
+    from stagectl.files import check_output_dir
 
     if num_eval_samples < 0:
         fail(f"--num-eval-samples must be >= 0, got {num_eval_samples}")
     try:
+        check_output_dir(out, "OUT")
         train = generate_synthetic(
             num_samples,
             seed,
@@ -57,6 +61,8 @@ def command(
             if num_eval_samples
             else []
         )
+        if not num_eval_samples:  # an eval split an earlier run wrote here is not this data set's
+            remove_synthetic_split(out, "eval")
     except (ValueError, OSError) as exc:
         fail(str(exc))
     num_objects = sum(len(sample.objects) for sample in train)

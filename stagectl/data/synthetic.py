@@ -212,7 +212,8 @@ def generate_synthetic(
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else default_synthetic_dir(params)
     jsonl_path = out / f"{split}.jsonl"
     manifest_path = out / f"{split}.manifest.json"
-    if jsonl_path.is_file() and _read_manifest(manifest_path) == params:
+    previous = _read_manifest(manifest_path)
+    if jsonl_path.is_file() and previous == params:
         return load_jsonl_dataset(jsonl_path, box_format="norm1000")
 
     (out / "images").mkdir(parents=True, exist_ok=True)
@@ -231,7 +232,28 @@ def generate_synthetic(
         lines.append(json.dumps({**sample.to_json_dict(), "images": [relative]}))
     atomic_write_text(jsonl_path, "".join(line + "\n" for line in lines))
     atomic_write_text(manifest_path, json.dumps(params, sort_keys=True, indent=2) + "\n")
+    if previous is not None:  # a larger split drawn here before: its images past this one's are stale
+        _remove_images(out, split, range(num_samples, int(previous.get("num_samples", 0))))
     return samples
+
+
+def remove_synthetic_split(out_dir: str | os.PathLike[str], split: Split) -> bool:
+    """Remove a split `generate_synthetic` wrote into `out_dir` (its JSONL, manifest and images; nothing
+    without its manifest). Returns whether there was one."""
+    out = Path(out_dir)
+    manifest_path = out / f"{split}.manifest.json"
+    manifest = _read_manifest(manifest_path)
+    if manifest is None:
+        return False
+    _remove_images(out, split, range(int(manifest.get("num_samples", 0))))
+    (out / f"{split}.jsonl").unlink(missing_ok=True)
+    manifest_path.unlink()
+    return True
+
+
+def _remove_images(out: Path, split: Split, indices: range) -> None:
+    for index in indices:
+        (out / f"images/{split}_{index:06d}.png").unlink(missing_ok=True)
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:
