@@ -68,7 +68,8 @@ def command(
         sets.append(f"launch.nproc_per_node={nproc}")
         world_size = nproc if world_size is None else world_size
     try:
-        cfg = load_config(config, sets, world_size=world_size)
+        # as eval loads it: its ranks only shard images, so the training-world rules do not apply
+        cfg = load_config(config, sets, world_size=world_size, trains=for_command != "eval")
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None

@@ -67,6 +67,13 @@ def test_nproc_reads_as_train_abs() -> None:
     assert json.loads(output)["launch"]["nproc_per_node"] == 3
 
 
+def test_eval_is_checked_as_eval_loads_its_config() -> None:
+    code, output = validate(str(EXAMPLES / "learn_shapes.yaml"), "--nproc", "2")
+    assert code == 1 and "but the world size is 2" in output  # train-ab's rule for 2 learner ranks
+    code, output = validate(str(EXAMPLES / "learn_shapes.yaml"), "--for", "eval", "--nproc", "2")
+    assert code == 0, output  # eval's ranks shard images: no training-world rule
+
+
 def test_an_unknown_command_is_a_usage_error() -> None:
     code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--for", "train")
     assert code == 2 and "--for must be one of train-ab, eval, stage-b, rollout-server, got 'train'" in output
