@@ -30,6 +30,7 @@ TRAIN_FILES = (
     RESOLVED_CONFIG,
     PLAN_FILE,
     "metrics.jsonl",
+    "samples.jsonl",  # = learner.samples.SAMPLES_FILE, opened before the first step
     "final_state.json",
     "wandb_run_id",
     "tensorboard",
@@ -96,8 +97,13 @@ def apply_policy(
     if policy.overwrite:
         moved = move_aside(out)
         return f"--overwrite: moved the previous run in {out} ({found}) to {moved}; delete it when sure"
+    raise refusal(out, found, key=key, command=command, can_resume=can_resume)
+
+
+def refusal(out: Path, found: str, *, key: str, command: str, can_resume: bool = True) -> ValueError:
+    """The error of a command that will not start in `out`, which holds the run `found`: the ways forward."""
     resume = "--resume to continue it, " if can_resume else ""
-    raise ValueError(
+    return ValueError(
         f"{key}: {out} already holds a run ({found}); nothing was changed. Pass {resume}--overwrite to move "
         f"it aside (to {out.name}.replaced-<time>), or choose another directory ({command})"
     )
@@ -165,15 +171,27 @@ def prepare_train_dir(out: Path, resume: Path | str | None, overwrite: bool) -> 
     """train-ab's policy for `training.output_dir` (`resume`: `training.resume_from_checkpoint`, `overwrite`:
     `training.overwrite_output_dir`). Idempotent: the CLI applies it before any server starts, global rank 0
     again before it writes (the only place for a multi-node run). Returns the line to print, if any."""
+    found = train_dir_verdict(out, resume, overwrite)
+    policy = RunDirPolicy(resume=resume is not None, overwrite=overwrite)
+    return apply_policy(out, found, policy, key="training.output_dir", command=TRAIN_DIR_HINT)
+
+
+TRAIN_DIR_HINT = "stagectl train-ab ... --set training.output_dir=NEW_DIR"
+
+
+def train_dir_verdict(out: Path, resume: Path | str | None, overwrite: bool) -> str | None:
+    """train-ab's verdict on `training.output_dir`, acting on nothing (`stagectl doctor` asks it too): the
+    run found there (None: none), which `resume` continues or `overwrite` moves aside; `ValueError`, with
+    the ways forward, when train-ab refuses to start there."""
     found = train_run_summary(out)
     if found is not None and str(resume) == "latest" and not has_complete_checkpoint(out):
         raise ValueError(
             f"training.resume_from_checkpoint: latest: {out} holds a run ({found}) but no complete "
             "checkpoint to continue from; pass --overwrite to move it aside and start again"
         )
-    policy = RunDirPolicy(resume=resume is not None, overwrite=overwrite)
-    hint = "stagectl train-ab ... --set training.output_dir=NEW_DIR"
-    return apply_policy(out, found, policy, key="training.output_dir", command=hint)
+    if found is not None and resume is None and not overwrite:
+        raise refusal(out, found, key="training.output_dir", command=TRAIN_DIR_HINT)
+    return found
 
 
 def has_complete_checkpoint(out: Path) -> bool:

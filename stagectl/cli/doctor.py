@@ -1,5 +1,5 @@
-"""`stagectl doctor CONFIG [--set k=v]... [--nproc N] [--world-size N] [--push] [--json]`: the preflight
-(docs/doctor.md)."""
+"""`stagectl doctor CONFIG [--set k=v]... [--nproc N] [--world-size N] [--resume | --overwrite] [--push]
+[--json]`: the preflight (docs/doctor.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def command(
     world_size: int | None = typer.Option(
         None, "--world-size", min=1, help="World size the run will have (default: $WORLD_SIZE or launch)."
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Check the run train-ab --resume would make (continuing training.output_dir's run).",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Check the run train-ab --overwrite would make (its old run moved aside)."
+    ),
     push: bool = typer.Option(
         False, "--push", help="Also push the model's weights to every rollout server once (a new version)."
     ),
@@ -26,12 +34,17 @@ def command(
 ) -> None:
     """Check a config before a run: config, data, model, packed forward, rollout servers, resources.
     One line per check (OK / WARN / FAIL / SKIP, and the fix); exit 1 when any check fails."""
+    from stagectl.cli.common import fail
     from stagectl.doctor.report import exit_code, summary, to_json
     from stagectl.doctor.run import DoctorOptions, run_doctor
 
+    if resume and overwrite:
+        fail("--resume and --overwrite contradict each other; give one of them")
     started = time.perf_counter()
     sets = [*overrides, f"launch.nproc_per_node={nproc}"] if nproc is not None else list(overrides)
-    options = DoctorOptions(config=config, overrides=sets, world_size=world_size, push=push)
+    if overwrite:  # as train-ab reads it
+        sets.append("training.overwrite_output_dir=true")
+    options = DoctorOptions(config=config, overrides=sets, world_size=world_size, push=push, resume=resume)
     emit = (lambda check: None) if as_json else (lambda check: typer.echo(check.line()))
     checks = run_doctor(options, emit)
     seconds = time.perf_counter() - started

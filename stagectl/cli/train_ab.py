@@ -63,6 +63,7 @@ def command(
     from stagectl.files import check_output_dir
     from stagectl.launch import embedded_rollout_server, inside_torchrun
     from stagectl.memory.from_config import knobs_from_config
+    from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
     from stagectl.rundir import prepare_train_dir
 
@@ -94,6 +95,9 @@ def command(
         # every image again before the model loads: `learner.setup.load_train_samples`)
         if cfg.data is not None and cfg.data.train_jsonl is not None:
             load_jsonl_dataset(cfg.data.train_jsonl, cfg.data.image_root, box_format=cfg.data.box_format)
+        model_problem = model_problem_on_disk(cfg.model.name_or_path)  # e.g. a text-only model
+        if model_problem is not None:
+            raise ValueError(f"model.name_or_path: {model_problem}")
         if cfg.launch.nnodes == 1:  # multi-node: global rank 0 alone decides (learner.setup)
             note = prepare_train_dir(t.output_dir, t.resume_from_checkpoint, t.overwrite_output_dir)
             if note is not None:

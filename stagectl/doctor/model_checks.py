@@ -1,5 +1,7 @@
 """Model checks: the tokenizer's chat template and stop ids (`model.chat_template`), the coordinate tokens
-(`model.coord_tokens`), then the weights load as train-ab loads them (`model.load`)."""
+(`model.coord_tokens`), whether train-ab can train the model at all (`model.load`, from its files: the rule
+train-ab applies before it writes anything, `stagectl.models.capability`), then the weights load as train-ab
+loads them (`model.load`)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ MODEL_FIX = "set model.name_or_path to a local Qwen-VL checkpoint directory or b
 def check_tokenizer(model: ModelConfig, rollout_engine: str | None) -> tuple[bool, list[Check]]:
     """Chat template, stop ids and coordinate tokens, from the checkpoint's tokenizer as it is on disk;
     `rollout_engine`: the engine Channel-B's rollout servers run (None: rollouts run in the learner).
-    Returns whether loading the weights is worth trying, and the lines."""
+    Returns whether loading the weights is worth trying, and the lines (a `model.load` fail among them
+    when train-ab would refuse the model)."""
+    from stagectl.models.capability import detection_model_problem
     from stagectl.models.loading import checkpoint_stop_ids, load_tokenizer, resolve_model_path
     from stagectl.models.turns import template_end_of_turn_id
 
@@ -55,7 +59,11 @@ def check_tokenizer(model: ModelConfig, rollout_engine: str | None) -> tuple[boo
             "model.chat_template",
             f"end of turn {tokenizer.convert_ids_to_tokens(end_of_turn)} ({end_of_turn}); rollouts stop at {shown}",
         )
-    return True, [chat, _coord_tokens(name, rollout_engine, tokenizer)]
+    lines = [chat, _coord_tokens(name, rollout_engine, tokenizer)]
+    problem = detection_model_problem(path)  # train-ab's own refusal, before it loads a weight
+    if problem is not None:
+        return False, [*lines, fail("model.load", f"model.name_or_path {name}: {problem}", MODEL_FIX)]
+    return True, lines
 
 
 def _coord_tokens(name_or_path: str, rollout_engine: str | None, tokenizer: PreTrainedTokenizerBase) -> Check:
@@ -83,7 +91,8 @@ def _coord_tokens(name_or_path: str, rollout_engine: str | None, tokenizer: PreT
 
 
 def load_model(model: ModelConfig, device: str) -> tuple[ModelBundle | None, Check]:
-    """The model as train-ab loads it: float32 master weights, coordinate tokens added when missing."""
+    """The model as train-ab loads it: float32 master weights, coordinate tokens added when missing (a model
+    train-ab cannot train is refused before, by `check_tokenizer`)."""
     from stagectl.models.loading import load_bundle
 
     started = time.perf_counter()
@@ -98,12 +107,6 @@ def load_model(model: ModelConfig, device: str) -> tuple[ModelBundle | None, Che
     except (FileNotFoundError, ValueError, OSError) as exc:
         return None, fail("model.load", f"model.name_or_path {model.name_or_path}: {exc}", MODEL_FIX)
     seconds = time.perf_counter() - started
-    if not bundle.vision_language:
-        return None, fail(
-            "model.load",
-            f"{bundle.path} is a text-only {bundle.model_type} model: train-ab trains on images",
-            MODEL_FIX,
-        )
     num_params = sum(p.numel() for p in bundle.model.parameters())
     return bundle, ok(
         "model.load",

@@ -1,4 +1,5 @@
-"""`run_doctor`: every check in order, cheap ones first (config, data files, servers, tokenizer), then the
+"""`run_doctor`: every check in order, cheap ones first (config, run directory, data files, servers,
+tokenizer), then the
 ones that need the model (load, resources, sample lengths, the packed forward, `--push`). Each line is
 handed to `emit` as soon as it is known, so a slow step shows what it is waiting on.
 
@@ -25,6 +26,7 @@ from stagectl.doctor.data_checks import (
 from stagectl.doctor.model_checks import check_tokenizer, load_model
 from stagectl.doctor.report import Check, fail, skip
 from stagectl.doctor.resource_checks import check_resources
+from stagectl.doctor.run_dir_check import check_run_dir
 from stagectl.doctor.server_checks import check_push, check_servers
 from stagectl.memory.from_config import knobs_from_config
 
@@ -35,6 +37,7 @@ class DoctorOptions:
     overrides: list[str] = field(default_factory=list)
     world_size: int | None = None  # None: $WORLD_SIZE, else launch.nproc_per_node x launch.nnodes
     push: bool = False  # one real weight push to every server
+    resume: bool = False  # the run is started with train-ab --resume
 
 
 def run_doctor(options: DoctorOptions, emit: Callable[[Check], None] = lambda check: None) -> list[Check]:
@@ -52,6 +55,7 @@ def run_doctor(options: DoctorOptions, emit: Callable[[Check], None] = lambda ch
     if cfg is None:
         return checks
     assert cfg.data is not None  # check_config refuses configs without one
+    add(check_run_dir(cfg.training, options.resume))
     servers = learner_servers(cfg)
     knobs = knobs_from_config(
         cfg.model,

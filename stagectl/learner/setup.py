@@ -31,6 +31,7 @@ from stagectl.learner.optim import build_optimizer
 from stagectl.learner.parts import FreezeReport, freeze_parts
 from stagectl.learner.precision import Precision
 from stagectl.learner.segments import SampleEncoder
+from stagectl.models.capability import detection_model_problem
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 from stagectl.models.speedups import apply_speedups
 from stagectl.rundir import prepare_train_dir, resume_note
@@ -103,9 +104,11 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
         adapter_cfg = model.adapter
         source = str(resume / "model") if resume and adapter_cfg is None else model.name_or_path
         try:
-            resolve_model_path(source)
+            problem = detection_model_problem(resolve_model_path(source))  # before any weight loads
         except (FileNotFoundError, ValueError) as exc:
             raise ValueError(f"model.name_or_path: {exc}") from None
+        if problem is not None:
+            raise ValueError(f"model.name_or_path: {problem}")
         device = device_for(world)
         seed_everything(training.seed)
         precision = Precision.from_config(model, training)

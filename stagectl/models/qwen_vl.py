@@ -22,10 +22,9 @@ from PIL import Image
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from stagectl.models.capability import QWEN_VL_MODEL_TYPES
 from stagectl.models.images import ImageInputs, preprocess_images
 from stagectl.models.tokenizer import IMAGE_PAD, token_id
-
-QWEN_VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def is_vision_language(config: PretrainedConfig) -> bool:

@@ -25,6 +25,7 @@ def test_doctor_passes_a_good_config_and_fails_a_bad_one_in_json(tmp_path: Path)
     names = [line.split()[1].rstrip(":") for line in lines[:-1]]
     assert {
         "config",
+        "training.output_dir",
         "data.file",
         "model.load",
         "resources.disk",

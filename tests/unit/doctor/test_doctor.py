@@ -324,3 +324,40 @@ def test_cli_nproc_sets_the_world_size_as_train_ab_does(tmp_path: Path) -> None:
     assert [c["status"] for c in report["checks"]] == ["fail"]  # nothing else runs on an invalid config
     assert report["checks"][0]["message"].startswith("stage2_ab.channel_b.mode: 'step' runs Channel-B")
     assert "the world size is 2" in report["checks"][0]["message"]
+
+
+# ---------------------------------------------------------------- run directory
+
+
+def test_run_dir_gives_train_ab_s_verdict_and_way_forward(tmp_path: Path) -> None:
+    """Doctor's `training.output_dir` line is train-ab's own verdict (`rundir.train_dir_verdict`): a
+    directory holding a run fails without --resume / --overwrite, with train-ab's message, and doctor
+    changes nothing there."""
+    from stagectl.doctor.run_dir_check import check_run_dir
+    from stagectl.rundir import prepare_train_dir
+
+    out = tmp_path / "run"
+    cfg = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)
+    line = check_run_dir(cfg.training, resume=False)
+    assert line.status == "ok" and line.message == f"{out} holds no run: train-ab starts a new one there"
+
+    (out / "checkpoint-12").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    line = check_run_dir(cfg.training, resume=False)
+    with pytest.raises(ValueError) as refused:
+        prepare_train_dir(out, None, False)
+    assert line.status == "fail" and line.name == "training.output_dir"
+    assert line.message == f"train-ab will refuse to start: {refused.value}"
+    assert "already holds a run (1 metrics row, checkpoint-12)" in line.message
+    assert line.fix.startswith("train-ab (and doctor) --resume continues that run, --overwrite moves it aside")
+    # --resume: train-ab wants a complete checkpoint to continue from
+    line = check_run_dir(cfg.training, resume=True)
+    assert line.status == "fail" and "no complete checkpoint to continue from" in line.message
+    assert "--resume" not in line.fix
+    (out / "checkpoint-12" / "trainer_state.json").write_text("{}")
+    line = check_run_dir(cfg.training, resume=True)
+    assert line.status == "ok" and "train-ab --resume continues it from latest" in line.message
+    overwrite = cfg.training.model_copy(update={"overwrite_output_dir": True})
+    line = check_run_dir(overwrite, resume=False)
+    assert line.status == "ok" and "train-ab --overwrite moves it aside to run.replaced-<time>" in line.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "run"]  # nothing moved or written

@@ -1,0 +1,38 @@
+"""The run-directory check (`training.output_dir`): what train-ab will do with the directory, by train-ab's
+own rule (`rundir.train_dir_verdict`), acting on nothing: start a new run there, continue the run it holds
+(`--resume`), move that run aside (`--overwrite`), or refuse to start."""
+
+from __future__ import annotations
+
+from stagectl.config.training import TrainingConfig
+from stagectl.doctor.report import Check, fail, ok
+from stagectl.rundir import TRAIN_DIR_HINT, train_dir_verdict
+
+
+def check_run_dir(training: TrainingConfig, resume: bool) -> Check:
+    """`resume`: doctor was given `--resume` (train-ab's: `resume_from_checkpoint: latest` unless the
+    config names a checkpoint)."""
+    name = "training.output_dir"
+    out = training.output_dir
+    resume_from = training.resume_from_checkpoint
+    if resume_from is None and resume:
+        resume_from = "latest"
+    try:
+        found = train_dir_verdict(out, resume_from, training.overwrite_output_dir)
+    except ValueError as exc:
+        if resume_from is None:
+            fix = (
+                "train-ab (and doctor) --resume continues that run, --overwrite moves it aside, or "
+                f"start the new run elsewhere: {TRAIN_DIR_HINT}"
+            )
+        else:
+            fix = f"--overwrite moves it aside, or start the new run elsewhere: {TRAIN_DIR_HINT}"
+        return fail(name, f"train-ab will refuse to start: {exc}", fix)
+    if found is None:
+        return ok(name, f"{out} holds no run: train-ab starts a new one there")
+    if resume_from is not None:
+        return ok(name, f"{out} holds a run ({found}): train-ab --resume continues it from {resume_from}")
+    return ok(
+        name,
+        f"{out} holds a run ({found}): train-ab --overwrite moves it aside to {out.name}.replaced-<time>",
+    )
