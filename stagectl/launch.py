@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -142,9 +142,10 @@ def embedded_rollout_server(
     timeout_s: float = 300.0,
 ) -> Iterator[str]:
     """Start `stagectl rollout-server` as a child on a free loopback port, wait for /health/, yield its
-    URL, and always stop it (normal exit, errors, Ctrl-C). The child reads the same YAML and `overrides`
-    (it resolves its own `ServerPlan`), may read the training images (`data`'s and `server.image_roots`),
-    loads disk weight syncs from `output_dir/weight_sync`, and logs to `output_dir/rollout_server.log`."""
+    URL, and always stop it, last (normal exit, errors, Ctrl-C). The child runs in its own session and
+    reads the same YAML and `overrides` (it resolves its own `ServerPlan`), may read the training images
+    (`data`'s and `server.image_roots`), loads disk weight syncs from `output_dir/weight_sync`, and logs
+    to `output_dir/rollout_server.log`."""
     from stagectl.server.launcher import ServerKeeper, start_server_process
 
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +163,11 @@ def embedded_rollout_server(
     devices = cuda_env("rollout_server.devices", server.devices)
     env = child_env({EXIT_WITH_PARENT_ENV: f"{os.getpid()}:{int(signal.SIGTERM)}", **devices})
     log_path = output_dir / "rollout_server.log"
-    child = start_server_process(args_for_port(0), log_path=log_path, timeout_s=timeout_s, env=env)
+    # in its own session: a terminal's Ctrl-C reaches the launcher only, the learners finish their step
+    # against a live server and the launcher stops it last (below)
+    child = start_server_process(
+        args_for_port(0), log_path=log_path, timeout_s=timeout_s, env=env, new_session=True
+    )
     # a server that crashes is started again on its port (the learner re-syncs it)
     keeper = ServerKeeper(
         child,
@@ -171,6 +176,7 @@ def embedded_rollout_server(
         env=env,
         log_path=log_path,
         timeout_s=timeout_s,
+        new_session=True,
     )
     try:
         yield str(child.url)
@@ -178,9 +184,11 @@ def embedded_rollout_server(
         keeper.stop()
 
 
-def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -> int:
+def relaunch_under_torchrun(
+    command_args: Sequence[str], launch: LaunchConfig, *, on_signal: Callable[[int], None] | None = None
+) -> int:
     """Re-run `stagectl COMMAND_ARGS` under torchrun as `launch` says (argv printed first); returns the
-    exit code."""
+    exit code. `on_signal`: see `run_torchrun`."""
     run_id = run_id_for(launch.nnodes, launch.rdzv_id, launch.rdzv_endpoint)
     argv = torchrun_argv(
         command_args,
@@ -194,7 +202,8 @@ def relaunch_under_torchrun(command_args: Sequence[str], launch: LaunchConfig) -
 
     devices = cuda_env("launch.devices", launch.devices)  # every rank sees the node's learner devices
     print(f"launching: {shlex.join(argv)}", file=sys.stderr, flush=True)
-    return run_torchrun(argv, child_env({RUN_ID_ENV: run_id, **devices}, single_node=launch.nnodes == 1))
+    env = child_env({RUN_ID_ENV: run_id, **devices}, single_node=launch.nnodes == 1)
+    return run_torchrun(argv, env, on_signal=on_signal)
 
 
 @contextmanager
@@ -229,12 +238,16 @@ def remove_orphan_plan_dirs(root: Path, *, min_age_s: float = ORPHAN_PLAN_DIR_AG
     return removed
 
 
-def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:
+def run_torchrun(
+    argv: Sequence[str], env: dict[str, str], *, on_signal: Callable[[int], None] | None = None
+) -> int:
     """Run torchrun in its own session and supervise it until it exits; returns its exit code.
 
     - SIGTERM / Ctrl-C reach the ranks (not torchrun) as one SIGTERM each, so every rank finishes its
       step, saves and exits, and torchrun then exits with their status; a second signal is forwarded
-      too (the ranks then stop at once).
+      too (the ranks then stop at once). With `on_signal` (for ranks that handle both signals and name
+      the one they got), each rank gets the signal as received (Ctrl-C stays SIGINT) and
+      `on_signal(signum)` is called in the handler (the launcher exits 128 + it).
     - A rank whose watchdog fired sends us SIGUSR1: every rank of this node gets SIGTERM and, after
       `KILL_GRACE_S`, SIGKILL (a rank frozen by SIGSTOP, or blocked in a collective, ends too).
     - torchrun dies with us, even when we are SIGKILLed (PR_SET_PDEATHSIG), and each rank's watchdog
@@ -250,9 +263,11 @@ def run_torchrun(argv: Sequence[str], env: dict[str, str]) -> int:
     abort_at: list[float] = []
 
     def forward(signum: int, frame: object) -> None:
+        if on_signal is not None:
+            on_signal(signum)
         ranks = _descendants(proc.pid)
         for pid in ranks:
-            _signal(pid, signal.SIGTERM)
+            _signal(pid, signum if on_signal is not None else signal.SIGTERM)
         if not ranks:  # torchrun has not started its workers yet: stop it directly
             _signal(proc.pid, signal.SIGTERM)
 

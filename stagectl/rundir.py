@@ -14,16 +14,23 @@ this is the default instead of a fresh versioned subdirectory per run.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from stagectl.config.plan import PLAN_FILE
 from stagectl.console import plural
 from stagectl.files import RESOLVED_CONFIG
+
+FINAL_STATE = "final_state.json"
 
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
 TRAIN_FILES = (
@@ -31,7 +38,7 @@ TRAIN_FILES = (
     PLAN_FILE,
     "metrics.jsonl",
     "samples.jsonl",  # = learner.samples.SAMPLES_FILE, opened before the first step
-    "final_state.json",
+    FINAL_STATE,
     "wandb_run_id",
     "tensorboard",
     "weight_sync",
@@ -68,8 +75,9 @@ def train_run_summary(out: Path) -> str | None:
     if checkpoints:
         names = [p.name for p in checkpoints]
         parts.append(", ".join(names if len(names) <= 3 else [names[0], "...", names[-1]]))
-    if (out / "final_state.json").is_file():
-        parts.append("finished")
+    end = read_run_end(out)
+    if end is not None:
+        parts.append(end.describe())
     return ", ".join(parts) if parts else None
 
 
@@ -197,12 +205,7 @@ def train_dir_verdict(out: Path, resume: Path | str | None, overwrite: bool) -> 
 def has_complete_checkpoint(out: Path) -> bool:
     """A `checkpoint-N/` with its trainer_state.json (the rule of `learner.checkpoint.list_checkpoints`,
     restated here without importing torch)."""
-    return out.is_dir() and any(
-        p.name.startswith("checkpoint-")
-        and p.name[len("checkpoint-") :].isdigit()
-        and (p / "trainer_state.json").is_file()
-        for p in out.iterdir()
-    )
+    return latest_complete_checkpoint(out) is not None
 
 
 def resume_note(checkpoint: Path, step: int, max_steps: int) -> str:
@@ -218,11 +221,163 @@ def resume_note(checkpoint: Path, step: int, max_steps: int) -> str:
     )
 
 
-def stop_note(signum: int, config: Path, step: int, out: Path, extra_options: bool) -> str:
+def signal_name(signum: int) -> str:
+    """`SIGINT` for 2 (`signal N` for a number with no name here)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def continue_command(out: Path) -> str:
+    """The whole command that continues the run in `out`: its own config.yaml holds every --set, the
+    learner count and, for an embedded server, `rollout_server.embedded: true`."""
+    return f"stagectl train-ab {out / RESOLVED_CONFIG} --resume"
+
+
+def stop_note(signum: int, step: int, max_steps: int, out: Path) -> str:
     """The end line of a run stopped by a signal: where its checkpoint is and how to continue it."""
-    same = " and the same --set/--nproc options" if extra_options else ""
     return (
-        f"stopped by signal {signum} after step {step}; checkpoint saved ({out / f'checkpoint-{step}'}). "
-        "Continue with: "
-        f"stagectl train-ab {config} --resume{same}"
+        f"stopped by {signal_name(signum)} after step {step} of {max_steps}; checkpoint saved "
+        f"({out / f'checkpoint-{step}'}). Continue with: {continue_command(out)}"
+    )
+
+
+def abort_note(signum: int, out: Path) -> str:
+    """The end line of a run a second signal stopped at once (no checkpoint of its last steps)."""
+    latest = latest_complete_checkpoint(out)
+    last = (
+        f"the last good checkpoint is {latest}; continue with: {continue_command(out)}"
+        if latest is not None
+        else "no checkpoint was written (nothing to resume from)"
+    )
+    return f"a second {signal_name(signum)} stopped the run at once, without a checkpoint: {last}"
+
+
+def latest_complete_checkpoint(out: Path) -> Path | None:
+    """The newest `checkpoint-N/` with its trainer_state.json (see `has_complete_checkpoint`), or None."""
+    if not out.is_dir():
+        return None
+    steps = [
+        int(p.name[len("checkpoint-") :])
+        for p in out.iterdir()
+        if p.name.startswith("checkpoint-")
+        and p.name[len("checkpoint-") :].isdigit()
+        and (p / "trainer_state.json").is_file()
+    ]
+    return out / f"checkpoint-{max(steps)}" if steps else None
+
+
+# ---------------------------------------------------------------- how a train-ab run ended
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What `final_state.json` says about the end of a run (written when it reached `max_steps` and when a
+    signal stopped it). `max_steps`: None when neither the file nor config.yaml names it."""
+
+    step: int
+    max_steps: int | None
+    stopped_by_signal: int | None
+
+    @property
+    def finished(self) -> bool:
+        if self.max_steps is not None:
+            return self.step >= self.max_steps
+        return self.stopped_by_signal is None
+
+    def describe(self) -> str:
+        """`finished`, or `stopped at step 8 of 200 (SIGINT)`."""
+        if self.finished:
+            return "finished"
+        of = f" of {self.max_steps}" if self.max_steps is not None else ""
+        by = f" ({signal_name(self.stopped_by_signal)})" if self.stopped_by_signal is not None else ""
+        return f"stopped at step {self.step}{of}{by}"
+
+
+def run_end(final_state: Mapping[str, Any], config_max_steps: int | None = None) -> RunEnd:
+    """The end `final_state` records; `config_max_steps` (config.yaml's) for a file from before it held
+    `max_steps`. `ValueError` when `global_step` is missing."""
+    if not isinstance(final_state.get("global_step"), int):
+        raise ValueError(f"{FINAL_STATE} has no integer global_step")
+    max_steps = final_state.get("max_steps", config_max_steps)
+    stopped = final_state.get("stopped_by_signal")
+    return RunEnd(
+        step=final_state["global_step"],
+        max_steps=max_steps if isinstance(max_steps, int) else None,
+        stopped_by_signal=stopped if isinstance(stopped, int) else None,
+    )
+
+
+def read_run_end(out: Path) -> RunEnd | None:
+    """`run_end` of `out/final_state.json` (None when there is none or it cannot be read)."""
+    try:
+        final_state = json.loads((out / FINAL_STATE).read_text())
+        config = _read_yaml(out / RESOLVED_CONFIG)
+        max_steps = config.get("training", {}).get("max_steps") if isinstance(config, dict) else None
+        return run_end(final_state, max_steps if isinstance(max_steps, int) else None)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+# ---------------------------------------------------------------- a resume that changes the config
+
+# keys a resume sets itself or that act on one start only: never reported as a change
+RESUME_OWN_KEYS = frozenset({"training.resume_from_checkpoint", "training.overwrite_output_dir"})
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists and scalars are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The dotted keys whose value differs between the run's saved config and the resumed one, sorted:
+    (key, old, new); a key only one side has shows `<unset>` on the other."""
+    old_flat, new_flat = flatten(saved), flatten(new)
+    unset = "<unset>"
+    return [
+        (key, old_flat.get(key, unset), new_flat.get(key, unset))
+        for key in sorted(old_flat.keys() | new_flat.keys())
+        if key not in RESUME_OWN_KEYS and old_flat.get(key, unset) != new_flat.get(key, unset)
+    ]
+
+
+def keep_config_before_resume(out: Path, new: Mapping[str, Any], resume: Path | str | None) -> str | None:
+    """Before a resume rewrites `out/config.yaml`: when the resolved config `new` differs from it, copy it
+    to `config.step-N.yaml` (N: the checkpoint resumed from; the config the steps up to N trained with,
+    kept once) and return the warning listing each changed key; None when nothing changed or there is
+    nothing to resume."""
+    saved = _read_yaml(out / RESOLVED_CONFIG)
+    checkpoint = latest_complete_checkpoint(out) if str(resume) == "latest" else None
+    if resume is not None and str(resume) != "latest":
+        checkpoint = Path(resume)
+    if not isinstance(saved, dict) or checkpoint is None:
+        return None
+    changes = config_changes(saved, new)
+    if not changes:
+        return None
+    step = checkpoint.name.removeprefix("checkpoint-")
+    kept = out / f"config.step-{step}.yaml"
+    if not kept.exists():
+        shutil.copy2(out / RESOLVED_CONFIG, kept)
+    listed = "; ".join(f"{key}: {old!r} -> {value!r}" for key, old, value in changes)
+    return (
+        f"warning: the resumed config differs from the one that trained {checkpoint.name} "
+        f"({len(changes)} key{'s' if len(changes) != 1 else ''}): {listed}. The steps so far trained "
+        f"with {kept}; config.yaml now holds the new values"
     )

@@ -9,10 +9,11 @@ and each rank reads that file instead of parsing the YAML again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -43,21 +44,19 @@ def command(
     plan_file: Path | None = typer.Option(
         None, "--plan", hidden=True, help="(the launcher's, for its torchrun ranks) the resolved plan to run."
     ),
-    user_options: bool = typer.Option(
-        False, "--user-options", hidden=True, help="(with --plan) the user's command gave --set or --nproc."
-    ),
 ) -> None:
     """Run Stage-2 AB training (re-launches itself under torchrun when nproc > 1; starts an embedded
     rollout server first when rollout_server.embedded is true). A training.output_dir that already holds
-    a run is refused unless --resume or --overwrite says what to do with it."""
+    a run is refused unless --resume or --overwrite says what to do with it. A run SIGINT/SIGTERM stopped
+    saves a checkpoint, prints how to continue and exits 128 + the signal."""
     if plan_file is not None:  # a rank the launcher started: the plan, never the YAML
         if overrides or nproc is not None or resume or overwrite:
             fail(
                 "--plan (the launcher's option for its torchrun ranks) takes no --set, --nproc, --resume or --overwrite"
             )
-        _rank_from_plan(plan_file, (config, user_options))
+        _rank_from_plan(plan_file)
         return
-    from stagectl.config import ConfigError, effective_world_size, load_config
+    from stagectl.config import ConfigError, effective_world_size, load_config, to_plain
     from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
@@ -65,7 +64,7 @@ def command(
     from stagectl.memory.from_config import knobs_from_config
     from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
-    from stagectl.rundir import prepare_train_dir
+    from stagectl.rundir import keep_config_before_resume, prepare_train_dir
 
     if resume and overwrite:
         fail("--resume and --overwrite contradict each other; give one of them")
@@ -85,9 +84,8 @@ def command(
         raise typer.Exit(1) from None
     if cfg.stage2_ab is None:
         fail(f"{config}: train-ab needs a stage2_ab section (stage2_ab.schedule.b_ratio)")
-    restart = (config, bool(overrides) or nproc is not None)  # for the end line of a stopped run
     if inside_torchrun():  # torchrun started by hand: each rank resolves the plan from the YAML
-        _train(_plan_or_fail(cfg, effective_world_size(cfg)), restart)
+        _train(_plan_or_fail(cfg, effective_world_size(cfg)))
         return
     t = cfg.training
     try:
@@ -102,6 +100,9 @@ def command(
             note = prepare_train_dir(t.output_dir, t.resume_from_checkpoint, t.overwrite_output_dir)
             if note is not None:
                 typer.echo(note, err=True)
+            changed = keep_config_before_resume(t.output_dir, _as_saved(cfg), t.resume_from_checkpoint)
+            if changed is not None:
+                typer.echo(f"train-ab: {changed}", err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts
         check_devices(cfg.launch, cfg.rollout_server)
         knobs = knobs_from_config(
@@ -116,9 +117,10 @@ def command(
     if cfg.rollout_server.embedded:
         server = embedded_rollout_server(config, sets, cfg.rollout_server, cfg.data, t.output_dir)
     with _server_errors(), server as url:
+        user_config = cfg
         if url is not None:
             typer.echo(f"embedded rollout server: {url}", err=True)
-            # the ranks (and the resolved config.yaml) learn the server's address from the config itself
+            # the ranks learn the server's address from the config itself
             sets += [
                 "rollout_server.embedded=false",
                 f"custom.extra.rollout_matching.vllm.server.servers=[{{base_url: '{url}'}}]",
@@ -126,12 +128,26 @@ def command(
             cfg = load_config(config, sets, world_size=nproc)
         world_size = effective_world_size(cfg)
         plan = _plan_or_fail(cfg, world_size)  # every node's launcher resolves its own
+        # config.yaml holds the user's config (an embedded server stays embedded: resuming from it starts
+        # one again); plan.json records the address this run used
+        plan = dataclasses.replace(plan, run_config=dict(to_plain(user_config)))
         if world_size > 1:
-            code = _relaunch(config, plan, restart[1])
+            code, signals = _relaunch(config, plan)
+            if signals:  # the ranks stopped cleanly (or at once, on a second signal) and said so
+                raise typer.Exit(128 + signals[0])
             if code:
                 raise typer.Exit(code)
         else:
-            _train(plan, restart)
+            _train(plan)
+
+
+def _as_saved(cfg: StagectlConfig) -> dict[str, Any]:
+    """`cfg` as rank 0 writes it to config.yaml (`learner.setup`)."""
+    from stagectl.config import to_plain
+
+    plain = dict(to_plain(cfg))
+    plain["training"] = {**plain["training"], "overwrite_output_dir": False}
+    return plain
 
 
 def _plan_or_fail(cfg: StagectlConfig, world_size: int) -> TrainPlan:
@@ -154,40 +170,50 @@ def _server_errors() -> Iterator[None]:
         fail(str(exc))
 
 
-def _relaunch(config: Path, plan: TrainPlan, user_options: bool) -> int:
-    """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
+def _relaunch(config: Path, plan: TrainPlan) -> tuple[int, list[int]]:
+    """torchrun's ranks get the plan as a file (written atomically, removed when they are done); each
+    stop signal the launcher receives reaches them as it is (they name it in their stop line). Returns
+    torchrun's exit code and the signals received."""
     from stagectl.config.plan import PLAN_FILE
     from stagectl.config.plan_train import write_train_plan
     from stagectl.launch import plan_dir, relaunch_under_torchrun
 
+    signals: list[int] = []
     with plan_dir() as tmp:
         path = write_train_plan(tmp / PLAN_FILE, plan)
-        args = ["train-ab", str(config), "--plan", str(path), *(["--user-options"] if user_options else [])]
-        return relaunch_under_torchrun(args, plan.launch)
+        code = relaunch_under_torchrun(
+            ["train-ab", str(config), "--plan", str(path)], plan.launch, on_signal=signals.append
+        )
+    return code, signals
 
 
-def _rank_from_plan(path: Path, restart: tuple[Path, bool]) -> None:
+def _rank_from_plan(path: Path) -> None:
     from stagectl.config.plan_train import read_train_plan
 
     try:
         plan = read_train_plan(path)
     except ValueError as exc:
         fail(str(exc))
-    _train(plan, restart)
+    _train(plan)
 
 
-def _train(plan: TrainPlan, restart: tuple[Path, bool]) -> None:
+def _train(plan: TrainPlan) -> None:
     from stagectl.console import say
     from stagectl.dist import CollectiveError, SharedError
+    from stagectl.launch import inside_torchrun
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
     from stagectl.learner.metrics import rollout_f1_summary
     from stagectl.placement import place_learner_rank
-    from stagectl.rundir import DirSnapshot, stop_note
+    from stagectl.rundir import DirSnapshot, abort_note, stop_note
 
     rank = int(os.environ.get("RANK", "0"))
     out = plan.output_dir
     before = DirSnapshot.take(out)
+    # a stopped run exits 128 + the signal; under torchrun the launcher gives that code (a rank exiting
+    # non-zero would make torchrun report it as failed)
+    signal_exit = not inside_torchrun()
+    trainer: Trainer | None = None
     try:
         try:
             # before the model and any thread
@@ -200,6 +226,13 @@ def _train(plan: TrainPlan, restart: tuple[Path, bool]) -> None:
             if rank == 0:
                 before.undo_failed_start()  # a start that failed before its first step leaves no trace
             raise
+    except KeyboardInterrupt:  # a second stop signal during a stop, or Ctrl-C before training started
+        if trainer is None or trainer.stopped_by_signal is None:
+            raise
+        second = trainer.aborted_by_signal or trainer.stopped_by_signal
+        if rank == 0:
+            typer.echo(abort_note(second, out), err=True)
+        raise typer.Exit(128 + second if signal_exit else 0) from None
     except SharedError as exc:  # decided on rank 0 and raised on every rank: rank 0 reports it
         if rank != 0:
             raise typer.Exit(1) from None
@@ -214,6 +247,7 @@ def _train(plan: TrainPlan, restart: tuple[Path, bool]) -> None:
                 every_rank=True,
             )
         return
+    assert trainer is not None  # it ran to the end
     stopped = trainer.stopped_by_signal
     if stopped is None:
         say("train-ab", f"done, {step} optimizer steps; run dir {out}")
@@ -224,8 +258,9 @@ def _train(plan: TrainPlan, restart: tuple[Path, bool]) -> None:
     if off is not None:
         say("train-ab", f"warning: {off}")
     if stopped is not None:  # its last line says how to continue
-        config, extra_options = restart
-        typer.echo(stop_note(stopped, config, step, out, extra_options), err=True)
+        typer.echo(stop_note(stopped, step, plan.training.max_steps, out), err=True)
+        if signal_exit:
+            raise typer.Exit(128 + stopped)
         return
     f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)
     if f1_line is not None:

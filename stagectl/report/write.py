@@ -41,6 +41,7 @@ from stagectl.report.train_ab import (
     summarize_train_ab,
     target_b_ratio,
 )
+from stagectl.rundir import FINAL_STATE, RunEnd, continue_command, run_end
 
 REPORT_MD = "report.md"
 SAMPLES = "samples.jsonl"
@@ -87,14 +88,19 @@ def write_train_ab_report(run_dir: Path) -> Written:
     notes += eval_file.notes()
     summary = summarize_train_ab(rows, target)
     max_steps = config_value(config, "training.max_steps")
-    if isinstance(max_steps, int) and summary.last_step + 1 < max_steps:
+    final_state, final_notes = _read_json(run_dir / FINAL_STATE)
+    notes += final_notes
+    end = _run_end(final_state, max_steps)
+    if end is not None and not end.finished:  # stopped by a signal (or before a raised max_steps)
+        notes.append(
+            f"the run did not finish: {end.describe()}; continue it with `{continue_command(run_dir)}`."
+        )
+    elif isinstance(max_steps, int) and summary.last_step + 1 < max_steps:
         notes.append(
             f"partial run: the last logged step is {summary.last_step} of `training.max_steps` = {max_steps}."
         )
-    if not (run_dir / "final_state.json").is_file():
-        notes.append("no `final_state.json`: the run did not finish (or is still running).")
-    final_state, final_notes = _read_json(run_dir / "final_state.json")
-    notes += final_notes
+    if not (run_dir / FINAL_STATE).is_file():
+        notes.append(f"no `{FINAL_STATE}`: the run did not finish (or is still running).")
     if final_state is not None and isinstance(final_state.get("b_steps"), dict):
         summary.b_steps = final_state["b_steps"]
     plot_dir = _fresh_plot_dir(run_dir)
@@ -121,6 +127,16 @@ def write_train_ab_report(run_dir: Path) -> Written:
         notes,
     )
     return _write(run_dir, text, figures, page)
+
+
+def _run_end(final_state: dict[str, Any] | None, max_steps: Any) -> RunEnd | None:
+    """How the run ended by its `final_state.json` (None: no file, or one without `global_step`)."""
+    if final_state is None:
+        return None
+    try:
+        return run_end(final_state, max_steps if isinstance(max_steps, int) else None)
+    except ValueError:
+        return None
 
 
 def _sample_plots(

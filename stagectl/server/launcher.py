@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from stagectl.wire.protocol import LISTENING_PREFIX
 
@@ -36,8 +37,11 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
         log_path: str | Path | None = None,
+        new_session: bool = False,
     ) -> None:
-        """Run `argv` (a process that prints the listening line); its output also goes to `log_path`."""
+        """Run `argv` (a process that prints the listening line); its output also goes to `log_path`.
+        `new_session`: in a session of its own, so a terminal's Ctrl-C (SIGINT to the foreground process
+        group) does not reach it; whoever started it stops it (`stop`)."""
         self.argv = list(argv)
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self.url: str | None = None
@@ -51,6 +55,7 @@ class ServerProcess:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             cwd=cwd,
+            start_new_session=new_session,
         )
         self._reader = threading.Thread(target=self._read, name="rollout-server-output", daemon=True)
         self._reader.start()
@@ -98,19 +103,41 @@ def start_server_process(
     cwd: str | Path | None = None,
     log_path: str | Path | None = None,
     timeout_s: float = 120.0,
+    new_session: bool = False,
 ) -> ServerProcess:
     """Start `stagectl rollout-server ARGS` and wait until it listens (`.url` holds its base URL)."""
-    server = ServerProcess(rollout_server_argv(args), env=env, cwd=cwd, log_path=log_path)
+    server = ServerProcess(
+        rollout_server_argv(args), env=env, cwd=cwd, log_path=log_path, new_session=new_session
+    )
     server.wait_listening(timeout_s)
     return server
 
 
+# a rollout-server that was told to stop: exit 0, killed by SIGTERM/SIGINT, or exited 128 + that signal
+# (a Ctrl-C that reached it before uvicorn ran, or the CLI's own exit code for a signal)
+STOPPED_CODES = frozenset({0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT})
+
+
+def keeper_action(
+    code: int | None, *, num_restarts: int, max_restarts: int
+) -> Literal["watch", "stopped", "spent", "restart"]:
+    """What the keeper does about its server's exit `code` (None: still running): keep watching, leave a
+    stopped server down, leave a crash down once the restarts are spent, or restart it."""
+    if code is None:
+        return "watch"
+    if code in STOPPED_CODES:
+        return "stopped"
+    if num_restarts >= max_restarts:
+        return "spent"
+    return "restart"
+
+
 class ServerKeeper:
     """Keeps a rollout-server child running (train-ab's embedded server): a watcher thread starts it again
-    on the same port when it crashes (any exit but 0 or a SIGTERM/SIGINT stop), at most `max_restarts`
-    times, each start announced on
-    stderr. The learner sees the new process (its `instance_id`) and re-syncs it in full
-    (`learner.channel_b.health`); once the restarts are spent the learner's `on_rollout_loss` applies."""
+    on the same port when it crashes (`keeper_action`: any exit but a stop), at most `max_restarts` times,
+    each start announced on stderr. The learner sees the new process (its `instance_id`) and re-syncs it
+    in full (`learner.channel_b.health`); once the restarts are spent the learner's `on_rollout_loss`
+    applies. A restarted server runs in its own session when the first one did (`new_session`)."""
 
     def __init__(
         self,
@@ -122,6 +149,7 @@ class ServerKeeper:
         log_path: str | Path | None = None,
         timeout_s: float = 120.0,
         poll_s: float = 0.5,
+        new_session: bool = False,
     ) -> None:
         assert server.url is not None, "keep a server that listens"
         self.server = server
@@ -132,6 +160,7 @@ class ServerKeeper:
         self.log_path = log_path
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self.new_session = new_session
         self.num_restarts = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rollout-server-keeper", daemon=True)
@@ -140,12 +169,13 @@ class ServerKeeper:
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             code = self.server.proc.poll()
-            if code is None:
+            action = keeper_action(code, num_restarts=self.num_restarts, max_restarts=self.max_restarts)
+            if action == "watch":
                 continue
-            if code in (0, -signal.SIGTERM, -signal.SIGINT):  # stopped, not crashed (Ctrl-C reaches it too)
+            if action == "stopped":
                 _note(f"embedded rollout server stopped (code {code}); not restarted")
                 return
-            if self.num_restarts >= self.max_restarts:
+            if action == "spent":
                 _note(
                     f"embedded rollout server exited (code {code}); not restarted again (already restarted "
                     f"{self.num_restarts} time(s), rollout_server.embedded_max_restarts {self.max_restarts})"
@@ -163,6 +193,7 @@ class ServerKeeper:
                     env=self.env,
                     log_path=self.log_path,
                     timeout_s=self.timeout_s,
+                    new_session=self.new_session,
                 )
             except (
                 ServerStartError

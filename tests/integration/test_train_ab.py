@@ -218,7 +218,7 @@ def test_missing_model_dir_one_line_error(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()  # a failed start leaves no empty run directory behind
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path: Path) -> None:
     import os
     import signal
     import subprocess
@@ -249,9 +249,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, stderr[-2000:]
-    assert "stopped by signal" in stderr
-    assert f"Continue with: stagectl train-ab {config} --resume" in stderr  # the end line says how
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]  # not 0: `train-ab && next` stops here
+    assert "stopped by SIGTERM after step" in stderr
+    # the end line says how, with the run's own config.yaml (it holds every --set and --nproc)
+    assert f"Continue with: stagectl train-ab {tmp_path / 'run' / 'config.yaml'} --resume" in stderr
     rows = read_metrics(tmp_path / "run")
     assert 1 <= len(rows) < 200
     state = json.loads((tmp_path / "run" / f"checkpoint-{len(rows)}" / "trainer_state.json").read_text())

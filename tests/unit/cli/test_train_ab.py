@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stagectl.cli.app import app
-from stagectl.config import load_config
+from stagectl.config import load_config, to_plain
 from stagectl.config.plan_train import TrainPlan, read_train_plan, train_plan, write_train_plan
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,6 +44,7 @@ class _Trainer:
     def __init__(self, plan: TrainPlan, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
         self.seen.append(plan)
         self.stopped_by_signal: int | None = None
+        self.aborted_by_signal: int | None = None
         self.b_steps: Any = SimpleNamespace(
             summary_line=lambda: "B steps: none", off_schedule=lambda tolerance: None
         )
@@ -114,7 +115,7 @@ def test_the_launcher_hands_torchrun_the_plan_with_the_sets_resolved_in_it(
 
     launched: list[tuple[list[str], TrainPlan]] = []
 
-    def torchrun(args: list[str], launch: Any) -> int:
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
         plan_path = Path(args[args.index("--plan") + 1])
         launched.append((list(args), read_train_plan(plan_path)))  # the file is gone once the ranks are
         return 0
@@ -124,7 +125,7 @@ def test_the_launcher_hands_torchrun_the_plan_with_the_sets_resolved_in_it(
     result = CliRunner().invoke(app, ["train-ab", str(ASYNC), *_set_args(sets)])
     assert result.exit_code == 0, result.output
     ((args, plan),) = launched
-    assert args[:2] == ["train-ab", str(ASYNC)] and "--set" not in args and "--user-options" in args
+    assert args[:2] == ["train-ab", str(ASYNC)] and "--set" not in args
     assert not Path(args[args.index("--plan") + 1]).exists()  # removed after the ranks exit
     assert plan == train_plan(load_config(ASYNC, sets, world_size=2), world_size=2)
     assert plan.training.learning_rate == 0.00123 and plan.resolved.world_size == 2
@@ -139,7 +140,7 @@ def test_one_rank_trains_the_plan_it_resolved_in_process(
 ) -> None:
     import stagectl.launch
 
-    def no_torchrun(args: list[str], launch: Any) -> NoReturn:
+    def no_torchrun(args: list[str], launch: Any, on_signal: Any = None) -> NoReturn:
         raise AssertionError("a one-rank run started torchrun")
 
     monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", no_torchrun)
@@ -173,7 +174,7 @@ def test_the_end_of_a_run_names_its_b_steps_trained_as_a_also_when_a_signal_stop
     monkeypatch.setattr(_Trainer, "run", stopped)
     sets = [f"training.output_dir={tmp_path / 'run'}"]
     result = CliRunner().invoke(app, ["train-ab", str(TINY), *_set_args(sets)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == (0 if signum is None else 128 + signum), result.output
     lines = result.output.splitlines()
     ledger_line = "train-ab: B steps: 2 wanted, 1 trained; 1 as Channel-A (queue_empty 1)"
     assert ledger_line in lines
@@ -183,5 +184,112 @@ def test_the_end_of_a_run_names_its_b_steps_trained_as_a_also_when_a_signal_stop
         assert "train-ab: done, 4 optimizer steps" in result.output
     else:
         assert "done," not in result.output
-        assert lines[-1].startswith("stopped by signal 15 after step 4; checkpoint saved")
+        assert lines[-1].startswith("stopped by SIGTERM after step 4 of 24; checkpoint saved")
+        assert lines[-1].endswith(
+            f"Continue with: stagectl train-ab {tmp_path / 'run' / 'config.yaml'} --resume"
+        )
         assert lines.index(ledger_line) < len(lines) - 1
+
+
+def test_a_second_signal_ends_with_one_line_naming_the_last_good_checkpoint(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+
+    def aborted(self: _Trainer) -> int:
+        (out / "checkpoint-4").mkdir(parents=True)
+        (out / "checkpoint-4" / "trainer_state.json").write_text("{}")
+        (out / "metrics.jsonl").write_text('{"step": 0}\n')
+        self.stopped_by_signal = 2
+        self.aborted_by_signal = 2
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_Trainer, "run", aborted)
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), "--set", f"training.output_dir={out}"])
+    assert result.exit_code == 130, result.output
+    assert result.output.splitlines()[-1] == (
+        f"a second SIGINT stopped the run at once, without a checkpoint: the last good checkpoint is "
+        f"{out / 'checkpoint-4'}; continue with: stagectl train-ab {out / 'config.yaml'} --resume"
+    )
+
+
+@pytest.mark.parametrize(("signals", "code"), [([2], 130), ([15, 15], 143), ([], 0)])
+def test_the_launcher_exits_128_plus_the_signal_that_stopped_its_ranks(
+    tmp_path: Path,
+    trainer: list[TrainPlan],
+    monkeypatch: pytest.MonkeyPatch,
+    signals: list[int],
+    code: int,
+) -> None:
+    """The ranks exit 0 after a clean stop (torchrun would call any other code a failure); the launcher,
+    which got the signal, exits 128 + it, so `train-ab && next` does not go on after a Ctrl-C."""
+    import stagectl.launch
+
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
+        for signum in signals:
+            on_signal(signum)
+        return 0
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    result = CliRunner().invoke(app, ["train-ab", str(ASYNC), *_set_args(_sets(tmp_path / "run"))])
+    assert result.exit_code == code, result.output
+
+
+def test_an_embedded_run_writes_the_users_config_and_runs_against_the_servers_address(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.yaml (the plan's run_config) keeps rollout_server.embedded: true, so `train-ab
+    RUN/config.yaml --resume` starts a server again; the ranks get this run's server address."""
+    import contextlib
+
+    import stagectl.launch
+
+    launched: list[TrainPlan] = []
+
+    @contextlib.contextmanager
+    def server(*args: Any) -> Any:
+        yield "http://127.0.0.1:7"
+
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
+        launched.append(read_train_plan(Path(args[args.index("--plan") + 1])))
+        return 0
+
+    monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", server)
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    result = CliRunner().invoke(
+        app, ["train-ab", str(ASYNC), "--set", f"training.output_dir={tmp_path / 'run'}"]
+    )
+    assert result.exit_code == 0, result.output
+    ((plan,),) = [launched]
+    assert plan.channel_b.rollouts is not None
+    assert plan.channel_b.rollouts.servers.base_urls == ("http://127.0.0.1:7",)
+    assert plan.run_config["rollout_server"]["embedded"] is True
+    users = load_config(ASYNC, [f"training.output_dir={tmp_path / 'run'}"], world_size=2)
+    assert plan.run_config == dict(to_plain(users))
+
+
+def test_a_resume_with_a_changed_config_warns_and_keeps_the_old_config(
+    tmp_path: Path, trainer: list[TrainPlan]
+) -> None:
+    import yaml
+
+    out = tmp_path / "run"
+    first = [f"training.output_dir={out}"]
+    saved = dict(to_plain(load_config(TINY, first, world_size=1)))
+    saved["training"] = {**saved["training"], "overwrite_output_dir": False}
+    out.mkdir()
+    (out / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    (out / "checkpoint-4").mkdir()
+    (out / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    unchanged = CliRunner().invoke(app, ["train-ab", str(TINY), "--resume", *_set_args(first)])
+    assert unchanged.exit_code == 0, unchanged.output
+    assert "differs" not in unchanged.output and not (out / "config.step-4.yaml").exists()
+    sets = [*first, "training.learning_rate=0.00123"]
+    changed = CliRunner().invoke(app, ["train-ab", str(TINY), "--resume", *_set_args(sets)])
+    assert changed.exit_code == 0, changed.output
+    assert (
+        "train-ab: warning: the resumed config differs from the one that trained checkpoint-4 (1 key): "
+        in (changed.output)
+    )
+    assert "training.learning_rate: 0.002 -> 0.00123" in changed.output
+    assert yaml.safe_load((out / "config.step-4.yaml").read_text()) == saved

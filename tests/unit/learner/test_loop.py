@@ -107,3 +107,26 @@ def test_close_ends_channel_b_through_its_protocol_and_then_the_sinks_whatever_i
         trainer.close(finished=True)
     assert calls == [("channel_b.close", 30.0), "progress", "metrics", ("teardown", True)]
     assert trainer.state.ddp_model is None and trainer.runner.ddp_model is None
+
+
+@pytest.mark.parametrize(("step", "signum", "stopped"), [(8, 2, 2), (24, 15, None), (24, None, None)])
+def test_final_state_says_how_the_run_ended(
+    tmp_path: Any, step: int, signum: int | None, stopped: int | None
+) -> None:
+    """Written at the end and on a signal stop: the steps done of max_steps and the signal that stopped the
+    run early (`rundir.run_end` reads them: a stopped run is not "finished")."""
+    import json
+
+    import torch
+
+    from stagectl.learner.channel_b.protocol import BStepLedger
+    from stagectl.learner.loop import Trainer
+
+    trainer: Any = object.__new__(Trainer)
+    trainer.state = SimpleNamespace(bundle=SimpleNamespace(model=torch.nn.Linear(2, 2)))
+    trainer.plan = SimpleNamespace(training=SimpleNamespace(max_steps=24), output_dir=tmp_path)
+    trainer.world = SimpleNamespace(is_main=True)
+    trainer.num_updates, trainer.b_steps, trainer._stop_signal = step, BStepLedger(), signum
+    trainer._write_final_state(step)
+    written = json.loads((tmp_path / "final_state.json").read_text())
+    assert (written["global_step"], written["max_steps"], written["stopped_by_signal"]) == (step, 24, stopped)

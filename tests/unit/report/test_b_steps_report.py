@@ -24,6 +24,7 @@ def test_report_md_shows_wanted_trained_and_reasons(tmp_path: Path) -> None:
     assert "| B steps wanted / trained (whole run, `final_state.json`) | 3 / 1 |" in text
     assert "| wanted B steps trained as A, by reason | no_server 1, queue_empty 1 |" in text
     assert "no_server 1, queue_empty 1" in written.html.read_text()
+    assert "did not finish" not in text and "partial run" not in text  # 6 of training.max_steps 6
 
 
 def test_a_run_without_the_ledger_has_no_such_rows(tmp_path: Path) -> None:

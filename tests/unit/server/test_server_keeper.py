@@ -1,15 +1,16 @@
-"""`ServerKeeper` (train-ab's embedded server): a server that was stopped (exit 0, SIGTERM, SIGINT: a
-Ctrl-C reaches it too) is not started again; a crash is, until the restarts are spent. The restart itself
+"""`ServerKeeper` (train-ab's embedded server): a server that was stopped (exit 0, SIGTERM, SIGINT, or
+128 + either) is not started again; a crash is, until the restarts are spent. The restart itself
 runs end to end in tests/faults/test_rollout_loss.py (the embedded server SIGKILLed)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 import pytest
 
-from stagectl.server.launcher import ServerKeeper, ServerProcess
+from stagectl.server.launcher import ServerKeeper, ServerProcess, keeper_action
 from stagectl.wire.protocol import LISTENING_PREFIX
 
 
@@ -32,7 +33,42 @@ def _keep(server: ServerProcess, max_restarts: int) -> ServerKeeper:
     return ServerKeeper(server, no_start, max_restarts=max_restarts, poll_s=0.05)
 
 
-@pytest.mark.parametrize("exit_code", [0, -15, -2])
+@pytest.mark.parametrize(
+    ("code", "num_restarts", "action"),
+    [
+        (None, 0, "watch"),
+        (0, 0, "stopped"),
+        (-15, 0, "stopped"),
+        (-2, 0, "stopped"),
+        (130, 0, "stopped"),  # the server CLI's exit for a SIGINT that came before uvicorn ran
+        (143, 3, "stopped"),
+        (1, 0, "restart"),
+        (-9, 2, "restart"),
+        (-9, 3, "spent"),
+        (-6, 3, "spent"),
+    ],
+)
+def test_keeper_action(code: int | None, num_restarts: int, action: str) -> None:
+    assert keeper_action(code, num_restarts=num_restarts, max_restarts=3) == action
+
+
+def test_an_embedded_server_runs_in_a_session_of_its_own() -> None:
+    """A terminal's Ctrl-C (SIGINT to the foreground process group) does not reach it: the learners
+    finish their step against a live server and the launcher stops it last."""
+    code = f"import time; print('{LISTENING_PREFIX}http://127.0.0.1:5', flush=True); time.sleep(30)"
+    own = ServerProcess([sys.executable, "-c", code], new_session=True)
+    shared = ServerProcess([sys.executable, "-c", code])
+    try:
+        own.wait_listening(30)
+        shared.wait_listening(30)
+        assert os.getsid(own.proc.pid) == own.proc.pid != os.getsid(0)
+        assert os.getpgid(shared.proc.pid) == os.getpgid(0)
+    finally:
+        own.stop()
+        shared.stop()
+
+
+@pytest.mark.parametrize("exit_code", [0, -15, -2, 130])
 def test_a_stopped_server_is_not_restarted(exit_code: int, capsys: pytest.CaptureFixture[str]) -> None:
     keeper = _keep(_child(exit_code), max_restarts=3)
     deadline = time.monotonic() + 10
