@@ -185,6 +185,7 @@ def test_undo_failed_start_removes_only_what_the_start_created(tmp_path: Path) -
     fresh.mkdir()
     (fresh / "config.yaml").write_text("x: 1\n")
     (fresh / "metrics.jsonl").write_text("")
+    (fresh / "samples.jsonl").write_text("")  # the trainer opens it before its first step
     (fresh / "weight_sync").mkdir()
     assert before.undo_failed_start() and not fresh.exists()
 
