@@ -198,7 +198,7 @@ def _rank_from_plan(path: Path) -> None:
 
 
 def _train(plan: TrainPlan) -> None:
-    from stagectl.console import say
+    from stagectl.console import plural, say
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.launch import inside_torchrun
     from stagectl.learner.checkpoint import CheckpointWriteError
@@ -243,14 +243,14 @@ def _train(plan: TrainPlan) -> None:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one line per node of a multi-node run
             say(
                 "train-ab",
-                f"done, {step} optimizer steps (global rank 0 writes the run dir)",
+                f"done, {plural(step, 'optimizer step')} (global rank 0 writes the run dir)",
                 every_rank=True,
             )
         return
     assert trainer is not None  # it ran to the end
     stopped = trainer.stopped_by_signal
     if stopped is None:
-        say("train-ab", f"done, {step} optimizer steps; run dir {out}")
+        say("train-ab", f"done, {plural(step, 'optimizer step')}; run dir {out}")
     # what the run trained so far, also when a signal stopped it: a wanted B step that trained as A is in
     # the log of the run that skipped it, not only in final_state.json
     say("train-ab", trainer.b_steps.summary_line())
