@@ -4,6 +4,12 @@ The launcher parses CONFIG once and resolves the run's `StageBPlan` (`stagectl.c
 process runs that plan in-process; more are re-launched under torchrun with `--plan FILE` (hidden: the plan
 written atomically to a private temporary directory), and each rank reads that file instead of parsing the
 YAML again.
+
+SIGTERM or Ctrl-C stops the run before its next global batch (the one running finishes and is saved in
+`progress.json`); the last line says how to continue, and the exit code is 128 + the signal (130 for Ctrl-C).
+Under torchrun the launcher forwards the signal to the ranks, which stop the same way and exit 0, and the
+launcher prints that line and exits with that code (no rank "fails"). A second signal stops at once: the
+batch in flight is abandoned, and `--resume` removes what it wrote.
 """
 
 from __future__ import annotations
@@ -68,10 +74,12 @@ def command(
             )
         _rank_from_plan(plan_file)
         return
+    restart = (config, bool(overrides) or gpus is not None or nproc is not None)
     from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.launch import inside_torchrun
     from stagectl.rundir import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
+    from stagectl.stage_b.progress import describe, read_progress
     from stagectl.stage_b.runner import valid_mission
 
     devices: list[str] = []
@@ -102,9 +110,13 @@ def command(
     if not inside_torchrun() and valid_mission(plan.mission):
         run_dir = plan.run_dir
         try:
+            found = files_summary(run_dir, STAGE_B_MARKERS)
+            progress = read_progress(run_dir) if found is not None else None
+            if progress is not None:
+                found += f"; {describe(progress)}"
             note = apply_policy(
                 run_dir,
-                files_summary(run_dir, STAGE_B_MARKERS),
+                found,
                 RunDirPolicy(resume=resume, overwrite=overwrite),
                 key="output.root",
                 command="--set output.run_name=NEW_NAME",
@@ -116,19 +128,52 @@ def command(
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():
-        raise typer.Exit(_relaunch(config, plan, cfg.launch))
-    _run(plan)
+        raise typer.Exit(_relaunch(plan, cfg.launch, restart))
+    _run(plan, restart)
 
 
-def _relaunch(config: Path, plan: StageBPlan, launch: LaunchConfig) -> int:
-    """torchrun's ranks get the plan as a file (written atomically, removed when they are done)."""
+def _relaunch(plan: StageBPlan, launch: LaunchConfig, restart: tuple[Path, bool]) -> int:
+    """torchrun's ranks get the plan as a file (written atomically, removed when they are done). A run the
+    ranks stopped on a signal ends with the stop line here and 128 + the signal this launcher got."""
     from stagectl.config.plan import PLAN_FILE
     from stagectl.config.plan_stage_b import write_stage_b_plan
     from stagectl.launch import plan_dir, relaunch_under_torchrun
+    from stagectl.stage_b.progress import read_progress
+    from stagectl.stopping import exit_code
 
+    received: list[int] = []
     with plan_dir() as tmp:
         path = write_stage_b_plan(tmp / PLAN_FILE, plan)
-        return relaunch_under_torchrun(["stage-b", str(config), "--plan", str(path)], launch)
+        args = ["stage-b", str(restart[0]), "--plan", str(path)]
+        code = relaunch_under_torchrun(args, launch, on_signal=received.append)
+    try:
+        progress = read_progress(plan.run_dir)
+    except ValueError:
+        progress = None
+    if code == 0 and progress is not None and progress.status == "stopped":
+        signum = received[0] if received else progress.stopped_by_signal
+        assert signum is not None
+        typer.echo(stop_line(signum, plan.run_dir, restart), err=True)
+        return exit_code(signum)
+    return exit_code(received[0]) if received and code != 0 else code
+
+
+def stop_line(signum: int, run_dir: Path, restart: tuple[Path, bool]) -> str:
+    """The last line of a run a signal stopped: where it stopped (from `progress.json`) and how to continue."""
+    import signal
+
+    from stagectl.stage_b.progress import PROGRESS_FILE, read_progress
+
+    progress = read_progress(run_dir)
+    where = (
+        "" if progress is None else f" before global batch {progress.batch_index} (epoch {progress.epoch})"
+    )
+    config, extra_options = restart
+    same = " and the same --set/--gpus/--nproc options" if extra_options else ""
+    return (
+        f"stage-b: stopped by {signal.Signals(signum).name}{where}; progress saved in {run_dir / PROGRESS_FILE}. "
+        f"Continue with: stagectl stage-b {config} --resume{same}"
+    )
 
 
 def _rank_from_plan(path: Path) -> None:
@@ -138,22 +183,43 @@ def _rank_from_plan(path: Path) -> None:
         plan = read_stage_b_plan(path)
     except ValueError as exc:
         fail(str(exc))
-    _run(plan)
+    _run(plan, None)
 
 
-def _run(plan: StageBPlan) -> None:
+def _run(plan: StageBPlan, restart: tuple[Path, bool] | None) -> None:
+    """Run the plan on this rank. `restart` (CONFIG, whether the user gave options): a process the user
+    started, which prints the stop line itself; None: a rank of our launcher, which prints it."""
     from stagectl.dist import CollectiveError
     from stagectl.stage_b.runner import run_all
+    from stagectl.stopping import StopSignals
 
+    rank = os.environ.get("RANK", "0")
+    stop = StopSignals()
     try:
-        summary = run_all(plan)
+        with stop:
+            summary = run_all(plan, stop)
+    except KeyboardInterrupt:  # a second signal: stopped at once
+        assert stop.signum is not None
+        _stopped(stop.signum, plan, restart, rank)
+        return
     except CollectiveError as exc:
         fail(str(exc))
     except (ValueError, FileNotFoundError) as exc:  # a bad config, model path, ticket or guidance file
-        if os.environ.get("RANK", "0") != "0":
+        if rank != "0":
             raise typer.Exit(1) from None  # rank 0 reports the same error
         fail(str(exc))
     if summary is None:  # a non-zero rank
+        if stop.signum is not None:
+            _stopped(stop.signum, plan, restart, rank)
+        return
+    if summary.num_bad_ticket_lines:
+        typer.echo(
+            f"stage-b: warning: {summary.num_bad_ticket_lines} bad ticket line(s) skipped "
+            f"(runner.bad_ticket_lines: skip), first: {summary.bad_ticket_lines[0]}",
+            err=True,
+        )
+    if summary.stopped_by_signal is not None:
+        _stopped(summary.stopped_by_signal, plan, restart, rank)
         return
     accuracy = "n/a" if summary.accuracy is None else f"{summary.accuracy:.3f}"
     typer.echo(
@@ -163,3 +229,15 @@ def _run(plan: StageBPlan) -> None:
         f"run dir {summary.run_dir}",
         err=True,
     )
+
+
+def _stopped(signum: int, plan: StageBPlan, restart: tuple[Path, bool] | None, rank: str) -> None:
+    """A signal ended the run: our launcher's ranks exit 0 (it reports), a process the user started prints
+    the stop line (rank 0) and exits with 128 + the signal."""
+    from stagectl.stopping import exit_code
+
+    if restart is None:
+        raise typer.Exit(0)
+    if rank == "0":
+        typer.echo(stop_line(signum, plan.run_dir, restart), err=True)
+    raise typer.Exit(exit_code(signum))

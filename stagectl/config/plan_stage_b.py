@@ -87,6 +87,7 @@ class RunnerPlan:
     per_rank_rollout_batch_size: int = 4
     logging_steps: int = 1
     seed: int = 0
+    bad_ticket_lines: Literal["error", "skip"] = "error"
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def stage_b_plan(cfg: StagectlConfig) -> StageBPlan:
             per_rank_rollout_batch_size=runner.per_rank_rollout_batch_size,
             logging_steps=runner.logging_steps,
             seed=runner.seed,
+            bad_ticket_lines=runner.bad_ticket_lines,
         ),
         reflection=ReflectionPlan(
             batch_size=reflection.batch_size,

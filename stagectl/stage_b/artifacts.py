@@ -9,7 +9,8 @@
 | need_review_queue.jsonl | ticket needing a person (no well-formed candidate, weak vote) |
 | failure_malformed.jsonl | candidate that broke the two-line output contract |
 
-A fresh run truncates them; a run that continues from an existing `guidance.json` appends.
+A fresh run truncates them; a resumed run appends, after `progress.cut_artifacts` has cut each back to the
+length `progress.json` recorded at its last batch boundary.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class ArtifactWriter:
     def flush(self) -> None:
         for handle in self._files.values():
             handle.flush()
+
+    def lengths(self) -> dict[str, int]:
+        """Bytes written to each file so far (flushed first): a batch boundary for `progress.json`."""
+        self.flush()
+        return {name: handle.tell() for name, handle in self._files.items()}
 
     def close(self) -> None:
         for handle in self._files.values():

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from stagectl.config.plan_stage_b import ReflectionPlan, RunnerPlan, SamplerPlan
 from stagectl.console import say
 from stagectl.stage_b import artifacts as art
 from stagectl.stage_b.engine import Backend, candidate_seed
-from stagectl.stage_b.guidance import Guidance
+from stagectl.stage_b.guidance import Guidance, parse_guidance
 from stagectl.stage_b.guidance_store import GuidanceStore, utc_now
 from stagectl.stage_b.metrics import MetricsWindow
 from stagectl.stage_b.prompts import ReflectionRecord
@@ -137,6 +139,46 @@ class Consumer:
         self.window = MetricsWindow()
         self.window_batches = 0
         self.window_start = time.perf_counter()
+
+    def state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to go on exactly as this one would (plain JSON data)."""
+        return {
+            "guidance": self.guidance.to_json(),
+            "num_reflections": self.num_reflections,
+            "num_judged": self.num_judged,
+            "num_correct": self.num_correct,
+            "num_windows": self.num_windows,
+            "window": asdict(self.window),
+            "window_batches": self.window_batches,
+            "window_elapsed_s": time.perf_counter() - self.window_start,
+            "queue": [
+                {
+                    "ticket": r.ticket.key,
+                    "verdict": r.verdict,
+                    "num_pass": r.num_pass,
+                    "num_fail": r.num_fail,
+                    "reasons": list(r.reasons),
+                }
+                for r in self.queue
+            ],
+        }
+
+    def restore(self, state: Mapping[str, Any], tickets: Mapping[str, Ticket]) -> None:
+        """Continue from `state()` (`tickets`: the run's tickets by key)."""
+        self.guidance = parse_guidance(state["guidance"])
+        self.num_reflections = int(state["num_reflections"])
+        self.num_judged = int(state["num_judged"])
+        self.num_correct = int(state["num_correct"])
+        self.num_windows = int(state["num_windows"])
+        self.window = MetricsWindow(**state["window"])
+        self.window_batches = int(state["window_batches"])
+        self.window_start = time.perf_counter() - float(state["window_elapsed_s"])
+        self.queue = [
+            ReflectionRecord(
+                tickets[r["ticket"]], r["verdict"], r["num_pass"], r["num_fail"], tuple(r["reasons"])
+            )
+            for r in state["queue"]
+        ]
 
     def finish(self, epoch: int, batch_index: int) -> None:
         if self.window_batches:

@@ -47,6 +47,10 @@ class Backend(Protocol):
         """The model's answer to the reflection prompt (expected: strict JSON operations)."""
         ...
 
+    def close(self) -> None:
+        """Release the engine's threads and connections (after its last call)."""
+        ...
+
 
 def rank_device(world: World, cuda_available: bool) -> str:
     """Every rank holds the whole model on its own device: `cuda:{local_rank}`, or the CPU."""

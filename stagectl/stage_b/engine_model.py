@@ -29,6 +29,10 @@ class ModelBackend:
     def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
         return self._generate([request.messages], spec, seed)[0]
 
+    def close(self) -> None:
+        """Ends the engine's batching thread (after the generate it is running)."""
+        self.engine.close()
+
     def _generate(self, conversations: Sequence[list[Message]], spec: SamplingSpec, seed: int) -> list[str]:
         requests = [
             EngineRequest(messages=[dict(m) for m in messages], images=[], params=spec, seed=seed + i)

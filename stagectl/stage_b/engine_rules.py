@@ -53,6 +53,9 @@ class RulesBackend:
         operations.append({"op": "delete", "key": "G0", "evidence": keys[:1]})
         return json.dumps({"operations": operations})
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 def attributes(ticket: Ticket) -> list[str]:
     """The first word of each image summary, lower-cased."""

@@ -26,6 +26,9 @@ class ServerBackend:
     def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
         return self._infer([request.messages], spec, seed)[0]
 
+    def close(self) -> None:
+        self.client.close()
+
     def _infer(self, conversations: Sequence[list[ChatMessage]], spec: SamplingSpec, seed: int) -> list[str]:
         requests = [
             InferRequest(messages=[Message(role=m["role"], content=m["content"]) for m in messages])  # type: ignore[arg-type]

@@ -59,6 +59,17 @@ class GuidanceStore:
         self._prune()
         return snapshot
 
+    def restore(self, guidance: Guidance) -> None:
+        """A resume: `guidance` (the one at the run's last batch boundary) becomes `guidance.json` again, and
+        the snapshots of later steps (made in a batch that was cut off) go; its own snapshot stays."""
+        for snapshot in self.snapshots():
+            if int(snapshot.stem.rsplit("-step", 1)[1]) > guidance.step:
+                snapshot.unlink()
+        current = self.load()
+        if current is None or current.to_json() != guidance.to_json():
+            text = json.dumps(guidance.to_json(), ensure_ascii=False, indent=2) + "\n"
+            atomic_write_text(self.path, text)
+
     def snapshots(self) -> list[Path]:
         """Oldest first (the names start with the UTC time)."""
         if not self.snapshot_dir.is_dir():

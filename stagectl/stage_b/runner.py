@@ -14,11 +14,17 @@ consuming batch k therefore reaches the prompts from batch k+1 on. Only rank 0 t
 An error on any rank ends the run: torchrun stops every other rank as soon as one exits non-zero,
 and every collective runs in a watchdog phase with a deadline (`launch.watchdog`: `startup_s` for
 the set-up, `step_s` per global batch, `shutdown_s` for the end), so no rank is left waiting.
+
+After every global batch rank 0 records the boundary in `progress.json` (`stage_b.progress`). Before every
+global batch it broadcasts whether a stop was asked for (`stopping.StopSignals`: SIGTERM or Ctrl-C); if so,
+every rank ends there and `progress.json` says `stopped`. `--resume` starts from that boundary: the same
+tickets, epoch order, seeds and consumer state, so the resumed run's rows equal an unstopped run's.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -28,13 +34,16 @@ from stagectl.config.plan import PLAN_FILE
 from stagectl.config.plan_stage_b import StageBPlan, write_stage_b_plan
 from stagectl.console import say
 from stagectl.files import write_resolved_config
+from stagectl.stage_b import progress as prog
 from stagectl.stage_b.consumer import Consumer
 from stagectl.stage_b.engine import Backend
-from stagectl.stage_b.guidance import Guidance
+from stagectl.stage_b.guidance import Guidance, parse_guidance
 from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file
 from stagectl.stage_b.judge import judge_shard
+from stagectl.stage_b.progress import Progress
 from stagectl.stage_b.sharding import epoch_order, global_batches, shard_bounds
-from stagectl.stage_b.tickets import Ticket, load_tickets
+from stagectl.stage_b.tickets import SKIP_HINT, Ticket, load_tickets
+from stagectl.stopping import StopSignals
 
 _MISSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_REPORTED_LINES = 20
@@ -46,8 +55,9 @@ class Prepared:
     """What rank 0 broadcasts before the loop: the tickets and the starting guidance, or an error."""
 
     tickets: list[Ticket]
-    guidance: Guidance | None
+    guidance: Guidance | None  # at the resume point (fresh: guidance.path)
     fresh: bool  # the run directory had no guidance (artifacts are truncated)
+    progress: Progress | None  # where the loop starts (fresh: batch 0)
     error: str | None = None
 
 
@@ -60,6 +70,9 @@ class RunSummary:
     accuracy: float | None
     guidance_step: int
     num_reflections: int
+    stopped_by_signal: int | None  # None: every epoch ran
+    num_bad_ticket_lines: int  # skipped (`runner.bad_ticket_lines: skip`)
+    bad_ticket_lines: list[str]  # the first few, `file:line: what`
 
 
 def valid_mission(name: str) -> bool:
@@ -67,26 +80,36 @@ def valid_mission(name: str) -> bool:
     return bool(_MISSION_NAME.match(name))
 
 
-def run_all(plan: StageBPlan, engine: Backend | None = None) -> RunSummary | None:
-    """Run the loop on this rank (world read from torchrun's environment); rank 0 gets the summary."""
+def run_all(
+    plan: StageBPlan, stop: StopSignals | None = None, engine: Backend | None = None
+) -> RunSummary | None:
+    """Run the loop on this rank (world read from torchrun's environment); rank 0 gets the summary.
+    `stop`: the signals that end the loop before its next global batch (the caller installs them; None:
+    none). The engine this builds is closed before returning (`engine`: a caller's, which it closes)."""
+    stop = StopSignals() if stop is None else stop
     world = dist.read_world()
     dist.init_distributed(world, plan.watchdog)
     finished = False
+    own: Backend | None = None
     try:
         with dist.phase("start-up: tickets, guidance and model load", "startup_s"):
             prepared = from_main(_prepare(plan) if world.is_main else None)
             if prepared.error is not None:
                 raise ValueError(prepared.error)
             if engine is None:
-                engine = build_backend(plan, world)
+                engine = own = build_backend(plan, world)
             dist.barrier()  # every rank holds its engine: only now does the run directory get written
         if world.is_main:
             _start_run_dir(plan, prepared)
-        summary = Loop(plan, world, prepared, engine).run()
+        summary = Loop(plan, world, prepared, engine).run(stop)
         finished = True
         return summary
     finally:
-        dist.teardown(final_barrier=finished)
+        try:
+            if own is not None:  # its threads end before the interpreter does
+                own.close()
+        finally:
+            dist.teardown(final_barrier=finished)
 
 
 def build_backend(plan: StageBPlan, world: dist.World) -> Backend:
@@ -116,26 +139,66 @@ def from_main(value: T | None) -> T:
 
 
 def _prepare(plan: StageBPlan) -> Prepared:
-    """Rank 0: read and check the tickets and the guidance (nothing is written yet)."""
+    """Rank 0: read and check the tickets, the guidance and, on a resume, the run's progress (nothing is
+    written yet)."""
     try:
         if not valid_mission(plan.mission):
             raise ValueError(f"mission {plan.mission!r} must be a plain name (letters, digits, _ . -)")
-        ticket_set = load_tickets(plan.tickets, plan.mission)
+        ticket_set = load_tickets(plan.tickets, plan.mission, skip_bad=plan.runner.bad_ticket_lines == "skip")
         for problem in ticket_set.problems[:MAX_REPORTED_LINES]:
             say("stage-b", f"skipped {problem}")
         if len(ticket_set.problems) > MAX_REPORTED_LINES:
             say("stage-b", f"... and {len(ticket_set.problems) - MAX_REPORTED_LINES} more bad ticket line(s)")
         store = GuidanceStore(plan.run_dir, plan.guidance.retention)
         existing = store.load()  # the CLI refused a run directory holding a run unless --resume
-        guidance = existing or read_guidance_file(plan.guidance.path)
+        digest = prog.tickets_digest([t.key for t in ticket_set.tickets], plan.runner.seed)
+        if existing is None:
+            guidance = read_guidance_file(plan.guidance.path)
+            progress = Progress(digest)
+        else:
+            progress = _resume_point(plan, digest)
+            guidance = parse_guidance(progress.consumer["guidance"]) if progress.consumer else existing
+        progress.num_bad_ticket_lines = len(ticket_set.problems)
+        progress.bad_ticket_lines = ticket_set.problems[: prog.NUM_LISTED_BAD_LINES]
     except (ValueError, OSError) as exc:
-        return Prepared([], None, False, error=str(exc))
-    source = "continuing from" if existing else "starting from"
-    say(
-        "stage-b",
-        f"{len(ticket_set.tickets)} tickets of {plan.mission}; {source} guidance step {guidance.step}",
-    )
-    return Prepared(ticket_set.tickets, guidance, fresh=existing is None)
+        return Prepared([], None, False, None, error=str(exc))
+    count = f"{len(ticket_set.tickets)} tickets of {plan.mission}"
+    if ticket_set.problems:
+        count += f" ({len(ticket_set.problems)} bad line(s) skipped: {SKIP_HINT})"
+    if existing is None:
+        say("stage-b", f"{count}; starting from guidance step {guidance.step}")
+    elif progress.epoch >= plan.runner.epochs:
+        say(
+            "stage-b",
+            f"{count}; the run has judged all {plan.runner.epochs} epoch(s) (runner.epochs): nothing left to "
+            "judge (raise runner.epochs to go on)",
+        )
+    else:
+        say(
+            "stage-b",
+            f"{count}; resuming at global batch {progress.batch_index} (epoch {progress.epoch}, "
+            f"{progress.epoch_offset} of its tickets judged) with guidance step {guidance.step}",
+        )
+    return Prepared(ticket_set.tickets, guidance, fresh=existing is None, progress=progress)
+
+
+def _resume_point(plan: StageBPlan, digest: str) -> Progress:
+    """The progress of the run being resumed; `ValueError` when it cannot continue exactly."""
+    run_dir = plan.run_dir
+    progress = prog.read_progress(run_dir)
+    if progress is None:
+        raise ValueError(
+            f"{run_dir} holds guidance.json but no {prog.PROGRESS_FILE} (a run of an older stagectl), so it "
+            "cannot be resumed exactly; start a new run from its guidance: --set output.run_name=NEW_NAME "
+            f"--set guidance.path={run_dir / 'guidance.json'}"
+        )
+    if progress.tickets_digest != digest:
+        raise ValueError(
+            f"the tickets or runner.seed differ from those of the run in {run_dir}: --resume continues the same "
+            "tickets in the same order; start a new run instead (--overwrite, or --set output.run_name=NEW_NAME)"
+        )
+    prog.check_artifacts(run_dir, progress.artifact_bytes)
+    return progress
 
 
 def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
@@ -143,9 +206,20 @@ def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
     plan every rank runs (`plan.json`: a record, not an input)."""
     assert prepared.guidance is not None
     run_dir = plan.run_dir
+    assert prepared.progress is not None
     try:
+        store = GuidanceStore(run_dir, plan.guidance.retention)
         if prepared.fresh:
-            GuidanceStore(run_dir, plan.guidance.retention).save(prepared.guidance)
+            store.save(prepared.guidance)
+        else:  # back to the last batch boundary: what a batch that was cut off wrote goes
+            removed = prog.cut_artifacts(run_dir, prepared.progress.artifact_bytes)
+            store.restore(prepared.guidance)
+            if removed:
+                files = ", ".join(f"{name} ({size} bytes)" for name, size in removed.items())
+                say(
+                    "stage-b",
+                    f"removed what the cut-off global batch {prepared.progress.batch_index} wrote: {files}",
+                )
         write_resolved_config(run_dir, plan.resolved_config)
         write_stage_b_plan(run_dir / PLAN_FILE, plan)
     except OSError as exc:
@@ -153,17 +227,20 @@ def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
 
 
 class Loop:
-    """Epochs of global batches: rank 0 broadcasts the order and the guidance snapshot, every rank judges
-    its shard (`judge.judge_shard`), rank 0's `Consumer` takes the gathered candidates in batch order."""
+    """Epochs of global batches from the resume point: rank 0 broadcasts the order, the stop decision and the
+    guidance snapshot, every rank judges its shard (`judge.judge_shard`), rank 0's `Consumer` takes the
+    gathered candidates in batch order and records the boundary in `progress.json`."""
 
     def __init__(self, plan: StageBPlan, world: dist.World, prepared: Prepared, engine: Backend) -> None:
-        assert prepared.guidance is not None
+        assert prepared.guidance is not None and prepared.progress is not None
         self.plan = plan
         self.world = world
         self.tickets = prepared.tickets
         self.engine = engine
-        self.consumer = (
-            Consumer(
+        self.progress = prepared.progress
+        self.consumer: Consumer | None = None
+        if world.is_main:
+            self.consumer = Consumer(
                 plan.run_dir,
                 prepared.guidance,
                 engine,
@@ -175,40 +252,79 @@ class Loop:
                 guidance_retention=plan.guidance.retention,
                 min_vote_strength=plan.min_vote_strength,
             )
-            if world.is_main
-            else None
-        )
+            if self.progress.consumer:
+                self.consumer.restore(self.progress.consumer, {t.key: t for t in self.tickets})
+            self._record("running")
 
-    def run(self) -> RunSummary | None:
+    def run(self, stop: StopSignals) -> RunSummary | None:
         runner = self.plan.runner
-        batch_index = 0  # global batches over the whole run
+        stopped: int | None = None
         try:
-            for epoch in range(runner.epochs):
-                with dist.phase("epoch order broadcast", "step_s"):
-                    order = from_main(
-                        epoch_order(len(self.tickets), runner.seed, epoch) if self.world.is_main else None
-                    )
-                for start, end in global_batches(
-                    len(order), runner.per_rank_rollout_batch_size, self.world.world_size
-                ):
-                    self._global_batch([self.tickets[i] for i in order[start:end]], epoch, batch_index)
-                    batch_index += 1
-            if self.consumer is None:
-                return None
-            self.consumer.finish(epoch=runner.epochs - 1, batch_index=batch_index - 1)
+            for epoch, batch, done in self._batches():
+                with dist.phase("stop-signal broadcast", "step_s"):
+                    stopped = from_main((stop.signum or -1) if self.world.is_main else None)  # -1: go on
+                if stopped >= 0:
+                    break
+                self._global_batch(batch, epoch, self.progress.batch_index)
+                self.progress.batch_index += 1
+                self.progress.epoch, self.progress.epoch_offset = done
+                self._record("running")
+            else:
+                stopped = None
+                if self.consumer is not None:
+                    self.consumer.finish(epoch=runner.epochs - 1, batch_index=self.progress.batch_index - 1)
+            self._record("finished" if stopped is None else "stopped", stopped)
+        except KeyboardInterrupt:  # a second signal: the batch in flight is abandoned (resume cuts its rows)
+            self._record("stopped", stop.signum, at_boundary=False)
+            raise
         finally:
             if self.consumer is not None:
                 self.consumer.close()
         c = self.consumer
+        if c is None:
+            return None
         return RunSummary(
             run_dir=self.plan.run_dir,
             num_tickets=len(self.tickets),
-            num_batches=batch_index,
+            num_batches=self.progress.batch_index,
             num_judged=c.num_judged,
             accuracy=c.num_correct / c.num_judged if c.num_judged else None,
             guidance_step=c.guidance.step,
             num_reflections=c.num_reflections,
+            stopped_by_signal=stopped,
+            num_bad_ticket_lines=self.progress.num_bad_ticket_lines,
+            bad_ticket_lines=list(self.progress.bad_ticket_lines),
         )
+
+    def _batches(self) -> Iterator[tuple[int, list[Ticket], tuple[int, int]]]:
+        """(epoch, the global batch's tickets, the (epoch, offset) after it) from the resume point on."""
+        runner = self.plan.runner
+        first_epoch, offset = self.progress.epoch, self.progress.epoch_offset
+        for epoch in range(first_epoch, runner.epochs):
+            with dist.phase("epoch order broadcast", "step_s"):
+                order = from_main(
+                    epoch_order(len(self.tickets), runner.seed, epoch) if self.world.is_main else None
+                )
+            skip = offset if epoch == first_epoch else 0
+            rest = order[skip:]
+            for start, end in global_batches(
+                len(rest), runner.per_rank_rollout_batch_size, self.world.world_size
+            ):
+                done = skip + end
+                after = (epoch, done) if done < len(order) else (epoch + 1, 0)
+                yield epoch, [self.tickets[i] for i in rest[start:end]], after
+
+    def _record(self, status: prog.Status, signum: int | None = None, *, at_boundary: bool = True) -> None:
+        """Rank 0: the current batch boundary (the consumer's state and the artifacts' lengths at it) into
+        `progress.json`; `at_boundary=False` (mid-batch) keeps the last boundary and changes the status only."""
+        if self.consumer is None:
+            return
+        self.progress.status = status
+        self.progress.stopped_by_signal = signum
+        if at_boundary:
+            self.progress.consumer = self.consumer.state()
+            self.progress.artifact_bytes = self.consumer.writer.lengths()
+        prog.write_progress(self.plan.run_dir, self.progress)
 
     def _global_batch(self, batch: list[Ticket], epoch: int, batch_index: int) -> None:
         with dist.phase(f"guidance broadcast of global batch {batch_index}", "step_s"):

@@ -1,7 +1,10 @@
 """Stage-B tickets: one JSONL line = `{mission, group_id, label: pass|fail, per_image: {image_1: summary}}`.
 
-`parse_ticket` checks one decoded line (pure); `load_tickets` reads the files of one mission, reports
-every bad line as `file:line: problem` and skips it, and refuses a set with no usable ticket.
+`parse_ticket` checks one decoded line (pure); `load_tickets` reads the files of one mission and names every
+bad line as `file:line: problem` (not JSON, not a ticket, a duplicate of an earlier ticket). A bad line is an
+error unless the run opts in to skipping them (`runner.bad_ticket_lines: skip`, which the run's log, summary
+and report then state); a set with no usable ticket is always an error, and so is one group_id labelled both
+pass and fail (both lines named: one of them is wrong, and skipping either would hide which).
 The ticket key is `group_id::label`.
 """
 
@@ -17,6 +20,8 @@ from typing import Any, Literal
 Label = Literal["pass", "fail"]
 LABELS: tuple[Label, ...] = ("pass", "fail")
 _IMAGE_KEY = re.compile(r"^image_(\d+)$")
+NUM_NAMED_PROBLEMS = 5  # bad lines named in the error (the count names the rest)
+SKIP_HINT = "runner.bad_ticket_lines: skip"
 
 
 @dataclass(frozen=True)
@@ -69,57 +74,69 @@ def parse_ticket(data: Any) -> Ticket:
     return Ticket(mission, group_id, label, tuple((name, summary) for _, name, summary in items))
 
 
-def parse_ticket_lines(lines: Iterable[str], source: str, mission: str) -> TicketSet:
-    """Parse JSONL text lines of one file (pure); blank lines are skipped, duplicate keys are problems."""
+def parse_ticket_lines(
+    lines: Iterable[str], source: str, mission: str, seen: dict[str, tuple[Label, str]] | None = None
+) -> TicketSet:
+    """Parse JSONL text lines of one file (pure); blank lines are skipped, duplicate keys are problems.
+    `seen` (group_id -> (label, `file:line`)) carries the tickets of earlier files; `ValueError` naming both
+    lines when a group_id comes with both labels."""
     tickets: list[Ticket] = []
     problems: list[str] = []
-    seen: set[str] = set()
+    seen = {} if seen is None else seen
     other = 0
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        where = f"{source}:{number}"
         try:
             ticket = parse_ticket(json.loads(line))
         except json.JSONDecodeError as exc:
-            problems.append(f"{source}:{number}: not valid JSON ({exc.msg})")
+            problems.append(f"{where}: not valid JSON ({exc.msg})")
             continue
         except ValueError as exc:
-            problems.append(f"{source}:{number}: {exc}")
+            problems.append(f"{where}: {exc}")
             continue
         if ticket.mission != mission:
             other += 1
             continue
-        if ticket.key in seen:
-            problems.append(f"{source}:{number}: duplicate ticket key {ticket.key!r}")
+        if ticket.group_id in seen:
+            label, first = seen[ticket.group_id]
+            if label != ticket.label:
+                raise ValueError(
+                    f"tickets: group_id {ticket.group_id!r} of mission {mission!r} is labelled {label!r} at "
+                    f"{first} and {ticket.label!r} at {where}; a group has one label: fix the wrong line"
+                )
+            problems.append(f"{where}: duplicate ticket key {ticket.key!r} (first at {first})")
             continue
-        seen.add(ticket.key)
+        seen[ticket.group_id] = (ticket.label, where)
         tickets.append(ticket)
     return TicketSet(tickets, problems, other)
 
 
-def load_tickets(paths: Iterable[Path], mission: str) -> TicketSet:
-    """Every usable ticket of `mission` in `paths` (in file order); `ValueError` when there is none."""
+def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False) -> TicketSet:
+    """Every ticket of `mission` in `paths` (in file order). `ValueError` naming the bad lines when there are
+    any (unless `skip_bad`: they are in `problems`), and when no usable ticket is left."""
     paths = list(paths)
     tickets: list[Ticket] = []
     problems: list[str] = []
     other = 0
-    seen: set[str] = set()
+    seen: dict[str, tuple[Label, str]] = {}
     for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"tickets: cannot read {path}: {exc.strerror or exc}") from None
-        part = parse_ticket_lines(text.splitlines(), str(path), mission)
+        part = parse_ticket_lines(text.splitlines(), str(path), mission, seen)
         problems += part.problems
         other += part.num_other_missions
-        for ticket in part.tickets:
-            if ticket.key in seen:
-                problems.append(
-                    f"{path}: duplicate ticket key {ticket.key!r} (first seen in an earlier file)"
-                )
-                continue
-            seen.add(ticket.key)
-            tickets.append(ticket)
+        tickets += part.tickets
+    if problems and not skip_bad:
+        more = len(problems) - NUM_NAMED_PROBLEMS
+        listed = "; ".join(problems[:NUM_NAMED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
+        raise ValueError(
+            f"tickets: {len(problems)} bad line(s) of mission {mission!r}: {listed}. Fix or remove them, or set "
+            f"{SKIP_HINT} to run without them (the run's summary and report then say so)"
+        )
     if not tickets:
         detail = f"; {len(problems)} bad line(s), first: {problems[0]}" if problems else ""
         raise ValueError(

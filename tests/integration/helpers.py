@@ -258,7 +258,14 @@ def stage_b_config(tmp: Path, **sections: Any) -> dict[str, Any]:
         "guidance": {"path": str(guidance), "retention": 50},
         "output": {"root": str(tmp / "out"), "run_name": "r"},
         "sampler": {"grid": [{"seed": 0}, {"seed": 1}], "samples_per_decode": 2},
-        "runner": {"engine": "rules", "epochs": 2, "per_rank_rollout_batch_size": 2, "seed": 7},
+        # write_inputs' 2 bad lines: skipped on request (unit tests cover the refusal)
+        "runner": {
+            "engine": "rules",
+            "epochs": 2,
+            "per_rank_rollout_batch_size": 2,
+            "seed": 7,
+            "bad_ticket_lines": "skip",
+        },
         "reflection": {"batch_size": REFLECTION_BATCH, "max_operations": 2},
         "manual_review": {"min_vote_strength": 0.6},
         "launch": {"watchdog": {"step_s": 60}},

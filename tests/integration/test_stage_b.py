@@ -33,6 +33,7 @@ from tests.integration.helpers import (
 ARTIFACTS = {
     "config.yaml",
     "plan.json",
+    "progress.json",
     "guidance.json",
     "snapshots",
     "trajectories.jsonl",
@@ -98,6 +99,15 @@ def test_bad_ticket_lines_reported_and_skipped(two_ranks: tuple) -> None:
     assert f"{tickets}:4: not valid JSON" in result.stderr
     assert f"{tickets}:8: label must be 'pass' or 'fail'" in result.stderr
     assert result.stderr.count("skipped ") == 2  # reported once, by rank 0
+    # the run says it ran without them: its start and end lines and progress.json
+    assert "16 tickets of qc (2 bad line(s) skipped: runner.bad_ticket_lines: skip)" in result.stderr
+    assert f"warning: 2 bad ticket line(s) skipped (runner.bad_ticket_lines: skip), first: {tickets}:4" in (
+        result.stderr
+    )
+    progress = json.loads((two_ranks[1] / "progress.json").read_text())
+    assert progress["num_bad_ticket_lines"] == 2 and progress["bad_ticket_lines"][1].startswith(
+        f"{tickets}:8: "
+    )
 
 
 def test_one_guidance_step_per_global_batch_and_updates_apply_from_the_next(two_ranks: tuple) -> None:
@@ -262,10 +272,17 @@ def test_rerun_is_refused_unless_resume_or_overwrite(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "already holds a run" in refused.stderr
     assert "--resume" in refused.stderr and "--overwrite" in refused.stderr
     assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
-    second = run_cli("stage-b", str(config), "--resume", timeout=120)
-    assert second.returncode == 0 and f"continuing from guidance step {step}" in second.stderr
+    done = run_cli("stage-b", str(config), "--resume", timeout=120)  # every epoch ran: nothing to judge
+    assert done.returncode == 0 and "nothing left to judge (raise runner.epochs to go on)" in done.stderr
+    assert len(read_jsonl(run_dir / "selections.jsonl")) == 16
+    second = run_cli("stage-b", str(config), "--resume", "--set", "runner.epochs=2", timeout=120)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming at global batch 8 (epoch 1, 0 of its tickets judged) with guidance step {step}" in (
+        second.stderr
+    )
     selections = read_jsonl(run_dir / "selections.jsonl")
     assert len(selections) == 32 and {r["guidance_step"] for r in selections[16:]} == {step}
+    assert {r["epoch"] for r in selections[16:]} == {1}
     third = run_cli("stage-b", str(config), "--overwrite", timeout=120)
     assert third.returncode == 0 and "starting from guidance step 0" in third.stderr
     assert "--overwrite: moved the previous run" in third.stderr

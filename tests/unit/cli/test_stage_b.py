@@ -136,7 +136,7 @@ def test_the_launcher_hands_torchrun_the_plan_with_the_sets_resolved_in_it(
 
     launched: list[tuple[list[str], StageBPlan, str | None]] = []
 
-    def torchrun(args: list[str], launch: Any) -> int:
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
         plan = read_stage_b_plan(Path(args[args.index("--plan") + 1]))  # the file is gone once the ranks are
         launched.append((list(args), plan, os.environ.get("CUDA_VISIBLE_DEVICES")))
         assert launch.nproc_per_node == 2
@@ -169,10 +169,10 @@ def test_one_process_runs_the_plan_it_resolved_in_process(
 
     ran: list[StageBPlan] = []
 
-    def no_torchrun(args: list[str], launch: Any) -> NoReturn:
+    def no_torchrun(args: list[str], launch: Any, on_signal: Any = None) -> NoReturn:
         raise AssertionError("a one-process run started torchrun")
 
-    def run_all(plan: StageBPlan) -> None:
+    def run_all(plan: StageBPlan, stop: Any = None) -> None:
         ran.append(plan)
 
     monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", no_torchrun)
@@ -181,3 +181,62 @@ def test_one_process_runs_the_plan_it_resolved_in_process(
     result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(sets)])
     assert result.exit_code == 0, result.output
     assert ran == [stage_b_plan(load_config(TINY, sets))]
+
+
+def _stopped_progress(run_dir: Path, signum: int) -> None:
+    from stagectl.stage_b.progress import Progress, write_progress
+
+    run_dir.mkdir(parents=True)
+    write_progress(
+        run_dir, Progress("digest", epoch=1, batch_index=5, status="stopped", stopped_by_signal=signum)
+    )
+
+
+def test_a_stopped_one_process_run_prints_how_to_continue_and_exits_128_plus_the_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    import stagectl.stage_b.runner
+    from stagectl.stage_b.runner import RunSummary
+
+    def run_all(plan: StageBPlan, stop: Any = None) -> RunSummary:
+        _stopped_progress(plan.run_dir, signal.SIGINT)
+        return RunSummary(plan.run_dir, 16, 5, 10, 0.5, 1, 1, signal.SIGINT, 0, [])
+
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", run_all)
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(_sets(tmp_path / "out"))])
+    assert result.exit_code == 130, result.output
+    run_dir = tmp_path / "out" / "tiny" / "shapes_qc"
+    assert result.output.strip().splitlines()[-1] == (
+        f"stage-b: stopped by SIGINT before global batch 5 (epoch 1); progress saved in {run_dir}/progress.json. "
+        f"Continue with: stagectl stage-b {TINY} --resume and the same --set/--gpus/--nproc options"
+    )
+    assert "done," not in result.output
+
+
+def test_the_launcher_reports_a_stop_its_ranks_made_with_the_signal_it_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks stopped by a forwarded Ctrl-C exit 0 (torchrun has no failure to report); the launcher prints the
+    stop line and exits 130."""
+    import signal
+
+    import stagectl.launch
+
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
+        on_signal(signal.SIGINT)  # the user's Ctrl-C, forwarded to the ranks
+        plan = read_stage_b_plan(Path(args[args.index("--plan") + 1]))
+        _stopped_progress(plan.run_dir, signal.SIGINT)  # what rank 0 records
+        return 0
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    result = CliRunner().invoke(
+        app, ["stage-b", str(TINY), "--nproc", "2", *_set_args(_sets(tmp_path / "out"))]
+    )
+    assert result.exit_code == 130, result.output
+    assert (
+        result.output.strip()
+        .splitlines()[-1]
+        .startswith("stage-b: stopped by SIGINT before global batch 5 (epoch 1); progress saved in ")
+    )

@@ -315,3 +315,15 @@ def test_merge_naming_a_missing_rule_is_dropped_whole() -> None:
     assert not out.changed and out.guidance.experiences == BASE.experiences
     (dropped,) = out.dropped
     assert dropped.reason == "merge names no rule G7: the whole merge is dropped"
+
+
+def test_restore_puts_back_the_boundary_guidance_and_drops_later_snapshots(tmp_path: Path) -> None:
+    """A resume after a batch that was cut off mid-reflection: guidance.json goes back to the step of the
+    last batch boundary, and the snapshot that batch made goes (the resumed run makes it again)."""
+    store = GuidanceStore(tmp_path, retention=5)
+    start = Guidance(0, "t0", {"G0": "focus"})
+    store.save(start)
+    store.save(Guidance(1, "t1", {"G0": "focus", "G1": "red means fail"}))
+    store.restore(start)
+    assert store.load() == start
+    assert [p.name.endswith("-step000000.json") for p in store.snapshots()] == [True]

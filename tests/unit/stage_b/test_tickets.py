@@ -1,4 +1,5 @@
-"""Stage-B tickets: parsing, bad lines reported with file:line, the empty set refused."""
+"""Stage-B tickets: parsing, bad lines refused (or skipped on request) with file:line, a group labelled both ways
+refused naming both lines, the empty set refused."""
 
 from __future__ import annotations
 
@@ -37,29 +38,69 @@ def test_parse_ticket_rejects(change: dict, why: str) -> None:
         parse_ticket({**GOOD, **change})
 
 
-def test_load_tickets_skips_bad_lines_with_file_and_line(tmp_path: Path) -> None:
+BAD_LINES = [
+    json.dumps(GOOD),
+    "{not json",
+    "",
+    json.dumps({**GOOD, "label": "maybe"}),
+    json.dumps({**GOOD, "mission": "other"}),
+    json.dumps(GOOD),  # duplicate key
+    json.dumps({**GOOD, "group_id": "g2", "label": "pass"}),
+]
+
+
+def test_bad_lines_are_an_error_naming_each_line(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    lines = [
-        json.dumps(GOOD),
-        "{not json",
-        "",
-        json.dumps({**GOOD, "label": "maybe"}),
-        json.dumps({**GOOD, "mission": "other"}),
-        json.dumps(GOOD),  # duplicate key
-        json.dumps({**GOOD, "group_id": "g2", "label": "pass"}),
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    result = load_tickets([path], "m")
+    path.write_text("\n".join(BAD_LINES) + "\n")
+    with pytest.raises(ValueError) as info:
+        load_tickets([path], "m")
+    message = str(info.value)
+    assert message.startswith("tickets: 3 bad line(s) of mission 'm': ")
+    assert f"{path}:2: not valid JSON" in message and f"{path}:4: label must be" in message
+    assert f"{path}:6: duplicate ticket key 'g1::fail' (first at {path}:1)" in message
+    assert "runner.bad_ticket_lines: skip" in message
+
+
+def test_more_bad_lines_than_named_are_counted(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([json.dumps(GOOD)] + ["{bad"] * 7) + "\n")
+    with pytest.raises(ValueError, match=r"7 bad line\(s\).*:6: not valid JSON.*; and 2 more\. Fix"):
+        load_tickets([path], "m")
+
+
+def test_skip_bad_runs_without_them_and_lists_them(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(BAD_LINES) + "\n")
+    result = load_tickets([path], "m", skip_bad=True)
     assert [t.key for t in result.tickets] == ["g1::fail", "g2::pass"]
     assert result.num_other_missions == 1
     assert [p.split(": ")[0] for p in result.problems] == [f"{path}:2", f"{path}:4", f"{path}:6"]
     assert "duplicate" in result.problems[2]
 
 
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_one_group_with_both_labels_is_an_error_naming_both_lines(tmp_path: Path, skip_bad: bool) -> None:
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(json.dumps({**GOOD, "group_id": "g0"}) + "\n" + json.dumps(GOOD) + "\n")
+    second.write_text("\n" + json.dumps({**GOOD, "label": "pass"}) + "\n")
+    with pytest.raises(ValueError) as info:
+        load_tickets([first, second], "m", skip_bad=skip_bad)
+    assert str(info.value) == (
+        f"tickets: group_id 'g1' of mission 'm' is labelled 'fail' at {first}:2 and 'pass' at {second}:2; "
+        "a group has one label: fix the wrong line"
+    )
+
+
+def test_the_same_group_id_in_another_mission_is_no_conflict(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "mission": "x", "label": "pass"}) + "\n")
+    assert [t.key for t in load_tickets([path], "m").tickets] == ["g1::fail"]
+
+
 def test_no_usable_ticket_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({**GOOD, "mission": "other"}) + "\n{bad\n")
     with pytest.raises(ValueError, match=r"no usable ticket of mission 'm'.*1 bad line"):
-        load_tickets([path], "m")
+        load_tickets([path], "m", skip_bad=True)
     with pytest.raises(ValueError, match="cannot read"):
         load_tickets([tmp_path / "missing.jsonl"], "m")

@@ -1,0 +1,100 @@
+"""Where a Stage-B run is: `progress.json` in the run directory, rank 0's resume point (pure data + file I/O).
+
+Rank 0 rewrites it atomically after every global batch it consumed (and once before the first), so it
+always names a batch boundary: the next global batch (epoch, tickets of that epoch's order already judged,
+batch index over the run), the consumer's state at that boundary (guidance, counters, the open metrics
+window, the reflection queue) and the byte length of every JSONL artifact then. `--resume` cuts each
+artifact back to that length (the rows of a batch that was cut off, by a second Ctrl-C or a kill, go),
+puts that guidance back in `guidance.json`, and continues with that batch: a resumed run writes the same
+rows as one that was never stopped. `status` is `running`, `stopped` (a signal; `stopped_by_signal`) or
+`finished`; `bad_ticket_lines` holds the count and the first locations of the ticket lines the run
+skipped (`runner.bad_ticket_lines: skip`), for the summary and the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from stagectl.files import atomic_write_text
+
+PROGRESS_FILE = "progress.json"
+Status = Literal["running", "stopped", "finished"]
+NUM_LISTED_BAD_LINES = 5
+
+
+@dataclass
+class Progress:
+    tickets_digest: str  # `tickets_digest` of the run's tickets and shuffle seed: resume needs the same
+    epoch: int = 0  # epoch of the next global batch
+    epoch_offset: int = 0  # tickets of that epoch's order already judged
+    batch_index: int = 0  # index of the next global batch over the whole run
+    status: Status = "running"
+    stopped_by_signal: int | None = None
+    consumer: dict[str, Any] = field(default_factory=dict)  # `Consumer.state()`; empty before batch 0
+    artifact_bytes: dict[str, int] = field(default_factory=dict)
+    num_bad_ticket_lines: int = 0
+    bad_ticket_lines: list[str] = field(default_factory=list)  # the first NUM_LISTED_BAD_LINES
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tickets_digest(keys: list[str], seed: int) -> str:
+    """Fingerprint of the ticket keys in file order and the shuffle seed (the epoch orders follow from it)."""
+    return hashlib.sha256(json.dumps([seed, keys]).encode()).hexdigest()[:16]
+
+
+def write_progress(run_dir: Path, progress: Progress) -> None:
+    atomic_write_text(run_dir / PROGRESS_FILE, json.dumps(progress.to_json(), ensure_ascii=False) + "\n")
+
+
+def read_progress(run_dir: Path) -> Progress | None:
+    """The run's progress, None when it has no `progress.json`; `ValueError` naming the file when unreadable."""
+    path = run_dir / PROGRESS_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Progress(**data)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"{path}: not a Stage-B progress file ({exc}); the run cannot be resumed") from None
+
+
+def check_artifacts(run_dir: Path, lengths: dict[str, int]) -> None:
+    """`ValueError` when an artifact is shorter than `progress.json` recorded (changed after the run stopped)."""
+    for name, length in lengths.items():
+        path = run_dir / name
+        size = path.stat().st_size if path.exists() else 0
+        if size < length:
+            raise ValueError(
+                f"{path} holds {size} bytes but {run_dir / PROGRESS_FILE} recorded {length}: the file changed "
+                "after the run stopped, so the run cannot be resumed exactly; start a new run (--overwrite)"
+            )
+
+
+def cut_artifacts(run_dir: Path, lengths: dict[str, int]) -> dict[str, int]:
+    """Truncate every artifact to its recorded length (checked by `check_artifacts`); returns the bytes removed
+    per file: the rows of a batch that was cut off."""
+    removed: dict[str, int] = {}
+    for name, length in lengths.items():
+        path = run_dir / name
+        size = path.stat().st_size if path.exists() else 0
+        if size > length:
+            with path.open("r+b") as handle:
+                handle.truncate(length)
+            removed[name] = size - length
+    return removed
+
+
+def describe(progress: Progress) -> str:
+    """`finished`, `stopped by signal 2 before global batch 3 (epoch 0)`, ..."""
+    where = f"before global batch {progress.batch_index} (epoch {progress.epoch})"
+    if progress.status == "finished":
+        return "finished"
+    if progress.status == "stopped":
+        return f"stopped by signal {progress.stopped_by_signal} {where}"
+    return f"not finished (killed, or still running) {where}"

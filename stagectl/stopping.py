@@ -1,0 +1,50 @@
+"""A stop asked for by a signal: SIGTERM or SIGINT (Ctrl-C) sets a flag that a loop reads at its next safe
+point (after a step or a global batch, where it saves and ends); a second signal stops at once
+(`KeyboardInterrupt`). Import-light (no torch): the loops broadcast the flag themselves.
+
+    stop = StopSignals()
+    with stop:                      # installs the handlers, restores the previous ones on exit
+        for ...:
+            if agreed(stop.requested): break
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType, TracebackType
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the first signal received
+        self.aborted_by: int | None = None  # a second one (the loop was interrupted where it stood)
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> StopSignals:
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            self.aborted_by = signum
+            raise KeyboardInterrupt  # second signal: stop now
+        self.signum = signum
+
+
+def exit_code(signum: int) -> int:
+    """What a shell reports for a process a signal stopped: 128 + the signal number (130 for Ctrl-C)."""
+    return 128 + signum

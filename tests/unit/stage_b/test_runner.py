@@ -1,0 +1,139 @@
+"""The Stage-B loop in process (rules engine, one rank): a stop asked for by a signal ends the run at a global
+batch boundary with `progress.json` saying so, a second signal abandons the batch in flight, and `--resume`
+continues from the boundary so that the run's files equal those of a run that was never stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stagectl.config import load_config
+from stagectl.config.plan_stage_b import StageBPlan, stage_b_plan
+from stagectl.config.sampling import SamplingSpec
+from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
+from stagectl.stage_b.engine_rules import RulesBackend
+from stagectl.stage_b.runner import run_all
+from stagectl.stopping import StopSignals
+from tests.integration.helpers import stage_b_config, write_config
+
+ROW_FILES = (
+    "trajectories.jsonl",
+    "selections.jsonl",
+    "metrics.jsonl",
+    "reflection.jsonl",
+    "need_review_queue.jsonl",
+    "failure_malformed.jsonl",
+)
+NUM_BATCHES = 16  # 16 tickets x 2 epochs, 2 per global batch (one rank)
+
+
+def plan_for(root: Path, **sections: Any) -> StageBPlan:
+    return stage_b_plan(load_config(write_config(root / "cfg.yaml", stage_b_config(root, **sections)), []))
+
+
+class Interrupting(RulesBackend):
+    """The rules engine, plus what a terminal would do at a chosen moment: a first signal while global
+    batch `at_batch` is judged, or a second one inside the first reflection (rows of that batch written,
+    the rest not)."""
+
+    def __init__(
+        self, stop: StopSignals, *, at_batch: int | None = None, in_reflection: bool = False
+    ) -> None:
+        self.stop = stop
+        self.at_batch = at_batch
+        self.in_reflection = in_reflection
+
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        if requests and requests[0].batch_index == self.at_batch:
+            self.stop.signum = signal.SIGINT
+        return super().judge(requests, spec, seed)
+
+    def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
+        if self.in_reflection:
+            self.stop.signum = signal.SIGINT
+            raise KeyboardInterrupt
+        return super().reflect(request, spec, seed)
+
+
+def rows(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every artifact's rows without what depends on the clock."""
+    out = {}
+    for name in ROW_FILES:
+        out[name] = [
+            {
+                k: v
+                for k, v in json.loads(line).items()
+                if k not in ("elapsed_s", "tickets_per_s", "updated_at")
+            }
+            for line in (run_dir / name).read_text().splitlines()
+        ]
+    for row in out["reflection.jsonl"]:
+        for key in ("guidance_before", "guidance_after"):
+            if isinstance(row.get(key), dict):
+                row[key].pop("updated_at", None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def unstopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    plan = plan_for(tmp_path_factory.mktemp("whole"))
+    summary = run_all(plan)
+    assert summary is not None and summary.stopped_by_signal is None and summary.num_batches == NUM_BATCHES
+    progress = json.loads((plan.run_dir / "progress.json").read_text())
+    assert (
+        progress["status"] == "finished" and progress["epoch"] == 2 and progress["batch_index"] == NUM_BATCHES
+    )
+    return rows(plan.run_dir)
+
+
+def test_a_signal_stops_after_the_batch_and_resume_writes_what_an_unstopped_run_writes(
+    tmp_path: Path, unstopped: dict[str, list[dict[str, Any]]]
+) -> None:
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    summary = run_all(plan, stop, engine=Interrupting(stop, at_batch=9))  # epoch 1, its 2nd batch
+    assert summary is not None and summary.stopped_by_signal == signal.SIGINT
+    assert summary.num_batches == 10 and summary.num_judged == 20  # batch 9 finished, then the stop
+    progress = json.loads((plan.run_dir / "progress.json").read_text())
+    assert (progress["status"], progress["stopped_by_signal"]) == ("stopped", signal.SIGINT)
+    assert (progress["epoch"], progress["epoch_offset"], progress["batch_index"]) == (1, 4, 10)
+    assert len(rows(plan.run_dir)["selections.jsonl"]) == 20
+
+    resumed = run_all(plan)  # the CLI let --resume through: the run directory holds this run
+    assert resumed is not None and resumed.stopped_by_signal is None
+    assert (resumed.num_batches, resumed.num_judged) == (NUM_BATCHES, 32)
+    assert rows(plan.run_dir) == unstopped
+    assert json.loads((plan.run_dir / "progress.json").read_text())["status"] == "finished"
+
+
+def test_a_second_signal_abandons_the_batch_and_resume_removes_what_it_wrote(
+    tmp_path: Path, unstopped: dict[str, list[dict[str, Any]]]
+) -> None:
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    with pytest.raises(KeyboardInterrupt):
+        run_all(plan, stop, engine=Interrupting(stop, in_reflection=True))
+    progress = json.loads((plan.run_dir / "progress.json").read_text())
+    assert progress["status"] == "stopped" and progress["batch_index"] >= 1
+    cut_off = rows(plan.run_dir)["selections.jsonl"]
+    assert len(cut_off) > 2 * progress["batch_index"]  # rows of the abandoned batch are on disk
+
+    resumed = run_all(plan)
+    assert resumed is not None and resumed.num_judged == 32
+    assert rows(plan.run_dir) == unstopped  # no row twice, none missing
+
+
+def test_resume_refuses_other_tickets(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    run_all(plan, stop, engine=Interrupting(stop, at_batch=0))
+    tickets = Path(plan.tickets[0])
+    lines = tickets.read_text().splitlines()
+    tickets.write_text("\n".join(lines[1:]) + "\n")  # one ticket fewer: the epoch orders change
+    with pytest.raises(ValueError, match=r"the tickets or runner.seed differ from those of the run in"):
+        run_all(plan)
