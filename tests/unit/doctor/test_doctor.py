@@ -349,7 +349,9 @@ def test_run_dir_gives_train_ab_s_verdict_and_way_forward(tmp_path: Path) -> Non
     assert line.status == "fail" and line.name == "training.output_dir"
     assert line.message == f"train-ab will refuse to start: {refused.value}"
     assert "already holds a run (1 metrics row, checkpoint-12)" in line.message
-    assert line.fix.startswith("train-ab (and doctor) --resume continues that run, --overwrite moves it aside")
+    assert line.fix.startswith(
+        "train-ab (and doctor) --resume continues that run, --overwrite moves it aside"
+    )
     # --resume: train-ab wants a complete checkpoint to continue from
     line = check_run_dir(cfg.training, resume=True)
     assert line.status == "fail" and "no complete checkpoint to continue from" in line.message
@@ -359,5 +361,7 @@ def test_run_dir_gives_train_ab_s_verdict_and_way_forward(tmp_path: Path) -> Non
     assert line.status == "ok" and "train-ab --resume continues it from latest" in line.message
     overwrite = cfg.training.model_copy(update={"overwrite_output_dir": True})
     line = check_run_dir(overwrite, resume=False)
-    assert line.status == "ok" and "train-ab --overwrite moves it aside to run.replaced-<time>" in line.message
+    assert (
+        line.status == "ok" and "train-ab --overwrite moves it aside to run.replaced-<time>" in line.message
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "run"]  # nothing moved or written

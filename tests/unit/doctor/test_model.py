@@ -98,8 +98,14 @@ def test_model_load_fails_on_a_missing_or_text_only_model(tmp_path: Path) -> Non
     assert not loadable and line.name == "model.load" and line.status == "fail"
     assert "model directory not found" in line.message
     # refused from its files, before a weight loads (train-ab's own rule): the tokenizer lines still come
-    loadable, lines = check_tokenizer(_cfg(tmp_path, model={"name_or_path": "builtin:tiny-qwen2"}).model, None)
-    assert not loadable and [line.name for line in lines] == ["model.chat_template", "model.coord_tokens", "model.load"]
+    loadable, lines = check_tokenizer(
+        _cfg(tmp_path, model={"name_or_path": "builtin:tiny-qwen2"}).model, None
+    )
+    assert not loadable and [line.name for line in lines] == [
+        "model.chat_template",
+        "model.coord_tokens",
+        "model.load",
+    ]
     assert lines[-1].status == "fail" and "is a text-only qwen2 model" in lines[-1].message
     bundle, line = load_model(_cfg(tmp_path).model, "cpu")
     assert bundle is not None and line.status == "ok" and "qwen2_5_vl from" in line.message
