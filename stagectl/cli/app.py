@@ -40,7 +40,9 @@ def _print_version(value: bool) -> None:
     try:
         text = version("stagectl")
     except PackageNotFoundError:
-        from stagectl import __version__ as text
+        import stagectl
+
+        text = stagectl.__version__
     typer.echo(f"stagectl {text}")
     raise typer.Exit()
 
