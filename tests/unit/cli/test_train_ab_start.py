@@ -19,12 +19,12 @@ TINY = ROOT / "examples/tiny/train_ab.yaml"
 def test_a_text_only_model_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stagectl.learner.loop
+    import stagectl.cli.train_ab  # light: the trainer (torch) is imported only when a run trains
 
-    def no_trainer(*args: Any, **kwargs: Any) -> NoReturn:
-        raise AssertionError("the trainer started (and loaded the model) for a text-only model")
+    def no_training(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("the run started (and would load the model) for a text-only model")
 
-    monkeypatch.setattr(stagectl.learner.loop, "Trainer", no_trainer)
+    monkeypatch.setattr(stagectl.cli.train_ab, "_train", no_training)
     for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     text_only = tmp_path / "qwen3"
