@@ -51,7 +51,8 @@ def command(
     resume: bool = typer.Option(
         False,
         "--resume",
-        help="Continue the run in the run directory from its guidance (artifacts appended).",
+        help="Continue the run in the run directory at the global batch where it stopped (its progress.json; "
+        "same tickets and runner.seed); a finished run goes on only when runner.epochs was raised.",
     ),
     overwrite: bool = typer.Option(
         False,

@@ -161,3 +161,27 @@ def _experiences(guidance: dict[str, Any] | None) -> dict[str, str]:
     if not isinstance(experiences, dict):
         return {}
     return {str(key): str(text) for key, text in experiences.items()}
+
+
+def progress_notes(progress: dict[str, Any] | None, mission_dir: str) -> list[str]:
+    """What `progress.json` says a reader must know: a run that did not finish, and ticket lines it skipped."""
+    if not isinstance(progress, dict):
+        return ["no `progress.json`: whether the run finished is unknown (a run of an older stagectl)."]
+    notes = []
+    status = progress.get("status")
+    where = f"before global batch {progress.get('batch_index')} (epoch {progress.get('epoch')})"
+    if status == "stopped":
+        notes.append(
+            f"the run did not finish: stopped by signal {progress.get('stopped_by_signal')} {where}; "
+            f"`stagectl stage-b CONFIG --resume` continues it ({mission_dir})."
+        )
+    elif status != "finished":
+        notes.append(f"the run did not finish (still running, or killed) {where}; `--resume` continues it.")
+    num_bad = int(progress.get("num_bad_ticket_lines") or 0)
+    if num_bad:
+        first = "; ".join(str(line) for line in progress.get("bad_ticket_lines") or [])
+        notes.append(
+            f"{num_bad} bad ticket line(s) skipped (`runner.bad_ticket_lines: skip`): the numbers cover the "
+            f"other tickets only. First: {first}"
+        )
+    return notes

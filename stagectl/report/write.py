@@ -32,7 +32,7 @@ from stagectl.report.plots_samples import epochs_plot, staleness_plot
 from stagectl.report.plots_stage_b import write_stage_b_plots
 from stagectl.report.plots_train_ab import pr_curve_plot, write_train_ab_plots
 from stagectl.report.sections import Figures, Skipped
-from stagectl.report.stage_b import summarize_stage_b
+from stagectl.report.stage_b import progress_notes, summarize_stage_b
 from stagectl.report.train_ab import (
     config_value,
     last_run,
@@ -197,6 +197,8 @@ def write_stage_b_report(mission_dir: Path) -> Written:
     notes = metrics.notes() + selections.notes() + reflections.notes()
     guidance, guidance_notes = _read_json(mission_dir / "guidance.json")
     notes += guidance_notes
+    progress, progress_read = _read_json(mission_dir / "progress.json")  # stage_b.progress's file
+    notes += progress_read + progress_notes(progress, str(mission_dir))
     for name, what in (
         ("need_review_queue.jsonl", "tickets queued for manual review"),
         ("failure_malformed.jsonl", "malformed candidates logged"),

@@ -399,3 +399,30 @@ def test_optimizer_plot_draws_the_update_share_or_says_why_not(tmp_path: Path) -
     assert isinstance(drawn, Plot) and (tmp_path / drawn.file).stat().st_size > 0
     older = optimizer_plot([{"step": 0, "grad_norm": 1.0}], tmp_path)
     assert isinstance(older, Skipped) and "update_nonzero_frac" in older.reason
+
+
+def test_stage_b_progress_notes_say_a_run_did_not_finish_and_what_it_skipped() -> None:
+    from stagectl.report.stage_b import progress_notes
+
+    finished = {"status": "finished", "epoch": 2, "batch_index": 16, "num_bad_ticket_lines": 0}
+    assert progress_notes(finished, "RUN") == []
+    stopped = {
+        **finished,
+        "status": "stopped",
+        "stopped_by_signal": 2,
+        "epoch": 0,
+        "batch_index": 3,
+        "num_bad_ticket_lines": 2,
+        "bad_ticket_lines": ["t.jsonl:4: not valid JSON", "t.jsonl:8: label"],
+    }
+    notes = progress_notes(stopped, "RUN")
+    assert notes[0].startswith("the run did not finish: stopped by signal 2 before global batch 3 (epoch 0)")
+    assert (
+        notes[1].startswith("2 bad ticket line(s) skipped")
+        and "First: t.jsonl:4: not valid JSON; t.jsonl:8" in notes[1]
+    )
+    assert (
+        "did not finish (still running, or killed)"
+        in progress_notes({**finished, "status": "running"}, "RUN")[0]
+    )
+    assert "unknown" in progress_notes(None, "RUN")[0]
