@@ -113,7 +113,7 @@ def command(
         try:
             found = files_summary(run_dir, STAGE_B_MARKERS)
             progress = read_progress(run_dir) if found is not None else None
-            if progress is not None:
+            if found is not None and progress is not None:
                 found += f"; {describe(progress)}"
             note = apply_policy(
                 run_dir,
