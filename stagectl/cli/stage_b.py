@@ -151,12 +151,18 @@ def _relaunch(plan: StageBPlan, launch: LaunchConfig, restart: tuple[Path, bool]
         progress = read_progress(plan.run_dir)
     except ValueError:
         progress = None
-    if code == 0 and progress is not None and progress.status == "stopped":
+    if code != 0:
+        return exit_code(received[0]) if received else code
+    if progress is not None and progress.status == "finished":  # a signal during the last batch
+        return 0
+    if progress is not None and progress.status == "stopped" and progress.stopped_by_signal is not None:
         signum = received[0] if received else progress.stopped_by_signal
-        assert signum is not None
-        typer.echo(stop_line(signum, plan.run_dir, restart), err=True)
-        return exit_code(signum)
-    return exit_code(received[0]) if received and code != 0 else code
+    elif received:  # the ranks stopped during their start-up
+        signum = received[0]
+    else:
+        return 0
+    typer.echo(stop_line(signum, plan.run_dir, restart), err=True)
+    return exit_code(signum)
 
 
 def stop_line(signum: int, run_dir: Path, restart: tuple[Path, bool]) -> str:
@@ -166,13 +172,14 @@ def stop_line(signum: int, run_dir: Path, restart: tuple[Path, bool]) -> str:
     from stagectl.stage_b.progress import PROGRESS_FILE, read_progress
 
     progress = read_progress(run_dir)
-    where = (
-        "" if progress is None else f" before global batch {progress.batch_index} (epoch {progress.epoch})"
-    )
     config, extra_options = restart
     same = " and the same --set/--gpus/--nproc options" if extra_options else ""
+    name = signal.Signals(signum).name
+    if progress is None:  # stopped during the start-up, before the run directory was written
+        return f"stage-b: stopped by {name} before the run started; nothing was written. Run the same command again"
     return (
-        f"stage-b: stopped by {signal.Signals(signum).name}{where}; progress saved in {run_dir / PROGRESS_FILE}. "
+        f"stage-b: stopped by {name} before global batch {progress.batch_index} (epoch {progress.epoch}); "
+        f"progress saved in {run_dir / PROGRESS_FILE}. "
         f"Continue with: stagectl stage-b {config} --resume{same}"
     )
 
@@ -190,6 +197,8 @@ def _rank_from_plan(path: Path) -> None:
 def _run(plan: StageBPlan, restart: tuple[Path, bool] | None) -> None:
     """Run the plan on this rank. `restart` (CONFIG, whether the user gave options): a process the user
     started, which prints the stop line itself; None: a rank of our launcher, which prints it."""
+    import signal
+
     from stagectl.dist import CollectiveError
     from stagectl.stage_b.runner import run_all
     from stagectl.stopping import StopSignals
@@ -199,9 +208,8 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None) -> None:
     try:
         with stop:
             summary = run_all(plan, stop)
-    except KeyboardInterrupt:  # a second signal: stopped at once
-        assert stop.signum is not None
-        _stopped(stop.signum, plan, restart, rank)
+    except KeyboardInterrupt:  # a second signal (or one before the handlers were in place): stopped at once
+        _stopped(stop.signum or signal.SIGINT, plan, restart, rank)
         return
     except CollectiveError as exc:
         fail(str(exc))
