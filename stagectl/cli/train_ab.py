@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -227,8 +228,12 @@ def _train(plan: TrainPlan) -> None:
                 before.undo_failed_start()  # a start that failed before its first step leaves no trace
             raise
     except KeyboardInterrupt:  # a second stop signal during a stop, or Ctrl-C before training started
-        if trainer is None or trainer.stopped_by_signal is None:
-            raise
+        if trainer is None or trainer.stopped_by_signal is None:  # no stop handler yet: nothing to save
+            if rank == 0:
+                typer.echo(
+                    "train-ab: interrupted (SIGINT) before its first step; nothing new was saved", err=True
+                )
+            raise typer.Exit(128 + signal.SIGINT if signal_exit else 0) from None
         second = trainer.aborted_by_signal or trainer.stopped_by_signal
         if rank == 0:
             typer.echo(abort_note(second, out), err=True)

@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -237,7 +238,7 @@ def test_a_resume_that_changes_the_config_keeps_the_old_one_and_lists_each_chang
 
     out = tmp_path / "run"
     finished_run(out, checkpoints=(4, 6))
-    saved = {
+    saved: dict[str, Any] = {
         "training": {"learning_rate": 0.002, "max_steps": 6, "resume_from_checkpoint": None},
         "stage2_ab": {"schedule": {"b_ratio": 0.5}},
         "data": {"synthetic": {"seed": 0}},

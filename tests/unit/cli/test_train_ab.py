@@ -293,3 +293,21 @@ def test_a_resume_with_a_changed_config_warns_and_keeps_the_old_config(
     )
     assert "training.learning_rate: 0.002 -> 0.00123" in changed.output
     assert yaml.safe_load((out / "config.step-4.yaml").read_text()) == saved
+
+
+def test_ctrl_c_before_the_first_step_says_nothing_was_saved(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: _Trainer, plan: TrainPlan, *, prefetcher_cpus: Any = None) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while the model loads
+
+    monkeypatch.setattr(_Trainer, "__init__", interrupted)
+    result = CliRunner().invoke(
+        app, ["train-ab", str(TINY), "--set", f"training.output_dir={tmp_path / 'run'}"]
+    )
+    assert result.exit_code == 130, result.output
+    assert (
+        result.output.splitlines()[-1]
+        == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
+    )
+    assert not (tmp_path / "run").exists()  # the failed start leaves nothing behind
