@@ -18,7 +18,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignals:
-    def __init__(self) -> None:
+    """`ignore_after_stop`: once a signal came, leaving the block ignores further ones instead of restoring
+    the previous handlers (for a process that ends right after: a Ctrl-C during its exit, torch's and
+    gloo's clean-up, would otherwise end it by SIGINT with a traceback, and torchrun would call it failed)."""
+
+    def __init__(self, *, ignore_after_stop: bool = False) -> None:
+        self.ignore_after_stop = ignore_after_stop
         self.signum: int | None = None  # the first signal received
         self.aborted_by: int | None = None  # a second one (the loop was interrupted where it stood)
         self._previous: dict[int, Any] = {}
@@ -34,8 +39,9 @@ class StopSignals:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        stopped = self.ignore_after_stop and self.signum is not None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if stopped else handler)
         self._previous = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

@@ -204,7 +204,7 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None) -> None:
     from stagectl.stopping import StopSignals
 
     rank = os.environ.get("RANK", "0")
-    stop = StopSignals()
+    stop = StopSignals(ignore_after_stop=True)  # the process ends right after a stop
     try:
         with stop:
             summary = run_all(plan, stop)

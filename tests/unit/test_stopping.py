@@ -23,3 +23,19 @@ def test_stop_signals_set_a_flag_then_interrupt() -> None:
 
 def test_exit_code_is_what_a_shell_reports() -> None:
     assert exit_code(signal.SIGINT) == 130 and exit_code(signal.SIGTERM) == 143
+
+
+def test_a_process_that_ends_after_a_stop_ignores_further_signals() -> None:
+    stop = StopSignals(ignore_after_stop=True)
+    try:
+        with stop:
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)  # ignored: no KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with StopSignals(ignore_after_stop=True):
+        pass  # no signal came: the previous handlers come back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
