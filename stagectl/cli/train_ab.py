@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from stagectl.config.plan_train import TrainPlan
 
 
+EARLY_STOP = "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
+
+
 def command(
     config: Path = typer.Argument(..., help="YAML config."),
     nproc: int | None = typer.Option(
@@ -189,13 +192,21 @@ def _relaunch(config: Path, plan: TrainPlan) -> tuple[int, list[int]]:
 
 
 def _rank_from_plan(path: Path) -> None:
-    from stagectl.config.plan_train import read_train_plan
-
+    """A rank the launcher started. A Ctrl-C the launcher passed on before this rank's trainer ran (its
+    imports, the rendezvous) ends it with exit 0: the launcher exits 130 (a rank exiting 130 would be
+    reported by torchrun as failed)."""
     try:
-        plan = read_train_plan(path)
-    except ValueError as exc:
-        fail(str(exc))
-    _train(plan)
+        from stagectl.config.plan_train import read_train_plan
+
+        try:
+            plan = read_train_plan(path)
+        except ValueError as exc:
+            fail(str(exc))
+        _train(plan)
+    except KeyboardInterrupt:
+        if int(os.environ.get("RANK", "0")) == 0:
+            typer.echo(EARLY_STOP, err=True)
+        raise typer.Exit(0) from None
 
 
 def _train(plan: TrainPlan) -> None:
@@ -230,9 +241,7 @@ def _train(plan: TrainPlan) -> None:
     except KeyboardInterrupt:  # a second stop signal during a stop, or Ctrl-C before training started
         if trainer is None or trainer.stopped_by_signal is None:  # no stop handler yet: nothing to save
             if rank == 0:
-                typer.echo(
-                    "train-ab: interrupted (SIGINT) before its first step; nothing new was saved", err=True
-                )
+                typer.echo(EARLY_STOP, err=True)
             raise typer.Exit(128 + signal.SIGINT if signal_exit else 0) from None
         second = trainer.aborted_by_signal or trainer.stopped_by_signal
         if rank == 0:

@@ -311,3 +311,27 @@ def test_ctrl_c_before_the_first_step_says_nothing_was_saved(
         == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
     )
     assert not (tmp_path / "run").exists()  # the failed start leaves nothing behind
+
+
+@pytest.mark.parametrize("where", ["model load", "plan read"])
+def test_a_rank_interrupted_before_its_first_step_exits_0_for_the_launcher(
+    tmp_path: Path, rank: list[TrainPlan], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """torchrun would report a rank exiting 130 as failed; the launcher, which got the signal, exits 130."""
+    import stagectl.config.plan_train
+
+    def interrupted(*args: Any, **kwargs: Any) -> NoReturn:
+        raise KeyboardInterrupt
+
+    if where == "model load":
+        monkeypatch.setattr(_Trainer, "__init__", interrupted)
+    else:  # before the trainer's own handling: the rank's imports, reading the plan
+        monkeypatch.setattr(stagectl.config.plan_train, "read_train_plan", interrupted)
+    plan = train_plan(load_config(ASYNC, _sets(tmp_path / "run"), world_size=2), world_size=2)
+    path = write_train_plan(tmp_path / "plan.json", plan)
+    result = CliRunner().invoke(app, ["train-ab", "cfg.yaml", "--plan", str(path)])
+    assert result.exit_code == 0, result.output
+    assert (
+        result.output.splitlines()[-1]
+        == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
+    )
