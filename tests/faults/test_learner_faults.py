@@ -206,20 +206,28 @@ def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(
 
 
 def test_slow_server_late_packs_train_as_a_and_are_reported(tmp_path: Path) -> None:
-    """Every `/infer/` of the embedded server takes 3 s: B steps whose packs are late train as Channel-A
-    (part of the async design, not a lost server): the run completes, and the summary line and
-    final_state.json count them as `queue_empty` (never `no_server`: the server is up)."""
-    cfg = async_config(tmp_path, training={"max_steps": 4})
+    """Every `/infer/` of the embedded server takes 5 s: the first B step (step 2) waits for the
+    prefetcher's first burst and trains as B; the next burst, begun at the current version (no weight sync
+    in these 4 steps), is not waited for, so step 4's packs are late and it trains as Channel-A (part of
+    the async design, not a lost server): the run completes, its line says `A (B wanted: queue_empty)`, and
+    the summary line and final_state.json count it as `queue_empty` (never `no_server`: the server is up)."""
+    cfg = async_config(
+        tmp_path,
+        training={"max_steps": 4},
+        stage2_ab={"channel_b": {"async": {"sync_every_steps": 4}}},
+    )
     config = write_config(tmp_path / "cfg.yaml", cfg)
-    with fault_run(["train-ab", str(config)], tmp_path, fault="slow_infer:3000") as run:
+    with fault_run(["train-ab", str(config)], tmp_path, fault="slow_infer:5000") as run:
         code = run.finish(300)
         assert not run.wait_no_leftovers(10)
     assert code == 0, run.tail()
     rows = read_metrics(tmp_path / "run")
     assert len(rows) == 4
     check_async_invariants(rows, window=1)
+    assert rows[1]["kind"] == "B", run.tail()  # the start-up wait
     skipped = sum(r["stage2_ab/async/b_step_skipped_due_to_queue"] for r in rows)
     assert skipped >= 1
+    assert "A (B wanted: " in run.output()
     b_steps = json.loads((tmp_path / "run" / "final_state.json").read_text())["b_steps"]
     assert b_steps["b_steps_wanted"] == 2 and b_steps["b_steps_trained"] == 2 - skipped
     assert set(b_steps["b_steps_as_a"]) <= {"queue_empty", "gate"}  # late packs, on one rank or both
