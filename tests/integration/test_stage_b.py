@@ -98,7 +98,7 @@ def test_bad_ticket_lines_reported_and_skipped(two_ranks: tuple) -> None:
     tickets = next(Path(p) for p in yaml.safe_load((two_ranks[1] / "config.yaml").read_text())["tickets"])
     assert f"{tickets}:4: not valid JSON" in result.stderr
     assert f"{tickets}:8: label must be 'pass' or 'fail'" in result.stderr
-    assert result.stderr.count("skipped ") == 2  # reported once, by rank 0
+    assert result.stderr.count("stage-b: skipped ") == 2  # reported once, by rank 0
     # the run says it ran without them: its start and end lines and progress.json
     assert "16 tickets of qc (2 bad line(s) skipped: runner.bad_ticket_lines: skip)" in result.stderr
     assert f"warning: 2 bad ticket line(s) skipped (runner.bad_ticket_lines: skip), first: {tickets}:4" in (
