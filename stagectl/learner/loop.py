@@ -11,9 +11,7 @@ runs Channel-B's forward/backward passes; then exactly one optimizer update, Cha
 from __future__ import annotations
 
 import json
-import signal
 import time
-from types import FrameType
 from typing import Any
 
 import torch
@@ -38,6 +36,7 @@ from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
 from stagectl.schedule import channel_for_step
+from stagectl.stopping import StopSignals
 
 
 class Trainer:
@@ -95,8 +94,7 @@ class Trainer:
             if self.world.is_main
             else None
         )
-        self._stop_signal: int | None = None
-        self.aborted_by_signal: int | None = None  # a second signal: the run stopped at once
+        self._stop = StopSignals()  # SIGTERM/SIGINT: save after the step and end; a second: stop at once
         # why the last step trained as Channel-A where the schedule wanted B (its console line says so)
         self._b_skipped: SkipReason | None = None
 
@@ -105,36 +103,34 @@ class Trainer:
     def run(self) -> int:
         """Train to `max_steps` (or until SIGTERM/SIGINT, which saves first); returns the last step.
         Every collective runs inside a named watchdog phase; the end is orderly (see `close`)."""
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         cfg = self.plan.training
         step = self.state.start_step
         finished = False
         try:
-            self.channel_b.start()
-            while step < cfg.max_steps:
-                try:
-                    row = self.train_step(step)
-                except RolloutLossError as exc:  # every rank, between two steps: save, then stop
-                    raise RolloutLossError(f"{exc}; {self._save_for_resume(step)}", exc.step) from None
-                step += 1
-                row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
-                if self.metrics is not None:
-                    self.metrics.write(row)
-                self.progress.update(
-                    step - 1, row, log=step % cfg.logging_steps == 0, b_skipped=self._b_skipped
-                )
-                with dist.phase("stop-signal broadcast", "step_s"):
-                    stop = dist.broadcast_object(self._stop_signal is not None)
-                if cfg.saves_checkpoint(step) or stop:
-                    self.save(step)
-                if stop:
-                    break
-            self._write_final_state(step)
-            finished = True
-            return step
+            with self._stop:  # the previous handlers are back before `close`
+                self.channel_b.start()
+                while step < cfg.max_steps:
+                    try:
+                        row = self.train_step(step)
+                    except RolloutLossError as exc:  # every rank, between two steps: save, then stop
+                        raise RolloutLossError(f"{exc}; {self._save_for_resume(step)}", exc.step) from None
+                    step += 1
+                    row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
+                    if self.metrics is not None:
+                        self.metrics.write(row)
+                    self.progress.update(
+                        step - 1, row, log=step % cfg.logging_steps == 0, b_skipped=self._b_skipped
+                    )
+                    with dist.phase("stop-signal broadcast", "step_s"):
+                        stop = dist.broadcast_object(self._stop.requested)
+                    if cfg.saves_checkpoint(step) or stop:
+                        self.save(step)
+                    if stop:
+                        break
+                self._write_final_state(step)
+                finished = True
+                return step
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             self.close(finished=finished)
 
     def _maybe_evaluate(self, step: int) -> dict[str, float]:
@@ -158,16 +154,15 @@ class Trainer:
                 dist.barrier()
         return logged
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._stop_signal is not None:
-            self.aborted_by_signal = signum
-            raise KeyboardInterrupt  # second signal: stop now, no checkpoint
-        self._stop_signal = signum
-
     @property
     def stopped_by_signal(self) -> int | None:
         """The first stop signal (the run saves after its step and ends), None when none came."""
-        return self._stop_signal
+        return self._stop.signum
+
+    @property
+    def aborted_by_signal(self) -> int | None:
+        """A second signal: the run stopped at once, no checkpoint."""
+        return self._stop.aborted_by
 
     # ------------------------------------------------------------------ one optimizer step
 
@@ -373,7 +368,7 @@ class Trainer:
                 "global_step": step,
                 "max_steps": self.plan.training.max_steps,
                 # a run stopped early by SIGTERM/SIGINT says so (rundir.run_end: not "finished")
-                "stopped_by_signal": self._stop_signal if step < self.plan.training.max_steps else None,
+                "stopped_by_signal": self._stop.signum if step < self.plan.training.max_steps else None,
                 "num_updates": self.num_updates,
                 "rank_weight_digests": digests,
                 "b_steps": self.b_steps.as_dict(),

@@ -121,12 +121,14 @@ def test_final_state_says_how_the_run_ended(
 
     from stagectl.learner.channel_b.protocol import BStepLedger
     from stagectl.learner.loop import Trainer
+    from stagectl.stopping import StopSignals
 
     trainer: Any = object.__new__(Trainer)
     trainer.state = SimpleNamespace(bundle=SimpleNamespace(model=torch.nn.Linear(2, 2)))
     trainer.plan = SimpleNamespace(training=SimpleNamespace(max_steps=24), output_dir=tmp_path)
     trainer.world = SimpleNamespace(is_main=True)
-    trainer.num_updates, trainer.b_steps, trainer._stop_signal = step, BStepLedger(), signum
+    trainer.num_updates, trainer.b_steps, trainer._stop = step, BStepLedger(), StopSignals()
+    trainer._stop.signum = signum
     trainer._write_final_state(step)
     written = json.loads((tmp_path / "final_state.json").read_text())
     assert (written["global_step"], written["max_steps"], written["stopped_by_signal"]) == (step, 24, stopped)
