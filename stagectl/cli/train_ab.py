@@ -25,7 +25,11 @@ if TYPE_CHECKING:
     from stagectl.config.plan_train import TrainPlan
 
 
-EARLY_STOP = "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
+def early_stop(signum: int = signal.SIGINT) -> str:
+    """The end line of a run a signal stopped before a trainer could save anything."""
+    from stagectl.rundir import signal_name
+
+    return f"train-ab: interrupted ({signal_name(signum)}) before its first step; nothing new was saved"
 
 
 def command(
@@ -138,6 +142,8 @@ def command(
         if world_size > 1:
             code, signals = _relaunch(config, plan)
             if signals:  # the ranks stopped cleanly (or at once, on a second signal) and said so
+                if code:  # they were still starting (torchrun too), before train-ab's own handling
+                    typer.echo(early_stop(signals[0]), err=True)
                 raise typer.Exit(128 + signals[0])
             if code:
                 raise typer.Exit(code)
@@ -165,13 +171,17 @@ def _plan_or_fail(cfg: StagectlConfig, world_size: int) -> TrainPlan:
 
 @contextlib.contextmanager
 def _server_errors() -> Iterator[None]:
-    """The embedded server failing to start is a one-line error (typer's own exits pass through)."""
+    """The embedded server failing to start is a one-line error, and so is a Ctrl-C while it starts (typer's
+    own exits pass through)."""
     from stagectl.server.launcher import ServerStartError
 
     try:
         yield
     except ServerStartError as exc:
         fail(str(exc))
+    except KeyboardInterrupt:
+        typer.echo(early_stop(), err=True)
+        raise typer.Exit(128 + signal.SIGINT) from None
 
 
 def _relaunch(config: Path, plan: TrainPlan) -> tuple[int, list[int]]:
@@ -205,7 +215,7 @@ def _rank_from_plan(path: Path) -> None:
         _train(plan)
     except KeyboardInterrupt:
         if int(os.environ.get("RANK", "0")) == 0:
-            typer.echo(EARLY_STOP, err=True)
+            typer.echo(early_stop(), err=True)
         raise typer.Exit(0) from None
 
 
@@ -241,7 +251,7 @@ def _train(plan: TrainPlan) -> None:
     except KeyboardInterrupt:  # a second stop signal during a stop, or Ctrl-C before training started
         if trainer is None or trainer.stopped_by_signal is None:  # no stop handler yet: nothing to save
             if rank == 0:
-                typer.echo(EARLY_STOP, err=True)
+                typer.echo(early_stop(), err=True)
             raise typer.Exit(128 + signal.SIGINT if signal_exit else 0) from None
         second = trainer.aborted_by_signal or trainer.stopped_by_signal
         if rank == 0:

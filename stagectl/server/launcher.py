@@ -109,7 +109,11 @@ def start_server_process(
     server = ServerProcess(
         rollout_server_argv(args), env=env, cwd=cwd, log_path=log_path, new_session=new_session
     )
-    server.wait_listening(timeout_s)
+    try:
+        server.wait_listening(timeout_s)
+    except BaseException:  # Ctrl-C while it starts: in its own session it did not get it, so stop it here
+        server.stop()
+        raise
     return server
 
 

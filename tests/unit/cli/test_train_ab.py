@@ -213,26 +213,32 @@ def test_a_second_signal_ends_with_one_line_naming_the_last_good_checkpoint(
     )
 
 
-@pytest.mark.parametrize(("signals", "code"), [([2], 130), ([15, 15], 143), ([], 0)])
+@pytest.mark.parametrize(
+    ("signals", "torchrun_code", "code"), [([2], 0, 130), ([15, 15], 0, 143), ([], 0, 0), ([15], 1, 143)]
+)
 def test_the_launcher_exits_128_plus_the_signal_that_stopped_its_ranks(
     tmp_path: Path,
     trainer: list[TrainPlan],
     monkeypatch: pytest.MonkeyPatch,
     signals: list[int],
+    torchrun_code: int,
     code: int,
 ) -> None:
     """The ranks exit 0 after a clean stop (torchrun would call any other code a failure); the launcher,
-    which got the signal, exits 128 + it, so `train-ab && next` does not go on after a Ctrl-C."""
+    which got the signal, exits 128 + it, so `train-ab && next` does not go on after a Ctrl-C. Ranks that
+    were still starting (torchrun exits non-zero) said nothing: the launcher's last line says it."""
     import stagectl.launch
 
     def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
         for signum in signals:
             on_signal(signum)
-        return 0
+        return torchrun_code
 
     monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
     result = CliRunner().invoke(app, ["train-ab", str(ASYNC), *_set_args(_sets(tmp_path / "run"))])
     assert result.exit_code == code, result.output
+    early = "train-ab: interrupted (SIGTERM) before its first step; nothing new was saved"
+    assert (early in result.output.splitlines()[-1:]) == (torchrun_code != 0)
 
 
 def test_an_embedded_run_writes_the_users_config_and_runs_against_the_servers_address(
@@ -335,3 +341,27 @@ def test_a_rank_interrupted_before_its_first_step_exits_0_for_the_launcher(
         result.output.splitlines()[-1]
         == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
     )
+
+
+def test_ctrl_c_while_the_embedded_server_starts_says_so(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+
+    import stagectl.launch
+
+    @contextlib.contextmanager
+    def server(*args: Any) -> Any:
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", server)
+    result = CliRunner().invoke(
+        app, ["train-ab", str(ASYNC), "--set", f"training.output_dir={tmp_path / 'run'}"]
+    )
+    assert result.exit_code == 130, result.output
+    assert (
+        result.output.splitlines()[-1]
+        == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
+    )
+    assert trainer == []

@@ -89,3 +89,23 @@ def test_a_crash_past_the_restarts_is_left_down(capsys: pytest.CaptureFixture[st
         err += capsys.readouterr().err
     assert "embedded rollout server exited (code -9)" in err and keeper.num_restarts == 0
     keeper.stop()
+
+
+def test_a_ctrl_c_while_the_server_starts_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In its own session the child does not get the terminal's Ctrl-C: the starter stops it."""
+    import stagectl.server.launcher as launcher
+
+    started: list[ServerProcess] = []
+
+    def interrupted(self: ServerProcess, timeout_s: float = 120.0) -> str:
+        started.append(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        launcher, "rollout_server_argv", lambda args: [sys.executable, "-c", "import time; time.sleep(60)"]
+    )
+    monkeypatch.setattr(ServerProcess, "wait_listening", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.start_server_process([], new_session=True)
+    (server,) = started
+    assert server.proc.poll() is not None  # stopped, not left running until the launcher exits
