@@ -268,6 +268,34 @@ def latest_complete_checkpoint(out: Path) -> Path | None:
     return out / f"checkpoint-{max(steps)}" if steps else None
 
 
+def world_size_refusal(checkpoint: Path, written_by: int, world_size: int) -> str:
+    """Why `checkpoint` (written by `written_by` ranks) cannot resume in a world of `world_size`."""
+    return (
+        f"training.resume_from_checkpoint: {checkpoint.name} was written by {written_by} rank(s) but this "
+        f"run has {world_size}; the data streams are sharded per rank and cannot be re-sharded "
+        f"exactly. Resume with --nproc {written_by}, or start a new run from its weights "
+        f"(model.name_or_path: {checkpoint / 'model'}, no resume_from_checkpoint)"
+    )
+
+
+def check_resume_world_size(out: Path, resume: Path | str | None, world_size: int) -> None:
+    """The launcher's early form of `learner.checkpoint.check_world_size` (before a server or any rank
+    starts): `ValueError` when the checkpoint a resume would continue from was written by another number
+    of ranks (its trainer_state.json says; older checkpoints are left to the ranks' check)."""
+    checkpoint = latest_complete_checkpoint(out) if str(resume) == "latest" else None
+    if resume is not None and str(resume) != "latest":
+        checkpoint = Path(resume)
+    if checkpoint is None:
+        return
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        written_by = state["data_state"]["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if isinstance(written_by, int) and written_by != world_size:
+        raise ValueError(world_size_refusal(checkpoint, written_by, world_size))
+
+
 # ---------------------------------------------------------------- how a train-ab run ended
 
 

@@ -72,7 +72,7 @@ def command(
     from stagectl.memory.from_config import knobs_from_config
     from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
-    from stagectl.rundir import keep_config_before_resume, prepare_train_dir
+    from stagectl.rundir import check_resume_world_size, keep_config_before_resume, prepare_train_dir
 
     if resume and overwrite:
         fail("--resume and --overwrite contradict each other; give one of them")
@@ -108,6 +108,8 @@ def command(
             note = prepare_train_dir(t.output_dir, t.resume_from_checkpoint, t.overwrite_output_dir)
             if note is not None:
                 typer.echo(note, err=True)
+            # before a server starts: a checkpoint of another world size cannot resume (the ranks check again)
+            check_resume_world_size(t.output_dir, t.resume_from_checkpoint, effective_world_size(cfg))
             changed = keep_config_before_resume(t.output_dir, _as_saved(cfg), t.resume_from_checkpoint)
             if changed is not None:
                 typer.echo(f"train-ab: {changed}", err=True)

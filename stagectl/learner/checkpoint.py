@@ -39,6 +39,7 @@ from transformers import PreTrainedModel
 from stagectl.files import follow_umask
 from stagectl.learner.optim import apply_schedule
 from stagectl.models.quiet import hf_progress_bars_off
+from stagectl.rundir import world_size_refusal
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -286,12 +287,7 @@ def check_world_size(path: Path, world_size: int) -> None:
     num_rng = len(load_rng_states(path))
     written_by = int(saved) if saved is not None else num_rng
     if written_by != world_size:
-        raise ValueError(
-            f"training.resume_from_checkpoint: {path.name} was written by {written_by} rank(s) but this "
-            f"run has {world_size}; the data streams are sharded per rank and cannot be re-sharded "
-            f"exactly. Resume with --nproc {written_by}, or start a new run from its weights "
-            f"(model.name_or_path: {path / 'model'}, no resume_from_checkpoint)"
-        )
+        raise ValueError(world_size_refusal(path, written_by, world_size))
 
 
 def load_rank_state(path: Path, rank: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from stagectl.rundir import (
     RunEnd,
     abort_note,
     apply_policy,
+    check_resume_world_size,
     config_changes,
     keep_config_before_resume,
     prepare_train_dir,
@@ -275,3 +276,16 @@ def test_config_changes_names_added_and_removed_keys() -> None:
         ("a.c", [1, 2], [1, 3]),
         ("a.d", "<unset>", "x"),
     ]
+
+
+def test_a_resume_in_another_world_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    finished_run(out, checkpoints=(4, 6))
+    (out / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({"data_state": {"world_size": 2}}))
+    check_resume_world_size(out, "latest", 2)
+    check_resume_world_size(out, None, 1)  # a new run: nothing to check
+    with pytest.raises(
+        ValueError, match=r"checkpoint-6 was written by 2 rank\(s\) but this run has 1.*--nproc 2"
+    ):
+        check_resume_world_size(out, "latest", 1)
+    check_resume_world_size(out, out / "checkpoint-4", 1)  # no world size recorded: the ranks check it

@@ -365,3 +365,23 @@ def test_ctrl_c_while_the_embedded_server_starts_says_so(
         == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
     )
     assert trainer == []
+
+
+def test_a_resume_in_another_world_size_is_refused_before_a_server_or_rank_starts(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import stagectl.launch
+
+    def no_server(*args: Any) -> NoReturn:
+        raise AssertionError("the embedded server started")
+
+    monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", no_server)
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"data_state": {"world_size": 2}}))
+    sets = [f"training.output_dir={out}", "rollout_server.embedded=true"]
+    result = CliRunner().invoke(app, ["train-ab", str(ASYNC), "--resume", "--nproc", "1", *_set_args(sets)])
+    assert result.exit_code == 1 and trainer == []
+    assert "checkpoint-2 was written by 2 rank(s) but this run has 1" in result.output
