@@ -48,6 +48,7 @@ LAYERS = {
         "timing",
         "metric_keys",
         "templating",
+        "stopping",
         "__init__",
     },
     "config": {"config"},
