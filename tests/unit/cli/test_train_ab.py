@@ -21,6 +21,9 @@ ASYNC = ROOT / "examples/tiny/train_ab_async.yaml"
 TINY = ROOT / "examples/tiny/train_ab.yaml"
 
 
+INTERRUPTED_EARLY = "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
+
+
 def _sets(out: Path) -> list[str]:
     """The async example against a server that is never called, with two overrides to follow."""
     return [
@@ -312,10 +315,7 @@ def test_ctrl_c_before_the_first_step_says_nothing_was_saved(
         app, ["train-ab", str(TINY), "--set", f"training.output_dir={tmp_path / 'run'}"]
     )
     assert result.exit_code == 130, result.output
-    assert (
-        result.output.splitlines()[-1]
-        == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
-    )
+    assert result.output.splitlines()[-1] == INTERRUPTED_EARLY
     assert not (tmp_path / "run").exists()  # the failed start leaves nothing behind
 
 
@@ -337,10 +337,7 @@ def test_a_rank_interrupted_before_its_first_step_exits_0_for_the_launcher(
     path = write_train_plan(tmp_path / "plan.json", plan)
     result = CliRunner().invoke(app, ["train-ab", "cfg.yaml", "--plan", str(path)])
     assert result.exit_code == 0, result.output
-    assert (
-        result.output.splitlines()[-1]
-        == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
-    )
+    assert result.output.splitlines()[-1] == INTERRUPTED_EARLY
 
 
 def test_ctrl_c_while_the_embedded_server_starts_says_so(
@@ -360,10 +357,7 @@ def test_ctrl_c_while_the_embedded_server_starts_says_so(
         app, ["train-ab", str(ASYNC), "--set", f"training.output_dir={tmp_path / 'run'}"]
     )
     assert result.exit_code == 130, result.output
-    assert (
-        result.output.splitlines()[-1]
-        == "train-ab: interrupted (SIGINT) before its first step; nothing new was saved"
-    )
+    assert result.output.splitlines()[-1] == INTERRUPTED_EARLY
     assert trainer == []
 
 
