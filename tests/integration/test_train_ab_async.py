@@ -48,6 +48,7 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
     assert synced and all(r["time/weight_sync_s"] > 0 for r in synced)
     assert sum(r["time/prefetch_build_s"] for r in rows) > 0  # the prefetcher thread built the packs
     assert sum(r["kind"] == "B" for r in rows) >= 3
+    assert rows[1]["kind"] == "B"  # the first B step waits for the first burst (it raced it before)
     digests = json.loads((out / "final_state.json").read_text())["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
     assert rows[-1]["stage2_ab/async/sync_total"] >= 4
