@@ -66,7 +66,7 @@ def command(
     from stagectl.config import ConfigError, load_config
     from stagectl.config.plan_eval import eval_session
     from stagectl.launch import inside_torchrun, relaunch_under_torchrun
-    from stagectl.rundir import EVAL_MARKERS, RunDirPolicy, apply_policy, files_summary
+    from stagectl.rundir.policy import EVAL_MARKERS, RunDirPolicy, apply_policy, files_summary
 
     sets = list(overrides)
     if model is not None:

@@ -79,7 +79,7 @@ def command(
     from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.launch import inside_torchrun
-    from stagectl.rundir import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
+    from stagectl.rundir.policy import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
     from stagectl.stage_b.progress import describe, read_progress
     from stagectl.stage_b.runner import valid_mission
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def early_stop(signum: int = signal.SIGINT) -> str:
     """The end line of a run a signal stopped before a trainer could save anything."""
-    from stagectl.rundir import signal_name
+    from stagectl.rundir.ending import signal_name
 
     return f"train-ab: interrupted ({signal_name(signum)}) before its first step; nothing new was saved"
 
@@ -72,7 +72,8 @@ def command(
     from stagectl.memory.from_config import knobs_from_config
     from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
-    from stagectl.rundir import check_resume_world_size, keep_config_before_resume, prepare_train_dir
+    from stagectl.rundir.policy import prepare_train_dir
+    from stagectl.rundir.resume import check_resume_world_size, keep_config_before_resume
 
     if resume and overwrite:
         fail("--resume and --overwrite contradict each other; give one of them")
@@ -229,7 +230,8 @@ def _train(plan: TrainPlan) -> None:
     from stagectl.learner.loop import Trainer
     from stagectl.learner.metrics import rollout_f1_summary
     from stagectl.placement import place_learner_rank
-    from stagectl.rundir import DirSnapshot, abort_note, stop_note
+    from stagectl.rundir.ending import abort_note, stop_note
+    from stagectl.rundir.policy import DirSnapshot
 
     rank = int(os.environ.get("RANK", "0"))
     out = plan.output_dir

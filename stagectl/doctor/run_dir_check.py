@@ -1,12 +1,12 @@
 """The run-directory check (`training.output_dir`): what train-ab will do with the directory, by train-ab's
-own rule (`rundir.train_dir_verdict`), acting on nothing: start a new run there, continue the run it holds
+own rule (`rundir.policy.train_dir_verdict`), acting on nothing: start a new run there, continue the run it holds
 (`--resume`), move that run aside (`--overwrite`), or refuse to start."""
 
 from __future__ import annotations
 
 from stagectl.config.training import TrainingConfig
 from stagectl.doctor.report import Check, fail, ok
-from stagectl.rundir import TRAIN_DIR_HINT, train_dir_verdict
+from stagectl.rundir.policy import TRAIN_DIR_HINT, train_dir_verdict
 
 
 def check_run_dir(training: TrainingConfig, resume: bool) -> Check:

@@ -39,7 +39,7 @@ from transformers import PreTrainedModel
 from stagectl.files import follow_umask
 from stagectl.learner.optim import apply_schedule
 from stagectl.models.quiet import hf_progress_bars_off
-from stagectl.rundir import world_size_refusal
+from stagectl.rundir.resume import world_size_refusal
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"

@@ -367,7 +367,7 @@ class Trainer:
             summary = {
                 "global_step": step,
                 "max_steps": self.plan.training.max_steps,
-                # a run stopped early by SIGTERM/SIGINT says so (rundir.run_end: not "finished")
+                # a run stopped early by SIGTERM/SIGINT says so (rundir.ending.run_end: not "finished")
                 "stopped_by_signal": self._stop.signum if step < self.plan.training.max_steps else None,
                 "num_updates": self.num_updates,
                 "rank_weight_digests": digests,

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from stagectl.files import atomic_write_lines
-from stagectl.rundir import count_rows
+from stagectl.rundir.policy import count_rows
 
 if TYPE_CHECKING:
     from stagectl.config.training import TrainingConfig

@@ -34,7 +34,8 @@ from stagectl.learner.segments import SampleEncoder
 from stagectl.models.capability import detection_model_problem
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 from stagectl.models.speedups import apply_speedups
-from stagectl.rundir import prepare_train_dir, resume_note
+from stagectl.rundir.policy import prepare_train_dir
+from stagectl.rundir.resume import resume_note
 
 
 @dataclass

@@ -41,7 +41,7 @@ from stagectl.report.train_ab import (
     summarize_train_ab,
     target_b_ratio,
 )
-from stagectl.rundir import FINAL_STATE, RunEnd, continue_command, run_end
+from stagectl.rundir.ending import FINAL_STATE, RunEnd, continue_command, run_end
 
 REPORT_MD = "report.md"
 SAMPLES = "samples.jsonl"

@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from stagectl.files import atomic_write_text, write_resolved_config
+from stagectl.files import atomic_write_text, check_output_dir, follow_umask, write_resolved_config
 
 
 def test_resolved_config_follows_the_umask_not_mkstemps_0600(tmp_path: Path) -> None:
@@ -19,3 +19,27 @@ def test_resolved_config_follows_the_umask_not_mkstemps_0600(tmp_path: Path) -> 
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "note.txt").stat().st_mode) == 0o644
     assert path.read_text().startswith("model:") and (tmp_path / "note.txt").read_text() == "ok\n"
+
+
+def test_the_write_check_leaves_no_directory_behind(tmp_path: Path) -> None:
+    check_output_dir(tmp_path / "a" / "b" / "run")
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "existing").mkdir()
+    check_output_dir(tmp_path / "existing")
+    assert os.listdir(tmp_path / "existing") == []
+
+
+def test_follow_umask_opens_up_a_library_written_tree(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    for path in (model / "model.safetensors", model / "sub" / "x.json"):
+        path.write_text("x")
+        path.chmod(0o600)
+    model.chmod(0o700)
+    umask = os.umask(0o022)
+    try:
+        follow_umask(model)
+    finally:
+        os.umask(umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (model, model / "sub")} == {0o755}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in model.rglob("*") if p.is_file()} == {0o644}

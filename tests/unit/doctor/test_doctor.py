@@ -330,11 +330,11 @@ def test_cli_nproc_sets_the_world_size_as_train_ab_does(tmp_path: Path) -> None:
 
 
 def test_run_dir_gives_train_ab_s_verdict_and_way_forward(tmp_path: Path) -> None:
-    """Doctor's `training.output_dir` line is train-ab's own verdict (`rundir.train_dir_verdict`): a
+    """Doctor's `training.output_dir` line is train-ab's own verdict (`rundir.policy.train_dir_verdict`): a
     directory holding a run fails without --resume / --overwrite, with train-ab's message, and doctor
     changes nothing there."""
     from stagectl.doctor.run_dir_check import check_run_dir
-    from stagectl.rundir import prepare_train_dir
+    from stagectl.rundir.policy import prepare_train_dir
 
     out = tmp_path / "run"
     cfg = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)

@@ -114,7 +114,7 @@ def test_final_state_says_how_the_run_ended(
     tmp_path: Any, step: int, signum: int | None, stopped: int | None
 ) -> None:
     """Written at the end and on a signal stop: the steps done of max_steps and the signal that stopped the
-    run early (`rundir.run_end` reads them: a stopped run is not "finished")."""
+    run early (`rundir.ending.run_end` reads them: a stopped run is not "finished")."""
     import json
 
     import torch

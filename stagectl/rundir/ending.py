@@ -1,0 +1,98 @@
+"""How a train-ab run ended (`final_state.json`: finished, or stopped at step N of M by a signal) and the
+lines that say so and how to continue it. Pure path logic, no torch."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stagectl.files import RESOLVED_CONFIG
+from stagectl.rundir.resume import latest_complete_checkpoint, read_yaml
+
+FINAL_STATE = "final_state.json"
+
+
+def signal_name(signum: int) -> str:
+    """`SIGINT` for 2 (`signal N` for a number with no name here)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def continue_command(out: Path) -> str:
+    """The whole command that continues the run in `out`: its own config.yaml holds every --set, the
+    learner count and, for an embedded server, `rollout_server.embedded: true`."""
+    return f"stagectl train-ab {out / RESOLVED_CONFIG} --resume"
+
+
+def stop_note(signum: int, step: int, max_steps: int, out: Path) -> str:
+    """The end line of a run stopped by a signal: where its checkpoint is and how to continue it."""
+    return (
+        f"stopped by {signal_name(signum)} after step {step} of {max_steps}; checkpoint saved "
+        f"({out / f'checkpoint-{step}'}). Continue with: {continue_command(out)}"
+    )
+
+
+def abort_note(signum: int, out: Path) -> str:
+    """The end line of a run a second signal stopped at once (no checkpoint of its last steps)."""
+    latest = latest_complete_checkpoint(out)
+    last = (
+        f"the last good checkpoint is {latest}; continue with: {continue_command(out)}"
+        if latest is not None
+        else "no checkpoint was written (nothing to resume from)"
+    )
+    return f"a second {signal_name(signum)} stopped the run at once, without a checkpoint: {last}"
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What `final_state.json` says about the end of a run (written when it reached `max_steps` and when a
+    signal stopped it). `max_steps`: None when neither the file nor config.yaml names it."""
+
+    step: int
+    max_steps: int | None
+    stopped_by_signal: int | None
+
+    @property
+    def finished(self) -> bool:
+        if self.max_steps is not None:
+            return self.step >= self.max_steps
+        return self.stopped_by_signal is None
+
+    def describe(self) -> str:
+        """`finished`, or `stopped at step 8 of 200 (SIGINT)`."""
+        if self.finished:
+            return "finished"
+        of = f" of {self.max_steps}" if self.max_steps is not None else ""
+        by = f" ({signal_name(self.stopped_by_signal)})" if self.stopped_by_signal is not None else ""
+        return f"stopped at step {self.step}{of}{by}"
+
+
+def run_end(final_state: Mapping[str, Any], config_max_steps: int | None = None) -> RunEnd:
+    """The end `final_state` records; `config_max_steps` (config.yaml's) for a file from before it held
+    `max_steps`. `ValueError` when `global_step` is missing."""
+    if not isinstance(final_state.get("global_step"), int):
+        raise ValueError(f"{FINAL_STATE} has no integer global_step")
+    max_steps = final_state.get("max_steps", config_max_steps)
+    stopped = final_state.get("stopped_by_signal")
+    return RunEnd(
+        step=final_state["global_step"],
+        max_steps=max_steps if isinstance(max_steps, int) else None,
+        stopped_by_signal=stopped if isinstance(stopped, int) else None,
+    )
+
+
+def read_run_end(out: Path) -> RunEnd | None:
+    """`run_end` of `out/final_state.json` (None when there is none or it cannot be read)."""
+    try:
+        final_state = json.loads((out / FINAL_STATE).read_text())
+        config = read_yaml(out / RESOLVED_CONFIG)
+        max_steps = config.get("training", {}).get("max_steps") if isinstance(config, dict) else None
+        return run_end(final_state, max_steps if isinstance(max_steps, int) else None)
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -1,0 +1,145 @@
+"""What a `--resume` continues from and what it checks before any server or rank starts: the newest
+complete checkpoint, the world size that wrote it, and a config that changed since (kept as
+`config.step-N.yaml`, each changed key named). Pure path logic, no torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stagectl.console import plural
+from stagectl.files import RESOLVED_CONFIG
+
+
+def latest_complete_checkpoint(out: Path) -> Path | None:
+    """The newest `checkpoint-N/` with its trainer_state.json (see `has_complete_checkpoint`), or None."""
+    if not out.is_dir():
+        return None
+    steps = [
+        int(p.name[len("checkpoint-") :])
+        for p in out.iterdir()
+        if p.name.startswith("checkpoint-")
+        and p.name[len("checkpoint-") :].isdigit()
+        and (p / "trainer_state.json").is_file()
+    ]
+    return out / f"checkpoint-{max(steps)}" if steps else None
+
+
+def has_complete_checkpoint(out: Path) -> bool:
+    """A `checkpoint-N/` with its trainer_state.json (the rule of `learner.checkpoint.list_checkpoints`,
+    restated here without importing torch)."""
+    return latest_complete_checkpoint(out) is not None
+
+
+def resume_checkpoint(out: Path, resume: Path | str | None) -> Path | None:
+    """The checkpoint a resume continues from: `latest` -> the newest complete one in `out`, a path -> that
+    path, None (a new run) -> None."""
+    if resume is None:
+        return None
+    return latest_complete_checkpoint(out) if str(resume) == "latest" else Path(resume)
+
+
+def resume_note(checkpoint: Path, step: int, max_steps: int) -> str:
+    """The line a resumed train-ab prints: which checkpoint, and from which step it continues."""
+    if step >= max_steps:
+        return (
+            f"resuming from {checkpoint}: it is at step {step} and training.max_steps is {max_steps}, so no "
+            "step is left to train (raise training.max_steps to train further)"
+        )
+    return (
+        f"resuming from {checkpoint}: {plural(step, 'optimizer step')} done, continuing with step {step + 1} of "
+        f'{max_steps} (metrics.jsonl rows with "step" >= {step} are replaced, earlier ones kept)'
+    )
+
+
+def world_size_refusal(checkpoint: Path, written_by: int, world_size: int) -> str:
+    """Why `checkpoint` (written by `written_by` ranks) cannot resume in a world of `world_size`."""
+    return (
+        f"training.resume_from_checkpoint: {checkpoint.name} was written by {written_by} rank(s) but this "
+        f"run has {world_size}; the data streams are sharded per rank and cannot be re-sharded "
+        f"exactly. Resume with --nproc {written_by}, or start a new run from its weights "
+        f"(model.name_or_path: {checkpoint / 'model'}, no resume_from_checkpoint)"
+    )
+
+
+def check_resume_world_size(out: Path, resume: Path | str | None, world_size: int) -> None:
+    """The launcher's early form of `learner.checkpoint.check_world_size` (before a server or any rank
+    starts): `ValueError` when the checkpoint a resume would continue from was written by another number
+    of ranks (its trainer_state.json says; older checkpoints are left to the ranks' check)."""
+    checkpoint = resume_checkpoint(out, resume)
+    if checkpoint is None:
+        return
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        written_by = state["data_state"]["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if isinstance(written_by, int) and written_by != world_size:
+        raise ValueError(world_size_refusal(checkpoint, written_by, world_size))
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document at `path`, or None when it cannot be read or parsed."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+# ---------------------------------------------------------------- a resume that changes the config
+
+# keys a resume sets itself or that act on one start only: never reported as a change
+RESUME_OWN_KEYS = frozenset({"training.resume_from_checkpoint", "training.overwrite_output_dir"})
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists and scalars are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The dotted keys whose value differs between the run's saved config and the resumed one, sorted:
+    (key, old, new); a key only one side has shows `<unset>` on the other."""
+    old_flat, new_flat = flatten(saved), flatten(new)
+    unset = "<unset>"
+    return [
+        (key, old_flat.get(key, unset), new_flat.get(key, unset))
+        for key in sorted(old_flat.keys() | new_flat.keys())
+        if key not in RESUME_OWN_KEYS and old_flat.get(key, unset) != new_flat.get(key, unset)
+    ]
+
+
+def keep_config_before_resume(out: Path, new: Mapping[str, Any], resume: Path | str | None) -> str | None:
+    """Before a resume rewrites `out/config.yaml`: when the resolved config `new` differs from it, copy it
+    to `config.step-N.yaml` (N: the checkpoint resumed from; the config the steps up to N trained with,
+    kept once) and return the warning listing each changed key; None when nothing changed or there is
+    nothing to resume."""
+    saved = read_yaml(out / RESOLVED_CONFIG)
+    checkpoint = resume_checkpoint(out, resume)
+    if not isinstance(saved, dict) or checkpoint is None:
+        return None
+    changes = config_changes(saved, new)
+    if not changes:
+        return None
+    step = checkpoint.name.removeprefix("checkpoint-")
+    kept = out / f"config.step-{step}.yaml"
+    if not kept.exists():
+        shutil.copy2(out / RESOLVED_CONFIG, kept)
+    listed = "; ".join(f"{key}: {old!r} -> {value!r}" for key, old, value in changes)
+    return (
+        f"warning: the resumed config differs from the one that trained {checkpoint.name} "
+        f"({len(changes)} key{'s' if len(changes) != 1 else ''}): {listed}. The steps so far trained "
+        f"with {kept}; config.yaml now holds the new values"
+    )

@@ -1,0 +1,70 @@
+"""`stagectl.rundir.resume`: what a `--resume` checks before anything starts (world size, a changed
+config)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stagectl.rundir.resume import check_resume_world_size, config_changes, keep_config_before_resume
+from tests.unit.rundir.runs import finished_run
+
+
+def test_a_resume_that_changes_the_config_keeps_the_old_one_and_lists_each_change(tmp_path: Path) -> None:
+    import yaml
+
+    out = tmp_path / "run"
+    finished_run(out, checkpoints=(4, 6))
+    saved: dict[str, Any] = {
+        "training": {"learning_rate": 0.002, "max_steps": 6, "resume_from_checkpoint": None},
+        "stage2_ab": {"schedule": {"b_ratio": 0.5}},
+        "data": {"synthetic": {"seed": 0}},
+    }
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    original = (out / "config.yaml").read_bytes()
+    # what a resume sets itself is no change
+    same = {**saved, "training": {**saved["training"], "resume_from_checkpoint": "latest"}}
+    assert keep_config_before_resume(out, same, "latest") is None
+    assert not (out / "config.step-6.yaml").exists()
+    new = {
+        "training": {"learning_rate": 0.001, "max_steps": 12, "resume_from_checkpoint": "latest"},
+        "stage2_ab": {"schedule": {"b_ratio": 0.25}},
+        "data": {"synthetic": {"seed": 0}},
+    }
+    warning = keep_config_before_resume(out, new, "latest")
+    assert warning is not None and warning.startswith(
+        "warning: the resumed config differs from the one that trained checkpoint-6 (3 keys): "
+        "stage2_ab.schedule.b_ratio: 0.5 -> 0.25; training.learning_rate: 0.002 -> 0.001; "
+        "training.max_steps: 6 -> 12."
+    )
+    assert str(out / "config.step-6.yaml") in warning
+    assert (out / "config.step-6.yaml").read_bytes() == original
+    # a second changed resume from the same checkpoint keeps the config that trained it, not the newer one
+    (out / "config.yaml").write_text(yaml.safe_dump(new))
+    assert keep_config_before_resume(out, saved, "latest") is not None
+    assert (out / "config.step-6.yaml").read_bytes() == original
+    # nothing to resume from: nothing to compare
+    assert keep_config_before_resume(tmp_path / "none", new, "latest") is None
+
+
+def test_config_changes_names_added_and_removed_keys() -> None:
+    assert config_changes({"a": {"b": 1, "c": [1, 2]}}, {"a": {"b": 1, "c": [1, 3], "d": "x"}}) == [
+        ("a.c", [1, 2], [1, 3]),
+        ("a.d", "<unset>", "x"),
+    ]
+
+
+def test_a_resume_in_another_world_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    finished_run(out, checkpoints=(4, 6))
+    (out / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({"data_state": {"world_size": 2}}))
+    check_resume_world_size(out, "latest", 2)
+    check_resume_world_size(out, None, 1)  # a new run: nothing to check
+    with pytest.raises(
+        ValueError, match=r"checkpoint-6 was written by 2 rank\(s\) but this run has 1.*--nproc 2"
+    ):
+        check_resume_world_size(out, "latest", 1)
+    check_resume_world_size(out, out / "checkpoint-4", 1)  # no world size recorded: the ranks check it
