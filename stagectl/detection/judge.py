@@ -13,8 +13,7 @@ from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.matching import MatchResult, greedy_iou_match, hungarian_match
 from stagectl.detection.parse import RolloutParse, parse_rollout
 from stagectl.detection.serialize import BoxedObject
-from stagectl.detection.stats import RolloutStats
-from stagectl.detection.targets import sample_counters
+from stagectl.detection.stats import RolloutStats, sample_counters
 from stagectl.detection.vocab import TokenVocab
 
 BOX_ONLY = MatchCosts()  # Hungarian on boxes alone at the default IoU gate and costs

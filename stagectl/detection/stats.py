@@ -1,10 +1,51 @@
-"""`RolloutStats`: summed rollout-quality counters (parse, match, targets) of a set of rollouts. Plain
-data: added up across chunks, reduced across ranks as a float vector, turned into `rollout/*` metrics."""
+"""Rollout-quality counters: `SampleCounters` of one rollout (from its parse and match) and `RolloutStats`,
+the summed counters (parse, match, targets) of a set of rollouts. Plain data: added up across chunks,
+reduced across ranks as a float vector, turned into `rollout/*` metrics."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+
+from stagectl.detection.matching import MatchResult
+from stagectl.detection.parse import RolloutParse
+
+
+@dataclass(frozen=True)
+class SampleCounters:
+    """Per-sample rollout quality. An empty denominator gives 1.0 when the other side is empty too
+    (nothing to find, nothing found), else 0.0. Aggregate across samples by summing the counts."""
+
+    n_gt: int
+    n_valid_pred: int
+    n_dropped: int
+    n_matched: int
+    n_fp: int
+    n_fn: int
+    precision: float
+    recall: float
+
+
+def _ratio(num: int, den: int, other_side_empty: bool) -> float:
+    if den:
+        return num / den
+    return 1.0 if other_side_empty else 0.0
+
+
+def sample_counters(parse: RolloutParse, match: MatchResult, num_gt: int) -> SampleCounters:
+    """Rollout quality of one sample from its parse and match."""
+    n_valid = len(parse.valid_objects)
+    n_matched = len(match.pairs)
+    return SampleCounters(
+        n_gt=num_gt,
+        n_valid_pred=n_valid,
+        n_dropped=parse.dropped_total,
+        n_matched=n_matched,
+        n_fp=len(match.fp),
+        n_fn=len(match.fn),
+        precision=_ratio(n_matched, n_valid, num_gt == 0),
+        recall=_ratio(n_matched, num_gt, n_valid == 0),
+    )
 
 
 @dataclass

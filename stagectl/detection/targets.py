@@ -77,21 +77,6 @@ class Segment:
     coord_groups: list[CoordGroup]
 
 
-@dataclass(frozen=True)
-class SampleCounters:
-    """Per-sample rollout quality. An empty denominator gives 1.0 when the other side is empty too
-    (nothing to find, nothing found), else 0.0. Aggregate across samples by summing the counts."""
-
-    n_gt: int
-    n_valid_pred: int
-    n_dropped: int
-    n_matched: int
-    n_fp: int
-    n_fn: int
-    precision: float
-    recall: float
-
-
 def _coord_groups(
     ids: Sequence[int], offset: int, objects: Sequence[BoxedObject], vocab: TokenVocab
 ) -> list[CoordGroup]:
@@ -439,25 +424,3 @@ def build_channel_b_reordered_gt_segment(
         )
         found.append(_CleanEntry(desc, _bins(gt), _bins(gt), weight))
     return _serialized_segment(found + missed, encode, vocab)
-
-
-def _ratio(num: int, den: int, other_side_empty: bool) -> float:
-    if den:
-        return num / den
-    return 1.0 if other_side_empty else 0.0
-
-
-def sample_counters(parse: RolloutParse, match: MatchResult, num_gt: int) -> SampleCounters:
-    """Rollout quality of one sample from its parse and match."""
-    n_valid = len(parse.valid_objects)
-    n_matched = len(match.pairs)
-    return SampleCounters(
-        n_gt=num_gt,
-        n_valid_pred=n_valid,
-        n_dropped=parse.dropped_total,
-        n_matched=n_matched,
-        n_fp=len(match.fp),
-        n_fn=len(match.fn),
-        precision=_ratio(n_matched, n_valid, num_gt == 0),
-        recall=_ratio(n_matched, num_gt, n_valid == 0),
-    )

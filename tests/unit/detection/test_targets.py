@@ -1,4 +1,5 @@
-"""Channel-A / Channel-B segments against hand-built expectations, and the per-sample counters."""
+"""Channel-A / Channel-B segments against hand-built expectations, and the per-sample counters
+(`detection.stats.sample_counters`) of the same rollouts."""
 
 from __future__ import annotations
 
@@ -7,13 +8,8 @@ import pytest
 from stagectl.config.plan import TargetPlan
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import parse_rollout
-from stagectl.detection.targets import (
-    CoordGroup,
-    SampleCounters,
-    build_channel_a_segment,
-    build_channel_b_segment,
-    sample_counters,
-)
+from stagectl.detection.stats import SampleCounters, sample_counters
+from stagectl.detection.targets import CoordGroup, build_channel_a_segment, build_channel_b_segment
 from tests.unit.helpers import CHAR, EOT, Obj, box_pieces, coord_positions, expand, toy_tokenizer
 
 GT = [
