@@ -31,18 +31,17 @@ from stagectl.config.plan import AsyncQueue, AsyncServers, ChannelBPlan
 from stagectl.detection.stats import RolloutStats
 from stagectl.inference.client import RolloutClient
 from stagectl.learner.channel_b.gallery import make_b_gallery
-from stagectl.learner.channel_b.health import ServerHealth
+from stagectl.learner.channel_b.health import ServerHealth, servers_without_version_tags, untagged_message
 from stagectl.learner.channel_b.pacing import PacingRules, request_multiples
 from stagectl.learner.channel_b.packs import PackBuilder
 from stagectl.learner.channel_b.prefetcher import Prefetcher
-from stagectl.learner.channel_b.protocol import Decision, SkipReason
+from stagectl.learner.channel_b.protocol import Decision, SkipReason, skip_reason
 from stagectl.learner.channel_b.publisher import WeightPublisher, connection_metrics
 from stagectl.learner.channel_b.queue import ReadyPackQueue, decide_step
 from stagectl.learner.channel_b.records import ReadyPack
 from stagectl.learner.channel_b.rollouts import ServerRollouts
 from stagectl.learner.packs import PackRunner, StepAccumulator
 from stagectl.learner.setup import LearnerState
-from stagectl.wire.protocol import VersionResponse
 
 
 class AsyncChannelB:
@@ -384,35 +383,6 @@ class AsyncChannelB:
                 )
         finally:
             self.publisher.client.close()
-
-
-def skip_reason(*, serving: bool, some_rank_held: bool, went_stale: bool) -> SkipReason:
-    """Why a B step the schedule wanted trains as Channel-A (`protocol.BStepLedger`), first match wins: no
-    server serves; some rank held the step's packs but not every rank (the feasibility gate); packs fell
-    out of the version window since the last step; else the packs were late."""
-    if not serving:
-        return "no_server"
-    if some_rank_held:
-        return "gate"
-    if went_stale:
-        return "stale_packs"
-    return "queue_empty"
-
-
-def servers_without_version_tags(urls: list[str], versions: list[VersionResponse]) -> list[str]:
-    """The servers whose `/version/` does not promise `weight_version` tags (an older stagectl server's
-    answer lacks the field: False)."""
-    return [url for url, v in zip(urls, versions, strict=True) if not v.version_tags]
-
-
-def untagged_message(urls: list[str]) -> str:
-    """Why `in_flight_sync` cannot run against these servers (their `/version/` lacks `version_tags`)."""
-    return (
-        "stage2_ab.channel_b.async.in_flight_sync needs rollout servers that answer /infer/ at a tagged weight "
-        f"version and swap syncs in between calls (stagectl's, this release or later); {', '.join(urls)} "
-        f"{'does' if len(urls) == 1 else 'do'} not: upgrade them, or set in_flight_sync: false (the weight "
-        "sync then waits for the rollouts in flight)"
-    )
 
 
 def thread_stack(ident: int | None) -> str:

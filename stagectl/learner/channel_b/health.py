@@ -226,3 +226,19 @@ class ServerWatch:
     def failed(self, message: str) -> None:
         """A push or rollout call failed: the message names it in the stop error."""
         self.last_error = message
+
+
+def servers_without_version_tags(urls: list[str], versions: list[VersionResponse]) -> list[str]:
+    """The servers whose `/version/` does not promise `weight_version` tags (an older stagectl server's
+    answer lacks the field: False)."""
+    return [url for url, v in zip(urls, versions, strict=True) if not v.version_tags]
+
+
+def untagged_message(urls: list[str]) -> str:
+    """Why `in_flight_sync` cannot run against these servers (their `/version/` lacks `version_tags`)."""
+    return (
+        "stage2_ab.channel_b.async.in_flight_sync needs rollout servers that answer /infer/ at a tagged weight "
+        f"version and swap syncs in between calls (stagectl's, this release or later); {', '.join(urls)} "
+        f"{'does' if len(urls) == 1 else 'do'} not: upgrade them, or set in_flight_sync: false (the weight "
+        "sync then waits for the rollouts in flight)"
+    )

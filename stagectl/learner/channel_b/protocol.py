@@ -32,6 +32,19 @@ SkipReason = Literal["queue_empty", "no_server", "stale_packs", "gate"]
 SKIP_REASONS: tuple[SkipReason, ...] = ("queue_empty", "no_server", "stale_packs", "gate")
 
 
+def skip_reason(*, serving: bool, some_rank_held: bool, went_stale: bool) -> SkipReason:
+    """Why a B step the schedule wanted trains as Channel-A (`BStepLedger`), first match wins: no
+    server serves; some rank held the step's packs but not every rank (the feasibility gate); packs fell
+    out of the version window since the last step; else the packs were late."""
+    if not serving:
+        return "no_server"
+    if some_rank_held:
+        return "gate"
+    if went_stale:
+        return "stale_packs"
+    return "queue_empty"
+
+
 @dataclass
 class BStepLedger:
     num_steps: int = 0

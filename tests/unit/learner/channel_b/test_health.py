@@ -1,12 +1,13 @@
 """`ServerWatch`: which servers serve the learner's version, which must be re-synced (restarted: a new
-instance id; or on another version) and which are down; the outage clock; and `skip_reason`'s order."""
+instance id; or on another version) and which are down; the outage clock; and `skip_reason`'s order
+(`protocol.skip_reason`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from stagectl.learner.channel_b.async_mode import skip_reason
 from stagectl.learner.channel_b.health import ServerWatch
+from stagectl.learner.channel_b.protocol import skip_reason
 from stagectl.wire.protocol import VersionResponse
 
 URLS = ["http://a:1", "http://b:2"]

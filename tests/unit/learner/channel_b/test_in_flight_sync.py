@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stagectl.learner.channel_b.async_mode import servers_without_version_tags, untagged_message
+from stagectl.learner.channel_b.health import servers_without_version_tags, untagged_message
 from stagectl.wire.protocol import VersionResponse
 
 
