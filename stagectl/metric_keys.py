@@ -80,7 +80,15 @@ EVAL_PREFIX = "eval/"
 # ------------------------------------------------------------------ the catalog
 
 _STEP = [
-    Metric(STEP, "none", "", "every step", "The optimizer step this row is for (0-based)."),
+    Metric(
+        STEP,
+        "none",
+        "",
+        "every step",
+        "The optimizer step this row is for (0-based: row N is the (N+1)-th update). The eval files "
+        "(`eval.jsonl`, `eval_samples.jsonl`, `eval_predictions.jsonl`) count updates done, so their step "
+        "N+1 is this file's row N, the row that carries that eval's `eval/*` keys.",
+    ),
     Metric(KIND, "none", "", "every step", "`A` or `B`: the channel the step trained."),
     Metric(POLICY_WANTS_B, "none", "", "every step", "The schedule asked for a Channel-B step."),
     Metric("lr", "none", "", "every step", "Learning rate after the scheduler's step."),
