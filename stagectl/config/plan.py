@@ -67,6 +67,7 @@ class ServerList:
     tls_skip_verify: bool = False
     infer_timeout_s: float | None = 600.0  # None: no read timeout
     wait_healthy_s: float = 120.0
+    wait_healthy_key: str = f"{SERVERS_KEY}.timeout_s"  # the config key of `wait_healthy_s` (for messages)
 
     @property
     def token_key(self) -> str:
@@ -97,6 +98,7 @@ class ServerList:
             tls_skip_verify=server.tls_skip_verify,
             infer_timeout_s=server.infer_timeout_s,
             wait_healthy_s=server.wait_healthy_s,
+            wait_healthy_key="runner.server.wait_healthy_s",
         )
 
 

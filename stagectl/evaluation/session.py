@@ -12,6 +12,7 @@ from typing import Any
 
 from stagectl.config.plan import EvalPlan
 from stagectl.config.plan_eval import EvalSession
+from stagectl.console import say
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample
 from stagectl.data.synthetic import generate_synthetic
@@ -106,7 +107,11 @@ def _evaluate(
         from stagectl.inference.client import RolloutClient
 
         client = RolloutClient.for_servers(session.server)  # a missing token: the server's token_key
-        client.wait_healthy(timeout_s=session.server.wait_healthy_s)
+        client.wait_healthy(
+            timeout_s=session.server.wait_healthy_s,
+            on_wait=lambda line: say("eval", line),
+            wait_key=session.server.wait_healthy_key,
+        )
         tokenizer = load_tokenizer(model_path, add_coord_tokens=True)
         vocab = TokenVocab.from_tokenizer(tokenizer)
         generate = server_generate(client, samples, spec)

@@ -26,7 +26,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -149,11 +149,21 @@ class RolloutClient:
 
     # --- health and metadata ---------------------------------------------------------------------
 
-    def wait_healthy(self, timeout_s: float | None = None) -> None:
-        """Block until every server answers `/health/` with 200; `TimeoutError` names those that did not."""
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+    def wait_healthy(
+        self,
+        timeout_s: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        wait_key: str | None = None,
+    ) -> None:
+        """Block until every server answers `/health/` with 200; `TimeoutError` names those that did not.
+        `on_wait(line)` is called once when the first round of probes finds a server not ready: the line
+        says which, why and how long the wait may take (the caller prints it: a wait of minutes is never
+        silent). `wait_key`: the config key that sets the wait, named in that line."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
         pending = set(range(len(self.base_urls)))
         last_error: dict[int, str] = {}
+        told = on_wait is None
         while pending:
             for k in sorted(pending):
                 try:
@@ -167,13 +177,15 @@ class RolloutClient:
                     last_error[k] = f"HTTP {response.status_code}"
             if not pending:
                 return
+            down = ", ".join(
+                f"{self.base_urls[k]} ({last_error.get(k, 'no answer')})" for k in sorted(pending)
+            )
             if time.monotonic() > deadline:
-                down = ", ".join(
-                    f"{self.base_urls[k]} ({last_error.get(k, 'no answer')})" for k in sorted(pending)
-                )
-                raise TimeoutError(
-                    f"rollout servers not healthy after {timeout_s or self.timeout_s:g} s: {down}"
-                )
+                raise TimeoutError(f"rollout servers not healthy after {limit:g} s: {down}")
+            if not told and on_wait is not None:
+                told = True
+                by = f" ({wait_key})" if wait_key else ""
+                on_wait(f"waiting up to {limit:g} s{by} for /health/ of {down}")
             time.sleep(0.25)
 
     def use_servers(self, indices: Sequence[int]) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from stagectl.config.plan import ServerList
 from stagectl.config.sampling import SamplingSpec
+from stagectl.console import say
 from stagectl.inference.client import RolloutClient
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest
 from stagectl.stage_b.prompts import Message as ChatMessage
@@ -42,7 +43,11 @@ def connect_server_backend(servers: ServerList) -> tuple[ServerBackend, str]:
     """A client of `servers` (`runner.server`), once every server answers `/health/`."""
     client = RolloutClient.for_servers(servers)  # a missing token is reported under servers.token_key
     try:
-        client.wait_healthy(servers.wait_healthy_s)
+        client.wait_healthy(
+            servers.wait_healthy_s,
+            on_wait=lambda line: say("stage-b", line),
+            wait_key=servers.wait_healthy_key,
+        )
     except TimeoutError as exc:
         client.close()
         raise ValueError(f"{servers.key}.base_urls: {exc}") from None

@@ -38,7 +38,7 @@ from stagectl.weightsync.client import WeightSyncClient
 def make_client(servers: ServerList) -> RolloutClient:
     """The rollout client for server-mode rollouts, once every server answers /health/."""
     client = RolloutClient.for_servers(servers)
-    client.wait_healthy()
+    client.wait_healthy(on_wait=lambda line: say("train-ab", line), wait_key=servers.wait_healthy_key)
     return client
 
 

@@ -33,7 +33,7 @@ STAGE_B = ["mission=m", "tickets=[t.jsonl]", "guidance.path=g.json"]
 STAGE_B_SERVER = ["runner.engine=server", "runner.server.base_urls=[http://127.0.0.1:9]"]
 EVAL = [*TRAIN, "data.eval.synthetic.num_samples=4"]
 # fields that name where a part came from, not a setting: a ServerList says which YAML key it was read from
-LABELS = {("ServerList", "key")}
+LABELS = {("ServerList", "key"), ("ServerList", "wait_healthy_key")}
 
 
 def drifted(part: Any, path: str = "plan") -> list[str]:

@@ -91,6 +91,7 @@ def test_a_server_backend_carries_the_server_list_of_runner_server() -> None:
         auth_token_env="STAGE_B_TOKEN",
         infer_timeout_s=30.0,
         wait_healthy_s=5.0,
+        wait_healthy_key="runner.server.wait_healthy_s",
     )
     assert backend.servers.token_key == "runner.server.auth_token_env"  # messages name the YAML key
 

@@ -165,3 +165,19 @@ def test_a_failed_call_of_an_open_client_is_retried_once_on_a_fresh_connection(
     assert got == [answer] and posts == [False, True]
     assert client.counters()["retries"] == 1
     client.close()
+
+
+def test_a_wait_for_health_says_once_what_it_waits_for_then_names_the_server_that_never_answered() -> None:
+    client = RolloutClient(["http://127.0.0.1:9"], timeout_s=0.6)  # port 9 (discard): nothing listens
+    lines: list[str] = []
+    try:
+        with pytest.raises(
+            TimeoutError, match=r"not healthy after 0\.6 s: http://127\.0\.0\.1:9 \(ConnectError"
+        ):
+            client.wait_healthy(on_wait=lines.append, wait_key="x.timeout_s")
+    finally:
+        client.close()
+    assert len(lines) == 1  # one line, not one per probe
+    assert lines[0].startswith(
+        "waiting up to 0.6 s (x.timeout_s) for /health/ of http://127.0.0.1:9 (ConnectError"
+    )

@@ -30,7 +30,7 @@ def test_a_missing_token_names_the_runner_server_key(monkeypatch: pytest.MonkeyP
         connect_server_backend(backend.servers)
 
 
-def test_servers_that_never_answer_are_reported_under_base_urls() -> None:
+def test_servers_that_never_answer_are_reported_under_base_urls(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(
         None, [*STAGE_B, "runner.server.base_urls=[http://127.0.0.1:9]", "runner.server.wait_healthy_s=0.2"]
     )
@@ -38,3 +38,8 @@ def test_servers_that_never_answer_are_reported_under_base_urls() -> None:
     assert isinstance(backend, ServerBackendPlan)
     with pytest.raises(ValueError, match=r"^runner\.server\.base_urls: .*not healthy"):
         connect_server_backend(backend.servers)
+    # the wait is said while it lasts, not only at its end
+    assert (
+        "stage-b: waiting up to 0.2 s (runner.server.wait_healthy_s) for /health/ of http://127.0.0.1:9"
+        in capsys.readouterr().err
+    )
