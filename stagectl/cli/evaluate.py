@@ -111,7 +111,27 @@ def command(
         if code:
             raise typer.Exit(code)
         return
-    _evaluate(session, out_dir, cfg.launch.watchdog)
+    try:
+        _evaluate(session, out_dir, cfg.launch.watchdog)
+    except KeyboardInterrupt:
+        typer.echo(interrupted_line(out_dir), err=True)
+        raise typer.Exit(130) from None
+
+
+def interrupted_line(out_dir: Path) -> str:
+    """The end line of an eval a Ctrl-C stopped: what it left in `out_dir` (its files are written only at
+    the end, `metrics.json` last, and `out_dir` held none of them when it started)."""
+    from stagectl.rundir.policy import EVAL_MARKERS, files_summary
+
+    left = files_summary(out_dir, EVAL_MARKERS)
+    if left is None:
+        return f"eval: interrupted (SIGINT); nothing was written to {out_dir} (an eval writes its files when it ends)"
+    if (out_dir / "metrics.json").exists():
+        return f"eval: interrupted (SIGINT) after its results were written ({left} in {out_dir})"
+    return (
+        f"eval: interrupted (SIGINT) while writing its results: {out_dir} holds {left} but no metrics.json; "
+        "they are incomplete, run the eval again with --overwrite"
+    )
 
 
 def _evaluate(session: EvalSession, out_dir: Path, watchdog: WatchdogConfig) -> None:

@@ -73,3 +73,34 @@ def test_model_a_run_dir_evaluates_its_newest_checkpoint_and_says_which(tmp_path
     picked = run / "checkpoint-12" / "model"
     assert f"evaluating its newest checkpoint, checkpoint-12 ({picked})" in result.output
     assert result.exit_code == 1 and f"{picked}: transformers" in result.output
+
+
+def test_a_ctrl_c_says_what_the_eval_left_behind(tmp_path: Path) -> None:
+    from stagectl.cli.evaluate import interrupted_line
+
+    out = tmp_path / "eval"
+    assert interrupted_line(out).startswith(f"eval: interrupted (SIGINT); nothing was written to {out}")
+    out.mkdir()
+    (out / "predictions.coco.json").write_text("[]")
+    assert "holds predictions.coco.json but no metrics.json" in interrupted_line(out)
+    (out / "metrics.json").write_text("{}")
+    assert "after its results were written" in interrupted_line(out)
+
+
+def test_a_ctrl_c_during_the_eval_ends_with_that_line_and_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stagectl.cli.evaluate as evaluate
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "_evaluate", interrupted)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        "data: {synthetic: {num_samples: 2}, eval: {synthetic: {num_samples: 2, seed: 1}}}\n"
+        "stage2_ab: {schedule: {b_ratio: 0.0}}\n"
+    )
+    result = CliRunner().invoke(app, ["eval", str(config), "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 130
+    assert "eval: interrupted (SIGINT); nothing was written to" in result.output
