@@ -15,7 +15,8 @@ Layout of `{output_dir}/checkpoint-{step}/`:
                       the leftovers carried to the next burst, the B-stream position after the last
                       finished burst, the pacing estimate and the counters (see `learner.channel_b.prefetcher`)
   trainer_state.json  global_step, every rank's data stream positions (`data_state.ranks[r]`),
-                      the world size that wrote it, policy version, counters
+                      the world size that wrote it, the training set's size (`num_train_samples`),
+                      policy version, counters
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from transformers import PreTrainedModel
 from stagectl.files import follow_umask
 from stagectl.learner.optim import apply_schedule
 from stagectl.models.quiet import hf_progress_bars_off
-from stagectl.rundir.resume import world_size_refusal
+from stagectl.rundir.resume import train_set_refusal, world_size_refusal
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -288,6 +289,15 @@ def check_world_size(path: Path, world_size: int) -> None:
     written_by = int(saved) if saved is not None else num_rng
     if written_by != world_size:
         raise ValueError(world_size_refusal(path, written_by, world_size))
+
+
+def check_train_set(path: Path, num_samples: int) -> None:
+    """A checkpoint resumes only on a training set of the size it was written with: its stream positions
+    and the samplers' permutations index that set (a shrunk set would fail on a missing index, a grown
+    one would silently draw another order). Checkpoints written before the size was recorded pass."""
+    saved = load_trainer_state(path).data_state.get("num_train_samples")
+    if isinstance(saved, int) and saved != num_samples:
+        raise ValueError(train_set_refusal(path, saved, num_samples))
 
 
 def load_rank_state(path: Path, rank: int) -> dict[str, Any]:

@@ -83,7 +83,13 @@ def write_checkpoint(
         scheduler=st.scheduler,
         rng_states=rng_states,
         trainer_state=ckpt.TrainerState(
-            global_step=step, data_state={"world_size": world_size, "ranks": rank_states}, extra=extra
+            global_step=step,
+            data_state={
+                "world_size": world_size,
+                "num_train_samples": len(st.encoder.samples),  # the stream positions index this set
+                "ranks": rank_states,
+            },
+            extra=extra,
         ),
         total_limit=st.plan.training.save_total_limit,
         async_states=async_states,

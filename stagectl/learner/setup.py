@@ -99,7 +99,7 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
     with dist.phase("start-up: resume and model load", "startup_s"):
         # rank 0 alone resolves the checkpoint (`latest` ignores incomplete ones) and every rank
         # follows it, so no rank can pick another checkpoint (e.g. one written while it looked)
-        resume, rank_state = shared_resume(training, world)
+        resume, rank_state = shared_resume(training, world, len(samples))
         # every rank loads the same weights: the base model, or the checkpoint's on resume (with an
         # adapter the base never changes: it comes from model.name_or_path, the adapter from `adapter/`)
         adapter_cfg = model.adapter
@@ -218,15 +218,19 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
     )
 
 
-def shared_resume(training: TrainingConfig, world: World) -> tuple[Path | None, dict[str, Any]]:
-    """Rank 0 resolves `training.resume_from_checkpoint` and checks it fits this world; every rank
-    gets the same checkpoint (or the same error) and its own saved stream positions."""
+def shared_resume(
+    training: TrainingConfig, world: World, num_samples: int
+) -> tuple[Path | None, dict[str, Any]]:
+    """Rank 0 resolves `training.resume_from_checkpoint` and checks it fits this world and this training
+    set (`num_samples`); every rank gets the same checkpoint (or the same error) and its own saved stream
+    positions."""
     decided: tuple[str | None, str | None] = (None, None)
     if world.is_main:
         try:
             found = ckpt.resolve_resume(training.resume_from_checkpoint, training.output_dir)
             if found is not None:
                 ckpt.check_world_size(found, world.world_size)
+                ckpt.check_train_set(found, num_samples)
             decided = (None if found is None else str(found), None)
         except (FileNotFoundError, ValueError) as exc:
             decided = (None, str(exc))

@@ -67,6 +67,17 @@ def world_size_refusal(checkpoint: Path, written_by: int, world_size: int) -> st
     )
 
 
+def train_set_refusal(checkpoint: Path, written_with: int, num_samples: int) -> str:
+    """Why `checkpoint` (written on a training set of `written_with` samples) cannot resume on one of
+    `num_samples`."""
+    return (
+        f"training.resume_from_checkpoint: {checkpoint.name} was written on a training set of "
+        f"{written_with} samples but the data (data.train_jsonl / data.synthetic) now has {num_samples}; its "
+        "saved stream positions index the old set. Resume with the data it trained on, or start a new run "
+        f"from its weights (model.name_or_path: {checkpoint / 'model'}, no resume_from_checkpoint)"
+    )
+
+
 def check_resume_world_size(out: Path, resume: Path | str | None, world_size: int) -> None:
     """The launcher's early form of `learner.checkpoint.check_world_size` (before a server or any rank
     starts): `ValueError` when the checkpoint a resume would continue from was written by another number

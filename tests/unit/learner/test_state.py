@@ -162,3 +162,31 @@ def test_resuming_with_more_steps_trains_its_first_step_at_the_new_schedule(
     assert not torch.equal(model.lin.weight, before)
     scheduler.step()  # and the schedule goes on from there: step 5 of 8
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_factor(5, resumed_cfg))
+
+
+def test_a_resume_on_a_training_set_of_another_size_is_refused_naming_both_sizes(tmp_path: Path) -> None:
+    """The stream positions index the set the checkpoint trained on: a shrunk set failed on a missing
+    index (IndexError) deep in the learner's start-up; now rank 0's resume check names both sizes."""
+    from stagectl.dist import SharedError, World
+    from stagectl.learner.setup import shared_resume
+
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
+    data_state = {"world_size": 1, "num_train_samples": 32, "ranks": [{"a_consumed": 4, "b_consumed": 2}]}
+    path = ckpt.save_checkpoint(
+        tmp_path,
+        4,
+        model=model,
+        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rng_states=[ckpt.rng_state()],
+        trainer_state=ckpt.TrainerState(4, data_state, {"num_updates": 4}),
+    )
+    training = TrainingConfig(max_steps=10, output_dir=str(tmp_path), resume_from_checkpoint="latest")
+    world = World(rank=0, local_rank=0, world_size=1)
+    assert shared_resume(training, world, 32) == (path, {"a_consumed": 4, "b_consumed": 2})
+    with pytest.raises(
+        SharedError, match=r"checkpoint-4 was written on a training set of 32 samples but .* now has 8"
+    ):
+        shared_resume(training, world, 8)
