@@ -73,7 +73,7 @@ def command(
                 "--plan (the launcher's option for its torchrun ranks) takes no --set, --gpus, --nproc, "
                 "--resume or --overwrite"
             )
-        _rank_from_plan(plan_file)
+        _rank_from_plan(plan_file, config)
         return
     restart = (config, bool(overrides) or gpus is not None or nproc is not None)
     from stagectl.config import ConfigError, effective_world_size, load_config
@@ -184,24 +184,46 @@ def stop_line(signum: int, run_dir: Path, restart: tuple[Path, bool]) -> str:
     )
 
 
-def _rank_from_plan(path: Path) -> None:
+def server_lost_line(exc: Exception, run_dir: Path, restart: tuple[Path, bool] | None) -> str:
+    """The error of a run whose rollout servers stopped answering: the server's error, what is saved (from
+    `progress.json`) and how to continue once a server answers again."""
+    from stagectl.stage_b.progress import PROGRESS_FILE, read_progress
+
+    try:
+        progress = read_progress(run_dir)
+    except ValueError:
+        progress = None
+    if progress is None:
+        return f"{exc}; nothing was saved (the run had not started). Run the same command again once a server answers"
+    config = "CONFIG" if restart is None else str(restart[0])
+    same = " and the same --set/--gpus/--nproc options" if restart is not None and restart[1] else ""
+    return (
+        f"{exc}. Progress is saved before global batch {progress.batch_index} (epoch {progress.epoch}) in "
+        f"{run_dir / PROGRESS_FILE}; once a server answers (runner.server.base_urls), continue with: "
+        f"stagectl stage-b {config} --resume{same}"
+    )
+
+
+def _rank_from_plan(path: Path, config: Path) -> None:
     from stagectl.config.plan_stage_b import read_stage_b_plan
 
     try:
         plan = read_stage_b_plan(path)
     except ValueError as exc:
         fail(str(exc))
-    _run(plan, None)
+    _run(plan, None, rerun=(config, True))  # the user's command had --nproc at least
 
 
-def _run(plan: StageBPlan, restart: tuple[Path, bool] | None) -> None:
+def _run(plan: StageBPlan, restart: tuple[Path, bool] | None, rerun: tuple[Path, bool] | None = None) -> None:
     """Run the plan on this rank. `restart` (CONFIG, whether the user gave options): a process the user
-    started, which prints the stop line itself; None: a rank of our launcher, which prints it."""
+    started, which prints the stop line itself; None: a rank of our launcher, which prints it. `rerun`: the
+    same for a launcher's rank, for the hint of an error line it prints."""
     import signal
 
     from stagectl.dist import CollectiveError
     from stagectl.stage_b.runner import run_all
     from stagectl.stopping import StopSignals
+    from stagectl.wire.errors import RolloutServerError
 
     rank = os.environ.get("RANK", "0")
     stop = StopSignals(ignore_after_stop=True)  # the process ends right after a stop
@@ -213,6 +235,10 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None) -> None:
         return
     except CollectiveError as exc:
         fail(str(exc))
+    except RolloutServerError as exc:  # runner.engine: server and no server left to answer
+        if rank != "0":
+            raise typer.Exit(1) from None  # rank 0 reports it
+        fail(server_lost_line(exc, plan.run_dir, restart or rerun))
     except (ValueError, FileNotFoundError) as exc:  # a bad config, model path, ticket or guidance file
         if rank != "0":
             raise typer.Exit(1) from None  # rank 0 reports the same error

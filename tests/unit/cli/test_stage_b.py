@@ -240,3 +240,29 @@ def test_the_launcher_reports_a_stop_its_ranks_made_with_the_signal_it_got(
         .splitlines()[-1]
         .startswith("stage-b: stopped by SIGINT before global batch 5 (epoch 1); progress saved in ")
     )
+
+
+def test_a_run_whose_rollout_server_is_gone_says_what_is_saved_and_how_to_continue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runner.engine: server` with no server left: one error line (it was a RolloutServerError traceback)
+    naming the server's error, the saved progress and the resume command."""
+    import stagectl.stage_b.runner
+    from stagectl.stage_b.progress import Progress, write_progress
+    from stagectl.wire.errors import RolloutServerError
+
+    def run_all(plan: StageBPlan, stop: Any = None) -> NoReturn:
+        plan.run_dir.mkdir(parents=True)
+        write_progress(plan.run_dir, Progress("digest", epoch=7, batch_index=29, status="running"))
+        raise RolloutServerError("rollout http://127.0.0.1:9 requests [0, 4) seed=1: server gone")
+
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", run_all)
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(_sets(tmp_path / "out"))])
+    assert result.exit_code == 1, result.output
+    run_dir = tmp_path / "out" / "tiny" / "shapes_qc"
+    assert result.output.strip().splitlines()[-1] == (
+        "error: rollout http://127.0.0.1:9 requests [0, 4) seed=1: server gone. Progress is saved before global "
+        f"batch 29 (epoch 7) in {run_dir}/progress.json; once a server answers (runner.server.base_urls), "
+        f"continue with: stagectl stage-b {TINY} --resume and the same --set/--gpus/--nproc options"
+    )
+    assert "Traceback" not in result.output
