@@ -35,8 +35,11 @@ from stagectl.learner.samples import SampleRecord, SamplesWriter
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
+from stagectl.rundir.ending import continue_command, mid_step_loss_note
 from stagectl.schedule import channel_for_step
 from stagectl.stopping import StopSignals
+from stagectl.weightsync.errors import WeightPushError
+from stagectl.wire.errors import RolloutServerError
 
 
 class Trainer:
@@ -114,6 +117,8 @@ class Trainer:
                         row = self.train_step(step)
                     except RolloutLossError as exc:  # every rank, between two steps: save, then stop
                         raise RolloutLossError(f"{exc}; {self._save_for_resume(step)}", exc.step) from None
+                    except (WeightPushError, RolloutServerError) as exc:  # step mode: lost inside a B step
+                        raise dist.SharedError(mid_step_loss_note(step, exc, self.plan.output_dir)) from None
                     step += 1
                     row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
                     if self.metrics is not None:
@@ -350,9 +355,7 @@ class Trainer:
         latest = ckpt.list_checkpoints(out)
         if not latest:
             return "no checkpoint was written yet (nothing to resume from)"
-        return (
-            f"the latest checkpoint is {latest[-1]}: resume from it with `stagectl train-ab CONFIG --resume`"
-        )
+        return f"the latest checkpoint is {latest[-1]}; once a server answers, continue with: {continue_command(out)}"
 
     def _write_final_state(self, step: int) -> None:
         """How the run ended (steps done of `max_steps`, the stop signal) and per-rank weight digests (proof

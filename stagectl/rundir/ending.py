@@ -49,6 +49,19 @@ def abort_note(signum: int, out: Path) -> str:
     return f"a second {signal_name(signum)} stopped the run at once, without a checkpoint: {last}"
 
 
+def mid_step_loss_note(step: int, exc: BaseException, out: Path) -> str:
+    """The error of a step-mode run whose rollout servers failed inside B step `step` (0-based), after its
+    probe found them serving: that step is not saved (its rollouts and gradients were half made), so the run
+    continues from the latest checkpoint."""
+    latest = latest_complete_checkpoint(out)
+    resume = (
+        f"the latest checkpoint is {latest}; once a server answers, continue with: {continue_command(out)}"
+        if latest is not None
+        else "no checkpoint was written yet (nothing to resume from)"
+    )
+    return f"B step {step + 1}: the rollout servers failed during the step ({type(exc).__name__}: {exc}); {resume}"
+
+
 @dataclass(frozen=True)
 class RunEnd:
     """What `final_state.json` says about the end of a run (written when it reached `max_steps` and when a

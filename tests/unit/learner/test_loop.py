@@ -132,3 +132,36 @@ def test_final_state_says_how_the_run_ended(
     trainer._write_final_state(step)
     written = json.loads((tmp_path / "final_state.json").read_text())
     assert (written["global_step"], written["max_steps"], written["stopped_by_signal"]) == (step, 24, stopped)
+
+
+def test_servers_lost_inside_a_step_mode_b_step_end_the_run_naming_the_checkpoint_to_resume_from(
+    tmp_path: Any,
+) -> None:
+    """Step mode probes the servers before a B step; one that dies after the probe (during the push or the
+    rollouts) failed the run with a WeightPushError / RolloutServerError traceback. The run now ends with
+    one error naming the step, the failure and the latest checkpoint (the half-made step is not saved)."""
+    from stagectl.learner.loop import Trainer
+    from stagectl.stopping import StopSignals
+    from stagectl.wire.errors import RolloutServerError
+
+    (tmp_path / "checkpoint-90").mkdir()
+    (tmp_path / "checkpoint-90" / "trainer_state.json").write_text("{}")
+    trainer: Any = object.__new__(Trainer)  # only what `run` reads before the step is set
+    trainer.plan = SimpleNamespace(training=SimpleNamespace(max_steps=200), output_dir=tmp_path)
+    trainer.state = SimpleNamespace(start_step=91)
+    trainer._stop = StopSignals()
+    trainer.channel_b = SimpleNamespace(start=lambda: None)
+    trainer.close = lambda finished: None
+
+    def train_step(step: int) -> dict[str, Any]:
+        raise RolloutServerError("rollout http://127.0.0.1:9 requests [0, 4) seed=1: server gone")
+
+    trainer.train_step = train_step
+    with pytest.raises(dist.SharedError) as info:
+        trainer.run()
+    assert str(info.value) == (
+        "B step 92: the rollout servers failed during the step (RolloutServerError: rollout "
+        "http://127.0.0.1:9 requests [0, 4) seed=1: server gone); the latest checkpoint is "
+        f"{tmp_path / 'checkpoint-90'}; once a server answers, continue with: stagectl train-ab "
+        f"{tmp_path / 'config.yaml'} --resume"
+    )

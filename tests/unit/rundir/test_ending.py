@@ -66,3 +66,20 @@ def test_the_stop_lines_name_the_signal_and_the_whole_continue_command(tmp_path:
         f"a second SIGTERM stopped the run at once, without a checkpoint: the last good checkpoint is "
         f"{out / 'checkpoint-6'}; continue with: stagectl train-ab {out / 'config.yaml'} --resume"
     )
+
+
+def test_a_step_mode_b_step_that_lost_its_servers_points_at_the_latest_checkpoint(tmp_path: Path) -> None:
+    from stagectl.rundir.ending import mid_step_loss_note
+
+    out = tmp_path / "run"
+    error = RuntimeError("http://127.0.0.1:9/update_weights/: RemoteDisconnected")
+    assert mid_step_loss_note(4, error, out) == (
+        "B step 5: the rollout servers failed during the step (RuntimeError: http://127.0.0.1:9/update_weights/: "
+        "RemoteDisconnected); no checkpoint was written yet (nothing to resume from)"
+    )
+    finished_run(out, checkpoints=(2, 4))
+    (out / "checkpoint-6").mkdir()  # incomplete: no trainer_state.json
+    assert mid_step_loss_note(6, error, out).endswith(
+        f"the latest checkpoint is {out / 'checkpoint-4'}; once a server answers, continue with: "
+        f"stagectl train-ab {out / 'config.yaml'} --resume"
+    )
