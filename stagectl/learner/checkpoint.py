@@ -21,12 +21,15 @@ Layout of `{output_dir}/checkpoint-{step}/`:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from stagectl import dist
 from stagectl.files import follow_umask
 from stagectl.learner.optim import apply_schedule
 from stagectl.models.quiet import hf_progress_bars_off
@@ -298,6 +302,42 @@ def check_train_set(path: Path, num_samples: int) -> None:
     saved = load_trainer_state(path).data_state.get("num_train_samples")
     if isinstance(saved, int) and saved != num_samples:
         raise ValueError(train_set_refusal(path, saved, num_samples))
+
+
+# what reading a damaged or cut-off checkpoint file raises (torch's zip reader, safetensors, pickle, the disk)
+DAMAGED = (RuntimeError, OSError, EOFError, pickle.UnpicklingError, SafetensorError, json.JSONDecodeError)
+
+
+@contextlib.contextmanager
+def reading(path: Path | None, what: str) -> Iterator[None]:
+    """Load `what` of checkpoint `path` (None: not a checkpoint, nothing changes): a file that cannot be read
+    is one `ValueError` naming the checkpoint, the part and the earlier checkpoint to resume from instead
+    (it was the loader's traceback)."""
+    if path is None:
+        yield
+        return
+    try:
+        yield
+    except DAMAGED as exc:
+        if isinstance(exc, dist.CollectiveError):  # a collective's failure, not the file's
+            raise
+        detail = str(exc).splitlines()[0].split(". ")[0][:200] if str(exc) else ""  # its first sentence
+        older = [p for p in list_checkpoints(path.parent) if _step_of(p) < _step_of(path)]
+        way = (
+            f"resume from an earlier one (--set training.resume_from_checkpoint={older[-1]}) or move "
+            f"{path.name} aside"
+            if older
+            else f"move {path.name} aside to start again"
+        )
+        raise ValueError(
+            f"training.resume_from_checkpoint: {path}: its {what} cannot be loaded ({type(exc).__name__}: "
+            f"{detail}); the checkpoint is damaged or incomplete: {way}"
+        ) from None
+
+
+def _step_of(path: Path) -> int:
+    match = CHECKPOINT_RE.match(path.name)
+    return int(match.group(1)) if match else -1
 
 
 def load_rank_state(path: Path, rank: int) -> dict[str, Any]:

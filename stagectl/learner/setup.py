@@ -116,16 +116,18 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
         # master weights in float32 (or the stored dtype itself, only when the user opted in); under
         # fsdp only rank 0 reads them, the other ranks build the structure on meta and get their shards
         on_meta = training.parallelism == "fsdp" and world.distributed and not world.is_main
-        bundle = load_bundle(
-            source,
-            torch_dtype=precision.param_dtype_name,
-            device=str(device),
-            attn_implementation=model.attn_implementation,
-            add_coord_tokens=True,
-            on_meta=on_meta,
-        )
+        with ckpt.reading(resume if adapter_cfg is None else None, "model/"):
+            bundle = load_bundle(
+                source,
+                torch_dtype=precision.param_dtype_name,
+                device=str(device),
+                attn_implementation=model.attn_implementation,
+                add_coord_tokens=True,
+                on_meta=on_meta,
+            )
         if resume is not None and not on_meta:
-            ckpt.load_master_weights(resume, bundle.model)
+            with ckpt.reading(resume, ckpt.MASTER_WEIGHTS):
+                ckpt.load_master_weights(resume, bundle.model)
         if adapter_cfg is None:
             freeze = freeze_parts(
                 bundle.model,
@@ -136,7 +138,8 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
         else:
             freeze = adapter.apply_adapter(bundle.model, adapter_cfg)
             if resume is not None:
-                adapter.load_adapter(bundle.model, resume / adapter.ADAPTER_DIR)
+                with ckpt.reading(resume, f"{adapter.ADAPTER_DIR}/"):
+                    adapter.load_adapter(bundle.model, resume / adapter.ADAPTER_DIR)
         kernels = training.kernels
         applied = apply_speedups(
             bundle.model,
@@ -181,9 +184,13 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
         say("train-ab", f"resume: no checkpoint in {out} yet; starting a new run")
     if resume is not None:
         state = ckpt.load_trainer_state(resume)
-        with dist.phase("start-up: load the optimizer state", "startup_s"):
+        with (
+            dist.phase("start-up: load the optimizer state", "startup_s"),
+            ckpt.reading(resume, "optimizer state"),
+        ):
             ckpt.load_optimizer_state(resume, bundle.model, optimizer, scheduler)
-        ckpt.restore_rng(ckpt.load_rng_states(resume)[world.rank])
+        with ckpt.reading(resume, "rng.pt"):
+            ckpt.restore_rng(ckpt.load_rng_states(resume)[world.rank])
         start_step = state.global_step
         if world.is_main:
             say("train-ab", resume_note(resume, start_step, training.max_steps))
@@ -229,8 +236,9 @@ def shared_resume(
         try:
             found = ckpt.resolve_resume(training.resume_from_checkpoint, training.output_dir)
             if found is not None:
-                ckpt.check_world_size(found, world.world_size)
-                ckpt.check_train_set(found, num_samples)
+                with ckpt.reading(found, f"{ckpt.TRAINER_STATE} or rng.pt"):
+                    ckpt.check_world_size(found, world.world_size)
+                    ckpt.check_train_set(found, num_samples)
             decided = (None if found is None else str(found), None)
         except (FileNotFoundError, ValueError) as exc:
             decided = (None, str(exc))

@@ -111,7 +111,8 @@ def resume_sync(async_b: AsyncChannelB, state: LearnerState) -> None:
 def restore_async(async_b: AsyncChannelB, state: LearnerState) -> None:
     """Put this rank's saved async state back (after `resume_sync`), or warn that the checkpoint has none."""
     assert state.resumed_from is not None
-    saved = ckpt.load_async_state(state.resumed_from, state.world.rank)
+    with ckpt.reading(state.resumed_from, ckpt.ASYNC_STATE):
+        saved = ckpt.load_async_state(state.resumed_from, state.world.rank)
     name = state.resumed_from.name
     if saved is None:
         say(

@@ -190,3 +190,32 @@ def test_a_resume_on_a_training_set_of_another_size_is_refused_naming_both_sizes
         SharedError, match=r"checkpoint-4 was written on a training set of 32 samples but .* now has 8"
     ):
         shared_resume(training, world, 8)
+
+
+def test_a_damaged_checkpoint_file_is_one_error_naming_the_part_and_the_earlier_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from stagectl.dist import CollectiveError
+
+    save(tmp_path, 2)
+    path = save(tmp_path, 4)
+    (path / "optimizer.pt").write_bytes((path / "optimizer.pt").read_bytes()[:100])  # cut off
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
+    with pytest.raises(ValueError) as info, ckpt.reading(path, "optimizer state"):
+        ckpt.load_optimizer_state(path, model, optimizer, scheduler)
+    assert str(info.value).startswith(
+        f"training.resume_from_checkpoint: {path}: its optimizer state cannot be loaded (RuntimeError: "
+    )
+    assert str(info.value).endswith(
+        f"resume from an earlier one (--set training.resume_from_checkpoint={tmp_path / 'checkpoint-2'}) "
+        "or move checkpoint-4 aside"
+    )
+    with pytest.raises(
+        ValueError, match=r"its rng\.pt cannot be loaded .*move checkpoint-2 aside to start again"
+    ):
+        (tmp_path / "checkpoint-2" / "rng.pt").write_bytes(b"")
+        with ckpt.reading(tmp_path / "checkpoint-2", "rng.pt"):
+            ckpt.load_rng_states(tmp_path / "checkpoint-2")
+    with pytest.raises(CollectiveError), ckpt.reading(path, "optimizer state"):  # not the file's fault
+        raise CollectiveError("rank 1 did not join")
