@@ -43,6 +43,7 @@ from transformers import PreTrainedModel
 from stagectl import dist
 from stagectl.files import follow_umask
 from stagectl.learner.optim import apply_schedule
+from stagectl.models.loading import DamagedWeightsError
 from stagectl.models.quiet import hf_progress_bars_off
 from stagectl.rundir.resume import train_set_refusal, world_size_refusal
 
@@ -305,7 +306,15 @@ def check_train_set(path: Path, num_samples: int) -> None:
 
 
 # what reading a damaged or cut-off checkpoint file raises (torch's zip reader, safetensors, pickle, the disk)
-DAMAGED = (RuntimeError, OSError, EOFError, pickle.UnpicklingError, SafetensorError, json.JSONDecodeError)
+DAMAGED = (
+    RuntimeError,
+    OSError,
+    EOFError,
+    pickle.UnpicklingError,
+    SafetensorError,
+    json.JSONDecodeError,
+    DamagedWeightsError,
+)
 
 
 @contextlib.contextmanager

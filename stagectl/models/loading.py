@@ -17,12 +17,16 @@ Nothing is ever downloaded and no remote code runs.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoImageProcessor,
@@ -185,6 +189,26 @@ def _coord_ids_or_none(tokenizer: PreTrainedTokenizerBase) -> list[int] | None:
         return None
 
 
+class DamagedWeightsError(ValueError):
+    """A model directory whose weight files cannot be read (cut off or damaged)."""
+
+
+@contextlib.contextmanager
+def _weights_of(path: Path) -> Iterator[None]:
+    """Reading `path`'s weight files: safetensors' or torch's error about a damaged file as one
+    `DamagedWeightsError` naming the directory (it was the loader's traceback)."""
+    try:
+        yield
+    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        if isinstance(exc, RuntimeError) and "PytorchStreamReader" not in str(exc):
+            raise  # not torch's reader failing on a file (a shape mismatch, out of memory: their own words)
+        detail = str(exc).splitlines()[0].split(". ")[0][:200] if str(exc) else ""
+        raise DamagedWeightsError(
+            f"{path}: its weights cannot be loaded ({type(exc).__name__}: {detail}); a weight file is damaged "
+            "or incomplete"
+        ) from None
+
+
 def load_bundle(
     name_or_path: str,
     *,
@@ -212,7 +236,7 @@ def load_bundle(
                 config, dtype=_DTYPES[torch_dtype], attn_implementation=attn_implementation
             )
     else:
-        with hf_progress_bars_off():
+        with hf_progress_bars_off(), _weights_of(path):
             model = model_class_for(config).from_pretrained(
                 str(path),
                 config=config,

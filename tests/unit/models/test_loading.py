@@ -40,3 +40,20 @@ def test_a_run_with_no_complete_checkpoint_says_so(tmp_path: Path) -> None:
         resolve_checkpoint(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="model directory not found"):
         resolve_checkpoint(str(tmp_path / "nowhere"))
+
+
+def test_a_cut_off_weight_file_is_one_error_naming_the_model_directory(tmp_path: Path) -> None:
+    import shutil
+
+    from stagectl.models.loading import DamagedWeightsError, load_bundle, resolve_model_path
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path("builtin:tiny-qwen2.5-vl"), model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(DamagedWeightsError) as info:
+        load_bundle(str(model))
+    assert str(info.value) == (
+        f"{model}: its weights cannot be loaded (SafetensorError: Error while deserializing header: invalid "
+        "header length); a weight file is damaged or incomplete"
+    )
