@@ -53,3 +53,5 @@ def command(
         if item.html is not None:
             line += f"; the page: {item.html}"
         typer.echo(line)
+        for note in item.notes:  # what the report skipped or could not know is said here too, not only in it
+            typer.echo(f"report: note: {note.replace('`', '')}", err=True)

@@ -54,6 +54,7 @@ class Written:
     num_plots: int = 0
     not_plotted: list[str] = field(default_factory=list)
     html: Path | None = None  # report.html beside report.md
+    notes: list[str] = field(default_factory=list)  # the report's notes (what it skipped or could not know)
 
 
 def write_reports(run_dir: Path) -> list[Written]:
@@ -270,7 +271,11 @@ def _write(run_dir: Path, text: str, figures: Figures, page: html.Page) -> Writt
     path = run_dir / REPORT_MD
     path.write_text(text, encoding="utf-8")
     return Written(
-        path, len(figures.plots), [item.what for item in figures.skipped], html.write_html(run_dir, page)
+        path,
+        len(figures.plots),
+        [item.what for item in figures.skipped],
+        html.write_html(run_dir, page),
+        list(page.notes),
     )
 
 

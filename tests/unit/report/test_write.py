@@ -22,3 +22,18 @@ def test_a_stopped_run_is_reported_as_not_finished(tmp_path: Path) -> None:
         "the run did not finish: stopped at step 4 of 6 (SIGINT); continue it with "
         f"`stagectl train-ab {run / 'config.yaml'} --resume`." in text
     )
+
+
+def test_what_the_report_skipped_is_said_on_the_console_too(tmp_path: Path) -> None:
+    """A torn last line (an interrupted run) is skipped and noted in report.md; the command says so as well,
+    not only inside the file."""
+    from typer.testing import CliRunner
+
+    from stagectl.cli.app import app
+
+    run, _, _ = write_report_dirs(tmp_path)
+    with (run / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 6, "kind": "A", "lo')
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "report: note: metrics.jsonl: skipped 1 unreadable line(s): 7 (a torn last line" in result.output
