@@ -13,7 +13,9 @@ each at most `packing_length`). A burst never makes more packs than pacing asked
 nowhere (rollouts came out longer than estimated) start the next burst if the version has not moved, else
 they are dropped and counted. Nothing else is held back, so neither a version change nor a slow server can
 strand a pack's worth of rollouts. One request turned into segments that remember their place in the B
-stream is `request_rollouts`; the rounds, the fence and the commit point are `prefetcher`.
+stream is `request_rollouts`; the burst's segments made into queued packs is `queue_packs`; the errors
+that are server trouble (retried with back-off) are `SERVER_TROUBLE`; the rounds, the fence and the commit
+point are `prefetcher`.
 
 `BurstState`, the burst in progress as the learner sees it (`in_flight_sync`), has two spans, because they
 answer different questions:
@@ -37,10 +39,17 @@ import threading
 import time
 from collections.abc import Callable
 
+import httpx
+
 from stagectl.detection.stats import RolloutStats
 from stagectl.learner.channel_b.clock import VersionClock
 from stagectl.learner.channel_b.packs import PackBuilder
-from stagectl.learner.channel_b.records import Built, PrefetchCounters, Rollout, Section
+from stagectl.learner.channel_b.queue import ReadyPackQueue
+from stagectl.learner.channel_b.records import Built, PrefetchCounters, ReadyPack, Rollout, Section
+from stagectl.wire.errors import RolloutServerError, WrongVersionError
+
+# a burst that fails with one of these is server trouble: retried with back-off (`pacing.FailurePolicy`)
+SERVER_TROUBLE = (RolloutServerError, WrongVersionError, httpx.TransportError, TimeoutError, ConnectionError)
 
 
 def request_rollouts(
@@ -73,6 +82,36 @@ def request_rollouts(
         for k, segment, stats in kept
     ]
     return built, lost
+
+
+def queue_packs(
+    packs: PackBuilder,
+    queue: ReadyPackQueue[ReadyPack],
+    built: list[Built],
+    dropped: RolloutStats,
+    ver: int,
+    num_packs: int,
+    counters: PrefetchCounters,
+) -> list[Built]:
+    """Group the burst's segments `built` into at most `num_packs` packs of version `ver`, collate and queue
+    them (the rollouts that made no segment, `dropped`, count in the first pack's stats); returns what fits
+    no pack, for the next burst of this version (a burst never makes extra packs)."""
+    started = time.perf_counter()
+    lengths = [len(segment) for _, segment, _ in built]
+    groups, left = packs.groups(lengths, num_packs)
+    for k, group in enumerate(groups):
+        stats = RolloutStats()
+        if k == 0:
+            stats.add(dropped)  # rollouts that made no segment still count in the step's metrics
+        for i in group:
+            stats.add(built[i][2])
+        batch = packs.collate([built[i][1] for i in group])
+        counters.collate_s += time.perf_counter() - started
+        rollouts = [built[i][0] for i in group]
+        queue.push(ReadyPack(batch, len(group), stats, ver, rollouts), ver, size=len(group))
+        counters.produced_packs += 1
+        started = time.perf_counter()
+    return [built[i] for i in left]
 
 
 class BurstState:

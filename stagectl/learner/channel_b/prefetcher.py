@@ -45,11 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from stagectl.data.sampler import ShardedSampler
 from stagectl.detection.stats import RolloutStats
-from stagectl.learner.channel_b.bursts import BurstState, request_rollouts
+from stagectl.learner.channel_b.bursts import SERVER_TROUBLE, BurstState, queue_packs, request_rollouts
 from stagectl.learner.channel_b.clock import VersionClock
 from stagectl.learner.channel_b.pacing import (
     FailurePolicy,
@@ -75,7 +73,7 @@ from stagectl.learner.channel_b.records import (
     snapshot_state,
 )
 from stagectl.seeds import derive_seed
-from stagectl.wire.errors import RolloutServerError, WrongVersionError
+from stagectl.wire.errors import WrongVersionError
 
 
 @dataclass
@@ -106,9 +104,7 @@ class Prefetcher:
         self._carry: list[Built] = []
         self._carry_ver = -1
         self._lock = threading.Lock()  # the commit point, the carry and the queue's pushes move together
-        self._bursts = BurstState(
-            self._lock, self.clock
-        )  # the burst in progress, for the learner (`in_flight_sync`)
+        self._bursts = BurstState(self._lock, self.clock)  # the burst in progress, for the learner
         self._commit()
         self._thread = threading.Thread(target=self._run, name=f"prefetcher-rank{self.rank}", daemon=True)
 
@@ -248,7 +244,7 @@ class Prefetcher:
     def _burst(self, num_packs: int, *, another_follows: bool = False) -> None:
         """Fill `num_packs` packs in one fenced section. `another_follows`: pacing wants more packs of this
         version than these, so a next burst of it comes at once (its requests may be rounded up: what does
-        not fit these packs starts that burst, see `_request_size`)."""
+        not fit these packs starts that burst, see `_roll_out`)."""
         started = time.perf_counter()
         with self._lock:
             self._bursts.begin()
@@ -279,13 +275,7 @@ class Prefetcher:
                 # still inside the section: fenced, the packs are queued before any sync can start
                 self._failures.succeeded()
                 self._pack(built, dropped, section.ver, num_packs)
-        except (
-            RolloutServerError,
-            WrongVersionError,
-            httpx.TransportError,
-            TimeoutError,
-            ConnectionError,
-        ) as exc:
+        except SERVER_TROUBLE as exc:
             if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
                 self._commit_failed()
                 self._on_failure(exc, transient=True)
@@ -324,9 +314,10 @@ class Prefetcher:
         round_up: bool,
     ) -> tuple[list[Built], RolloutStats]:
         """Roll out until the segments reach `target_tokens` (the packs hold at most `capacity_tokens`),
-        at most `MAX_ROUNDS` requests, each for the whole estimated need (`_request_size`; rounded up to
-        whole batches only while `round_up` holds and no weight sync waits: a waiting sync moves the
-        version right after this burst, and a surplus of this version would be dropped)."""
+        at most `MAX_ROUNDS` requests, each for the whole estimated need (`pacing.request_size` at the
+        running estimate of tokens per rollout; rounded up to whole batches only while `round_up` holds and
+        no weight sync waits: a waiting sync moves the version right after this burst, and a surplus of
+        this version would be dropped)."""
         built = list(carried)
         dropped = RolloutStats()
         for round_ in range(self.MAX_ROUNDS):
@@ -335,10 +326,12 @@ class Prefetcher:
                 break
             if round_ > 0 and self._sync_waits(section.ver):
                 break
-            count = self._request_size(
+            count = request_size(
                 target_tokens - have,
                 capacity_tokens - have,
+                self._tokens_per_rollout,
                 whole_batches=round_up and not self.clock.sync_pending and self.clock.ver == section.ver,
+                multiples=self.request_multiples,
             )
             try:
                 kept, lost = self._request(section, count)
@@ -352,16 +345,6 @@ class Prefetcher:
             observed = sum(len(segment) for _, segment, _ in kept) / count
             self._tokens_per_rollout = update_estimate(self._tokens_per_rollout, observed, self.num_chunks)
         return built, dropped
-
-    def _request_size(self, missing: int, room: int, *, whole_batches: bool) -> int:
-        """`pacing.request_size` at this thread's running estimate of tokens per rollout."""
-        return request_size(
-            missing,
-            room,
-            self._tokens_per_rollout,
-            whole_batches=whole_batches,
-            multiples=self.request_multiples,
-        )
 
     def _roll_out_count(
         self, section: Section, count: int, carried: list[Built]
@@ -414,30 +397,14 @@ class Prefetcher:
         with self._lock:
             self.counters.success_total += 1
             if built:
-                self._queue_packs(built, dropped, ver, num_packs)
+                self._carry = queue_packs(
+                    self.packs, self.queue, built, dropped, ver, num_packs, self.counters
+                )
+                self._carry_ver = ver
             else:
                 self._carry = []
             self._commit()
             self._bursts.queued()  # counted in the queue from now on (`counts_with_coming`)
-
-    def _queue_packs(self, built: list[Built], dropped: RolloutStats, ver: int, num_packs: int) -> None:
-        started = time.perf_counter()
-        lengths = [len(segment) for _, segment, _ in built]
-        groups, left = self.packs.groups(lengths, num_packs)
-        # what does not fit waits for the next burst of this version (a burst never makes extra packs)
-        self._carry, self._carry_ver = [built[i] for i in left], ver
-        for k, group in enumerate(groups):
-            stats = RolloutStats()
-            if k == 0:
-                stats.add(dropped)  # rollouts that made no segment still count in the step's metrics
-            for i in group:
-                stats.add(built[i][2])
-            batch = self.packs.collate([built[i][1] for i in group])
-            self.counters.collate_s += time.perf_counter() - started
-            rollouts = [built[i][0] for i in group]
-            self.queue.push(ReadyPack(batch, len(group), stats, ver, rollouts), ver, size=len(group))
-            self.counters.produced_packs += 1
-            started = time.perf_counter()
 
     def _on_failure(self, exc: Exception, *, transient: bool) -> None:
         """Count the failure, then back off (`pacing.FailurePolicy`) or stop the thread with it."""
