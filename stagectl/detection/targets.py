@@ -23,13 +23,8 @@ Channel-B: `parse.prefix_token_ids + encode(append_fragment(FN objects)) + [end-
 - FN tail: CE 1, desc tokens `desc_ce_weight` (a token overlapping the desc text counts as desc),
   coordinate slots -> a group toward that GT.
 - The closing `}` and the end-of-turn: CE 1.
-Channel-B clean prefix (`build_channel_b_clean_segment`, `stage2_ab.channel_b.target: clean_prefix`):
-the canonical text of the matched predictions (rollout order) + the FN objects, written fresh; FP,
-duplicate and invalid predictions are not in it (neither input nor target). Weights as above.
-Channel-B reordered GT (`build_channel_b_reordered_gt_segment`, `target: reordered_gt`): the canonical
-text of the matched GT objects (GT desc, GT box) in the order of the predictions that found them + the FN
-objects; structure CE 1, matched descs as above but always written as the GT desc, FN descs
-`desc_ce_weight`, every box a group toward its own (written) bins.
+The Channel-B targets written fresh as canonical text (`clean_prefix`, `reordered_gt`) are
+`canonical_targets`; they share this module's `Segment`, token checks and desc rule (`matched_desc`).
 In the prefix, a token shared by two regions (a fused `"]},` at an entry boundary) takes the smallest
 weight any of them gives it, so a masked region never leaks CE into a neighbour (also where a desc
 re-encode splits such a token: its bytes keep the masks of the entries they belong to).
@@ -50,7 +45,6 @@ from stagectl.detection.parse import ParsedObject, RolloutParse
 from stagectl.detection.serialize import (
     BoxedObject,
     append_fragment_with_desc_spans,
-    serialize_in_order_with_desc_spans,
     serialize_objects,
     sort_objects,
 )
@@ -77,7 +71,7 @@ class Segment:
     coord_groups: list[CoordGroup]
 
 
-def _coord_groups(
+def coord_groups(
     ids: Sequence[int], offset: int, objects: Sequence[BoxedObject], vocab: TokenVocab
 ) -> list[CoordGroup]:
     """Groups for `objects` (in answer order) from the coordinate tokens of `ids` (positions + offset)."""
@@ -100,12 +94,33 @@ def _coord_groups(
     return groups
 
 
+def box_bins(obj: BoxedObject) -> tuple[int, int, int, int]:
+    """`obj`'s box as 4 integer bins."""
+    x1, y1, x2, y2 = (int(b) for b in obj.bbox_2d)
+    return (x1, y1, x2, y2)
+
+
+def check_match(match: MatchResult, num_pred: int, num_gt: int, what: str) -> None:
+    """Every index of `match` fits its side (`num_pred` predictions, named `what`; `num_gt` GT objects)."""
+    if any(not (0 <= i < num_pred and 0 <= j < num_gt) for i, j in match.pairs) or any(
+        not 0 <= j < num_gt for j in match.fn
+    ):
+        raise ValueError(f"match indices do not fit {what} / gt_objects")
+
+
+def missed_desc_weight(target: TargetPlan) -> float:
+    """The CE weight of a missed (FN) object's desc tokens, checked."""
+    if target.desc_ce_weight_missed < 0:
+        raise ValueError(f"desc_ce_weight must be >= 0, got {target.desc_ce_weight_missed}")
+    return target.desc_ce_weight_missed
+
+
 def build_channel_a_segment(
     gt_objects: Sequence[BoxedObject], *, encode: Encode, vocab: TokenVocab
 ) -> Segment:
     """Plain teacher forcing on the GT answer."""
     ids = [*encode(serialize_objects(gt_objects)), vocab.end_of_turn_id]
-    groups = _coord_groups(ids, 0, sort_objects(gt_objects), vocab)
+    groups = coord_groups(ids, 0, sort_objects(gt_objects), vocab)
     weights = [1.0] * len(ids)
     for group in groups:
         for position in group.positions:
@@ -113,14 +128,14 @@ def build_channel_a_segment(
     return Segment(channel="A", input_ids=ids, ce_weights=weights, coord_groups=groups)
 
 
-def _encode_checked(text: str, encode: Encode, vocab: TokenVocab) -> list[int]:
+def encode_checked(text: str, encode: Encode, vocab: TokenVocab) -> list[int]:
     ids = list(encode(text))
     if b"".join(vocab.token_bytes[t] for t in ids) != text.encode("utf-8"):
         raise ValueError("encode() and the vocabulary's token bytes disagree on a target fragment")
     return ids
 
 
-def _desc_weighted(
+def desc_weighted(
     ids: Sequence[int],
     vocab: TokenVocab,
     desc_spans: Sequence[tuple[int, int]],
@@ -186,9 +201,9 @@ def _desc_splice(
     escaped = json.dumps(desc, ensure_ascii=False)[1:-1].encode("utf-8")
     head = prefix_bytes[starts[first] : desc_start]  # e.g. `"` or `": "` fused into the first desc token
     tail = prefix_bytes[desc_end : starts[stop]]  # e.g. `"` or `", ` fused into the last desc token
-    ids = _encode_checked((head + escaped + tail).decode("utf-8"), encode, vocab)
+    ids = encode_checked((head + escaped + tail).decode("utf-8"), encode, vocab)
     desc_stop = len(head) + len(escaped)
-    weights = _desc_weighted(ids, vocab, [(len(head), desc_stop)], [weight])
+    weights = desc_weighted(ids, vocab, [(len(head), desc_stop)], [weight])
     # head bytes all come from token `first`, tail bytes from token `stop - 1`
     new_starts = list(accumulate((len(vocab.token_bytes[t]) for t in ids), initial=0))  # [len(ids) + 1]
     for k in range(len(ids)):
@@ -211,8 +226,8 @@ def build_channel_b_segment(
     """Rollout prefix + FN append + end-of-turn. `match` pairs indices of `parse.valid_objects` with
     indices of `gt_objects`; matched descs per `matched_desc` (module docstring); the desc weights are
     `target`'s."""
-    _check_match(match, len(parse.valid_objects), len(gt_objects), "parse.valid_objects")
-    desc_ce_weight = _missed_desc_weight(target)
+    check_match(match, len(parse.valid_objects), len(gt_objects), "parse.valid_objects")
+    desc_ce_weight = missed_desc_weight(target)
 
     prefix = list(parse.prefix_token_ids)
     starts = list(accumulate((len(vocab.token_bytes[t]) for t in prefix), initial=0))  # [len(prefix) + 1]
@@ -247,7 +262,7 @@ def build_channel_b_segment(
             weights[k] = min(neighbour_weights[k], desc_weight)
         for position in obj.coord_positions:
             weights[position] = 0.0
-        matched.append((obj, _bins(gt_objects[j])))
+        matched.append((obj, box_bins(gt_objects[j])))
 
     # apply the desc splices (disjoint, each inside its own entry); `new_position` maps the rest
     ids_out: list[int] = []
@@ -282,9 +297,9 @@ def build_channel_b_segment(
     fragment, desc_spans = append_fragment_with_desc_spans(
         fn_objects, max_object_index=parse.max_object_index, prefix_has_entries=parse.prefix_has_entries
     )
-    tail = _encode_checked(fragment, encode, vocab)
-    tail_weights = _desc_weighted(tail, vocab, desc_spans, [desc_ce_weight] * len(desc_spans))
-    tail_groups = _coord_groups(tail, len(ids_out), fn_objects, vocab)
+    tail = encode_checked(fragment, encode, vocab)
+    tail_weights = desc_weighted(tail, vocab, desc_spans, [desc_ce_weight] * len(desc_spans))
+    tail_groups = coord_groups(tail, len(ids_out), fn_objects, vocab)
     for group in tail_groups:
         for position in group.positions:
             tail_weights[position - len(ids_out)] = 0.0
@@ -295,132 +310,3 @@ def build_channel_b_segment(
         ce_weights=[*weights_out, *tail_weights, 1.0],
         coord_groups=groups + tail_groups,
     )
-
-
-@dataclass(frozen=True)
-class _CleanEntry:
-    """One object of a clean-prefix target: what is written (desc, box), what its box is pulled toward."""
-
-    desc: str
-    bbox_2d: tuple[int, int, int, int]  # written bins (the prediction's own box for a kept object)
-    gt_bins: tuple[int, int, int, int]
-    desc_weight: float
-
-
-def _bins(obj: BoxedObject) -> tuple[int, int, int, int]:
-    x1, y1, x2, y2 = (int(b) for b in obj.bbox_2d)
-    return (x1, y1, x2, y2)
-
-
-def _check_match(match: MatchResult, num_pred: int, num_gt: int, what: str) -> None:
-    if any(not (0 <= i < num_pred and 0 <= j < num_gt) for i, j in match.pairs) or any(
-        not 0 <= j < num_gt for j in match.fn
-    ):
-        raise ValueError(f"match indices do not fit {what} / gt_objects")
-
-
-def _serialized_segment(entries: Sequence[_CleanEntry], encode: Encode, vocab: TokenVocab) -> Segment:
-    """Canonical text of `entries` in the given order (keys object_1..N) + end-of-turn: structure CE 1,
-    each desc its entry's weight, each box a group toward its entry's `gt_bins`."""
-    text, desc_spans = serialize_in_order_with_desc_spans(entries)
-    ids = _encode_checked(text, encode, vocab)
-    weights = _desc_weighted(ids, vocab, desc_spans, [e.desc_weight for e in entries])
-    groups = [
-        CoordGroup(group.positions, entry.gt_bins)
-        for group, entry in zip(_coord_groups(ids, 0, entries, vocab), entries, strict=True)
-    ]
-    for group in groups:
-        for position in group.positions:
-            weights[position] = 0.0
-    return Segment(
-        channel="B", input_ids=[*ids, vocab.end_of_turn_id], ce_weights=[*weights, 1.0], coord_groups=groups
-    )
-
-
-def _missed_desc_weight(target: TargetPlan) -> float:
-    if target.desc_ce_weight_missed < 0:
-        raise ValueError(f"desc_ce_weight must be >= 0, got {target.desc_ce_weight_missed}")
-    return target.desc_ce_weight_missed
-
-
-def _missed_entries(
-    match: MatchResult, gt_objects: Sequence[BoxedObject], target: TargetPlan
-) -> list[_CleanEntry]:
-    desc_ce_weight = _missed_desc_weight(target)
-    return [
-        _CleanEntry(g.desc, _bins(g), _bins(g), desc_ce_weight)
-        for g in sort_objects([gt_objects[j] for j in match.fn])
-    ]
-
-
-def build_channel_b_clean_segment(
-    accepted: Sequence[BoxedObject],
-    match: MatchResult,
-    gt_objects: Sequence[BoxedObject],
-    *,
-    encode: Encode,
-    vocab: TokenVocab,
-    target: TargetPlan,
-) -> Segment:
-    """The clean-prefix target: canonical text of the matched predictions + the missed GT + end-of-turn.
-
-    `accepted` are the rollout's valid, non-duplicate predictions in rollout order and `match` pairs their
-    indices with indices of `gt_objects`. FP (unmatched) predictions, duplicates and invalid entries are
-    not in the text at all, so no token of theirs is input or target. Kept (matched) objects are written
-    with their own box and the desc `matched_desc` gives (their own with CE 0 unless
-    `target.desc_ce_weight_matched` > 0): structure CE 1, coordinate slots -> a group toward the matched
-    GT. Missed GT: desc CE `target.desc_ce_weight_missed`, coordinate slots -> a group toward itself.
-    `target.insertion_order`: `tail_append`: kept objects in rollout order, then the missed ones sorted;
-    `sorted`: all in answer order. Keys object_1..N.
-    """
-    _check_match(match, len(accepted), len(gt_objects), "accepted")
-    missed = _missed_entries(match, gt_objects, target)
-    kept = []
-    for i, j in sorted(match.pairs):
-        desc, weight = matched_desc(
-            accepted[i].desc,
-            gt_objects[j].desc,
-            weight=target.desc_ce_weight_matched,
-            mask_correct=target.mask_correct_matched_desc,
-            always_gt=False,
-        )
-        kept.append(_CleanEntry(desc, _bins(accepted[i]), _bins(gt_objects[j]), weight))
-    if target.insertion_order == "tail_append":
-        entries = kept + missed
-    elif target.insertion_order == "sorted":
-        entries = sort_objects(kept + missed)
-    else:
-        raise ValueError(f"insertion_order must be tail_append or sorted, got {target.insertion_order!r}")
-    return _serialized_segment(entries, encode, vocab)
-
-
-def build_channel_b_reordered_gt_segment(
-    accepted: Sequence[BoxedObject],
-    match: MatchResult,
-    gt_objects: Sequence[BoxedObject],
-    *,
-    encode: Encode,
-    vocab: TokenVocab,
-    target: TargetPlan,
-) -> Segment:
-    """The reordered-GT target (the async design seed's `y_train_ids`): the GT objects the rollout found,
-    each written with its GT desc and GT box in the order of the predictions that found them, then the
-    missed GT sorted, + end-of-turn. Nothing of the rollout's own text is in it; the rollout decides only
-    the order and which descs carry CE. Structure CE 1; a matched desc `target.desc_ce_weight_matched` (0
-    where the prediction's desc was already right under `target.mask_correct_matched_desc`); a missed desc
-    `target.desc_ce_weight_missed`; every box a group toward its own bins. `accepted` / `match` as for the clean prefix.
-    """
-    _check_match(match, len(accepted), len(gt_objects), "accepted")
-    missed = _missed_entries(match, gt_objects, target)
-    found = []
-    for i, j in sorted(match.pairs):
-        gt = gt_objects[j]
-        desc, weight = matched_desc(
-            accepted[i].desc,
-            gt.desc,
-            weight=target.desc_ce_weight_matched,
-            mask_correct=target.mask_correct_matched_desc,
-            always_gt=True,
-        )
-        found.append(_CleanEntry(desc, _bins(gt), _bins(gt), weight))
-    return _serialized_segment(found + missed, encode, vocab)

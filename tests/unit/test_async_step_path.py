@@ -39,6 +39,7 @@ STEP = [
     "weightsync/client",
     "detection/judge",
     "detection/targets",
+    "detection/canonical_targets",
     "collate",
     "packing",
     "learner/loss",

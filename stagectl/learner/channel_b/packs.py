@@ -15,15 +15,15 @@ from typing import Any
 
 from stagectl.collate import PackedBatch, Segment, collate_pack, collate_padded
 from stagectl.config.plan import MatchCosts, TargetPlan
+from stagectl.detection.canonical_targets import (
+    build_channel_b_clean_segment,
+    build_channel_b_reordered_gt_segment,
+)
 from stagectl.detection.judge import judge_rollout, match_objects
 from stagectl.detection.matching import MatchResult
 from stagectl.detection.parse import RolloutParse
 from stagectl.detection.stats import RolloutStats
-from stagectl.detection.targets import (
-    build_channel_b_clean_segment,
-    build_channel_b_reordered_gt_segment,
-    build_channel_b_segment,
-)
+from stagectl.detection.targets import build_channel_b_segment
 from stagectl.learner.segments import SampleEncoder, to_segment
 from stagectl.learner.setup import LearnerState
 from stagectl.models.generate import Generation

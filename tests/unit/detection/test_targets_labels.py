@@ -10,16 +10,14 @@ import pytest
 
 from stagectl.config.plan import CleanPrefix, MatchCosts, ReorderedGT, TargetPlan
 from stagectl.data.sample import DetectionSample, DetObject
+from stagectl.detection.canonical_targets import (
+    build_channel_b_clean_segment,
+    build_channel_b_reordered_gt_segment,
+)
 from stagectl.detection.judge import match_objects
 from stagectl.detection.matching import MatchResult
 from stagectl.detection.parse import RolloutParse, parse_rollout
-from stagectl.detection.targets import (
-    CoordGroup,
-    Segment,
-    build_channel_b_clean_segment,
-    build_channel_b_reordered_gt_segment,
-    build_channel_b_segment,
-)
+from stagectl.detection.targets import CoordGroup, Segment, build_channel_b_segment
 from stagectl.learner.channel_b.packs import build_b_segments
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation

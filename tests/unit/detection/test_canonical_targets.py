@@ -11,10 +11,11 @@ import pytest
 
 from stagectl.config.plan import CleanPrefix, MatchCosts, TargetPlan
 from stagectl.data.sample import DetectionSample, DetObject
+from stagectl.detection.canonical_targets import build_channel_b_clean_segment
 from stagectl.detection.dedup import find_duplicates
 from stagectl.detection.matching import MatchResult, hungarian_match
 from stagectl.detection.parse import parse_rollout
-from stagectl.detection.targets import CoordGroup, build_channel_b_clean_segment
+from stagectl.detection.targets import CoordGroup
 from stagectl.learner.channel_b.packs import build_b_segments
 from stagectl.learner.segments import SampleEncoder
 from stagectl.models.generate import Generation
