@@ -35,8 +35,9 @@ state read it. A checkpoint saves the queue and the prefetcher's commit point (`
 resumes them after pushing the checkpoint's weights.
 
 Modules: protocol (the interface, `Decision`, the B-step ledger), build (which Channel-B; resume),
-step_mode, async_mode, prefetcher (the thread), bursts (one request; the burst in progress), pacing
-(how many rollouts; retry policy), queue (ready packs; staleness), records (what a pack holds; the
-checkpoint layout), clock, packs (rollouts -> micro-batches), rollouts (in process or from servers),
-publisher (weight push), health (servers that die and come back), gallery (sampled B steps on disk).
+step_mode, async_mode, prefetcher (the thread), bursts (one request, its packs queued, server trouble; the
+burst in progress), pacing (how many rollouts; retry policy), queue (ready packs; staleness), records
+(what a pack holds; the checkpoint layout), clock, packs (rollouts -> micro-batches), rollouts (in process
+or from servers), publisher (weight push), health (servers that die and come back), gallery (sampled B
+steps on disk).
 """
