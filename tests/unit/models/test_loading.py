@@ -42,6 +42,18 @@ def test_a_run_with_no_complete_checkpoint_says_so(tmp_path: Path) -> None:
         resolve_checkpoint(str(tmp_path / "nowhere"))
 
 
+def test_an_incomplete_checkpoint_named_directly_is_refused_as_incomplete(tmp_path: Path) -> None:
+    cut = _checkpoint(tmp_path, 4, complete=False).parent
+    with pytest.raises(
+        ValueError, match=rf"checkpoint-4 is an incomplete checkpoint: it has no {TRAINER_STATE}"
+    ) as info:
+        resolve_checkpoint(str(cut))
+    assert "newest complete" not in str(info.value)
+    _checkpoint(tmp_path, 2)
+    with pytest.raises(ValueError, match=rf"the newest complete one is in {tmp_path}$"):
+        resolve_checkpoint(str(cut))
+
+
 def test_a_cut_off_weight_file_is_one_error_naming_the_model_directory(tmp_path: Path) -> None:
     import shutil
 
