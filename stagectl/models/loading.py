@@ -115,7 +115,8 @@ def resolve_checkpoint(source: str) -> Path:
     path = Path(source).expanduser()
     if (path / TRAINER_STATE).is_file() and (path / "model" / "config.json").is_file():
         return path / "model"
-    if path.name.removeprefix("checkpoint-").isdigit() and (path / "model").is_dir():
+    checkpoint_name = path.name.removeprefix("checkpoint-").isdigit()
+    if checkpoint_name and (path / "model").is_dir() and not (path / TRAINER_STATE).is_file():
         # a checkpoint-N/ whose save did not finish: its model/ may be cut short, so refuse it by name
         older = [c.name for c in path.parent.glob("checkpoint-*") if (c / TRAINER_STATE).is_file()]
         hint = f"; the newest complete one is in {path.parent}" if older else ""
