@@ -25,7 +25,6 @@ import contextlib
 import errno
 import json
 import os
-import pickle
 import random
 import re
 import shutil
@@ -305,12 +304,11 @@ def check_train_set(path: Path, num_samples: int) -> None:
         raise ValueError(train_set_refusal(path, saved, num_samples))
 
 
-# what reading a damaged or cut-off checkpoint file raises (torch's zip reader, safetensors, pickle, the disk)
+# what reading a damaged or cut-off checkpoint file raises (torch's zip reader, safetensors, json, the disk)
 DAMAGED = (
     RuntimeError,
     OSError,
     EOFError,
-    pickle.UnpicklingError,
     SafetensorError,
     json.JSONDecodeError,
     DamagedWeightsError,

@@ -18,7 +18,6 @@ Nothing is ever downloaded and no remote code runs.
 from __future__ import annotations
 
 import contextlib
-import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,7 +206,7 @@ def _weights_of(path: Path) -> Iterator[None]:
     `DamagedWeightsError` naming the directory (it was the loader's traceback)."""
     try:
         yield
-    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+    except (SafetensorError, RuntimeError, EOFError) as exc:
         if isinstance(exc, RuntimeError) and "PytorchStreamReader" not in str(exc):
             raise  # not torch's reader failing on a file (a shape mismatch, out of memory: their own words)
         detail = str(exc).splitlines()[0].split(". ")[0][:200] if str(exc) else ""
