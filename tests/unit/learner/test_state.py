@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ class TinySaver(torch.nn.Module):
         torch.save(self.state_dict(), path / "weights.pt")
 
 
-def save(out: Path, step: int, total_limit: int | None = None) -> Path:
+def save(
+    out: Path, step: int, total_limit: int | None = None, data_state: dict[str, Any] | None = None
+) -> Path:
     model = TinySaver()
     optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
     return ckpt.save_checkpoint(
@@ -37,7 +40,7 @@ def save(out: Path, step: int, total_limit: int | None = None) -> Path:
         scheduler=scheduler,
         rng_states=[ckpt.rng_state()],
         trainer_state=ckpt.TrainerState(
-            step, {"a_consumed": 3 * step, "b_consumed": step}, {"num_updates": step}
+            step, data_state or {"a_consumed": 3 * step, "b_consumed": step}, {"num_updates": step}
         ),
         total_limit=total_limit,
     )
@@ -170,19 +173,8 @@ def test_a_resume_on_a_training_set_of_another_size_is_refused_naming_both_sizes
     from stagectl.dist import SharedError, World
     from stagectl.learner.setup import shared_resume
 
-    model = TinySaver()
-    optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
     data_state = {"world_size": 1, "num_train_samples": 32, "ranks": [{"a_consumed": 4, "b_consumed": 2}]}
-    path = ckpt.save_checkpoint(
-        tmp_path,
-        4,
-        model=model,
-        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rng_states=[ckpt.rng_state()],
-        trainer_state=ckpt.TrainerState(4, data_state, {"num_updates": 4}),
-    )
+    path = save(tmp_path, 4, data_state=data_state)
     training = TrainingConfig(max_steps=10, output_dir=str(tmp_path), resume_from_checkpoint="latest")
     world = World(rank=0, local_rank=0, world_size=1)
     assert shared_resume(training, world, 32) == (path, {"a_consumed": 4, "b_consumed": 2})
