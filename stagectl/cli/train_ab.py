@@ -230,7 +230,7 @@ def _train(plan: TrainPlan) -> None:
     from stagectl.learner.loop import Trainer
     from stagectl.learner.metrics import rollout_f1_summary
     from stagectl.placement import place_learner_rank
-    from stagectl.rundir.ending import abort_note, stop_note
+    from stagectl.rundir.ending import abort_note, stop_note, write_failed_state
     from stagectl.rundir.policy import DirSnapshot
 
     rank = int(os.environ.get("RANK", "0"))
@@ -239,6 +239,8 @@ def _train(plan: TrainPlan) -> None:
     # a stopped run exits 128 + the signal; under torchrun the launcher gives that code (a rank exiting
     # non-zero would make torchrun report it as failed)
     signal_exit = not inside_torchrun()
+    # the errors a run ends on with one `error:` line (anything else is a bug: its traceback)
+    expected = (ValueError, FileNotFoundError, TimeoutError, CheckpointWriteError, CollectiveError)
     trainer: Trainer | None = None
     try:
         try:
@@ -248,9 +250,20 @@ def _train(plan: TrainPlan) -> None:
             )
             trainer = Trainer(plan, prefetcher_cpus=prefetcher_cpus)
             step = trainer.run()
-        except BaseException:
-            if rank == 0:
-                before.undo_failed_start()  # a start that failed before its first step leaves no trace
+        except BaseException as exc:
+            # a start that failed before its first step leaves no trace; a run that had begun records why
+            # it ended in final_state.json (a signal's stop is recorded by the trainer itself)
+            kept = rank == 0 and not before.undo_failed_start()
+            if (
+                kept
+                and trainer is not None
+                and not isinstance(exc, (KeyboardInterrupt, SystemExit, typer.Exit))
+            ):
+                said = isinstance(exc, (*expected, SharedError))  # the error line prints str(exc)
+                error = str(exc) if said and str(exc) else f"{type(exc).__name__}: {exc}"
+                write_failed_state(
+                    out, trainer.steps_done, plan.training.max_steps, error, trainer.b_steps_done
+                )
             raise
     except KeyboardInterrupt:  # a second stop signal during a stop, or Ctrl-C before training started
         if trainer is None or trainer.stopped_by_signal is None:  # no stop handler yet: nothing to save
@@ -265,7 +278,7 @@ def _train(plan: TrainPlan) -> None:
         if rank != 0:
             raise typer.Exit(1) from None
         fail(str(exc))
-    except (ValueError, FileNotFoundError, TimeoutError, CheckpointWriteError, CollectiveError) as exc:
+    except expected as exc:
         fail(str(exc) or type(exc).__name__)
     if rank != 0:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one line per node of a multi-node run

@@ -78,6 +78,8 @@ class Trainer:
         saved_b_steps = st.extra_state.get("rank_state", {}).get("b_steps")
         # B steps wanted / trained (and why not) over the whole run; a checkpoint older than it: from here on
         self.b_steps = BStepLedger.from_dict(saved_b_steps) if saved_b_steps else BStepLedger()
+        # the steps completed and their ledger (a failed run's final_state.json: not the step that failed)
+        self.steps_done, self.b_steps_done = st.start_step, self.b_steps.as_dict()
         self.channel_a = ChannelA(st, self.runner)
         self.channel_b = build_channel_b(
             st.plan.channel_b, st, self.runner, num_updates=self.num_updates, prefetcher_cpus=prefetcher_cpus
@@ -120,6 +122,7 @@ class Trainer:
                     except (WeightPushError, RolloutServerError) as exc:  # step mode: lost inside a B step
                         raise dist.SharedError(mid_step_loss_note(step, exc, self.plan.output_dir)) from None
                     step += 1
+                    self.steps_done, self.b_steps_done = step, self.b_steps.as_dict()
                     row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
                     if self.metrics is not None:
                         self.metrics.write(row)

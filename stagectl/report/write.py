@@ -42,6 +42,7 @@ from stagectl.report.train_ab import (
     target_b_ratio,
 )
 from stagectl.rundir.ending import FINAL_STATE, RunEnd, continue_command, run_end
+from stagectl.rundir.resume import latest_complete_checkpoint
 
 REPORT_MD = "report.md"
 SAMPLES = "samples.jsonl"
@@ -92,7 +93,14 @@ def write_train_ab_report(run_dir: Path) -> Written:
     final_state, final_notes = _read_json(run_dir / FINAL_STATE)
     notes += final_notes
     end = _run_end(final_state, max_steps)
-    if end is not None and not end.finished:  # stopped by a signal (or before a raised max_steps)
+    if end is not None and end.error is not None:  # an error ended it (its error line, kept)
+        resume = (
+            f"; continue it from {latest} with `{continue_command(run_dir)}`"
+            if (latest := latest_complete_checkpoint(run_dir)) is not None and "--resume" not in end.error
+            else ""
+        )
+        notes.append(f"the run did not finish: {end.describe()}{resume}.")
+    elif end is not None and not end.finished:  # stopped by a signal (or before a raised max_steps)
         notes.append(
             f"the run did not finish: {end.describe()}; continue it with `{continue_command(run_dir)}`."
         )

@@ -1,16 +1,17 @@
-"""How a train-ab run ended (`final_state.json`: finished, or stopped at step N of M by a signal) and the
-lines that say so and how to continue it. Pure path logic, no torch."""
+"""How a train-ab run ended (`final_state.json`: finished, stopped at step N of M by a signal, or failed after
+step N with an error) and the lines that say so and how to continue it. Pure path logic, no torch."""
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagectl.files import RESOLVED_CONFIG
+from stagectl.files import RESOLVED_CONFIG, atomic_write_text
 from stagectl.rundir.resume import latest_complete_checkpoint, read_yaml
 
 FINAL_STATE = "final_state.json"
@@ -62,26 +63,44 @@ def mid_step_loss_note(step: int, exc: BaseException, out: Path) -> str:
     return f"B step {step + 1}: the rollout servers failed during the step ({type(exc).__name__}: {exc}); {resume}"
 
 
+def write_failed_state(out: Path, step: int, max_steps: int, error: str, b_steps: Mapping[str, Any]) -> None:
+    """Rank 0's `final_state.json` of a run an error ended after `step` completed steps: the report and a
+    later reader see "failed after step N of M: why", not a run that might still be going. A disk too full
+    for it is said on stderr (the error itself is already there)."""
+    state = {"global_step": step, "max_steps": max_steps, "stopped_by_signal": None, "error": error}
+    try:
+        atomic_write_text(out / FINAL_STATE, json.dumps({**state, "b_steps": dict(b_steps)}, indent=2))
+    except OSError as exc:
+        print(f"train-ab: could not record the failure in {out / FINAL_STATE} ({exc})", file=sys.stderr)
+
+
 @dataclass(frozen=True)
 class RunEnd:
-    """What `final_state.json` says about the end of a run (written when it reached `max_steps` and when a
-    signal stopped it). `max_steps`: None when neither the file nor config.yaml names it."""
+    """What `final_state.json` says about the end of a run (written when it reached `max_steps`, when a
+    signal stopped it and when an error ended it). `max_steps`: None when neither the file nor config.yaml
+    names it."""
 
     step: int
     max_steps: int | None
     stopped_by_signal: int | None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
+        if self.error is not None:
+            return False
         if self.max_steps is not None:
             return self.step >= self.max_steps
         return self.stopped_by_signal is None
 
-    def describe(self) -> str:
-        """`finished`, or `stopped at step 8 of 200 (SIGINT)`."""
+    def describe(self, *, why: bool = True) -> str:
+        """`finished`, `stopped at step 8 of 200 (SIGINT)` or `failed after step 8 of 200: why` (without
+        `: why` for a one-line summary)."""
         if self.finished:
             return "finished"
         of = f" of {self.max_steps}" if self.max_steps is not None else ""
+        if self.error is not None:
+            return f"failed after step {self.step}{of}" + (f": {self.error}" if why else "")
         by = f" ({signal_name(self.stopped_by_signal)})" if self.stopped_by_signal is not None else ""
         return f"stopped at step {self.step}{of}{by}"
 
@@ -93,10 +112,12 @@ def run_end(final_state: Mapping[str, Any], config_max_steps: int | None = None)
         raise ValueError(f"{FINAL_STATE} has no integer global_step")
     max_steps = final_state.get("max_steps", config_max_steps)
     stopped = final_state.get("stopped_by_signal")
+    error = final_state.get("error")
     return RunEnd(
         step=final_state["global_step"],
         max_steps=max_steps if isinstance(max_steps, int) else None,
         stopped_by_signal=stopped if isinstance(stopped, int) else None,
+        error=str(error) if error is not None else None,
     )
 
 

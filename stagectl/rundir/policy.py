@@ -57,7 +57,7 @@ def train_run_summary(out: Path) -> str | None:
         parts.append(", ".join(names if len(names) <= 3 else [names[0], "...", names[-1]]))
     end = read_run_end(out)
     if end is not None:
-        parts.append(end.describe())
+        parts.append(end.describe(why=False))
     return ", ".join(parts) if parts else None
 
 

@@ -52,6 +52,7 @@ class _Trainer:
             summary_line=lambda: "B steps: none", off_schedule=lambda tolerance: None
         )
         self.progress = SimpleNamespace(rollout_f1s=[])
+        self.steps_done, self.b_steps_done = 0, {"num_steps": 0}
 
     def run(self) -> int:
         return 0
@@ -214,6 +215,51 @@ def test_a_second_signal_ends_with_one_line_naming_the_last_good_checkpoint(
         f"a second SIGINT stopped the run at once, without a checkpoint: the last good checkpoint is "
         f"{out / 'checkpoint-4'}; continue with: stagectl train-ab {out / 'config.yaml'} --resume"
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (ValueError("cannot write checkpoint-7: no space left on device"), "cannot write checkpoint-7: no"),
+        (RuntimeError("CUDA error: an illegal memory access"), "RuntimeError: CUDA error: an illegal"),
+    ],
+)
+def test_a_run_an_error_ended_records_why_in_final_state(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch, error: Exception, recorded: str
+) -> None:
+    """A run that had begun (a metrics row written) and then failed says so in final_state.json: the steps it
+    completed, the error line (a bug's exception type too) and its ledger; `stagectl report` and a refused
+    restart read "failed after step 6 of 24", not a run that might still be going. A start that failed
+    before its first row leaves no trace (no final_state.json either)."""
+    import json
+
+    from stagectl.rundir.ending import read_run_end
+
+    out = tmp_path / "run"
+
+    def failed(self: _Trainer) -> int:
+        out.mkdir(exist_ok=True)
+        (out / "metrics.jsonl").write_text('{"step": 0}\n')
+        self.steps_done, self.b_steps_done = 6, {"num_steps": 6, "b_steps_wanted": 2, "b_steps_trained": 2}
+        raise error
+
+    monkeypatch.setattr(_Trainer, "run", failed)
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), "--set", f"training.output_dir={out}"])
+    assert result.exit_code != 0, result.output
+    state = json.loads((out / "final_state.json").read_text())
+    assert state["global_step"] == 6 and state["max_steps"] == 24 and state["error"].startswith(recorded)
+    assert state["b_steps"]["b_steps_trained"] == 2
+    end = read_run_end(out)
+    assert end is not None and not end.finished
+    assert end.describe(why=False) == "failed after step 6 of 24"
+
+    def failed_at_once(self: _Trainer) -> int:
+        raise error
+
+    monkeypatch.setattr(_Trainer, "run", failed_at_once)
+    fresh = tmp_path / "fresh"
+    CliRunner().invoke(app, ["train-ab", str(TINY), "--set", f"training.output_dir={fresh}"])
+    assert not fresh.exists()
 
 
 @pytest.mark.parametrize(

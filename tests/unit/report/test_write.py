@@ -24,6 +24,23 @@ def test_a_stopped_run_is_reported_as_not_finished(tmp_path: Path) -> None:
     )
 
 
+def test_a_failed_run_is_reported_with_its_error_and_where_to_continue(tmp_path: Path) -> None:
+    """An error ended the run (final_state.json holds it): the report says so, with the error and the
+    checkpoint to continue from, instead of "did not finish (or is still running)"."""
+    run, _, _ = write_report_dirs(tmp_path)  # 6 rows, training.max_steps 6 in config.yaml
+    end = {"global_step": 4, "max_steps": 6, "stopped_by_signal": None, "error": "no space left on device"}
+    (run / "final_state.json").write_text(json.dumps(end))
+    (run / "checkpoint-2").mkdir()
+    (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    write_reports(run)
+    text = (run / "report.md").read_text()
+    assert (
+        "the run did not finish: failed after step 4 of 6: no space left on device; continue it from "
+        f"{run / 'checkpoint-2'} with `stagectl train-ab {run / 'config.yaml'} --resume`." in text
+    )
+    assert "still running" not in text
+
+
 def test_what_the_report_skipped_is_said_on_the_console_too(tmp_path: Path) -> None:
     """A torn last line (an interrupted run) is skipped and noted in report.md; the command says so as well,
     not only inside the file."""

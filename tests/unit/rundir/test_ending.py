@@ -44,6 +44,9 @@ def test_a_run_a_signal_stopped_is_not_called_finished(tmp_path: Path) -> None:
         ({"global_step": 3, "max_steps": 24, "stopped_by_signal": 15}, "stopped at step 3 of 24 (SIGTERM)"),
         ({"global_step": 3, "stopped_by_signal": 2}, "stopped at step 3 (SIGINT)"),
         ({"global_step": 3}, "finished"),  # nothing to judge by: as before
+        # an error ended it, even at the last step (the final checkpoint did not fit on the disk)
+        ({"global_step": 24, "max_steps": 24, "error": "disk full"}, "failed after step 24 of 24: disk full"),
+        ({"global_step": 3, "error": "server gone"}, "failed after step 3: server gone"),
     ],
 )
 def test_run_end_reads_steps_done_against_max_steps(final_state: dict[str, object], described: str) -> None:
@@ -83,3 +86,22 @@ def test_a_step_mode_b_step_that_lost_its_servers_points_at_the_latest_checkpoin
         f"the latest checkpoint is {out / 'checkpoint-4'}; once a server answers, continue with: "
         f"stagectl train-ab {out / 'config.yaml'} --resume"
     )
+
+
+def test_a_failed_run_is_recorded_and_named_in_the_refusal_without_its_whole_error(tmp_path: Path) -> None:
+    """`write_failed_state` (rank 0, after an error): read back as failed; the one-line run summary a
+    refused restart prints says "failed after step N of M" and leaves the (long) error to the report."""
+    from stagectl.rundir.ending import write_failed_state
+
+    out = tmp_path / "run"
+    finished_run(out, num_rows=7, checkpoints=(4,))
+    write_failed_state(out, 7, 200, "cannot write checkpoint-8: no space left on device", {"num_steps": 7})
+    assert read_run_end(out) == RunEnd(
+        step=7,
+        max_steps=200,
+        stopped_by_signal=None,
+        error="cannot write checkpoint-8: no space left on device",
+    )
+    assert train_run_summary(out) == "7 metrics rows, checkpoint-4, failed after step 7 of 200"
+    with pytest.raises(ValueError, match=r"\(7 metrics rows, checkpoint-4, failed after step 7 of 200\)"):
+        prepare_train_dir(out, resume=None, overwrite=False)
