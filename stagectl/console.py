@@ -29,3 +29,11 @@ def say(command: str, message: str, *, every_rank: bool = False) -> None:
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """`1 reflection`, `2 reflections`, `0 reflections` (`many`: the plural when it is not `noun` + s)."""
     return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
+def error_text(exc: BaseException, expected: tuple[type[BaseException], ...]) -> str:
+    """What a run's end records of the error that ended it: the `error:` line a command prints for an
+    `expected` error (its message), the type and message of anything else (a bug: its traceback follows)."""
+    if isinstance(exc, expected) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

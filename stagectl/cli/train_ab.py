@@ -223,7 +223,7 @@ def _rank_from_plan(path: Path) -> None:
 
 
 def _train(plan: TrainPlan) -> None:
-    from stagectl.console import plural, say
+    from stagectl.console import error_text, plural, say
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.launch import inside_torchrun
     from stagectl.learner.checkpoint import CheckpointWriteError
@@ -259,8 +259,7 @@ def _train(plan: TrainPlan) -> None:
                 and trainer is not None
                 and not isinstance(exc, (KeyboardInterrupt, SystemExit, typer.Exit))
             ):
-                said = isinstance(exc, (*expected, SharedError))  # the error line prints str(exc)
-                error = str(exc) if said and str(exc) else f"{type(exc).__name__}: {exc}"
+                error = error_text(exc, (*expected, SharedError))
                 write_failed_state(
                     out, trainer.steps_done, plan.training.max_steps, error, trainer.b_steps_done
                 )

@@ -164,7 +164,8 @@ def _experiences(guidance: dict[str, Any] | None) -> dict[str, str]:
 
 
 def progress_notes(progress: dict[str, Any] | None, mission_dir: str) -> list[str]:
-    """What `progress.json` says a reader must know: a run that did not finish, and ticket lines it skipped."""
+    """What `progress.json` says a reader must know: a run that did not finish (stopped, failed and why, or
+    killed), and ticket lines it skipped."""
     if not isinstance(progress, dict):
         return ["no `progress.json`: whether the run finished is unknown (a run of an older stagectl)."]
     notes = []
@@ -174,6 +175,11 @@ def progress_notes(progress: dict[str, Any] | None, mission_dir: str) -> list[st
         notes.append(
             f"the run did not finish: stopped by signal {progress.get('stopped_by_signal')} {where}; "
             f"`stagectl stage-b CONFIG --resume` continues it ({mission_dir})."
+        )
+    elif status == "failed":
+        notes.append(
+            f"the run did not finish: failed {where}: {progress.get('error')}; once the cause is fixed, "
+            f"`stagectl stage-b CONFIG --resume` continues it from there ({mission_dir})."
         )
     elif status != "finished":
         notes.append(f"the run did not finish (still running, or killed) {where}; `--resume` continues it.")

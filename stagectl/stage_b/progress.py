@@ -7,7 +7,8 @@ window, the reflection queue) and the byte length of every JSONL artifact then. 
 artifact back to that length (the rows of a batch that was cut off, by a second Ctrl-C or a kill, go),
 puts that guidance back in `guidance.json`, and continues with that batch: a resumed run writes the same
 rows as one that was never stopped. `status` is `running`, `stopped` (a signal; `stopped_by_signal`) or
-`finished`; `bad_ticket_lines` holds the count and the first locations of the ticket lines the run
+`finished`, or `failed` (an error ended it: `error`, its message; the position stays the last batch
+boundary, so `--resume` continues from there); `bad_ticket_lines` holds the count and the first locations of the ticket lines the run
 skipped (`runner.bad_ticket_lines: skip`), for the summary and the report.
 """
 
@@ -22,7 +23,7 @@ from typing import Any, Literal
 from stagectl.files import atomic_write_text
 
 PROGRESS_FILE = "progress.json"
-Status = Literal["running", "stopped", "finished"]
+Status = Literal["running", "stopped", "finished", "failed"]
 NUM_LISTED_BAD_LINES = 5
 
 
@@ -38,6 +39,7 @@ class Progress:
     artifact_bytes: dict[str, int] = field(default_factory=dict)
     num_bad_ticket_lines: int = 0
     bad_ticket_lines: list[str] = field(default_factory=list)  # the first NUM_LISTED_BAD_LINES
+    error: str | None = None  # status `failed`: what ended the run
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,10 +93,13 @@ def cut_artifacts(run_dir: Path, lengths: dict[str, int]) -> dict[str, int]:
 
 
 def describe(progress: Progress) -> str:
-    """`finished`, `stopped by signal 2 before global batch 3 (epoch 0)`, ..."""
+    """`finished`, `stopped by signal 2 before global batch 3 (epoch 0)`, `failed before ...` (the error is
+    in the report), ..."""
     where = f"before global batch {progress.batch_index} (epoch {progress.epoch})"
     if progress.status == "finished":
         return "finished"
     if progress.status == "stopped":
         return f"stopped by signal {progress.stopped_by_signal} {where}"
+    if progress.status == "failed":
+        return f"failed {where}"
     return f"not finished (killed, or still running) {where}"

@@ -32,7 +32,7 @@ from typing import TypeVar
 from stagectl import dist
 from stagectl.config.plan import PLAN_FILE
 from stagectl.config.plan_stage_b import StageBPlan, write_stage_b_plan
-from stagectl.console import say
+from stagectl.console import error_text, say
 from stagectl.files import write_resolved_config
 from stagectl.stage_b import progress as prog
 from stagectl.stage_b.consumer import Consumer
@@ -44,6 +44,10 @@ from stagectl.stage_b.progress import Progress
 from stagectl.stage_b.sharding import epoch_order, global_batches, shard_bounds
 from stagectl.stage_b.tickets import SKIP_HINT, Ticket, load_tickets
 from stagectl.stopping import StopSignals
+from stagectl.wire.errors import RolloutServerError
+
+# the errors `stagectl stage-b` ends on with one `error:` line (progress.json records that line)
+ENDING_ERRORS = (ValueError, FileNotFoundError, RolloutServerError, dist.CollectiveError)
 
 _MISSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_REPORTED_LINES = 20
@@ -276,6 +280,10 @@ class Loop:
             self._record("finished" if stopped is None else "stopped", stopped)
         except KeyboardInterrupt:  # a second signal: the batch in flight is abandoned (resume cuts its rows)
             self._record("stopped", stop.signum, at_boundary=False)
+            raise
+        except Exception as exc:  # an error ends the run: progress.json says so, the resume point stays
+            self.progress.error = error_text(exc, ENDING_ERRORS)
+            self._record("failed", at_boundary=False)
             raise
         finally:
             if self.consumer is not None:

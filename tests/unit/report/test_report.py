@@ -425,4 +425,8 @@ def test_stage_b_progress_notes_say_a_run_did_not_finish_and_what_it_skipped() -
         "did not finish (still running, or killed)"
         in progress_notes({**finished, "status": "running"}, "RUN")[0]
     )
+    failed = {**finished, "status": "failed", "epoch": 7, "batch_index": 29, "error": "server gone"}
+    assert progress_notes(failed, "RUN")[0].startswith(
+        "the run did not finish: failed before global batch 29 (epoch 7): server gone; once the cause is fixed"
+    )
     assert "unknown" in progress_notes(None, "RUN")[0]

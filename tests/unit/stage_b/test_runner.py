@@ -137,3 +137,38 @@ def test_resume_refuses_other_tickets(tmp_path: Path) -> None:
     tickets.write_text("\n".join(lines[1:]) + "\n")  # one ticket fewer: the epoch orders change
     with pytest.raises(ValueError, match=r"the tickets or runner.seed differ from those of the run in"):
         run_all(plan)
+
+
+class ServerGone(RulesBackend):
+    """The rules engine, whose server stops answering while global batch `at_batch` is judged."""
+
+    def __init__(self, at_batch: int) -> None:
+        self.at_batch = at_batch
+
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        if requests and requests[0].batch_index == self.at_batch:
+            from stagectl.wire.errors import RolloutServerError
+
+            raise RolloutServerError("rollout http://127.0.0.1:9 requests [0, 2) seed=9: server gone")
+        return super().judge(requests, spec, seed)
+
+
+def test_an_error_marks_the_run_failed_with_its_message_and_resume_continues_from_the_boundary(
+    tmp_path: Path, unstopped: dict[str, list[dict[str, Any]]]
+) -> None:
+    """progress.json of a run an error ended says `failed` and why (the report and a refused restart read
+    it; it used to stay `running`, "still running, or killed"); the position stays the last boundary."""
+    from stagectl.stage_b.progress import describe, read_progress
+    from stagectl.wire.errors import RolloutServerError
+
+    plan = plan_for(tmp_path)
+    with pytest.raises(RolloutServerError):
+        run_all(plan, engine=ServerGone(at_batch=9))
+    progress = read_progress(plan.run_dir)
+    assert progress is not None and progress.status == "failed" and progress.batch_index == 9
+    assert progress.error == "rollout http://127.0.0.1:9 requests [0, 2) seed=9: server gone"
+    assert describe(progress) == "failed before global batch 9 (epoch 1)"
+
+    resumed = run_all(plan)
+    assert resumed is not None and resumed.num_judged == 32
+    assert rows(plan.run_dir) == unstopped
