@@ -89,9 +89,10 @@ def server_generate(client: Any, samples: Sequence[DetectionSample], spec: Sampl
 
 
 class EvalProgress:
-    """Images done and images/s: a rich bar on a terminal, a plain line per chunk otherwise."""
+    """Images done and images/s: a rich bar on a terminal; otherwise (a job's log) a plain line with the time
+    left at most every `log_every_s` seconds, and one for the last chunk."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, log_every_s: float = 10.0) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -99,6 +100,8 @@ class EvalProgress:
         self.enabled = enabled
         self.done = 0
         self.started = time.perf_counter()
+        self.log_every_s = log_every_s
+        self._logged_at = self.started
         console = Console(stderr=True)
         self._progress: Progress | None = None
         if enabled and console.is_terminal:
@@ -124,8 +127,14 @@ class EvalProgress:
         rate = f"{self.images_per_s:.2f} images/s"
         if self._progress is not None:
             self._progress.update(self._task, completed=self.done, rate=rate)
-        else:
-            print(f"eval: {self.done}/{self.total} images, {rate}", file=sys.stderr, flush=True)
+            return
+        now = time.perf_counter()
+        if now - self._logged_at < self.log_every_s and self.done < self.total:
+            return
+        self._logged_at = now
+        left = (self.total - self.done) / max(self.images_per_s, 1e-9)
+        eta = f", {left:.0f} s left" if self.done < self.total else ""
+        print(f"eval: {self.done}/{self.total} images, {rate}{eta}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._progress is not None:
