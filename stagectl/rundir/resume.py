@@ -78,6 +78,22 @@ def train_set_refusal(checkpoint: Path, written_with: int, num_samples: int) -> 
     )
 
 
+def nothing_left_note(out: Path, resume: Path | str | None, max_steps: int) -> str | None:
+    """The launcher's line when the checkpoint a resume would continue from is already at `max_steps` (a
+    job script that always passes --resume, run again after its run finished): no server or rank need
+    start. None when there are steps left, or the checkpoint cannot tell (the ranks judge it)."""
+    checkpoint = resume_checkpoint(out, resume)
+    if checkpoint is None:
+        return None
+    try:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(step, int) or step < max_steps:
+        return None
+    return f"{resume_note(checkpoint, step, max_steps)}; nothing was started"
+
+
 def check_resume_world_size(out: Path, resume: Path | str | None, world_size: int) -> None:
     """The launcher's early form of `learner.checkpoint.check_world_size` (before a server or any rank
     starts): `ValueError` when the checkpoint a resume would continue from was written by another number

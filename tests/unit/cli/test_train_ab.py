@@ -217,6 +217,23 @@ def test_a_second_signal_ends_with_one_line_naming_the_last_good_checkpoint(
     )
 
 
+def test_a_resume_of_a_finished_run_starts_no_rank(tmp_path: Path, trainer: list[TrainPlan]) -> None:
+    import json
+
+    out = tmp_path / "run"
+    (out / "checkpoint-24").mkdir(parents=True)
+    (out / "checkpoint-24" / "trainer_state.json").write_text(json.dumps({"global_step": 24}))
+    (out / "metrics.jsonl").write_text('{"step": 23}\n')
+    result = CliRunner().invoke(
+        app, ["train-ab", str(TINY), "--resume", "--set", f"training.output_dir={out}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().endswith(
+        "no step is left to train (raise training.max_steps to train further); nothing was started"
+    )
+    assert trainer == []
+
+
 @pytest.mark.parametrize(
     ("error", "recorded"),
     [

@@ -68,3 +68,21 @@ def test_a_resume_in_another_world_size_is_refused_before_anything_starts(tmp_pa
     ):
         check_resume_world_size(out, "latest", 1)
     check_resume_world_size(out, out / "checkpoint-4", 1)  # no world size recorded: the ranks check it
+
+
+def test_a_resume_of_a_run_at_max_steps_starts_nothing(tmp_path: Path) -> None:
+    """A job script that always passes --resume, run again after its run finished: the launcher says there is
+    no step left before any server or rank starts; a raised max_steps, a new run or a checkpoint that cannot
+    tell leave it to the ranks."""
+    from stagectl.rundir.resume import nothing_left_note
+
+    out = tmp_path / "run"
+    finished_run(out, checkpoints=(12, 24))
+    (out / "checkpoint-24" / "trainer_state.json").write_text(json.dumps({"global_step": 24}))
+    assert nothing_left_note(out, "latest", 24) == (
+        f"resuming from {out / 'checkpoint-24'}: it is at step 24 and training.max_steps is 24, so no step is "
+        "left to train (raise training.max_steps to train further); nothing was started"
+    )
+    assert nothing_left_note(out, "latest", 30) is None
+    assert nothing_left_note(out, None, 24) is None
+    assert nothing_left_note(out, out / "checkpoint-12", 24) is None  # its trainer_state.json is `{}`
