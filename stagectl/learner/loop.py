@@ -35,7 +35,7 @@ from stagectl.learner.samples import SampleRecord, SamplesWriter
 from stagectl.learner.setup import LearnerState, build_learner
 from stagectl.models.vision_attention import describe_attention
 from stagectl.packing import packing_lower_bound
-from stagectl.rundir.ending import continue_command, mid_step_loss_note
+from stagectl.rundir.ending import FINAL_STATE, continue_command, mid_step_loss_note
 from stagectl.schedule import channel_for_step
 from stagectl.stopping import StopSignals
 from stagectl.weightsync.errors import WeightPushError
@@ -123,6 +123,8 @@ class Trainer:
                         raise dist.SharedError(mid_step_loss_note(step, exc, self.plan.output_dir)) from None
                     step += 1
                     self.steps_done, self.b_steps_done = step, self.b_steps.as_dict()
+                    if step == self.state.start_step + 1 and self.world.is_main:  # a resumed run goes on:
+                        (self.plan.output_dir / FINAL_STATE).unlink(missing_ok=True)  # its old end is past
                     row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
                     if self.metrics is not None:
                         self.metrics.write(row)
@@ -379,7 +381,7 @@ class Trainer:
                 "rank_weight_digests": digests,
                 "b_steps": self.b_steps.as_dict(),
             }
-            (self.plan.output_dir / "final_state.json").write_text(json.dumps(summary, indent=2))
+            (self.plan.output_dir / FINAL_STATE).write_text(json.dumps(summary, indent=2))
 
     def close(self, *, finished: bool) -> None:
         """The orderly end of the run on this rank: stop and join the prefetcher (its HTTP sessions

@@ -165,3 +165,42 @@ def test_servers_lost_inside_a_step_mode_b_step_end_the_run_naming_the_checkpoin
         f"{tmp_path / 'checkpoint-90'}; once a server answers, continue with: stagectl train-ab "
         f"{tmp_path / 'config.yaml'} --resume"
     )
+
+
+def test_a_resumed_run_drops_the_old_end_once_its_first_step_is_done(tmp_path: Any) -> None:
+    """A run resumed after a failure (or a stop) has that end's final_state.json in its directory; once the
+    resumed run completes a step it is running again, and `stagectl report` or a refusal must not read the
+    old end meanwhile. A resumed start that fails before its first step keeps it."""
+    import json
+
+    from stagectl.learner.loop import Trainer
+    from stagectl.stopping import StopSignals
+
+    old_end = {
+        "global_step": 10,
+        "max_steps": 10,
+        "stopped_by_signal": None,
+        "error": "no space left on device",
+    }
+    (tmp_path / "final_state.json").write_text(json.dumps(old_end))
+    seen: list[bool] = []
+    trainer: Any = object.__new__(Trainer)  # only what `run` reads is set
+    trainer.plan = SimpleNamespace(
+        training=SimpleNamespace(max_steps=10, logging_steps=1, saves_checkpoint=lambda step: False),
+        output_dir=tmp_path,
+    )
+    trainer.state = SimpleNamespace(start_step=8)
+    trainer.world = SimpleNamespace(is_main=True)
+    trainer._stop, trainer._b_skipped, trainer.metrics = StopSignals(), None, None
+    trainer.b_steps = SimpleNamespace(as_dict=lambda: {})
+    trainer.channel_b = SimpleNamespace(start=lambda: None)
+    trainer.progress = SimpleNamespace(
+        update=lambda *a, **k: seen.append((tmp_path / "final_state.json").exists())
+    )
+    trainer._maybe_evaluate = lambda step: {}
+    trainer._write_final_state = lambda step: None
+    trainer.close = lambda finished: None
+    trainer.train_step = lambda step: {}
+    assert trainer.run() == 10
+    assert seen == [False, False]  # gone after step 9, before its row was logged
+    assert trainer.steps_done == 10
