@@ -329,6 +329,8 @@ class Loop:
             return
         self.progress.status = status
         self.progress.stopped_by_signal = signum
+        if status != "failed":  # a resumed run: the error that ended it before is past
+            self.progress.error = None
         if at_boundary:
             self.progress.consumer = self.consumer.state()
             self.progress.artifact_bytes = self.consumer.writer.lengths()

@@ -172,3 +172,5 @@ def test_an_error_marks_the_run_failed_with_its_message_and_resume_continues_fro
     resumed = run_all(plan)
     assert resumed is not None and resumed.num_judged == 32
     assert rows(plan.run_dir) == unstopped
+    done = read_progress(plan.run_dir)
+    assert done is not None and (done.status, done.error) == ("finished", None)
