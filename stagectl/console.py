@@ -1,13 +1,18 @@
 """One way every command talks to the user: `command: message` lines on stderr, from rank 0 unless asked.
 
 Progress bars (train-ab) draw above these lines; without a terminal the lines are plain, so logs of
-torchrun runs stay readable. Library modules (`rollout/`) log through `logging` instead.
+torchrun runs stay readable. Library modules (`inference/`, `weightsync/`, `server/`) log through `logging`
+instead; `QuietRepeats` keeps a warning that repeats while its cause lasts to one line per interval.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sys
+import threading
+import time
 
 
 def is_main_rank() -> bool:
@@ -37,3 +42,24 @@ def error_text(exc: BaseException, expected: tuple[type[BaseException], ...]) ->
     if isinstance(exc, expected) and str(exc):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+class QuietRepeats:
+    """A warning that repeats while its cause lasts (one per chunk while a server is down) logged at most once
+    every `every_s` seconds per key; the next one logged says how many were left out. Thread-safe."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.every_s = every_s
+        self._last: dict[object, tuple[float, int]] = {}  # key -> (logged at, left out since)
+        self._lock = threading.Lock()
+
+    def warn(self, logger: logging.Logger, key: object, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            logged_at, left_out = self._last.get(key, (-math.inf, 0))
+            if now - logged_at < self.every_s:
+                self._last[key] = (logged_at, left_out + 1)
+                return
+            self._last[key] = (now, 0)
+        since = f" ({left_out} more like it in the last {now - logged_at:.0f} s)" if left_out else ""
+        logger.warning("%s%s", message, since)

@@ -17,7 +17,8 @@ Inference only: the weight sync to the servers is `weightsync.client.WeightSyncC
 The token (when given) goes on every request but `/health/`. `https://` servers are verified against
 the system's trust store or `tls_ca_file`, and only left unverified with `tls_skip_verify`.
 
-Every retry, split and failure is counted (`counters()`) and logged. The client is thread-safe.
+Every retry, split and failure is counted (`counters()`) and logged (a retry or split line at most once per
+server every 30 s, the next saying how many were left out). The client is thread-safe.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from stagectl.config.plan import ServerList
+from stagectl.console import QuietRepeats
 from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
@@ -118,6 +120,7 @@ class RolloutClient:
         self._lock = threading.Lock()
         self._counts = {"infer_calls": 0, "retries": 0, "splits": 0, "failed_calls": 0, "failovers": 0}
         self._closed = threading.Event()  # set by `close`: a call it cut off is not retried
+        self._repeats = QuietRepeats()  # a server down: one retry line per server every 30 s, not per chunk
 
     @classmethod
     def for_servers(cls, servers: ServerList) -> RolloutClient:
@@ -291,7 +294,9 @@ class RolloutClient:
             if self._closed.is_set():  # `close` cut this call off: the owner is stopping, nothing to retry
                 raise ClientClosedError(f"rollout {where}: the client was closed ({first})") from None
             self._count("retries")
-            log.warning("rollout %s failed (%s); retrying on a fresh connection", where, first)
+            self._repeats.warn(
+                log, (k, "retry"), f"rollout {where} failed ({first}); retrying on a fresh connection"
+            )
         try:
             return self._post_infer(k, body, fresh=True)
         except _Retryable as second:
@@ -301,7 +306,9 @@ class RolloutClient:
                 self._count("failed_calls")
                 raise RolloutServerError(f"rollout {where} failed twice: {second}") from None
             self._count("splits")
-            log.warning("rollout %s failed again (%s); splitting it in halves", where, second)
+            self._repeats.warn(
+                log, (k, "split"), f"rollout {where} failed again ({second}); splitting it in halves"
+            )
         mid = len(requests) // 2
         return self._infer_chunk(k, requests[:mid], config, offset, weight_version) + self._infer_chunk(
             k, requests[mid:], config, offset + mid, weight_version

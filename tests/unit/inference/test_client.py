@@ -167,6 +167,35 @@ def test_a_failed_call_of_an_open_client_is_retried_once_on_a_fresh_connection(
     client.close()
 
 
+def test_retries_while_a_server_is_down_log_one_line_per_server_every_30_s(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One outage, many chunks (each retried): one "retrying" line per server every 30 s, the next one saying
+    how many were left out, instead of a line per chunk; every retry is still counted."""
+    import stagectl.console
+
+    clock = [1000.0]
+    monkeypatch.setattr(stagectl.console.time, "monotonic", lambda: clock[0])
+    client = RolloutClient(["http://127.0.0.1:9"])
+    answer = InferResponse.model_validate({"choices": [{"message": {"content": "{}"}, "token_ids": [1]}]})
+
+    def post_first_failing(k: int, body: object, *, fresh: bool) -> list[InferResponse]:
+        if not fresh:
+            raise _Retryable("ReadError: connection reset", gone=True)
+        return [answer]
+
+    monkeypatch.setattr(client, "_post_infer", post_first_failing)
+    with caplog.at_level("WARNING", logger="stagectl.rollout.client"):
+        for _ in range(5):  # a chunk every 10 s
+            client.infer([detection_request(["a.png"], "Find objects.")], RequestConfig(seed=1))
+            clock[0] += 10.0
+    client.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("retrying on a fresh connection" in line for line in lines)
+    assert lines[1].endswith("(2 more like it in the last 30 s)")  # at 1030 s, after 1010 and 1020
+    assert client.counters()["retries"] == 5
+
+
 def test_a_wait_for_health_says_once_what_it_waits_for_then_names_the_server_that_never_answered() -> None:
     client = RolloutClient(["http://127.0.0.1:9"], timeout_s=0.6)  # port 9 (discard): nothing listens
     lines: list[str] = []
