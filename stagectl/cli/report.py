@@ -32,11 +32,13 @@ def command(
         from stagectl.report.compare import write_comparison  # matplotlib loads only for this command
 
         try:
-            report, table = write_comparison(run_dirs, out, step)
+            report, table, notes = write_comparison(run_dirs, out, step)
         except ValueError as exc:
             fail(str(exc))
         typer.echo("\n".join(table))
         typer.echo(f"report: wrote {report}, {out / 'comparison.html'} and {out / 'comparison_f1.png'}")
+        for note in notes:
+            typer.echo(f"report: note: {note.replace('`', '')}", err=True)
         return
     from stagectl.report.write import write_reports  # matplotlib loads only for this command
 

@@ -8,7 +8,6 @@ run reached (or the one asked for). Differences are against the A-only variant w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -24,6 +23,8 @@ from stagectl.report.intervals import (
     difference_intervals,
     variant_intervals,
 )
+from stagectl.report.jsonl import read_jsonl
+from stagectl.rundir.ending import read_run_end
 
 EVAL = "eval.jsonl"
 METRICS_FILE = "metrics.jsonl"
@@ -36,12 +37,7 @@ class RunEval:
     seed: int | None
     evals: dict[int, dict[str, Any]]  # step -> eval row
     train_s_at: dict[int, float] = field(default_factory=dict)  # step -> cumulative training seconds
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    notes: list[str] = field(default_factory=list)  # what a reader must know: lines skipped, how it ended
 
 
 def variant_of(config: dict[str, Any]) -> str:
@@ -73,17 +69,23 @@ def load_run(run_dir: Path) -> RunEval:
     if not config_path.is_file():
         raise ValueError(f"{run_dir} is not a train-ab run dir (no config.yaml)")
     config = yaml.safe_load(config_path.read_text()) or {}
-    evals = {int(row["step"]): row for row in _jsonl(run_dir / EVAL)}
+    # a torn last line (an interrupted run) is skipped and noted, as in a single run's report
+    eval_file, metrics = read_jsonl(run_dir / EVAL), read_jsonl(run_dir / METRICS_FILE)
+    evals = {int(row["step"]): row for row in eval_file.rows if isinstance(row.get("step"), int)}
     if not evals:
         raise ValueError(f"{run_dir} has no held-out eval rows ({EVAL}); set data.eval to compare runs")
     train_s_at: dict[int, float] = {}
     total = 0.0
-    for row in _jsonl(run_dir / METRICS_FILE):
+    for row in metrics.rows:
         if "step" in row and "time/step_s" in row:
             total += float(row["time/step_s"])
             train_s_at[int(row["step"]) + 1] = total  # metrics rows count from 0; evals after step s+1
     seed = (config.get("training") or {}).get("seed")
-    return RunEval(run_dir, variant_of(config), seed, evals, train_s_at)
+    notes = [f"`{run_dir}`: {note}" for note in eval_file.notes() + metrics.notes()]
+    end = read_run_end(run_dir)
+    if end is not None and not end.finished:  # a failed or stopped run: why the compared step may be early
+        notes.append(f"`{run_dir}` did not finish: {end.describe()}.")
+    return RunEval(run_dir, variant_of(config), seed, evals, train_s_at, notes)
 
 
 @dataclass(frozen=True)
@@ -276,11 +278,13 @@ def plot_f1_curves(
 
 def write_comparison(
     run_dirs: Sequence[Path], out_dir: Path, step: int | None = None
-) -> tuple[Path, list[str]]:
-    """`out_dir/comparison.md` (+ `comparison_f1.png`); returns the report path and its table lines."""
+) -> tuple[Path, list[str], list[str]]:
+    """`out_dir/comparison.md` (+ `comparison_f1.png`); returns the report path, its table lines and its notes
+    (lines skipped, runs that did not finish)."""
     runs = [load_run(p) for p in run_dirs]
     at, rows = compare(runs, step)
     table = render_table(rows)
+    notes = [note for run in runs for note in run.notes]
     out_dir.mkdir(parents=True, exist_ok=True)
     plot = plot_f1_curves(runs, out_dir / "comparison_f1.png")
     lines = [
@@ -295,10 +299,11 @@ def write_comparison(
         "",
         f"![held-out F1]({plot.name})",
         "",
+        *(["## Notes", "", *(f"- {note}" for note in notes), ""] if notes else []),
     ]
     report = out_dir / "comparison.md"
     report.write_text("\n".join(lines))
     from stagectl.report.html import comparison_page, write_html
 
     write_html(out_dir, comparison_page(out_dir, lines[2], table, plot, run_dirs), "comparison.html")
-    return report, table
+    return report, table, notes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stagectl.report.compare import variant_of
@@ -37,3 +39,33 @@ def test_defaults_written_out_do_not_change_the_label() -> None:
         match={"assignment": "hungarian", "desc_gated": False},
     )
     assert variant_of(explicit) == variant_of(_config())
+
+
+def test_a_run_with_a_torn_eval_line_that_failed_is_read_with_notes(tmp_path: Path) -> None:
+    """A seed that crashed: its torn last eval line is skipped (it was a JSONDecodeError with no file named)
+    and the comparison notes say so, and that the run failed, since it lowers the step every run reached."""
+    import json
+
+    from stagectl.report.compare import load_run
+
+    run = tmp_path / "seed1"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        "training: {seed: 1, max_steps: 300}\nstage2_ab: {schedule: {b_ratio: 0}}\n"
+    )
+    (run / "eval.jsonl").write_text('{"step": 100, "tp": 3}\n{"step": 200, "t')
+    (run / "metrics.jsonl").write_text('{"step": 0, "time/step_s": 2.0}\n')
+    end = {
+        "global_step": 200,
+        "max_steps": 300,
+        "stopped_by_signal": None,
+        "error": "no space left on device",
+    }
+    (run / "final_state.json").write_text(json.dumps(end))
+    loaded = load_run(run)
+    assert list(loaded.evals) == [100] and loaded.train_s_at == {1: 2.0}
+    assert loaded.notes == [
+        f"`{run}`: `eval.jsonl`: skipped 1 unreadable line(s): 2 (a torn last line: the run was probably "
+        "interrupted).",
+        f"`{run}` did not finish: failed after step 200 of 300: no space left on device.",
+    ]
