@@ -88,6 +88,39 @@ def server_generate(client: Any, samples: Sequence[DetectionSample], spec: Sampl
     return generate
 
 
+def served_weights(client: Any) -> list[dict[str, Any]] | None:
+    """What each rollout server serves, by its `/version/`: model, weight version, engine. None for a server
+    without `/version/` (a swift server: inference only) or one that no longer answers."""
+    import httpx
+
+    from stagectl.wire.errors import RolloutRequestError
+
+    try:
+        versions = client.versions()
+    except (RolloutRequestError, httpx.HTTPError):
+        return None
+    return [
+        {"url": url, "model": v.model, "version": v.version, "engine": v.engine}
+        for url, v in zip(client.base_urls, versions, strict=True)
+    ]
+
+
+def weights_changed_line(before: list[dict[str, Any]], after: list[dict[str, Any]] | None) -> str | None:
+    """The warning of an eval whose servers changed weights while it ran (a training run pushing to them):
+    its numbers mix policies. None when every server ended on the weights it started with."""
+    if after is None or before == after:
+        return None
+    changes = ", ".join(
+        f"{b['url']} version {b['version']} -> {a['version']}"
+        for b, a in zip(before, after, strict=True)
+        if b != a
+    )
+    return (
+        f"the servers' weights changed during the eval ({changes}): its images were answered by more than one "
+        "policy, so these numbers describe no single checkpoint; evaluate a server no training run pushes to"
+    )
+
+
 class EvalProgress:
     """Images done and images/s: a rich bar on a terminal; otherwise (a job's log) a plain line with the time
     left at most every `log_every_s` seconds, and one for the last chunk."""

@@ -23,8 +23,10 @@ from stagectl.evaluation.run import (
     EvalProgress,
     in_process_generate,
     judge_chunks,
+    served_weights,
     server_generate,
     shard_chunks,
+    weights_changed_line,
     write_report,
 )
 
@@ -122,6 +124,8 @@ def _evaluate(
     score = plan.score
     chunks = shard_chunks(len(samples), plan.chunk_size, rank, world_size)
     progress = EvalProgress(sum(map(len, chunks)), enabled=rank == 0)  # rank 0 shows its own shard
+    served = served_weights(client) if client is not None else None  # checked again at the end
+    changed = None
     try:
         outcomes = judge_chunks(
             chunks,
@@ -133,6 +137,10 @@ def _evaluate(
             score=score,
             progress=progress,
         )
+        if served is not None:
+            changed = weights_changed_line(served, served_weights(client))
+            if changed is not None:
+                say("eval", f"warning: {changed}")
     finally:
         progress.close()
         if client is not None:
@@ -148,6 +156,8 @@ def _evaluate(
     extra: dict[str, Any] = {
         "model": model_path if server_url is None else None,
         "server": server_url,
+        "served_weights": served,  # each server's model and weight version at the start (None: no /version/)
+        **({"served_weights_changed": changed} if changed is not None else {}),
         "data": source,
         "num_available": num_available,
         "world_size": world_size,

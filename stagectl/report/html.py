@@ -237,9 +237,10 @@ def eval_page(
     per_class: Grid,
     figures: Figures,
     plot_dir: str,
+    notes: Sequence[str] = (),
 ) -> Page:
     """A `stagectl eval` dir's page: the metrics, AP per class, the PR curve and the gallery."""
-    page = page_from_figures(title, subtitle, figures, plot_dir)
+    page = page_from_figures(title, subtitle, figures, plot_dir, notes)
     page.summary = summary_rows
     page.grids.append(per_class)
     gallery = eval_gallery(eval_dir, eval_dir, "Prediction gallery")

@@ -207,7 +207,14 @@ def desc_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Figures, plot_dir: str) -> str:
+def render_eval(
+    title: str,
+    subtitle: str,
+    metrics: dict[str, Any],
+    figures: Figures,
+    plot_dir: str,
+    notes: Sequence[str] = (),
+) -> str:
     """The report of one `stagectl eval` run: its metrics (box vs label), the AP of every score kind, the
     predicted-desc histogram, the per-class AP table, the PR curve."""
     lines = [f"# {title}", "", subtitle, "", "## Metrics", "", *table(eval_rows(metrics))]
@@ -220,7 +227,7 @@ def render_eval(title: str, subtitle: str, metrics: dict[str, Any], figures: Fig
         lines += table(desc_rows(metrics), ("desc", "predictions"))
     lines += ["", "## AP per class (IoU .50:.95; -1: no ground truth of it)", ""]
     lines += table(per_class_rows(metrics), ("class", "AP"))
-    lines += _figures(figures, plot_dir)
+    lines += _figures(figures, plot_dir) + _notes(notes)
     return "\n".join(lines) + "\n"
 
 

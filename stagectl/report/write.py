@@ -190,10 +190,13 @@ def write_eval_report(eval_dir: Path) -> Written:
     per_class = html.Grid(
         "AP per class (IoU .50:.95; -1: no ground truth of it)", ("class", "AP"), per_class_rows(metrics)
     )
+    # a server whose weights changed while it was evaluated (`evaluation.run.weights_changed_line`)
+    changed = metrics.get("served_weights_changed")
+    notes += [f"{changed}."] if isinstance(changed, str) else []
     page = html.eval_page(
-        eval_dir, "Evaluation report", subtitle, eval_rows(metrics), per_class, figures, PLOT_DIR
+        eval_dir, "Evaluation report", subtitle, eval_rows(metrics), per_class, figures, PLOT_DIR, notes
     )
-    text = render_eval("Evaluation report", subtitle, metrics, figures, PLOT_DIR)
+    text = render_eval("Evaluation report", subtitle, metrics, figures, PLOT_DIR, notes)
     return _write(eval_dir, text, figures, page)
 
 

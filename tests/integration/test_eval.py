@@ -339,3 +339,33 @@ def test_checkpoint_in_process_end_to_end(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         gt = COCO(str(out / "ground_truth.coco.json"))
     assert len(gt.getImgIds()) == 4 and len(gt.getAnnIds()) == metrics["n_gt"]
+
+
+def test_the_served_weights_are_recorded_and_a_change_during_the_eval_is_said(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """metrics.json names what the server served (its `/version/`: model, weight version, engine). A server
+    a training run pushed to while the eval ran answered with more than one policy: the eval says so on the
+    console, in metrics.json and in its report, instead of passing the mix off as one checkpoint's numbers."""
+    import stagectl.evaluation.session as session
+
+    metrics = _evaluate(served, tmp_path / "same", monkeypatch)
+    (weights,) = metrics["served_weights"]
+    assert weights["url"] == served.url and weights["version"] == 0 and weights["model"]
+    assert "served_weights_changed" not in metrics
+
+    real = session.served_weights
+    calls: list[int] = []
+
+    def pushed_to_meanwhile(client: Any) -> Any:
+        found = real(client)
+        calls.append(1)
+        return found if len(calls) == 1 else [{**found[0], "version": 3}]
+
+    monkeypatch.setattr(session, "served_weights", pushed_to_meanwhile)
+    metrics = _evaluate(served, tmp_path / "changed", monkeypatch)
+    changed = metrics["served_weights_changed"]
+    assert changed.startswith(f"the servers' weights changed during the eval ({served.url} version 0 -> 3)")
+    assert f"eval: warning: {changed}" in capsys.readouterr().err
+    (written,) = write_reports(tmp_path / "changed")
+    assert f"- {changed}." in written.report.read_text()
