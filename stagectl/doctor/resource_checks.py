@@ -74,12 +74,14 @@ def check_disk(training: TrainingConfig, shape: ModelShape, knobs: TrainingKnobs
         )
     if needed > free:
         limit = training.save_total_limit
-        return fail(
-            name,
-            what,
-            f"free space, point training.output_dir at a larger disk, or set training.save_total_limit "
-            f"(now {limit}) lower",
+        fix = (
+            "free space or point training.output_dir at a larger disk (training.save_total_limit is 1: the "
+            "newest checkpoint is kept until the next one is whole)"
+            if limit == 1
+            else f"free space, point training.output_dir at a larger disk, or set training.save_total_limit "
+            f"(now {limit}) lower"
         )
+        return fail(name, what, fix)
     return ok(name, what)
 
 

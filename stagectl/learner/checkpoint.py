@@ -22,7 +22,6 @@ Layout of `{output_dir}/checkpoint-{step}/`:
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import random
@@ -41,6 +40,7 @@ from transformers import PreTrainedModel
 
 from stagectl import dist
 from stagectl.files import follow_umask
+from stagectl.learner.checkpoint_space import disk_full_reason, free_bytes, tree_bytes
 from stagectl.learner.optim import apply_schedule
 from stagectl.models.loading import DamagedWeightsError
 from stagectl.models.quiet import hf_progress_bars_off
@@ -158,7 +158,7 @@ def save_checkpoint(
         _fsync_dir(output_dir)
     except (OSError, SafetensorError, RuntimeError) as exc:  # torch.save reports I/O errors as RuntimeError
         written = tree_bytes(tmp)
-        free = _free_bytes(output_dir)  # as the write failed, before the partial one is removed
+        free = free_bytes(output_dir)  # as the write failed, before the partial one is removed
         shutil.rmtree(tmp, ignore_errors=True)
         if sharded_dir is not None:
             shutil.rmtree(sharded_dir, ignore_errors=True)
@@ -166,7 +166,9 @@ def save_checkpoint(
         kept = f"the newest intact checkpoint is {intact[-1]}" if intact else "no earlier checkpoint exists"
         reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
         needed = tree_bytes(intact[-1]) if intact else None  # checkpoints of one run have one size
-        full = disk_full_reason(exc, free_bytes=free, needed_bytes=needed, written_bytes=written)
+        full = disk_full_reason(
+            exc, free_bytes=free, needed_bytes=needed, written_bytes=written, total_limit=total_limit
+        )
         if full is not None:
             reason = f"{full} ({reason})"
         raise CheckpointWriteError(
@@ -180,39 +182,6 @@ def save_checkpoint(
     for replaced in output_dir.glob(f".tmp-checkpoint-{step}-replaced-*"):
         shutil.rmtree(replaced, ignore_errors=True)
     return final
-
-
-def disk_full_reason(
-    exc: BaseException, *, free_bytes: int | None, needed_bytes: int | None, written_bytes: int
-) -> str | None:
-    """ "no space left on device: ..." when a checkpoint write failed for lack of space, else None: the
-    error says so (ENOSPC, EDQUOT), or (torch's writer reports a full disk as `unexpected pos`) the free
-    space was below what the rest of the checkpoint needed. `needed_bytes`: the size of a whole checkpoint
-    (the newest intact one), None if unknown; `written_bytes`: what the failed write had written."""
-    says_full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    short = free_bytes is not None and needed_bytes is not None and free_bytes < needed_bytes - written_bytes
-    if not (says_full or short):
-        return None
-    free = "unknown" if free_bytes is None else f"{free_bytes:,} bytes"
-    needs = (
-        f"about {needed_bytes:,} bytes" if needed_bytes is not None else f"more than {written_bytes:,} bytes"
-    )
-    return (
-        f"no space left on device: {free} free when the write failed, a checkpoint needs {needs} "
-        f"({written_bytes:,} written); free space or set training.save_total_limit lower"
-    )
-
-
-def tree_bytes(path: Path) -> int:
-    """Bytes of the files under `path` (0 if it is gone)."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
-
-
-def _free_bytes(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
 
 
 def save_inference_model(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:

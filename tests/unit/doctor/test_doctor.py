@@ -277,6 +277,12 @@ def test_train_ab_preflight_warns_when_the_kept_checkpoints_will_not_fit(
     warning = disk_warning(cfg.model, cfg.training, _knobs(cfg, 1))
     assert warning is not None and "3 checkpoint(s) of " in warning and "1.0 MiB free at" in warning
     assert "save_total_limit (now 2) lower" in warning
+    one = cfg.training.model_copy(update={"save_total_limit": 1})
+    line = resource_checks.check_disk(one, model_shape(cfg.model.name_or_path), _knobs(cfg, 1))
+    assert line.status == "fail" and "lower" not in line.fix  # at 1 there is no lower limit to suggest
+    assert line.fix.endswith(
+        "(training.save_total_limit is 1: the newest checkpoint is kept until the next one is whole)"
+    )
 
 
 def test_gpu_estimate_against_the_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from stagectl.config.training import TrainingConfig
 from stagectl.learner import checkpoint as ckpt
+from stagectl.learner.checkpoint_space import disk_full_reason, tree_bytes
 from stagectl.learner.optim import build_optimizer
 
 Usage = namedtuple("Usage", "total used free")
@@ -48,7 +49,7 @@ def test_a_full_disk_under_torch_save_is_named_with_free_and_needed_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = _save(tmp_path, 2)
-    size = ckpt.tree_bytes(first)
+    size = tree_bytes(first)
     real_save = torch.save
 
     def full_disk_save(obj: Any, path: Any, *args: Any, **kwargs: Any) -> None:
@@ -71,10 +72,17 @@ def test_a_full_disk_under_torch_save_is_named_with_free_and_needed_bytes(
 
 def test_reason_from_the_error_or_the_free_space() -> None:
     enospc = OSError(errno.ENOSPC, "No space left on device")
-    said = ckpt.disk_full_reason(enospc, free_bytes=0, needed_bytes=None, written_bytes=4096)
+    said = disk_full_reason(enospc, free_bytes=0, needed_bytes=None, written_bytes=4096)
     assert said is not None and "more than 4,096 bytes" in said
+    assert said.endswith("free space or set training.save_total_limit lower")
+    # at save_total_limit 1 there is no lower limit to suggest
+    one = disk_full_reason(enospc, free_bytes=0, needed_bytes=None, written_bytes=4096, total_limit=1)
+    assert one is not None and "save_total_limit lower" not in one
+    assert one.endswith(
+        "larger disk (training.save_total_limit is 1: the newest checkpoint is kept until the next one is whole)"
+    )
     other = RuntimeError("unexpected pos")
-    assert ckpt.disk_full_reason(other, free_bytes=10**12, needed_bytes=10**6, written_bytes=0) is None
-    assert ckpt.disk_full_reason(other, free_bytes=None, needed_bytes=10**6, written_bytes=0) is None
+    assert disk_full_reason(other, free_bytes=10**12, needed_bytes=10**6, written_bytes=0) is None
+    assert disk_full_reason(other, free_bytes=None, needed_bytes=10**6, written_bytes=0) is None
     read_only = OSError(errno.EROFS, "Read-only file system")
-    assert ckpt.disk_full_reason(read_only, free_bytes=10**12, needed_bytes=10, written_bytes=0) is None
+    assert disk_full_reason(read_only, free_bytes=10**12, needed_bytes=10, written_bytes=0) is None
