@@ -85,13 +85,20 @@ def load_config(
     cfg, schema_problems = _validate_schema(raw)
     problems += schema_problems
     if cfg is not None:
+        # a key (or a whole section, when its own rule failed) that was dropped reads as its default in the
+        # cross-section rules: their problems at or under it would be about values the user did not write
         bad_paths = {p.path for p in schema_problems}
         cross = run_validators(cfg, _world_size(cfg, world_size, problems) if trains else None)
-        problems += [p for p in cross if p.path not in bad_paths]
+        problems += [p for p in cross if not _under(p.path, bad_paths)]
     if problems:
         raise ConfigError(problems, source)
     assert cfg is not None
     return cfg
+
+
+def _under(path: str, prefixes: set[str]) -> bool:
+    """`path` is one of `prefixes` or a key inside one (`training.mixed_precision` under `training`)."""
+    return any(path == prefix or path.startswith(f"{prefix}.") for prefix in prefixes)
 
 
 def _validate_schema(raw: dict[str, Any]) -> tuple[StagectlConfig | None, list[Problem]]:

@@ -306,8 +306,10 @@ class Trainer:
             row[mk.PACKING_B_FILL] = row[mk.PACKING_FILL]
         row.update(extra)
         row.update(self.runner.timer.row())  # time/<phase>_s; time/weight_sync_s: the learner's wall
-        if "time/weight_sync_s" in row and step_s > 0:
-            row["weight_sync/step_fraction"] = row["time/weight_sync_s"] / step_s
+        if (
+            row.get("time/weight_sync_s", 0.0) > 0 and step_s > 0
+        ):  # a step that synced (the catalog's "syncs")
+            row[mk.SYNC_STEP_FRACTION] = row["time/weight_sync_s"] / step_s
         return row
 
     # ------------------------------------------------------------------ checkpoints and close

@@ -511,6 +511,21 @@ def test_fsdp_needs_two_ranks_bf16_and_server_rollouts(tmp_path: Path) -> None:
     assert "rollout server" in probs["custom.extra.rollout_matching.rollout_backend"]
 
 
+def test_a_section_its_own_rule_refused_adds_no_problem_about_its_defaults(tmp_path: Path) -> None:
+    """`training`'s own rule fails (fused CE under fsdp): the section is dropped, so the cross-section rules
+    read its defaults (`mixed_precision: no`) next to `model.torch_dtype: bfloat16`; the problem that makes
+    about `training.mixed_precision`, which the user did set to bf16, is not reported."""
+    probs = problems_of(
+        tmp_path,
+        {**ASYNC, "model": {"torch_dtype": "bfloat16"}},
+        "training.parallelism=fsdp",
+        "training.mixed_precision=bf16",
+        "training.kernels.fused_linear_cross_entropy=true",
+        world_size=2,
+    )
+    assert list(probs) == ["training"] and "fused_linear_cross_entropy" in probs["training"]
+
+
 def test_fsdp_accepts_a_only_and_async_server_runs(tmp_path: Path) -> None:
     load_config(write(tmp_path, A_ONLY), ["training.parallelism=fsdp"], world_size=2)
     load_config(write(tmp_path, ASYNC, "async.yaml"), ["training.parallelism=fsdp"], world_size=2)

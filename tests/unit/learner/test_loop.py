@@ -78,6 +78,19 @@ def test_a_b_row_reports_its_pack_fill_under_packing_b_fill(monkeypatch: pytest.
     assert "packing/b_fill" not in _row(_trainer(), _acc(loss=1.0, tokens=60, capacity=200, fill=0.2), (1, 2))
 
 
+def test_the_sync_share_of_the_step_is_logged_on_steps_that_synced_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`weight_sync/step_fraction` is a "syncs" metric: the timer's `time/weight_sync_s` is 0.0 on a step
+    without a sync, which wrote 0.0 into every row."""
+    monkeypatch.setattr(dist, "all_gather_objects", lambda local: [local])
+    trainer = _trainer()
+    acc = _acc(loss=1.0, tokens=60, capacity=200, fill=0.2)
+    assert "weight_sync/step_fraction" not in _row(trainer, acc, (1, 2))
+    trainer.runner.timer.add("weight_sync", 0.5)
+    assert _row(trainer, acc, (1, 2))["weight_sync/step_fraction"] == 0.25  # 0.5 s of a 2 s step
+
+
 def test_close_ends_channel_b_through_its_protocol_and_then_the_sinks_whatever_it_raised(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
