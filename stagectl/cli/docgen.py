@@ -163,22 +163,28 @@ def config_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _model_section(prefix: str, model: type[BaseModel], title: str | None = None) -> list[str]:
+def _model_section(
+    prefix: str, model: type[BaseModel], title: str | None = None, defaults: BaseModel | None = None
+) -> list[str]:
     """One table for the model's own leaf keys, then one section per nested model, depth first (a union of
-    sections: one per variant, titled by its tag, e.g. `vllm.sync` with `transport: disk`)."""
+    sections: one per variant, titled by its tag, e.g. `vllm.sync` with `transport: disk`). `defaults`: the
+    section as its parent builds it by default, whose values win over the model's own field defaults (a
+    parent may build it with other values: `data.eval.decoding` is greedy where `DecodingConfig` is not)."""
     rows: list[str] = []
-    nested: list[tuple[str, type[BaseModel]]] = []
+    nested: list[tuple[str, type[BaseModel], BaseModel | None]] = []
     for name, field in model.model_fields.items():
         yaml_key = field.alias or name  # `async` is spelt `async_` in Python
         key = yaml_key if prefix == TOP else f"{prefix}.{yaml_key}"
+        own = getattr(defaults, name, PydanticUndefined) if defaults is not None else PydanticUndefined
         models = _models_in(field.annotation)
         if models:
             suffix = "[]" if _is_list(field.annotation) else ""
-            nested += [(f"{key}{suffix}", m) for m in models]
+            built = own if own is not PydanticUndefined else _section_default(field)
+            nested += [(f"{key}{suffix}", m, built if isinstance(built, m) else None) for m in models]
             if len(models) > 1 or _is_list(field.annotation) or _allows_none(field.annotation):
                 rows.append(_field_row(key, field))
             continue
-        rows.append(_field_row(key, field))
+        rows.append(_field_row(key, field, own))
     doc = _model_doc(model)
     heading = title or f"`{prefix}`"
     lines = [f"## {heading}" if prefix != TOP else "## Top-level keys", ""] if rows or doc else []
@@ -186,10 +192,17 @@ def _model_section(prefix: str, model: type[BaseModel], title: str | None = None
         lines += [doc, ""]
     if rows:
         lines += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
-    for key, sub in nested:
-        variant = len([m for k, m in nested if k == key]) > 1
-        lines += _model_section(key, sub, f"`{key}` with {_variant_tag(sub)}" if variant else None)
+    for key, sub, built in nested:
+        variant = len([m for k, m, _ in nested if k == key]) > 1
+        lines += _model_section(key, sub, f"`{key}` with {_variant_tag(sub)}" if variant else None, built)
     return lines
+
+
+def _section_default(field: FieldInfo) -> Any:
+    """The section a field builds by default (its factory's or its default's value), else undefined."""
+    if field.default_factory is not None:
+        return field.default_factory()  # type: ignore[call-arg]
+    return field.default
 
 
 def _variant_tag(model: type[BaseModel]) -> str:
@@ -207,14 +220,14 @@ def _model_doc(model: type[BaseModel]) -> str:
     return _paragraphs(doc) if own and not doc.startswith("A base class for creating Pydantic") else ""
 
 
-def _field_row(key: str, field: FieldInfo) -> str:
+def _field_row(key: str, field: FieldInfo, value: Any = PydanticUndefined) -> str:
     text = _cell(field.description or "")
     variants = [m for m in _models_in(field.annotation)] if not _is_list(field.annotation) else []
     if len(variants) > 1:  # a union of sections: name them by their tags
         type_name = "section: " + " \\| ".join(_variant_tag(m) for m in variants)
     else:
         type_name = _cell(_type_name(field.annotation))
-    return f"| `{key}` | {type_name}{_bounds(field)} | {_default(field)} | {text} |"
+    return f"| `{key}` | {type_name}{_bounds(field)} | {_default(field, value)} | {text} |"
 
 
 def _bounds(field: FieldInfo) -> str:
@@ -227,15 +240,16 @@ def _bounds(field: FieldInfo) -> str:
     return f" ({', '.join(bounds)})" if bounds else ""
 
 
-def _default(field: FieldInfo) -> str:
+def _default(field: FieldInfo, value: Any = PydanticUndefined) -> str:
+    """`value` (the key's value in its section as the parent builds it) when given, else the field's own."""
     if field.is_required():
         return "required"
-    if field.default_factory is not None:
+    if value is PydanticUndefined and field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
-        if isinstance(value, BaseModel):
-            return "(section)"
-    else:
+    elif value is PydanticUndefined:
         value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
     if value is PydanticUndefined:
         return "required"
     rendered = to_jsonable_python(value)

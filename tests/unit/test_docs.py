@@ -48,6 +48,24 @@ def test_reference_names_every_option_and_key() -> None:
     assert len(re.findall(r"^\| `", config, flags=re.M)) >= len(StagectlConfig.model_fields)
 
 
+def test_a_section_a_parent_builds_with_other_values_shows_those_defaults() -> None:
+    """`data.eval.decoding` is a `DecodingConfig` built greedy (temperature 0.0) where the class's own default
+    is Channel-B's 0.01: the reference gives the value a config gets (it gave 0.01)."""
+    from stagectl.config.model_data import EvalDataConfig
+
+    config = docgen.config_reference()
+    row = next(
+        line for line in config.splitlines() if line.startswith("| `data.eval.decoding.temperature` |")
+    )
+    assert row.split(" | ")[2] == f"`{EvalDataConfig().decoding.temperature}`" == "`0.0`"
+    channel_b = next(
+        line
+        for line in config.splitlines()
+        if line.startswith("| `custom.extra.rollout_matching.decoding.temperature` |")
+    )
+    assert channel_b.split(" | ")[2] == "`0.01`"
+
+
 # ---------------------------------------------------------------- references to repository files
 
 # A link `[text](path)`, or a path with a directory part, or an upper-case bare name (`DESIGN.md`), ending in
