@@ -27,6 +27,7 @@ from stagectl.config.validators_server import (
 )
 from stagectl.config.validators_training import (
     validate_adapter,
+    validate_kernels,
     validate_parallelism,
     validate_precision,
     validate_run_dir_choice,
@@ -331,6 +332,7 @@ VALIDATORS = (
     validate_precision,
     validate_parallelism,
     validate_adapter,
+    validate_kernels,
     validate_run_dir_choice,
     validate_placement,
 )

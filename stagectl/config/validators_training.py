@@ -128,3 +128,20 @@ def validate_run_dir_choice(cfg: StagectlConfig, world_size: int) -> list[Proble
             )
         ]
     return []
+
+
+def validate_kernels(cfg: StagectlConfig, world_size: int) -> list[Problem]:
+    """`packed_attention: varlen` swaps the language model's sdpa for one varlen call (sdpa is also its
+    fallback): a model set to another attention would otherwise be refused only once it has loaded."""
+    attention = cfg.model.attn_implementation
+    if not is_train_ab(cfg):  # the learner's kernels: a server started from the same YAML does not use them
+        return []
+    if cfg.training.kernels.packed_attention == "varlen" and attention not in (None, "sdpa"):
+        return [
+            Problem(
+                "training.kernels.packed_attention",
+                f"varlen needs the language model on sdpa, but model.attn_implementation is {attention}; set "
+                "model.attn_implementation: sdpa (or leave it unset), or packed_attention: mask",
+            )
+        ]
+    return []

@@ -543,3 +543,14 @@ def test_top_k_below_minus_one_is_refused(tmp_path: Path) -> None:
     data = {**BASE, "custom": {"extra": {"rollout_matching": {"decoding": {"top_k": -2}}}}}
     problems = problems_of(tmp_path, data)
     assert "custom.extra.rollout_matching.decoding.top_k" in problems
+
+
+@pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
+def test_varlen_packed_attention_with_another_attention_is_refused_before_the_model_loads(
+    tmp_path: Path, attention: str
+) -> None:
+    probs = problems_of(
+        tmp_path, BASE, "training.kernels.packed_attention=varlen", f"model.attn_implementation={attention}"
+    )
+    assert f"model.attn_implementation is {attention}" in probs["training.kernels.packed_attention"]
+    load_config(write(tmp_path, BASE, "sdpa.yaml"), ["training.kernels.packed_attention=varlen"])
