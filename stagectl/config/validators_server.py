@@ -50,7 +50,8 @@ def validate_server_access(cfg: StagectlConfig, world_size: int) -> list[Problem
         (
             "custom.extra.rollout_matching.vllm.server",
             learner,
-            [s.base_url for s in learner.servers],
+            # an embedded server fills the list at launch (http:// unless rollout_server.tls_certfile)
+            [s.base_url for s in learner.servers] or (["http://127.0.0.1"] if rs.embedded else []),
             embedded_tls,
         ),
         ("runner.server", cfg.runner.server, cfg.runner.server.base_urls, False),

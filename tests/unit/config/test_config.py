@@ -554,3 +554,15 @@ def test_varlen_packed_attention_with_another_attention_is_refused_before_the_mo
     )
     assert f"model.attn_implementation is {attention}" in probs["training.kernels.packed_attention"]
     load_config(write(tmp_path, BASE, "sdpa.yaml"), ["training.kernels.packed_attention=varlen"])
+
+
+def test_tls_options_for_plain_http_servers_are_refused_also_for_an_embedded_one(tmp_path: Path) -> None:
+    """The embedded server (no `rollout_server.tls_certfile`) is http:// at 127.0.0.1: a `tls_skip_verify`
+    for it verifies nothing and was accepted; listed http:// servers were already refused."""
+    key = "custom.extra.rollout_matching.vllm.server.tls_skip_verify"
+    embedded = {**ASYNC, "rollout_server": {"embedded": True}}
+    embedded["custom"] = {
+        "extra": {"rollout_matching": {"rollout_backend": "vllm", "vllm": {"mode": "server"}}}
+    }
+    assert "applies to https:// servers only" in problems_of(tmp_path, embedded, f"{key}=true")[key]
+    assert "applies to https:// servers only" in problems_of(tmp_path, ASYNC, f"{key}=true")[key]
