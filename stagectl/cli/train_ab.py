@@ -73,7 +73,7 @@ def command(
     from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
     from stagectl.rundir.policy import prepare_train_dir
-    from stagectl.rundir.resume import check_resume_world_size, keep_config_before_resume, nothing_left_note
+    from stagectl.rundir.resume import check_resume_world_size, config_change_note, nothing_left_note
 
     if resume and overwrite:
         fail("--resume and --overwrite contradict each other; give one of them")
@@ -115,7 +115,7 @@ def command(
             if done is not None:
                 typer.echo(f"train-ab: {done}", err=True)
                 raise typer.Exit(0)
-            changed = keep_config_before_resume(t.output_dir, _as_saved(cfg), t.resume_from_checkpoint)
+            changed = config_change_note(t.output_dir, _as_saved(cfg), t.resume_from_checkpoint)
             if changed is not None:
                 typer.echo(f"train-ab: {changed}", err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts

@@ -35,7 +35,7 @@ from stagectl.models.capability import detection_model_problem
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 from stagectl.models.speedups import apply_speedups
 from stagectl.rundir.policy import prepare_train_dir
-from stagectl.rundir.resume import resume_note
+from stagectl.rundir.resume import keep_config_before_resume, resume_note
 
 
 @dataclass
@@ -201,6 +201,8 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
         plain = dict(plan.run_config)
         # --overwrite acted on this start only: config.yaml reused to resume or re-run must not move the run aside
         plain["training"] = {**plain["training"], "overwrite_output_dir": False}
+        if resume is not None:  # every resume check passed: the config that trained the steps so far stays
+            keep_config_before_resume(out, plain, resume)
         write_resolved_config(out, plain)
         write_train_plan(out / PLAN_FILE, plan)  # what the ranks ran (a record; config.yaml is the input)
     return LearnerState(

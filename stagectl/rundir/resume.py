@@ -148,25 +148,46 @@ def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[tup
     ]
 
 
-def keep_config_before_resume(out: Path, new: Mapping[str, Any], resume: Path | str | None) -> str | None:
-    """Before a resume rewrites `out/config.yaml`: when the resolved config `new` differs from it, copy it
-    to `config.step-N.yaml` (N: the checkpoint resumed from; the config the steps up to N trained with,
-    kept once) and return the warning listing each changed key; None when nothing changed or there is
-    nothing to resume."""
+def config_change_note(out: Path, new: Mapping[str, Any], resume: Path | str | None) -> str | None:
+    """The launcher's warning when the resolved config `new` differs from the one in `out/config.yaml` that
+    trained the checkpoint a resume continues from, listing each changed key; None when nothing changed or
+    there is nothing to resume. Nothing is written here: rank 0 keeps the old file
+    (`keep_config_before_resume`) once the resume's own checks have passed."""
+    changed = _changed_config(out, new, resume)
+    if changed is None:
+        return None
+    checkpoint, changes = changed
+    listed = "; ".join(f"{key}: {old!r} -> {value!r}" for key, old, value in changes)
+    return (
+        f"warning: the resumed config differs from the one that trained {checkpoint.name} "
+        f"({len(changes)} key{'s' if len(changes) != 1 else ''}): {listed}. Once the resume starts, the steps "
+        f"so far are kept with {_kept_path(out, checkpoint)} and config.yaml holds the new values"
+    )
+
+
+def keep_config_before_resume(out: Path, new: Mapping[str, Any], resume: Path | str | None) -> Path | None:
+    """Rank 0, before a resume rewrites `out/config.yaml` with `new`: when they differ, copy it to
+    `config.step-N.yaml` (N: the checkpoint resumed from; the config the steps up to N trained with, kept
+    once). Returns the copy, None when nothing changed."""
+    changed = _changed_config(out, new, resume)
+    if changed is None:
+        return None
+    kept = _kept_path(out, changed[0])
+    if not kept.exists():
+        shutil.copy2(out / RESOLVED_CONFIG, kept)
+    return kept
+
+
+def _changed_config(
+    out: Path, new: Mapping[str, Any], resume: Path | str | None
+) -> tuple[Path, list[tuple[str, Any, Any]]] | None:
     saved = read_yaml(out / RESOLVED_CONFIG)
     checkpoint = resume_checkpoint(out, resume)
     if not isinstance(saved, dict) or checkpoint is None:
         return None
     changes = config_changes(saved, new)
-    if not changes:
-        return None
-    step = checkpoint.name.removeprefix("checkpoint-")
-    kept = out / f"config.step-{step}.yaml"
-    if not kept.exists():
-        shutil.copy2(out / RESOLVED_CONFIG, kept)
-    listed = "; ".join(f"{key}: {old!r} -> {value!r}" for key, old, value in changes)
-    return (
-        f"warning: the resumed config differs from the one that trained {checkpoint.name} "
-        f"({len(changes)} key{'s' if len(changes) != 1 else ''}): {listed}. The steps so far trained "
-        f"with {kept}; config.yaml now holds the new values"
-    )
+    return (checkpoint, changes) if changes else None
+
+
+def _kept_path(out: Path, checkpoint: Path) -> Path:
+    return out / f"config.step-{checkpoint.name.removeprefix('checkpoint-')}.yaml"

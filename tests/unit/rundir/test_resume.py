@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from stagectl.rundir.resume import check_resume_world_size, config_changes, keep_config_before_resume
+from stagectl.rundir.resume import (
+    check_resume_world_size,
+    config_change_note,
+    config_changes,
+    keep_config_before_resume,
+)
 from tests.unit.rundir.runs import finished_run
 
 
@@ -27,6 +32,7 @@ def test_a_resume_that_changes_the_config_keeps_the_old_one_and_lists_each_chang
     original = (out / "config.yaml").read_bytes()
     # what a resume sets itself is no change
     same = {**saved, "training": {**saved["training"], "resume_from_checkpoint": "latest"}}
+    assert config_change_note(out, same, "latest") is None
     assert keep_config_before_resume(out, same, "latest") is None
     assert not (out / "config.step-6.yaml").exists()
     new = {
@@ -34,19 +40,23 @@ def test_a_resume_that_changes_the_config_keeps_the_old_one_and_lists_each_chang
         "stage2_ab": {"schedule": {"b_ratio": 0.25}},
         "data": {"synthetic": {"seed": 0}},
     }
-    warning = keep_config_before_resume(out, new, "latest")
+    # the launcher's warning writes nothing: a resume its ranks then refuse leaves the run as it was
+    warning = config_change_note(out, new, "latest")
     assert warning is not None and warning.startswith(
         "warning: the resumed config differs from the one that trained checkpoint-6 (3 keys): "
         "stage2_ab.schedule.b_ratio: 0.5 -> 0.25; training.learning_rate: 0.002 -> 0.001; "
         "training.max_steps: 6 -> 12."
     )
-    assert str(out / "config.step-6.yaml") in warning
+    assert str(out / "config.step-6.yaml") in warning and not (out / "config.step-6.yaml").exists()
+    # rank 0, once the resume's checks passed, keeps the config that trained the steps so far
+    assert keep_config_before_resume(out, new, "latest") == out / "config.step-6.yaml"
     assert (out / "config.step-6.yaml").read_bytes() == original
     # a second changed resume from the same checkpoint keeps the config that trained it, not the newer one
     (out / "config.yaml").write_text(yaml.safe_dump(new))
     assert keep_config_before_resume(out, saved, "latest") is not None
     assert (out / "config.step-6.yaml").read_bytes() == original
     # nothing to resume from: nothing to compare
+    assert config_change_note(tmp_path / "none", new, "latest") is None
     assert keep_config_before_resume(tmp_path / "none", new, "latest") is None
 
 
