@@ -84,6 +84,23 @@ def test_fsdp_resume_is_exact(fsdp_and_ddp: dict) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_ddp_run_resumes_an_fsdp_checkpoint(fsdp_and_ddp: dict) -> None:
+    """The other direction is allowed (an fsdp run refuses a ddp checkpoint, which has no sharded state): DCP
+    loads fsdp's sharded masters and AdamW state into the replicated model, and the resumed steps train what
+    the fsdp run trained, up to the reduction order (as fsdp against ddp above)."""
+    tmp = fsdp_and_ddp["tmp"]
+    resumed_dir = tmp / "ddp_from_fsdp"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp / "fsdp" / "checkpoint-2", resumed_dir / "checkpoint-2")
+    rows = _train(tmp, _a_only(tmp, "ddp_from_fsdp", "ddp", resume_from_checkpoint="latest"), "ddp_from_fsdp")
+    resumed = {r["step"]: r for r in rows}
+    for original in fsdp_and_ddp["fsdp"][2:]:
+        again = resumed[original["step"]]
+        assert again["loss"] == pytest.approx(original["loss"], rel=1e-4), original["step"]
+        assert again["grad_norm"] == pytest.approx(original["grad_norm"], rel=1e-3)
+    assert (resumed_dir / "checkpoint-4" / "optimizer.pt").is_file()  # saved as ddp from here on
+
+
 def test_fsdp_model_dir_is_plain_transformers_and_equals_the_sharded_masters(fsdp_and_ddp: dict) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForImageTextToText
