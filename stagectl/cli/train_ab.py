@@ -235,6 +235,7 @@ def _train(plan: TrainPlan) -> None:
     from stagectl.learner.metrics import rollout_f1_summary
     from stagectl.placement import place_learner_rank
     from stagectl.rundir.ending import abort_note, stop_note, write_failed_state
+    from stagectl.rundir.liveness import clear_running
     from stagectl.rundir.policy import DirSnapshot
 
     rank = int(os.environ.get("RANK", "0"))
@@ -255,6 +256,8 @@ def _train(plan: TrainPlan) -> None:
             trainer = Trainer(plan, prefetcher_cpus=prefetcher_cpus)
             step = trainer.run()
         except BaseException as exc:
+            if rank == 0:
+                clear_running(out)
             # a start that failed before its first step leaves no trace; a run that had begun records why
             # it ended in final_state.json (a signal's stop is recorded by the trainer itself)
             kept = rank == 0 and not before.undo_failed_start()
@@ -268,6 +271,9 @@ def _train(plan: TrainPlan) -> None:
                     out, trainer.steps_done, plan.training.max_steps, error, trainer.b_steps_done
                 )
             raise
+        else:
+            if rank == 0:
+                clear_running(out)
     except KeyboardInterrupt:  # a second stop signal during a stop, or Ctrl-C before training started
         if trainer is None or trainer.stopped_by_signal is None:  # no stop handler yet: nothing to save
             if rank == 0:

@@ -34,6 +34,7 @@ from stagectl.learner.segments import SampleEncoder
 from stagectl.models.capability import detection_model_problem
 from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 from stagectl.models.speedups import apply_speedups
+from stagectl.rundir.liveness import mark_running
 from stagectl.rundir.policy import prepare_train_dir
 from stagectl.rundir.resume import keep_config_before_resume, resume_note
 
@@ -205,6 +206,7 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
             keep_config_before_resume(out, plain, resume)
         write_resolved_config(out, plain)
         write_train_plan(out / PLAN_FILE, plan)  # what the ranks ran (a record; config.yaml is the input)
+        mark_running(out)  # removed however the run ends in this process (cli.train_ab)
     return LearnerState(
         plan=plan,
         resolved=resolved,

@@ -42,6 +42,7 @@ from stagectl.report.train_ab import (
     target_b_ratio,
 )
 from stagectl.rundir.ending import FINAL_STATE, RunEnd, continue_command, run_end
+from stagectl.rundir.liveness import running_process
 from stagectl.rundir.resume import latest_complete_checkpoint
 
 REPORT_MD = "report.md"
@@ -109,7 +110,16 @@ def write_train_ab_report(run_dir: Path) -> Written:
             f"partial run: the last logged step is {summary.last_step} of `training.max_steps` = {max_steps}."
         )
     if not (run_dir / FINAL_STATE).is_file():
-        notes.append(f"no `{FINAL_STATE}`: the run did not finish (or is still running).")
+        proc = running_process(run_dir)  # `running.json`: rank 0's process, until the run ends
+        if proc is None:
+            notes.append(f"no `{FINAL_STATE}`: the run did not finish (or is still running).")
+        elif proc.alive is False:
+            notes.append(
+                f"no `{FINAL_STATE}`: the run did not finish; {proc.describe()}. Continue it with "
+                f"`{continue_command(run_dir)}`."
+            )
+        else:
+            notes.append(f"no `{FINAL_STATE}` yet: {'the run is ' if proc.alive else ''}{proc.describe()}.")
     if final_state is not None and isinstance(final_state.get("b_steps"), dict):
         summary.b_steps = final_state["b_steps"]
     plot_dir = _fresh_plot_dir(run_dir)

@@ -10,6 +10,7 @@ from pathlib import Path
 from stagectl.config.plan import PLAN_FILE
 from stagectl.files import RESOLVED_CONFIG
 from stagectl.rundir.ending import FINAL_STATE, read_run_end
+from stagectl.rundir.liveness import RUNNING, running_process
 from stagectl.rundir.resume import has_complete_checkpoint
 
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
@@ -19,6 +20,7 @@ TRAIN_FILES = (
     "metrics.jsonl",
     "samples.jsonl",  # = learner.samples.SAMPLES_FILE, opened before the first step
     FINAL_STATE,
+    RUNNING,
     "wandb_run_id",
     "tensorboard",
     "weight_sync",
@@ -56,8 +58,11 @@ def train_run_summary(out: Path) -> str | None:
         names = [p.name for p in checkpoints]
         parts.append(", ".join(names if len(names) <= 3 else [names[0], "...", names[-1]]))
     end = read_run_end(out)
+    proc = running_process(out) if end is None else None
     if end is not None:
         parts.append(end.describe(why=False))
+    elif proc is not None and parts:  # alone (a start killed before its first row) it makes no run
+        parts.append(proc.short())
     return ", ".join(parts) if parts else None
 
 
@@ -171,6 +176,13 @@ def train_dir_verdict(out: Path, resume: Path | str | None, overwrite: bool) -> 
     """train-ab's verdict on `training.output_dir`, acting on nothing (`stagectl doctor` asks it too): the
     run found there (None: none), which `resume` continues or `overwrite` moves aside; `ValueError`, with
     the ways forward, when train-ab refuses to start there."""
+    proc = running_process(out)
+    if proc is not None and proc.alive and proc.pid != os.getpid():  # (this process: a run of its own ended)
+        raise ValueError(
+            f"training.output_dir: {out} is in use: a train-ab run is {proc.short()} there (a job started "
+            "twice?); nothing was changed. Let it end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and "
+            "continue it with --resume"
+        )
     found = train_run_summary(out)
     if found is not None and str(resume) == "latest" and not has_complete_checkpoint(out):
         raise ValueError(
