@@ -11,22 +11,28 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from stagectl.files import atomic_write_text
 
 RUNNING = "running.json"
+SETTLE_S = 3.0  # how long a refusal gives a process that was just killed to go (`still_running`)
 
 
 def _started(pid: int) -> int | None:
     """The start time of process `pid` (clock ticks after boot, /proc/PID/stat field 22): with the pid it
-    names one process even after the pid is reused. None where /proc cannot tell (gone, not Linux)."""
+    names one process even after the pid is reused. None where /proc cannot tell (gone, a zombie: killed
+    and not yet reaped, not Linux)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def mark_running(out: Path) -> None:
@@ -65,6 +71,18 @@ class RunningProcess:
             f"its process ({where}) is gone without recording how the run ended: killed (SIGKILL, the "
             "out-of-memory killer, a preempted job)"
         )
+
+
+def still_running(out: Path, settle_s: float | None = None) -> RunningProcess | None:
+    """The process `running.json` names if it is alive on this host, after giving one that was just killed
+    up to `settle_s` to go (a job requeued right after its predecessor was SIGKILLed); None otherwise, and
+    for this process (a run of its own, in process, has ended: it is asking)."""
+    deadline = time.monotonic() + (SETTLE_S if settle_s is None else settle_s)
+    while (proc := running_process(out)) is not None and proc.alive and proc.pid != os.getpid():
+        if time.monotonic() >= deadline:
+            return proc
+        time.sleep(0.1)
+    return None
 
 
 def running_process(out: Path) -> RunningProcess | None:

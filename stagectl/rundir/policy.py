@@ -10,7 +10,7 @@ from pathlib import Path
 from stagectl.config.plan import PLAN_FILE
 from stagectl.files import RESOLVED_CONFIG
 from stagectl.rundir.ending import FINAL_STATE, read_run_end
-from stagectl.rundir.liveness import RUNNING, running_process
+from stagectl.rundir.liveness import RUNNING, running_process, still_running
 from stagectl.rundir.resume import has_complete_checkpoint
 
 # what train-ab writes into its run directory (the clean-up of a failed start removes only these)
@@ -176,8 +176,8 @@ def train_dir_verdict(out: Path, resume: Path | str | None, overwrite: bool) -> 
     """train-ab's verdict on `training.output_dir`, acting on nothing (`stagectl doctor` asks it too): the
     run found there (None: none), which `resume` continues or `overwrite` moves aside; `ValueError`, with
     the ways forward, when train-ab refuses to start there."""
-    proc = running_process(out)
-    if proc is not None and proc.alive and proc.pid != os.getpid():  # (this process: a run of its own ended)
+    proc = still_running(out)
+    if proc is not None:
         raise ValueError(
             f"training.output_dir: {out} is in use: a train-ab run is {proc.short()} there (a job started "
             "twice?); nothing was changed. Let it end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and "

@@ -23,7 +23,12 @@ def _unfinished_run(out: Path) -> None:
     (out / "final_state.json").unlink()  # still going, or killed before it could record an end
 
 
-def test_a_live_run_is_running_and_a_second_start_there_is_refused(tmp_path: Path) -> None:
+def test_a_live_run_is_running_and_a_second_start_there_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stagectl.rundir.liveness as liveness
+
+    monkeypatch.setattr(liveness, "SETTLE_S", 0.2)  # a refusal waits this long for a just-killed process
     out = tmp_path / "run"
     _unfinished_run(out)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -42,6 +47,10 @@ def test_a_live_run_is_running_and_a_second_start_there_is_refused(tmp_path: Pat
         assert sorted(p.name for p in out.iterdir()) == sorted(
             ["checkpoint-2", "config.yaml", "metrics.jsonl", RUNNING]
         )
+        other.kill()  # SIGKILL: a zombie until reaped, which is not running either
+        while Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            pass
+        assert running_process(out).alive is False  # type: ignore[union-attr]
     finally:
         other.kill()
         other.wait()
