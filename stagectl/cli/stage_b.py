@@ -79,6 +79,7 @@ def command(
     from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.launch import inside_torchrun
+    from stagectl.rundir.liveness import still_running
     from stagectl.rundir.policy import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
     from stagectl.stage_b.progress import describe, read_progress
     from stagectl.stage_b.runner import valid_mission
@@ -111,6 +112,13 @@ def command(
     if not inside_torchrun() and valid_mission(plan.mission):
         run_dir = plan.run_dir
         try:
+            proc = still_running(run_dir)
+            if proc is not None:
+                raise ValueError(
+                    f"output.root: {run_dir} is in use: a stage-b run is {proc.short()} there (a job started "
+                    "twice?); nothing was changed. Let it end, or stop it (Ctrl-C or SIGTERM) and continue it "
+                    "with --resume"
+                )
             found = files_summary(run_dir, STAGE_B_MARKERS)
             progress = read_progress(run_dir) if found is not None else None
             if found is not None and progress is not None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stagectl.report.values import Row, number, ratio
+from stagectl.rundir.liveness import running_process
 
 
 @dataclass
@@ -182,7 +184,15 @@ def progress_notes(progress: dict[str, Any] | None, mission_dir: str) -> list[st
             f"`stagectl stage-b CONFIG --resume` continues it from there ({mission_dir})."
         )
     elif status != "finished":
-        notes.append(f"the run did not finish (still running, or killed) {where}; `--resume` continues it.")
+        proc = running_process(Path(mission_dir))  # `running.json`: rank 0's process, until the loop ends
+        if proc is None:
+            notes.append(
+                f"the run did not finish (still running, or killed) {where}; `--resume` continues it."
+            )
+        elif proc.alive is False:
+            notes.append(f"the run did not finish {where}: {proc.describe()}; `--resume` continues it.")
+        else:
+            notes.append(f"no end recorded yet ({where}): {proc.describe()}.")
     num_bad = int(progress.get("num_bad_ticket_lines") or 0)
     if num_bad:
         first = "; ".join(str(line) for line in progress.get("bad_ticket_lines") or [])

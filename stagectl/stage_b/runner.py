@@ -34,6 +34,7 @@ from stagectl.config.plan import PLAN_FILE
 from stagectl.config.plan_stage_b import StageBPlan, write_stage_b_plan
 from stagectl.console import error_text, say
 from stagectl.files import write_resolved_config
+from stagectl.rundir.liveness import clear_running, mark_running
 from stagectl.stage_b import progress as prog
 from stagectl.stage_b.consumer import Consumer
 from stagectl.stage_b.engine import Backend
@@ -105,7 +106,12 @@ def run_all(
             dist.barrier()  # every rank holds its engine: only now does the run directory get written
         if world.is_main:
             _start_run_dir(plan, prepared)
-        summary = Loop(plan, world, prepared, engine).run(stop)
+            mark_running(plan.run_dir)  # removed however the loop ends in this process
+        try:
+            summary = Loop(plan, world, prepared, engine).run(stop)
+        finally:
+            if world.is_main:
+                clear_running(plan.run_dir)
         finished = True
         return summary
     finally:

@@ -430,3 +430,22 @@ def test_stage_b_progress_notes_say_a_run_did_not_finish_and_what_it_skipped() -
         "the run did not finish: failed before global batch 29 (epoch 7): server gone; once the cause is fixed"
     )
     assert "unknown" in progress_notes(None, "RUN")[0]
+
+
+def test_stage_b_progress_notes_tell_a_killed_run_from_a_running_one(tmp_path: Path) -> None:
+    import json
+    import os
+    import socket
+
+    from stagectl.report.stage_b import progress_notes
+
+    running = {"status": "running", "epoch": 1, "batch_index": 9, "num_bad_ticket_lines": 0}
+    host = socket.gethostname()
+    (tmp_path / "running.json").write_text(json.dumps({"pid": os.getpid(), "host": host, "started": None}))
+    assert progress_notes(running, str(tmp_path))[0] == (
+        f"no end recorded yet (before global batch 9 (epoch 1)): still running (pid {os.getpid()} on {host})."
+    )
+    (tmp_path / "running.json").write_text(json.dumps({"pid": 2**22 + 17, "host": host, "started": 1}))
+    note = progress_notes(running, str(tmp_path))[0]
+    assert note.startswith("the run did not finish before global batch 9 (epoch 1): its process (pid 4194321")
+    assert "killed (SIGKILL" in note and note.endswith("`--resume` continues it.")

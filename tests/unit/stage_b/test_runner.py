@@ -174,3 +174,35 @@ def test_an_error_marks_the_run_failed_with_its_message_and_resume_continues_fro
     assert rows(plan.run_dir) == unstopped
     done = read_progress(plan.run_dir)
     assert done is not None and (done.status, done.error) == ("finished", None)
+
+
+class Watching(RulesBackend):
+    """The rules engine, noting whether `running.json` names this process while a batch is judged."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.seen: list[bool] = []
+
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        import os
+
+        from stagectl.rundir.liveness import running_process
+
+        proc = running_process(self.run_dir)
+        self.seen.append(proc is not None and proc.pid == os.getpid() and bool(proc.alive))
+        return super().judge(requests, spec, seed)
+
+
+def test_running_json_names_rank_0_while_the_loop_runs_and_goes_when_it_ends(tmp_path: Path) -> None:
+    from stagectl.rundir.liveness import RUNNING
+
+    plan = plan_for(tmp_path)
+    engine = Watching(plan.run_dir)
+    run_all(plan, engine=engine)
+    assert engine.seen and all(engine.seen)
+    assert not (plan.run_dir / RUNNING).exists()
+    (tmp_path / "failing").mkdir()
+    failing = plan_for(tmp_path / "failing")
+    with pytest.raises(Exception, match="server gone"):
+        run_all(failing, engine=ServerGone(at_batch=1))
+    assert not (failing.run_dir / RUNNING).exists()  # an error ends it too
