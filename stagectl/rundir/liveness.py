@@ -8,6 +8,7 @@ first still runs) is refused instead of writing over it. Pure path logic, no tor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -43,8 +44,10 @@ def mark_running(out: Path) -> None:
 
 
 def clear_running(out: Path) -> None:
-    """Rank 0, however its run ended in this process."""
-    (out / RUNNING).unlink(missing_ok=True)
+    """Rank 0, however its run ended in this process. Best effort: a directory that turned read-only (the
+    error being reported) keeps the file, which then names a process that is gone."""
+    with contextlib.suppress(OSError):
+        (out / RUNNING).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

@@ -91,3 +91,18 @@ def test_the_report_of_a_killed_run_says_so_and_how_to_continue(tmp_path: Path) 
     assert "no `final_state.json`: the run did not finish; its process (pid 4194321 on" in text
     assert "killed (SIGKILL, the out-of-memory killer, a preempted job)" in text
     assert f"`stagectl train-ab {run / 'config.yaml'} --resume`" in text and "still running" not in text
+
+
+def test_clearing_in_a_directory_that_turned_read_only_is_no_second_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's own error (a read-only run directory) is what gets reported, not a traceback from here."""
+    mark_running(tmp_path)
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(30, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    clear_running(tmp_path)
+    monkeypatch.undo()
+    assert (tmp_path / RUNNING).exists()
