@@ -3,7 +3,9 @@ resume state, metrics sink. Kept apart from the loop so the loop reads top to bo
 
 from __future__ import annotations
 
+import contextlib
 import random
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,32 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_output_dir_shared(out: Path, world: World) -> None:
+    """fsdp over several nodes: every rank writes its checkpoint shards under `out` and rank 0 moves them into
+    the checkpoint, so `out` must be one filesystem that every node sees (otherwise the shards of the other
+    nodes never reach a checkpoint, found only when a resume fails). Every rank writes a marker there; rank 0
+    must see them all. `dist.SharedError` on every rank naming the ranks it cannot see."""
+    if world.is_main:
+        out.mkdir(parents=True, exist_ok=True)  # before the token reaches the other ranks
+    token = dist.broadcast_object(uuid.uuid4().hex if world.is_main else "")
+    marker = out / f".shared-check-{token}-{world.rank}"
+    with contextlib.suppress(OSError):  # a node without `out` cannot write it: rank 0 will not see it
+        marker.touch()
+    dist.barrier()
+    missing = [r for r in range(world.world_size) if not (out / f".shared-check-{token}-{r}").exists()]
+    missing = dist.broadcast_object(missing if world.is_main else [])
+    dist.barrier()
+    with contextlib.suppress(OSError):
+        marker.unlink()
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        raise dist.SharedError(
+            f"training.output_dir: {out} is not shared by every node: rank 0 cannot see what rank(s) {shown} "
+            "wrote there; under parallelism: fsdp every rank writes its checkpoint shards into it, so put it on "
+            "a filesystem all nodes mount at the same path"
+        )
+
+
 def build_learner(plan: TrainPlan, world: World) -> LearnerState:
     resolved = plan.resolved
     if resolved.world_size != world.world_size:
@@ -97,6 +125,9 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
     # cheap checks first, so a bad path fails in seconds and before any model is loaded
     samples = load_train_samples(plan.data)
     init_distributed(world, plan.launch.watchdog)
+    if training.parallelism == "fsdp" and plan.launch.nnodes > 1:
+        with dist.phase("start-up: is training.output_dir shared by every node", "startup_s"):
+            check_output_dir_shared(out, world)
     with dist.phase("start-up: resume and model load", "startup_s"):
         # rank 0 alone resolves the checkpoint (`latest` ignores incomplete ones) and every rank
         # follows it, so no rank can pick another checkpoint (e.g. one written while it looked)

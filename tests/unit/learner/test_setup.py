@@ -27,3 +27,34 @@ def test_a_plan_resolved_for_another_world_size_is_refused_first(tmp_path: Path)
     with pytest.raises(ValueError, match=r"resolved for 2 learner rank\(s\) but this run has 1"):
         build_learner(plan, World(rank=0, local_rank=0, world_size=1))
     assert not out.exists()  # refused before the run directory is prepared
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_multi_node_fsdp_output_dir_every_node_does_not_see_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """Rank 0 of a 2-rank world (the collectives played here): rank 1 writes its marker into the same
+    directory when the filesystem is shared, into a node-local one when it is not; rank 0 sees it or
+    refuses the run naming rank 1, and no marker stays."""
+    from stagectl import dist
+    from stagectl.learner.setup import check_output_dir_shared
+
+    out = tmp_path / "run"
+    elsewhere = tmp_path / "node1-local"
+    elsewhere.mkdir()
+    monkeypatch.setattr(dist, "broadcast_object", lambda obj, src=0: obj)
+
+    def barrier() -> None:  # rank 1 touches its marker where its node sees `out`
+        for mine in out.glob(".shared-check-*-0"):
+            ((out if shared else elsewhere) / mine.name.replace("-0", "-1")).touch()
+
+    monkeypatch.setattr(dist, "barrier", barrier)
+    world = World(rank=0, local_rank=0, world_size=2)
+    if shared:
+        check_output_dir_shared(out, world)
+    else:
+        with pytest.raises(
+            dist.SharedError, match=r"is not shared by every node: rank 0 cannot see what rank\(s\) 1 "
+        ):
+            check_output_dir_shared(out, world)
+    assert [p.name for p in out.iterdir() if p.name.endswith("-0")] == []
