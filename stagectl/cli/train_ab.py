@@ -65,6 +65,7 @@ def command(
         _rank_from_plan(plan_file)
         return
     from stagectl.config import ConfigError, effective_world_size, load_config, to_plain
+    from stagectl.config.fractions import as_fraction
     from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
@@ -129,7 +130,11 @@ def command(
     except ValueError as exc:
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
-    if cfg.rollout_server.embedded:
+    ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
+    a_only = ratio is not None and as_fraction(ratio) == 0
+    if cfg.rollout_server.embedded and a_only:  # no B step: no rollout, no weight push (channel_b.build)
+        typer.echo("train-ab: b_ratio 0 (A-only): the embedded rollout server is not started", err=True)
+    elif cfg.rollout_server.embedded:
         server = embedded_rollout_server(config, sets, cfg.rollout_server, cfg.data, t.output_dir)
     with _server_errors(), server as url:
         user_config = cfg

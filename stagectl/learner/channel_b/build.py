@@ -1,6 +1,7 @@
 """Which Channel-B a `train-ab` run trains with, built once when the trainer starts:
 
-- in-process rollouts (no rollout servers): step mode on the learner's own model (`HFRollouts`);
+- in-process rollouts (no rollout servers), or an A-only run (`b_ratio: 0`) whatever its rollout config:
+  step mode on the learner's own model (`HFRollouts`; the A-only run never calls it);
 - rollout servers, `channel_b.mode: step`: step mode over the servers (`ServerRollouts`), with the weight
   publisher that pushes after each update;
 - rollout servers, `channel_b.mode: async`: the prefetcher-fed `AsyncChannelB`, its weights pushed first
@@ -15,6 +16,7 @@ rank's saved async state back (docs/async_and_checkpoints.md).
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from stagectl import dist
@@ -58,7 +60,9 @@ def build_channel_b(
     """The run's Channel-B for `plan.source`. `num_updates`: optimizer updates so far (a resumed run's);
     `prefetcher_cpus`: the CPUs the async prefetcher thread runs on (None: the rank's own)."""
     rollouts = plan.rollouts
-    if rollouts is None:
+    if rollouts is None or Fraction(st.plan.b_ratio) == 0:
+        # in-process rollouts; or an A-only run (b_ratio 0: an ablation's baseline on the AB config), which
+        # never rolls out: no server waited for, no weights pushed, no prefetcher, whatever the config says
         warn_unused_async_state(st)
         source = HFRollouts(st.bundle.model, st.encoder, plan.sampling, plan.decode_batch_size)
         return StepChannelB(plan, st, runner, source)

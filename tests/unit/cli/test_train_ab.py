@@ -340,6 +340,24 @@ def test_an_embedded_run_writes_the_users_config_and_runs_against_the_servers_ad
     assert plan.run_config == dict(to_plain(users))
 
 
+def test_an_a_only_run_of_an_embedded_server_config_starts_no_server(
+    tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--set stage2_ab.schedule.b_ratio=0` on the AB config (an ablation's baseline) trains no B step: no
+    embedded server is started (the ranks push no weights either: `channel_b.build`)."""
+    import stagectl.launch
+
+    def server(*args: Any) -> NoReturn:
+        raise AssertionError("an A-only run started the embedded rollout server")
+
+    monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", server)
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", lambda args, launch, on_signal=None: 0)
+    sets = [f"training.output_dir={tmp_path / 'run'}", "stage2_ab.schedule.b_ratio=0"]
+    result = CliRunner().invoke(app, ["train-ab", str(ASYNC), *_set_args(sets)])
+    assert result.exit_code == 0, result.output
+    assert "train-ab: b_ratio 0 (A-only): the embedded rollout server is not started" in result.output
+
+
 def test_a_resume_with_a_changed_config_warns_and_keeps_the_old_config(
     tmp_path: Path, trainer: list[TrainPlan]
 ) -> None:
