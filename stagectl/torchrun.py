@@ -39,12 +39,21 @@ def describe_exit(exitcode: int) -> str:
 
 
 def failure_lines(failures: dict[int, Any]) -> list[str]:
-    """One line per failed rank, first failure first (`failures`: torchrun's rank -> ProcessFailure)."""
+    """One line per failed rank, first failure first (`failures`: torchrun's rank -> ProcessFailure). Once
+    a rank fails, torchrun SIGTERMs the others: those come after the ranks that failed on their own and say
+    so (their timestamps may come first: they were read when torchrun reaped them)."""
     ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
-    return [
-        f"torchrun: rank {rank} (local rank {f.local_rank}, pid {f.pid}) failed: {describe_exit(f.exitcode)}"
-        for rank, f in ordered
-    ]
+    stopped = -int(signal.SIGTERM)
+    cause = next((rank for rank, f in ordered if f.exitcode != stopped), None)
+    if cause is not None:
+        ordered.sort(key=lambda item: item[1].exitcode == stopped)  # stable: the causes first
+    lines = []
+    for rank, f in ordered:
+        what = describe_exit(f.exitcode)
+        if cause is not None and f.exitcode == stopped:
+            what = f"stopped by torchrun (SIGTERM) after rank {cause} failed"
+        lines.append(f"torchrun: rank {rank} (local rank {f.local_rank}, pid {f.pid}) failed: {what}")
+    return lines
 
 
 def store_lost_line(endpoint: str, exc: BaseException) -> str:

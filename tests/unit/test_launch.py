@@ -65,6 +65,24 @@ def test_failed_ranks_are_one_line_each_first_failure_first() -> None:
     assert describe_exit(1) == "exit code 1"
 
 
+def test_ranks_torchrun_stopped_after_another_failed_come_after_it_and_say_so() -> None:
+    """Rank 1 SIGKILLed; torchrun then SIGTERMs rank 0, whose failure it may stamp first (seen: `rank 0
+    failed: killed by SIGTERM` printed above the rank that failed)."""
+    failures = {
+        0: SimpleNamespace(local_rank=0, pid=11, exitcode=-int(signal.SIGTERM), timestamp=10),
+        1: SimpleNamespace(local_rank=1, pid=12, exitcode=-int(signal.SIGKILL), timestamp=10),
+        2: SimpleNamespace(local_rank=2, pid=13, exitcode=-int(signal.SIGTERM), timestamp=9),
+    }
+    assert failure_lines(failures) == [
+        "torchrun: rank 1 (local rank 1, pid 12) failed: killed by SIGKILL",
+        "torchrun: rank 2 (local rank 2, pid 13) failed: stopped by torchrun (SIGTERM) after rank 1 failed",
+        "torchrun: rank 0 (local rank 0, pid 11) failed: stopped by torchrun (SIGTERM) after rank 1 failed",
+    ]
+    # every rank SIGTERMed (a user's signal to the ranks, not torchrun's reaction): said as it is
+    only_term = {0: failures[0], 2: failures[2]}
+    assert [line.rsplit(": ", 1)[1] for line in failure_lines(only_term)] == ["killed by SIGTERM"] * 2
+
+
 @pytest.mark.parametrize("user_level", [None, "INFO"])
 def test_a_lost_rendezvous_store_is_one_named_line_and_the_ranks_keep_the_user_log_level(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], user_level: str | None
