@@ -95,10 +95,9 @@ def write_train_ab_report(run_dir: Path) -> Written:
     notes += final_notes
     end = _run_end(final_state, max_steps)
     if end is not None and end.error is not None:  # an error ended it (its error line, kept)
+        latest = latest_complete_checkpoint(run_dir)
         resume = (
-            f"; continue it from {latest} with `{continue_command(run_dir)}`"
-            if (latest := latest_complete_checkpoint(run_dir)) is not None and "--resume" not in end.error
-            else ""
+            f"; continue it from {latest} with `{continue_command(run_dir)}`" if latest is not None else ""
         )
         notes.append(f"the run did not finish: {end.describe()}{resume}.")
     elif end is not None and not end.finished:  # stopped by a signal (or before a raised max_steps)

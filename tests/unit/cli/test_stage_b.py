@@ -272,22 +272,16 @@ def test_a_second_stage_b_in_a_live_runs_directory_is_refused(tmp_path: Path) ->
     """A job started twice: the first run's rank 0 is alive (`running.json`), so `--resume` is refused, not
     run next to it over the same artifacts."""
     import json
+    import os
     import socket
-    import subprocess
-    import sys
 
     run_dir = tmp_path / "out" / "tiny" / "shapes_qc"
     run_dir.mkdir(parents=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        state = {"pid": other.pid, "host": socket.gethostname(), "started": None}
-        (run_dir / "running.json").write_text(json.dumps(state))
-        result = CliRunner().invoke(
-            app, ["stage-b", str(TINY), "--resume", *_set_args(_sets(tmp_path / "out"))]
-        )
-    finally:
-        other.kill()
-        other.wait()
+    alive = os.getppid()  # a live process that is not this one: the first run's rank 0
+    (run_dir / "running.json").write_text(
+        json.dumps({"pid": alive, "host": socket.gethostname(), "started": None})
+    )
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), "--resume", *_set_args(_sets(tmp_path / "out"))])
     assert result.exit_code == 1, result.output
-    assert f"is in use: a stage-b run is running (pid {other.pid} on" in result.output
+    assert f"is in use: a stage-b run is running (pid {alive} on" in result.output
     assert sorted(p.name for p in run_dir.iterdir()) == ["running.json"]

@@ -216,4 +216,16 @@ def test_a_resumed_run_drops_the_old_end_once_its_first_step_is_done(tmp_path: A
     trainer.train_step = lambda step: {}
     assert trainer.run() == 10
     assert seen == [False, False]  # gone after step 9, before its row was logged
+
+    (tmp_path / "final_state.json").write_text(json.dumps(old_end))
+
+    def fails(step: int) -> dict[str, Any]:
+        raise RuntimeError("the first resumed step failed")
+
+    trainer.train_step = fails
+    with pytest.raises(RuntimeError):
+        trainer.run()
+    assert (
+        json.loads((tmp_path / "final_state.json").read_text()) == old_end
+    )  # its end stays until a step is done
     assert trainer.steps_done == 10
