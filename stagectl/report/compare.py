@@ -38,6 +38,7 @@ class RunEval:
     evals: dict[int, dict[str, Any]]  # step -> eval row
     train_s_at: dict[int, float] = field(default_factory=dict)  # step -> cumulative training seconds
     notes: list[str] = field(default_factory=list)  # what a reader must know: lines skipped, how it ended
+    eval_setup: dict[str, Any] = field(default_factory=dict)  # `EVAL_SETUP_KEYS` of its config's data.eval
 
 
 def variant_of(config: dict[str, Any]) -> str:
@@ -85,7 +86,35 @@ def load_run(run_dir: Path) -> RunEval:
     end = read_run_end(run_dir)
     if end is not None and not end.finished:  # a failed or stopped run: why the compared step may be early
         notes.append(f"`{run_dir}` did not finish: {end.describe()}.")
-    return RunEval(run_dir, variant_of(config), seed, evals, train_s_at, notes)
+    return RunEval(run_dir, variant_of(config), seed, evals, train_s_at, notes, eval_setup(config))
+
+
+# `data.eval` keys that decide which images are evaluated and how they are answered and scored: runs that
+# differ in one have numbers that cannot be compared, let alone paired image by image (`every_steps` and
+# `gallery_images` only say when and what is drawn)
+EVAL_SETUP_KEYS = ("jsonl", "image_root", "synthetic", "max_samples", "decoding", "score")
+
+
+def eval_setup(config: dict[str, Any]) -> dict[str, Any]:
+    """The `EVAL_SETUP_KEYS` of a resolved config's `data.eval`, as written (a key not written: None)."""
+    section = (config.get("data") or {}).get("eval") or {}
+    return {key: section.get(key) for key in EVAL_SETUP_KEYS}
+
+
+def check_same_eval(runs: Sequence[RunEval]) -> None:
+    """ValueError naming the first `data.eval` key the runs differ in: the comparison pairs images across
+    runs (image k of one run against image k of another), so they must have evaluated the same images the
+    same way."""
+    first = runs[0]
+    for run in runs[1:]:
+        for key in EVAL_SETUP_KEYS:
+            if run.eval_setup[key] != first.eval_setup[key]:
+                raise ValueError(
+                    f"the runs were evaluated differently: data.eval.{key} is {first.eval_setup[key]!r} in "
+                    f"{first.path} but {run.eval_setup[key]!r} in {run.path}; the comparison pairs held-out "
+                    "images across runs, so compare runs evaluated on the same data.eval split with the same "
+                    "max_samples, decoding and score"
+                )
 
 
 @dataclass(frozen=True)
@@ -184,7 +213,9 @@ def _with_ap(
 
 
 def compare(runs: Sequence[RunEval], step: int | None = None) -> tuple[int, list[VariantRow]]:
-    """Every variant at one optimizer step (default: the largest eval step all runs share)."""
+    """Every variant at one optimizer step (default: the largest eval step all runs share); the runs must
+    share their eval setup (`check_same_eval`)."""
+    check_same_eval(runs)
     at = common_step(runs) if step is None else step
     missing = [str(r.path) for r in runs if at not in r.evals]
     if missing:

@@ -69,3 +69,55 @@ def test_a_run_with_a_torn_eval_line_that_failed_is_read_with_notes(tmp_path: Pa
         "interrupted).",
         f"`{run}` did not finish: failed after step 200 of 300: no space left on device.",
     ]
+
+
+def _ablation_run(path: Path, b_ratio: float, data_eval: dict[str, object]) -> Path:
+    """A run dir with one eval row of 4 images (config, eval.jsonl with per-image counters, metrics.jsonl)."""
+    import json
+
+    import yaml
+
+    path.mkdir()
+    config = {
+        "training": {"seed": 0},
+        "stage2_ab": {"schedule": {"b_ratio": b_ratio}, "channel_b": {"target": "clean_prefix"}},
+        "data": {"eval": data_eval},
+    }
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    fields = ["n_gt", "n_valid", "n_matched", "n_invalid", "n_truncated", "n_dup", "n_matched_desc"]
+    row = {"step": 10, "f1": 0.5, "per_image_fields": fields, "per_image": [[2, 2, 1, 0, 0, 0, 1]] * 4}
+    (path / "eval.jsonl").write_text(json.dumps(row) + "\n")
+    (path / "metrics.jsonl").write_text('{"step": 9, "time/step_s": 1.0}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("other", "key"),
+    [
+        ({"synthetic": {"seed": 2, "num_samples": 4}, "max_samples": 64}, "synthetic"),
+        ({"synthetic": {"seed": 1, "num_samples": 4}, "max_samples": 32}, "max_samples"),
+        ({"synthetic": {"seed": 1, "num_samples": 4}, "max_samples": 64, "score": "coord"}, "score"),
+    ],
+)
+def test_runs_evaluated_on_other_images_or_otherwise_are_refused(
+    tmp_path: Path, other: dict[str, object], key: str
+) -> None:
+    """Two runs whose held-out sets differ (another synthetic seed: the same number of images, so nothing
+    else noticed) were compared 'paired on images' as if image k were the same image in both."""
+    from stagectl.report.compare import compare, load_run
+
+    base = {"synthetic": {"seed": 1, "num_samples": 4}, "max_samples": 64}
+    a = load_run(_ablation_run(tmp_path / "a", 0.0, base))
+    b = load_run(_ablation_run(tmp_path / "b", 0.5, other))
+    with pytest.raises(ValueError, match=rf"data\.eval\.{key} is .* in {a.path} but .* in {b.path}"):
+        compare([a, b])
+
+
+def test_runs_that_differ_only_in_when_they_evaluate_are_compared(tmp_path: Path) -> None:
+    from stagectl.report.compare import compare, load_run
+
+    base = {"jsonl": "/data/val.jsonl", "max_samples": None}
+    a = load_run(_ablation_run(tmp_path / "a", 0.0, {**base, "every_steps": 5}))
+    b = load_run(_ablation_run(tmp_path / "b", 0.5, {**base, "every_steps": 10, "gallery_images": 0}))
+    step, rows = compare([a, b])
+    assert step == 10 and [r.variant for r in rows] == ["A-only", "AB b=0.5 clean_prefix"]
