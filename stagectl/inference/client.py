@@ -101,7 +101,9 @@ class RolloutClient:
         connect_timeout_s: float = 10.0,
         tls_ca_file: Path | None = None,
         tls_skip_verify: bool = False,
+        infer_timeout_key: str = "infer_timeout_s",
     ) -> None:
+        """`infer_timeout_key`: the config key of `infer_timeout_s`, named when a call times out."""
         if not base_urls:
             raise ValueError("RolloutClient needs at least one server base URL")
         self.base_urls = [url.rstrip("/") for url in base_urls]
@@ -111,6 +113,7 @@ class RolloutClient:
         self.timeout_s = timeout_s
         read_timeout = infer_timeout_s if infer_timeout_s is not None and infer_timeout_s > 0 else None
         self._timeout = httpx.Timeout(connect_timeout_s, read=read_timeout, write=read_timeout, pool=None)
+        self._infer_timeout_key = infer_timeout_key
         self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self._clients = [self._new_http() for _ in self.base_urls]
         self.active: list[int] = list(
@@ -133,6 +136,7 @@ class RolloutClient:
             auth_token=read_token(servers.auth_token_env, servers.token_key),
             tls_ca_file=servers.tls_ca_file,
             tls_skip_verify=servers.tls_skip_verify,
+            infer_timeout_key=f"{servers.key}.infer_timeout_s",
         )
 
     def _new_http(self) -> httpx.Client:
@@ -324,6 +328,8 @@ class RolloutClient:
                     response = http.post(url, json=payload)
             else:
                 response = self._clients[k].post(url, json=payload)
+        except httpx.TimeoutException as exc:
+            raise _Retryable(self._timed_out(exc)) from exc
         except httpx.HTTPError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}", gone=isinstance(exc, _GONE)) from exc
         if response.status_code >= 500 or response.status_code in (408, 429):
@@ -340,6 +346,13 @@ class RolloutClient:
                 f"{url} answered {len(results)} items for {len(body.infer_requests)} requests"
             )
         return results
+
+    def _timed_out(self, exc: httpx.TimeoutException) -> str:
+        """What timed out, after how long, and the key that sets it (httpx says only "timed out")."""
+        name = type(exc).__name__
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"{name}: no connection within {self._timeout.connect} s"
+        return f"{name}: no answer within {self._timeout.read} s ({self._infer_timeout_key} sets it)"
 
     def close(self) -> None:
         self._closed.set()

@@ -142,7 +142,7 @@ def _bad_request(request: Request, exc: Exception) -> JSONResponse:
 
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    detail, errors = validation_detail(exc.errors())
+    detail, errors = validation_detail(exc.errors(), request.headers.get("content-type", ""))
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
 
 

@@ -73,14 +73,37 @@ class BodyBudget:
         return BodyTimeout(f"request body not received within {self.timeout_s:g} s")
 
 
-def validation_detail(errors: Iterable[Mapping[str, Any]]) -> tuple[str, list[dict[str, str]]]:
+def validation_detail(
+    errors: Iterable[Mapping[str, Any]], content_type: str | None = None
+) -> tuple[str, list[dict[str, str]]]:
     """The 422 answer of a query or body that failed its model: one `field: message` per error (the field
-    without pydantic's `body` / `query` prefix), joined, and the list."""
-    listed = [
-        {"field": ".".join(str(p) for p in _field_path(err["loc"])) or "<body>", "message": str(err["msg"])}
-        for err in errors
-    ]
+    without pydantic's `body` / `query` prefix), joined, and the list. A body that is not JSON says so:
+    where its JSON breaks, or (`content_type` not JSON, so the body was never parsed) which header to send."""
+    listed = [_error_entry(err, content_type) for err in errors]
     return "; ".join(f"{e['field']}: {e['message']}" for e in listed), listed
+
+
+def _error_entry(err: Mapping[str, Any], content_type: str | None) -> dict[str, str]:
+    path = _field_path(err["loc"])
+    if err.get("type") == "json_invalid":  # FastAPI's loc is ("body", <character offset>), not a field
+        offset = path[0] if path else "?"
+        reason = (err.get("ctx") or {}).get("error", "")
+        return {"field": "<body>", "message": f"invalid JSON at character {offset}: {reason}".rstrip(": ")}
+    if not path and not is_json_content_type(content_type):  # FastAPI kept the raw bytes: never parsed
+        given = "no Content-Type" if not content_type else f"Content-Type {content_type!r}"
+        return {
+            "field": "<body>",
+            "message": f"send the body as JSON with Content-Type: application/json ({given})",
+        }
+    return {"field": ".".join(str(p) for p in path) or "<body>", "message": str(err["msg"])}
+
+
+def is_json_content_type(content_type: str | None) -> bool:
+    """Whether a Content-Type header makes FastAPI parse the body as JSON (`application/json`, `+json`)."""
+    if content_type is None:
+        return True  # the caller did not say (not an HTTP body): nothing to report about the header
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _field_path(loc: Sequence[Any]) -> list[Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -98,8 +98,14 @@ class InferRequest(_SwiftRequest):
     """swift's suffix policy for scoring completed responses: only null (stagectl scores nothing)."""
 
 
+MAX_SEED = 2**63 - 1  # request i samples with seed + i: torch's generators take seeds below 2**64
+
+
 class RequestConfig(_SwiftRequest):
-    """Sampling settings, as swift's `RequestConfig`; null means the default shown here."""
+    """Sampling settings, as swift's `RequestConfig`; null means the default shown here. Numbers are finite
+    (`NaN` / `Infinity`, which Python's JSON reader accepts, are a 422)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(1.0, ge=0)
@@ -108,10 +114,12 @@ class RequestConfig(_SwiftRequest):
     top_k: int | None = None
     """None, 0 or -1 disable top-k."""
     repetition_penalty: float = Field(1.0, gt=0)
-    seed: int | None = Field(None, ge=0)
-    """Base seed: request i of the call samples with seed + i."""
-    stop: list[str] = Field(default_factory=list)
-    """Stop strings; the text is cut before the first one, token ids end with the token completing it."""
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    """Base seed: request i of the call samples with seed + i (at most 2**63 - 1: a larger seed failed the
+    whole generate batch it was in, other callers' requests included)."""
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Stop strings; the text is cut before the first one, token ids end with the token completing it. An
+    empty string is refused (it would end every generation after one token)."""
     return_details: bool = False
     """Return `prompt_token_ids` and `choices[0].token_ids` (the learner always asks for them)."""
     logprobs: bool = False

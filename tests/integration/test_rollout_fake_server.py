@@ -198,7 +198,19 @@ def test_malformed_json_is_422(served: Served) -> None:
         headers={"Content-Type": "application/json", **AUTH},
     )
     assert response.status_code == 422
-    assert "JSON" in response.json()["detail"]
+    assert response.json()["detail"] == "<body>: invalid JSON at character 20: Expecting value"
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_body_without_a_json_content_type_is_422_naming_the_header(
+    served: Served, content_type: str | None
+) -> None:
+    """`curl -d` sends form-urlencoded; FastAPI never parses such a body, and used to answer "Input should be
+    a valid dictionary" for a body that is valid JSON."""
+    headers = dict(AUTH) if content_type is None else {"Content-Type": content_type, **AUTH}
+    response = httpx.post(f"{served.url}/infer/", content=b'{"infer_requests": []}', headers=headers)
+    assert response.status_code == 422
+    assert "send the body as JSON with Content-Type: application/json" in response.json()["detail"]
 
 
 @pytest.mark.parametrize(

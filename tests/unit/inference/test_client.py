@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from stagectl.config.plan import ServerList, ServerRollouts
 from stagectl.config.rollout import RolloutMatchingConfig
 from stagectl.config.sampling import SamplingSpec
 from stagectl.config.stage_b import StageBServerConfig
-from stagectl.inference.client import ClientClosedError, RolloutClient, _Retryable
+from stagectl.inference.client import ClientClosedError, RolloutClient, RolloutServerError, _Retryable
 from stagectl.inference.requests import (
     contiguous_parts,
     detection_request,
@@ -210,3 +211,21 @@ def test_a_wait_for_health_says_once_what_it_waits_for_then_names_the_server_tha
     assert lines[0].startswith(
         "waiting up to 0.6 s (x.timeout_s) for /health/ of http://127.0.0.1:9 (ConnectError"
     )
+
+
+def test_a_call_that_times_out_names_the_timeout_and_the_key_that_sets_it() -> None:
+    """A server that accepts the connection and never answers: the error says how long the client waited
+    and which config key sets it (httpx's own text is only "timed out")."""
+    import socket
+
+    stage_b = ServerList.of_stage_b(StageBServerConfig(base_urls=["http://127.0.0.1:1"], infer_timeout_s=0.2))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        client = RolloutClient.for_servers(dataclasses.replace(stage_b, base_urls=(url,)))
+        with client, pytest.raises(RolloutServerError) as raised:
+            client.infer([detection_request(["a.png"], "Find objects.")], RequestConfig(seed=1))
+    message = str(raised.value)
+    assert "ReadTimeout: no answer within 0.2 s (runner.server.infer_timeout_s sets it)" in message
+    assert url in message

@@ -202,3 +202,29 @@ def test_validation_detail_names_the_field_without_the_query_or_body_prefix() ->
         {"field": "sync_id", "message": "Field required"},
         {"field": "<body>", "message": "bad JSON"},
     ]
+
+
+def test_a_body_that_is_not_json_says_where_it_breaks_or_which_header_to_send() -> None:
+    """FastAPI reports broken JSON at `("body", <character offset>)` (read as a field named "19"), and a body
+    sent without a JSON Content-Type as "Input should be a valid dictionary" (it never parsed it)."""
+    broken = {
+        "type": "json_invalid",
+        "loc": ("body", 19),
+        "msg": "JSON decode error",
+        "ctx": {"error": "Expecting value"},
+    }
+    assert validation_detail([broken], "application/json")[0] == (
+        "<body>: invalid JSON at character 19: Expecting value"
+    )
+    unparsed = {
+        "type": "model_attributes_type",
+        "loc": ("body",),
+        "msg": "Input should be a valid dictionary",
+    }
+    assert validation_detail([unparsed], "application/x-www-form-urlencoded")[0] == (
+        "<body>: send the body as JSON with Content-Type: application/json "
+        "(Content-Type 'application/x-www-form-urlencoded')"
+    )
+    assert "(no Content-Type)" in validation_detail([unparsed], "")[0]
+    for json_type in ("application/json; charset=utf-8", "application/vnd.api+json"):  # parsed: its own error
+        assert validation_detail([unparsed], json_type)[0] == "<body>: Input should be a valid dictionary"

@@ -1,0 +1,36 @@
+"""The `/infer/` request models: values no engine can serve are a 422 naming the field, before any request
+of the call reaches a generate batch it would share with other callers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from stagectl.wire.protocol import MAX_SEED, InferBody, RequestConfig
+
+ONE_REQUEST = [{"messages": [{"role": "user", "content": "hi"}]}]
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"seed": 2**70}, "request_config.seed"),  # torch's generator raised inside the shared batch
+        ({"seed": MAX_SEED + 1}, "request_config.seed"),
+        ({"stop": ["</s>", ""]}, "request_config.stop.1"),  # "" ended every generation after one token
+        ({"temperature": float("inf")}, "request_config.temperature"),
+        ({"repetition_penalty": float("inf")}, "request_config.repetition_penalty"),
+        ({"top_p": float("nan")}, "request_config.top_p"),
+    ],
+)
+def test_unservable_sampling_values_are_refused_naming_the_field(config: dict, field: str) -> None:
+    body = json.dumps({"infer_requests": ONE_REQUEST, "request_config": config})  # `Infinity`, `NaN`
+    with pytest.raises(ValidationError) as raised:
+        InferBody.model_validate(json.loads(body))  # as FastAPI reads a body (Python's JSON reader)
+    assert [".".join(map(str, e["loc"])) for e in raised.value.errors()] == [field]
+
+
+def test_the_largest_seed_and_real_stop_strings_are_served_as_sent() -> None:
+    config = RequestConfig.model_validate({"seed": MAX_SEED, "stop": ["</s>", "\n\n"], "temperature": 0})
+    assert config.seed == MAX_SEED and config.sampling().stop == ("</s>", "\n\n")
