@@ -10,9 +10,12 @@ What goes where:
   `category_id` its COCO category id (ids need not be contiguous), and `bbox_2d` the COCO `[x, y, w, h]`
   as pixel corners `[x, y, x + w, y + h]` (floats rounded to 1e-6 px). Train with `data.box_format: pixel`:
   the loader turns them into norm-1000 bins, and the ids let predictions go back in COCO's own ids.
-- left out and counted: `iscrowd: 1` annotations (a missing `iscrowd`, as in LVIS, means 0), boxes of
-  zero width or height, and boxes wholly outside their image; a box partly outside is clamped to
-  `[0, W] x [0, H]` (COCO's right edge `x + w == W` is the loader's accepted `x2 == width`) and counted.
+- `iscrowd: 1` annotations (a missing `iscrowd`, as in LVIS, means 0) go to the line's `crowd` list, not
+  its objects, written like an object and counted: never trained on, they are the eval's crowd regions,
+  where COCOeval ignores predictions instead of counting false positives (as the official evaluation does).
+- left out and counted: boxes of zero width or height and boxes wholly outside their image (crowd regions
+  too); a box partly outside is clamped to `[0, W] x [0, H]` (COCO's right edge `x + w == W` is the
+  loader's accepted `x2 == width`) and counted.
 - images left with no object are kept as empty samples (negatives), or left out with `drop_empty`.
 
 Problems of the file (a missing image file, a duplicate image or category id, an annotation naming an
@@ -66,7 +69,7 @@ class CocoStats:
     num_objects: int = 0
     num_categories: int = 0
     num_dropped_empty: int = 0  # images left out by `drop_empty`
-    num_crowd: int = 0  # `iscrowd: 1` annotations left out
+    num_crowd: int = 0  # `iscrowd: 1` annotations kept as crowd regions (eval only, never trained on)
     num_zero_area: int = 0  # boxes of zero (or negative) width or height left out
     num_outside: int = 0  # boxes wholly outside their image left out
     num_clamped: int = 0  # boxes partly outside their image, clamped and kept
@@ -75,15 +78,13 @@ class CocoStats:
     def summary(self, out: Path, top: int = 10) -> str:
         """The one summary line `stagectl convert coco` prints."""
         classes = ", ".join(f"{name} {count}" for name, count in self.class_counts.most_common(top))
-        skipped = (
-            f"{self.num_crowd} crowd (iscrowd: 1), {self.num_zero_area} zero-area, "
-            f"{self.num_outside} outside the image"
-        )
+        skipped = f"{self.num_zero_area} zero-area, {self.num_outside} outside the image"
         if self.num_dropped_empty:
             skipped += f", {self.num_dropped_empty} images without objects (--drop-empty)"
         return (
             f"wrote {self.num_images} images ({self.num_empty} without objects), {self.num_objects} objects "
             f"of {self.num_categories} categories to {out}; top classes: {classes or 'none'}; "
+            f"crowd regions (iscrowd: 1, eval only, not trained on): {self.num_crowd}; "
             f"skipped: {skipped}; clamped to the image: {self.num_clamped}; "
             "boxes are pixel xyxy: train with data.box_format: pixel"
         )
@@ -169,12 +170,13 @@ def convert_instances(
         errors.append(f"{source}: 'images' is empty: nothing to convert")
     stats = CocoStats(num_categories=len(categories))
     objects: dict[int, list[dict[str, Any]]] = {image_id: [] for image_id in images}
+    crowds: dict[int, list[dict[str, Any]]] = {image_id: [] for image_id in images}
     total = len(annotations_raw)
     for index, item in enumerate(annotations_raw):
         if on_progress is not None and index % PROGRESS_EVERY == 0:
             on_progress(index, total)
         try:
-            _annotation(item, index, images, categories, objects, stats, bad_ids)
+            _annotation(item, index, images, categories, objects, crowds, stats, bad_ids)
         except _EntryError as exc:
             errors.append(f"{source}: {exc}")
     if on_progress is not None:
@@ -189,15 +191,16 @@ def convert_instances(
             stats.num_dropped_empty += 1
             continue
         stats.num_empty += not image_objects
-        lines.append(
-            {
-                "images": [image.path],
-                "width": image.width,
-                "height": image.height,
-                "objects": image_objects,
-                "image_id": image_id,
-            }
-        )
+        line: dict[str, Any] = {
+            "images": [image.path],
+            "width": image.width,
+            "height": image.height,
+            "objects": image_objects,
+            "image_id": image_id,
+        }
+        if crowds[image_id]:
+            line["crowd"] = crowds[image_id]
+        lines.append(line)
     stats.num_images = len(lines)
     if not lines:
         raise CocoError([f"{source}: every image is without objects and --drop-empty leaves out all of them"])
@@ -291,10 +294,12 @@ def _annotation(
     images: dict[int, _Image],
     categories: dict[int, str],
     objects: dict[int, list[dict[str, Any]]],
+    crowds: dict[int, list[dict[str, Any]]],
     stats: CocoStats,
     bad_ids: set[tuple[str, int | None]],
 ) -> None:
-    """Check one annotation and add its object to `objects` (or count why it is left out)."""
+    """Check one annotation and add its object to `objects`, or to `crowds` when it is a crowd region (or
+    count why it is left out)."""
     where = _Where("annotations", index, item)
     if not isinstance(item, dict):
         raise _EntryError(f"{where}: must be an object with image_id, category_id, bbox, got {item!r}")
@@ -313,9 +318,6 @@ def _annotation(
         raise _EntryError(f"{where}: image_id {image_id} is not in images")
     if cat_id not in categories:
         raise _EntryError(f"{where}: category_id {cat_id} is not in categories")
-    if crowd:
-        stats.num_crowd += 1
-        return
     x, y, w, h = (float(v) for v in bbox)
     box, outcome = clip_box((x, y, w, h), image.width, image.height)
     if box is None:
@@ -325,9 +327,14 @@ def _annotation(
             stats.num_outside += 1
         return
     stats.num_clamped += outcome == "clamped"
+    record = {"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id}
+    if crowd:
+        stats.num_crowd += 1
+        crowds[image_id].append(record)
+        return
     stats.num_objects += 1
     stats.class_counts[categories[cat_id]] += 1
-    objects[image_id].append({"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id})
+    objects[image_id].append(record)
 
 
 def _id(item: dict[str, Any], key: str, where: _Where) -> int:

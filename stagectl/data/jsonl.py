@@ -13,7 +13,11 @@ the pixel size of the image the boxes refer to, the line's first image: with `ve
 line whose first image has another size (read from its header) is a line error, since every box would
 be scaled against the wrong size. Two optional ids ride along from `stagectl convert coco`:
 `image_id` on the line and `category_id` on an object (non-negative integers; COCO's own ids, so
-`stagectl eval` writes predictions in them). Blank lines are skipped; no other field is allowed.
+`stagectl eval` writes predictions in them). A line may also hold `crowd`: COCO's `iscrowd: 1` regions
+as `stagectl convert coco` keeps them, objects written like `objects` (`desc`, `bbox_2d` in the file's box
+format, `category_id`). They are never trained on; the eval's ground truth marks them crowd, so COCOeval
+ignores predictions on them instead of counting false positives, as the official evaluation does.
+Blank lines are skipped; no other field is allowed.
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
 `bbox_2d` is written as four numbers or, as CoordExp's converter writes it (`*.coord.jsonl`), as four
@@ -56,7 +60,7 @@ MAX_REPORTED_ERRORS = 20
 SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
 # optional ids that `stagectl convert coco` writes, so predictions go back in COCO's own ids
-SAMPLE_OPTIONAL = ("image_id",)
+SAMPLE_OPTIONAL = ("image_id", "crowd")
 OBJECT_OPTIONAL = ("category_id",)
 # CoordExp's pre-tokenized coordinate: one norm-1000 bin as a special token
 COORD_TOKEN = re.compile(r"^<\|coord_([0-9]{1,4})\|>$")
@@ -95,6 +99,7 @@ class _RawSample:
     height: int
     objects: list[_RawObject]
     image_id: int | None
+    crowd: list[_RawObject]  # COCO iscrowd regions: eval-only ground truth
 
 
 def load_jsonl_dataset(
@@ -208,9 +213,19 @@ def _parse_line(
     if not isinstance(objects_field, list):
         raise _LineError(f"objects must be a list, got {type(objects_field).__name__}")
     objects = [_parse_object(item, index) for index, item in enumerate(objects_field)]
+    crowd_field = record.get("crowd", [])
+    if not isinstance(crowd_field, list):
+        raise _LineError(f"crowd must be a list, got {type(crowd_field).__name__}")
+    crowd = [_parse_object(item, index, "crowd") for index, item in enumerate(crowd_field)]
     image_id = _optional_id(record, "image_id", where="")
     return _RawSample(
-        line_no=line_no, images=images, width=width, height=height, objects=objects, image_id=image_id
+        line_no=line_no,
+        images=images,
+        width=width,
+        height=height,
+        objects=objects,
+        image_id=image_id,
+        crowd=crowd,
     )
 
 
@@ -284,8 +299,8 @@ def _check_image(full: str, verify: bool) -> _ImageCheck:
     return _ImageCheck(None, (int(size[0]), int(size[1])))
 
 
-def _parse_object(item: Any, index: int) -> _RawObject:
-    where = f"objects[{index}]: "
+def _parse_object(item: Any, index: int, kind: str = "objects") -> _RawObject:
+    where = f"{kind}[{index}]: "
     if not isinstance(item, dict):
         raise _LineError(f"{where}must be an object with desc and bbox_2d, got {item!r}")
     _check_fields(item, OBJECT_FIELDS, where=where, optional=OBJECT_OPTIONAL)
@@ -343,12 +358,12 @@ def _fits_pixels(box: tuple[float, float, float, float], width: int, height: int
 
 def _detect_box_format(raws: list[_RawSample]) -> Literal["pixel", "norm1000"]:
     """The `auto` rule: one format for the whole file, or an error when the file cannot tell."""
-    boxes = [(obj.box, raw) for raw in raws for obj in raw.objects]
+    boxes = [(obj.box, raw) for raw in raws for obj in raw.objects + raw.crowd]
     if not boxes:
         return "norm1000"  # nothing to convert
     if any(not _fits_bins(box) for box, _ in boxes):
         return "pixel"
-    if any(obj.from_tokens for raw in raws for obj in raw.objects):
+    if any(obj.from_tokens for raw in raws for obj in raw.objects + raw.crowd):
         return "norm1000"  # coordinate tokens are bins by definition
     if any(not _fits_pixels(box, raw.width, raw.height) for box, raw in boxes):
         return "norm1000"
@@ -359,19 +374,33 @@ def _detect_box_format(raws: list[_RawSample]) -> Literal["pixel", "norm1000"]:
 
 
 def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
+    return DetectionSample(
+        images=raw.images,
+        width=raw.width,
+        height=raw.height,
+        objects=_to_objects(raw, raw.objects, "objects", box_format),
+        image_id=raw.image_id,
+        crowd=_to_objects(raw, raw.crowd, "crowd", box_format),
+    )
+
+
+def _to_objects(
+    raw: _RawSample, raw_objects: list[_RawObject], kind: str, box_format: BoxFormat
+) -> list[DetObject]:
+    """`raw_objects` (the line's `kind` list) with their boxes read as `box_format`, in norm-1000 bins."""
     objects: list[DetObject] = []
-    for index, obj in enumerate(raw.objects):
+    for index, obj in enumerate(raw_objects):
         shown = [int(v) if v.is_integer() else v for v in obj.box]
         if box_format == "norm1000":
             if not _fits_bins(obj.box) and _fits_pixels(obj.box, raw.width, raw.height):
                 raise _LineError(
-                    f"objects[{index}]: bbox_2d {shown} is not a norm-1000 box (integers in 0..{MAX_BIN}) "
+                    f"{kind}[{index}]: bbox_2d {shown} is not a norm-1000 box (integers in 0..{MAX_BIN}) "
                     f"but fits the {raw.width}x{raw.height} image: these look like pixel boxes "
                     "(as `stagectl convert coco` writes them): set data.box_format: pixel"
                 )
             if not _fits_bins(obj.box):
                 raise _LineError(
-                    f"objects[{index}]: bbox_2d {shown} is outside the image: "
+                    f"{kind}[{index}]: bbox_2d {shown} is outside the image: "
                     f"norm-1000 boxes are integers in 0..{MAX_BIN}"
                 )
             x1, y1, x2, y2 = (int(v) for v in obj.box)
@@ -379,7 +408,7 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
         else:
             if obj.from_tokens:
                 raise _LineError(
-                    f"objects[{index}]: bbox_2d is written as <|coord_k|> tokens, which are norm-1000 bins, "
+                    f"{kind}[{index}]: bbox_2d is written as <|coord_k|> tokens, which are norm-1000 bins, "
                     "but box_format is pixel: set data.box_format: norm1000 (or auto)"
                 )
             if not _fits_pixels(obj.box, raw.width, raw.height):
@@ -390,10 +419,8 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
                     else ""
                 )
                 raise _LineError(
-                    f"objects[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image{hint}"
+                    f"{kind}[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image{hint}"
                 )
             bins = pixel_box_to_bins(obj.box, raw.width, raw.height)
         objects.append(DetObject(desc=obj.desc, bbox_2d=bins, category_id=obj.category_id))
-    return DetectionSample(
-        images=raw.images, width=raw.width, height=raw.height, objects=objects, image_id=raw.image_id
-    )
+    return objects

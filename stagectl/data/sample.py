@@ -39,6 +39,9 @@ class DetectionSample:
     height: int
     objects: list[DetObject] = field(default_factory=list)
     image_id: int | None = None  # the COCO image id, when the data came from COCO
+    # COCO `iscrowd: 1` regions (`stagectl convert coco` keeps them): never trained on; the eval's ground
+    # truth marks them crowd, so predictions on them are ignored, not false positives (COCOeval's rule)
+    crowd: list[DetObject] = field(default_factory=list)
 
     def pixel_boxes(self) -> list[tuple[float, float, float, float]]:
         """Every object's box decoded back to pixels, in object order."""
@@ -54,6 +57,8 @@ class DetectionSample:
         }
         if self.image_id is not None:
             record["image_id"] = self.image_id
+        if self.crowd:
+            record["crowd"] = [_object_line(obj) for obj in self.crowd]
         return record
 
 

@@ -10,7 +10,12 @@ Boxes. Samples store norm-1000 bins; both ground truth and predictions are decod
 the same codec and written as COCO `[x, y, w, h]` = `[x1, y1, x2 - x1, y2 - y1]`. An annotation's `area`
 is that box's `w * h`: the JSONL has no segmentation, and COCOeval sorts objects into small / medium /
 large by the annotation's `area` field, so APs/APm/APl here use box areas (converted COCO data whose
-official `area` is the mask area can land a few objects in another size bucket). Nothing is crowd.
+official `area` is the mask area can land a few objects in another size bucket).
+
+Crowd. A sample's `crowd` regions (COCO's `iscrowd: 1` annotations, which `stagectl convert coco` keeps
+apart from the objects) are ground-truth annotations with `iscrowd: 1`: COCOeval matches a prediction
+left unmatched to one of them as ignored, not as a false positive, and never counts them as objects to
+find, as in the official evaluation. Data without them has no crowd.
 
 Class-agnostic metrics (`coco_summary(..., use_cats=False)`) are the evaluator's own `params.useCats = 0`:
 any prediction may match any ground-truth box, labels ignored; the same numbers as pycocotools' (tested
@@ -52,7 +57,7 @@ class CocoIds:
 def assign_ids(samples: Sequence[DetectionSample], source: str) -> CocoIds:
     """COCO ids for `samples` (see the module docstring); `ValueError` names the offending line."""
     has_image = [s.image_id is not None for s in samples]
-    objects = [(k, obj) for k, s in enumerate(samples) for obj in s.objects]
+    objects = [(k, obj) for k, s in enumerate(samples) for obj in [*s.objects, *s.crowd]]
     has_category = [obj.category_id is not None for _, obj in objects]
     for name, flags in (("image_id", has_image), ("category_id", has_category)):
         if any(flags) and not all(flags):
@@ -106,18 +111,19 @@ def ground_truth(samples: Sequence[DetectionSample], ids: CocoIds) -> dict[str, 
         images.append(
             {"id": image_id, "width": sample.width, "height": sample.height, "file_name": sample.images[0]}
         )
-        for obj in sample.objects:
-            box = xywh(obj.bbox_2d, sample.width, sample.height)
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": image_id,
-                    "category_id": ids.category_of_desc[obj.desc],
-                    "bbox": box,
-                    "area": box[2] * box[3],
-                    "iscrowd": 0,
-                }
-            )
+        for crowd, objects in ((0, sample.objects), (1, sample.crowd)):
+            for obj in objects:
+                box = xywh(obj.bbox_2d, sample.width, sample.height)
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": ids.category_of_desc[obj.desc],
+                        "bbox": box,
+                        "area": box[2] * box[3],
+                        "iscrowd": crowd,
+                    }
+                )
     categories = [{"id": cid, "name": name} for cid, name in sorted(ids.category_names.items())]
     return {"images": images, "annotations": annotations, "categories": categories}
 
@@ -144,8 +150,13 @@ def _evaluate(gt: dict[str, Any], results: Sequence[dict[str, Any]], *, use_cats
     return evaluator
 
 
+def _has_objects(gt: dict[str, Any]) -> bool:
+    """Whether `gt` has an object to find (crowd regions are not: COCOeval only ignores predictions on them)."""
+    return any(not a["iscrowd"] for a in gt["annotations"])
+
+
 def _empty_value(gt: dict[str, Any]) -> float:
-    return 0.0 if gt["annotations"] else -1.0  # nothing found / nothing to find
+    return 0.0 if _has_objects(gt) else -1.0  # nothing found / nothing to find
 
 
 def coco_summary(
@@ -153,7 +164,7 @@ def coco_summary(
 ) -> dict[str, float]:
     """The 12 COCO summary numbers (`COCO_METRICS`); `use_cats=False` is COCOeval's own class-agnostic
     mode (`params.useCats = 0`: every prediction may match every ground-truth box, labels ignored)."""
-    if not results or not gt["annotations"]:  # COCO's loadRes refuses an empty list
+    if not results or not _has_objects(gt):  # COCO's loadRes refuses an empty list
         return dict.fromkeys(COCO_METRICS, _empty_value(gt))
     stats = _evaluate(gt, results, use_cats=use_cats).stats
     return {name: float(v) for name, v in zip(COCO_METRICS, stats[: len(COCO_METRICS)], strict=True)}
@@ -163,8 +174,8 @@ def coco_metrics(gt: dict[str, Any], results: Sequence[dict[str, Any]]) -> CocoM
     """Class-aware COCO bbox metrics of `results` (COCO results rows) against `gt` (a COCO instances dict)."""
     recall = [round(0.01 * k, 2) for k in range(101)]
     names = {c["id"]: c["name"] for c in gt["categories"]}
-    if not results or not gt["annotations"]:  # COCO's loadRes refuses an empty list; nothing is found
-        has_gt = {a["category_id"] for a in gt["annotations"]}
+    if not results or not _has_objects(gt):  # COCO's loadRes refuses an empty list; nothing is found
+        has_gt = {a["category_id"] for a in gt["annotations"] if not a["iscrowd"]}
         return CocoMetrics(
             dict.fromkeys(COCO_METRICS, _empty_value(gt)),
             {name: (0.0 if cid in has_gt else -1.0) for cid, name in names.items()},

@@ -38,7 +38,7 @@ class RunAP:
         from pycocotools.cocoeval import COCOeval
 
         self.image_ids = [int(i["id"]) for i in gt["images"]]
-        self.has_gt = bool(gt["annotations"])
+        self.has_gt = any(not a.get("iscrowd", 0) for a in gt["annotations"])  # crowd: not objects
         self.empty = not predictions
         if self.empty or not self.has_gt:
             return

@@ -69,7 +69,10 @@ def test_coco_converts_and_trains_with_the_example_config(tmp_path: Path) -> Non
     assert summary.startswith(
         f"wrote 5 images (1 without objects), {NUM_KEPT} objects of 3 categories to {out}"
     )
-    assert "1 crowd (iscrowd: 1), 1 zero-area, 0 outside the image; clamped to the image: 1" in summary
+    assert (
+        "crowd regions (iscrowd: 1, eval only, not trained on): 1; skipped: 1 zero-area, 0 outside the image; "
+        "clamped to the image: 1" in summary
+    )
     assert "data.box_format: pixel" in summary
 
     run_dir = tmp_path / "run"

@@ -87,7 +87,9 @@ def test_clip_box(xywh: tuple[float, float, float, float], expected: tuple[Any, 
     assert clip_box(xywh, 200, 100) == expected
 
 
-def test_lines_keep_coco_ids_names_and_pixel_boxes() -> None:
+def test_lines_keep_coco_ids_names_pixel_boxes_and_crowd_regions_apart() -> None:
+    """The crowd box (annotation 3) is no object to train on, but the eval needs it (COCOeval ignores
+    predictions on a crowd region): it goes to the line's `crowd` list."""
     lines, stats = _convert(_instances())
     assert lines == [
         {
@@ -106,6 +108,7 @@ def test_lines_keep_coco_ids_names_and_pixel_boxes() -> None:
             "height": 100,
             "objects": [{"desc": "car", "bbox_2d": [190, 90, 200, 100], "category_id": 3}],
             "image_id": 9,
+            "crowd": [{"desc": "person", "bbox_2d": [5, 5, 55, 55], "category_id": 1}],
         },
         {"images": ["../coco/val/c.jpg"], "width": 200, "height": 100, "objects": [], "image_id": 12},
     ]
@@ -152,7 +155,8 @@ def test_summary_names_top_classes_and_what_was_skipped() -> None:
     top = ", ".join(f"class{i} {i + 1}" for i in range(11, 1, -1))  # ten, most frequent first
     assert f"top classes: {top};" in summary
     assert (
-        "skipped: 0 crowd (iscrowd: 1), 0 zero-area, 0 outside the image; clamped to the image: 0" in summary
+        "crowd regions (iscrowd: 1, eval only, not trained on): 0; skipped: 0 zero-area, 0 outside the image; "
+        "clamped to the image: 0" in summary
     )
     assert summary.endswith("train with data.box_format: pixel")
 

@@ -65,6 +65,30 @@ def test_coco_ids_ride_along_and_round_trip(tmp_path: Path) -> None:
     assert "image_id" not in without.to_json_dict()
 
 
+def test_crowd_regions_load_apart_from_the_objects_and_round_trip(tmp_path: Path) -> None:
+    """`stagectl convert coco` writes COCO's iscrowd regions to `crowd` (pixel boxes like the objects)."""
+    crowd = [{"desc": "person", "bbox_2d": [0, 0, 111.5, 55], "category_id": 1}]
+    path = _write(tmp_path, [_record(image_id=7, crowd=crowd)])
+    (sample,) = load_jsonl_dataset(path, box_format="auto")  # 111.5 decides pixel: crowd boxes count
+    assert sample.crowd == [DetObject("person", (0, 0, 999, 999), category_id=1)]
+    assert [obj.desc for obj in sample.objects] == ["red circle"]  # the objects trained on: no crowd
+    assert load_jsonl_dataset(_write(tmp_path, [sample.to_json_dict()])) == [sample]
+
+
+@pytest.mark.parametrize(
+    ("crowd", "expected"),
+    [
+        ({"desc": "person", "bbox_2d": [0, 0, 200, 10]}, "crowd[0]: bbox_2d [0, 0, 200, 10] is outside the"),
+        ({"desc": "person"}, "crowd[0]: missing field 'bbox_2d'"),
+        ("person", "crowd[0]: must be an object with desc and bbox_2d"),
+    ],
+)
+def test_bad_crowd_regions_are_line_errors_naming_them(tmp_path: Path, crowd: Any, expected: str) -> None:
+    path = _write(tmp_path, [_record(crowd=[crowd])])
+    with pytest.raises(DataError, match=re.escape(f"{path}:1: {expected}")):
+        load_jsonl_dataset(path, box_format="pixel")
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
