@@ -165,7 +165,7 @@ def _evaluate(
         "sampling": {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k},
         "evaluator": "faster-coco-eval",
     }
-    written = write_report(out_dir, report, ids, extra)
+    written = write_report(out_dir, report, extra)
     written += write_gallery(
         out_dir / GALLERY_DIR,
         samples,
