@@ -10,6 +10,8 @@ What goes where:
   `category_id` its COCO category id (ids need not be contiguous), and `bbox_2d` the COCO `[x, y, w, h]`
   as pixel corners `[x, y, x + w, y + h]` (floats rounded to 1e-6 px). Train with `data.box_format: pixel`:
   the loader turns them into norm-1000 bins, and the ids let predictions go back in COCO's own ids.
+  COCO's `area` (the mask's, in COCO's own files) is kept when the annotation has one: the eval's
+  small / medium / large buckets use it as the official evaluation does (without it: the box's area).
 - `iscrowd: 1` annotations (a missing `iscrowd`, as in LVIS, means 0) go to the line's `crowd` list, not
   its objects, written like an object and counted: never trained on, they are the eval's crowd regions,
   where COCOeval ignores predictions instead of counting false positives (as the official evaluation does).
@@ -311,6 +313,9 @@ def _annotation(
     crowd = item.get("iscrowd", 0)
     if crowd not in (0, 1) or isinstance(crowd, float):
         raise _EntryError(f"{where}: iscrowd must be 0 or 1, got {crowd!r}")
+    area = item.get("area")
+    if area is not None and (not _is_number(area) or area < 0):
+        raise _EntryError(f"{where}: area must be a non-negative number of pixels, got {area!r}")
     if ("image", image_id) in bad_ids or ("category", cat_id) in bad_ids:
         return  # its image or category entry is already reported
     image = images.get(image_id)
@@ -327,7 +332,9 @@ def _annotation(
             stats.num_outside += 1
         return
     stats.num_clamped += outcome == "clamped"
-    record = {"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id}
+    record: dict[str, Any] = {"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id}
+    if area is not None:
+        record["area"] = _tidy(float(area))
     if crowd:
         stats.num_crowd += 1
         crowds[image_id].append(record)

@@ -13,7 +13,8 @@ the pixel size of the image the boxes refer to, the line's first image: with `ve
 line whose first image has another size (read from its header) is a line error, since every box would
 be scaled against the wrong size. Two optional ids ride along from `stagectl convert coco`:
 `image_id` on the line and `category_id` on an object (non-negative integers; COCO's own ids, so
-`stagectl eval` writes predictions in them). A line may also hold `crowd`: COCO's `iscrowd: 1` regions
+`stagectl eval` writes predictions in them), and an object's COCO `area` (pixels, the mask's in COCO's
+own files), which the eval's small / medium / large buckets use as COCOeval does. A line may also hold `crowd`: COCO's `iscrowd: 1` regions
 as `stagectl convert coco` keeps them, objects written like `objects` (`desc`, `bbox_2d` in the file's box
 format, `category_id`). They are never trained on; the eval's ground truth marks them crowd, so COCOeval
 ignores predictions on them instead of counting false positives, as the official evaluation does.
@@ -61,7 +62,7 @@ SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
 # optional ids that `stagectl convert coco` writes, so predictions go back in COCO's own ids
 SAMPLE_OPTIONAL = ("image_id", "crowd")
-OBJECT_OPTIONAL = ("category_id",)
+OBJECT_OPTIONAL = ("category_id", "area")
 # CoordExp's pre-tokenized coordinate: one norm-1000 bin as a special token
 COORD_TOKEN = re.compile(r"^<\|coord_([0-9]{1,4})\|>$")
 
@@ -89,6 +90,7 @@ class _RawObject:
     box: tuple[float, float, float, float]  # as written in the file, format not yet known
     category_id: int | None
     from_tokens: bool = False  # written as `<|coord_k|>` tokens: norm-1000 bins whatever box_format says
+    area: float | None = None  # COCO's `area` (pixels), when written
 
 
 @dataclass(frozen=True)
@@ -315,7 +317,12 @@ def _parse_object(item: Any, index: int, kind: str = "objects") -> _RawObject:
     if y2 < y1:
         raise _LineError(f"{where}bbox_2d {box} has y2 < y1")
     category_id = _optional_id(item, "category_id", where)
-    return _RawObject(desc=desc, box=values, category_id=category_id, from_tokens=from_tokens)
+    area = item.get("area")
+    if area is not None and (not _is_number(area) or area < 0):
+        raise _LineError(f"{where}area must be a non-negative number of pixels, got {area!r}")
+    return _RawObject(
+        desc=desc, box=values, category_id=category_id, from_tokens=from_tokens, area=_number(area)
+    )
 
 
 def _box_values(box: Any, where: str) -> tuple[float, float, float, float]:
@@ -345,6 +352,10 @@ def _box_values(box: Any, where: str) -> tuple[float, float, float, float]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _fits_bins(box: tuple[float, float, float, float]) -> bool:
@@ -422,5 +433,5 @@ def _to_objects(
                     f"{kind}[{index}]: bbox_2d {shown} is outside the {raw.width}x{raw.height} image{hint}"
                 )
             bins = pixel_box_to_bins(obj.box, raw.width, raw.height)
-        objects.append(DetObject(desc=obj.desc, bbox_2d=bins, category_id=obj.category_id))
+        objects.append(DetObject(desc=obj.desc, bbox_2d=bins, category_id=obj.category_id, area=obj.area))
     return objects

@@ -27,6 +27,9 @@ class DetObject:
     desc: str
     bbox_2d: Box
     category_id: int | None = None  # the COCO category id, when the data came from COCO
+    # COCO's `area` in pixels (the mask's, for COCO's own files): the eval's small / medium / large bucket
+    # uses it as COCOeval does; None: the box's area
+    area: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,4 +69,6 @@ def _object_line(obj: DetObject) -> dict[str, Any]:
     record = object_record(obj)
     if obj.category_id is not None:
         record["category_id"] = obj.category_id
+    if obj.area is not None:
+        record["area"] = obj.area
     return record

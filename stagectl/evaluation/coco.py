@@ -7,10 +7,9 @@ a file where some lines (or objects) carry them and others do not is refused, si
 could collide with the given ones.
 
 Boxes. Samples store norm-1000 bins; both ground truth and predictions are decoded to pixel corners with
-the same codec and written as COCO `[x, y, w, h]` = `[x1, y1, x2 - x1, y2 - y1]`. An annotation's `area`
-is that box's `w * h`: the JSONL has no segmentation, and COCOeval sorts objects into small / medium /
-large by the annotation's `area` field, so APs/APm/APl here use box areas (converted COCO data whose
-official `area` is the mask area can land a few objects in another size bucket).
+the same codec and written as COCO `[x, y, w, h]` = `[x1, y1, x2 - x1, y2 - y1]`. COCOeval sorts objects
+into small / medium / large by the annotation's `area` field: an object's COCO `area` when the data has it
+(`stagectl convert coco` keeps it: the mask area, as the official evaluation uses), else the box's `w * h`.
 
 Crowd. A sample's `crowd` regions (COCO's `iscrowd: 1` annotations, which `stagectl convert coco` keeps
 apart from the objects) are ground-truth annotations with `iscrowd: 1`: COCOeval matches a prediction
@@ -120,7 +119,7 @@ def ground_truth(samples: Sequence[DetectionSample], ids: CocoIds) -> dict[str, 
                         "image_id": image_id,
                         "category_id": ids.category_of_desc[obj.desc],
                         "bbox": box,
-                        "area": box[2] * box[3],
+                        "area": obj.area if obj.area is not None else box[2] * box[3],
                         "iscrowd": crowd,
                     }
                 )

@@ -117,6 +117,19 @@ def test_lines_keep_coco_ids_names_pixel_boxes_and_crowd_regions_apart() -> None
     assert stats.class_counts == {"person": 1, "toothbrush": 1, "car": 1}
 
 
+def test_coco_area_is_kept_for_the_evals_size_buckets() -> None:
+    """COCO's `area` (the mask's) decides small / medium / large in COCOeval; a missing one stays missing."""
+    instances = _instances()
+    instances["annotations"][0]["area"] = 702.25
+    instances["annotations"][2]["area"] = 2500  # the crowd region
+    lines, _ = _convert(instances)
+    assert [obj.get("area") for obj in lines[0]["objects"]] == [702.25, None]
+    assert lines[1]["crowd"][0]["area"] == 2500
+    instances["annotations"][1]["area"] = -3
+    with pytest.raises(CocoError, match=r"annotations\[1\] \(id 2\): area must be a non-negative number"):
+        _convert(instances)
+
+
 def test_drop_empty_leaves_out_images_with_no_object_left() -> None:
     instances = _instances()
     instances["annotations"][3]["iscrowd"] = 1  # image 9 now has only crowd boxes

@@ -65,6 +65,19 @@ def test_coco_ids_ride_along_and_round_trip(tmp_path: Path) -> None:
     assert "image_id" not in without.to_json_dict()
 
 
+def test_coco_area_rides_along_and_round_trips(tmp_path: Path) -> None:
+    objects = [{"desc": "dog", "bbox_2d": [0, 100, 999, 999], "category_id": 18, "area": 1234.5}]
+    path = _write(tmp_path, [_record(objects=objects)])
+    (sample,) = load_jsonl_dataset(path)
+    assert sample.objects == [DetObject("dog", (0, 100, 999, 999), category_id=18, area=1234.5)]
+    assert sample.to_json_dict()["objects"] == objects
+    bad = _write(tmp_path, [_record(objects=[{**objects[0], "area": "big"}])])
+    with pytest.raises(
+        DataError, match=re.escape(f"{bad}:1: objects[0]: area must be a non-negative number")
+    ):
+        load_jsonl_dataset(bad)
+
+
 def test_crowd_regions_load_apart_from_the_objects_and_round_trip(tmp_path: Path) -> None:
     """`stagectl convert coco` writes COCO's iscrowd regions to `crowd` (pixel boxes like the objects)."""
     crowd = [{"desc": "person", "bbox_2d": [0, 0, 111.5, 55], "category_id": 1}]

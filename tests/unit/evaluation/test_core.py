@@ -266,3 +266,29 @@ def test_a_prediction_on_a_crowd_region_is_ignored_as_cocoeval_ignores_it(tmp_pa
     )
     # a crowd region is no object to find: the box-only counts see the two objects only
     assert report.metrics["n_gt"] == 2 and report.metrics["n_pred"] == 3 and report.metrics["n_matched"] == 2
+
+
+def test_an_objects_coco_area_decides_its_size_bucket_as_in_cocoeval(tmp_path: Path) -> None:
+    """COCO's `area` is the mask's: a thin diagonal object with a 49x49 px box (medium by box area) has a
+    small mask. With the area kept (`stagectl convert coco`), APs/APm bucket it as the official evaluation
+    does; the box area put it under APm."""
+    box = (0, 0, 500, 500)  # ~49.5 px square on a 100 px image: box area ~2450 > 32**2
+    whole = (0, 0, 999, 999)  # the whole image, no area given: large by its box (99**2 > 96**2)
+    samples = [
+        DetectionSample(
+            ["im0.png"], 100, 100, [DetObject("pole", box, category_id=3, area=600.0)], image_id=1
+        ),
+        DetectionSample(["im1.png"], 100, 100, [DetObject("pole", whole, category_id=3)], image_id=2),
+    ]
+    ids = assign_ids(samples, "test")
+    answers = [[Pred("pole", box)], [Pred("pole", whole)]]
+    outcomes = [
+        judge_image(k, samples[k], _generation(answers[k]), CHAR.vocab, ids, duplicate_iou_threshold=0.9)
+        for k in range(len(samples))
+    ]
+    report = summarize(samples, outcomes, ids, "coord")
+    areas = [a["area"] for a in report.ground_truth["annotations"]]
+    assert areas == [600.0, pytest.approx(99.0**2)]  # the second has no area: its box's
+    assert report.metrics["APs"] == pytest.approx(1.0)  # the pole's mask is small
+    assert report.metrics["APm"] == -1.0  # no medium object at all
+    assert report.metrics["APl"] == pytest.approx(1.0)
