@@ -194,6 +194,12 @@ def _parse_line(
         raise _LineError(f"malformed JSON: {str(exc) or type(exc).__name__}") from None
     if not isinstance(record, dict):
         raise _LineError(f"a line must be a JSON object, got {type(record).__name__}")
+    if "annotations" in record or "categories" in record:  # the instances JSON itself given as the data
+        raise _LineError(
+            "this is a COCO instances file (images, annotations, categories), not a detection JSONL: convert "
+            "it with `stagectl convert coco FILE --images IMAGE_DIR --out OUT.jsonl`, then use OUT.jsonl "
+            "with data.box_format: pixel"
+        )
     try:
         json.dumps(record, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

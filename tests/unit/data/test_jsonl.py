@@ -65,6 +65,20 @@ def test_coco_ids_ride_along_and_round_trip(tmp_path: Path) -> None:
     assert "image_id" not in without.to_json_dict()
 
 
+def test_a_coco_instances_file_given_as_the_data_says_to_convert_it(tmp_path: Path) -> None:
+    """`--data instances_val2017.json` (or data.train_jsonl) was `line 1: missing field 'width'`."""
+    instances = {
+        "info": {"description": "COCO 2017"},
+        "images": [{"id": 1, "file_name": "a.png", "width": 112, "height": 56}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]}],
+        "categories": [{"id": 1, "name": "person"}],
+    }
+    path = _write(tmp_path, [instances])
+    with pytest.raises(DataError, match=re.escape(f"{path}:1: this is a COCO instances file")) as caught:
+        load_jsonl_dataset(path)
+    assert "stagectl convert coco" in str(caught.value)
+
+
 def test_coco_area_rides_along_and_round_trips(tmp_path: Path) -> None:
     objects = [{"desc": "dog", "bbox_2d": [0, 100, 999, 999], "category_id": 18, "area": 1234.5}]
     path = _write(tmp_path, [_record(objects=objects)])
