@@ -101,6 +101,17 @@ def eval_setup(config: dict[str, Any]) -> dict[str, Any]:
     return {key: section.get(key) for key in EVAL_SETUP_KEYS}
 
 
+def check_distinct(runs: Sequence[RunEval]) -> None:
+    """ValueError when one run dir is given twice (`runs/a runs/a/`, an overlapping glob): it would count as
+    two seeds and narrow the intervals."""
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        key = run.path.resolve()
+        if key in seen:
+            raise ValueError(f"{run.path} is given twice (also as {seen[key]}); each run counts as one seed")
+        seen[key] = run.path
+
+
 def check_same_eval(runs: Sequence[RunEval]) -> None:
     """ValueError naming the first `data.eval` key the runs differ in: the comparison pairs images across
     runs (image k of one run against image k of another), so they must have evaluated the same images the
@@ -214,7 +225,8 @@ def _with_ap(
 
 def compare(runs: Sequence[RunEval], step: int | None = None) -> tuple[int, list[VariantRow]]:
     """Every variant at one optimizer step (default: the largest eval step all runs share); the runs must
-    share their eval setup (`check_same_eval`)."""
+    be distinct and share their eval setup (`check_distinct`, `check_same_eval`)."""
+    check_distinct(runs)
     check_same_eval(runs)
     at = common_step(runs) if step is None else step
     missing = [str(r.path) for r in runs if at not in r.evals]

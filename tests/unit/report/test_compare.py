@@ -121,3 +121,15 @@ def test_runs_that_differ_only_in_when_they_evaluate_are_compared(tmp_path: Path
     b = load_run(_ablation_run(tmp_path / "b", 0.5, {**base, "every_steps": 10, "gallery_images": 0}))
     step, rows = compare([a, b])
     assert step == 10 and [r.variant for r in rows] == ["A-only", "AB b=0.5 clean_prefix"]
+
+
+def test_a_run_given_twice_is_refused(tmp_path: Path) -> None:
+    """`stagectl report runs/a runs/a/` counted one run as two seeds of its variant."""
+    from stagectl.report.compare import compare, load_run
+
+    path = _ablation_run(tmp_path / "a", 0.0, {"jsonl": "/data/val.jsonl"})
+    with pytest.raises(ValueError, match="is given twice"):
+        compare([load_run(path), load_run(Path(f"{path}/"))])
+    (tmp_path / "x").mkdir()
+    with pytest.raises(ValueError, match="is given twice"):
+        compare([load_run(path), load_run(tmp_path / "x" / ".." / "a")])
