@@ -6,7 +6,8 @@ its token check; the same chunks can also come over the weight-stream port (`str
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.requests import ClientDisconnect
 
 from stagectl.weightsync.errors import WeightSyncError
 from stagectl.weightsync.http import HttpReceiver
@@ -49,6 +50,10 @@ def routes(receiver: HttpReceiver, off_loop: OffLoop) -> APIRouter:
             async for data in request.stream():
                 chunk.feed(data)
             finished = True
+        except ClientDisconnect:  # the learner died or cut the sync mid-chunk: failed below, no traceback
+            raise HTTPException(
+                400, "the chunk's body did not arrive whole (the sender disconnected)"
+            ) from None
         finally:
             if not finished:
                 await off_loop(receiver.fail_chunk, chunk, "the chunk's body did not arrive whole")
