@@ -191,6 +191,7 @@ def convert_instances(
         image_objects = objects[image_id]
         if not image_objects and drop_empty:
             stats.num_dropped_empty += 1
+            stats.num_crowd -= len(crowds[image_id])  # left out with its image: not written
             continue
         stats.num_empty += not image_objects
         line: dict[str, Any] = {
