@@ -23,9 +23,10 @@ def utc_now() -> str:
 
 
 def read_guidance_file(path: Path) -> Guidance:
-    """Load and check one guidance JSON file; `ValueError` naming the file otherwise."""
+    """Load and check one guidance JSON file; `ValueError` naming the file otherwise. A UTF-8 byte-order mark
+    (what Windows editors write) is skipped."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ValueError(f"guidance file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:

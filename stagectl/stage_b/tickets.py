@@ -1,7 +1,10 @@
 """Stage-B tickets: one JSONL line = `{mission, group_id, label: pass|fail, per_image: {image_1: summary}}`.
 
 `parse_ticket` checks one decoded line (pure); `load_tickets` reads the files of one mission and names every
-bad line as `file:line: problem` (not JSON, not a ticket, a duplicate of an earlier ticket). A bad line is an
+bad line as `file:line: problem` (not UTF-8, not JSON, a key written twice, not a ticket, a duplicate of an
+earlier ticket). Lines end at `\n` only (a `\r` before it is allowed): a summary may hold U+2028 or U+0085, as
+a JSON writer with `ensure_ascii=False` leaves them, so `str.splitlines` would cut a valid line in two. A UTF-8
+byte-order mark at the start of a file (what Windows editors write) is skipped. A bad line is an
 error unless the run opts in to skipping them (`runner.bad_ticket_lines: skip`, which the run's log, summary
 and report then state); a set with no usable ticket is always an error, and so is one group_id labelled both
 pass and fail (both lines named: one of them is wrong, and skipping either would hide which).
@@ -20,6 +23,8 @@ from typing import Any, Literal
 Label = Literal["pass", "fail"]
 LABELS: tuple[Label, ...] = ("pass", "fail")
 _IMAGE_KEY = re.compile(r"^image_(\d+)$")
+# what `surrogateescape` decoding makes of bytes that are not UTF-8 (valid UTF-8 never decodes to these)
+_UNDECODED = re.compile("[\udc80-\udcff]")
 NUM_NAMED_PROBLEMS = 5  # bad lines named in the error (the count names the rest)
 SKIP_HINT = "runner.bad_ticket_lines: skip"
 
@@ -88,8 +93,13 @@ def parse_ticket_lines(
         if not line.strip():
             continue
         where = f"{source}:{number}"
+        undecoded = _UNDECODED.search(line)
+        if undecoded is not None:
+            byte = len(line[: undecoded.start()].encode("utf-8", "surrogateescape")) + 1
+            problems.append(f"{where}: not UTF-8 text (byte {byte} of the line)")
+            continue
         try:
-            ticket = parse_ticket(json.loads(line))
+            ticket = parse_ticket(json.loads(line, object_pairs_hook=_no_repeated_keys))
         except json.JSONDecodeError as exc:
             problems.append(f"{where}: not valid JSON ({exc.msg})")
             continue
@@ -113,6 +123,23 @@ def parse_ticket_lines(
     return TicketSet(tickets, problems, other)
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct (`json.loads` would keep the last of a repeated key silently:
+    `"label": "pass", ..., "label": "fail"` must not become a fail ticket unseen)."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"key(s) written twice in one object: {', '.join(repeated)}")
+    return dict(pairs)
+
+
+def split_ticket_text(data: bytes) -> list[str]:
+    """A ticket file's bytes -> its lines (pure): a leading byte-order mark skipped, split at `\n` only, bytes
+    that are not UTF-8 kept as `surrogateescape` characters for `parse_ticket_lines` to report."""
+    text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+    return text.split("\n")
+
+
 def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False) -> TicketSet:
     """Every ticket of `mission` in `paths` (in file order). `ValueError` naming the bad lines when there are
     any (unless `skip_bad`: they are in `problems`), and when no usable ticket is left."""
@@ -123,10 +150,10 @@ def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False)
     seen: dict[str, tuple[Label, str]] = {}
     for path in paths:
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
         except OSError as exc:
             raise ValueError(f"tickets: cannot read {path}: {exc.strerror or exc}") from None
-        part = parse_ticket_lines(text.splitlines(), str(path), mission, seen)
+        part = parse_ticket_lines(split_ticket_text(data), str(path), mission, seen)
         problems += part.problems
         other += part.num_other_missions
         tickets += part.tickets

@@ -255,6 +255,16 @@ def test_read_guidance_file_names_the_file(tmp_path: Path) -> None:
         read_guidance_file(tmp_path / "missing.json")
 
 
+def test_read_guidance_file_skips_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    text = json.dumps(
+        {"step": 3, "updated_at": "t", "experiences": {"G0": "焦点", "G1": "红色不通过"}}, ensure_ascii=False
+    )
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    guidance = read_guidance_file(path)
+    assert guidance.step == 3 and guidance.experiences["G1"] == "红色不通过"
+
+
 # ------------------------------------------------------------------ upstream-style files and answers
 
 

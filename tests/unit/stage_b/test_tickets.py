@@ -104,3 +104,47 @@ def test_no_usable_ticket_is_an_error(tmp_path: Path) -> None:
         load_tickets([path], "m", skip_bad=True)
     with pytest.raises(ValueError, match="cannot read"):
         load_tickets([tmp_path / "missing.jsonl"], "m")
+
+
+def test_a_summary_with_a_unicode_line_separator_is_one_line(tmp_path: Path) -> None:
+    # `json.dumps(..., ensure_ascii=False)` (upstream's writer) leaves U+2028 / U+0085 unescaped in the line
+    odd = {**GOOD, "per_image": {"image_1": "red\u2028circle\x85near the top"}}
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        json.dumps(odd, ensure_ascii=False) + "\n" + json.dumps({**GOOD, "group_id": "g2"}) + "\n"
+    )
+    result = load_tickets([path], "m")
+    assert [t.key for t in result.tickets] == ["g1::fail", "g2::fail"]
+    assert result.tickets[0].per_image == (
+        ("image_1", "red circle near the top"),
+    )  # whitespace made single spaces
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + (json.dumps(GOOD) + "\r\n\r\n" + json.dumps({**GOOD, "group_id": "g2"})).encode()
+    )
+    assert [t.key for t in load_tickets([path], "m").tickets] == ["g1::fail", "g2::fail"]
+
+
+def test_a_line_that_is_not_utf8_is_named_with_its_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    latin = json.dumps({**GOOD, "group_id": "g2", "per_image": {"image_1": "caf\u00e9"}}).replace(
+        "\\u00e9", "\xe9"
+    )
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + latin.encode("latin-1") + b"\n")
+    with pytest.raises(ValueError) as info:
+        load_tickets([path], "m")
+    byte = latin.index("\xe9") + 1
+    assert f"{path}:2: not UTF-8 text (byte {byte} of the line)" in str(info.value)
+    result = load_tickets([path], "m", skip_bad=True)
+    assert [t.key for t in result.tickets] == ["g1::fail"]
+
+
+def test_a_key_written_twice_is_a_bad_line_not_the_last_value(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    twice = json.dumps(GOOD)[:-1] + ', "label": "pass"}'
+    path.write_text(json.dumps({**GOOD, "group_id": "g0"}) + "\n" + twice + "\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: key\(s\) written twice in one object: label"):
+        load_tickets([path], "m")
