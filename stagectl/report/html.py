@@ -95,22 +95,28 @@ def eval_gallery(page_dir: Path, eval_dir: Path, title: str) -> Gallery | None:
     listing = eval_dir / EVAL_GALLERY
     if not listing.is_file():
         return None
-    saved = json.loads(listing.read_text(encoding="utf-8"))
-    entries = saved.get("images", [])
     base = Path(os.path.relpath(listing.parent.resolve(), page_dir.resolve())).as_posix()
-    items = [
-        Figure(
-            f"{base}/{e['file']}",
-            e.get("title", f"image {e['index']}"),  # a gallery written before titles: its position
-            f"{e['num_missed']} missed, {e['num_fp']} false positive(s) of {e['num_gt']} GT / {e['num_pred']} predicted",
+    try:
+        saved = json.loads(listing.read_text(encoding="utf-8"))
+        items = [
+            Figure(
+                f"{base}/{e['file']}",
+                e.get("title", f"image {e['index']}"),  # a gallery written before titles: its position
+                f"{e['num_missed']} missed, {e['num_fp']} false positive(s) of {e['num_gt']} GT / {e['num_pred']} predicted",
+            )
+            for e in saved.get("images", [])
+            if (listing.parent / e["file"]).is_file()
+        ]
+        intro = (
+            gallery_intro(len(items), saved["num_evaluated"], saved["num_imperfect"])
+            if "num_imperfect" in saved
+            else f"The {len(items)} worst images (most misses + false positives first)."
         )
-        for e in entries
-        if (listing.parent / e["file"]).is_file()
-    ]
-    if "num_imperfect" in saved:
-        intro = gallery_intro(len(items), saved["num_evaluated"], saved["num_imperfect"])
-    else:
-        intro = f"The {len(items)} worst images (most misses + false positives first)."
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(
+            f"{listing}: not a gallery as `stagectl eval` writes it ({type(exc).__name__}: {exc}); draw it "
+            f"again with `stagectl eval ... --overwrite`, or remove {listing.parent} to report without it"
+        ) from None
     intro += f" The full gallery: {base}/index.html."
     return Gallery(title, intro, items, legend() if items else [])
 

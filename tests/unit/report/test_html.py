@@ -52,6 +52,23 @@ def test_eval_page_shows_the_gallery(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"images": [{"file": "000_scene.png", "ti', "JSONDecodeError"),  # torn
+        ('{"images": [{"file": "000_scene.png"}]}', "KeyError: 'index'"),  # not ours
+        ("[1, 2]", "AttributeError"),
+    ],
+)
+def test_a_broken_gallery_listing_is_an_error_naming_it(tmp_path: Path, text: str, why: str) -> None:
+    """A torn or foreign `gallery/gallery.json` was a bare JSON error (no file named) or a KeyError traceback."""
+    _, ev, _ = write_report_dirs(tmp_path)
+    listing = ev / "gallery" / "gallery.json"
+    listing.write_text(text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(listing))}: not a gallery .*{re.escape(why)}"):
+        write_reports(ev)
+
+
 def test_stage_b_page_shows_accuracy_and_each_guidance_version_with_its_reflection(tmp_path: Path) -> None:
     _, _, mission = write_report_dirs(tmp_path)
     (written,) = write_reports(mission)
