@@ -37,6 +37,7 @@ class RunAP:
         from pycocotools.coco import COCO
         from pycocotools.cocoeval import COCOeval
 
+        self.notes: list[str] = []  # what reading the predictions skipped (`load_run_ap`)
         self.image_ids = [int(i["id"]) for i in gt["images"]]
         self.has_gt = any(not a.get("iscrowd", 0) for a in gt["annotations"])  # crowd: not objects
         self.empty = not predictions
@@ -77,16 +78,27 @@ class RunAP:
 
 
 def load_run_ap(run_dir: Path, step: int, *, use_cats: bool = True) -> RunAP:
-    """`RunAP` of a train-ab run's eval at `step` (ValueError naming the file when it is missing)."""
+    """`RunAP` of a train-ab run's eval at `step` (ValueError naming the file when it is missing or not
+    JSON). A torn last line of the predictions (a run that crashed while appending) is skipped and noted in
+    the result's `notes`, as `stagectl report` does with the other JSONL files."""
+    from stagectl.report.jsonl import read_jsonl
+
     gt_path, pred_path = run_dir / GT_FILE, run_dir / PREDICTIONS_FILE
     for path in (gt_path, pred_path):
         if not path.is_file():
             raise ValueError(f"{path} is missing: AP intervals need train-ab's eval predictions")
-    rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
-    at = [r for r in rows if int(r["step"]) == step]
+    predictions = read_jsonl(pred_path)
+    at = [r for r in predictions.rows if r.get("step") == step]
     if not at:
-        raise ValueError(f"{pred_path} has no eval at step {step} (steps: {[r['step'] for r in rows]})")
-    return RunAP(json.loads(gt_path.read_text()), at[-1]["predictions"], use_cats=use_cats)
+        steps = [r.get("step") for r in predictions.rows]
+        raise ValueError(f"{pred_path} has no eval at step {step} (steps: {steps})")
+    try:
+        gt = json.loads(gt_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{gt_path}: not valid JSON ({exc})") from None
+    run = RunAP(gt, at[-1]["predictions"], use_cats=use_cats)
+    run.notes = predictions.notes()
+    return run
 
 
 def image_draws(num_images: int, resamples: int, seed: int = 0) -> np.ndarray:

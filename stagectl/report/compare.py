@@ -197,6 +197,8 @@ def _with_ap(
     if not all((r.path / PREDICTIONS_FILE).is_file() for r in runs):
         return rows
     loaded = {r.path: load_run_ap(r.path, step_of[r.path]) for r in runs}
+    for r in runs:
+        r.notes += [f"`{r.path}`: {note}" for note in loaded[r.path].notes]
     sizes = {len(a.image_ids) for a in loaded.values()}
     if len(sizes) != 1:
         return rows

@@ -108,3 +108,21 @@ def test_runs_on_different_images_are_refused_and_missing_files_named(tmp_path: 
     with pytest.raises(ValueError, match=r"no eval at step 2 \(steps: \[4\]\)"):
         load_run_ap(tmp_path, 2)
     assert load_run_ap(tmp_path, 4).ap(range(12)) == pytest.approx(coco_summary(gt, preds)["AP"], abs=1e-9)
+
+
+def test_a_torn_last_predictions_line_is_skipped_and_noted(tmp_path: Path) -> None:
+    """A run that crashed while appending its eval predictions: the comparison stopped on a bare
+    JSONDecodeError (no file named); the torn line is now skipped and noted, as for eval.jsonl."""
+    gt, preds = _scene(2)
+    (tmp_path / "eval_gt.coco.json").write_text(json.dumps(gt))
+    whole = json.dumps({"step": 4, "predictions": preds})
+    (tmp_path / "eval_predictions.jsonl").write_text(whole + "\n" + whole[:40])
+    run = load_run_ap(tmp_path, 4)
+    assert run.ap(range(12)) == pytest.approx(coco_summary(gt, preds)["AP"], abs=1e-9)
+    assert run.notes == [
+        "`eval_predictions.jsonl`: skipped 1 unreadable line(s): 2 (a torn last line: the run was probably "
+        "interrupted)."
+    ]
+    (tmp_path / "eval_gt.coco.json").write_text(json.dumps(gt)[:50])
+    with pytest.raises(ValueError, match=r"eval_gt\.coco\.json: not valid JSON"):
+        load_run_ap(tmp_path, 4)
