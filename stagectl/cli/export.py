@@ -36,6 +36,14 @@ def command(
             dtype = canonical_dtype(dtype)
         except ValueError as exc:
             fail(f"--dtype: {exc}")
+    from stagectl.files import check_output_dir
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        fail(f"{out} exists and is not an empty directory; choose a new path")
+    try:
+        check_output_dir(out, "OUT")  # a parent that is a file, or not writable: named before the model loads
+    except ValueError as exc:
+        fail(str(exc))
     from stagectl.models.export import export_model  # heavy: torch + transformers
 
     try:
@@ -47,6 +55,8 @@ def command(
         )
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
+    except OSError as exc:  # e.g. the disk filled while writing: export_model removed its staging directory
+        fail(f"OUT: cannot write the model to {out}: {exc.strerror or exc}")
     coords = (
         "no coordinate tokens"
         if summary.coord_token_ids is None

@@ -1,8 +1,11 @@
 """`stagectl tiny-model OUT --arch ...`: write a built-in tiny checkpoint (Qwen-VL, or a text chat model) to a
-directory."""
+directory. The checkpoint is built in a staging directory next to OUT and renamed into place, so OUT appears
+whole or not at all (a failed or interrupted build leaves no half-written OUT that a second try would refuse)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import cast
 
@@ -25,9 +28,27 @@ def command(
     """Build the tiny random-weight model (tokenizer, image processor, chat template) for offline runs."""
     if arch not in ARCH_CHOICES:
         fail(f"--arch {arch!r} is not one of {', '.join(ARCH_CHOICES)}")
+    from stagectl.files import check_output_dir, make_output_dir
+
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         fail(f"{out} exists and is not an empty directory; choose a new path")
+    try:
+        check_output_dir(out, "OUT")  # a parent that is a file, or not writable: named before torch loads
+    except ValueError as exc:
+        fail(str(exc))
     from stagectl.models.tiny import TinyArch, build_tiny_model  # heavy: torch + transformers
 
-    path = build_tiny_model(cast(TinyArch, arch), out)  # arch checked against ARCH_CHOICES above
-    typer.echo(f"wrote tiny {arch} model to {path}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = make_output_dir(out.parent, prefix=f".{out.name}.")
+    try:
+        build_tiny_model(cast(TinyArch, arch), staging)  # arch checked against ARCH_CHOICES above
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(staging, out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        fail(f"OUT: cannot write the model to {out}: {exc.strerror or exc}")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    typer.echo(f"wrote tiny {arch} model to {out}")

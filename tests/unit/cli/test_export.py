@@ -1,0 +1,30 @@
+"""`stagectl export`: an OUT that cannot be a directory is refused naming why, before the model loads (it was
+a FileExistsError / NotADirectoryError traceback after loading it). In process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stagectl.cli.app import app
+
+
+@pytest.mark.parametrize("under", ["sub", "sub/deeper"])
+def test_an_out_under_a_file_names_the_file(tmp_path: Path, under: str) -> None:
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / under
+    result = CliRunner().invoke(app, ["export", "builtin:tiny-qwen2.5-vl", str(out)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert (
+        f"error: OUT: cannot write to {out}: {tmp_path / 'afile'} is a file, not a directory" in result.output
+    )
+
+
+def test_an_out_that_holds_files_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("mine")
+    result = CliRunner().invoke(app, ["export", "builtin:tiny-qwen2.5-vl", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"error: {tmp_path} exists and is not an empty directory; choose a new path" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]

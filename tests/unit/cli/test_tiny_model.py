@@ -1,0 +1,41 @@
+"""`stagectl tiny-model`: an OUT under a file is refused naming the file (it was a NotADirectoryError
+traceback); a build that fails leaves neither OUT nor its staging directory behind. In process."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stagectl.cli.app import app
+
+
+def tiny_model(out: Path, *args: str) -> tuple[int, str, BaseException | None]:
+    result = CliRunner().invoke(app, ["tiny-model", str(out), *args])
+    return result.exit_code, result.output, result.exception
+
+
+def test_an_out_under_a_file_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    code, output, exception = tiny_model(tmp_path / "afile" / "sub")
+    assert code == 1 and isinstance(exception, SystemExit), output
+    assert (
+        f"error: OUT: cannot write to {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'} is a file" in output
+    )
+
+
+def test_a_failed_build_leaves_no_partial_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stagectl.models.tiny as tiny
+
+    def build_then_fill_the_disk(arch: str, out_dir: Path) -> Path:
+        (Path(out_dir) / "config.json").write_text("{}")  # what a build writes before the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiny, "build_tiny_model", build_then_fill_the_disk)
+    out = tmp_path / "models" / "tiny"
+    code, output, _ = tiny_model(out)
+    assert code == 1
+    assert f"error: OUT: cannot write the model to {out}: No space left on device" in output
+    assert list((tmp_path / "models").iterdir()) == []  # no OUT, no staging directory
