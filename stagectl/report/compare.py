@@ -160,9 +160,7 @@ def compare_at(
 ) -> list[VariantRow]:
     """One row per variant, each run read at `step_of[run.path]` (equal steps, or equal wall time)."""
     groups = group(runs)
-    counts = {
-        name: [counts_from_row(r.evals[step_of[r.path]]) for r in members] for name, members in groups.items()
-    }
+    counts = {name: [_counts(r, step_of[r.path]) for r in members] for name, members in groups.items()}
     rows = []
     for name, members in groups.items():
         f1s = [variant_intervals([c])["f1"].value for c in counts[name]]
@@ -172,6 +170,14 @@ def compare_at(
         steps = {step_of[r.path] for r in members}
         rows.append(VariantRow(name, len(members), max(steps), variant_intervals(counts[name]), f1s, diff))
     return _with_ap(rows, groups, step_of, baseline)
+
+
+def _counts(run: RunEval, step: int) -> np.ndarray:
+    """The per-image counters of `run`'s eval at `step`; ValueError naming the run and step without them."""
+    try:
+        return counts_from_row(run.evals[step])
+    except ValueError as exc:
+        raise ValueError(f"{run.path / EVAL} step {step}: {exc}") from None
 
 
 AP_RESAMPLES = 200

@@ -133,3 +133,16 @@ def test_a_run_given_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     with pytest.raises(ValueError, match="is given twice"):
         compare([load_run(path), load_run(tmp_path / "x" / ".." / "a")])
+
+
+def test_a_run_without_per_image_counters_is_named(tmp_path: Path) -> None:
+    import json
+
+    from stagectl.report.compare import compare, load_run
+
+    setup = {"jsonl": "/data/val.jsonl"}
+    a = load_run(_ablation_run(tmp_path / "a", 0.0, setup))
+    b_dir = _ablation_run(tmp_path / "b", 0.5, setup)
+    (b_dir / "eval.jsonl").write_text(json.dumps({"step": 10, "f1": 0.5}) + "\n")  # an old run's row
+    with pytest.raises(ValueError, match=rf"^{b_dir / 'eval.jsonl'} step 10: eval row has no per_image"):
+        compare([a, load_run(b_dir)])
