@@ -174,18 +174,34 @@ EVAL_LABEL_SHOWN = (
 )
 
 
+EVAL_CONVENTIONS = (
+    "AP / AR are COCOeval's bbox numbers, class-aware unless marked class-agnostic: AP is the mean over IoU "
+    ".50:.95 and 101 recall points at 100 detections per image and category; APs / APm / APl by area < 32², "
+    "32²–96², > 96² px; -1: nothing to measure. Precision / recall / F1 are box-only at IoU 0.5 "
+    "(docs/evaluation.md)."
+)
+
+
 def eval_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     """The metrics table of one `stagectl eval` run (report.md and report.html)."""
     rows = [(name, fmt(metrics.get(name))) for name in EVAL_SHOWN]
     rows += [(label, fmt(metrics[key])) for key, label in EVAL_LABEL_SHOWN if key in metrics]
     rows += [
-        ("images evaluated", fmt(metrics.get("n_images"))),
+        ("images evaluated", _images_evaluated(metrics)),
         ("invalid rollouts (rate)", fmt(metrics.get("invalid_rate"))),
         ("duplicate predictions (rate)", fmt(metrics.get("dup_rate"))),
         ("predictions of unknown categories", fmt(metrics.get("n_unknown_category"))),
         ("throughput", f"{fmt(metrics.get('images_per_s'))} images/s"),
     ]
     return rows
+
+
+def _images_evaluated(metrics: dict[str, Any]) -> str:
+    """`64 of 5000 (...)` when `data.eval.max_samples` cut the split: an AP on 64 images is not val2017's."""
+    num_images, num_available = metrics.get("n_images"), metrics.get("num_available")
+    if isinstance(num_images, int) and isinstance(num_available, int) and num_available > num_images:
+        return f"{num_images} of {num_available} (the first ones: data.eval.max_samples)"
+    return fmt(num_images)
 
 
 def per_class_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
@@ -217,7 +233,17 @@ def render_eval(
 ) -> str:
     """The report of one `stagectl eval` run: its metrics (box vs label), the AP of every score kind, the
     predicted-desc histogram, the per-class AP table, the PR curve."""
-    lines = [f"# {title}", "", subtitle, "", "## Metrics", "", *table(eval_rows(metrics))]
+    lines = [
+        f"# {title}",
+        "",
+        subtitle,
+        "",
+        "## Metrics",
+        "",
+        EVAL_CONVENTIONS,
+        "",
+        *table(eval_rows(metrics)),
+    ]
     if score_rows(metrics):
         lines += ["", f"## AP by score (used: `{metrics.get('score')}`; `constant`: every score 1)", ""]
         lines += table(score_rows(metrics), ("score", "AP"))

@@ -51,10 +51,18 @@ def test_eval_report_separates_box_from_label() -> None:
     assert "| red circle | 6 (75.0%) |" in text and "| blue \\| square | 2 (25.0%) |" in text  # cells escaped
 
 
+def test_the_images_evaluated_say_when_max_samples_cut_the_split_and_ap_is_explained() -> None:
+    """An eval of val2017's first 64 images (the default max_samples) read `images evaluated | 64`."""
+    text = _render({**NEW, "n_images": 64, "num_available": 5000})
+    assert "| images evaluated | 64 of 5000 (the first ones: data.eval.max_samples) |" in text
+    assert "| images evaluated | 8 |" in _render({**NEW, "num_available": 8})
+    assert "class-aware unless marked class-agnostic" in text and "IoU .50:.95" in text
+
+
 def test_an_eval_written_before_the_label_metrics_still_renders() -> None:
     text = _render(OLD)
     assert "| AP | 0.2 |" in text
-    assert "class-agnostic" not in text and "AP by score" not in text and "Predicted descs" not in text
+    assert "| AP class-agnostic" not in text and "AP by score" not in text and "Predicted descs" not in text
 
 
 def test_train_ab_summary_shows_the_last_evals_label_metrics() -> None:
