@@ -18,7 +18,7 @@ own files), which the eval's small / medium / large buckets use as COCOeval does
 as `stagectl convert coco` keeps them, objects written like `objects` (`desc`, `bbox_2d` in the file's box
 format, `category_id`). They are never trained on; the eval's ground truth marks them crowd, so COCOeval
 ignores predictions on them instead of counting false positives, as the official evaluation does.
-Blank lines are skipped; no other field is allowed.
+Blank lines are skipped, and so is a UTF-8 byte-order mark at the start of the file; no other field is allowed.
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
 `bbox_2d` is written as four numbers or, as CoordExp's converter writes it (`*.coord.jsonl`), as four
@@ -123,7 +123,7 @@ def load_jsonl_dataset(
     with path.open("rb") as handle:
         for line_no, raw_line in enumerate(handle, start=1):
             try:
-                line = _decode(raw_line)
+                line = _decode(raw_line, line_no)
                 if not line.strip():
                     continue
                 raws.append(_parse_line(line, line_no, root, seen_images, verify_images))
@@ -150,11 +150,20 @@ def load_jsonl_dataset(
     return samples
 
 
+@dataclass(frozen=True)
+class BoxReading:
+    """How a file's boxes read (`read_box_format`)."""
+
+    detected: Literal["pixel", "norm1000"] | None  # what `auto` makes of them; None: every box fits both
+    num_fit_neither: int  # boxes neither norm-1000 bins nor inside the image in pixels: no format loads them
+
+
 def read_box_format(
     path: str | os.PathLike[str], image_root: str | os.PathLike[str] | None = None
-) -> Literal["pixel", "norm1000"] | None:
+) -> BoxReading:
     """What `box_format: auto` makes of the file's boxes (lines that do not parse are left out; the loader
-    reports them): `pixel`, `norm1000`, or None when every box fits both readings."""
+    reports them), and how many boxes fit neither reading (a typo such as 1000 in a norm-1000 file makes
+    `auto` say pixel, but switching to pixel would not load them either)."""
     path = Path(path)
     root = Path(os.path.abspath(Path(image_root) if image_root is not None else path.parent))
     raws: list[_RawSample] = []
@@ -162,18 +171,26 @@ def read_box_format(
     with path.open("rb") as handle:
         for line_no, raw_line in enumerate(handle, start=1):
             try:
-                line = _decode(raw_line)
+                line = _decode(raw_line, line_no)
                 if line.strip():
                     raws.append(_parse_line(line, line_no, root, seen_images, False))
             except _LineError:
                 continue  # counted and reported by `load_jsonl_dataset`
+    num_fit_neither = sum(
+        not _fits_bins(obj.box) and not _fits_pixels(obj.box, raw.width, raw.height)
+        for raw in raws
+        for obj in raw.objects
+    )
     try:
-        return _detect_box_format(raws)
+        detected: Literal["pixel", "norm1000"] | None = _detect_box_format(raws)
     except _LineError:
-        return None
+        detected = None
+    return BoxReading(detected, num_fit_neither)
 
 
-def _decode(raw_line: bytes) -> str:
+def _decode(raw_line: bytes, line_no: int) -> str:
+    if line_no == 1:  # a UTF-8 byte-order mark (Windows editors, PowerShell) starts the file, not the JSON
+        raw_line = raw_line.removeprefix(b"\xef\xbb\xbf")
     try:
         return raw_line.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -75,7 +75,17 @@ def check_box_format(data: DataConfig) -> list[Check]:
     if not data.train_jsonl.is_file():
         return [skip(name, f"{data.train_jsonl} not found (see data.file)")]
     configured = data.box_format
-    detected = read_box_format(data.train_jsonl, data.image_root)
+    reading = read_box_format(data.train_jsonl, data.image_root)
+    detected = reading.detected
+    if reading.num_fit_neither:  # "set box_format: X" would be wrong advice: X does not load them either
+        return [
+            fail(
+                name,
+                f"{reading.num_fit_neither} box(es) fit neither reading (not norm-1000 integers in 0..999, not "
+                "inside their image in pixels): no box_format loads them",
+                "fix or remove those lines (data.file names them), then check data.box_format again",
+            )
+        ]
     if detected is None:
         if configured == "auto":
             return [

@@ -256,6 +256,19 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
         load_jsonl_dataset(empty)
 
 
+def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path: Path) -> None:
+    """A file saved by a Windows editor: BOM + CRLF (the BOM was `malformed JSON: Unexpected UTF-8 BOM
+    (decode using utf-8-sig)` at line 1); a BOM anywhere else is still a line error."""
+    path = _write(tmp_path, [_record(), _record()])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    samples = load_jsonl_dataset(path, box_format="pixel")
+    assert [s.objects[0].bbox_2d for s in samples] == [(90, 91, 360, 545)] * 2
+    lines = path.read_bytes().split(b"\r\n")
+    path.write_bytes(lines[0] + b"\n\xef\xbb\xbf" + lines[1] + b"\n")
+    with pytest.raises(DataError, match=rf"{re.escape(str(path))}:2: malformed JSON"):
+        load_jsonl_dataset(path, box_format="pixel")
+
+
 @pytest.mark.parametrize(
     ("tail", "where"),
     [

@@ -194,6 +194,20 @@ def test_box_format(tmp_path: Path) -> None:
     assert line.status == "fail" and line.fix == "set data.box_format: pixel"
 
 
+@pytest.mark.parametrize("box_format", ["norm1000", "pixel", "auto"])
+def test_box_format_never_advises_a_format_that_does_not_load_the_boxes(
+    tmp_path: Path, box_format: str
+) -> None:
+    """A norm-1000 file with one 1000 (a typo, or Qwen2-VL's 0..1000 scale) on 112-pixel images: `auto` reads
+    it as pixel, but no format loads that box; the check said "set data.box_format: pixel"."""
+    for k in range(2):
+        _png(tmp_path / f"img/{k}.png")
+    typo = _jsonl(tmp_path, [[10, 10, 500, 1000], [10, 10, 500, 500]])
+    (line,) = check_box_format(_data_cfg(tmp_path, typo, box_format).data)  # type: ignore[arg-type]
+    assert line.status == "fail"
+    assert line.message.startswith("1 box(es) fit neither reading") and "data.file names them" in line.fix
+
+
 def test_longest_sample_fits(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, _config(tmp_path)), world_size=1)  # global_max_length 512
     (line,) = check_longest_sample(cfg.global_max_length, [100, 512, 300])
