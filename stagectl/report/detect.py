@@ -42,6 +42,11 @@ def find_runs(run_dir: Path) -> list[Run]:
         return [Run("train_ab", run_dir)]
     if (run_dir / EVAL_METRICS).is_file() and (run_dir / EVAL_MARKER).is_file():
         return [Run("eval", run_dir)]
+    if not (run_dir / EVAL_METRICS).is_file() and (run_dir / EVAL_MARKER).is_file():
+        raise ValueError(
+            f"{run_dir} holds {EVAL_MARKER} but no {EVAL_METRICS}: a `stagectl eval` interrupted while writing "
+            "its results (metrics.json is written last); run the eval again with --overwrite"
+        )
     missions = sorted(
         {
             p.parent

@@ -355,6 +355,17 @@ def test_find_runs(tmp_path: Path) -> None:
     assert [(r.kind, r.path.name) for r in find_runs(tmp_path / "sb/run/m1")] == [("stage_b", "m1")]
 
 
+def test_an_eval_dir_interrupted_while_writing_is_named_as_such(tmp_path: Path) -> None:
+    """predictions.coco.json without metrics.json (written last) was 'no metrics.jsonl in DIR: expected ...'."""
+    (tmp_path / "predictions.coco.json").write_text("[]\n")
+    with pytest.raises(
+        ValueError, match=r"holds predictions\.coco\.json but no metrics\.json: .*--overwrite"
+    ):
+        find_runs(tmp_path)
+    (tmp_path / "metrics.json").write_text("{}\n")
+    assert [r.kind for r in find_runs(tmp_path)] == ["eval"]
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     [(None, "n/a"), (3, "3"), (12345.0, "12,345"), (0.123456, "0.1235"), (123456.7, "123,457")],
