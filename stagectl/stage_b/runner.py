@@ -24,7 +24,8 @@ tickets, epoch order, seeds and consumer state, so the resumed run's rows equal 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -33,8 +34,9 @@ from stagectl import dist
 from stagectl.config.plan import PLAN_FILE
 from stagectl.config.plan_stage_b import StageBPlan, write_stage_b_plan
 from stagectl.console import error_text, say
-from stagectl.files import write_resolved_config
+from stagectl.files import RESOLVED_CONFIG, write_resolved_config
 from stagectl.rundir.liveness import clear_running, mark_running
+from stagectl.rundir.resume import config_changes, read_yaml
 from stagectl.stage_b import progress as prog
 from stagectl.stage_b.consumer import Consumer
 from stagectl.stage_b.engine import Backend
@@ -230,10 +232,34 @@ def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
                     "stage-b",
                     f"removed what the cut-off global batch {prepared.progress.batch_index} wrote: {files}",
                 )
+            _keep_config_before_resume(run_dir, plan.resolved_config, prepared.progress.batch_index)
         write_resolved_config(run_dir, plan.resolved_config)
         write_stage_b_plan(run_dir / PLAN_FILE, plan)
     except OSError as exc:
         raise ValueError(f"output.root: cannot write the run directory {run_dir}: {exc}") from None
+
+
+def _keep_config_before_resume(run_dir: Path, new: Mapping[str, object], batch_index: int) -> None:
+    """A resume whose resolved config differs from the run's `config.yaml` (another model, sampler grid,
+    engine, ...): keep the old file as `config.batch-N.yaml` (the config global batches before N were judged
+    with; kept once) and name every changed key, as train-ab's resume does, instead of overwriting the record
+    of how the rows so far were made."""
+    saved = read_yaml(run_dir / RESOLVED_CONFIG)
+    if batch_index == 0 or not isinstance(saved, dict):  # nothing judged yet: no rows to keep a record of
+        return
+    changes = config_changes(saved, new)
+    if not changes:
+        return
+    kept = run_dir / f"config.batch-{batch_index}.yaml"
+    if not kept.exists():
+        shutil.copy2(run_dir / RESOLVED_CONFIG, kept)
+    listed = "; ".join(f"{key}: {old!r} -> {value!r}" for key, old, value in changes)
+    say(
+        "stage-b",
+        f"warning: the resumed config differs from the one that judged global batches 0..{batch_index - 1} "
+        f"({len(changes)} key{'s' if len(changes) != 1 else ''}): {listed}. That config is kept as {kept} and "
+        "config.yaml holds the new values",
+    )
 
 
 class Loop:

@@ -139,6 +139,43 @@ def test_resume_refuses_other_tickets(tmp_path: Path) -> None:
         run_all(plan)
 
 
+def test_a_resume_with_another_config_keeps_the_old_one_and_names_the_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """config.yaml is the record of how the rows were made: a resume with another sampler grid used to
+    overwrite it silently, so the run directory no longer said how its first batches were judged."""
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    run_all(plan, stop, engine=Interrupting(stop, at_batch=3))
+    before = (plan.run_dir / "config.yaml").read_text()
+    changed = plan_for(tmp_path, sampler={"grid": [{"seed": 0}, {"seed": 5}], "samples_per_decode": 2})
+    capsys.readouterr()
+    resumed = run_all(changed)
+    assert resumed is not None and resumed.num_judged == 32
+    kept = plan.run_dir / "config.batch-4.yaml"
+    assert kept.read_text() == before
+    assert "seed: 5" in (plan.run_dir / "config.yaml").read_text()
+    err = capsys.readouterr().err
+    grid = "{'temperature': 0.7, 'top_p': 0.9, 'max_new_tokens': 128, 'seed': %d}"
+    assert (
+        "stage-b: warning: the resumed config differs from the one that judged global batches 0..3 (1 key): "
+        f"sampler.grid: [{grid % 0}, {grid % 1}] -> [{grid % 0}, {grid % 5}]. That config is kept as {kept} "
+        "and config.yaml holds the new values"
+    ) in err
+
+
+def test_a_resume_with_the_same_config_keeps_no_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    run_all(plan, stop, engine=Interrupting(stop, at_batch=3))
+    capsys.readouterr()
+    run_all(plan_for(tmp_path))
+    assert not list(plan.run_dir.glob("config.batch-*.yaml"))
+    assert "differs" not in capsys.readouterr().err
+
+
 class ServerGone(RulesBackend):
     """The rules engine, whose server stops answering while global batch `at_batch` is judged."""
 
