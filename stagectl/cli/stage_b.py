@@ -107,8 +107,8 @@ def command(
         fail(f"{config}: {exc}")
     if cfg.launch.nnodes != 1:
         fail("stage-b runs on one node; set launch.nnodes: 1")
-    # once, before any rank starts (the ranks continue whatever guidance is there); a bad mission name is
-    # reported by the runner
+    # once, before any rank starts (the ranks continue whatever guidance is there); a bad mission name was
+    # refused by the config (and again by the runner, for a plan.json written by hand)
     if not inside_torchrun() and valid_mission(plan.mission):
         run_dir = plan.run_dir
         try:

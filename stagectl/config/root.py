@@ -46,7 +46,8 @@ class StagectlConfig(StrictModel):
     rollout_server: RolloutServerConfig = Field(default_factory=RolloutServerConfig)
     """The rollout server (`stagectl rollout-server`, or embedded in train-ab)."""
     mission: str | None = None
-    """Stage-B mission name (selects tickets and guidance)."""
+    """Stage-B mission name (selects tickets and guidance). It names the run directory, so a plain name: letters
+    of any script, digits, `_ . -`, first a letter or digit (`shapes_qc`, `挡风板安装检查`)."""
     tickets: list[Path] = Field(default_factory=list)
     """Stage-B tickets JSONL files."""
     guidance: GuidanceConfig | None = None

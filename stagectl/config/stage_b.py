@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from stagectl.config.base import StrictModel
+
+# a mission becomes a directory under output.root/output.run_name: a plain name, no separators or `..`.
+# Letters and digits of any script: upstream's missions are its data directories' names (`挡风板安装检查`).
+MISSION_NAME = re.compile(r"[^\W_][\w.-]*")  # whole name: `fullmatch`
 
 
 class GuidanceConfig(StrictModel):

@@ -18,6 +18,7 @@ from stagectl.config.root import (
     resolve_gas,
     uses_server_rollouts,
 )
+from stagectl.config.stage_b import MISSION_NAME
 from stagectl.config.validators_server import (
     validate_embedded_server,
     validate_server_access,
@@ -232,6 +233,15 @@ def validate_stage_b(cfg: StagectlConfig, world_size: int) -> list[Problem]:
     problems = []
     if cfg.mission is None:
         problems.append(Problem("mission", "required for Stage-B; set the mission name"))
+    elif not MISSION_NAME.fullmatch(cfg.mission):
+        problems.append(
+            Problem(
+                "mission",
+                f"{cfg.mission!r} is not a plain name: it becomes the run's directory "
+                "({output.root}/{output.run_name}/{mission}); use letters (any script), digits, _ . - (first a "
+                "letter or digit)",
+            )
+        )
     if not cfg.tickets:
         problems.append(Problem("tickets", "required for Stage-B; list the tickets JSONL files"))
     if cfg.guidance is None:

@@ -23,7 +23,6 @@ tickets, epoch order, seeds and consumer state, so the resumed run's rows equal 
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import TypeVar
 from stagectl import dist
 from stagectl.config.plan import PLAN_FILE
 from stagectl.config.plan_stage_b import StageBPlan, write_stage_b_plan
+from stagectl.config.stage_b import MISSION_NAME
 from stagectl.console import error_text, say
 from stagectl.files import RESOLVED_CONFIG, write_resolved_config
 from stagectl.rundir.liveness import clear_running, mark_running
@@ -52,7 +52,6 @@ from stagectl.wire.errors import RolloutServerError
 # the errors `stagectl stage-b` ends on with one `error:` line (progress.json records that line)
 ENDING_ERRORS = (ValueError, FileNotFoundError, RolloutServerError, dist.CollectiveError)
 
-_MISSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_REPORTED_LINES = 20
 T = TypeVar("T")
 
@@ -84,7 +83,7 @@ class RunSummary:
 
 def valid_mission(name: str) -> bool:
     """A mission is a plain name: it becomes a directory under output.root/output.run_name."""
-    return bool(_MISSION_NAME.match(name))
+    return bool(MISSION_NAME.fullmatch(name))
 
 
 def run_all(
@@ -155,7 +154,9 @@ def _prepare(plan: StageBPlan) -> Prepared:
     written yet)."""
     try:
         if not valid_mission(plan.mission):
-            raise ValueError(f"mission {plan.mission!r} must be a plain name (letters, digits, _ . -)")
+            raise ValueError(
+                f"mission {plan.mission!r} must be a plain name (letters of any script, digits, _ . -)"
+            )
         ticket_set = load_tickets(plan.tickets, plan.mission, skip_bad=plan.runner.bad_ticket_lines == "skip")
         for problem in ticket_set.problems[:MAX_REPORTED_LINES]:
             say("stage-b", f"skipped {problem}")

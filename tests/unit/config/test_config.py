@@ -459,6 +459,23 @@ def test_stage_b_runner_rules(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, {**base, "runner": {"engine": "rules"}})).runner.engine == "rules"
 
 
+@pytest.mark.parametrize("mission", ["挡风板安装检查", "shapes_qc", "BBU-安装.v2"])
+def test_a_mission_may_be_named_in_any_script(tmp_path: Path, mission: str) -> None:
+    """Upstream's missions are the names of its data directories (`挡风板安装检查`): they were refused at
+    run time ("must be a plain name (letters, digits, _ . -)") after validate-config had passed them."""
+    base = {"mission": mission, "tickets": ["t.jsonl"], "guidance": {"path": "g.json"}}
+    assert load_config(write(tmp_path, base)).mission == mission
+
+
+@pytest.mark.parametrize("mission", ["a b", "../x", "a/b", ".hidden", "_x", "x\n"])
+def test_a_mission_that_is_no_plain_directory_name_is_refused_by_the_config(
+    tmp_path: Path, mission: str
+) -> None:
+    base = {"mission": mission, "tickets": ["t.jsonl"], "guidance": {"path": "g.json"}}
+    message = problems_of(tmp_path, base)["mission"]
+    assert message.startswith(f"{mission!r} is not a plain name: it becomes the run's directory")
+
+
 # ---------------------------------------------------------------- precision and sharding (#23)
 
 A_ONLY = {**BASE, "stage2_ab": {"schedule": {"b_ratio": 0.0}}}

@@ -164,6 +164,23 @@ def test_a_resume_with_another_config_keeps_the_old_one_and_names_the_changes(
     ) in err
 
 
+def test_a_mission_named_as_upstream_names_them_runs(tmp_path: Path) -> None:
+    """Upstream's missions are its data directories' names (`挡风板安装检查`, written with ensure_ascii=False);
+    the runner refused them ("must be a plain name (letters, digits, _ . -)")."""
+    mission = "挡风板安装检查"
+    plan = plan_for(tmp_path, mission=mission)
+    tickets = Path(plan.tickets[0])
+    tickets.write_text(
+        tickets.read_text().replace(
+            '"mission": "qc"', json.dumps({"mission": mission}, ensure_ascii=False)[1:-1]
+        ),
+        encoding="utf-8",
+    )
+    summary = run_all(plan)
+    assert summary is not None and summary.num_judged == 32
+    assert plan.run_dir.name == mission and (plan.run_dir / "progress.json").is_file()
+
+
 def test_a_resume_with_the_same_config_keeps_no_copy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
