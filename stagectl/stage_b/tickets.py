@@ -1,4 +1,5 @@
-"""Stage-B tickets: one JSONL line = `{mission, group_id, label: pass|fail, per_image: {image_1: summary}}`.
+"""Stage-B tickets: one JSONL line = `{mission, group_id, label: pass|fail, per_image: {image_1: summary}}`, plus
+what upstream's Stage-A output carries besides (`images`, `label_source`, `label_timestamp`: checked, unused).
 
 `parse_ticket` checks one decoded line (pure); `load_tickets` reads the files of one mission and names every
 bad line as `file:line: problem` (not UTF-8, not JSON, a key written twice, not a ticket, a duplicate of an
@@ -29,6 +30,11 @@ NUM_NAMED_PROBLEMS = 5  # bad lines named in the error (the count names the rest
 SKIP_HINT = "runner.bad_ticket_lines: skip"
 
 
+# keys upstream's Stage-A writes (`images`: the group's file names) or its ingest reads (`label_source`,
+# `label_timestamp`): accepted as upstream writes them, checked, not used
+UPSTREAM_OPTIONAL = ("images", "label_source", "label_timestamp")
+
+
 @dataclass(frozen=True)
 class Ticket:
     mission: str
@@ -55,9 +61,10 @@ def parse_ticket(data: Any) -> Ticket:
     missing = [k for k in ("mission", "group_id", "label", "per_image") if k not in data]
     if missing:
         raise ValueError(f"missing key(s): {', '.join(missing)}")
-    extra = sorted(set(data) - {"mission", "group_id", "label", "per_image"})
+    extra = sorted(set(data) - {"mission", "group_id", "label", "per_image", *UPSTREAM_OPTIONAL})
     if extra:
         raise ValueError(f"unknown key(s): {', '.join(map(str, extra))}")
+    _check_upstream_optional(data)
     mission, group_id, label, per_image = data["mission"], data["group_id"], data["label"], data["per_image"]
     if not isinstance(mission, str) or not mission:
         raise ValueError("mission must be a non-empty string")
@@ -77,6 +84,15 @@ def parse_ticket(data: Any) -> Ticket:
         items.append((int(match.group(1)), str(name), " ".join(summary.split())))
     items.sort()
     return Ticket(mission, group_id, label, tuple((name, summary) for _, name, summary in items))
+
+
+def _check_upstream_optional(data: Mapping[str, Any]) -> None:
+    images = data.get("images", [])
+    if not isinstance(images, list) or not all(isinstance(name, str) and name for name in images):
+        raise ValueError("images must be a list of file names (as upstream's Stage-A writes it)")
+    for key in ("label_source", "label_timestamp"):
+        if key in data and not isinstance(data[key], str | None):
+            raise ValueError(f"{key} must be a string, got {type(data[key]).__name__}")
 
 
 def parse_ticket_lines(

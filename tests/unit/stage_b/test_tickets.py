@@ -38,6 +38,33 @@ def test_parse_ticket_rejects(change: dict, why: str) -> None:
         parse_ticket({**GOOD, **change})
 
 
+def test_a_line_as_upstream_stage_a_writes_it_is_a_ticket() -> None:
+    """Upstream's Stage-A writes `images` (the group's file names) with every record, and its ingest reads
+    `label_source` / `label_timestamp`; each line was refused as `unknown key(s): images`."""
+    line = (
+        '{"group_id": "QC-BBU-20250101-1", "mission": "挡风板安装检查", "label": "fail", '
+        '"images": ["QC-BBU-20250101-1_1.jpg", "QC-BBU-20250101-1_2.jpg"], '
+        '"per_image": {"image_1": "挡风板/安装错误，需复核,备注:无", "image_2": "BBU设备/完整"}, '
+        '"label_source": "human", "label_timestamp": "2025-01-01T08:00:00"}'
+    )
+    ticket = parse_ticket(json.loads(line))
+    assert ticket.key == "QC-BBU-20250101-1::fail" and ticket.mission == "挡风板安装检查"
+    assert [name for name, _ in ticket.per_image] == ["image_1", "image_2"]
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"images": "a.jpg"}, "images must be a list"),
+        ({"images": [""]}, "images must be a list"),
+        ({"label_source": 3}, "label_source must be a string"),
+    ],
+)
+def test_upstream_optional_keys_are_checked(change: dict, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        parse_ticket({**GOOD, **change})
+
+
 BAD_LINES = [
     json.dumps(GOOD),
     "{not json",
