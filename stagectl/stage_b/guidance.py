@@ -64,8 +64,10 @@ def ordered(experiences: Mapping[str, str]) -> dict[str, str]:
     return {k: experiences[k] for k in keys}
 
 
-def parse_guidance(data: Any) -> Guidance:
-    """Decoded guidance JSON -> `Guidance`; `ValueError` naming the problem otherwise."""
+def parse_guidance(data: Any, *, upstream_section: bool = False) -> Guidance:
+    """Decoded guidance JSON -> `Guidance`; `ValueError` naming the problem otherwise. An `upstream_section`
+    (one mission of upstream's multi-mission file) may also hold upstream's per-rule `metadata` (provenance
+    and hit counts), which must be an object and is not carried over."""
     if not isinstance(data, Mapping):
         raise ValueError(f"guidance must be a JSON object, got {type(data).__name__}")
     if "focus" in data or (isinstance(data.get("experiences"), Mapping) and "focus" in data["experiences"]):
@@ -96,7 +98,12 @@ def parse_guidance(data: Any) -> Guidance:
         out[key] = normalize_text(text)
     if FOCUS_KEY not in out:
         raise ValueError("experiences.G0 (the mission focus) is required")
-    extra = sorted(set(data) - {"step", "updated_at", "experiences"})
+    known = {"step", "updated_at", "experiences"}
+    if upstream_section:
+        if not isinstance(data.get("metadata", {}), Mapping):
+            raise ValueError("metadata must be an object {G1: {...}, ...}")
+        known.add("metadata")
+    extra = sorted(set(data) - known)
     if extra:
         raise ValueError(f"unknown key(s): {', '.join(map(str, extra))}")
     return Guidance(step=step, updated_at=updated_at, experiences=ordered(out))

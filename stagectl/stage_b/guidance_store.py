@@ -22,9 +22,10 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def read_guidance_file(path: Path) -> Guidance:
+def read_guidance_file(path: Path, mission: str | None = None) -> Guidance:
     """Load and check one guidance JSON file; `ValueError` naming the file otherwise. A UTF-8 byte-order mark
-    (what Windows editors write) is skipped."""
+    (what Windows editors write) is skipped. With `mission`, upstream's multi-mission file (`{mission: {step,
+    updated_at, experiences, metadata}, ...}`, its `initial_guidance.json`) gives that mission's section."""
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
@@ -33,10 +34,31 @@ def read_guidance_file(path: Path) -> Guidance:
         raise ValueError(f"cannot read guidance {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    if mission is not None and _is_mission_keyed(data):
+        if mission not in data:
+            missions = ", ".join(map(str, data))
+            raise ValueError(
+                f"{path}: a guidance file of several missions ({missions}), as upstream writes it, without "
+                f"mission {mission!r}: add its section or set guidance.path to a file that has it"
+            )
+        try:
+            return parse_guidance(data[mission], upstream_section=True)
+        except ValueError as exc:
+            raise ValueError(f"{path}: mission {mission!r}: {exc}") from None
     try:
         return parse_guidance(data)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _is_mission_keyed(data: object) -> bool:
+    """Upstream's layout: every top-level value is a mission's section, none of our own keys at the top."""
+    return (
+        isinstance(data, dict)
+        and bool(data)
+        and not {"step", "updated_at", "experiences", "focus"} & set(data)
+        and all(isinstance(section, dict) for section in data.values())
+    )
 
 
 class GuidanceStore:

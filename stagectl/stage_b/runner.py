@@ -166,7 +166,7 @@ def _prepare(plan: StageBPlan) -> Prepared:
         existing = store.load()  # the CLI refused a run directory holding a run unless --resume
         digest = prog.tickets_digest([t.key for t in ticket_set.tickets], plan.runner.seed)
         if existing is None:
-            guidance = read_guidance_file(plan.guidance.path)
+            guidance = read_guidance_file(plan.guidance.path, plan.mission)
             progress = Progress(digest)
         else:
             progress = _resume_point(plan, digest)

@@ -255,6 +255,48 @@ def test_read_guidance_file_names_the_file(tmp_path: Path) -> None:
         read_guidance_file(tmp_path / "missing.json")
 
 
+UPSTREAM_GUIDANCE = {
+    "挡风板安装检查": {
+        "step": 3,
+        "updated_at": "2025-01-02T03:04:05+00:00",
+        "experiences": {"G0": "判断挡风板安装是否正确", "G1": "挡风板缺失则不通过"},
+        "metadata": {"G1": {"reflection_id": "r1", "sources": ["QC-1"], "rationale": None}},
+    },
+    "BBU安装方式检查": {"step": 0, "updated_at": "2025-01-01T00:00:00+00:00", "experiences": {"G0": "判断"}},
+}
+
+
+def test_upstream_multi_mission_guidance_gives_the_mission_s_section(tmp_path: Path) -> None:
+    """Upstream's initial_guidance.json holds every mission's guidance keyed by mission (with per-rule
+    `metadata`); it was refused as `missing key 'step'`."""
+    path = tmp_path / "initial_guidance.json"
+    path.write_text(json.dumps(UPSTREAM_GUIDANCE, ensure_ascii=False), encoding="utf-8")
+    guidance = read_guidance_file(path, "挡风板安装检查")
+    assert guidance.step == 3 and guidance.experiences == {
+        "G0": "判断挡风板安装是否正确",
+        "G1": "挡风板缺失则不通过",
+    }
+    with pytest.raises(
+        ValueError, match=r"several missions \(挡风板安装检查, BBU安装方式检查\).*without mission 'qc'"
+    ):
+        read_guidance_file(path, "qc")
+    with pytest.raises(ValueError, match="missing key 'step'"):  # without a mission, one mission's file only
+        read_guidance_file(path)
+    broken = {"挡风板安装检查": {**UPSTREAM_GUIDANCE["挡风板安装检查"], "metadata": []}}
+    path.write_text(json.dumps(broken, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(
+        ValueError, match=r"initial_guidance\.json: mission '挡风板安装检查': metadata must be an object"
+    ):
+        read_guidance_file(path, "挡风板安装检查")
+
+
+def test_metadata_is_refused_in_a_guidance_file_of_our_own(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({**UPSTREAM_GUIDANCE["挡风板安装检查"]}, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"unknown key\(s\): metadata"):
+        read_guidance_file(path, "挡风板安装检查")
+
+
 def test_read_guidance_file_skips_a_byte_order_mark(tmp_path: Path) -> None:
     path = tmp_path / "g.json"
     text = json.dumps(
