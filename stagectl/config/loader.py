@@ -329,6 +329,10 @@ def _did_you_mean(key: str, model: type[BaseModel] | None, section: list[str]) -
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     if close:
         return f" (did you mean {'.'.join([*section, close[0]])!r}?)"
+    in_items = _key_of_list_items(key, model)
+    if in_items is not None:  # `vllm.server.base_url`: a key of the section's list entries (`servers`)
+        entries, item_key = in_items
+        return f" (did you mean {'.'.join([*section, entries])!r}, a list of {{{item_key}: ...}} entries?)"
     leaves = {p.rsplit(".", 1)[-1] for p in elsewhere}
     near = difflib.get_close_matches(key, sorted(leaves), n=1, cutoff=0.8)
     if near:
@@ -337,6 +341,19 @@ def _did_you_mean(key: str, model: type[BaseModel] | None, section: list[str]) -
         )
         return f" (did you mean {_one_of(paths[:3])}?)"
     return f" (valid keys: {', '.join(sorted(names))})"
+
+
+def _key_of_list_items(key: str, model: type[BaseModel]) -> tuple[str, str] | None:
+    """(list field of `model`, its entries' key) when `key` is, or is close to, a key of those entries."""
+    for name, field in model.model_fields.items():
+        if getattr(field.annotation, "__origin__", None) is not list:
+            continue
+        for item in _model_types(field.annotation):
+            item_keys = [f.alias or n for n, f in item.model_fields.items()]
+            close = [key] if key in item_keys else difflib.get_close_matches(key, item_keys, n=1, cutoff=0.8)
+            if close:
+                return field.alias or name, close[0]
+    return None
 
 
 def _one_of(paths: list[str]) -> str:

@@ -323,6 +323,10 @@ def test_unknown_keys_have_dotted_paths_and_suggestions(tmp_path: Path) -> None:
         ),
         ("training.global_max_lenght", "(did you mean 'global_max_length'?)"),  # misspelt, in another section
         ("training.max_step", "(did you mean 'training.max_steps'?)"),  # misspelt, in its own section
+        (  # a key of the section's list entries; it suggested Stage-B's 'runner.server.base_urls'
+            "custom.extra.rollout_matching.vllm.server.base_url",
+            "(did you mean 'custom.extra.rollout_matching.vllm.server.servers', a list of {base_url: ...} entries?)",
+        ),
     ],
 )
 def test_an_unknown_key_is_suggested_where_it_belongs(tmp_path: Path, key: str, suggestion: str) -> None:
