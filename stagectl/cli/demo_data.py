@@ -30,12 +30,19 @@ def command(
 ) -> None:
     """Write the synthetic shapes data set: coloured shapes with exact norm-1000 boxes. Writing again into
     the same OUT replaces what an earlier demo-data wrote there (its extra images, an eval split not asked
-    for now); other files are left alone."""
+    for now); other files are left alone, and a train.jsonl (eval.jsonl) it did not write is refused."""
     from stagectl.data.synthetic import generate_synthetic, remove_synthetic_split
     from stagectl.files import check_output_dir
 
     if num_eval_samples < 0:
         fail(f"--num-eval-samples must be >= 0, got {num_eval_samples}")
+    for split in ("train", "eval") if num_eval_samples else ("train",):
+        jsonl = out / f"{split}.jsonl"
+        if jsonl.exists() and not (out / f"{split}.manifest.json").exists():
+            fail(
+                f"OUT: {jsonl} exists and no earlier demo-data wrote it (no {split}.manifest.json next to it); "
+                "nothing was written. Choose another OUT, or move that file away"
+            )
     try:
         check_output_dir(out, "OUT")
         train = generate_synthetic(

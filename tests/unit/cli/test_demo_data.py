@@ -45,3 +45,15 @@ def test_an_out_under_a_file_names_the_file(tmp_path: Path) -> None:
         in output
     )
     assert "Errno" not in output
+
+
+def test_a_train_jsonl_demo_data_did_not_write_is_refused_and_kept(tmp_path: Path) -> None:
+    """ "Other files are left alone" did not hold for the user's own train.jsonl: it was replaced silently."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.jsonl").write_text('{"my": "own data"}\n')
+    code, output = demo_data(out, "--num-samples", "2")
+    assert code == 1
+    assert f"error: OUT: {out / 'train.jsonl'} exists and no earlier demo-data wrote it" in output
+    assert (out / "train.jsonl").read_text() == '{"my": "own data"}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]  # nothing written
