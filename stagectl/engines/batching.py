@@ -69,6 +69,7 @@ class BatchingWorker(Generic[T, R]):
         self._histogram: Counter[int] = Counter()
         self._histogram_lock = threading.Lock()
         self._closed = False
+        self._cancelled: Exception | None = None  # set by `cancel_queued`: what every later item fails with
         self._thread = threading.Thread(target=self._loop, name=name, daemon=False)
         self._thread.start()
 
@@ -76,6 +77,8 @@ class BatchingWorker(Generic[T, R]):
         """Queue `items` together (they are seen by the worker at once, so they can share a batch)."""
         if self._closed:
             raise RuntimeError("the batching worker is closed")
+        if self._cancelled is not None:
+            raise self._cancelled
         pending = [_Pending(item, self._key(item), Future[R]()) for item in items]
         for p in pending:
             self._queue.put(p)
@@ -88,6 +91,24 @@ class BatchingWorker(Generic[T, R]):
     def batch_sizes(self) -> dict[int, int]:
         with self._histogram_lock:
             return dict(self._histogram)
+
+    def cancel_queued(self, error: Exception) -> None:
+        """Fail every item not in the running batch with `error`, at once, and every item submitted later;
+        the running batch finishes (a generate call cannot be cut). A stopping server calls this so its
+        queued calls are answered now instead of being decoded for clients that are gone."""
+        self._cancelled = error
+        stop = False
+        while True:
+            try:
+                got = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(got, _Pending):
+                got.future.set_exception(error)
+            else:
+                stop = True
+        if stop:
+            self._queue.put(_STOP)  # a `close` under way still ends the thread
 
     def close(self) -> None:
         """Refuse new items, finish everything queued so far, stop the thread."""
@@ -143,6 +164,10 @@ class BatchingWorker(Generic[T, R]):
         return False
 
     def _execute(self, batch: list[_Pending[T, R]]) -> None:
+        if self._cancelled is not None:  # taken from the queue before `cancel_queued` drained it
+            for p in batch:
+                p.future.set_exception(self._cancelled)
+            return
         with self._histogram_lock:
             self._histogram[len(batch)] += 1
         try:

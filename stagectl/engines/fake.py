@@ -19,7 +19,7 @@ import torch
 from stagectl.config.engines import ENGINES
 from stagectl.config.sampling import SamplingSpec
 from stagectl.engines.batching import BatchingWorker
-from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
+from stagectl.engines.interface import EngineRequest, EngineResult, EngineStopping, FinishReason, TensorSpec
 from stagectl.engines.text import cut_at_stop
 from stagectl.wire.guards import check_context
 from stagectl.wire.protocol import spec_of
@@ -144,6 +144,9 @@ class FakeEngine:
 
     def batch_sizes(self) -> dict[int, int]:
         return self._worker.batch_sizes()
+
+    def cancel_queued(self, reason: str) -> None:
+        self._worker.cancel_queued(EngineStopping(reason))
 
     def close(self) -> None:
         self._worker.close()

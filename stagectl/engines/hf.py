@@ -25,7 +25,7 @@ from stagectl.config.sampling import SamplingSpec
 from stagectl.detection.vocab import token_bytes_table
 from stagectl.engines.batching import BatchingWorker
 from stagectl.engines.hf_adapter import AdapterMerger
-from stagectl.engines.interface import EngineRequest, EngineResult, TensorSpec
+from stagectl.engines.interface import EngineRequest, EngineResult, EngineStopping, TensorSpec
 from stagectl.engines.sampling import PerRowSampler
 from stagectl.engines.text import cut_at_stop
 from stagectl.models.chat import encode_messages
@@ -161,6 +161,9 @@ class HFEngine:
 
     def batch_sizes(self) -> dict[int, int]:
         return self._worker.batch_sizes()
+
+    def cancel_queued(self, reason: str) -> None:
+        self._worker.cancel_queued(EngineStopping(reason))
 
     def close(self) -> None:
         self._worker.close()

@@ -45,6 +45,10 @@ class EngineResult:
     )
 
 
+class EngineStopping(RuntimeError):
+    """A request failed because the engine is stopping (`Engine.cancel_queued`): the server answers 503."""
+
+
 class Engine(Protocol):
     """What the server needs from an inference engine. Every method is safe to call from any thread."""
 
@@ -81,6 +85,11 @@ class Engine(Protocol):
 
     def batch_sizes(self) -> dict[int, int]:
         """Histogram of generate batch sizes so far."""
+        ...
+
+    def cancel_queued(self, reason: str) -> None:
+        """Fail every request not in the running generate call with `EngineStopping(reason)`, at once, and
+        every later one (a stopping server); the running call finishes."""
         ...
 
     def close(self) -> None: ...

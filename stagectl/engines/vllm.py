@@ -47,7 +47,7 @@ from stagectl.config.engines import ENGINES
 from stagectl.config.rollout import VllmEngineArgs
 from stagectl.detection.vocab import token_bytes_table
 from stagectl.engines.batching import BatchingWorker
-from stagectl.engines.interface import EngineRequest, EngineResult, FinishReason, TensorSpec
+from stagectl.engines.interface import EngineRequest, EngineResult, EngineStopping, FinishReason, TensorSpec
 from stagectl.engines.text import cut_at_stop
 from stagectl.models import qwen_vl
 from stagectl.models.chat import chat_template_ids
@@ -270,6 +270,9 @@ class VllmEngine:
 
     def batch_sizes(self) -> dict[int, int]:
         return self._worker.batch_sizes()
+
+    def cancel_queued(self, reason: str) -> None:
+        self._worker.cancel_queued(EngineStopping(reason))
 
     def close(self) -> None:
         self._worker.close()

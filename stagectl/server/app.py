@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stagectl.engines.interface import EngineStopping
 from stagectl.server.service import BadRequest, RolloutService
 from stagectl.weightsync import collective_routes, disk_routes, http_routes
 from stagectl.weightsync.errors import WeightSyncError, status_of
@@ -140,6 +141,10 @@ def _bad_request(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=status)
 
 
+def _stopping(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers=CLOSE)
+
+
 def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     detail, errors = validation_detail(exc.errors(), request.headers.get("content-type", ""))
@@ -191,6 +196,35 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class CutOffAtStop:
+    """A request still running when the graceful shutdown ends (`serving.GRACEFUL_SHUTDOWN_S` after
+    SIGTERM/SIGINT) is cancelled by uvicorn, which then answered a plain-text 500 and logged the
+    `CancelledError` traceback: answer it 503 with a JSON detail instead, and end the request quietly."""
+
+    def __init__(self, app: ASGIApp, service: RolloutService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except asyncio.CancelledError:
+            if started or not self.service.stopping:
+                raise
+            detail = "the rollout server stopped (SIGTERM/SIGINT) before this call finished; send it to another server"
+            await JSONResponse({"detail": detail}, 503, headers=CLOSE)(scope, receive, send)
 
 
 class AccessLog:
@@ -272,6 +306,7 @@ def build_app(service: RolloutService) -> FastAPI:
     for error in (BadRequest, PathRefused, WeightSyncError, TooManyTokens):
         app.add_exception_handler(error, _bad_request)
     app.add_exception_handler(TooManyRequests, _too_many_requests)
+    app.add_exception_handler(EngineStopping, _stopping)
     app.add_exception_handler(WrongVersion, _wrong_version)
     app.add_exception_handler(RequestValidationError, _unprocessable)
     settings = service.settings
@@ -280,5 +315,6 @@ def build_app(service: RolloutService) -> FastAPI:
         return settings.max_weight_chunk_bytes if path == WEIGHT_CHUNK_PATH else settings.max_request_bytes
 
     app.add_middleware(BodyLimit, limit_for=limit_for, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(CutOffAtStop, service=service)  # inside the access log: its 503 is logged as sent
     app.add_middleware(AccessLog)
     return app

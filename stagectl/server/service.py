@@ -71,6 +71,7 @@ class RolloutService:
         self.instance_id = uuid.uuid4().hex  # new at every start: a learner re-syncs a restarted server
         self.weight_stream_port: int | None = None  # set by the app while its weight-stream listener runs
         self.sync_dtype = sync_dtype(engine.weight_specs().values())
+        self.stopping = False  # set once a SIGTERM/SIGINT began the graceful shutdown (`server.serving`)
         self._count_lock = threading.Lock()
 
     def infer(self, body: InferBody) -> list[InferResponse]:
@@ -154,6 +155,15 @@ class RolloutService:
             num_syncs=self.sync.num_syncs,
             num_failed_syncs=self.sync.num_failed_syncs + self.sync.gate.num_failed,
             num_deferred_syncs=self.sync.gate.num_deferred,
+        )
+
+    def stop_queued(self) -> None:
+        """The graceful shutdown's deadline is near: every call the engine has not started yet is answered
+        503 now (`EngineStopping`), so it neither runs past the deadline nor keeps the process decoding
+        for clients that are gone; the running generate call finishes."""
+        self.engine.cancel_queued(
+            "the rollout server is stopping (SIGTERM/SIGINT) and had not started this call; send it to "
+            "another server"
         )
 
     def close(self) -> None:

@@ -36,7 +36,12 @@ from stagectl.wire.guards import CallLimits
 from stagectl.wire.protocol import LISTENING_PREFIX, read_token
 from stagectl.wire.tls import server_context
 
-GRACEFUL_SHUTDOWN_S = 30
+log = logging.getLogger("stagectl.rollout.server.serving")
+
+GRACEFUL_SHUTDOWN_S = 30  # after SIGTERM/SIGINT, requests in flight get this long to finish
+# then the calls the engine has not started are answered 503, leaving the running one the last 10 s
+STOP_QUEUED_AFTER_S = 20
+STOPPING_LINE = "rollout-server: stopping: requests in flight get {s} s to finish (Ctrl-C again: stop now)"
 HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
 
 
@@ -189,14 +194,37 @@ class _Server(uvicorn.Server):
     before `run`, a signal in between raised KeyboardInterrupt outside uvicorn: no stop line, and Python's
     "coroutine 'Server.serve' was never awaited" warning)."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        service: RolloutService,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
+        self.service = service
         self.on_started = on_started
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started and not self.should_exit and self.on_started is not None:
             self.on_started()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """The graceful stop: requests in flight get `GRACEFUL_SHUTDOWN_S`; calls the engine has not started
+        `STOP_QUEUED_AFTER_S` in are answered 503 then (a second Ctrl-C: at once), and a call still running
+        at the end is answered 503 by the app (`app.CutOffAtStop`). Without this, uvicorn answered those a
+        plain-text 500 with a traceback, and the engine's close then decoded every queued call (minutes) for
+        clients that were gone."""
+        log.info(STOPPING_LINE.format(s=GRACEFUL_SHUTDOWN_S))
+        self.service.stopping = True
+        timer = asyncio.get_running_loop().call_later(STOP_QUEUED_AFTER_S, self.service.stop_queued)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            timer.cancel()
+            if self.force_exit:  # uvicorn skips the app's shutdown then, and asyncio cancels it: a traceback
+                self.service.stop_queued()
+                await self.lifespan.shutdown()
 
 
 def _uvicorn_server(app: FastAPI, on_started: Callable[[], None] | None = None) -> _Server:
@@ -212,7 +240,7 @@ def _uvicorn_server(app: FastAPI, on_started: Callable[[], None] | None = None) 
         ssl_certfile=settings.tls_certfile,  # uvicorn's own TLS: the listening socket serves https
         ssl_keyfile=settings.tls_keyfile,
     )
-    return _Server(config, on_started)
+    return _Server(config, app.state.service, on_started)
 
 
 def configure_access_log(target: str | None) -> None:

@@ -115,6 +115,35 @@ def test_close_finishes_queued_items_and_refuses_new_ones() -> None:
         worker.submit([3])
 
 
+def test_cancel_queued_fails_what_waits_at_once_and_lets_the_running_batch_finish() -> None:
+    """A stopping server's queued calls are answered at once; without it, `close` decoded every one of them
+    (minutes) for clients that uvicorn had already cut off."""
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        ran.append(items)
+        started.set()
+        release.wait(5)
+        return items
+
+    worker: BatchingWorker[int, int] = BatchingWorker(run, key=lambda i: i, max_batch_size=1, batch_wait_ms=0)
+    running = worker.submit([1])[0]
+    started.wait(5)
+    queued = worker.submit([2, 3])
+    stopping = RuntimeError("stopping")
+    worker.cancel_queued(stopping)
+    for future in queued:
+        assert future.exception(0.5) is stopping  # before the running batch ends
+    with pytest.raises(RuntimeError, match="stopping"):
+        worker.submit([4])
+    release.set()
+    assert running.result(5) == 1
+    worker.close()
+    assert ran == [[1]]
+
+
 def test_max_batch_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
         BatchingWorker(lambda items: items, key=lambda i: 0, max_batch_size=0, batch_wait_ms=0)

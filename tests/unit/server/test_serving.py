@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -114,7 +115,8 @@ def test_the_listening_line_comes_once_the_server_accepts_requests() -> None:
         yield
 
     app = FastAPI(lifespan=lifespan)
-    app.state.service = SimpleNamespace(settings=ServerSettings())  # what `_uvicorn_server` reads (no TLS)
+    # what `_uvicorn_server` reads (no TLS) and its shutdown calls
+    app.state.service = SimpleNamespace(settings=ServerSettings(), stopping=False, stop_queued=lambda: None)
 
     @app.get("/health/")
     def health() -> dict[str, str]:
@@ -137,3 +139,47 @@ def test_the_listening_line_comes_once_the_server_accepts_requests() -> None:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def test_a_stop_answers_what_it_cuts_off_503_and_decodes_no_queued_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM with one call decoding past the graceful window and two queued behind it: the queued ones
+    are answered 503 when `STOP_QUEUED_AFTER_S` passes, the running one 503 when the window ends, each
+    with a JSON detail, and the engine never decodes the queued ones. Before: three plain-text 500s
+    ("Internal Server Error", a traceback each in the log), then the engine's close decoded both queued
+    calls for clients that were gone (219 s on the tiny model with 128 queued requests)."""
+    import threading
+
+    import httpx
+
+    from stagectl.server import serving
+    from stagectl.server.app import build_app
+
+    monkeypatch.setattr(serving, "GRACEFUL_SHUTDOWN_S", 1.0)
+    monkeypatch.setattr(serving, "STOP_QUEUED_AFTER_S", 0.3)
+    engine = FakeEngine(max_batch_size=1, batch_wait_ms=0, step_delay_ms=1500)  # one call at a time
+    server = serving.ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()
+    body = {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}]}
+    answers: dict[int, httpx.Response] = {}
+
+    def call(k: int) -> None:
+        answers[k] = httpx.post(f"{server.url}/infer/", json=body, timeout=30)
+
+    callers = [threading.Thread(target=call, args=(k,)) for k in range(3)]
+    for caller in callers:
+        caller.start()
+    while sum(engine.batch_sizes().values()) == 0:  # the first call is decoding, the others wait
+        time.sleep(0.01)
+    time.sleep(0.1)
+    server.stop()
+    for caller in callers:
+        caller.join(10)
+    details = sorted(answers[k].json()["detail"] for k in range(3))
+    assert [answers[k].status_code for k in range(3)] == [503, 503, 503]
+    assert [d.split(";")[0] for d in details] == [
+        "the rollout server is stopping (SIGTERM/SIGINT) and had not started this call",
+        "the rollout server is stopping (SIGTERM/SIGINT) and had not started this call",
+        "the rollout server stopped (SIGTERM/SIGINT) before this call finished",
+    ]
+    assert engine.batch_sizes() == {1: 1}  # only the call that was running when the stop came
