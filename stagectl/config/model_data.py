@@ -159,7 +159,8 @@ class DataConfig(StrictModel):
     """Directory that image paths in `train_jsonl` are relative to (default: the JSONL's directory)."""
     box_format: Literal["norm1000", "pixel", "auto"] = "norm1000"
     """How `bbox_2d` values are written: `norm1000` bins (integers 0..999), `pixel`, or `auto`
-    (decided once per file; a file whose boxes fit both readings is refused)."""
+    (decided once per file; a file whose boxes fit both readings, or whose coordinates are integers up to
+    exactly 1000, as a 0..1000 normalised scale writes them, is refused)."""
     synthetic: SyntheticDataConfig | None = None
     """Draw the synthetic shapes data set instead of reading `train_jsonl`."""
     eval: EvalDataConfig | None = None

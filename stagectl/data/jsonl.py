@@ -33,7 +33,9 @@ Boxes are read as `box_format`:
 - `"pixel"`: numbers with `0 <= x <= width`, `0 <= y <= height` (corners on the 0..W-1 axis; a right or
   bottom edge equal to `width`/`height`, the exclusive-edge habit, is accepted and clamps to bin 999);
   a box that is not, but is a norm-1000 box, is refused with a message that asks for `data.box_format: norm1000`;
-- `"auto"`: decided once for the whole file: pixel if any coordinate is fractional or above 999,
+- `"auto"`: decided once for the whole file: pixel if any coordinate is fractional or above 1000 (integers
+  up to exactly 1000 could be a 0..1000 normalised scale as well as pixels: an error asking for an explicit
+  `box_format`),
   norm-1000 if some box only fits its image read as bins, and an error asking for an explicit
   `box_format` when every box fits both readings.
 
@@ -154,8 +156,9 @@ def load_jsonl_dataset(
 class BoxReading:
     """How a file's boxes read (`read_box_format`)."""
 
-    detected: Literal["pixel", "norm1000"] | None  # what `auto` makes of them; None: every box fits both
+    detected: Literal["pixel", "norm1000"] | None  # what `auto` makes of them; None: it cannot tell
     num_fit_neither: int  # boxes neither norm-1000 bins nor inside the image in pixels: no format loads them
+    undecided: str | None = None  # why `auto` cannot tell, when it cannot
 
 
 def read_box_format(
@@ -182,10 +185,9 @@ def read_box_format(
         for obj in raw.objects
     )
     try:
-        detected: Literal["pixel", "norm1000"] | None = _detect_box_format(raws)
-    except _LineError:
-        detected = None
-    return BoxReading(detected, num_fit_neither)
+        return BoxReading(_detect_box_format(raws), num_fit_neither)
+    except _LineError as exc:
+        return BoxReading(None, num_fit_neither, undecided=str(exc))
 
 
 def _decode(raw_line: bytes, line_no: int) -> str:
@@ -396,14 +398,22 @@ def _detect_box_format(raws: list[_RawSample]) -> Literal["pixel", "norm1000"]:
     if not boxes:
         return "norm1000"  # nothing to convert
     if any(not _fits_bins(box) for box, _ in boxes):
+        if all(v.is_integer() and 0 <= v <= MAX_BIN + 1 for box, _ in boxes for v in box):
+            # nothing above 1000 and nothing fractional: a 0..1000 normalised scale (round(1000 * x / W))
+            # as likely as pixels; read as pixels, every box would be silently shrunk on large images
+            raise _LineError(
+                f"box_format 'auto' cannot tell pixel boxes from a 0..{MAX_BIN + 1} normalised scale (every "
+                f"coordinate is an integer, the largest is {MAX_BIN + 1}): set data.box_format: pixel if they are "
+                f"pixels; a 0..{MAX_BIN + 1} scale must be rescaled to the norm-1000 bins 0..{MAX_BIN}"
+            )
         return "pixel"
     if any(obj.from_tokens for raw in raws for obj in raw.objects + raw.crowd):
         return "norm1000"  # coordinate tokens are bins by definition
     if any(not _fits_pixels(box, raw.width, raw.height) for box, raw in boxes):
         return "norm1000"
     raise _LineError(
-        "box_format 'auto' cannot tell pixel boxes from norm-1000 boxes (every box fits both); "
-        "pass box_format='pixel' or 'norm1000'"
+        "box_format 'auto' cannot tell pixel boxes from norm-1000 boxes (every box fits both): "
+        "set data.box_format: pixel or norm1000"
     )
 
 

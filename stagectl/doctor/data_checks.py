@@ -91,7 +91,7 @@ def check_box_format(data: DataConfig) -> list[Check]:
             return [
                 fail(
                     name,
-                    "box_format auto cannot tell pixel from norm1000 boxes: every box fits both readings",
+                    reading.undecided or "box_format auto cannot tell",
                     "set data.box_format: pixel or norm1000",
                 )
             ]

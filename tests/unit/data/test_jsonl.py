@@ -159,8 +159,26 @@ def test_auto_detects_pixel_and_norm1000(tmp_path: Path) -> None:
 
 def test_auto_refuses_to_guess(tmp_path: Path) -> None:
     path = _write(tmp_path, [_record()])  # [10, 5, 40, 30] fits both readings
-    with pytest.raises(DataError, match="pass box_format='pixel' or 'norm1000'"):
+    with pytest.raises(DataError, match=r"every box fits both\): set data.box_format: pixel or norm1000"):
         load_jsonl_dataset(path, box_format="auto")
+
+
+def test_auto_refuses_integers_up_to_1000(tmp_path: Path) -> None:
+    """A 0..1000 normalised file (round(1000 * x / W)) with one 1000 on images wider than 1000 pixels: every box
+    also fits as pixels, and `auto` read the whole file as pixels, shrinking every box silently."""
+    wide = {"width": 1280, "height": 1000}
+    path = _write(
+        tmp_path,
+        [
+            _record(**wide, objects=[{"desc": "dog", "bbox_2d": [100, 200, 500, 1000]}]),
+            _record(**wide, objects=[{"desc": "cat", "bbox_2d": [10, 20, 300, 400]}]),
+        ],
+    )
+    with pytest.raises(DataError, match=r"cannot tell pixel boxes from a 0\.\.1000 normalised scale"):
+        load_jsonl_dataset(path, box_format="auto")
+    assert load_jsonl_dataset(path, box_format="pixel")[0].objects[0].bbox_2d == (78, 200, 391, 999)
+    above = _write(tmp_path, [_record(**wide, objects=[{"desc": "dog", "bbox_2d": [100, 200, 1001, 999]}])])
+    assert load_jsonl_dataset(above, box_format="auto")[0].objects[0].bbox_2d[2] == 782  # above 1000: pixels
 
 
 _GOOD_OBJECT = {"desc": "red circle", "bbox_2d": [10, 5, 40, 30]}

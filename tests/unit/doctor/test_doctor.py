@@ -179,7 +179,7 @@ def test_box_format(tmp_path: Path) -> None:
     # every box fits 112 x 112 pixels and norm-1000 bins alike
     both = _jsonl(tmp_path, [[10, 10, 50, 60], [1, 2, 3, 4]])
     (line,) = check_box_format(_data_cfg(tmp_path, both, "auto").data)  # type: ignore[arg-type]
-    assert line.status == "fail" and "cannot tell pixel from norm1000" in line.message
+    assert line.status == "fail" and "cannot tell pixel boxes from norm-1000 boxes" in line.message
     assert line.fix == "set data.box_format: pixel or norm1000"
     (line,) = check_box_format(_data_cfg(tmp_path, both, "pixel").data)  # type: ignore[arg-type]
     assert line.status == "warn" and "only box_format: pixel decides" in line.message
