@@ -38,6 +38,17 @@ def command(
             fail(f"--dtype: {exc}")
     from stagectl.files import check_output_dir
 
+    source = Path(checkpoint).expanduser()
+    if (source / "adapter_config.json").is_file() and not (source / "config.json").is_file():
+        # a PEFT adapter alone: train-ab's checkpoint-N/ holds it in adapter/ and the merged model in model/
+        parent = source.parent if source.name == "adapter" else None
+        hint = (
+            f"export the checkpoint it belongs to, whose model/ holds the merged weights: stagectl export {parent} OUT"
+            if parent is not None and (parent / "model" / "config.json").is_file()
+            else "export needs a full model; merge the adapter into its base model first"
+        )
+        fail(f"{checkpoint} is a LoRA adapter (adapter_config.json, no config.json), not a model: {hint}")
+
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         fail(f"{out} exists and is not an empty directory; choose a new path")
     try:

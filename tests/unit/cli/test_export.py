@@ -28,3 +28,19 @@ def test_an_out_that_holds_files_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"error: {tmp_path} exists and is not an empty directory; choose a new path" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["x"]
+
+
+def test_a_lora_adapter_dir_names_the_checkpoint_to_export(tmp_path: Path) -> None:
+    """train-ab's checkpoint-N/adapter/ was answered "is not a model checkpoint: it has no config.json"."""
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    (checkpoint / "adapter").mkdir(parents=True)
+    (checkpoint / "adapter" / "adapter_config.json").write_text("{}")
+    (checkpoint / "model").mkdir()
+    (checkpoint / "model" / "config.json").write_text("{}")
+    result = CliRunner().invoke(app, ["export", str(checkpoint / "adapter"), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert (
+        f"is a LoRA adapter (adapter_config.json, no config.json), not a model: export the checkpoint it belongs "
+        f"to, whose model/ holds the merged weights: stagectl export {checkpoint} OUT"
+    ) in result.output
+    assert not (tmp_path / "out").exists()
