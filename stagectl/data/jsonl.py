@@ -18,7 +18,9 @@ own files), which the eval's small / medium / large buckets use as COCOeval does
 as `stagectl convert coco` keeps them, objects written like `objects` (`desc`, `bbox_2d` in the file's box
 format, `category_id`). They are never trained on; the eval's ground truth marks them crowd, so COCOeval
 ignores predictions on them instead of counting false positives, as the official evaluation does.
-Blank lines are skipped, and so is a UTF-8 byte-order mark at the start of the file; no other field is allowed.
+CoordExp's optional `summary` (a string) and `metadata` (an object) are checked and not used; its `poly`
+objects are a line error (boxes only). Blank lines are skipped, and so is a UTF-8 byte-order mark at the start
+of the file; no other field is allowed.
 Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
 
 `bbox_2d` is written as four numbers or, as CoordExp's converter writes it (`*.coord.jsonl`), as four
@@ -63,7 +65,8 @@ MAX_REPORTED_ERRORS = 20
 SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
 # optional ids that `stagectl convert coco` writes, so predictions go back in COCO's own ids
-SAMPLE_OPTIONAL = ("image_id", "crowd")
+# ... and CoordExp's contract's optional `summary` and `metadata` (checked, not used)
+SAMPLE_OPTIONAL = ("image_id", "crowd", "summary", "metadata")
 OBJECT_OPTIONAL = ("category_id", "area")
 # CoordExp's pre-tokenized coordinate: one norm-1000 bin as a special token
 COORD_TOKEN = re.compile(r"^<\|coord_([0-9]{1,4})\|>$")
@@ -224,6 +227,10 @@ def _parse_line(
     except UnicodeEncodeError:
         raise _LineError("a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text") from None
     _check_fields(record, SAMPLE_FIELDS, where="", optional=SAMPLE_OPTIONAL)
+    if not isinstance(record.get("summary", ""), str):
+        raise _LineError(f"summary must be a string, got {type(record['summary']).__name__}")
+    if not isinstance(record.get("metadata", {}), dict):
+        raise _LineError(f"metadata must be an object, got {type(record['metadata']).__name__}")
 
     width = _positive_int(record["width"], "width")
     height = _positive_int(record["height"], "height")
@@ -330,6 +337,11 @@ def _parse_object(item: Any, index: int, kind: str = "objects") -> _RawObject:
     where = f"{kind}[{index}]: "
     if not isinstance(item, dict):
         raise _LineError(f"{where}must be an object with desc and bbox_2d, got {item!r}")
+    if "poly" in item and "bbox_2d" not in item:
+        raise _LineError(
+            f"{where}a poly geometry (CoordExp's polygon) is not read: stagectl trains boxes; give the object "
+            "a bbox_2d (the polygon's bounding box) or leave it out"
+        )
     _check_fields(item, OBJECT_FIELDS, where=where, optional=OBJECT_OPTIONAL)
     desc = item["desc"]
     if not isinstance(desc, str) or not desc.strip():

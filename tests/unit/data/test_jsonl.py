@@ -163,6 +163,36 @@ def test_auto_refuses_to_guess(tmp_path: Path) -> None:
         load_jsonl_dataset(path, box_format="auto")
 
 
+def test_a_coordexp_coord_jsonl_line_loads(tmp_path: Path) -> None:
+    """CoordExp's contract (docs/data/JSONL_CONTRACT.md) allows a `summary` string and a `metadata` object on a
+    line; each such line was refused as `unknown field 'summary'`."""
+    tokens = ["<|coord_100|>", "<|coord_120|>", "<|coord_180|>", "<|coord_200|>"]
+    line = _record(
+        objects=[{"bbox_2d": tokens, "desc": "tool cabinet"}],
+        summary="tool cabinet x1",
+        metadata={"source": "lvis", "id": 7},
+    )
+    (sample,) = load_jsonl_dataset(_write(tmp_path, [line]), box_format="auto")
+    assert sample.objects[0].bbox_2d == (100, 120, 180, 200)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"summary": ["a"]}, "summary must be a string, got list"),
+        ({"metadata": "x"}, "metadata must be an object, got str"),
+        (
+            {"objects": [{"poly": [1, 2, 3, 4, 5, 6], "poly_points": 3, "desc": "roof"}]},
+            "objects[0]: a poly geometry (CoordExp's polygon) is not read: stagectl trains boxes",
+        ),
+    ],
+)
+def test_coordexp_fields_are_checked(tmp_path: Path, change: dict[str, Any], expected: str) -> None:
+    with pytest.raises(DataError) as info:
+        load_jsonl_dataset(_write(tmp_path, [_record(**change)]), box_format="pixel")
+    assert f"data.jsonl:1: {expected}" in str(info.value)
+
+
 def test_auto_refuses_integers_up_to_1000(tmp_path: Path) -> None:
     """A 0..1000 normalised file (round(1000 * x / W)) with one 1000 on images wider than 1000 pixels: every box
     also fits as pixels, and `auto` read the whole file as pixels, shrinking every box silently."""
