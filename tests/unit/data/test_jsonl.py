@@ -164,7 +164,7 @@ def test_auto_refuses_to_guess(tmp_path: Path) -> None:
 
 
 def test_a_coordexp_coord_jsonl_line_loads(tmp_path: Path) -> None:
-    """CoordExp's contract (docs/data/JSONL_CONTRACT.md) allows a `summary` string and a `metadata` object on a
+    """CoordExp's data contract (its JSONL contract document) allows a `summary` string and a `metadata` object on a
     line; each such line was refused as `unknown field 'summary'`."""
     tokens = ["<|coord_100|>", "<|coord_120|>", "<|coord_180|>", "<|coord_200|>"]
     line = _record(
