@@ -425,6 +425,35 @@ def test_yaml_syntax_error(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """A second `training:` block appended to a file replaced the first one whole: its learning_rate,
+    output_dir, ... fell back to their defaults without a word."""
+    path = tmp_path / "twice.yaml"
+    head = yaml.safe_dump(BASE)
+    path.write_text(
+        head + "training:\n  learning_rate: 0.002\n  max_steps: 24\n" + "training:\n  max_steps: 99\n"
+    )
+    first = head.count("\n") + 1
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (
+        f"<yaml>: not valid YAML at line {first + 3}, column 1: key 'training' is written twice in one mapping "
+        f"(first at line {first}); YAML would keep only the last"
+    ) in str(info.value)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    """`<<: {...}` (or `<<: *anchor`) then an explicit key is YAML's way to override a shared block: not a key
+    written twice."""
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        yaml.safe_dump(BASE)
+        + "training:\n  <<: {max_steps: 5, seed: 3, learning_rate: 0.001}\n  max_steps: 7\n"
+    )
+    cfg = load_config(path)
+    assert (cfg.training.max_steps, cfg.training.seed, cfg.training.learning_rate) == (7, 3, 0.001)
+
+
 def test_top_level_not_mapping(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
