@@ -13,6 +13,7 @@ from pathlib import Path
 
 from stagectl.files import atomic_write_text
 from stagectl.stage_b.guidance import Guidance, parse_guidance
+from stagectl.stage_b.tickets import cwd_note
 
 GUIDANCE_FILE = "guidance.json"
 SNAPSHOT_DIR = "snapshots"
@@ -29,7 +30,7 @@ def read_guidance_file(path: Path, mission: str | None = None) -> Guidance:
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
-        raise ValueError(f"guidance file not found: {path}") from None
+        raise ValueError(f"guidance file not found: {path}{cwd_note(path)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read guidance {path}: {exc}") from None
     except json.JSONDecodeError as exc:

@@ -156,6 +156,14 @@ def split_ticket_text(data: bytes) -> list[str]:
     return text.split("\n")
 
 
+def cwd_note(path: Path) -> str:
+    """For a file that cannot be read: where a relative config path was looked for (the working directory,
+    not the config's directory: a run started from elsewhere misses it)."""
+    return (
+        "" if path.is_absolute() else f" (relative paths are read from the working directory, {Path.cwd()})"
+    )
+
+
 def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False) -> TicketSet:
     """Every ticket of `mission` in `paths` (in file order). `ValueError` naming the bad lines when there are
     any (unless `skip_bad`: they are in `problems`), and when no usable ticket is left."""
@@ -168,7 +176,7 @@ def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False)
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise ValueError(f"tickets: cannot read {path}: {exc.strerror or exc}") from None
+            raise ValueError(f"tickets: cannot read {path}: {exc.strerror or exc}{cwd_note(path)}") from None
         part = parse_ticket_lines(split_ticket_text(data), str(path), mission, seen)
         problems += part.problems
         other += part.num_other_missions

@@ -255,6 +255,17 @@ def test_read_guidance_file_names_the_file(tmp_path: Path) -> None:
         read_guidance_file(tmp_path / "missing.json")
 
 
+def test_a_relative_guidance_path_not_found_names_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        read_guidance_file(Path("g/guidance.json"))
+    assert str(info.value) == (
+        f"guidance file not found: g/guidance.json (relative paths are read from the working directory, {tmp_path})"
+    )
+
+
 UPSTREAM_GUIDANCE = {
     "挡风板安装检查": {
         "step": 3,

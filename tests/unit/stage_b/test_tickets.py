@@ -175,3 +175,19 @@ def test_a_key_written_twice_is_a_bad_line_not_the_last_value(tmp_path: Path) ->
     path.write_text(json.dumps({**GOOD, "group_id": "g0"}) + "\n" + twice + "\n")
     with pytest.raises(ValueError, match=rf"{path}:2: key\(s\) written twice in one object: label"):
         load_tickets([path], "m")
+
+
+def test_a_relative_path_that_is_not_found_names_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started from another directory than the config's misses its relative inputs; the error said only
+    `No such file or directory`."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        load_tickets([Path("examples/tickets.jsonl")], "m")
+    assert str(info.value) == (
+        "tickets: cannot read examples/tickets.jsonl: No such file or directory (relative paths are read from the "
+        f"working directory, {tmp_path})"
+    )
+    with pytest.raises(ValueError, match=r"cannot read /nowhere/t\.jsonl: No such file or directory$"):
+        load_tickets([Path("/nowhere/t.jsonl")], "m")
