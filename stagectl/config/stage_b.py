@@ -76,7 +76,8 @@ class RunnerConfig(StrictModel):
     bad_ticket_lines: Literal["error", "skip"] = "error"
     """A ticket line that is not JSON, not a ticket or a duplicate: `error` stops the run before it starts,
     naming the lines; `skip` runs without them (the log names them, `progress.json`, the end line and the
-    report count them). A group_id labelled both pass and fail is an error either way."""
+    report count them). A group_id labelled pass on one line and fail on another is two tickets
+    (`group_id::label`, as upstream keys them), not a bad line."""
     engine: Literal["model", "server", "rules"] = "model"
     """`model`: each rank loads `model` on its own device; `server`: rollouts from the rollout servers of
     `runner.server` (no model in the Stage-B processes); `rules`: a deterministic rule engine without a

@@ -162,6 +162,15 @@ def _prepare(plan: StageBPlan) -> Prepared:
             say("stage-b", f"skipped {problem}")
         if len(ticket_set.problems) > MAX_REPORTED_LINES:
             say("stage-b", f"... and {len(ticket_set.problems) - MAX_REPORTED_LINES} more bad ticket line(s)")
+        if ticket_set.both_labels:
+            shown = ", ".join(ticket_set.both_labels[:MAX_REPORTED_LINES])
+            more = len(ticket_set.both_labels) - MAX_REPORTED_LINES
+            say(
+                "stage-b",
+                f"{len(ticket_set.both_labels)} group(s) labelled both pass and fail, each label a ticket of its "
+                f"own (group_id::label, as upstream keys them): {shown}"
+                + (f" and {more} more" if more > 0 else ""),
+            )
         store = GuidanceStore(plan.run_dir, plan.guidance.retention)
         existing = store.load()  # the CLI refused a run directory holding a run unless --resume
         digest = prog.tickets_digest([t.key for t in ticket_set.tickets], plan.runner.seed)

@@ -7,9 +7,10 @@ earlier ticket). Lines end at `\n` only (a `\r` before it is allowed): a summary
 a JSON writer with `ensure_ascii=False` leaves them, so `str.splitlines` would cut a valid line in two. A UTF-8
 byte-order mark at the start of a file (what Windows editors write) is skipped. A bad line is an
 error unless the run opts in to skipping them (`runner.bad_ticket_lines: skip`, which the run's log, summary
-and report then state); a set with no usable ticket is always an error, and so is one group_id labelled both
-pass and fail (both lines named: one of them is wrong, and skipping either would hide which).
-The ticket key is `group_id::label`.
+and report then state); a set with no usable ticket is always an error.
+The ticket key is `group_id::label`, as upstream's ingest keys them: one group_id labelled `pass` on one line
+and `fail` on another is two tickets (a group reviewed again after a fix), both used, and the run's start line
+names such groups (`TicketSet.both_labels`) so a labelling slip is seen.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class TicketSet:
     tickets: list[Ticket]
     problems: list[str]  # `file:line: problem` for every skipped line
     num_other_missions: int  # well-formed lines of other missions (skipped silently)
+    both_labels: list[str]  # `group_id (file:line and file:line)` for each group labelled pass and fail
 
 
 def parse_ticket(data: Any) -> Ticket:
@@ -96,13 +98,13 @@ def _check_upstream_optional(data: Mapping[str, Any]) -> None:
 
 
 def parse_ticket_lines(
-    lines: Iterable[str], source: str, mission: str, seen: dict[str, tuple[Label, str]] | None = None
+    lines: Iterable[str], source: str, mission: str, seen: dict[str, str] | None = None
 ) -> TicketSet:
-    """Parse JSONL text lines of one file (pure); blank lines are skipped, duplicate keys are problems.
-    `seen` (group_id -> (label, `file:line`)) carries the tickets of earlier files; `ValueError` naming both
-    lines when a group_id comes with both labels."""
+    """Parse JSONL text lines of one file (pure); blank lines are skipped, duplicate ticket keys are problems.
+    `seen` (ticket key -> `file:line`) carries the tickets of earlier files."""
     tickets: list[Ticket] = []
     problems: list[str] = []
+    both: list[str] = []
     seen = {} if seen is None else seen
     other = 0
     for number, line in enumerate(lines, start=1):
@@ -125,18 +127,15 @@ def parse_ticket_lines(
         if ticket.mission != mission:
             other += 1
             continue
-        if ticket.group_id in seen:
-            label, first = seen[ticket.group_id]
-            if label != ticket.label:
-                raise ValueError(
-                    f"tickets: group_id {ticket.group_id!r} of mission {mission!r} is labelled {label!r} at "
-                    f"{first} and {ticket.label!r} at {where}; a group has one label: fix the wrong line"
-                )
-            problems.append(f"{where}: duplicate ticket key {ticket.key!r} (first at {first})")
+        if ticket.key in seen:
+            problems.append(f"{where}: duplicate ticket key {ticket.key!r} (first at {seen[ticket.key]})")
             continue
-        seen[ticket.group_id] = (ticket.label, where)
+        other_label = "fail" if ticket.label == "pass" else "pass"
+        if f"{ticket.group_id}::{other_label}" in seen:
+            both.append(f"{ticket.group_id} ({seen[f'{ticket.group_id}::{other_label}']} and {where})")
+        seen[ticket.key] = where
         tickets.append(ticket)
-    return TicketSet(tickets, problems, other)
+    return TicketSet(tickets, problems, other, both)
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -171,7 +170,8 @@ def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False)
     tickets: list[Ticket] = []
     problems: list[str] = []
     other = 0
-    seen: dict[str, tuple[Label, str]] = {}
+    both: list[str] = []
+    seen: dict[str, str] = {}
     for path in paths:
         try:
             data = path.read_bytes()
@@ -181,6 +181,7 @@ def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False)
         problems += part.problems
         other += part.num_other_missions
         tickets += part.tickets
+        both += part.both_labels
     if problems and not skip_bad:
         more = len(problems) - NUM_NAMED_PROBLEMS
         listed = "; ".join(problems[:NUM_NAMED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
@@ -194,4 +195,4 @@ def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False)
             f"tickets: no usable ticket of mission {mission!r} in {', '.join(map(str, paths))}"
             f" ({other} line(s) of other missions){detail}"
         )
-    return TicketSet(tickets, problems, other)
+    return TicketSet(tickets, problems, other, both)

@@ -181,6 +181,23 @@ def test_a_mission_named_as_upstream_names_them_runs(tmp_path: Path) -> None:
     assert plan.run_dir.name == mission and (plan.run_dir / "progress.json").is_file()
 
 
+def test_a_group_labelled_both_ways_runs_as_two_tickets_and_the_start_line_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = plan_for(tmp_path)
+    tickets = Path(plan.tickets[0])
+    lines = tickets.read_text().splitlines()
+    first = json.loads(lines[0])
+    other = {**first, "label": "pass" if first["label"] == "fail" else "fail"}
+    tickets.write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    summary = run_all(plan)
+    assert summary is not None and summary.num_tickets == 17 and summary.num_judged == 34  # 2 epochs
+    assert (
+        f"1 group(s) labelled both pass and fail, each label a ticket of its own (group_id::label, as upstream "
+        f"keys them): {first['group_id']} ({tickets}:1 and {tickets}:{len(lines) + 1})"
+    ) in capsys.readouterr().err
+
+
 def test_a_resume_with_the_same_config_keeps_no_copy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
