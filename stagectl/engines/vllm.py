@@ -124,6 +124,7 @@ def _vocab_size(path: Path) -> int:
 class _Job:
     request: EngineRequest
     template_ids: list[int]  # chat template ids, image placeholders not expanded
+    sampling: Any  # vLLM's SamplingParams, built (and checked by vLLM) before the request joins a batch
 
 
 class VllmEngine:
@@ -199,7 +200,17 @@ class VllmEngine:
                     f"for {len(request.images)} images"
                 )
         check_context(len(ids), request.params.max_new_tokens, self.max_model_len)
-        return _Job(request, ids)
+        return _Job(request, ids, self._checked_sampling_params(request))
+
+    def _checked_sampling_params(self, request: EngineRequest) -> Any:
+        """vLLM's checks of one request's sampling values (e.g. `temperature` within [0, 2]), run while the
+        call is encoded: raised inside the batched generate they failed every call in the batch (500s)."""
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            return self._sampling_params(request)
+        except (ValueError, VLLMClientError) as exc:
+            raise ValueError(f"vLLM refuses the sampling parameters: {exc}") from None
 
     def _run_batch(self, jobs: list[_Job]) -> list[EngineResult]:
         prompts: list[dict[str, Any]] = []
@@ -208,7 +219,7 @@ class VllmEngine:
             if job.request.images:
                 prompt["multi_modal_data"] = {"image": list(job.request.images)}
             prompts.append(prompt)
-        params = [self._sampling_params(job.request) for job in jobs]
+        params = [job.sampling for job in jobs]
         with self._lock:
             outputs = self._llm.generate(prompts, params, use_tqdm=False)
             version = self._version

@@ -21,6 +21,10 @@ from PIL import Image, UnidentifiedImageError
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[^,;]+=[^,;]*)*;base64,", re.ASCII)
 MAX_IMAGE_PIXELS = int(Image.MAX_IMAGE_PIXELS or 89_478_485)
+# Qwen-VL image processors (transformers' `smart_resize`, vLLM's too) refuse a longer side above 200x the
+# shorter. Checked here, per request: inside vLLM's batched generate the refusal failed every call that shared
+# the batch, each answered 400 naming another caller's image.
+MAX_ASPECT_RATIO = 200
 
 
 class PathRefused(ValueError):
@@ -78,6 +82,11 @@ def _decode(handle: BinaryIO, what: str) -> Image.Image:
             if image.width * image.height > MAX_IMAGE_PIXELS:  # header only so far: nothing decoded
                 raise PathRefused(
                     f"{what}: {image.width}x{image.height} is more than {MAX_IMAGE_PIXELS} pixels"
+                )
+            if max(image.size) > MAX_ASPECT_RATIO * min(image.size):
+                raise PathRefused(
+                    f"{what}: {image.width}x{image.height} is more than {MAX_ASPECT_RATIO} times as long as it "
+                    "is wide (the Qwen-VL image processors' limit); crop or pad it"
                 )
             return image.convert("RGB")
     except UnidentifiedImageError:  # PIL's message names the handle object (a memory address), not the data

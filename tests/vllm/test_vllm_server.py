@@ -184,6 +184,28 @@ def test_concurrent_clients_share_batches(served: Served) -> None:
     assert max(size for size, count in new.items() if count > 0) > 2  # several clients in one generate call
 
 
+def test_a_call_vllm_refuses_fails_alone_not_the_calls_batched_with_it(served: Served) -> None:
+    """vLLM checks sampling values itself (`temperature` within [0, 2] in 0.32): that check ran inside the
+    batched generate, so one such call failed every call it shared the batch with (plain-text 500s)."""
+    answers: dict[float, httpx.Response] = {}
+
+    def call(temperature: float) -> None:
+        body = {
+            "infer_requests": [{"messages": [{"role": "user", "content": TEXTS[0]}]}],
+            "request_config": {"max_tokens": 8, "temperature": temperature, "seed": 1},
+        }
+        answers[temperature] = httpx.post(f"{served.url}/infer/", json=body, timeout=120)
+
+    threads = [threading.Thread(target=call, args=(t,)) for t in (0.0, 1000.0, 0.5, 1.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {t: a.status_code for t, a in answers.items()} == {0.0: 200, 1000.0: 400, 0.5: 200, 1.0: 200}
+    assert "vLLM refuses the sampling parameters" in answers[1000.0].json()["detail"]
+    assert "temperature" in answers[1000.0].json()["detail"]
+
+
 def test_stop_strings_cut_text_and_ids(served: Served, client: RolloutClient) -> None:
     full = served.local_greedy(0)
     text = served.decode(full)

@@ -66,6 +66,18 @@ def test_missing_file_and_non_image(tree: Path) -> None:
         load_image(str(tree / "root" / "text.png"), [tree / "root"])
 
 
+def test_an_image_past_the_qwen_vl_aspect_ratio_is_refused_before_any_batch(tree: Path) -> None:
+    """vLLM's processor refused a 2000x4 image inside its batched generate, failing every call in the batch
+    (each answered 400 naming that image); the server now refuses that one request up front."""
+    Image.new("RGB", (1000, 5)).save(tree / "root" / "ratio_200.png")  # the processors' limit itself
+    Image.new("RGB", (4, 2000)).save(tree / "root" / "tall.png")
+    assert load_image(str(tree / "root" / "ratio_200.png"), [tree / "root"]).size == (1000, 5)
+    with pytest.raises(
+        PathRefused, match=r"tall\.png'?: 4x2000 is more than 200 times as long as it is wide"
+    ):
+        load_image(str(tree / "root" / "tall.png"), [tree / "root"])
+
+
 def test_inline_data_url() -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (5, 7), (0, 255, 0)).save(buffer, format="PNG")
