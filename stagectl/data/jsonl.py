@@ -437,6 +437,7 @@ def _to_sample(raw: _RawSample, box_format: BoxFormat) -> DetectionSample:
         objects=_to_objects(raw, raw.objects, "objects", box_format),
         image_id=raw.image_id,
         crowd=_to_objects(raw, raw.crowd, "crowd", box_format),
+        line_no=raw.line_no,
     )
 
 

@@ -45,6 +45,8 @@ class DetectionSample:
     # COCO `iscrowd: 1` regions (`stagectl convert coco` keeps them): never trained on; the eval's ground
     # truth marks them crowd, so predictions on them are ignored, not false positives (COCOeval's rule)
     crowd: list[DetObject] = field(default_factory=list)
+    # the line of the JSONL file it was read from (errors about the sample name it); None: not read from a file
+    line_no: int | None = field(default=None, compare=False, repr=False)
 
     def pixel_boxes(self) -> list[tuple[float, float, float, float]]:
         """Every object's box decoded back to pixels, in object order."""

@@ -55,13 +55,15 @@ class CocoIds:
 
 def assign_ids(samples: Sequence[DetectionSample], source: str) -> CocoIds:
     """COCO ids for `samples` (see the module docstring); `ValueError` names the offending line."""
+    # the file's own line numbers (blank lines skipped by the loader count), else the sample's place
+    lines = [s.line_no if s.line_no is not None else k + 1 for k, s in enumerate(samples)]
     has_image = [s.image_id is not None for s in samples]
-    objects = [(k, obj) for k, s in enumerate(samples) for obj in [*s.objects, *s.crowd]]
+    objects = [(lines[k], obj) for k, s in enumerate(samples) for obj in [*s.objects, *s.crowd]]
     has_category = [obj.category_id is not None for _, obj in objects]
     for name, flags in (("image_id", has_image), ("category_id", has_category)):
         if any(flags) and not all(flags):
             k = flags.index(False)
-            where = f"line {k + 1}" if name == "image_id" else f"line {objects[k][0] + 1}"
+            where = f"line {lines[k]}" if name == "image_id" else f"line {objects[k][0]}"
             raise ValueError(
                 f"{source}: {where} has no {name} while other lines have one; COCO ids must be on every "
                 "line and object or on none (re-run `stagectl convert coco`, or drop them all)"
@@ -72,9 +74,9 @@ def assign_ids(samples: Sequence[DetectionSample], source: str) -> CocoIds:
         for k, image_id in enumerate(image_ids):
             if image_id in seen:
                 raise ValueError(
-                    f"{source}: line {k + 1} repeats image_id {image_id} of line {seen[image_id] + 1}"
+                    f"{source}: line {lines[k]} repeats image_id {image_id} of line {seen[image_id]}"
                 )
-            seen[image_id] = k
+            seen[image_id] = lines[k]
     else:
         image_ids = list(range(1, len(samples) + 1))
     names: dict[int, str] = {}
@@ -85,7 +87,7 @@ def assign_ids(samples: Sequence[DetectionSample], source: str) -> CocoIds:
             known = category_of_desc.setdefault(obj.desc, obj.category_id)
             if known != obj.category_id:
                 raise ValueError(
-                    f"{source}: line {k + 1}: desc {obj.desc!r} has category_id {obj.category_id} here but "
+                    f"{source}: line {k}: desc {obj.desc!r} has category_id {obj.category_id} here but "
                     f"{known} elsewhere; one name must map to one category"
                 )
             names.setdefault(obj.category_id, obj.desc)

@@ -292,3 +292,48 @@ def test_an_objects_coco_area_decides_its_size_bucket_as_in_cocoeval(tmp_path: P
     assert report.metrics["APs"] == pytest.approx(1.0)  # the pole's mask is small
     assert report.metrics["APm"] == -1.0  # no medium object at all
     assert report.metrics["APl"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([{"image_id": 5}, "", "", {"image_id": 5}], "line 4 repeats image_id 5 of line 1"),
+        ([{"image_id": 5}, "", {}], "line 3 has no image_id while other lines have one"),
+        ([{"image_id": 5}, "", {"image_id": 6, "category_id": None}], "line 3 has no category_id"),
+        (
+            [{"image_id": 5}, "", {"image_id": 6, "category_id": 4}],
+            "line 3: desc 'cat' has category_id 4 here",
+        ),
+    ],
+)
+def test_coco_id_errors_name_the_file_line_past_blank_lines(
+    tmp_path: Path, lines: list[Any], expected: str
+) -> None:
+    """They named the sample's place instead (`line 2 repeats image_id 5 of line 1` for file lines 4 and 1)."""
+    from stagectl.data.jsonl import load_jsonl_dataset
+
+    def line(change: Any) -> str:
+        if not change:
+            return (
+                ""
+                if change == ""
+                else json.dumps({"images": ["a.png"], "width": 8, "height": 8, "objects": []})
+            )
+        obj = {"desc": change.get("desc", "cat"), "bbox_2d": [1, 1, 5, 5]}
+        if change.get("category_id", 3) is not None:
+            obj["category_id"] = change.get("category_id", 3)
+        record = {
+            "images": ["a.png"],
+            "width": 8,
+            "height": 8,
+            "objects": [obj],
+            "image_id": change["image_id"],
+        }
+        return json.dumps(record)
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(line(change) for change in lines) + "\n")
+    (tmp_path / "a.png").write_bytes(b"not decoded")
+    samples = load_jsonl_dataset(path, box_format="pixel")
+    with pytest.raises(ValueError, match=expected):
+        assign_ids(samples, str(path))
