@@ -1,6 +1,6 @@
 """Data checks: every line parses and every image exists, opens and has the size its line declares
-(`data.file`, the loader's own checks: `stagectl.data.jsonl`), the box format is
-unambiguous (`data.box_format`), and the longest Channel-A sample fits `global_max_length`
+(`data.file`, the loader's own checks: `stagectl.data.jsonl`; a file that is not there gets how to write
+one), the box format is unambiguous (`data.box_format`), and the longest Channel-A sample fits `global_max_length`
 (`data.longest_sample`, needs the tokenizer and image processor).
 
 The longest-sample check encodes one prompt per distinct tuple of image sizes (a blank image of that
@@ -8,6 +8,8 @@ size gives the same number of vision tokens as the real one) and tokenises every
 seconds for COCO-sized sets where encoding every image would take most of an hour."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from stagectl.config.model_data import DataConfig
 from stagectl.data.jsonl import DataError, load_jsonl_dataset, read_box_format
@@ -20,8 +22,22 @@ DATA_FIX = (
 NUM_SHOWN_ERRORS = 3  # bad lines named in a data line; the rest are counted
 
 
-def _bad_lines(name: str, exc: DataError) -> Check:
-    """The first bad lines of a data file (`file:line: what`), and how many more there are."""
+def missing_file_fix(key: str, path: Path) -> str:
+    """The fix for a data file that is not there: how one is made, and where a relative path was looked for."""
+    where = (
+        "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"
+    )
+    return (
+        f"point {key} at the file{where}, or write it: `stagectl convert coco INSTANCES.json --images DIR "
+        f"--out {path}` (or `stagectl demo-data DIR` for the synthetic set)"
+    )
+
+
+def _bad_lines(name: str, exc: DataError, key: str, path: Path) -> Check:
+    """The first bad lines of a data file (`file:line: what`), and how many more there are; a file that is
+    not there gets the fix that makes one."""
+    if not path.is_file():
+        return fail(name, f"{path}: no such file", missing_file_fix(key, path))
     shown = exc.errors[:NUM_SHOWN_ERRORS]
     more = f" (and {exc.num_errors - len(shown)} more bad lines)" if exc.num_errors > len(shown) else ""
     return fail(name, "; ".join(shown) + more, DATA_FIX)
@@ -42,7 +58,7 @@ def load_samples(data: DataConfig) -> tuple[list[DetectionSample] | None, list[C
             data.train_jsonl, data.image_root, box_format=data.box_format, verify_images=True
         )
     except DataError as exc:
-        return None, [_bad_lines("data.file", exc)]
+        return None, [_bad_lines("data.file", exc, "data.train_jsonl", data.train_jsonl)]
     num_images = len({path for s in samples for path in s.images})
     return samples, [
         ok(
@@ -62,7 +78,7 @@ def check_eval_file(data: DataConfig) -> list[Check]:
             data.eval.jsonl, data.eval.image_root, box_format=data.box_format, verify_images=True
         )
     except DataError as exc:
-        return [_bad_lines("data.eval_file", exc)]
+        return [_bad_lines("data.eval_file", exc, "data.eval.jsonl", data.eval.jsonl)]
     return [ok("data.eval_file", f"{data.eval.jsonl}: {len(samples)} samples, every image opens")]
 
 

@@ -149,6 +149,16 @@ def test_data_file_every_image_exists_and_opens(tmp_path: Path) -> None:
     assert f"; {jsonl}:3: image not found: {tmp_path / 'img/2.png'}" in lines[0].message
 
 
+def test_a_data_file_that_is_not_there_gets_the_fix_that_makes_one(tmp_path: Path) -> None:
+    """It got the bad-lines fix ("fix or remove the lines named"), which says nothing about a missing file."""
+    missing = tmp_path / "data" / "train.jsonl"
+    samples, (line,) = load_samples(_data_cfg(tmp_path, missing).data)  # type: ignore[arg-type]
+    assert samples is None and line.status == "fail" and line.name == "data.file"
+    assert line.message == f"{missing}: no such file"
+    assert line.fix.startswith("point data.train_jsonl at the file, or write it: `stagectl convert coco")
+    assert f"--out {missing}`" in line.fix and "lines named" not in line.fix
+
+
 def test_data_file_names_the_lines_whose_size_is_not_their_image_s(tmp_path: Path) -> None:
     """A line declaring 112x112 for a 56x56 image: every pixel box would be mis-scaled. The first bad lines
     are named (file:line, both sizes), the others counted."""
