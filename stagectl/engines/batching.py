@@ -2,7 +2,9 @@
 
 Callers `submit` items and get futures. The worker takes the oldest pending item, waits up to
 `batch_wait_ms` for more items with the same key (equal sampling parameters) until it has
-`max_batch_size`, runs `run_batch` on them and resolves their futures; an error in `run_batch`
+`max_batch_size`, runs `run_batch` on them and resolves their futures (a result that is an `Exception`
+fails that item alone: an engine that finds one bad request in a batch answers the others); an error in
+`run_batch`
 fails exactly that batch's futures. `take_batch` is the pure grouping rule.
 
 The thread is not a daemon, and it ends by itself once the main thread has ended (after the batch it is
@@ -52,7 +54,7 @@ class BatchingWorker(Generic[T, R]):
 
     def __init__(
         self,
-        run_batch: Callable[[list[T]], list[R]],
+        run_batch: Callable[[list[T]], Sequence[R | Exception]],
         key: Callable[[T], Hashable],
         *,
         max_batch_size: int,
@@ -179,7 +181,10 @@ class BatchingWorker(Generic[T, R]):
                 p.future.set_exception(exc)
             return
         for p, result in zip(batch, results, strict=True):
-            p.future.set_result(result)
+            if isinstance(result, Exception):
+                p.future.set_exception(result)
+            else:
+                p.future.set_result(result)
 
     def _fail_rest(self, pending: list[_Pending[T, R]]) -> None:
         while True:

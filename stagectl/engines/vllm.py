@@ -212,7 +212,27 @@ class VllmEngine:
         except (ValueError, VLLMClientError) as exc:
             raise ValueError(f"vLLM refuses the sampling parameters: {exc}") from None
 
-    def _run_batch(self, jobs: list[_Job]) -> list[EngineResult]:
+    def _run_batch(self, jobs: list[_Job]) -> list[EngineResult | Exception]:
+        """One generate call for `jobs`. A request vLLM refuses while adding it (e.g. a prompt longer than
+        `max_model_len` once its images are expanded into tokens, which `_encode` cannot count) fails the
+        whole call, vLLM aborting what it had added: the jobs are then run one by one, so only the refused
+        request's call fails (a 400), not every call that shared its batch."""
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            return list(self._generate(jobs))
+        except (ValueError, VLLMClientError) as exc:
+            if len(jobs) == 1:
+                raise ValueError(f"vLLM refuses the request: {exc}") from None
+        out: list[EngineResult | Exception] = []
+        for job in jobs:
+            try:
+                out += self._generate([job])
+            except (ValueError, VLLMClientError) as exc:
+                out.append(ValueError(f"vLLM refuses the request: {exc}"))
+        return out
+
+    def _generate(self, jobs: list[_Job]) -> list[EngineResult]:
         prompts: list[dict[str, Any]] = []
         for job in jobs:
             prompt: dict[str, Any] = {"prompt_token_ids": job.template_ids}

@@ -12,10 +12,12 @@ import io
 import json
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -143,6 +145,32 @@ def test_image_prompts_give_transformers_greedy_ids(served: Served, client: Roll
         assert out.choices[0].token_ids == served.local_greedy(k), k
     distinct = {tuple(out.choices[0].token_ids or []) for out in outs}
     assert len(distinct) == len(PROMPTS)  # the images (not only the text) steer the answers
+
+
+def test_an_image_too_large_for_the_context_fails_its_own_call_only(served: Served) -> None:
+    """150 images of 112 x 112 are at least 1,350 image tokens, past `max_model_len` 1024, which only vLLM
+    counts (the server's context check sees one placeholder per image). vLLM refused the call inside the
+    batched generate: every call in that batch got a plain-text 500; now that call gets a 400 saying why
+    and the others their answers."""
+    blank = data_url(Image.fromarray(np.zeros((112, 112, 3), dtype=np.uint8)))
+    answers: dict[int, httpx.Response] = {}
+
+    def call(k: int) -> None:
+        item = request(k % len(PROMPTS)).model_dump(mode="json", exclude_none=True)
+        if k == 1:
+            item["images"] = [blank] * 150
+            item["messages"][0]["content"] = [{"type": "image"}] * 150 + [{"type": "text", "text": "x"}]
+        body = {"infer_requests": [item], "request_config": {"max_tokens": 4, "temperature": 0}}
+        answers[k] = httpx.post(f"{served.url}/infer/", json=body, timeout=300)
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [answers[k].status_code for k in range(3)] == [200, 400, 200], answers[1].text
+    assert "vLLM refuses the request" in answers[1].json()["detail"]
+    assert "maximum model length of 1024" in answers[1].json()["detail"]
 
 
 def test_coordinate_tokens_come_out_as_single_ids(served: Served, client: RolloutClient) -> None:

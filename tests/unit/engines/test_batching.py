@@ -81,6 +81,20 @@ def test_an_error_fails_only_its_batch() -> None:
         worker.close()
 
 
+def test_an_exception_as_a_result_fails_that_item_alone() -> None:
+    worker: BatchingWorker[int, int] = BatchingWorker(
+        lambda items: [ValueError(f"bad {i}") if i < 0 else i for i in items],
+        key=lambda i: 0,
+        max_batch_size=4,
+        batch_wait_ms=0,
+    )
+    good, bad, other = worker.submit([1, -2, 3])
+    assert good.result(5) == 1 and other.result(5) == 3
+    with pytest.raises(ValueError, match="bad -2"):
+        bad.result(5)
+    worker.close()
+
+
 def test_wrong_result_count_is_an_error() -> None:
     worker: BatchingWorker[int, int] = BatchingWorker(
         lambda items: [], key=lambda i: 0, max_batch_size=2, batch_wait_ms=0
