@@ -64,7 +64,11 @@ def b_steps_rows(b_steps: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 def train_ab_rows(s: TrainAbSummary, ev: EvalSummary | None) -> list[tuple[str, str]]:
     rows = [
-        ("optimizer steps logged", f"{s.num_steps} (steps {s.first_step}–{s.last_step})"),
+        (
+            "optimizer steps logged",
+            f"{s.num_steps} (steps {s.first_step}–{s.last_step}; steps here count from 0 as `metrics.jsonl` "
+            f"does: the console's `step {s.first_step + 1}/N` is step {s.first_step})",
+        ),
         ("Channel-A / Channel-B steps", f"{s.num_a} / {s.num_b}"),
         ("B ratio: realised / target", f"{s.realised_b_ratio:.4f} / {fmt_ratio(s.target_b_ratio)}"),
         ("B steps wanted by the schedule", str(s.num_wanted_b)),

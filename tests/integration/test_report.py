@@ -167,7 +167,10 @@ def test_async_run_report(tmp_path: Path) -> None:
     text = (run_dir / "report.md").read_text()
     num_b = sum(r["kind"] == "B" for r in rows)
     assert num_b == 11  # 13 scheduled B steps in 40 at 1/3, two of them skipped
-    assert "| optimizer steps logged | 40 (steps 0–39) |" in text
+    assert (
+        "| optimizer steps logged | 40 (steps 0–39; steps here count from 0 as `metrics.jsonl` does: the "
+        "console's `step 1/N` is step 0) |"
+    ) in text
     assert f"| Channel-A / Channel-B steps | {40 - num_b} / {num_b} |" in text
     assert f"| B ratio: realised / target | {num_b / 40:.4f} / 1/3 (0.3333) |" in text
     assert "| B steps wanted by the schedule | 13 |" in text
