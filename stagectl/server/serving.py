@@ -269,12 +269,33 @@ def configure_access_log(target: str | None) -> None:
     access.addHandler(handler)
 
 
+def missing_dirs(settings: ServerSettings) -> list[str]:
+    """A warning line for each `image_roots` entry and `--weights-dir` that is not a directory: the server
+    serves anyway (the directory may appear later), but every request naming a file under it is refused,
+    which a typo otherwise shows only at the first request, as a 400 of a client."""
+    lines = []
+    for key, dirs in (
+        ("rollout_server.image_roots", settings.image_roots),
+        ("--weights-dir", settings.weight_dirs),
+    ):
+        for entry in dirs:
+            if not entry.expanduser().is_dir():
+                where = "" if entry.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+                lines.append(
+                    f"rollout-server: warning: {key} {str(entry)!r}{where} is not a directory: "
+                    "requests naming files under it will be refused"
+                )
+    return lines
+
+
 def run_server(plan: ServerPlan, *, weight_dirs: Sequence[Path] = (), access_log: str | None = None) -> None:
     """Load the engine, bind, print the address, serve until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     configure_access_log(access_log)
     # fail on a bad token or TLS setup before loading the model
     settings = settings_for(plan, weight_dirs)
+    for line in missing_dirs(settings):
+        print(line, file=sys.stderr, flush=True)
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         server_context(settings.tls_certfile, settings.tls_keyfile)
     sock = bind_socket(plan.server.host, plan.server.port)

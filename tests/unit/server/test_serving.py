@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +184,22 @@ def test_a_stop_answers_what_it_cuts_off_503_and_decodes_no_queued_call(
         "the rollout server stopped (SIGTERM/SIGINT) before this call finished",
     ]
     assert engine.batch_sizes() == {1: 1}  # only the call that was running when the stop came
+
+
+def test_image_roots_and_weight_dirs_that_are_not_directories_are_named_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in `rollout_server.image_roots` served silently: the first image request came back 400."""
+    from stagectl.server.serving import missing_dirs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "images").mkdir()
+    settings = ServerSettings(
+        image_roots=[tmp_path / "images", Path("runs/demo_dat")], weight_dirs=[tmp_path / "weights"]
+    )
+    assert missing_dirs(settings) == [
+        f"rollout-server: warning: rollout_server.image_roots 'runs/demo_dat' (relative to the working directory "
+        f"{tmp_path}) is not a directory: requests naming files under it will be refused",
+        f"rollout-server: warning: --weights-dir '{tmp_path / 'weights'}' is not a directory: requests naming "
+        "files under it will be refused",
+    ]
