@@ -123,9 +123,18 @@ def weights_changed_line(before: list[dict[str, Any]], after: list[dict[str, Any
 
 class EvalProgress:
     """Images done and images/s: a rich bar on a terminal; otherwise (a job's log) a plain line with the time
-    left at most every `log_every_s` seconds, and one for the last chunk."""
+    left at most every `log_every_s` seconds, and one for the last chunk. With several ranks it counts rank 0's
+    shard, and says so (`num_ranks`, `num_images`: the whole eval's)."""
 
-    def __init__(self, total: int, enabled: bool, log_every_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        total: int,
+        enabled: bool,
+        log_every_s: float = 10.0,
+        *,
+        num_ranks: int = 1,
+        num_images: int | None = None,
+    ) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -135,11 +144,13 @@ class EvalProgress:
         self.started = time.perf_counter()
         self.log_every_s = log_every_s
         self._logged_at = self.started
+        # "16/16 images" of a 32-image eval over two ranks read as a miscount
+        self.shard = f" (rank 0's share of {num_images} on {num_ranks} ranks)" if num_ranks > 1 else ""
         console = Console(stderr=True)
         self._progress: Progress | None = None
         if enabled and console.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]eval"),
+                TextColumn("[bold]eval" + ("[/bold], rank 0's share" if num_ranks > 1 else "[/bold]")),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"),
@@ -167,7 +178,7 @@ class EvalProgress:
         self._logged_at = now
         left = (self.total - self.done) / max(self.images_per_s, 1e-9)
         eta = f", {left:.0f} s left" if self.done < self.total else ""
-        print(f"eval: {self.done}/{self.total} images, {rate}{eta}", file=sys.stderr, flush=True)
+        print(f"eval: {self.done}/{self.total} images{self.shard}, {rate}{eta}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._progress is not None:

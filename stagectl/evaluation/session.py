@@ -123,7 +123,9 @@ def _evaluate(
         generate = in_process_generate(bundle, samples, vocab, spec)
     score = plan.score
     chunks = shard_chunks(len(samples), plan.chunk_size, rank, world_size)
-    progress = EvalProgress(sum(map(len, chunks)), enabled=rank == 0)  # rank 0 shows its own shard
+    progress = EvalProgress(  # rank 0 shows its own shard
+        sum(map(len, chunks)), enabled=rank == 0, num_ranks=world_size, num_images=len(samples)
+    )
     served = served_weights(client) if client is not None else None  # checked again at the end
     changed = None
     try:

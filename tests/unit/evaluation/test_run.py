@@ -30,3 +30,12 @@ def test_a_log_gets_a_line_every_interval_and_the_last_chunk(
     quiet = EvalProgress(80, enabled=False)
     quiet.advance(80)
     assert capsys.readouterr().err == "" and quiet.done == 80
+
+
+def test_with_several_ranks_the_line_says_it_counts_rank_0s_share(capsys: pytest.CaptureFixture[str]) -> None:
+    """`eval: 16/16 images` of a 32-image eval on two ranks read as a miscount next to `images=32 (of 32)`."""
+    progress = EvalProgress(16, enabled=True, num_ranks=2, num_images=32)
+    progress.advance(16)
+    progress.close()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("eval: 16/16 images (rank 0's share of 32 on 2 ranks), ")
