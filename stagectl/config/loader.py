@@ -177,6 +177,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _safe_load_unique_keys(text: str) -> Any:
+    """`yaml.safe_load(text)` that refuses a key written twice: `_UniqueKeyLoader` is a `SafeLoader`, so no
+    tag builds an arbitrary object (what `yaml.safe_load` itself does with its own loader)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -185,7 +195,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([Problem("<file>", f"cannot read {path}: {exc}")], str(path)) from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+        data = _safe_load_unique_keys(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

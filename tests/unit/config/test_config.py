@@ -454,6 +454,14 @@ def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
     assert (cfg.training.max_steps, cfg.training.seed, cfg.training.learning_rate) == (7, 3, 0.001)
 
 
+def test_the_config_reader_builds_no_python_object(tmp_path: Path) -> None:
+    """The duplicate-key reader is a SafeLoader: a `!!python/object` tag is a YAML error, never a call."""
+    path = tmp_path / "object.yaml"
+    path.write_text(yaml.safe_dump(BASE) + "extra: !!python/object/apply:os.getcwd []\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line .*could not determine a constructor"):
+        load_config(path)
+
+
 def test_top_level_not_mapping(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
