@@ -361,7 +361,11 @@ def load_optimizer_state(
         )
     else:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    # `LambdaLR.load_state_dict` restores the checkpoint's `base_lrs` (its config's learning_rate); the
+    # resumed config's learning_rate is the peak from here on (config.yaml says so), as its lambdas are
+    base_lrs = list(scheduler.base_lrs)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    scheduler.base_lrs = base_lrs
     apply_schedule(optimizer, scheduler)  # the resumed config's lr for the next step, not the saved one
 
 

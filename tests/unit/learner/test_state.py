@@ -167,6 +167,36 @@ def test_resuming_with_more_steps_trains_its_first_step_at_the_new_schedule(
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_factor(5, resumed_cfg))
 
 
+def test_a_resume_with_another_learning_rate_trains_at_it(tmp_path: Path) -> None:
+    """The resumed config's learning_rate is the peak of the schedule from the resumed step on (the scheduler
+    state kept the checkpoint's: config.yaml said 5e-4 and the run went on at 1e-3)."""
+    first_cfg = TrainingConfig(max_steps=8, learning_rate=1e-3, lr_scheduler_type="linear")
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, first_cfg)
+    for _ in range(4):
+        model.lin(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    path = ckpt.save_checkpoint(
+        tmp_path,
+        4,
+        model=model,
+        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rng_states=[ckpt.rng_state()],
+        trainer_state=ckpt.TrainerState(4, {"a_consumed": 4, "b_consumed": 0}, {"num_updates": 4}),
+    )
+    resumed_cfg = TrainingConfig(max_steps=8, learning_rate=5e-4, lr_scheduler_type="linear")
+    optimizer, scheduler = build_optimizer(model, resumed_cfg)
+    ckpt.load_optimizer_state(path, model, optimizer, scheduler)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-4 * lr_factor(4, resumed_cfg))
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-4 * lr_factor(5, resumed_cfg))
+    assert scheduler.get_last_lr() == pytest.approx([5e-4 * lr_factor(5, resumed_cfg)])
+
+
 def test_a_resume_on_a_training_set_of_another_size_is_refused_naming_both_sizes(tmp_path: Path) -> None:
     """The stream positions index the set the checkpoint trained on: a shrunk set failed on a missing
     index (IndexError) deep in the learner's start-up; now rank 0's resume check names both sizes."""
