@@ -4,16 +4,16 @@ listing every problem as a dotted key path plus what to do."""
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from stagectl.config.root import Problem, StagectlConfig
+from stagectl.config.schema_problems import model_types, schema_problems
 from stagectl.config.validators import run_validators
 
 # Keys that existed once and were removed or renamed: their presence fails with migration guidance
@@ -110,7 +110,7 @@ def _validate_schema(raw: dict[str, Any]) -> tuple[StagectlConfig | None, list[P
         try:
             return StagectlConfig.model_validate(attempt), problems
         except ValidationError as exc:
-            new = _pydantic_problems(exc)
+            new = schema_problems(exc)
             problems += [p for p in new if p not in problems]
             if not any(_delete_path(attempt, err["loc"]) for err in exc.errors()):
                 break
@@ -157,9 +157,23 @@ def _world_size(cfg: StagectlConfig, explicit: int | None, problems: list[Proble
 class _UniqueKeyLoader(yaml.SafeLoader):
     """`yaml.SafeLoader` that refuses a key written twice in one mapping: YAML keeps the last one silently, so a
     second `training:` block at the end of a file would drop every key of the first. Keys that a merge (`<<:
-    *anchor`) brings in may be overridden, as YAML intends."""
+    *anchor`) brings in may be overridden, as YAML intends.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    The check runs on a mapping's keys as written, the first time the mapping is flattened: PyYAML flattens
+    an anchored mapping in place (its merged keys joined to its own) when a merge that names it comes first,
+    so a check at its own construction would see a merged key and its override as one key written twice."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()  # ids of the mapping nodes whose keys were checked
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            self._refuse_repeated_keys(node)
+        super().flatten_mapping(node)
+
+    def _refuse_repeated_keys(self, node: yaml.MappingNode) -> None:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
@@ -174,7 +188,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
 
 
 def _safe_load_unique_keys(text: str) -> Any:
@@ -249,7 +262,7 @@ def _empty_sections_to_mappings(raw: dict[str, Any], model: type[BaseModel]) -> 
         field = fields.get(key) if isinstance(key, str) else None
         if field is None:
             continue
-        types = _model_types(field.annotation)
+        types = model_types(field.annotation)
         if len(types) != 1:
             continue
         if value is None and type(None) not in getattr(field.annotation, "__args__", ()):
@@ -269,156 +282,6 @@ def _pop_removed_keys(raw: dict[str, Any]) -> list[Problem]:
             del node[leaf]
             problems.append(Problem(dotted, message))
     return problems
-
-
-def _pydantic_problems(exc: ValidationError) -> list[Problem]:
-    problems = []
-    for err in exc.errors():
-        loc, model, others = _walk([str(part) for part in err["loc"]])
-        path = ".".join(loc) or "<root>"
-        kind = err["type"]
-        if kind == "extra_forbidden" and (owners := _variants_with(others, loc[-1])):
-            message = (
-                f"{loc[-1]} belongs to {' / '.join(owners)}, not {_tag_key(model) if model else ''}: "
-                f"{_tag(model)}; set that, or remove it"
-            )
-        elif kind == "extra_forbidden":
-            message = "unknown key; remove it" + _did_you_mean(loc[-1], model, loc[:-1])
-        elif kind == "missing":
-            message = "required; set it"
-        elif kind == "literal_error":
-            message = f"{err['msg'].lower()}; got {err.get('input')!r}"
-        elif kind == "value_error":
-            message = str(err["msg"]).removeprefix("Value error, ")
-        else:
-            message = f"{err['msg']}; got {_short(err.get('input'))}"
-        problems.append(Problem(path, message))
-    return problems
-
-
-def _walk(loc: list[str]) -> tuple[list[str], type[BaseModel] | None, list[type[BaseModel]]]:
-    """A pydantic error location as a config key path: without the variant tag pydantic inserts below a
-    union of sections (`vllm.sync.http.chunk_mb` is the key `vllm.sync.chunk_mb`); plus the section the
-    last key sits in and, when that section is a union's variant, the other variants."""
-    path: list[str] = []
-    model: type[BaseModel] | None = StagectlConfig
-    others: list[type[BaseModel]] = []
-    i = 0
-    while i < len(loc):
-        path.append(loc[i])
-        if i == len(loc) - 1:
-            break
-        field = _field(model, loc[i]) if model is not None else None
-        variants = _model_types(field.annotation) if field is not None else []
-        chosen = [m for m in variants if _tag(m) == loc[i + 1]] if len(variants) > 1 else []
-        if chosen:
-            model, others = chosen[0], [m for m in variants if m is not chosen[0]]
-            i += 2  # the tag is no key
-            continue
-        model, others = (variants[0] if len(variants) == 1 else None), []
-        i += 1
-    return path, model, others
-
-
-def _field(model: type[BaseModel], key: str) -> Any:
-    for name, field in model.model_fields.items():
-        if key in (name, field.alias):
-            return field
-    return None
-
-
-def _tag_key(model: type[BaseModel]) -> str | None:
-    """The key of a union variant whose type is a single-value `Literal` (its tag), if any."""
-    for name, field in model.model_fields.items():
-        args = getattr(field.annotation, "__args__", ())
-        if getattr(field.annotation, "__origin__", None) is Literal and len(args) == 1:
-            return name
-    return None
-
-
-def _tag(model: type[BaseModel] | None) -> str:
-    key = _tag_key(model) if model is not None else None
-    if model is None or key is None:
-        return ""
-    return str(getattr(model.model_fields[key].annotation, "__args__", ("",))[0])
-
-
-def _variants_with(variants: list[type[BaseModel]], key: str) -> list[str]:
-    """`transport: collective` for each variant that has `key`."""
-    return [f"{_tag_key(m)}: {_tag(m)}" for m in variants if _tag_key(m) and _field(m, key) is not None]
-
-
-def _did_you_mean(key: str, model: type[BaseModel] | None, section: list[str]) -> str:
-    """Suggest where the unknown key of `section` belongs, as a full dotted path: the same key in another
-    section (a top-level `learning_rate` is `training.learning_rate`), else the closest key of its own
-    section, else a close key elsewhere."""
-    if model is None:
-        return ""
-    elsewhere = _key_paths(StagectlConfig)
-    exact = sorted((p for p in elsewhere if p.rsplit(".", 1)[-1] == key), key=lambda p: (p.count("."), p))
-    if exact:
-        return f" (did you mean {_one_of(exact[:3])}?)"
-    names = [f.alias or name for name, f in model.model_fields.items()]
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    if close:
-        return f" (did you mean {'.'.join([*section, close[0]])!r}?)"
-    in_items = _key_of_list_items(key, model)
-    if in_items is not None:  # `vllm.server.base_url`: a key of the section's list entries (`servers`)
-        entries, item_key = in_items
-        return f" (did you mean {'.'.join([*section, entries])!r}, a list of {{{item_key}: ...}} entries?)"
-    leaves = {p.rsplit(".", 1)[-1] for p in elsewhere}
-    near = difflib.get_close_matches(key, sorted(leaves), n=1, cutoff=0.8)
-    if near:
-        paths = sorted(
-            (p for p in elsewhere if p.rsplit(".", 1)[-1] == near[0]), key=lambda p: (p.count("."), p)
-        )
-        return f" (did you mean {_one_of(paths[:3])}?)"
-    return f" (valid keys: {', '.join(sorted(names))})"
-
-
-def _key_of_list_items(key: str, model: type[BaseModel]) -> tuple[str, str] | None:
-    """(list field of `model`, its entries' key) when `key` is, or is close to, a key of those entries."""
-    for name, field in model.model_fields.items():
-        if getattr(field.annotation, "__origin__", None) is not list:
-            continue
-        for item in _model_types(field.annotation):
-            item_keys = [f.alias or n for n, f in item.model_fields.items()]
-            close = [key] if key in item_keys else difflib.get_close_matches(key, item_keys, n=1, cutoff=0.8)
-            if close:
-                return field.alias or name, close[0]
-    return None
-
-
-def _one_of(paths: list[str]) -> str:
-    quoted = [repr(p) for p in paths]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-
-
-def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every dotted key of `model`'s sections (a union's variants merged; no keys inside list items)."""
-    paths: list[str] = []
-    for name, field in model.model_fields.items():
-        path = f"{prefix}{field.alias or name}"
-        paths.append(path)
-        if getattr(field.annotation, "__origin__", None) in (list, tuple, dict):
-            continue
-        for sub in _model_types(field.annotation):
-            paths += [p for p in _key_paths(sub, f"{path}.") if p not in paths]
-    return paths
-
-
-def _model_types(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    out: list[type[BaseModel]] = []
-    for arg in getattr(annotation, "__args__", ()):
-        out += _model_types(arg)
-    return out
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def to_plain(cfg: StagectlConfig) -> Mapping[str, Any]:

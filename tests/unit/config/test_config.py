@@ -454,6 +454,31 @@ def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
     assert (cfg.training.max_steps, cfg.training.seed, cfg.training.learning_rate) == (7, 3, 0.001)
 
 
+def test_an_anchored_mapping_with_a_merge_and_an_override_may_be_merged_again(tmp_path: Path) -> None:
+    """PyYAML flattens an anchored mapping in place when a merge naming it is built first: the merged
+    `temperature` and its override then read as one key written twice (a valid config was refused)."""
+    text = (
+        "custom:\n"
+        "  extra:\n"
+        "    rollout_matching:\n"
+        "      decoding: &dec\n"
+        "        <<: {temperature: 0.01, top_p: 0.95, top_k: 0}\n"
+        "        temperature: 0.2\n"
+        "data:\n"
+        "  synthetic: {num_samples: 8}\n"
+        "  eval:\n"
+        "    decoding:\n"
+        "      <<: *dec\n"
+        "stage2_ab:\n"
+        "  schedule: {b_ratio: 0.25}\n"
+    )
+    path = tmp_path / "anchors.yaml"
+    path.write_text(text)
+    assert yaml.safe_load(text)["data"]["eval"]["decoding"]["temperature"] == 0.2
+    cfg = load_config(path)
+    assert cfg.data.eval is not None and cfg.data.eval.decoding.temperature == 0.2
+
+
 def test_the_config_reader_builds_no_python_object(tmp_path: Path) -> None:
     """The duplicate-key reader is a SafeLoader: a `!!python/object` tag is a YAML error, never a call."""
     path = tmp_path / "object.yaml"
