@@ -176,11 +176,42 @@ def test_a_coordexp_coord_jsonl_line_loads(tmp_path: Path) -> None:
     assert sample.objects[0].bbox_2d == (100, 120, 180, 200)
 
 
+def test_a_line_of_upstreams_coco_converter_loads(tmp_path: Path) -> None:
+    """CoordExp's COCO converter writes provenance (`file_name`; `category_name`, `coco_ann_id` per object):
+    every such line was refused as `unknown field 'file_name'`."""
+    line = _record(
+        objects=[
+            {
+                "bbox_2d": [10.5, 20.0, 100.25, 50.0],
+                "desc": "person",
+                "category_id": 1,
+                "category_name": "person",
+                "coco_ann_id": 42,
+                "object_id": "obj-1",
+            }
+        ],
+        image_id=139,
+        file_name="img/a.png",
+        metadata={"source": "coco2017", "split": "val"},
+    )
+    (sample,) = load_jsonl_dataset(_write(tmp_path, [line]), box_format="pixel")
+    assert (sample.image_id, sample.objects[0].category_id, sample.objects[0].desc) == (139, 1, "person")
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
         ({"summary": ["a"]}, "summary must be a string, got list"),
         ({"metadata": "x"}, "metadata must be an object, got str"),
+        ({"file_name": 3}, "file_name must be a string, got int"),
+        (
+            {"objects": [{"bbox_2d": [1, 2, 3, 4], "desc": "a", "coco_ann_id": [1]}]},
+            "objects[0]: coco_ann_id must be an integer or a string, got [1]",
+        ),
+        (
+            {"objects": [{"bbox_2d": [1, 2, 3, 4], "desc": "a", "category_name": None}]},
+            "objects[0]: category_name must be a string, got None",
+        ),
         (
             {"objects": [{"poly": [1, 2, 3, 4, 5, 6], "poly_points": 3, "desc": "roof"}]},
             "objects[0]: a poly geometry (CoordExp's polygon) is not read: stagectl trains boxes",
