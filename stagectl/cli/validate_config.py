@@ -1,7 +1,8 @@
 """`stagectl validate-config CONFIG [--for COMMAND] [--nproc N | --world-size N] [--set k=v]... [--gpu-memory-gb G]
 [--schema]`: the schema and cross-section rules, then what COMMAND (train-ab by default) resolves the config
 into before it starts (its plan), so a config this command passes is one that command accepts. The files it
-names (data, tickets, guidance, the model) are not opened here: `stagectl doctor` checks them."""
+names are not opened here: `stagectl doctor` checks a train-ab config's data, model and servers; Stage-B's
+tickets and guidance are read, and checked, when `stage-b` starts."""
 
 from __future__ import annotations
 
