@@ -62,7 +62,9 @@ class MetricsWriter:
                     "training.report_to: tensorboard needs the tensorboard package: "
                     "pip install 'stagectl[tensorboard]'"
                 ) from exc
-            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+            # a resume replays the steps after its checkpoint: purge_step hides the earlier events of those
+            # steps, as metrics.jsonl drops its rows (TensorBoard drew both, the curve stepping back)
+            self._tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=resume_step or None)
         self._wandb = wandb
 
     @classmethod

@@ -127,6 +127,26 @@ def test_metrics_tensorboard(tmp_path: Path) -> None:
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_a_resumed_runs_tensorboard_shows_each_replayed_step_once(tmp_path: Path) -> None:
+    """Steps 4 and 5 ran, the run resumed from checkpoint-4: TensorBoard shows the resumed values of 4 and 5,
+    not both runs' (the curve stepped back to 4), as metrics.jsonl keeps each step once."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    writer = MetricsWriter(tmp_path, tensorboard=True)
+    for step in range(6):
+        writer.write({"step": step, "kind": "A", "loss": float(step)})
+    writer.close()
+    resumed = MetricsWriter(tmp_path, tensorboard=True, resume_step=4)
+    for step in range(4, 7):
+        resumed.write({"step": step, "kind": "A", "loss": 100.0 + step})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("loss")]
+    assert loss == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 104.0), (5, 105.0), (6, 106.0)]
+
+
 @pytest.mark.parametrize("warmup_steps", [0, 2])
 def test_resuming_with_more_steps_trains_its_first_step_at_the_new_schedule(
     tmp_path: Path, warmup_steps: int
