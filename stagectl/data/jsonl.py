@@ -129,6 +129,8 @@ class BoxReading:
     detected: Literal["pixel", "norm1000"] | None  # what `auto` makes of them; None: it cannot tell
     num_fit_neither: int  # boxes neither norm-1000 bins nor inside the image in pixels: no format loads them
     undecided: str | None = None  # why `auto` cannot tell, when it cannot
+    # every coordinate an integer up to 1000 and some 1000: pixels, or a 0..1000 normalised scale (not bins)
+    scale_1000: bool = False
 
 
 def read_box_format(
@@ -149,15 +151,22 @@ def read_box_format(
                     raws.append(parse_line(line, line_no, root, seen_images, False))
             except LineError:
                 continue  # counted and reported by `load_jsonl_dataset`
+    boxes = [(obj.box, raw) for raw in raws for obj in raw.objects + raw.crowd]
     num_fit_neither = sum(
-        not _fits_bins(obj.box) and not _fits_pixels(obj.box, raw.width, raw.height)
-        for raw in raws
-        for obj in raw.objects
+        not _fits_bins(box) and not _fits_pixels(box, raw.width, raw.height) for box, raw in boxes
     )
     try:
         return BoxReading(_detect_box_format(raws), num_fit_neither)
     except LineError as exc:
-        return BoxReading(None, num_fit_neither, undecided=str(exc))
+        return BoxReading(None, num_fit_neither, undecided=str(exc), scale_1000=_scale_1000(boxes))
+
+
+def _scale_1000(boxes: list[tuple[tuple[float, float, float, float], RawSample]]) -> bool:
+    """Some coordinate is 1000 and every one is an integer up to 1000: pixels or a 0..1000 scale, never bins."""
+    values = [v for box, _ in boxes for v in box]
+    return any(v == MAX_BIN + 1 for v in values) and all(
+        v.is_integer() and 0 <= v <= MAX_BIN + 1 for v in values
+    )
 
 
 def _fits_bins(box: tuple[float, float, float, float]) -> bool:
@@ -175,7 +184,7 @@ def _detect_box_format(raws: list[RawSample]) -> Literal["pixel", "norm1000"]:
     if not boxes:
         return "norm1000"  # nothing to convert
     if any(not _fits_bins(box) for box, _ in boxes):
-        if all(v.is_integer() and 0 <= v <= MAX_BIN + 1 for box, _ in boxes for v in box):
+        if _scale_1000(boxes):
             # nothing above 1000 and nothing fractional: a 0..1000 normalised scale (round(1000 * x / W))
             # as likely as pixels; read as pixels, every box would be silently shrunk on large images
             raise LineError(

@@ -102,6 +102,27 @@ def check_box_format(data: DataConfig) -> list[Check]:
                 "fix or remove those lines (data.file names them), then check data.box_format again",
             )
         ]
+    if detected is None and reading.scale_1000:  # integers up to 1000: pixels, or a 0..1000 scale
+        rescale = "a 0..1000 normalised scale must be rescaled to the norm-1000 bins 0..999"
+        if configured == "pixel":
+            return [
+                warn(
+                    name,
+                    "every coordinate is an integer up to 1000: pixels, or a 0..1000 normalised scale; only "
+                    "box_format: pixel decides",
+                    f"make sure the boxes are pixels (as `stagectl convert coco` writes them); {rescale}",
+                )
+            ]
+        return [
+            fail(
+                name,
+                (reading.undecided or "")
+                if configured == "auto"
+                else "box_format is norm1000, but some coordinates are 1000, which is no norm-1000 bin (0..999): "
+                "pixels, or a 0..1000 normalised scale",
+                f"set data.box_format: pixel if they are pixels; {rescale}",
+            )
+        ]
     if detected is None:
         if configured == "auto":
             return [
@@ -115,8 +136,8 @@ def check_box_format(data: DataConfig) -> list[Check]:
             warn(
                 name,
                 f"every box also fits the other reading; only box_format: {configured} decides",
-                f"make sure the file's boxes are {configured} (`stagectl convert coco` and `demo-data` "
-                "write norm1000)",
+                f"make sure the file's boxes are {configured} (`stagectl convert coco` writes pixel boxes, "
+                "`stagectl demo-data` norm1000)",
             )
         ]
     if configured == "auto":

@@ -193,6 +193,7 @@ def test_box_format(tmp_path: Path) -> None:
     assert line.fix == "set data.box_format: pixel or norm1000"
     (line,) = check_box_format(_data_cfg(tmp_path, both, "pixel").data)  # type: ignore[arg-type]
     assert line.status == "warn" and "only box_format: pixel decides" in line.message
+    assert "`stagectl convert coco` writes pixel boxes" in line.fix
     # 500 is outside a 112-pixel image: only the norm-1000 reading fits
     bins = _jsonl(tmp_path, [[10, 10, 500, 500], [1, 2, 3, 4]])
     (line,) = check_box_format(_data_cfg(tmp_path, bins, "norm1000").data)  # type: ignore[arg-type]
@@ -216,6 +217,38 @@ def test_box_format_never_advises_a_format_that_does_not_load_the_boxes(
     (line,) = check_box_format(_data_cfg(tmp_path, typo, box_format).data)  # type: ignore[arg-type]
     assert line.status == "fail"
     assert line.message.startswith("1 box(es) fit neither reading") and "data.file names them" in line.fix
+
+
+@pytest.mark.parametrize(
+    ("box_format", "status", "message"),
+    [
+        ("auto", "fail", "box_format 'auto' cannot tell pixel boxes from a 0..1000 normalised scale"),
+        ("pixel", "warn", "every coordinate is an integer up to 1000: pixels, or a 0..1000 normalised scale"),
+        (
+            "norm1000",
+            "fail",
+            "box_format is norm1000, but some coordinates are 1000, which is no norm-1000 bin",
+        ),
+    ],
+)
+def test_integer_boxes_up_to_1000_on_large_images_get_the_rescale_advice(
+    tmp_path: Path, box_format: str, status: str, message: str
+) -> None:
+    """Integers up to exactly 1000 on a 2000-pixel image: pixels or a 0..1000 scale. The check advised `set
+    data.box_format: pixel or norm1000` (norm1000 loads no 1000) and, under pixel, said every box fits the other
+    reading (1000 is no bin) and that `convert coco` writes norm1000 (it writes pixels)."""
+    _png(tmp_path / "img/0.png", (2000, 1500))
+    path = tmp_path / "train.jsonl"
+    line = {
+        "images": ["img/0.png"],
+        "width": 2000,
+        "height": 1500,
+        "objects": [{"desc": "car", "bbox_2d": [100, 200, 1000, 900]}],
+    }
+    path.write_text(json.dumps(line) + "\n")
+    (check,) = check_box_format(_data_cfg(tmp_path, path, box_format).data)  # type: ignore[arg-type]
+    assert (check.status, check.message.startswith(message)) == (status, True), check.message
+    assert "rescaled to the norm-1000 bins 0..999" in check.fix and "pixel or norm1000" not in check.fix
 
 
 def test_longest_sample_fits(tmp_path: Path) -> None:
