@@ -74,7 +74,9 @@ class CocoStats:
     num_crowd: int = 0  # `iscrowd: 1` annotations kept as crowd regions (eval only, never trained on)
     num_zero_area: int = 0  # boxes of zero (or negative) width or height left out
     num_outside: int = 0  # boxes wholly outside their image left out
-    num_clamped: int = 0  # boxes partly outside their image, clamped and kept
+    num_clamped: int = (
+        0  # objects partly outside their image, clamped and kept (crowd regions: clamped alike)
+    )
     class_counts: Counter[str] = field(default_factory=Counter)
 
     def summary(self, out: Path, top: int = 10) -> str:
@@ -332,7 +334,6 @@ def _annotation(
         else:
             stats.num_outside += 1
         return
-    stats.num_clamped += outcome == "clamped"
     record: dict[str, Any] = {"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id}
     if area is not None:
         record["area"] = _tidy(float(area))
@@ -340,6 +341,7 @@ def _annotation(
         stats.num_crowd += 1
         crowds[image_id].append(record)
         return
+    stats.num_clamped += outcome == "clamped"
     stats.num_objects += 1
     stats.class_counts[categories[cat_id]] += 1
     objects[image_id].append(record)

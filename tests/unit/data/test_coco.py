@@ -140,6 +140,25 @@ def test_drop_empty_leaves_out_images_with_no_object_left() -> None:
     assert "2 images without objects (--drop-empty)" in stats.summary(Path("out.jsonl"))
 
 
+def test_clamped_counts_the_objects_written_not_crowd_regions() -> None:
+    """A clamped crowd region, the only annotation of an image --drop-empty left out, was counted as
+    `clamped to the image: 1` although nothing clamped was written."""
+    instances = {
+        "images": [
+            {"id": 1, "file_name": "a.jpg", "width": 100, "height": 100},
+            {"id": 2, "file_name": "b.jpg", "width": 100, "height": 100},
+        ],
+        "categories": [{"id": 1, "name": "person"}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [90, 90, 20, 20], "iscrowd": 1, "area": 50},
+            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [95, 10, 20, 20], "iscrowd": 0, "area": 300},
+        ],
+    }
+    lines, stats = _convert(instances, drop_empty=True)
+    assert [line["image_id"] for line in lines] == [2]
+    assert (stats.num_clamped, stats.num_crowd, stats.num_dropped_empty) == (1, 0, 1)
+
+
 def test_drop_empty_refuses_to_write_an_empty_file() -> None:
     instances = _instances()
     instances["annotations"] = []
