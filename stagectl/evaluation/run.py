@@ -220,9 +220,10 @@ def judge_chunks(
 def write_report(out_dir: Path, report: EvalReport, extra: dict[str, Any]) -> list[Path]:
     """`metrics.json`, `predictions.coco.json` and `ground_truth.coco.json` (each written whole: a file is
     either complete or absent). The ground truth is the one the metrics were computed on, COCO ids or not:
-    the evaluated images only (`data.eval.max_samples`), boxes as the eval decodes them, crowd regions, box
-    areas. COCO's own instances file differs in all of these, so scoring the predictions against it gives
-    other numbers (against all of val2017 when 64 images were evaluated: far lower ones)."""
+    the evaluated images only (`data.eval.max_samples`), boxes as the eval decodes them (from norm-1000 bins),
+    crowd regions, COCO's `area` where the data kept it and else the box's. Scoring the predictions against
+    COCO's own instances file instead gives other numbers (against all of val2017 when 64 images were
+    evaluated: far lower ones)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     files: list[tuple[str, Any]] = [
