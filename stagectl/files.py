@@ -63,6 +63,22 @@ def check_output_dir(output_dir: Path, key: str = "training.output_dir") -> None
                 made.rmdir()
 
 
+def check_new_output_dir(out: Path, key: str) -> None:
+    """`check_output_dir` for a directory a command fills whole (an export, a built model): it must be new or
+    empty, since its files would mix with another model's."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty directory; choose a new path")
+    check_output_dir(out, key)
+
+
+def cwd_note(path: Path) -> str:
+    """For a path that is not there: where a relative one was looked for (the working directory, not the
+    config's directory: a command started from elsewhere misses it); empty for an absolute path."""
+    return (
+        "" if path.is_absolute() else f" (relative paths are read from the working directory, {Path.cwd()})"
+    )
+
+
 def make_output_dir(parent: Path, prefix: str) -> Path:
     """`tempfile.mkdtemp` in `parent` with the mode a plain `mkdir` gives (0777 less the umask), not
     mkdtemp's 0700: a staged directory renamed into place is read by other users (vLLM servers, jobs)."""

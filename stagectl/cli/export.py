@@ -36,7 +36,7 @@ def command(
             dtype = canonical_dtype(dtype)
         except ValueError as exc:
             fail(f"--dtype: {exc}")
-    from stagectl.files import check_output_dir
+    from stagectl.files import check_new_output_dir
 
     source = Path(checkpoint).expanduser()
     if (source / "adapter_config.json").is_file() and not (source / "config.json").is_file():
@@ -49,10 +49,10 @@ def command(
         )
         fail(f"{checkpoint} is a LoRA adapter (adapter_config.json, no config.json), not a model: {hint}")
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        fail(f"{out} exists and is not an empty directory; choose a new path")
     try:
-        check_output_dir(out, "OUT")  # a parent that is a file, or not writable: named before the model loads
+        check_new_output_dir(
+            out, "OUT"
+        )  # a parent that is a file, or not writable: named before the model loads
     except ValueError as exc:
         fail(str(exc))
     from stagectl.models.export import export_model  # heavy: torch + transformers

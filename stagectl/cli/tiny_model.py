@@ -28,12 +28,10 @@ def command(
     """Build the tiny random-weight model (tokenizer, image processor, chat template) for offline runs."""
     if arch not in ARCH_CHOICES:
         fail(f"--arch {arch!r} is not one of {', '.join(ARCH_CHOICES)}")
-    from stagectl.files import check_output_dir, make_output_dir
+    from stagectl.files import check_new_output_dir, make_output_dir
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        fail(f"{out} exists and is not an empty directory; choose a new path")
     try:
-        check_output_dir(out, "OUT")  # a parent that is a file, or not writable: named before torch loads
+        check_new_output_dir(out, "OUT")  # a parent that is a file, or not writable: named before torch loads
     except ValueError as exc:
         fail(str(exc))
     from stagectl.models.tiny import TinyArch, build_tiny_model  # heavy: torch + transformers

@@ -15,6 +15,7 @@ from stagectl.config.model_data import DataConfig
 from stagectl.data.jsonl import DataError, load_jsonl_dataset, read_box_format
 from stagectl.data.sample import DetectionSample
 from stagectl.doctor.report import Check, fail, ok, skip, warn
+from stagectl.files import cwd_note
 
 DATA_FIX = (
     "fix or remove the lines named (every image path is relative to data.image_root or the JSONL's directory)"
@@ -24,11 +25,8 @@ NUM_SHOWN_ERRORS = 3  # bad lines named in a data line; the rest are counted
 
 def missing_file_fix(key: str, path: Path) -> str:
     """The fix for a data file that is not there: how one is made, and where a relative path was looked for."""
-    where = (
-        "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"
-    )
     return (
-        f"point {key} at the file{where}, or write it: `stagectl convert coco INSTANCES.json --images DIR "
+        f"point {key} at the file{cwd_note(path)}, or write it: `stagectl convert coco INSTANCES.json --images DIR "
         f"--out {path}` (or `stagectl demo-data DIR` for the synthetic set)"
     )
 

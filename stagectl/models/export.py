@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from stagectl.detection.coords import NUM_BINS, coord_token
-from stagectl.files import follow_umask, make_output_dir
+from stagectl.files import check_new_output_dir, follow_umask, make_output_dir
 from stagectl.models.loading import TorchDtype, load_bundle, resolve_checkpoint
 from stagectl.models.quiet import hf_progress_bars_off
 
@@ -49,8 +49,7 @@ def export_model(
     """Write `source`'s model as a clean Hugging Face directory `out` (new or empty); see the module doc.
 
     `torch_dtype` None keeps the checkpoint's dtype. The directory appears whole or not at all."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} exists and is not an empty directory; choose a new path")
+    check_new_output_dir(out, "OUT")
     model_dir = resolve_checkpoint(source)
     dtype = torch_dtype or _saved_dtype(model_dir)
     bundle = load_bundle(str(model_dir), torch_dtype=dtype, add_coord_tokens=add_coord_tokens)

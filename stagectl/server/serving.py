@@ -30,6 +30,7 @@ from stagectl.config.rollout import (
 )
 from stagectl.config.root import LOOPBACK_HOSTS
 from stagectl.engines.interface import Engine
+from stagectl.files import cwd_note
 from stagectl.server.app import ACCESS_LOGGER, build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.wire.guards import CallLimits
@@ -280,9 +281,8 @@ def missing_dirs(settings: ServerSettings) -> list[str]:
     ):
         for entry in dirs:
             if not entry.expanduser().is_dir():
-                where = "" if entry.is_absolute() else f" (relative to the working directory {Path.cwd()})"
                 lines.append(
-                    f"rollout-server: warning: {key} {str(entry)!r}{where} is not a directory: "
+                    f"rollout-server: warning: {key} {str(entry)!r}{cwd_note(entry)} is not a directory: "
                     "requests naming files under it will be refused"
                 )
     return lines

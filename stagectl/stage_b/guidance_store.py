@@ -11,9 +11,8 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from stagectl.files import atomic_write_text
+from stagectl.files import atomic_write_text, cwd_note
 from stagectl.stage_b.guidance import Guidance, parse_guidance
-from stagectl.stage_b.tickets import cwd_note
 
 GUIDANCE_FILE = "guidance.json"
 SNAPSHOT_DIR = "snapshots"

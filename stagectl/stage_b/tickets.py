@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from stagectl.files import cwd_note
+
 Label = Literal["pass", "fail"]
 LABELS: tuple[Label, ...] = ("pass", "fail")
 _IMAGE_KEY = re.compile(r"^image_(\d+)$")
@@ -153,14 +155,6 @@ def split_ticket_text(data: bytes) -> list[str]:
     that are not UTF-8 kept as `surrogateescape` characters for `parse_ticket_lines` to report."""
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
     return text.split("\n")
-
-
-def cwd_note(path: Path) -> str:
-    """For a file that cannot be read: where a relative config path was looked for (the working directory,
-    not the config's directory: a run started from elsewhere misses it)."""
-    return (
-        "" if path.is_absolute() else f" (relative paths are read from the working directory, {Path.cwd()})"
-    )
 
 
 def load_tickets(paths: Iterable[Path], mission: str, *, skip_bad: bool = False) -> TicketSet:

@@ -198,8 +198,8 @@ def test_image_roots_and_weight_dirs_that_are_not_directories_are_named_at_start
         image_roots=[tmp_path / "images", Path("runs/demo_dat")], weight_dirs=[tmp_path / "weights"]
     )
     assert missing_dirs(settings) == [
-        f"rollout-server: warning: rollout_server.image_roots 'runs/demo_dat' (relative to the working directory "
-        f"{tmp_path}) is not a directory: requests naming files under it will be refused",
+        f"rollout-server: warning: rollout_server.image_roots 'runs/demo_dat' (relative paths are read from the "
+        f"working directory, {tmp_path}) is not a directory: requests naming files under it will be refused",
         f"rollout-server: warning: --weights-dir '{tmp_path / 'weights'}' is not a directory: requests naming "
         "files under it will be refused",
     ]
