@@ -39,3 +39,26 @@ def test_a_failed_build_leaves_no_partial_directory(tmp_path: Path, monkeypatch:
     assert code == 1
     assert f"error: OUT: cannot write the model to {out}: No space left on device" in output
     assert list((tmp_path / "models").iterdir()) == []  # no OUT, no staging directory
+
+
+def test_the_model_files_get_the_umasks_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_pretrained stages model.safetensors with mkstemp (0600): other users (a vLLM server, a job under
+    another account) could not read the model tiny-model wrote."""
+    import os
+
+    import stagectl.models.tiny as tiny
+
+    def build_as_save_pretrained_does(arch: str, out_dir: Path) -> Path:
+        weights = Path(out_dir) / "model.safetensors"
+        weights.write_bytes(b"weights")
+        os.chmod(weights, 0o600)
+        return Path(out_dir)
+
+    monkeypatch.setattr(tiny, "build_tiny_model", build_as_save_pretrained_does)
+    old = os.umask(0o022)
+    try:
+        code, output, _ = tiny_model(tmp_path / "tiny")
+    finally:
+        os.umask(old)
+    assert code == 0, output
+    assert (tmp_path / "tiny" / "model.safetensors").stat().st_mode & 0o777 == 0o644
