@@ -5,6 +5,7 @@ complete checkpoint, the world size that wrote it, and a config that changed sin
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +55,40 @@ def resume_note(checkpoint: Path, step: int, max_steps: int) -> str:
     return (
         f"resuming from {checkpoint}: {plural(step, 'optimizer step')} done, continuing with step {step + 1} of "
         f'{max_steps} (metrics.jsonl rows with "step" >= {step} are replaced, earlier ones kept)'
+    )
+
+
+def set_aside_later_checkpoints(out: Path, step: int) -> tuple[list[str], Path] | None:
+    """Rank 0, once a resume from the checkpoint of `step` has passed its checks: `out`'s checkpoints of later
+    steps belong to the continuation this resume replaces (its metrics rows are dropped too). They are moved
+    into `out/superseded-after-step-{step}[-k]/`, kept whole, so that `latest` (the next `--resume`), export
+    and eval of the run dir, and `save_total_limit`'s pruning see this run's checkpoints only (left in place,
+    the stale newest one was resumed from next and the pruning deleted the run's own new checkpoint).
+    Returns the names moved and the folder, None when there were none."""
+    later = sorted(
+        (int(p.name[len("checkpoint-") :]), p)
+        for p in out.iterdir()
+        if p.is_dir() and p.name.startswith("checkpoint-") and p.name[len("checkpoint-") :].isdigit()
+    )
+    later = [(n, p) for n, p in later if n > step]
+    if not later:
+        return None
+    folder = out / f"superseded-after-step-{step}"
+    k = 1
+    while folder.exists():
+        folder = out / f"superseded-after-step-{step}-{k}"
+        k += 1
+    folder.mkdir()
+    for _, path in later:
+        os.rename(path, folder / path.name)
+    return [p.name for _, p in later], folder
+
+
+def superseded_note(names: list[str], folder: Path, checkpoint: Path) -> str:
+    """The line a resume prints when it moved later checkpoints aside."""
+    return (
+        f"{', '.join(names)} (after {checkpoint.name}, from the continuation this resume replaces) moved to "
+        f"{folder}/; a later --resume, export and eval of the run dir use this run's checkpoints"
     )
 
 

@@ -14,6 +14,8 @@ from stagectl.rundir.resume import (
     config_change_note,
     config_changes,
     keep_config_before_resume,
+    latest_complete_checkpoint,
+    set_aside_later_checkpoints,
 )
 from tests.unit.rundir.runs import finished_run
 
@@ -96,3 +98,26 @@ def test_a_resume_of_a_run_at_max_steps_starts_nothing(tmp_path: Path) -> None:
     assert nothing_left_note(out, "latest", 30) is None
     assert nothing_left_note(out, None, 24) is None
     assert nothing_left_note(out, out / "checkpoint-12", 24) is None  # its trainer_state.json is `{}`
+
+
+def test_a_resume_from_an_earlier_checkpoint_moves_the_later_ones_aside_whole(tmp_path: Path) -> None:
+    """checkpoint-4 and -6 of the continuation a resume from checkpoint-2 replaces leave the run's own
+    checkpoints (left in place, `latest` resumed from the stale checkpoint-6 and `save_total_limit` deleted
+    the resumed run's new checkpoints, keeping checkpoint-6); a second such resume gets its own folder."""
+    out = tmp_path / "run"
+    finished_run(out, checkpoints=(2, 4, 6))
+    (out / "checkpoint-8").mkdir()  # a save cut short is moved too
+    (out / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    moved = set_aside_later_checkpoints(out, 2)
+    assert moved is not None
+    names, folder = moved
+    assert names == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+    assert folder == out / "superseded-after-step-2"
+    assert sorted(p.name for p in folder.iterdir()) == names
+    assert (folder / "checkpoint-4" / "trainer_state.json").read_text() == '{"global_step": 4}'
+    assert latest_complete_checkpoint(out) == out / "checkpoint-2"
+    assert set_aside_later_checkpoints(out, 2) is None  # nothing later any more
+    (out / "checkpoint-3").mkdir()
+    again = set_aside_later_checkpoints(out, 2)
+    assert again is not None and again[1] == out / "superseded-after-step-2-1"
+    assert set_aside_later_checkpoints(out, 6) is None  # a resume from the newest moves nothing
