@@ -98,6 +98,7 @@ router = APIRouter(dependencies=[Depends(require_token)])
 
 
 @health_router.get("/health/")
+@health_router.get("/health", include_in_schema=False)  # vLLM's path and a probe's habit: 200, not a bare 307
 async def health(request: Request) -> HealthResponse:
     return HealthResponse(instance_id=_service(request).instance_id)
 

@@ -102,6 +102,8 @@ def _weights(served: Served, w0: float) -> dict[str, torch.Tensor]:
 
 def test_health_world_size_version(served: Served) -> None:
     assert httpx.get(f"{served.url}/health/").status_code == 200
+    # vLLM's `/health` (and a load balancer's probe) got a 307 with an empty body, which `curl` prints as nothing
+    assert httpx.get(f"{served.url}/health").json() == httpx.get(f"{served.url}/health/").json()
     assert httpx.get(f"{served.url}/get_world_size/", headers=AUTH).json() == {"world_size": 1}
     version = httpx.get(f"{served.url}/version/", headers=AUTH).json()
     assert version["model"] == "fake-echo" and version["engine"] == "fake" and version["version"] >= 0
