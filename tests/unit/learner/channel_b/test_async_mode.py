@@ -240,3 +240,33 @@ def test_the_first_burst_wait_is_bounded_by_the_servers_infer_timeout() -> None:
     decision, extra = channel.decide(1, True)
     assert (decision.kind, decision.reason) == ("A", "queue_empty")
     assert 0.1 <= extra["time/wait_s"] < 5.0
+
+
+def test_a_resumed_run_counts_its_weight_syncs_from_the_checkpoints_totals() -> None:
+    """4 syncs (1 failed, 1000 bytes) before checkpoint; the resume's own sync (1, 10 bytes) adds to them:
+    `weight_sync/total` and `stage2_ab/async/sync_total` restarted at 1 (the report said 2 syncs for a run of
+    4)."""
+    from stagectl.learner.channel_b.async_mode import AsyncChannelB
+
+    def channel(syncs: int, failures: int, num_bytes: int) -> Any:
+        c: Any = object.__new__(AsyncChannelB)
+        c.prefetcher = SimpleNamespace(
+            snapshot=lambda: {"stream_pos": 7, "num_chunks": 2}, restore=lambda s: None
+        )
+        c.publisher = SimpleNamespace(
+            num_syncs=syncs, num_failures=failures, bytes_total=num_bytes, seconds_total=0.5
+        )
+        c.num_b_steps, c.num_steps, c.num_skipped, c.rollouts_trained = 2, 4, 0, 21
+        return c
+
+    saved = channel(4, 1, 1000).rank_state()["async"]
+    resumed = channel(1, 0, 10)  # after the resume's own sync
+    resumed.restore(saved)
+    assert (resumed.publisher.num_syncs, resumed.publisher.num_failures) == (5, 1)
+    assert resumed.publisher.bytes_total == 1010
+    assert resumed.publisher.seconds_total == pytest.approx(1.0)
+    assert (resumed.num_b_steps, resumed.num_steps, resumed.rollouts_trained) == (2, 4, 21)
+    del saved["steps"]["weight_syncs"]  # a checkpoint written before they were kept
+    older = channel(1, 0, 10)
+    older.restore(saved)
+    assert older.publisher.num_syncs == 1
