@@ -237,7 +237,7 @@ def _train(plan: TrainPlan) -> None:
     from stagectl.launch import inside_torchrun
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
-    from stagectl.learner.metrics import rollout_f1_summary
+    from stagectl.learner.metrics import rollout_f1_summary, run_rollout_f1s
     from stagectl.placement import place_learner_rank
     from stagectl.rundir.ending import abort_note, stop_note, write_failed_state
     from stagectl.rundir.liveness import clear_running
@@ -317,6 +317,6 @@ def _train(plan: TrainPlan) -> None:
         if signal_exit:
             raise typer.Exit(128 + stopped)
         return
-    f1_line = rollout_f1_summary(trainer.progress.rollout_f1s)
+    f1_line = rollout_f1_summary(run_rollout_f1s(out))  # the whole run's, not only this process's steps
     if f1_line is not None:
         say("train-ab", f1_line)

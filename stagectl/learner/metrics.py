@@ -175,6 +175,24 @@ def keep_rows_before(path: Path, step: int) -> None:
     atomic_write_lines(path, kept)
 
 
+def run_rollout_f1s(output_dir: Path) -> list[float]:
+    """Every B step's `rollout/f1` in `output_dir`'s metrics.jsonl, in step order: the whole run's, a resumed
+    one's earlier steps included (the progress bar has only this process's). Unreadable lines are skipped."""
+    path = output_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    f1s = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("rollout/f1"), int | float):
+                f1s.append(float(row["rollout/f1"]))
+    return f1s
+
+
 def rollout_f1_summary(f1s: Sequence[float]) -> str | None:
     """The end-of-run line about Channel-B rollout F1 (None when the run made no B step). All zeros get
     a word that this is what an untrained model gives, so a first run does not look broken."""
@@ -198,7 +216,6 @@ class ProgressBar:
         self.enabled = enabled
         self.total = total_steps
         self.console = Console(stderr=True)
-        self.rollout_f1s: list[float] = []  # every B step's rollout F1 this run (the end-of-run line)
         self._progress: Progress | None = None
         if enabled and self.console.is_terminal:
             self._progress = Progress(
@@ -216,8 +233,6 @@ class ProgressBar:
     def update(self, step: int, row: dict[str, Any], log: bool, b_skipped: str | None = None) -> None:
         """`b_skipped`: the step the schedule wanted as Channel-B trained as A, for this reason (`A (B
         wanted: queue_empty)` on its line)."""
-        if "rollout/f1" in row:
-            self.rollout_f1s.append(float(row["rollout/f1"]))
         if not self.enabled:
             return
         info = row["kind"] + (f" (B wanted: {b_skipped})" if b_skipped else "") + f" loss={row['loss']:.4f}"

@@ -51,7 +51,6 @@ class _Trainer:
         self.b_steps: Any = SimpleNamespace(
             summary_line=lambda: "B steps: none", off_schedule=lambda tolerance: None
         )
-        self.progress = SimpleNamespace(rollout_f1s=[])
         self.steps_done, self.b_steps_done = 0, {"num_steps": 0}
 
     def run(self) -> int:

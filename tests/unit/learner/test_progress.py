@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from stagectl.learner.metrics import ProgressBar, rollout_f1_summary
+from stagectl.learner.metrics import MetricsWriter, ProgressBar, rollout_f1_summary, run_rollout_f1s
 
 
 def _row(kind: str, f1: float | None = None) -> dict[str, object]:
@@ -14,13 +16,23 @@ def _row(kind: str, f1: float | None = None) -> dict[str, object]:
     return row
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_the_bar_collects_every_b_step_f1(enabled: bool, capsys: pytest.CaptureFixture[str]) -> None:
-    bar = ProgressBar(4, enabled=enabled)
-    for step, row in enumerate([_row("A"), _row("B", 0.0), _row("A"), _row("B", 0.25)]):
-        bar.update(step, row, log=True)
-    bar.close()
-    assert bar.rollout_f1s == [0.0, 0.25]
+def test_the_end_of_run_line_counts_every_b_step_of_a_resumed_run(tmp_path: Path) -> None:
+    """The F1 line reads the run's metrics.jsonl: a run resumed after its first two B steps still says
+    'over 3 B steps' and the best of all three (it said 'over 1 B steps', this process's)."""
+    writer = MetricsWriter(tmp_path)
+    for step, row in enumerate([_row("B", 0.5), _row("A"), _row("B", 0.25), _row("A")]):
+        writer.write({"step": step, **row})
+    writer.close()
+    resumed = MetricsWriter(tmp_path, resume_step=3)
+    resumed.write({"step": 3, **_row("B", 0.125)})
+    resumed.close()
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 4, "kind": "B", "rollout/f')  # a torn last line
+    assert run_rollout_f1s(tmp_path) == [0.5, 0.25, 0.125]
+    assert rollout_f1_summary(run_rollout_f1s(tmp_path)) == (
+        "Channel-B rollout F1 last 0.125, best 0.500 over 3 B steps"
+    )
+    assert run_rollout_f1s(tmp_path / "absent") == []
 
 
 def test_no_b_step_no_line() -> None:
