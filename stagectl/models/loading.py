@@ -101,8 +101,28 @@ def resolve_model_path(name_or_path: str) -> Path:
             f"model directory not found: {path} (use a local checkpoint or builtin:tiny-...)"
         )
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path} is not a model checkpoint: it has no config.json")
+        raise ValueError(f"{path} is not a model checkpoint: it has no config.json{_what_it_is(path)}")
     return path
+
+
+def _what_it_is(path: Path) -> str:
+    """What a directory without config.json is when train-ab wrote it, and the model directory to give instead
+    (a train-ab checkpoint keeps its weights in model/, unlike an HF Trainer checkpoint-N/)."""
+    if (path / TRAINER_STATE).is_file() and (path / "model" / "config.json").is_file():
+        return f"; it is a train-ab checkpoint, whose weights are in {path / 'model'}: give that"
+    if (path / "adapter_config.json").is_file():
+        merged = path.parent / "model"
+        if path.name == "adapter" and (merged / "config.json").is_file():
+            return f"; it is a LoRA adapter, and {merged} beside it holds the merged weights: give that"
+        return "; it is a LoRA adapter: give its base model (with model.adapter), or merge it into the base first"
+    complete = sorted(
+        (int(child.name.removeprefix("checkpoint-")), child)
+        for child in path.glob("checkpoint-*")
+        if child.name.removeprefix("checkpoint-").isdigit() and (child / TRAINER_STATE).is_file()
+    )
+    if complete and (complete[-1][1] / "model" / "config.json").is_file():
+        return f"; it is a train-ab run directory, whose newest checkpoint's weights are in {complete[-1][1] / 'model'}"
+    return ""
 
 
 def resolve_checkpoint(source: str) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stagectl.models.loading import TRAINER_STATE, resolve_checkpoint
+from stagectl.models.loading import TRAINER_STATE, resolve_checkpoint, resolve_model_path
 
 
 def _checkpoint(run: Path, step: int, *, complete: bool = True) -> Path:
@@ -30,6 +30,32 @@ def test_a_checkpoint_and_a_model_dir_read_as_themselves(tmp_path: Path) -> None
     model = _checkpoint(tmp_path, 3)
     assert resolve_checkpoint(str(model.parent)) == model
     assert resolve_checkpoint(str(model)) == model
+
+
+def test_model_name_or_path_naming_a_checkpoint_run_or_adapter_says_which_model_dir_to_give(
+    tmp_path: Path,
+) -> None:
+    """HF users give `checkpoint-N/` as the model (an HF Trainer checkpoint holds config.json there); a
+    train-ab one keeps it in model/. train-ab, rollout-server and doctor said only `no config.json`."""
+    model = _checkpoint(tmp_path / "run", 4)
+    with pytest.raises(ValueError, match=f"train-ab checkpoint, whose weights are in {model}: give that"):
+        resolve_model_path(str(model.parent))
+    with pytest.raises(
+        ValueError, match=f"train-ab run directory, whose newest checkpoint's weights are in {model}"
+    ):
+        resolve_model_path(str(tmp_path / "run"))
+    adapter = model.parent / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"LoRA adapter, and {model} beside it holds the merged weights"):
+        resolve_model_path(str(adapter))
+    alone = tmp_path / "lora"
+    alone.mkdir()
+    (alone / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="LoRA adapter: give its base model"):
+        resolve_model_path(str(alone))
+    with pytest.raises(ValueError, match=r"no config.json$"):
+        resolve_model_path(str(tmp_path))  # nothing train-ab wrote: the plain message
 
 
 def test_a_run_with_no_complete_checkpoint_says_so(tmp_path: Path) -> None:
