@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import MixedPrecision
@@ -106,8 +106,8 @@ class TrainingConfig(StrictModel):
     """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir` (`--resume`;
     with no checkpoint there yet, `latest` starts a new run). Continues the run in `output_dir`:
     metrics.jsonl is appended, its rows after the checkpoint's step replaced (docs/run_directories.md).
-    The learning rate follows this run's schedule keys (`max_steps`, `warmup_steps`, ...) from the
-    checkpoint's step on, the first resumed step included: a larger `max_steps` extends the schedule."""
+    The learning rate follows this run's schedule keys (`learning_rate`, `max_steps`, `warmup_steps`, ...)
+    from the checkpoint's step on, the first resumed step included: a larger `max_steps` extends the schedule."""
     overwrite_output_dir: bool = False
     """Start a new run even though `output_dir` holds one (`--overwrite`): the old run is moved aside to
     `{output_dir}.replaced-<time>`. Without it (or `resume_from_checkpoint`) such a start is refused."""
@@ -116,6 +116,13 @@ class TrainingConfig(StrictModel):
     (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """Weights & Biases run settings (used with `report_to: [wandb]`)."""
+
+    @field_validator("output_dir", "resume_from_checkpoint")
+    @classmethod
+    def resolve_home(cls, value: Path | str | None) -> Path | str | None:
+        """`~/runs/x` is the home directory's, as the shell would read it (a `--set` value or a YAML string is
+        not expanded by the shell: the run went to a directory named `~` in the working directory)."""
+        return value.expanduser() if isinstance(value, Path) else value
 
     def saves_checkpoint(self, step: int) -> bool:
         """Whether the run writes `checkpoint-{step}` when `step` optimizer steps are done: every `save_steps`

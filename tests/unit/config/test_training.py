@@ -3,9 +3,13 @@ which `stagectl doctor` counts)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stagectl.config.training import TrainingConfig
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny" / "train_ab.yaml"
 
 
 @pytest.mark.parametrize(
@@ -24,3 +28,20 @@ def test_saves_checkpoint_at_every_save_steps_and_the_last_step(
 ) -> None:
     training = TrainingConfig(max_steps=max_steps, save_steps=save_steps)
     assert [step for step in range(1, max_steps + 1) if training.saves_checkpoint(step)] == expected
+
+
+def test_a_home_relative_output_dir_is_the_home_directorys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--set training.output_dir=~/runs/x` (the shell leaves `~` after `=` in an argument, and YAML never
+    expands it) wrote the run into a directory named `~` in the working directory."""
+    from stagectl.config import load_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config(
+        EXAMPLE, ["training.output_dir=~/runs/x", "training.resume_from_checkpoint=~/runs/x/checkpoint-2"]
+    )
+    assert cfg.training.output_dir == tmp_path / "runs" / "x"
+    assert cfg.training.resume_from_checkpoint == tmp_path / "runs" / "x" / "checkpoint-2"
+    assert TrainingConfig(resume_from_checkpoint="latest").resume_from_checkpoint == "latest"
+    assert TrainingConfig(output_dir=Path("runs/a")).output_dir == Path("runs/a")  # relative: as given
