@@ -73,6 +73,7 @@ def command(
         if summary.coord_token_ids is None
         else f"coordinate tokens at ids {summary.coord_token_ids[0]}..{summary.coord_token_ids[1]}"
     )
+    masters = f", from {summary.source.parent.name}'s float32 master weights" if summary.from_masters else ""
     typer.echo(
-        f"exported {summary.source} ({summary.model_type}, {summary.dtype}, {coords}) to {summary.out}"
+        f"exported {summary.source} ({summary.model_type}, {summary.dtype}{masters}, {coords}) to {summary.out}"
     )

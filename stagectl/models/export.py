@@ -23,12 +23,15 @@ from typing import Any, cast
 
 from stagectl.detection.coords import NUM_BINS, coord_token
 from stagectl.files import check_new_output_dir, follow_umask, make_output_dir
-from stagectl.models.loading import TorchDtype, load_bundle, resolve_checkpoint
+from stagectl.models.loading import TRAINER_STATE, TorchDtype, load_bundle, resolve_checkpoint
 from stagectl.models.quiet import hf_progress_bars_off
 
 # Keys transformers writes into tokenizer_config.json on a load -> save round trip that describe the
 # loading machine rather than the tokenizer.
 _LOAD_TIME_TOKENIZER_KEYS = ("is_local", "local_files_only")
+# = stagectl.learner.checkpoint.MASTER_WEIGHTS: a ddp checkpoint's float32 parameters when model/ is stored in
+# another dtype
+MASTER_WEIGHTS = "master_weights.safetensors"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class ExportSummary:
     dtype: str
     coord_token_ids: tuple[int, int] | None  # (first, last) id of <|coord_0|>..<|coord_999|>, if present
     vocab_size: int  # embedding rows
+    from_masters: bool = False  # the weights came from the checkpoint's float32 master weights
 
 
 def export_model(
@@ -51,8 +55,21 @@ def export_model(
     `torch_dtype` None keeps the checkpoint's dtype. The directory appears whole or not at all."""
     check_new_output_dir(out, "OUT")
     model_dir = resolve_checkpoint(source)
-    dtype = torch_dtype or _saved_dtype(model_dir)
-    bundle = load_bundle(str(model_dir), torch_dtype=dtype, add_coord_tokens=add_coord_tokens)
+    saved = _saved_dtype(model_dir)
+    dtype = torch_dtype or saved
+    masters = model_dir.parent / MASTER_WEIGHTS
+    # `--dtype float32` (or float16) of a bf16-stored train-ab checkpoint: its float32 masters, not model/'s
+    # bf16 weights widened (they were, silently: the export said float32 and held bf16-rounded values)
+    from_masters = dtype != saved and masters.is_file() and (model_dir.parent / TRAINER_STATE).is_file()
+    bundle = load_bundle(
+        str(model_dir), torch_dtype="float32" if from_masters else dtype, add_coord_tokens=add_coord_tokens
+    )
+    if from_masters:
+        import torch
+        from safetensors.torch import load_file
+
+        bundle.model.load_state_dict(load_file(str(masters)), strict=True)
+        bundle.model.to(getattr(torch, dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = make_output_dir(out.parent, prefix=f".{out.name}.")  # the umask's mode, not mkdtemp's 0700
     try:
@@ -72,6 +89,7 @@ def export_model(
             dtype=dtype,
             coord_token_ids=coords,
             vocab_size=int(bundle.model.config.get_text_config().vocab_size),
+            from_masters=from_masters,
         )
         (staging / "README.md").write_text(model_card(summary))
         follow_umask(staging)  # save_pretrained leaves model.safetensors 0600
