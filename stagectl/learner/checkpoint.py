@@ -244,8 +244,22 @@ def resolve_resume(resume: Path | str | None, output_dir: Path) -> Path | None:
     if not (path / TRAINER_STATE).is_file():
         raise FileNotFoundError(
             f"training.resume_from_checkpoint: {path} is not a complete checkpoint (no {TRAINER_STATE})"
+            f"{_resume_hint(path)}"
         )
     return path
+
+
+def _resume_hint(path: Path) -> str:
+    """The checkpoint meant when `path` is a checkpoint's `model/` or a run directory."""
+    if path.name == "model" and (path.parent / TRAINER_STATE).is_file():
+        return f"; it is the model/ of {path.parent}: give that checkpoint directory"
+    found = list_checkpoints(path)
+    if found:
+        return (
+            f"; it is a run directory: give its newest checkpoint {found[-1]}, or latest with "
+            f"training.output_dir: {path} (--resume)"
+        )
+    return ""
 
 
 def load_trainer_state(path: Path) -> TrainerState:

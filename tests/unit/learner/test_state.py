@@ -87,6 +87,17 @@ def test_resume_errors(tmp_path: Path) -> None:
         ckpt.resolve_resume(tmp_path / "checkpoint-3", tmp_path)
 
 
+def test_a_resume_from_a_run_dir_or_a_checkpoints_model_names_the_checkpoint_meant(tmp_path: Path) -> None:
+    """HF-style paths (the run's output_dir, or checkpoint-N/model) said only 'not a complete checkpoint'."""
+    path = save(tmp_path / "run", 4)
+    with pytest.raises(
+        FileNotFoundError, match=f"it is the model/ of {path}: give that checkpoint directory"
+    ):
+        ckpt.resolve_resume(path / "model", tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"it is a run directory: give its newest checkpoint {path}"):
+        ckpt.resolve_resume(tmp_path / "run", tmp_path)
+
+
 def test_lr_warmup_then_cosine() -> None:
     cfg = TrainingConfig(max_steps=12, warmup_steps=2, lr_scheduler_type="cosine", min_lr_ratio=0.1)
     factors = [lr_factor(s, cfg) for s in range(12)]
