@@ -240,7 +240,7 @@ class ProgressBar:
             info += f" f1={row['rollout/f1']:.3f}"
         if self._progress is not None:
             self._progress.update(self._task, completed=step + 1, info=info)
-        elif log:
+        elif log or step + 1 == self.total:  # the last step's line, whatever logging_steps is
             print(
                 f"step {step + 1}/{self.total} {info} ({row['time/step_s']:.2f}s)",
                 file=sys.stderr,

@@ -64,3 +64,13 @@ def test_a_b_step_that_trained_as_a_says_so_on_its_line(capsys: pytest.CaptureFi
         "step 2/4 A (B wanted: queue_empty) loss=1.0000 (0.10s)",
         "step 3/4 B loss=1.0000 f1=0.500 (0.10s)",
     ]
+
+
+def test_the_last_step_gets_its_line_whatever_logging_steps_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """logging_steps 3 of 4 steps printed step 3 alone: the run's last loss was never on the console."""
+    bar = ProgressBar(4)
+    for step in range(4):
+        bar.update(step, _row("A"), log=(step + 1) % 3 == 0)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["step 3/4 A loss=1.0000 (0.10s)", "step 4/4 A loss=1.0000 (0.10s)"]
