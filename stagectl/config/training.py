@@ -117,6 +117,16 @@ class TrainingConfig(StrictModel):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """Weights & Biases run settings (used with `report_to: [wandb]`)."""
 
+    @field_validator("resume_from_checkpoint", mode="before")
+    @classmethod
+    def validate_resume_spelling(cls, value: object) -> object:
+        """HF's `resume_from_checkpoint: true` / `false` are `latest` / null here (a bool read as a path
+        gave pydantic's union error, `lax-or-strict[...]`)."""
+        if isinstance(value, bool):
+            spelled = "latest (or pass --resume)" if value else "null (or leave it out)"
+            raise ValueError(f"{str(value).lower()} is the Hugging Face Trainer's spelling; write {spelled}")
+        return value
+
     @field_validator("output_dir", "resume_from_checkpoint")
     @classmethod
     def resolve_home(cls, value: Path | str | None) -> Path | str | None:

@@ -45,3 +45,15 @@ def test_a_home_relative_output_dir_is_the_home_directorys(
     assert cfg.training.resume_from_checkpoint == tmp_path / "runs" / "x" / "checkpoint-2"
     assert TrainingConfig(resume_from_checkpoint="latest").resume_from_checkpoint == "latest"
     assert TrainingConfig(output_dir=Path("runs/a")).output_dir == Path("runs/a")  # relative: as given
+
+
+@pytest.mark.parametrize(("value", "fix"), [("true", "write latest"), ("false", "write null")])
+def test_hfs_boolean_resume_from_checkpoint_names_this_configs_spelling(value: str, fix: str) -> None:
+    """`resume_from_checkpoint: true` (HF Trainer) gave pydantic's `lax-or-strict[lax=union[...]]` errors."""
+    from stagectl.config import load_config
+
+    with pytest.raises(
+        ValueError, match=f"resume_from_checkpoint: {value} is the Hugging Face Trainer's spelling; {fix}"
+    ) as raised:
+        load_config(EXAMPLE, [f"training.resume_from_checkpoint={value}"])
+    assert "lax-or-strict" not in str(raised.value)
