@@ -46,7 +46,8 @@ class TrainingConfig(StrictModel):
     gradient_accumulation_steps: int | None = Field(None, ge=1)
     """Micro-steps per optimizer step (GAS). Derived from `effective_batch_size` when unset; default 1."""
     effective_batch_size: int | None = Field(None, ge=1)
-    """Samples per optimizer step across all ranks; must equal per_device x world_size x GAS."""
+    """Micro-batch rows per optimizer step across all ranks; must equal per_device x world_size x GAS. With
+    `packing: true` a row is one packed sequence of several samples (HF's samples per step is not this)."""
     learning_rate: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)
