@@ -140,22 +140,28 @@ def embedded_rollout_server(
     data: DataConfig | None,
     output_dir: Path,
     timeout_s: float = 300.0,
+    *,
+    weights_dir: Path | None = None,
 ) -> Iterator[str]:
     """Start `stagectl rollout-server` as a child on a free loopback port, wait for /health/, yield its
     URL, and always stop it, last (normal exit, errors, Ctrl-C). The child runs in its own session and
     reads the same YAML and `overrides` (it resolves its own `ServerPlan`), may read the training images
-    (`data`'s and `server.image_roots`), loads disk weight syncs from `output_dir/weight_sync`, and logs
-    to `output_dir/rollout_server.log`."""
+    (`data`'s and `server.image_roots`), loads disk weight syncs from `weights_dir` (the disk transport's
+    `disk_dir`; None for the other transports, which read no snapshot), and logs to
+    `output_dir/rollout_server.log`."""
     from stagectl.server.launcher import ServerKeeper, start_server_process
 
     output_dir.mkdir(parents=True, exist_ok=True)
+    if weights_dir is not None:  # the learner writes its first snapshot there later; the server checks it now
+        weights_dir.mkdir(parents=True, exist_ok=True)
     roots = [str(p.absolute()) for p in [*server.image_roots, *data_image_roots(data)]]
 
     def args_for_port(port: int) -> list[str]:
         args = [str(config_path), *(a for s in overrides for a in ("--set", s))]
         args += ["--set", f"rollout_server.image_roots={roots!r}"]
         args += ["--host", "127.0.0.1", "--port", str(port)]
-        args += ["--weights-dir", str((output_dir / "weight_sync").absolute())]
+        if weights_dir is not None:
+            args += ["--weights-dir", str(weights_dir.absolute())]
         return [*args, "--access-log", "-"]  # its output goes to rollout_server.log, not to the terminal
 
     from stagectl.placement import cuda_env

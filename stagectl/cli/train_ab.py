@@ -66,6 +66,8 @@ def command(
         return
     from stagectl.config import ConfigError, effective_world_size, load_config, to_plain
     from stagectl.config.fractions import as_fraction
+    from stagectl.config.plan import server_rollouts
+    from stagectl.config.rollout import DiskSync
     from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
@@ -135,7 +137,11 @@ def command(
     if cfg.rollout_server.embedded and a_only:  # no B step: no rollout, no weight push (channel_b.build)
         typer.echo("train-ab: b_ratio 0 (A-only): the embedded rollout server is not started", err=True)
     elif cfg.rollout_server.embedded:
-        server = embedded_rollout_server(config, sets, cfg.rollout_server, cfg.data, t.output_dir)
+        sync = server_rollouts(cfg).sync  # a disk sync's snapshots are what the server may load
+        weights_dir = sync.disk_dir if isinstance(sync, DiskSync) else None
+        server = embedded_rollout_server(
+            config, sets, cfg.rollout_server, cfg.data, t.output_dir, weights_dir=weights_dir
+        )
     with _server_errors(), server as url:
         user_config = cfg
         if url is not None:

@@ -16,6 +16,7 @@ orderly end; this is what makes a forgotten or interrupted `close` harmless.
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -80,7 +81,7 @@ class BatchingWorker(Generic[T, R]):
         if self._closed:
             raise RuntimeError("the batching worker is closed")
         if self._cancelled is not None:
-            raise self._cancelled
+            raise copy.copy(self._cancelled)
         pending = [_Pending(item, self._key(item), Future[R]()) for item in items]
         for p in pending:
             self._queue.put(p)
@@ -106,7 +107,9 @@ class BatchingWorker(Generic[T, R]):
             except queue.Empty:
                 break
             if isinstance(got, _Pending):
-                got.future.set_exception(error)
+                got.future.set_exception(
+                    copy.copy(error)
+                )  # one each: a shared one's traceback grows per raise
             else:
                 stop = True
         if stop:
@@ -168,7 +171,7 @@ class BatchingWorker(Generic[T, R]):
     def _execute(self, batch: list[_Pending[T, R]]) -> None:
         if self._cancelled is not None:  # taken from the queue before `cancel_queued` drained it
             for p in batch:
-                p.future.set_exception(self._cancelled)
+                p.future.set_exception(copy.copy(self._cancelled))
             return
         with self._histogram_lock:
             self._histogram[len(batch)] += 1

@@ -205,11 +205,9 @@ class VllmEngine:
     def _checked_sampling_params(self, request: EngineRequest) -> Any:
         """vLLM's checks of one request's sampling values (e.g. `temperature` within [0, 2]), run while the
         call is encoded: raised inside the batched generate they failed every call in the batch (500s)."""
-        from vllm.exceptions import VLLMClientError
-
         try:
             return self._sampling_params(request)
-        except (ValueError, VLLMClientError) as exc:
+        except _refusals() as exc:
             raise ValueError(f"vLLM refuses the sampling parameters: {exc}") from None
 
     def _run_batch(self, jobs: list[_Job]) -> list[EngineResult | Exception]:
@@ -217,18 +215,17 @@ class VllmEngine:
         `max_model_len` once its images are expanded into tokens, which `_encode` cannot count) fails the
         whole call, vLLM aborting what it had added: the jobs are then run one by one, so only the refused
         request's call fails (a 400), not every call that shared its batch."""
-        from vllm.exceptions import VLLMClientError
-
+        refused = _refusals()
         try:
             return list(self._generate(jobs))
-        except (ValueError, VLLMClientError) as exc:
+        except refused as exc:
             if len(jobs) == 1:
                 raise ValueError(f"vLLM refuses the request: {exc}") from None
         out: list[EngineResult | Exception] = []
         for job in jobs:
             try:
                 out += self._generate([job])
-            except (ValueError, VLLMClientError) as exc:
+            except refused as exc:
                 out.append(ValueError(f"vLLM refuses the request: {exc}"))
         return out
 
@@ -370,3 +367,13 @@ def torchvision_problem() -> str | None:
     except Exception as exc:  # any failure means vLLM's vision processors cannot load
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def _refusals() -> tuple[type[Exception], ...]:
+    """vLLM's "this request is wrong" errors: `ValueError`, and `VLLMClientError` where the installed vLLM has
+    it (0.32's `vllm.exceptions`; pyproject allows older ones, which have no such module)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMClientError)

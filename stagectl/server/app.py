@@ -281,8 +281,10 @@ def build_app(service: RolloutService) -> FastAPI:
             if stream is not None:
                 service.weight_stream_port = None
                 stream.stop()
-            app.state.weight_executor.shutdown(wait=True)
-            service.close()
+            # off the event loop: the engine's close waits for the batch it is decoding, and answers still in
+            # flight (a second Ctrl-C's 503s) need the loop meanwhile
+            await asyncio.to_thread(app.state.weight_executor.shutdown, True)
+            await asyncio.to_thread(service.close)
             log.info(STOPPED_LINE)  # uvicorn runs at warning: this is the line that says shutdown finished
 
     app = FastAPI(title="stagectl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -80,8 +80,9 @@ class ServerProcess:
             raise ServerStartError(f"rollout-server did not start (exit code {self.proc.poll()}):\n{output}")
         return self.url
 
-    def stop(self, grace_s: float = 20.0) -> int:
-        """SIGTERM, wait up to `grace_s`, then SIGKILL; returns the exit code (-SIGTERM after a graceful
+    def stop(self, grace_s: float = 40.0) -> int:
+        """SIGTERM, wait up to `grace_s` (past the server's own 30 s graceful window, `serving.GRACEFUL_SHUTDOWN_S`:
+        a call still decoding then gets its 503 and the engine closes, instead of a SIGKILL at 20 s), then SIGKILL; returns the exit code (-SIGTERM after a graceful
         shutdown: uvicorn re-raises the signal once in-flight requests finished and the engine closed)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

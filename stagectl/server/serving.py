@@ -42,7 +42,7 @@ log = logging.getLogger("stagectl.rollout.server.serving")
 GRACEFUL_SHUTDOWN_S = 30  # after SIGTERM/SIGINT, requests in flight get this long to finish
 # then the calls the engine has not started are answered 503, leaving the running one the last 10 s
 STOP_QUEUED_AFTER_S = 20
-STOPPING_LINE = "rollout-server: stopping: requests in flight get {s} s to finish (Ctrl-C again: stop now)"
+STOPPING_LINE = "rollout-server: stopping: requests in flight get {s} s to finish (Ctrl-C again: answer them now)"
 HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
 
 
@@ -224,8 +224,20 @@ class _Server(uvicorn.Server):
         finally:
             timer.cancel()
             if self.force_exit:  # uvicorn skips the app's shutdown then, and asyncio cancels it: a traceback
-                self.service.stop_queued()
+                await self._answer_at_once()
                 await self.lifespan.shutdown()
+
+    async def _answer_at_once(self) -> None:
+        """A second Ctrl-C: calls the engine has not started get their 503 ("had not started"), running ones
+        are cut off (`app.CutOffAtStop` answers 503), and the answers go out before the engine is closed (the
+        close waits for the batch it is decoding)."""
+        self.service.stop_queued()
+        for task in self.server_state.tasks:
+            task.cancel(msg="stopped at once (a second Ctrl-C)")
+        for _ in range(10):  # let the cancelled handlers send their answers (each needs a few loop turns)
+            if not self.server_state.tasks:
+                break
+            await asyncio.sleep(0.05)
 
 
 def _uvicorn_server(app: FastAPI, on_started: Callable[[], None] | None = None) -> _Server:

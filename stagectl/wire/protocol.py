@@ -98,7 +98,7 @@ class InferRequest(_SwiftRequest):
     """swift's suffix policy for scoring completed responses: only null (stagectl scores nothing)."""
 
 
-MAX_SEED = 2**63 - 1  # request i samples with seed + i: torch's generators take seeds below 2**64
+MAX_SEED = 2**64 - 1  # request i samples with seed + i: torch's generators take seeds below 2**64
 
 
 class RequestConfig(_SwiftRequest):
@@ -115,8 +115,9 @@ class RequestConfig(_SwiftRequest):
     """None, 0 or -1 disable top-k."""
     repetition_penalty: float = Field(1.0, gt=0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    """Base seed: request i of the call samples with seed + i (at most 2**63 - 1: a larger seed failed the
-    whole generate batch it was in, other callers' requests included)."""
+    """Base seed: request i of the call samples with seed + i, which must stay below 2**64 (what torch's
+    generators take: a larger seed failed the whole generate batch it was in, other callers' requests
+    included)."""
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Stop strings; the text is cut before the first one, token ids end with the token completing it. An
     empty string is refused (it would end every generation after one token)."""
@@ -190,6 +191,16 @@ class InferBody(_SwiftRequest):
     """stagectl's extension (swift sends none): answer with this weight version or refuse (409). A call
     tagged with the version serving now is admitted even while a committed sync waits to be swapped in
     (the swap waits for it); an older tag is refused. See `weightsync.gate`."""
+
+    @model_validator(mode="after")
+    def _last_seed_fits(self) -> InferBody:
+        seed = self.request_config.seed
+        if seed is not None and seed + len(self.infer_requests) - 1 > MAX_SEED:
+            raise ValueError(
+                f"request_config.seed {seed} + {len(self.infer_requests) - 1} (the call's last request) is above "
+                f"{MAX_SEED}, the largest seed a generator takes"
+            )
+        return self
 
 
 class ChatMessage(WireResponse):

@@ -318,7 +318,7 @@ def test_an_embedded_run_writes_the_users_config_and_runs_against_the_servers_ad
     launched: list[TrainPlan] = []
 
     @contextlib.contextmanager
-    def server(*args: Any) -> Any:
+    def server(*args: Any, **kwargs: Any) -> Any:
         yield "http://127.0.0.1:7"
 
     def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
@@ -339,6 +339,46 @@ def test_an_embedded_run_writes_the_users_config_and_runs_against_the_servers_ad
     assert plan.run_config == dict(to_plain(users))
 
 
+@pytest.mark.parametrize(
+    ("sync", "expected"),
+    [
+        ([], None),  # http: the server reads no snapshot, and was given a --weights-dir nobody had made
+        (["custom.extra.rollout_matching.vllm.sync.transport=disk"], "run/weight_sync"),
+        (
+            [
+                "custom.extra.rollout_matching.vllm.sync.transport=disk",
+                "custom.extra.rollout_matching.vllm.sync.disk_dir=shm",
+            ],
+            "shm",  # it was always {output_dir}/weight_sync: snapshots under disk_dir were refused
+        ),
+    ],
+)
+def test_the_embedded_server_may_read_the_disk_syncs_directory_only(
+    tmp_path: Path,
+    trainer: list[TrainPlan],
+    monkeypatch: pytest.MonkeyPatch,
+    sync: list[str],
+    expected: str | None,
+) -> None:
+    import contextlib
+
+    import stagectl.launch
+
+    given: list[Path | None] = []
+
+    @contextlib.contextmanager
+    def server(*args: Any, weights_dir: Path | None = None) -> Any:
+        given.append(weights_dir)
+        yield "http://127.0.0.1:7"
+
+    monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", server)
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", lambda args, launch, on_signal=None: 0)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train-ab", str(ASYNC), *_set_args(["training.output_dir=run", *sync])])
+    assert result.exit_code == 0, result.output
+    assert given == [None if expected is None else Path(expected)]
+
+
 def test_an_a_only_run_of_an_embedded_server_config_starts_no_server(
     tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,7 +386,7 @@ def test_an_a_only_run_of_an_embedded_server_config_starts_no_server(
     embedded server is started (the ranks push no weights either: `channel_b.build`)."""
     import stagectl.launch
 
-    def server(*args: Any) -> NoReturn:
+    def server(*args: Any, **kwargs: Any) -> NoReturn:
         raise AssertionError("an A-only run started the embedded rollout server")
 
     monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", server)
@@ -430,7 +470,7 @@ def test_ctrl_c_while_the_embedded_server_starts_says_so(
     import stagectl.launch
 
     @contextlib.contextmanager
-    def server(*args: Any) -> Any:
+    def server(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
         yield
 

@@ -148,14 +148,43 @@ def test_cancel_queued_fails_what_waits_at_once_and_lets_the_running_batch_finis
     queued = worker.submit([2, 3])
     stopping = RuntimeError("stopping")
     worker.cancel_queued(stopping)
-    for future in queued:
-        assert future.exception(0.5) is stopping  # before the running batch ends
+    errors = [future.exception(0.5) for future in queued]  # before the running batch ends
+    assert [(type(e), str(e)) for e in errors] == [(RuntimeError, "stopping")] * 2
+    assert (
+        errors[0] is not errors[1] is not stopping
+    )  # one each: a shared instance's traceback grows per raise
     with pytest.raises(RuntimeError, match="stopping"):
         worker.submit([4])
     release.set()
     assert running.result(5) == 1
     worker.close()
     assert ran == [[1]]
+
+
+def test_items_the_worker_already_holds_are_not_decoded_after_cancel_queued() -> None:
+    """Items of another key the worker pulled into its own pending list (while it waited to fill a batch) are
+    past the queue `cancel_queued` drains: the worker must fail them, not decode them after the batch."""
+    started, release = threading.Event(), threading.Event()
+    ran: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        ran.append(list(items))
+        started.set()
+        release.wait(5)
+        return items
+
+    # key = parity, batches of 2 filled for 300 ms: the worker takes 0, then holds 1 and 3 (the other key)
+    worker: BatchingWorker[int, int] = BatchingWorker(
+        run, key=lambda i: i % 2, max_batch_size=2, batch_wait_ms=300
+    )
+    futures = worker.submit([0, 1, 3])
+    assert started.wait(5)
+    worker.cancel_queued(RuntimeError("stopping"))
+    release.set()
+    assert futures[0].result(5) == 0
+    assert [type(f.exception(5)) for f in futures[1:]] == [RuntimeError, RuntimeError]
+    worker.close()
+    assert ran == [[0]]
 
 
 def test_max_batch_size_must_be_positive() -> None:

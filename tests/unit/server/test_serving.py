@@ -9,6 +9,7 @@ import asyncio
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,33 +151,18 @@ def test_a_stop_answers_what_it_cuts_off_503_and_decodes_no_queued_call(
     with a JSON detail, and the engine never decodes the queued ones. Before: three plain-text 500s
     ("Internal Server Error", a traceback each in the log), then the engine's close decoded both queued
     calls for clients that were gone (219 s on the tiny model with 128 queued requests)."""
-    import threading
-
-    import httpx
 
     from stagectl.server import serving
     from stagectl.server.app import build_app
 
     monkeypatch.setattr(serving, "GRACEFUL_SHUTDOWN_S", 1.0)
     monkeypatch.setattr(serving, "STOP_QUEUED_AFTER_S", 0.3)
-    engine = FakeEngine(max_batch_size=1, batch_wait_ms=0, step_delay_ms=1500)  # one call at a time
+    # one call at a time, each decoding far past the 1 s window: a stalled machine cannot let it finish
+    engine = FakeEngine(max_batch_size=1, batch_wait_ms=0, step_delay_ms=4000)
     server = serving.ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()
-    body = {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}]}
-    answers: dict[int, httpx.Response] = {}
-
-    def call(k: int) -> None:
-        answers[k] = httpx.post(f"{server.url}/infer/", json=body, timeout=30)
-
-    callers = [threading.Thread(target=call, args=(k,)) for k in range(3)]
-    for caller in callers:
-        caller.start()
-    while sum(engine.batch_sizes().values()) == 0:  # the first call is decoding, the others wait
-        time.sleep(0.01)
-    time.sleep(0.1)
+    answers = _three_calls_one_decoding(server)
     server.stop()
-    for caller in callers:
-        caller.join(10)
-    details = sorted(answers[k].json()["detail"] for k in range(3))
+    details = _details(answers)
     assert [answers[k].status_code for k in range(3)] == [503, 503, 503]
     assert [d.split(";")[0] for d in details] == [
         "the rollout server is stopping (SIGTERM/SIGINT) and had not started this call",
@@ -184,6 +170,62 @@ def test_a_stop_answers_what_it_cuts_off_503_and_decodes_no_queued_call(
         "the rollout server stopped (SIGTERM/SIGINT) before this call finished",
     ]
     assert engine.batch_sizes() == {1: 1}  # only the call that was running when the stop came
+
+
+def _three_calls_one_decoding(server: Any) -> dict[Any, Any]:
+    """Three concurrent calls, started in threads: returns once the first is decoding and all three are in
+    the server (their answers land in the dict the threads fill; `_details` waits for them)."""
+    import threading
+
+    import httpx
+
+    body = {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}]}
+    answers: dict[Any, Any] = {"threads": []}
+
+    def call(k: int) -> None:
+        answers[k] = httpx.post(f"{server.url}/infer/", json=body, timeout=30)
+
+    for k in range(3):
+        caller = threading.Thread(target=call, args=(k,))
+        caller.start()
+        answers["threads"].append(caller)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(server._server.server_state.tasks) < 3:  # uvicorn's requests
+        time.sleep(0.01)
+    time.sleep(0.2)  # the first call is decoding (its batch takes seconds), the others wait behind it
+    return answers
+
+
+def _details(answers: dict[Any, Any]) -> list[str]:
+    for caller in answers["threads"]:
+        caller.join(15)
+    assert [answers[k].status_code for k in range(3)] == [503, 503, 503], {
+        k: answers.get(k) for k in range(3)
+    }
+    return sorted(answers[k].json()["detail"] for k in range(3))
+
+
+def test_a_second_ctrl_c_answers_every_call_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Force exit (a second Ctrl-C): the queued and the running call are answered 503 at once, long before
+    the batch being decoded ends. Before, the engine's close blocked the event loop until that batch ended,
+    so the answers waited for it (and said "before this call finished" for calls never started)."""
+    from stagectl.server import serving
+    from stagectl.server.app import build_app
+
+    engine = FakeEngine(max_batch_size=1, batch_wait_ms=0, step_delay_ms=5000)
+    server = serving.ThreadedServer(build_app(RolloutService(engine, ServerSettings()))).start()
+    answers = _three_calls_one_decoding(server)
+    uvicorn_server = server._server
+    uvicorn_server.should_exit = True  # the first Ctrl-C: a graceful stop begins
+    time.sleep(0.3)
+    started = time.monotonic()
+    uvicorn_server.force_exit = True  # the second
+    details = _details(answers)
+    answered_s = time.monotonic() - started
+    server.stop()
+    assert answered_s < 3.0, answered_s  # the decoding batch had more than 4 s left
+    assert all(d.startswith("the rollout server") for d in details)
+    assert engine.batch_sizes() == {1: 1}
 
 
 def test_image_roots_and_weight_dirs_that_are_not_directories_are_named_at_start(

@@ -34,3 +34,15 @@ def test_unservable_sampling_values_are_refused_naming_the_field(config: dict, f
 def test_the_largest_seed_and_real_stop_strings_are_served_as_sent() -> None:
     config = RequestConfig.model_validate({"seed": MAX_SEED, "stop": ["</s>", "\n\n"], "temperature": 0})
     assert config.seed == MAX_SEED and config.sampling().stop == ("</s>", "\n\n")
+
+
+def test_seeds_up_to_the_generators_limit_are_served_and_the_last_request_must_fit() -> None:
+    """Seeds from 2**63 to 2**64 - 1 were served before the seed check, and torch's generators take them: the
+    check refused them (its bound was 2**63 - 1). The call's last request samples with seed + n - 1."""
+    body = InferBody.model_validate({"infer_requests": ONE_REQUEST * 3, "request_config": {"seed": 2**63}})
+    assert body.request_config.seed == 2**63 == MAX_SEED // 2 + 1
+    InferBody.model_validate({"infer_requests": ONE_REQUEST * 3, "request_config": {"seed": MAX_SEED - 2}})
+    with pytest.raises(ValidationError, match=r"request_config.seed \d+ \+ 2 \(the call's last request\)"):
+        InferBody.model_validate(
+            {"infer_requests": ONE_REQUEST * 3, "request_config": {"seed": MAX_SEED - 1}}
+        )
