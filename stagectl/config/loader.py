@@ -82,14 +82,15 @@ def load_config(
             problems.append(Problem(_override_key(override), str(exc)))
     problems += _pop_removed_keys(raw)
     _empty_sections_to_mappings(raw, StagectlConfig)
-    cfg, schema_problems = _validate_schema(raw)
-    problems += schema_problems
+    cfg, invalid = _validate_schema(raw)
+    problems += invalid
     if cfg is not None:
         # a key (or a whole section, when its own rule failed) that was dropped reads as its default in the
-        # cross-section rules: their problems at or under it would be about values the user did not write
-        bad_paths = {p.path for p in schema_problems}
+        # cross-section rules: their problems at or under it, or judged by it (`Problem.about`), would be
+        # about values the user did not write
+        bad_paths = {p.path for p in invalid}
         cross = run_validators(cfg, _world_size(cfg, world_size, problems) if trains else None)
-        problems += [p for p in cross if not _under(p.path, bad_paths)]
+        problems += [p for p in cross if not any(_under(key, bad_paths) for key in (p.path, *p.about))]
     if problems:
         raise ConfigError(problems, source)
     assert cfg is not None

@@ -77,6 +77,9 @@ class Problem:
 
     path: str
     message: str
+    # other keys a cross-section rule judged by: when one of them was itself invalid (dropped, read as its
+    # default), the problem is about a value the user did not write, and is not reported
+    about: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"

@@ -90,12 +90,27 @@ def _variants_with(variants: list[type[BaseModel]], key: str) -> list[str]:
     return [f"{_tag_key(m)}: {_tag(m)}" for m in variants if _tag_key(m) and _field(m, key) is not None]
 
 
+# keys a Hugging Face Trainer / TRL config has and stagectl spells otherwise (or does not have): the hint
+HF_KEYS = {
+    "bf16": "training.mixed_precision: bf16",
+    "fp16": "training.mixed_precision: fp16",
+    "num_train_epochs": "training.max_steps (stagectl counts optimizer steps, not epochs)",
+    "warmup_ratio": "training.warmup_steps (a number of optimizer steps)",
+    "save_strategy": "training.save_steps (0: only at the end)",
+    "logging_strategy": "training.logging_steps",
+    "fsdp": "training.parallelism: fsdp",
+    "deepspeed": "training.parallelism: fsdp (stagectl shards with FSDP2, not DeepSpeed)",
+}
+
+
 def _did_you_mean(key: str, model: type[BaseModel] | None, section: list[str]) -> str:
     """Suggest where the unknown key of `section` belongs, as a full dotted path: the same key in another
     section (a top-level `learning_rate` is `training.learning_rate`), else the closest key of its own
     section, else a close key elsewhere."""
     if model is None:
         return ""
+    if key in HF_KEYS:
+        return f" (the Hugging Face Trainer's {key!r}; here: {HF_KEYS[key]})"
     elsewhere = _key_paths(StagectlConfig)
     exact = sorted((p for p in elsewhere if p.rsplit(".", 1)[-1] == key), key=lambda p: (p.count("."), p))
     if exact:

@@ -114,9 +114,18 @@ class TrainingConfig(StrictModel):
     `{output_dir}.replaced-<time>`. Without it (or `resume_from_checkpoint`) such a start is refused."""
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """Extra metric sinks besides metrics.jsonl: `tensorboard` (the `tensorboard` extra) and `wandb`
-    (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them."""
+    (the `wandb` extra; see `training.wandb`). Every metrics row goes to each of them. One name alone
+    (`report_to: tensorboard`) and `none` are read as the Hugging Face Trainer reads them."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """Weights & Biases run settings (used with `report_to: [wandb]`)."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def validate_report_to_spelling(cls, value: object) -> object:
+        """HF's `report_to: tensorboard` (one name) and `none`: a list of that name, and no sink."""
+        if value == "none":
+            return []
+        return [value] if isinstance(value, str) else value
 
     @field_validator("resume_from_checkpoint", mode="before")
     @classmethod

@@ -108,7 +108,9 @@ def validate_sync_mode_supported(cfg: StagectlConfig, world_size: int) -> list[P
     if cfg.model.adapter is None:
         return [
             Problem(
-                key, "adapter syncs the adapter of model.adapter, which is not set; set it or use mode: full"
+                key,
+                "adapter syncs the adapter of model.adapter, which is not set; set it or use mode: full",
+                about=("model.adapter",),
             )
         ]
     if sync.transport == "http" and sync.delta:

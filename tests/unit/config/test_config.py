@@ -649,3 +649,38 @@ def test_tls_options_for_plain_http_servers_are_refused_also_for_an_embedded_one
     }
     assert "applies to https:// servers only" in problems_of(tmp_path, embedded, f"{key}=true")[key]
     assert "applies to https:// servers only" in problems_of(tmp_path, ASYNC, f"{key}=true")[key]
+
+
+def test_an_invalid_adapter_is_one_problem_not_also_a_missing_one(tmp_path: Path) -> None:
+    """`model.adapter.target_modules=[q_projj]` dropped the adapter, and the adapter-sync rule then said it
+    "is not set": a second, false problem about a value the user did write."""
+    example = Path(__file__).resolve().parents[3] / "examples" / "tiny" / "train_ab_lora.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(example, ["model.adapter.target_modules=[q_projj]"], world_size=1)
+    assert [p.path for p in info.value.problems] == ["model.adapter"]
+    with pytest.raises(ConfigError) as info:
+        load_config(example, ["model.adapter=null"], world_size=1)
+    assert [p.path for p in info.value.problems] == ["custom.extra.rollout_matching.vllm.sync.mode"]
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("bf16", "here: training.mixed_precision: bf16"),
+        ("fp16", "here: training.mixed_precision: fp16"),
+        ("num_train_epochs", "here: training.max_steps"),
+        ("warmup_ratio", "here: training.warmup_steps"),
+    ],
+)
+def test_a_hugging_face_trainer_key_names_stagectls(tmp_path: Path, key: str, hint: str) -> None:
+    """They got the list of valid keys, which does not say that `bf16: true` is `mixed_precision: bf16`."""
+    problems = problems_of(tmp_path, BASE, f"training.{key}=1")
+    assert hint in problems[f"training.{key}"]
+
+
+@pytest.mark.parametrize(("value", "expected"), [("tensorboard", ["tensorboard"]), ("none", [])])
+def test_report_to_as_the_hugging_face_trainer_spells_it(
+    tmp_path: Path, value: str, expected: list[str]
+) -> None:
+    """`report_to: tensorboard` (one name) was `Input should be a valid list`."""
+    assert load_config(write(tmp_path, BASE), [f"training.report_to={value}"]).training.report_to == expected
