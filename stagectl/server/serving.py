@@ -42,7 +42,9 @@ log = logging.getLogger("stagectl.rollout.server.serving")
 GRACEFUL_SHUTDOWN_S = 30  # after SIGTERM/SIGINT, requests in flight get this long to finish
 # then the calls the engine has not started are answered 503, leaving the running one the last 10 s
 STOP_QUEUED_AFTER_S = 20
-STOPPING_LINE = "rollout-server: stopping: requests in flight get {s} s to finish (Ctrl-C again: answer them now)"
+STOPPING_LINE = (
+    "rollout-server: stopping: requests in flight get {s} s to finish (Ctrl-C again: answer them now)"
+)
 HEADER_TIMEOUT_S = 10.0  # request line + headers must arrive within this after connecting
 
 
