@@ -147,7 +147,8 @@ def config_reference() -> str:
         "`stagectl/config/validators*.py`) report every problem with a fix. `stagectl validate-config CONFIG`",
         "prints the resolved config after the checks train-ab runs before it starts (`--for` another command);",
         "`stagectl validate-config --schema` prints the JSON Schema (the same docstrings) for editors.",
-        "Relative paths are relative to the working directory. `null` is YAML's null.",
+        "Relative paths are relative to the working directory; a path that starts with `~` is the home",
+        "directory's, as the shell reads it (`stagectl.config.user_path`). `null` is YAML's null.",
         "",
     ]
     lines += _model_section(TOP, StagectlConfig)

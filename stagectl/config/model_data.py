@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
@@ -10,6 +9,7 @@ from pydantic import Field, model_validator
 from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import StorageDtype
 from stagectl.config.rollout import DecodingConfig
+from stagectl.config.user_path import UserPath
 
 # the per-object confidence COCO AP ranks by (stagectl.detection.scores defines each)
 ScoreKind = Literal["coord", "coord_desc", "objectness", "objectness_coord_desc"]
@@ -124,9 +124,9 @@ class SyntheticDataConfig(StrictModel):
 
 
 class EvalDataConfig(StrictModel):
-    jsonl: Path | None = None
+    jsonl: UserPath | None = None
     """Held-out JSONL split (same format as `data.train_jsonl`)."""
-    image_root: Path | None = None
+    image_root: UserPath | None = None
     """Directory that image paths in `jsonl` are relative to (default: the JSONL's directory)."""
     synthetic: SyntheticDataConfig | None = None
     """Held-out synthetic split (use a seed different from training)."""
@@ -153,9 +153,9 @@ class EvalDataConfig(StrictModel):
 
 
 class DataConfig(StrictModel):
-    train_jsonl: Path | None = None
+    train_jsonl: UserPath | None = None
     """Training JSONL: one `{images, width, height, objects: [{desc, bbox_2d}]}` per line."""
-    image_root: Path | None = None
+    image_root: UserPath | None = None
     """Directory that image paths in `train_jsonl` are relative to (default: the JSONL's directory)."""
     box_format: Literal["norm1000", "pixel", "auto"] = "norm1000"
     """How `bbox_2d` values are written: `norm1000` bins (integers 0..999), `pixel`, or `auto`

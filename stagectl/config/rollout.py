@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import EngineDtype
+from stagectl.config.user_path import UserPath
 
 
 class DecodingConfig(StrictModel):
@@ -41,7 +41,7 @@ class VllmServerConfig(StrictModel):
     """Read timeout of one `/infer/` call; null or <= 0 means no read timeout."""
     auth_token_env: str | None = None
     """Environment variable holding the servers' bearer token (sent on every request but `/health/`)."""
-    tls_ca_file: Path | None = None
+    tls_ca_file: UserPath | None = None
     """CA certificate(s) that `https://` servers are verified against (a self-signed server certificate is
     its own CA); null: the system's trust store."""
     tls_skip_verify: bool = False
@@ -128,7 +128,7 @@ class DiskSync(StrictModel):
     """The weight-sync transport: `http`, `collective` or `disk`; each takes only its own keys."""
     mode: Literal["full"] = "full"
     """`full`: every parameter of the plain model (adapter syncs run over http)."""
-    disk_dir: Path | None = None
+    disk_dir: UserPath | None = None
     """Where snapshots are written (default: `{output_dir}/weight_sync`)."""
 
     _full = field_validator("mode", mode="before")(_full_only)
@@ -243,7 +243,7 @@ class RolloutServerConfig(StrictModel):
     """Port of the weight-stream listener (same host): `http` weight chunks go there, read straight from
     the socket by blocking threads (much faster than the app port: BENCHMARKS.md). 0 picks a free one (the server advertises it in `/version/`); null turns it off and chunks go to `port`.
     Set a fixed port when the learner reaches the server through a tunnel or a firewall."""
-    image_roots: list[Path] = Field(default_factory=list)
+    image_roots: list[UserPath] = Field(default_factory=list)
     """Image paths in requests must resolve under one of these (inline data URLs are always allowed)."""
     auth_token_env: str | None = None
     """Environment variable holding the bearer token. When set, every endpoint but `/health/` needs
@@ -260,9 +260,9 @@ class RolloutServerConfig(StrictModel):
     max_requests_per_call: int | None = Field(None, ge=1)
     """Most requests in one `/infer/` call (413 above it). null: 1024, raised to the largest call the
     config's learner or Stage-B runner makes."""
-    tls_certfile: Path | None = None
+    tls_certfile: UserPath | None = None
     """PEM certificate: serve `https://` on `port` and TLS on `weight_stream_port` (with `tls_keyfile`)."""
-    tls_keyfile: Path | None = None
+    tls_keyfile: UserPath | None = None
     """PEM private key of `tls_certfile`."""
     embedded: bool = False
     """`train-ab` starts this server as a child process on a free loopback port and stops it at exit."""

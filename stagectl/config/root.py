@@ -5,7 +5,6 @@ themselves are the `validate_*` functions of `stagectl.config.validators`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from pydantic import Field
 
@@ -24,6 +23,7 @@ from stagectl.config.stage_b import (
     SelectionConfig,
 )
 from stagectl.config.training import LaunchConfig, TrainingConfig
+from stagectl.config.user_path import UserPath
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -48,7 +48,7 @@ class StagectlConfig(StrictModel):
     mission: str | None = None
     """Stage-B mission name (selects tickets and guidance). It names the run directory, so a plain name: letters
     of any script, digits, `_ . -`, first a letter or digit (`shapes_qc`, `挡风板安装检查`)."""
-    tickets: list[Path] = Field(default_factory=list)
+    tickets: list[UserPath] = Field(default_factory=list)
     """Stage-B tickets JSONL files."""
     guidance: GuidanceConfig | None = None
     """Stage-B mission guidance."""

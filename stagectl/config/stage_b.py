@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from stagectl.config.base import StrictModel
+from stagectl.config.user_path import UserPath
 
 # a mission becomes a directory under output.root/output.run_name: a plain name, no separators or `..`.
 # Letters and digits of any script: upstream's missions are its data directories' names (`挡风板安装检查`).
@@ -17,14 +18,14 @@ MISSION_NAME = re.compile(r"[^\W_][\w.-]*")  # whole name: `fullmatch`
 
 
 class GuidanceConfig(StrictModel):
-    path: Path
+    path: UserPath
     """Starting guidance JSON of the mission (copied into the run directory, never edited in place)."""
     retention: int = Field(10, ge=1)
     """Timestamped snapshots kept per mission."""
 
 
 class OutputConfig(StrictModel):
-    root: Path = Path("runs/stage_b")
+    root: UserPath = Path("runs/stage_b")
     """Artifacts go to `{root}/{run_name}/{mission}/` (rank 0 only)."""
     run_name: str = "default"
     """Run name under `root`."""
@@ -54,7 +55,7 @@ class StageBServerConfig(StrictModel):
     every rank spreads its requests over all of them."""
     auth_token_env: str | None = None
     """Environment variable holding the servers' bearer token (null: no token)."""
-    tls_ca_file: Path | None = None
+    tls_ca_file: UserPath | None = None
     """CA certificate(s) that `https://` servers are verified against; null: the system's trust store."""
     tls_skip_verify: bool = False
     """Talk TLS to `https://` servers without verifying their certificate. Excludes `tls_ca_file`."""

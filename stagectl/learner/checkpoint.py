@@ -358,6 +358,9 @@ def load_master_weights(path: Path, model: torch.nn.Module) -> None:
         model.load_state_dict(load_file(str(master)), strict=True)
 
 
+OPTIMIZER_KNOBS = ("weight_decay", "betas", "eps")  # AdamW settings a resume takes from its own config
+
+
 def load_optimizer_state(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> None:
@@ -365,6 +368,11 @@ def load_optimizer_state(
     Every rank calls it (loading `train_state` is a collective)."""
     from stagectl.learner import sharding
 
+    # the resumed config's AdamW settings hold from here on, as config.yaml says (loading the state
+    # restores the checkpoint's param groups, whose weight_decay / betas / eps are its config's)
+    configured = [
+        {key: group[key] for key in OPTIMIZER_KNOBS if key in group} for group in optimizer.param_groups
+    ]
     if (path / SHARDED_STATE).is_dir():
         sharding.load_sharded_state(model, optimizer, str(path / SHARDED_STATE))
     elif sharding.is_sharded(model):
@@ -375,6 +383,8 @@ def load_optimizer_state(
         )
     else:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    for group, knobs in zip(optimizer.param_groups, configured, strict=True):
+        group.update(knobs)
     # `LambdaLR.load_state_dict` restores the checkpoint's `base_lrs` (its config's learning_rate); the
     # resumed config's learning_rate is the peak from here on (config.yaml says so), as its lambdas are
     base_lrs = list(scheduler.base_lrs)

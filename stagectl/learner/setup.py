@@ -39,6 +39,7 @@ from stagectl.models.speedups import apply_speedups
 from stagectl.rundir.liveness import mark_running
 from stagectl.rundir.policy import prepare_train_dir
 from stagectl.rundir.resume import (
+    continuation_config,
     keep_config_before_resume,
     resume_note,
     set_aside_later_checkpoints,
@@ -243,6 +244,7 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
             superseded = set_aside_later_checkpoints(out, start_step)
             if superseded is not None:
                 say("train-ab", superseded_note(*superseded, resume))
+            plain = continuation_config(plain, out, resume)
         write_resolved_config(out, plain)
         write_train_plan(out / PLAN_FILE, plan)  # what the ranks ran (a record; config.yaml is the input)
         mark_running(out)  # removed however the run ends in this process (cli.train_ab)

@@ -4,6 +4,7 @@ complete checkpoint, the world size that wrote it, and a config that changed sin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -79,9 +80,34 @@ def set_aside_later_checkpoints(out: Path, step: int) -> tuple[list[str], Path] 
         folder = out / f"superseded-after-step-{step}-{k}"
         k += 1
     folder.mkdir()
-    for _, path in later:
-        os.rename(path, folder / path.name)
+    moved: list[Path] = []
+    try:
+        for _, path in later:
+            os.rename(path, folder / path.name)
+            moved.append(path)
+    except OSError as exc:  # e.g. a checkpoint made read-only to keep it: put back what moved, then refuse
+        failed = path.name
+        for done in moved:
+            with contextlib.suppress(OSError):
+                os.rename(folder / done.name, done)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        raise ValueError(
+            f"training.resume_from_checkpoint: resuming from step {step} sets aside the later checkpoints of "
+            f"{out} (the continuation it replaces), but {failed} cannot be moved to {folder}: "
+            f"{exc.strerror or exc}; nothing was moved. Make it movable, or move it out of the run dir yourself"
+        ) from None
     return [p.name for _, p in later], folder
+
+
+def continuation_config(plain: dict[str, Any], out: Path, resumed: Path) -> dict[str, Any]:
+    """The config.yaml a resume writes: it continues the run (`train-ab RUN/config.yaml --resume`, what a stop
+    prints) from the newest checkpoint the run writes, not again from one of its own named for this start
+    (each continue went back to it, and set aside what the run had trained since). Another run's checkpoint
+    stays named: before this run saves one, `latest` would start it from scratch."""
+    if not resumed.resolve().is_relative_to(out.resolve()):
+        return plain
+    return {**plain, "training": {**plain["training"], "resume_from_checkpoint": "latest"}}
 
 
 def superseded_note(names: list[str], folder: Path, checkpoint: Path) -> str:

@@ -684,3 +684,17 @@ def test_report_to_as_the_hugging_face_trainer_spells_it(
 ) -> None:
     """`report_to: tensorboard` (one name) was `Input should be a valid list`."""
     assert load_config(write(tmp_path, BASE), [f"training.report_to={value}"]).training.report_to == expected
+
+
+def test_every_path_key_reads_a_leading_tilde_as_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only training.output_dir and resume_from_checkpoint expanded `~`: `data.train_jsonl=~/demo/train.jsonl`
+    was `no such file` although the file was there (a `--set` value is not expanded by the shell)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data = {**BASE, "data": {"train_jsonl": "~/demo/train.jsonl", "image_root": "~/imgs"}}
+    cfg = load_config(
+        write(tmp_path, data), ["rollout_server.image_roots=[~/a]", "training.output_dir=~/run"]
+    )
+    assert (cfg.data.train_jsonl, cfg.data.image_root) == (tmp_path / "demo/train.jsonl", tmp_path / "imgs")
+    assert (cfg.rollout_server.image_roots, cfg.training.output_dir) == ([tmp_path / "a"], tmp_path / "run")

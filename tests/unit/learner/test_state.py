@@ -228,6 +228,33 @@ def test_a_resume_with_another_learning_rate_trains_at_it(tmp_path: Path) -> Non
     assert scheduler.get_last_lr() == pytest.approx([5e-4 * lr_factor(5, resumed_cfg)])
 
 
+def test_a_resume_with_other_adamw_settings_trains_with_them(tmp_path: Path) -> None:
+    """weight_decay and adam_betas changed on resume were silently the checkpoint's (loading the optimizer
+    state restores its param groups), while the resume warning and config.yaml named the new values."""
+    first_cfg = TrainingConfig(max_steps=8, learning_rate=1e-3, weight_decay=0.0, adam_betas=(0.9, 0.999))
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, first_cfg)
+    model.lin(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    path = ckpt.save_checkpoint(
+        tmp_path,
+        1,
+        model=model,
+        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rng_states=[ckpt.rng_state()],
+        trainer_state=ckpt.TrainerState(1, {"a_consumed": 1, "b_consumed": 0}, {"num_updates": 1}),
+    )
+    resumed_cfg = TrainingConfig(max_steps=8, learning_rate=1e-3, weight_decay=0.1, adam_betas=(0.9, 0.95))
+    optimizer, scheduler = build_optimizer(model, resumed_cfg)
+    ckpt.load_optimizer_state(path, model, optimizer, scheduler)
+    group = optimizer.param_groups[0]
+    assert (group["weight_decay"], tuple(group["betas"])) == (0.1, (0.9, 0.95))
+    assert optimizer.state[group["params"][0]]["step"] == 1  # the moments are the checkpoint's
+
+
 def test_a_resume_on_a_training_set_of_another_size_is_refused_naming_both_sizes(tmp_path: Path) -> None:
     """The stream positions index the set the checkpoint trained on: a shrunk set failed on a missing
     index (IndexError) deep in the learner's start-up; now rank 0's resume check names both sizes."""

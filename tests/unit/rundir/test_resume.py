@@ -13,6 +13,7 @@ from stagectl.rundir.resume import (
     check_resume_world_size,
     config_change_note,
     config_changes,
+    continuation_config,
     keep_config_before_resume,
     latest_complete_checkpoint,
     set_aside_later_checkpoints,
@@ -121,3 +122,44 @@ def test_a_resume_from_an_earlier_checkpoint_moves_the_later_ones_aside_whole(tm
     again = set_aside_later_checkpoints(out, 2)
     assert again is not None and again[1] == out / "superseded-after-step-2-1"
     assert set_aside_later_checkpoints(out, 6) is None  # a resume from the newest moves nothing
+
+
+def test_a_checkpoint_that_cannot_be_moved_aside_moves_none_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later checkpoint made read-only (to keep it) stopped the move half-way, with a PermissionError
+    traceback: checkpoint-4 in the folder, the stale checkpoint-6 still where `latest` finds it."""
+    import os
+
+    import stagectl.rundir.resume as resume
+
+    out = tmp_path / "run"
+    finished_run(out, checkpoints=(2, 4, 6))
+    real_rename = os.rename
+
+    def rename(src: Any, dst: Any) -> None:
+        if Path(src).name == "checkpoint-6" and Path(dst).parent.name.startswith("superseded"):
+            raise PermissionError(13, "Permission denied")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(resume.os, "rename", rename)
+    with pytest.raises(
+        ValueError, match=r"checkpoint-6 cannot be moved to \S+superseded-after-step-2: Permission"
+    ):
+        set_aside_later_checkpoints(out, 2)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "superseded"))) == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-6",
+    ]
+
+
+def test_the_config_of_a_resume_continues_from_the_newest_checkpoint_of_its_own_run(tmp_path: Path) -> None:
+    """config.yaml kept `resume_from_checkpoint: RUN/checkpoint-3`: the continue command a stop prints went back
+    to it every time, setting aside what the run had trained since. Another run's checkpoint stays named."""
+    out = tmp_path / "run"
+    plain = {"training": {"resume_from_checkpoint": str(out / "checkpoint-3"), "max_steps": 6}}
+    kept = continuation_config(plain, out, out / "checkpoint-3")
+    assert kept["training"] == {"resume_from_checkpoint": "latest", "max_steps": 6}
+    other = {"training": {"resume_from_checkpoint": str(tmp_path / "other" / "checkpoint-3")}}
+    assert continuation_config(other, out, tmp_path / "other" / "checkpoint-3") == other
