@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from stagectl.config.base import StrictModel
 from stagectl.config.dtypes import MixedPrecision
 from stagectl.config.reporting import WandbConfig
+from stagectl.config.user_path import UserPath
 
 
 class KernelsConfig(StrictModel):
@@ -95,7 +96,7 @@ class TrainingConfig(StrictModel):
     """Look-ahead buffer of Channel-A samples per rank that packs are chosen from (more: fuller packs)."""
     seed: int = 0
     """Seed for model init, sampling, shuffling and rollout seeds (rollout seed = f(seed, step))."""
-    output_dir: Path = Path("runs/train_ab")
+    output_dir: UserPath = Path("runs/train_ab")
     """Run directory: resolved config, metrics.jsonl, checkpoints."""
     logging_steps: int = Field(1, ge=1)
     """Console progress refresh period in optimizer steps (metrics.jsonl gets every step)."""
@@ -103,7 +104,7 @@ class TrainingConfig(StrictModel):
     """Save a checkpoint every N optimizer steps (0 = only at the end)."""
     save_total_limit: int | None = Field(None, ge=1)
     """Keep at most this many step checkpoints (oldest removed first); null keeps all."""
-    resume_from_checkpoint: Path | Literal["latest"] | None = None
+    resume_from_checkpoint: UserPath | Literal["latest"] | None = None
     """A checkpoint directory to resume from, or `latest` for the newest one in `output_dir` (`--resume`;
     with no checkpoint there yet, `latest` starts a new run). Continues the run in `output_dir`:
     metrics.jsonl is appended, its rows after the checkpoint's step replaced (docs/run_directories.md).
@@ -136,13 +137,6 @@ class TrainingConfig(StrictModel):
             spelled = "latest (or pass --resume)" if value else "null (or leave it out)"
             raise ValueError(f"{str(value).lower()} is the Hugging Face Trainer's spelling; write {spelled}")
         return value
-
-    @field_validator("output_dir", "resume_from_checkpoint")
-    @classmethod
-    def resolve_home(cls, value: Path | str | None) -> Path | str | None:
-        """`~/runs/x` is the home directory's, as the shell would read it (a `--set` value or a YAML string is
-        not expanded by the shell: the run went to a directory named `~` in the working directory)."""
-        return value.expanduser() if isinstance(value, Path) else value
 
     def saves_checkpoint(self, step: int) -> bool:
         """Whether the run writes `checkpoint-{step}` when `step` optimizer steps are done: every `save_steps`

@@ -101,15 +101,9 @@ class BatchingWorker(Generic[T, R]):
         queued calls are answered now instead of being decoded for clients that are gone."""
         self._cancelled = error
         stop = False
-        while True:
-            try:
-                got = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(got, _Pending):
-                got.future.set_exception(
-                    copy.copy(error)
-                )  # one each: a shared one's traceback grows per raise
+        for got in self._take_queued():
+            if isinstance(got, _Pending):  # an error each: a shared one's traceback grows with every raise
+                got.future.set_exception(copy.copy(error))
             else:
                 stop = True
         if stop:
@@ -189,13 +183,16 @@ class BatchingWorker(Generic[T, R]):
             else:
                 p.future.set_result(result)
 
-    def _fail_rest(self, pending: list[_Pending[T, R]]) -> None:
+    def _take_queued(self) -> list[object]:
+        """Everything queued now (items, and the stop marker), without waiting."""
+        taken: list[object] = []
         while True:
             try:
-                got = self._queue.get_nowait()
+                taken.append(self._queue.get_nowait())
             except queue.Empty:
-                break
-            if isinstance(got, _Pending):
-                pending.append(got)
+                return taken
+
+    def _fail_rest(self, pending: list[_Pending[T, R]]) -> None:
+        pending += [got for got in self._take_queued() if isinstance(got, _Pending)]
         for p in pending:
             p.future.set_exception(RuntimeError("the engine was closed before this request ran"))

@@ -11,7 +11,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -163,16 +163,22 @@ def _refuse_truncation(path: Path, resume_step: int) -> None:
 def keep_rows_before(path: Path, step: int) -> None:
     """On resume, drop the rows of steps >= `step` (they are about to be re-run) and a torn last line from a
     crash; every other line is kept as it was. Atomic: the file is whole before or after."""
-    kept = []
+    kept = [
+        line if line.endswith("\n") else line + "\n"
+        for line, row in _json_lines(path)
+        if isinstance(row, dict) and row.get("step", -1) < step
+    ]
+    atomic_write_lines(path, kept)
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """Each line of a JSONL file with its decoded value; a torn line (a crash) is skipped."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             try:
-                row = json.loads(line)
+                yield line, json.loads(line)
             except json.JSONDecodeError:
-                continue  # a torn line from a crash
-            if isinstance(row, dict) and row.get("step", -1) < step:
-                kept.append(line if line.endswith("\n") else line + "\n")
-    atomic_write_lines(path, kept)
+                continue
 
 
 def run_rollout_f1s(output_dir: Path) -> list[float]:
@@ -181,16 +187,11 @@ def run_rollout_f1s(output_dir: Path) -> list[float]:
     path = output_dir / METRICS_FILE
     if not path.is_file():
         return []
-    f1s = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("rollout/f1"), int | float):
-                f1s.append(float(row["rollout/f1"]))
-    return f1s
+    return [
+        float(row["rollout/f1"])
+        for _, row in _json_lines(path)
+        if isinstance(row, dict) and isinstance(row.get("rollout/f1"), int | float)
+    ]
 
 
 def rollout_f1_summary(f1s: Sequence[float]) -> str | None:

@@ -46,6 +46,30 @@ def save(
     )
 
 
+def trained(out: Path, cfg: TrainingConfig, steps: int) -> tuple[TinySaver, torch.optim.Optimizer, Path]:
+    """A model trained `steps` updates under `cfg`, its optimizer, and the checkpoint saved after them."""
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, cfg)
+    for _ in range(steps):
+        model.lin(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    path = ckpt.save_checkpoint(
+        out,
+        steps,
+        model=model,
+        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rng_states=[ckpt.rng_state()],
+        trainer_state=ckpt.TrainerState(
+            steps, {"a_consumed": steps, "b_consumed": 0}, {"num_updates": steps}
+        ),
+    )
+    return model, optimizer, path
+
+
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
     path = save(tmp_path, 4)
     assert path == tmp_path / "checkpoint-4"
@@ -165,24 +189,8 @@ def test_resuming_with_more_steps_trains_its_first_step_at_the_new_schedule(
     """A cosine that reached 0 at max_steps 4, resumed with max_steps 8: the first resumed step (4) runs at
     the new schedule's lr for step 4, not at the 0 the optimizer saved (its parameters move)."""
     first_cfg = TrainingConfig(max_steps=4, warmup_steps=warmup_steps, learning_rate=1e-3)
-    model = TinySaver()
-    optimizer, scheduler = build_optimizer(model, first_cfg)
-    for _ in range(4):
-        model.lin(torch.ones(1, 2)).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
+    model, optimizer, path = trained(tmp_path, first_cfg, 4)
     assert optimizer.param_groups[0]["lr"] == 0.0  # the end of the first run's cosine
-    path = ckpt.save_checkpoint(
-        tmp_path,
-        4,
-        model=model,
-        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rng_states=[ckpt.rng_state()],
-        trainer_state=ckpt.TrainerState(4, {"a_consumed": 4, "b_consumed": 0}, {"num_updates": 4}),
-    )
     resumed_cfg = TrainingConfig(max_steps=8, warmup_steps=warmup_steps, learning_rate=1e-3)
     optimizer, scheduler = build_optimizer(model, resumed_cfg)
     ckpt.load_optimizer_state(path, model, optimizer, scheduler)
@@ -202,23 +210,7 @@ def test_a_resume_with_another_learning_rate_trains_at_it(tmp_path: Path) -> Non
     """The resumed config's learning_rate is the peak of the schedule from the resumed step on (the scheduler
     state kept the checkpoint's: config.yaml said 5e-4 and the run went on at 1e-3)."""
     first_cfg = TrainingConfig(max_steps=8, learning_rate=1e-3, lr_scheduler_type="linear")
-    model = TinySaver()
-    optimizer, scheduler = build_optimizer(model, first_cfg)
-    for _ in range(4):
-        model.lin(torch.ones(1, 2)).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
-    path = ckpt.save_checkpoint(
-        tmp_path,
-        4,
-        model=model,
-        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rng_states=[ckpt.rng_state()],
-        trainer_state=ckpt.TrainerState(4, {"a_consumed": 4, "b_consumed": 0}, {"num_updates": 4}),
-    )
+    model, optimizer, path = trained(tmp_path, first_cfg, 4)
     resumed_cfg = TrainingConfig(max_steps=8, learning_rate=5e-4, lr_scheduler_type="linear")
     optimizer, scheduler = build_optimizer(model, resumed_cfg)
     ckpt.load_optimizer_state(path, model, optimizer, scheduler)
@@ -232,21 +224,7 @@ def test_a_resume_with_other_adamw_settings_trains_with_them(tmp_path: Path) -> 
     """weight_decay and adam_betas changed on resume were silently the checkpoint's (loading the optimizer
     state restores its param groups), while the resume warning and config.yaml named the new values."""
     first_cfg = TrainingConfig(max_steps=8, learning_rate=1e-3, weight_decay=0.0, adam_betas=(0.9, 0.999))
-    model = TinySaver()
-    optimizer, scheduler = build_optimizer(model, first_cfg)
-    model.lin(torch.ones(1, 2)).sum().backward()
-    optimizer.step()
-    scheduler.step()
-    path = ckpt.save_checkpoint(
-        tmp_path,
-        1,
-        model=model,
-        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rng_states=[ckpt.rng_state()],
-        trainer_state=ckpt.TrainerState(1, {"a_consumed": 1, "b_consumed": 0}, {"num_updates": 1}),
-    )
+    model, optimizer, path = trained(tmp_path, first_cfg, 1)
     resumed_cfg = TrainingConfig(max_steps=8, learning_rate=1e-3, weight_decay=0.1, adam_betas=(0.9, 0.95))
     optimizer, scheduler = build_optimizer(model, resumed_cfg)
     ckpt.load_optimizer_state(path, model, optimizer, scheduler)
