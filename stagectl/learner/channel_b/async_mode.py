@@ -355,12 +355,7 @@ class AsyncChannelB:
             "num_steps": self.num_steps,
             "num_skipped": self.num_skipped,
             "rollouts_trained": self.rollouts_trained,
-            "weight_syncs": {
-                "num_syncs": self.publisher.num_syncs,
-                "num_failures": self.publisher.num_failures,
-                "bytes_total": self.publisher.bytes_total,
-                "seconds_total": self.publisher.seconds_total,
-            },
+            "weight_syncs": self.publisher.totals(),
         }
         return {"b_consumed": snap["stream_pos"], "b_chunks": snap["num_chunks"], "async": snap}
 
@@ -373,13 +368,7 @@ class AsyncChannelB:
         self.num_steps = int(steps["num_steps"])
         self.num_skipped = int(steps["num_skipped"])
         self.rollouts_trained = int(steps["rollouts_trained"])
-        # the run's weight-sync totals go on from the checkpoint's (they restarted at the resume's own sync,
-        # so a resumed run's report counted only its syncs); absent from checkpoints written before
-        syncs = steps.get("weight_syncs", {})
-        self.publisher.num_syncs += int(syncs.get("num_syncs", 0))
-        self.publisher.num_failures += int(syncs.get("num_failures", 0))
-        self.publisher.bytes_total += int(syncs.get("bytes_total", 0))
-        self.publisher.seconds_total += float(syncs.get("seconds_total", 0.0))
+        self.publisher.carry_totals(steps.get("weight_syncs", {}))
 
     def close(self, deadline_s: float = 30.0) -> None:
         """Stop event -> close the HTTP sessions (ends a rollout call in flight) -> join the prefetcher

@@ -88,6 +88,7 @@ def build_channel_b(
     health = ServerHealth(rollouts, st.world, publisher, client, after_sync=lambda outcome: None)
     step_b = StepChannelB(plan, st, runner, server_source, client=client, publisher=publisher, health=health)
     step_b.num_updates = num_updates
+    publisher.carry_totals(st.extra_state.get("rank_state", {}).get("weight_syncs", {}))
     return step_b
 
 

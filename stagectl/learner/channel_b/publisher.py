@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,6 +199,23 @@ class WeightPublisher:
         self._maybe_diverged = False
         seconds = time.perf_counter() - started
         return SyncOutcome("ok", "", report.num_bytes, seconds, report.state_bytes, report.delta, target)
+
+    def totals(self) -> dict[str, Any]:
+        """The run's weight-sync totals so far (saved with a checkpoint, `carry_totals`' input)."""
+        return {
+            "num_syncs": self.num_syncs,
+            "num_failures": self.num_failures,
+            "bytes_total": self.bytes_total,
+            "seconds_total": self.seconds_total,
+        }
+
+    def carry_totals(self, saved: Mapping[str, Any]) -> None:
+        """A resumed run's totals go on from its checkpoint's `totals()` (they restarted at the resume's own
+        sync, so the run's report counted only the syncs since); absent from checkpoints written before."""
+        self.num_syncs += int(saved.get("num_syncs", 0))
+        self.num_failures += int(saved.get("num_failures", 0))
+        self.bytes_total += int(saved.get("bytes_total", 0))
+        self.seconds_total += float(saved.get("seconds_total", 0.0))
 
     def metrics(self, outcome: SyncOutcome | None) -> dict[str, Any]:
         """Per-sync figures of `outcome` (this step's sync, if any) and the running totals. The learner

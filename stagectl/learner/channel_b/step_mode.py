@@ -114,7 +114,8 @@ class StepChannelB:
         return connection_metrics(self.client, self.publisher)
 
     def rank_state(self) -> dict[str, Any]:
-        return {}
+        """Server rollouts: the run's weight-sync totals (a resumed run's go on from them)."""
+        return {} if self.publisher is None else {"weight_syncs": self.publisher.totals()}
 
     def saved_version(self) -> dict[str, Any]:
         return {}

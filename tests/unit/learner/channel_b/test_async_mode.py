@@ -247,15 +247,16 @@ def test_a_resumed_run_counts_its_weight_syncs_from_the_checkpoints_totals() -> 
     `weight_sync/total` and `stage2_ab/async/sync_total` restarted at 1 (the report said 2 syncs for a run of
     4)."""
     from stagectl.learner.channel_b.async_mode import AsyncChannelB
+    from stagectl.learner.channel_b.publisher import WeightPublisher
 
     def channel(syncs: int, failures: int, num_bytes: int) -> Any:
         c: Any = object.__new__(AsyncChannelB)
         c.prefetcher = SimpleNamespace(
             snapshot=lambda: {"stream_pos": 7, "num_chunks": 2}, restore=lambda s: None
         )
-        c.publisher = SimpleNamespace(
-            num_syncs=syncs, num_failures=failures, bytes_total=num_bytes, seconds_total=0.5
-        )
+        c.publisher = object.__new__(WeightPublisher)
+        c.publisher.num_syncs, c.publisher.num_failures = syncs, failures
+        c.publisher.bytes_total, c.publisher.seconds_total = num_bytes, 0.5
         c.num_b_steps, c.num_steps, c.num_skipped, c.rollouts_trained = 2, 4, 0, 21
         return c
 
