@@ -17,9 +17,17 @@ from bench.document import MODULES, RESULTS, write_markdown
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", choices=[*MODULES, []], help="benchmarks to run (default: all)")
-    parser.add_argument("--skip", action="append", default=[], choices=list(MODULES))
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    # `[]` among the choices lets no NAME through (argparse checks the empty default against them); the
+    # metavar keeps it out of --help, which lists the names once
+    parser.add_argument(
+        "names",
+        nargs="*",
+        choices=[*MODULES, []],
+        metavar="NAME",
+        help=f"benchmarks to run (default: all): {', '.join(MODULES)}",
+    )
+    parser.add_argument("--skip", action="append", default=[], choices=list(MODULES), metavar="NAME")
     parser.add_argument(
         "--quick", action="store_true", help="learning: a few steps, plumbing only (results are not written)"
     )

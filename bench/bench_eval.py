@@ -1,5 +1,6 @@
-"""`stagectl eval` throughput on the tiny Qwen2.5-VL (untrained: every rollout runs to `max_new_tokens`, so
-images/s here is a decode-bound floor): 32 synthetic 112 px images, greedy, 64 new tokens, batches of 8.
+"""`stagectl eval` throughput on the tiny Qwen2.5-VL (untrained: rollouts run to or near `max_new_tokens`,
+59 of 64 tokens on average in the recorded run, so images/s here is a decode-bound floor): 32 synthetic
+112 px images, greedy, 64 new tokens, batches of 8.
 
 - `hf in process`: `stagectl eval --model` (the learner's `generate_batch` in this process);
 - `hf server`: `stagectl eval --server` against a `stagectl rollout-server --engine hf` subprocess;

@@ -1,29 +1,34 @@
 """The learning check, as Stage-2 is used: Stage-1 (A-only) to a checkpoint, then from that checkpoint
-A-only, AB with the raw-prefix target and AB with the clean-prefix target, several seeds each, on two
-synthetic tasks; held-out F1 / precision / recall / invalid-rollout rate / duplicate rate with 95%
-intervals at equal optimizer steps and at equal training wall time, plus the F1 curves.
+A-only and the Channel-B variants (`AB_VARIANTS`): a screen of every variant at `SCREEN_B_RATIO` (seed 0),
+then a confirmation of the best two with every seed, over `SWEEP_B_RATIOS` on `SWEEP_TASKS`; held-out
+class-aware and class-agnostic AP, desc accuracy, F1 box / F1 desc, precision / recall / invalid-rollout rate /
+duplicate rate with 95% intervals at equal optimizer steps and at equal training wall time, plus the F1 curves.
 
-Tasks (`examples/tiny/learn_shapes.yaml`, the tiny Qwen3-VL, 112 px images):
-- sparse: 1-2 shapes of 30-50% of the side (the seed check's task);
-- dense: 1-4 shapes of 30-40% of the side: more, smaller objects, colours repeating within an image
-  (4 colours), longer answers, where missed objects and exposure bias matter. Sizes the tiny model learns
-  on 2 cores: 1-4 shapes of 25-35% left held-out F1 at 0.09 after 2,500 Stage-1 steps (it learnt colours
-  and counts, not positions), 1-6 of 20-30% at 0.05-0.08 after 800; 1-4 of 30-40% reached 0.49 at 1,000
-  steps and 1-3 of 30-40% 0.76 at 1,500 (probe runs, 128 eval images).
+Tasks (`examples/tiny/learn_shapes.yaml`, the tiny Qwen3-VL; `TASKS`):
+- sparse: 1-2 shapes of 30-50% of the side of a 112 px image (the seed check's task);
+- dense: 1-4 shapes of 30-40% of the side of a 112 px image: more, smaller objects, colours repeating within
+  an image (4 colours), longer answers, where missed objects and exposure bias matter. Sizes the tiny model
+  learns on 2 cores: 1-4 shapes of 25-35% left held-out F1 at 0.09 after 2,500 Stage-1 steps (it learnt
+  colours and counts, not positions), 1-6 of 20-30% at 0.05-0.08 after 800; 1-4 of 30-40% reached 0.49 at
+  1,000 steps and 1-3 of 30-40% 0.76 at 1,500 (probe runs, 128 eval images);
+- crowded: 4-8 shapes of 20-30% of the side of a 168 px image, where Stage-1 misses objects (in the
+  recorded check its Stage-1 checkpoint did not localise them and phase 2 was not run on it).
 
-Stage-1 runs 2,500 steps (cosine from lr 1e-3), phase 2 200 steps at a constant 3e-4 (A-only to 400 for
-the equal-wall-time point).
+Stage-1 runs 2,500 steps (1,500 on crowded; cosine from lr 1e-3 to 1e-4), phase 2 200 steps at a constant
+1e-4, Stage-1's final LR (A-only to 400 for the equal-wall-time point); one A-only run at the old phase-2 LR
+(`OLD_PHASE2_LR`, 3e-4) shows the protocol before issue 40.
 
-How it fits 2 cores (21 min for the recorded run, with other work on the machine): every run is its own
+How it fits 2 cores (54 min for the recorded run, with other work on the machine): every run is its own
 `stagectl train-ab` process with one torch thread,
-`--jobs` (2) at a time; Stage-1 of both tasks runs side by side; phase 2 uses a constant learning rate so
+`--jobs` (2) at a time; Stage-1 of the tasks runs side by side; phase 2 uses a constant learning rate so
 an A-only run of `A_ONLY_FACTOR` x the steps gives both the equal-step point (at `phase2_steps`) and the
 equal-wall-time point (the A-only eval whose cumulative training time is closest to AB's, because a B
-step costs about twice an A step here); evals every `phase2_steps / 2` steps on a held-out set sized so
+step costs more than an A step here); evals every `phase2_steps / 2` steps on a held-out set sized so
 the 95% interval of F1 is about +-0.03 or tighter (checked and printed: `f1_half_width`).
 
 Intervals: `stagectl.report.intervals` (bootstrap over seeds, then over held-out images, paired on images
-across variants); the same code serves `stagectl report RUN_DIR RUN_DIR ...`.
+across variants, 2,000 draws; AP by `stagectl.report.ap_intervals` on 200 draws); the same code serves
+`stagectl report RUN_DIR RUN_DIR ...`.
 
 Separated phase (issue #26, `bench/learning_separated.py`): after the 1-core runs, from the same Stage-1
 checkpoints, one run at a time on the process's first two CPUs: async AB with the learner and an embedded

@@ -283,6 +283,8 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
     ab_at = [(r.path, r.evals[at], at) for r in ab_runs]
     a_at = [(r.path, r.evals[at], at) for r in a_runs]
     a_wall = [(r.path, r.evals[step_of[r.path]], step_of[r.path]) for r in a_runs]
+    config = yaml.safe_load((ab_runs[0].path / "config.yaml").read_text())
+    b_ratio_asked = float(config["stage2_ab"]["schedule"]["b_ratio"])
     headline = {
         "steps": [
             {
@@ -294,7 +296,7 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
             },
             {
                 "variant": AB,
-                "b_ratio": 0.0,
+                "b_ratio": b_ratio_asked,
                 "seeds": len(ab_runs),
                 "metrics": metrics.summary(ab_at, a_at),
                 "train_s": ab_train_s,
@@ -310,7 +312,7 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
             },
             {
                 "variant": AB,
-                "b_ratio": 0.0,
+                "b_ratio": b_ratio_asked,
                 "seeds": len(ab_runs),
                 "metrics": metrics.summary(ab_at, a_wall),
                 "train_s": ab_train_s,
@@ -341,9 +343,7 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
         },
         "overlap": {k: sum(o[k] for o in overlaps) / len(overlaps) for k in overlaps[0]},
         "headline": as_json(headline),
-        "b_ratio_asked": float(
-            yaml.safe_load((ab_runs[0].path / "config.yaml").read_text())["stage2_ab"]["schedule"]["b_ratio"]
-        ),
+        "b_ratio_asked": b_ratio_asked,
     }
 
 

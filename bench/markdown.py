@@ -433,8 +433,9 @@ def coco_eval(r: dict[str, Any]) -> list[str]:
 def eval_(r: dict[str, Any]) -> list[str]:
     lines = [
         f"`stagectl eval` on the untrained tiny Qwen2.5-VL (`bench/bench_eval.py`): {r['num_images']} images of "
-        f"112 px, greedy, up to {r['max_new_tokens']} new tokens (the untrained model uses them all), batches of "
-        f"{r['batch']}. Images/s counts generation, parsing and scoring (COCO metrics come after).",
+        f"112 px, greedy, up to {r['max_new_tokens']} new tokens (how many the untrained model used: tokens/image "
+        f"below), batches of {r['batch']}. Images/s counts generation, parsing and scoring (COCO metrics "
+        "come after).",
         "",
         "| mode | images/s | tokens/image | wall s (in process: incl. model load; servers: started before) |",
         "|---|---|---|---|",

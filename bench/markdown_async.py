@@ -247,8 +247,8 @@ def _verdict(oks: list[bool]) -> str:
 
 
 def _spread(values: list[float], fmt: str) -> str:
-    ordered = sorted(values)
-    return "/".join(fmt.format(v) for v in (ordered[0], ordered[len(ordered) // 2], ordered[-1]))
+    """min/median/max; the median of an even count is the mean of the middle two (as `statistics.median`)."""
+    return "/".join(fmt.format(v) for v in (min(values), median(values), max(values)))
 
 
 def repeat_lines(spread: dict[str, Any]) -> list[str]:

@@ -47,7 +47,8 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
         takes = (
             f"A-only 2 cores gains {late_slope * 1000:+.3f} F1 per 1,000 steps past step {n} (to step "
             f"{f1['a_only_end_step']}), so its extra {ratio - 1:.2f} x {n} steps in AB's time are worth "
-            f"{needed:+.3f} F1: AB's lead at equal steps must exceed that (measured {delta:+.3f}). From the "
+            f"{needed:+.3f} F1: AB's lead at equal steps must exceed that (measured "
+            f"{_ci(f1['delta_equal_steps'])}). From the "
             f"checkpoint (F1 {f1['start']:.3f}), AB gained {gain_ab * 1000:+.3f} F1 per 1,000 steps and A-only "
             f"{gain_a * 1000:+.3f}"
             + (
@@ -57,10 +58,17 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
             )
         )
         needed_no_idle = max(0.0, ratio_no_idle - 1) * n * late_slope
+        low = f1["delta_equal_steps"]["low"] if f1["delta_equal_steps"] else float("nan")
         takes += (
             f" With no learner idle (wall ratio {ratio_no_idle:.2f}) the extra A-only steps would be worth "
             f"{needed_no_idle:+.3f} F1, so the same lead would be "
-            + ("enough." if delta > needed_no_idle else "still not enough.")
+            + ("enough" if delta > needed_no_idle else "still not enough")
+            # a point estimate above the bar whose interval reaches below it settles nothing
+            + (
+                " on its point estimate (its interval reaches below that)."
+                if low <= needed_no_idle < delta
+                else "."
+            )
         )
         a_read_s = eq.get("a_only_train_s") or []
         if ratio * n > f1["a_only_end_step"]:
@@ -86,6 +94,13 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
         f"{o['drop_rate']:.1%}, realised B share {o['b_ratio_realized']:.2f} (of {t.get('b_ratio_asked', 0.5):g} asked).",
     ]
     return lines
+
+
+def _arm_b_ratio(rows: list[dict[str, Any]], t: dict[str, Any]) -> list[dict[str, Any]]:
+    """The headline rows with AB's `b_ratio` as its runs asked it (results saved before 2026-11-29 hold 0
+    in the AB rows: the arm's b_ratio was not carried into them)."""
+    asked = t.get("b_ratio_asked")
+    return [{**row, "b_ratio": asked} if row["variant"] == AB and asked is not None else row for row in rows]
 
 
 def separated_section(r: dict[str, Any]) -> list[str]:
@@ -120,17 +135,18 @@ def separated_section(r: dict[str, Any]) -> list[str]:
                 f"**{task} task, the headline: equal training time** ({AB} at step {t['step']}; A-only 2 cores read "
                 f"at step(s) {', '.join(str(s) for s in eq['a_only_steps'])}; Δ against A-only 2 cores):",
                 "",
-                *table(h["wall"]),
+                *table(_arm_b_ratio(h["wall"], t)),
                 "",
                 f"{task} task, equal optimizer steps (step {t['step']}):",
                 "",
-                *table(h["steps"]),
+                *table(_arm_b_ratio(h["steps"], t)),
                 "",
                 f"Reading ({task}): class-aware ΔAP at equal training time {cell(h['wall'][1]['metrics']['d_AP'], True)} "
                 f"({sign(h['wall'][1]['metrics']['d_AP'])}), at equal steps {cell(h['steps'][1]['metrics']['d_AP'], True)} "
                 f"({sign(h['steps'][1]['metrics']['d_AP'])}).",
                 "",
-                "F1 box, as the earlier check read it:",
+                "F1 box, as the earlier check read it (`stagectl report`'s tables: their AP intervals are another "
+                "200-draw bootstrap of the same AP, so their ends differ from the tables above by a few thousandths):",
                 "",
             ]
         lines += [
@@ -244,7 +260,7 @@ def learning_section(r: dict[str, Any]) -> list[str]:
         "(IoU .50:.95, the score `coord_desc`), class-agnostic AP (COCOeval `useCats = 0`: boxes only), desc "
         "accuracy (share of box matches whose desc is right), F1 box (IoU 0.5, labels ignored) and F1 desc (a hit "
         "needs the right desc). Each cell: mean over seeds [95% interval: bootstrap over seeds, then held-out "
-        "images, paired on images; AP by pycocotools' evaluate/accumulate on every draw, "
+        "images, paired on images, 2,000 draws; AP by pycocotools' evaluate/accumulate on every draw, 200 draws, "
         "`stagectl/report/ap_intervals.py`]. Δ columns: against A-only at the same step (equal steps), or against "
         "A-only read at the eval whose training seconds come closest (equal training time; rollouts included, "
         "evals excluded).",

@@ -9,7 +9,7 @@ import pytest
 
 from bench import bench_async
 from bench.bench_async import compare, merge, summarise
-from bench.markdown_async import async_section
+from bench.markdown_async import _spread, async_section
 
 
 def step_row(step: int, *, step_s: float, rollout_s: float, tokens: int) -> dict[str, Any]:
@@ -245,10 +245,17 @@ def test_the_in_flight_sync_is_set_beside_the_fenced_one() -> None:
     assert (
         "In-flight weight sync (`example`) against the fenced one (`example-fenced`), separated, 2 side-by-side "
         "pair(s) (the table's and the repeats'), min/median/max: async / step "
-        "1.90x/2.00x/2.00x against 1.60x/1.70x/1.70x, of the bound 0.95/1.00/1.00 against 0.80/0.85/0.85"
+        "1.90x/1.95x/2.00x against 1.60x/1.65x/1.70x, of the bound 0.95/0.97/1.00 against 0.80/0.82/0.85"
         in text
-    )
+    )  # two pairs: the median is the mean of the two
     assert (
-        f"learner idle 0.010/{fast['learner_idle_fraction']:.3f}/" in text
-        and "against 0.120/0.150/0.150." in text
+        f"learner idle 0.010/{(0.01 + fast['learner_idle_fraction']) / 2:.3f}/" in text
+        and "against 0.120/0.135/0.150." in text
     )
+
+
+def test_spread_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
+    """The fenced line sets the table's pair beside the repeats' (4 values with 3 repeats): its 'median' is
+    the median, not the upper of the middle two (BENCHMARKS.md once showed 1.02 for a median of 1.006)."""
+    assert _spread([9.0, 1.0, 4.0, 2.0], "{:.2f}") == "1.00/3.00/9.00"
+    assert _spread([3.0, 1.0, 2.0], "{:.2f}") == "1.00/2.00/3.00"

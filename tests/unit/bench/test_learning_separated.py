@@ -179,6 +179,12 @@ def test_separated_section_reads_its_numbers() -> None:
     assert "ΔF1 = -0.004 [-0.020, +0.012]" in text
     # A-only's slope past step 200: (0.916 - 0.900) / 200 = +0.080 per 1,000 steps; 1.00 x 200 more steps
     assert "gains +0.080 F1 per 1,000 steps past step 200" in text and "worth +0.016 F1" in text
+    # AB's lead is read with its interval: +0.020 clears the +0.0128 a no-idle AB would need, its low end does not
+    assert "must exceed that (measured +0.020 [+0.004, +0.040])" in text
+    assert (
+        "worth +0.013 F1, so the same lead would be enough on its point estimate (its interval reaches"
+        in text
+    )
     # from the checkpoint: AB 0.12 / 200 = +0.600 per 1,000 steps, A-only +0.500; AB needs 2.00x, had 1.20x
     assert "AB needs 2.00x A-only's gain per step, it had 1.20x." in text
     # no idle: (120 - 12) / 60

@@ -1,0 +1,71 @@
+"""BENCHMARKS.md against bench/results/: the committed page is what `bench.document` renders from the
+committed results (a hand edit or a stale section shows here), and the recorded separated check reads
+as its runs were configured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import document
+from bench.markdown_learning import AB, separated_section
+
+
+def test_benchmarks_md_is_what_the_generator_renders_from_bench_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plots = document.ROOT / "bench" / "plots"
+
+    def committed_plot(name: str, result: dict[str, Any]) -> str | None:
+        """The page links the committed PNG; drawing it again is the plot code's business, not the text's."""
+        return f"bench/plots/{name}.png" if (plots / f"{name}.png").is_file() else None
+
+    monkeypatch.setattr(document, "ROOT", tmp_path)
+    monkeypatch.setattr(document, "plot", committed_plot)
+    document.write_markdown()
+
+    rendered = (tmp_path / "BENCHMARKS.md").read_text().splitlines()
+    committed = (Path(__file__).parents[3] / "BENCHMARKS.md").read_text().splitlines()
+    assert len(rendered) > 100 and "## Learning check (A-only vs AB)" in rendered  # the page was rendered
+    # the first differing line, not a 600-line diff
+    first = next((k for k, (a, b) in enumerate(zip(rendered, committed, strict=False)) if a != b), None)
+    assert first is None, (
+        f"BENCHMARKS.md line {first + 1}: {committed[first]!r}, rendered {rendered[first]!r}"
+    )
+    assert len(rendered) == len(committed)
+
+
+def test_the_recorded_separated_check_shows_the_arm_b_ratio_and_intervals() -> None:
+    """The AB rows of the headline tables carry the b_ratio the runs trained with (the record holds 0 there:
+    the arm's b_ratio was not carried into them), and the reading gives AB's lead with its interval."""
+    r = json.loads((document.RESULTS / "learning.json").read_text())["result"]
+    arm = r["separated"]["arm"]["b_ratio"]
+    assert arm > 0
+    lines = separated_section(r)
+    headline_ab = [line for line in lines if line.startswith(f"| {AB} | ") and line.count("|") == 14]
+    assert len(headline_ab) == 2 * len(r["separated"]["tasks"])  # equal time and equal steps, per task
+    assert {line.split(" | ")[1] for line in headline_ab} == {f"{arm:g}"}
+    for t in r["separated"]["tasks"].values():
+        d = t["f1"]["delta_equal_steps"]
+        assert f"(measured {d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}])" in "\n".join(lines)
+
+
+def test_bench_help_lists_every_benchmark_the_page_has(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m bench --help` names each benchmark once, the ones BENCHMARKS.md has sections for, and no
+    stray empty choice."""
+    from bench.__main__ import main
+
+    monkeypatch.setattr("sys.argv", ["python -m bench", "--help"])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "usage: python -m bench" in text
+    assert f"benchmarks to run (default: all): {', '.join(document.MODULES)}" in text
+    assert "[]" not in text and ",}" not in text
+    assert set(document.TITLES) == set(document.MODULES)  # a section title for every benchmark
