@@ -32,6 +32,8 @@ _LOAD_TIME_TOKENIZER_KEYS = ("is_local", "local_files_only")
 # = stagectl.learner.checkpoint.MASTER_WEIGHTS: a ddp checkpoint's float32 parameters when model/ is stored in
 # another dtype
 MASTER_WEIGHTS = "master_weights.safetensors"
+# = stagectl.learner.checkpoint.SHARDED_STATE: an fsdp checkpoint's float32 master shards and AdamW state (DCP)
+SHARDED_STATE = "train_state"
 
 
 @dataclass(frozen=True)
@@ -57,18 +59,27 @@ def export_model(
     model_dir = resolve_checkpoint(source)
     saved = _saved_dtype(model_dir)
     dtype = torch_dtype or saved
-    masters = model_dir.parent / MASTER_WEIGHTS
-    # `--dtype float32` (or float16) of a bf16-stored train-ab checkpoint: its float32 masters, not model/'s
-    # bf16 weights widened (they were, silently: the export said float32 and held bf16-rounded values)
-    from_masters = dtype != saved and masters.is_file() and (model_dir.parent / TRAINER_STATE).is_file()
+    masters, shards = model_dir.parent / MASTER_WEIGHTS, model_dir.parent / SHARDED_STATE
+    # `--dtype float32` (or float16) of a bf16-stored train-ab checkpoint: its float32 masters (ddp's file,
+    # fsdp's DCP shards), not model/'s bf16 weights widened (they were, silently: the export said float32
+    # and held bf16-rounded values)
+    from_masters = (
+        dtype != saved
+        and (masters.is_file() or shards.is_dir())
+        and (model_dir.parent / TRAINER_STATE).is_file()
+    )
     bundle = load_bundle(
         str(model_dir), torch_dtype="float32" if from_masters else dtype, add_coord_tokens=add_coord_tokens
     )
     if from_masters:
         import torch
-        from safetensors.torch import load_file
 
-        bundle.model.load_state_dict(load_file(str(masters)), strict=True)
+        if masters.is_file():
+            from safetensors.torch import load_file
+
+            bundle.model.load_state_dict(load_file(str(masters)), strict=True)
+        else:
+            _load_sharded_masters(bundle.model, shards)
         bundle.model.to(getattr(torch, dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = make_output_dir(out.parent, prefix=f".{out.name}.")  # the umask's mode, not mkdtemp's 0700
@@ -100,6 +111,32 @@ def export_model(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return summary
+
+
+def _load_sharded_masters(model: Any, shards: Path) -> None:
+    """Load an fsdp checkpoint's float32 master weights from its DCP shards into `model` (float32, the
+    checkpoint's own model/ structure), in this one process. Shards that do not hold every weight of model/
+    are refused rather than half applied."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    stored = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    weights = model.state_dict()  # views of the parameters: dcp.load fills them in place
+    missing = [name for name in weights if f"model.{name}" not in stored]
+    if missing:
+        raise ValueError(
+            f"{shards}: the checkpoint's float32 master shards do not hold {len(missing)} of model/'s weights "
+            f"(e.g. {missing[0]}); export it in model/'s own dtype (leave out --dtype)"
+        )
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(
+            {"model": weights},
+            storage_reader=dcp.FileSystemReader(str(shards)),
+            planner=DefaultLoadPlanner(allow_partial_load=True),
+        )
 
 
 def _save_quietly(model: Any, path: Path) -> None:

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForImageTextToText
 
-from stagectl.models.export import MASTER_WEIGHTS, export_model
+from stagectl.models.export import MASTER_WEIGHTS, SHARDED_STATE, export_model
 from stagectl.models.loading import TRAINER_STATE, load_bundle
 
 
@@ -47,3 +47,51 @@ def test_a_float32_export_of_a_bf16_checkpoint_holds_its_master_weights(tmp_path
     assert any(
         not torch.equal(stored[k], masters[k]) for k in masters
     )  # bf16 rounding: what fp32 must not be
+
+
+def test_a_float32_export_of_an_fsdp_checkpoint_holds_its_sharded_master_weights(tmp_path: Path) -> None:
+    """fsdp keeps the masters as DCP shards in train_state/ (`{"model": ..., "optim": ...}`): `--dtype float32`
+    widened model/'s bf16 values. Written here by one process, as the ranks' shards read back."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    masters = _bf16_checkpoint(checkpoint)
+    (checkpoint / MASTER_WEIGHTS).unlink()  # fsdp writes no such file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": masters}, storage_writer=dcp.FileSystemWriter(str(checkpoint / SHARDED_STATE)))
+    wide = export_model(str(checkpoint), tmp_path / "fp32", torch_dtype="float32")
+    assert wide.from_masters
+    exported = _weights(tmp_path / "fp32")
+    assert all(torch.equal(exported[k], masters[k]) for k in masters)
+
+
+def test_shards_without_every_weight_are_refused_not_half_applied(tmp_path: Path) -> None:
+    import warnings
+
+    import pytest
+    import torch.distributed.checkpoint as dcp
+
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    masters = _bf16_checkpoint(checkpoint)
+    (checkpoint / MASTER_WEIGHTS).unlink()
+    first = next(iter(masters))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(
+            {"model": {k: v for k, v in masters.items() if k != first}},
+            storage_writer=dcp.FileSystemWriter(str(checkpoint / SHARDED_STATE)),
+        )
+    with pytest.raises(ValueError, match=f"do not hold 1 of model/'s weights .e.g. {first}"):
+        export_model(str(checkpoint), tmp_path / "fp32", torch_dtype="float32")
+    assert not (tmp_path / "fp32").exists()
+
+
+def test_export_reads_the_file_names_the_learner_writes() -> None:
+    """models.export keeps its own copies of the names (it must not import the learner); a rename there
+    would make export fall back to widening model/ without a word."""
+    from stagectl.learner import checkpoint
+
+    assert (MASTER_WEIGHTS, SHARDED_STATE) == (checkpoint.MASTER_WEIGHTS, checkpoint.SHARDED_STATE)
