@@ -98,3 +98,38 @@ def test_the_ladder_skips_only_liger_s_own_row_without_liger() -> None:
     assert skipped == ["learner_liger"]
     compiled = dict((row[0], row[1]) for row in without)["learner_compiled"]
     assert compiled.compile_blocks and compiled.fused_linear_cross_entropy and not compiled.liger
+
+
+def test_the_run_before_the_ladder_reads_its_own_seconds_a_pack() -> None:
+    """The section of a result saved before the kernel ladder: the profile's pack times (0.83 -> 0.51 s)
+    sit beside the table's own timed runs, which give its tokens/s ratio (the recorded run: 1.33 -> 0.51 s
+    a pack, x2.6, where the profile's figures alone read as 1.6x)."""
+    from bench.bench_gpu import markdown
+
+    def learner(vision: str, seconds: float) -> dict[str, object]:
+        tokens = 8 * 4000
+        return {
+            "gradient_checkpointing": False,
+            "num_packs_timed": 8,
+            "tokens_timed": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            "model_tflops_per_s": 1.0,
+            "mfu": 0.01,
+            "max_memory_allocated_gib": 1.0,
+            "vision_attention": vision,
+        }
+
+    result = {
+        "device": "NVIDIA H100 80GB HBM3",
+        "torch": "2.11.0",
+        "learner_per_window_vision": learner("sdpa", 12.0),
+        "learner": learner("stagectl_flash_varlen_vision", 4.0),
+    }
+    text = markdown(result)
+    assert (
+        "the profiled pack 0.83 -> 0.51 s; in the table's timed runs 1.50 -> 0.50 s a pack, learner tokens/s x3.0."
+        in text
+    )
+    del result["learner_per_window_vision"]
+    assert "the profiled pack 0.83 -> 0.51 s. What is left" in markdown(result)
