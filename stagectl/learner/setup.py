@@ -38,13 +38,7 @@ from stagectl.models.loading import ModelBundle, load_bundle, resolve_model_path
 from stagectl.models.speedups import apply_speedups
 from stagectl.rundir.liveness import mark_running
 from stagectl.rundir.policy import prepare_train_dir
-from stagectl.rundir.resume import (
-    continuation_config,
-    keep_config_before_resume,
-    resume_note,
-    set_aside_later_checkpoints,
-    superseded_note,
-)
+from stagectl.rundir.resume import record_resume, resume_note
 
 
 @dataclass
@@ -240,11 +234,9 @@ def build_learner(plan: TrainPlan, world: World) -> LearnerState:
         # --overwrite acted on this start only: config.yaml reused to resume or re-run must not move the run aside
         plain["training"] = {**plain["training"], "overwrite_output_dir": False}
         if resume is not None:  # every resume check passed: the config that trained the steps so far stays
-            keep_config_before_resume(out, plain, resume)
-            superseded = set_aside_later_checkpoints(out, start_step)
-            if superseded is not None:
-                say("train-ab", superseded_note(*superseded, resume))
-            plain = continuation_config(plain, out, resume)
+            plain, moved = record_resume(out, plain, resume, start_step)
+            if moved is not None:
+                say("train-ab", moved)
         write_resolved_config(out, plain)
         write_train_plan(out / PLAN_FILE, plan)  # what the ranks ran (a record; config.yaml is the input)
         mark_running(out)  # removed however the run ends in this process (cli.train_ab)

@@ -100,6 +100,19 @@ def set_aside_later_checkpoints(out: Path, step: int) -> tuple[list[str], Path] 
     return [p.name for _, p in later], folder
 
 
+def record_resume(
+    out: Path, plain: dict[str, Any], resume: Path, step: int
+) -> tuple[dict[str, Any], str | None]:
+    """Rank 0, once a resume from `resume` (the checkpoint of `step`) has passed its checks: the later
+    checkpoints set aside first (a refused move changes nothing: no `config.step-N.yaml` either), then the
+    config that trained the steps so far kept; returns the config.yaml to write and the line to print about
+    the move (None when nothing moved)."""
+    superseded = set_aside_later_checkpoints(out, step)
+    keep_config_before_resume(out, plain, resume)
+    note = superseded_note(*superseded, resume) if superseded is not None else None
+    return continuation_config(plain, out, resume), note
+
+
 def continuation_config(plain: dict[str, Any], out: Path, resumed: Path) -> dict[str, Any]:
     """The config.yaml a resume writes: it continues the run (`train-ab RUN/config.yaml --resume`, what a stop
     prints) from the newest checkpoint the run writes, not again from one of its own named for this start

@@ -16,6 +16,7 @@ from stagectl.rundir.resume import (
     continuation_config,
     keep_config_before_resume,
     latest_complete_checkpoint,
+    record_resume,
     set_aside_later_checkpoints,
 )
 from tests.unit.rundir.runs import finished_run
@@ -143,15 +144,25 @@ def test_a_checkpoint_that_cannot_be_moved_aside_moves_none_and_names_it(
         real_rename(src, dst)
 
     monkeypatch.setattr(resume.os, "rename", rename)
+    import yaml
+
+    (out / "config.yaml").write_text(yaml.safe_dump({"training": {"learning_rate": 0.002}}))
+    changed = {"training": {"learning_rate": 0.001}}
     with pytest.raises(
         ValueError, match=r"checkpoint-6 cannot be moved to \S+superseded-after-step-2: Permission"
     ):
-        set_aside_later_checkpoints(out, 2)
+        record_resume(out, changed, out / "checkpoint-2", 2)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "superseded"))) == [
         "checkpoint-2",
         "checkpoint-4",
         "checkpoint-6",
     ]
+    assert not (out / "config.step-2.yaml").exists()  # was written before the move was refused
+    monkeypatch.setattr(resume.os, "rename", real_rename)
+    plain, moved = record_resume(out, changed, out / "checkpoint-2", 2)
+    assert moved is not None and moved.startswith("checkpoint-4, checkpoint-6 (after checkpoint-2")
+    assert (out / "config.step-2.yaml").is_file()
+    assert plain == {"training": {"learning_rate": 0.001, "resume_from_checkpoint": "latest"}}
 
 
 def test_the_config_of_a_resume_continues_from_the_newest_checkpoint_of_its_own_run(tmp_path: Path) -> None:
