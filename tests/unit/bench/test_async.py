@@ -259,3 +259,23 @@ def test_spread_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
     the median, not the upper of the middle two (BENCHMARKS.md once showed 1.02 for a median of 1.006)."""
     assert _spread([9.0, 1.0, 4.0, 2.0], "{:.2f}") == "1.00/3.00/9.00"
     assert _spread([3.0, 1.0, 2.0], "{:.2f}") == "1.00/2.00/3.00"
+
+
+def test_quietness_is_judged_outside_the_learners_waits() -> None:
+    """A step-mode learner waits on rollouts by design, so its CPU share of the wall says little; its share
+    of the time outside its waits shows whether other work took its pinned core."""
+
+    def section(*runs: tuple[float, float]) -> str:
+        named = {
+            f"{config}/{mode}/separated": {"learner_thread_cpu_share": cpu, "learner_idle_fraction": idle}
+            for (config, mode), (cpu, idle) in zip((("b1.0", "step"), ("b1.0", "async")), runs, strict=True)
+        }
+        return "\n".join(async_section({"max_steps": 18, "runs": named, "compare": {}}))
+
+    quiet = section((0.6, 0.4), (0.9, 0.0))  # 0.6 of the wall, all of the time it was not waiting
+    assert "0.60-0.90 of the wall in the separated runs, 0.90-1.00 of the time outside its waits" in quiet
+    assert "the pinned cores were the runs' own." in quiet
+    # a learner thread with 0.3 of the wall while waiting 10% of it: something else ran on its core
+    shared = section((0.3, 0.1), (0.85, 0.0))
+    assert "0.33-0.85 of the time outside its waits" in shared
+    assert "other work shared the pinned cores" in shared and "runs' own" not in shared
