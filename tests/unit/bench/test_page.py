@@ -69,3 +69,38 @@ def test_bench_help_lists_every_benchmark_the_page_has(
     assert f"benchmarks to run (default: all): {', '.join(document.MODULES)}" in text
     assert "[]" not in text and ",}" not in text
     assert set(document.TITLES) == set(document.MODULES)  # a section title for every benchmark
+
+
+def test_docs_quote_the_recorded_benchmarks() -> None:
+    """Figures the docs cite from BENCHMARKS.md are the recorded ones: the in-flight vs fenced medians over
+    the async section's 4 pairs (docs/training.md) and the sparse Stage-1 row (docs/evaluation.md)."""
+    import re
+    from statistics import median
+
+    docs = Path(__file__).parents[3] / "docs"
+    a = json.loads((document.RESULTS / "async.json").read_text())["result"]
+    pairs = {
+        name: [a["compare"][f"{name}/separated"], *a["repeats"]["runs"][name]]
+        for name in ("example", "example-fenced")
+    }
+    fenced_idle = [a["runs"]["example-fenced/async/separated"]["learner_idle_fraction"]] + [
+        x["idle"] for x in a["repeats"]["runs"]["example-fenced"]
+    ]
+    speedup = {name: median(x["async_over_step"] for x in rows) for name, rows in pairs.items()}
+    training = " ".join((docs / "training.md").read_text().split())
+    assert (
+        f"against a median {median(fenced_idle):.3f} fenced" in training
+        and f"(median {speedup['example']:.2f}x against {speedup['example-fenced']:.2f}x;" in training
+    )
+    stage1 = json.loads((document.RESULTS / "learning.json").read_text())["result"]["tasks"]["sparse"][
+        "stage1"
+    ]
+    evaluation = " ".join((docs / "evaluation.md").read_text().split())
+    quoted = re.search(
+        r"against ([\d.]+) by `coord_desc` / ([\d.]+) in BENCHMARKS.md's sparse Stage-1 row", evaluation
+    )
+    assert quoted is not None
+    assert quoted.groups() == (
+        f"{stage1['metrics']['AP']['value']:.3f}",
+        f"{stage1['metrics']['f1']['value']:.3f}",
+    )
