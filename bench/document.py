@@ -97,7 +97,7 @@ def _gpu_section() -> str:
             "Qwen2.5-VL-3B-sized benchmark (`python -m bench gpu`: learner tokens/s and MFU at bf16, packing_length "
             "4096; rollout tokens/s) run where CUDA is."
         )
-    from bench.bench_gpu import markdown
+    from bench.markdown_gpu import markdown
 
     saved = json.loads(path.read_text())
     return f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s._\n\n" + markdown(

@@ -69,7 +69,7 @@ def test_learner_rows_and_both_flop_counts_on_the_cpu() -> None:
 
 
 def test_markdown_names_failed_and_skipped_rows() -> None:
-    from bench.bench_gpu import LADDER, markdown
+    from bench.markdown_gpu import LADDER, markdown
 
     ok = {"kernels": {"fused_linear_cross_entropy": False, "packed_attention": "mask", "liger": False,
                       "compile_blocks": False}, "gradient_checkpointing": False, "tokens_per_s": 7864.0,
@@ -104,7 +104,7 @@ def test_the_run_before_the_ladder_reads_its_own_seconds_a_pack() -> None:
     """The section of a result saved before the kernel ladder: the profile's pack times (0.83 -> 0.51 s)
     sit beside the table's own timed runs, which give its tokens/s ratio (the recorded run: 1.33 -> 0.51 s
     a pack, x2.6, where the profile's figures alone read as 1.6x)."""
-    from bench.bench_gpu import markdown
+    from bench.markdown_gpu import markdown
 
     def learner(vision: str, seconds: float) -> dict[str, object]:
         tokens = 8 * 4000

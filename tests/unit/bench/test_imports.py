@@ -69,3 +69,27 @@ def test_the_product_never_imports_the_bench() -> None:
     ]
     assert importers == []
     assert bench_imports(BENCH / "__main__.py")  # the walk sees a bench import where there is one
+
+
+def test_the_page_renders_without_a_runner_or_torch() -> None:
+    """BENCHMARKS.md comes from bench/results/ through `bench.document` and the `markdown*` modules: none of
+    them imports a benchmark runner (`bench.bench_*`) or torch, at any level, so rendering the page (and its
+    test) does not load torch and transformers for the GPU section's text."""
+    renderers = [BENCH / "document.py", *sorted(BENCH.glob("markdown*.py"))]
+    assert len(renderers) >= 5  # document, markdown, markdown_async, markdown_learning, markdown_gpu
+    for path in renderers:
+        tree = ast.parse(path.read_text())
+        heavy = {
+            name
+            for node in ast.walk(tree)
+            for name in (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if name.split(".")[0] in ("torch", "transformers")
+        }
+        runners = {m for m in bench_imports(path) if m.startswith("bench.bench_")}
+        assert not heavy and not runners, f"{path.name} imports {sorted(heavy | runners)}"
