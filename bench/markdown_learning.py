@@ -251,7 +251,7 @@ def learning_section(r: dict[str, Any]) -> list[str]:
         f"{sizes['phase2_steps']} optimizer steps at a constant LR of {sizes['phase2_lr']:g} (Stage-1's final LR; "
         f"A-only runs on to {r['a_only_factor']}x the steps for the equal-training-time read). "
         f"**Screen**: every Channel-B variant at `b_ratio` {r.get('screen_b_ratio', 0.25):g}, seed 0, every task. "
-        "**Confirmation**: the two variants with the best mean class-aware ΔAP in the screen"
+        "**Confirmation**: the two variants with the best mean class-aware ΔAP in the screen (equal steps)"
         + (f" ({', '.join(sel.get('best_two', []))})" if sel.get("best_two") else "")
         + f", {sizes['seeds']} seeds, over `b_ratio` "
         f"{', '.join(f'{b:g}' for b in r.get('sweep_b_ratios', []))} on the sweep task(s) "
@@ -268,7 +268,7 @@ def learning_section(r: dict[str, Any]) -> list[str]:
     ]
     if sel.get("screen_delta_ap"):
         lines += [
-            "Screen, mean class-aware ΔAP vs A-only over the tasks (seed 0): "
+            "Screen, mean class-aware ΔAP vs A-only at equal steps over the tasks (seed 0): "
             + ", ".join(
                 f"{k} {v:+.3f}" for k, v in sorted(sel["screen_delta_ap"].items(), key=lambda kv: -kv[1])
             )

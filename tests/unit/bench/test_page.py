@@ -104,3 +104,26 @@ def test_docs_quote_the_recorded_benchmarks() -> None:
         f"{stage1['metrics']['AP']['value']:.3f}",
         f"{stage1['metrics']['f1']['value']:.3f}",
     )
+
+
+def test_the_screen_ranking_says_it_is_read_at_equal_steps() -> None:
+    """The confirmation's two variants are the best mean ΔAP at equal steps (`bench_learning.best_two`):
+    the page says which read it ranks, and its figures are those means."""
+    from statistics import mean
+
+    from bench.markdown_learning import learning_section
+
+    r = json.loads((document.RESULTS / "learning.json").read_text())["result"]
+    text = "\n".join(learning_section(r))
+    at_steps: dict[str, list[float]] = {}
+    for t in r["tasks"].values():
+        for row in t.get("screen", []):
+            at_steps.setdefault(row["variant"], []).append(row["metrics"]["d_AP"]["value"])
+    ranked = sorted(at_steps, key=lambda v: -mean(at_steps[v]))
+    assert "the best mean class-aware ΔAP in the screen (equal steps)" in text
+    assert (
+        "Screen, mean class-aware ΔAP vs A-only at equal steps over the tasks (seed 0): "
+        + ", ".join(f"{v} {mean(at_steps[v]):+.3f}" for v in ranked)
+        in text
+    )
+    assert r["selection"]["best_two"] == ranked[:2]
