@@ -8,6 +8,7 @@ servers and the last error named, `continue_a_only` warns and goes on. The CLI r
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 
@@ -197,11 +198,34 @@ def test_the_wait_ends_before_the_step_watchdog_would() -> None:
         rig.close()
 
 
+def test_a_b_step_waiting_for_a_server_says_so_and_when_one_is_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`stop`: the wait (up to `rollout_loss_timeout_s`, 300 s by default) is said as it starts, and its end
+    with the restarted server's re-sync; the log showed nothing but the failed rollout call meanwhile."""
+    rig = Rig([_serve()], ChannelBConfig(rollout_loss_timeout_s=30.0))
+    try:
+        rig.health.check(0, wants_b=True)
+        rig.train()
+        port = _port(rig.servers[0])
+        rig.servers[0].stop()
+        threading.Timer(1.5, lambda: rig.servers.__setitem__(0, _serve(port))).start()
+        assert rig.health.check(4, wants_b=True).serving == (0,)
+        err = capsys.readouterr().err
+        assert err.count("B step 5 waits for a rollout server: no rollout server can serve") == 1
+        assert "stopping once the outage passes 30 s (on_rollout_loss: stop)" in err
+        assert f"rollout server {rig.urls[0]} re-synced in full at version 2" in err
+        assert re.search(r"B step 5: a rollout server serves again after \d+\.\d s", err)
+        assert rig.answers() == [(2, 16.0)] * 4
+    finally:
+        rig.close()
+
+
 def test_continue_a_only_warns_for_the_b_step_and_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
     rig = Rig([_serve()], ChannelBConfig(on_rollout_loss="continue_a_only", rollout_loss_timeout_s=1.0))
     try:
         rig.servers[0].stop()
-        assert not rig.health.check(7, wants_b=True).serving
+        assert rig.health.step_mode_decision(step=7, num_updates=7).reason == "no_server"
         time.sleep(1.2)
         assert not rig.health.check(8, wants_b=False).serving  # past the timeout: no stop
         err = capsys.readouterr().err

@@ -182,6 +182,8 @@ class AsyncChannelB:
         decided = dist.broadcast_object(decision)
         assert decided is not None, "rank 0 decides"
         kind, ver, reason = decided
+        if reason == "no_server":  # decided, not guessed from the roster: queued packs train without a server
+            self.health.warn_trains_a(step)
         if kind == "B":
             assert ver is not None
             self._held = self.queue.take_held(ver)

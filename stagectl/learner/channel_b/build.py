@@ -128,10 +128,12 @@ def restore_async(async_b: AsyncChannelB, state: LearnerState) -> None:
         )
         return
     async_b.restore(saved)
+    versions = sorted({int(pack["ver"]) for pack in saved["packs"]})
+    of_versions = f" of version {', '.join(map(str, versions))}" if versions else ""
     say(
         "train-ab",
-        f"resumed the async state of {name}: {len(saved['packs'])} queued pack(s) on rank 0 (version "
-        f"{async_b.ver}), B stream from position {saved['stream_pos']}",
+        f"resumed the async state of {name}: {len(saved['packs'])} queued pack(s){of_versions} on rank 0, "
+        f"policy version {async_b.ver} now, B stream from position {saved['stream_pos']}",
     )
 
 

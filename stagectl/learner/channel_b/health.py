@@ -92,16 +92,30 @@ class ServerHealth:
         `defer_resync`: a B step while another server serves leaves the re-sync to the next A step (its new
         version would make queued packs stale), at most `MAX_DEFER_STEPS` in a row."""
         roster = self._probe_and_resync(defer=defer_resync and wants_b)
+        wait_since = None  # monotonic start of a B step's wait for a server
         while not roster.serving and self.on_loss == "stop":
             if roster.outage_s > self.timeout_s:
                 raise RolloutLossError(self.loss_message(roster, step), step)
             if not wants_b:
                 break
+            if wait_since is None:  # a wait of up to the timeout: the log says why the step is not moving
+                wait_since = time.monotonic()
+                say(
+                    "train-ab",
+                    f"B step {step + 1} waits for a rollout server: {self._no_server(roster)}; stopping once "
+                    f"the outage passes {self.timeout_s:g} s (on_rollout_loss: stop)",
+                )
             time.sleep(POLL_S)
             roster = self._probe_and_resync(defer=False)
-        if not roster.serving and wants_b:
-            say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(roster)}")
+        if wait_since is not None and roster.serving:
+            waited_s = time.monotonic() - wait_since
+            say("train-ab", f"B step {step + 1}: a rollout server serves again after {waited_s:.1f} s")
         return roster
+
+    def warn_trains_a(self, step: int) -> None:
+        """The B step `step` trains as Channel-A because no server can serve (`continue_a_only`): said
+        by the caller once the step's kind is decided (an async B step with queued packs still trains B)."""
+        say("train-ab", f"warning: B step {step + 1} trains as Channel-A: {self._no_server(self.roster)}")
 
     def step_mode_decision(self, step: int, num_updates: int) -> Decision:
         """Step mode (one rank), a step the schedule wants as B: `check` (a restarted server re-synced;
@@ -110,7 +124,10 @@ class ServerHealth:
         roster = self.check(step, wants_b=True, defer_resync=False)  # no queue: no pack goes stale
         if self.num_resyncs != resyncs:  # the re-sync pushed the current weights: no push before the rollouts
             self.publisher.pushed_at_update = num_updates
-        return Decision("B") if roster.serving else Decision("A", reason="no_server")
+        if not roster.serving:
+            self.warn_trains_a(step)
+            return Decision("A", reason="no_server")
+        return Decision("B")
 
     def _probe_and_resync(self, *, defer: bool) -> ServerRoster:
         probed = None
@@ -141,6 +158,8 @@ class ServerHealth:
         self.num_resyncs += 1
         if self.world.is_main:
             self.watch.synced(roster.up)
+        urls = ", ".join(self.weight_client.base_urls[k] for k in roster.resync)
+        say("train-ab", f"rollout server {urls} re-synced in full at version {self.publisher.ver}")
         self.rollout_client.use_servers(roster.up)
         return ServerRoster(roster.up, (), roster.down, 0.0, roster.last_error)
 

@@ -271,3 +271,43 @@ def test_a_resumed_run_counts_its_weight_syncs_from_the_checkpoints_totals() -> 
     older = channel(1, 0, 10)
     older.restore(saved)
     assert older.publisher.num_syncs == 1
+
+
+class _DownServers:
+    """The weight-sync client's side `ServerHealth` uses, every server refusing the connection."""
+
+    def __init__(self) -> None:
+        self.base_urls = ["http://127.0.0.1:9"]
+
+    def probe(self) -> list[str]:
+        return ["ConnectError: [Errno 111] Connection refused"]
+
+    def use_servers(self, servers: Any) -> None:
+        pass
+
+
+def test_continue_a_only_warns_only_for_a_b_step_that_trains_as_a(capsys: pytest.CaptureFixture[str]) -> None:
+    """No server serves and the policy is `continue_a_only`: a B step whose packs are queued still trains
+    B and says nothing; one without packs trains A (`no_server`) with the warning. The warning came
+    from the server probe, before the gate: 'B step 2 trains as Channel-A' and then 'step 2/.. B'."""
+    from stagectl.config.plan import ServerList, ServerRollouts
+    from stagectl.config.rollout import HttpSync
+    from stagectl.dist import World
+    from stagectl.learner.channel_b.health import ServerHealth
+
+    channel = _decider()
+    servers = _DownServers()
+    rollouts = ServerRollouts(ServerList(tuple(servers.base_urls)), HttpSync(), "continue_a_only")
+    publisher = SimpleNamespace(client=servers, ver=0)
+    client = SimpleNamespace(use_servers=lambda servers: None)
+    channel.health = ServerHealth(rollouts, World(0, 0, 1), publisher, client, lambda outcome: None)
+    channel.prefetcher.burst(0, delay_s=None)
+    channel.prefetcher.queue_packs(0)  # a burst finished before the server went away
+    decision, extra = channel.decide(1, True)
+    assert (decision.kind, decision.ver) == ("B", 0) and extra["stage2_ab/async/servers_serving"] == 0
+    channel.queue.take_held(0)  # trained
+    assert "trains as Channel-A" not in capsys.readouterr().err
+    decision, _ = channel.decide(3, True)
+    assert (decision.kind, decision.reason) == ("A", "no_server")
+    err = capsys.readouterr().err
+    assert err.count("warning: B step 4 trains as Channel-A: no rollout server can serve") == 1
