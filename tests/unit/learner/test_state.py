@@ -162,12 +162,21 @@ def test_metrics_tensorboard(tmp_path: Path) -> None:
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_a_resumed_runs_tensorboard_shows_each_replayed_step_once(tmp_path: Path) -> None:
+def test_a_resumed_runs_tensorboard_shows_each_replayed_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Steps 4 and 5 ran, the run resumed from checkpoint-4: TensorBoard shows the resumed values of 4 and 5,
     not both runs' (the curve stepped back to 4), as metrics.jsonl keeps each step once."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
 
+    # TensorBoard reads a run's event files in name order: `events.out.tfevents.<second>.<host>.<pid>.<n>`, n
+    # counting the writers of the process. The two runs are two processes, the resumed one later. Here both
+    # are this one, often within one second: with n at 9 and 10 (writers earlier in the test session) "10"
+    # sorted first and the old run's steps 4 and 5 came back (the intermittent failure of this test). n starts
+    # at 0, as in a new process.
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(0))
     writer = MetricsWriter(tmp_path, tensorboard=True)
     for step in range(6):
         writer.write({"step": step, "kind": "A", "loss": float(step)})
