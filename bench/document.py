@@ -75,10 +75,13 @@ def write_markdown() -> None:
             total = saved["result"].get("total_s") if isinstance(saved["result"], dict) else None
             if name == "learning" and total:  # --analyse-only re-reads runs: report the check's own wall time
                 lines.append(
-                    f"_Ran {saved['meta']['ran_at']}, {total:.0f} s (from the first config to the last run)._"
+                    f"_Ran {saved['meta']['ran_at']}, {total:.0f} s (from the first config to the last run): "
+                    f"`python -m bench {name}`._"
                 )
             else:
-                lines.append(f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s._")
+                lines.append(
+                    f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s: `python -m bench {name}`._"
+                )
             lines.append("")
             lines += FORMATTERS[name](saved["result"])
             image = plot(name, saved["result"])
@@ -100,6 +103,7 @@ def _gpu_section() -> str:
     from bench.markdown_gpu import markdown
 
     saved = json.loads(path.read_text())
-    return f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s._\n\n" + markdown(
-        saved["result"]
+    return (
+        f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s: `python -m bench gpu`._\n\n"
+        + markdown(saved["result"])
     )

@@ -347,7 +347,7 @@ def fsdp(r: dict[str, Any]) -> list[str]:
         f"{sync0['largest_tensor_float32_mib']:.0f} MiB, sharded by the learner's `sharding.shard`. *Extra* = the "
         "process's RSS high-water mark during the part minus its RSS when the part began (VmHWM reset through "
         "`/proc/self/clear_refs`; glibc pinned to mmap allocations of 64 KiB or more, so freed tensors leave "
-        "the RSS). Command: `python -m bench fsdp`.",
+        "the RSS).",
         "",
         "**Loading and sharding.** *every rank*: each rank builds the whole float32 model, then shards it (the "
         "learner before); *rank 0*: rank 0 builds it, rank 1 builds it on the meta device and gets its shards "

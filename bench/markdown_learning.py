@@ -116,7 +116,8 @@ def separated_section(r: dict[str, Any]) -> list[str]:
         f"_Ran {sep['ran_at']}; its runs {sep['phase_s'] / 60:.0f} min one at a time, "
         f"{sep['total_s'] / 60:.0f} min for that invocation"
         + (f" (Stage-1 checkpoints reused: {', '.join(reused)})" if reused else "")
-        + "._",
+        + ": `python -m bench learning`, or this phase alone `python -m bench.bench_learning --separated-only "
+        "--out DIR`._",
         "",
         f"From the same Stage-1 checkpoints, one run at a time (each owns both cores): **{AB}** (`b_ratio` "
         f"{arm['b_ratio']:g}, {arm['variant']}, `channel_b.mode: async` from an embedded hf rollout server with full http weight "
@@ -225,7 +226,7 @@ def task_reading(task: str, t: dict[str, Any]) -> list[str]:
         d = p["metrics"].get("d_AP")
         lines.append(
             f"- {p['variant']} ({'LR ' + p['variant'].split('_lr')[1] if '_lr' in p['variant'] else 'LR 1e-4'}) "
-            f"at step {t['step']} against the Stage-1 checkpoint: ΔAP {cell(d, True)} ({sign(d)})."
+            f"at step {t['step']}, seed 0, against the Stage-1 checkpoint: ΔAP {cell(d, True)} ({sign(d)})."
         )
     for row in t.get("confirm", [])[1:]:
         steps, wall, s1 = (

@@ -127,3 +127,29 @@ def test_the_screen_ranking_says_it_is_read_at_equal_steps() -> None:
         in text
     )
     assert r["selection"]["best_two"] == ranked[:2]
+
+
+def test_every_section_names_the_command_that_produced_it() -> None:
+    """Under each benchmark's heading, its `_Ran ..._` line gives the command that re-runs it, one the
+    bench's entry point accepts; the separated sub-section gives its own."""
+    from bench.__main__ import main
+
+    assert main  # the entry point the commands name
+    page = (Path(__file__).parents[3] / "BENCHMARKS.md").read_text().splitlines()
+    for name, title in document.TITLES.items():
+        at = page.index(f"## {title}")
+        ran = next(line for line in page[at + 1 :] if line.startswith("_Ran ") or line.startswith("Not run"))
+        assert f"`python -m bench {name}`" in ran, (name, ran)
+    separated = next(line for line in page if line.startswith("_Ran ") and "its runs" in line)
+    assert "`python -m bench.bench_learning --separated-only --out DIR`" in separated
+
+
+def test_the_protocol_rows_are_read_as_seed_0() -> None:
+    """The protocol bullets (A-only against the Stage-1 checkpoint) are seed 0's, as their table rows say
+    (seeds 1); the 3-seed A-only row is the confirmation table's, with another interval."""
+    from bench.markdown_learning import task_reading
+
+    r = json.loads((document.RESULTS / "learning.json").read_text())["result"]
+    for task, t in r["tasks"].items():
+        for p, line in zip(t["protocol"], task_reading(task, t), strict=False):
+            assert p["seeds"] == 1 and f"at step {t['step']}, seed 0, against the Stage-1 checkpoint" in line
