@@ -15,6 +15,13 @@ from types import FrameType, TracebackType
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_active: list[StopSignals] = []  # the `with StopSignals()` blocks this process is in, innermost last
+
+
+def stop_requested() -> bool:
+    """A stop signal came to a block this process is in: for a wait deep inside a loop's step (a B step
+    waiting for a rollout server) that must end so the loop reaches its safe point and stops."""
+    return any(stop.requested for stop in _active)
 
 
 class StopSignals:
@@ -34,11 +41,14 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        _active.append(self)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self in _active:
+            _active.remove(self)
         stopped = self.ignore_after_stop and self.signum is not None
         for sig, handler in self._previous.items():
             signal.signal(sig, signal.SIG_IGN if stopped else handler)

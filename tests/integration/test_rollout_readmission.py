@@ -7,7 +7,9 @@ servers and the last error named, `continue_a_only` warns and goes on. The CLI r
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ from stagectl.learner.channel_b.publisher import WeightPublisher
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
+from stagectl.stopping import StopSignals
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.wire.protocol import InferRequest, Message, RequestConfig
 
@@ -217,6 +220,22 @@ def test_a_b_step_waiting_for_a_server_says_so_and_when_one_is_back(
         assert f"rollout server {rig.urls[0]} re-synced in full at version 2" in err
         assert re.search(r"B step 5: a rollout server serves again after \d+\.\d s", err)
         assert rig.answers() == [(2, 16.0)] * 4
+    finally:
+        rig.close()
+
+
+def test_a_stop_signal_ends_a_b_steps_wait_for_a_server(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while a B step waits for a server: the wait ends (the step trains Channel-A, then the loop
+    saves and stops). It was ignored until `rollout_loss_timeout_s` (300 s by default) had passed."""
+    rig = Rig([_serve()], ChannelBConfig(rollout_loss_timeout_s=20.0))
+    try:
+        rig.servers[0].stop()
+        with StopSignals() as stop:
+            threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+            started = time.monotonic()
+            assert not rig.health.check(4, wants_b=True).serving
+            assert time.monotonic() - started < 10 and stop.signum == signal.SIGINT
+        assert "B step 5: a stop signal ends the wait for a rollout server" in capsys.readouterr().err
     finally:
         rig.close()
 

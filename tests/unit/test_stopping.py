@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from stagectl.stopping import StopSignals, exit_code
+from stagectl.stopping import StopSignals, exit_code, stop_requested
 
 
 def test_stop_signals_set_a_flag_then_interrupt() -> None:
@@ -39,3 +39,15 @@ def test_a_process_that_ends_after_a_stop_ignores_further_signals() -> None:
     with StopSignals(ignore_after_stop=True):
         pass  # no signal came: the previous handlers come back
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_stop_requested_is_true_inside_a_signalled_block_only() -> None:
+    """`stop_requested` lets a wait deep inside a step see the loop's signal (no flag to thread through)."""
+    assert not stop_requested()
+    with StopSignals():
+        with StopSignals():
+            assert not stop_requested()
+            signal.raise_signal(signal.SIGTERM)
+            assert stop_requested()
+        assert not stop_requested()  # the signalled block has ended
+    assert not stop_requested()

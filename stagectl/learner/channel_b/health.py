@@ -13,7 +13,8 @@ When no server can serve, `stage2_ab.channel_b.on_rollout_loss` decides:
 - `stop`: a step that wants Channel-B waits for a server (probing and re-syncing every `POLL_S`), and once
   no server has served for `rollout_loss_timeout_s` (at any step) the run stops: `RolloutLossError`, which
   the learner loop turns into a checkpoint and the error naming the servers, the last error, the step and
-  the checkpoint to resume from.
+  the checkpoint to resume from. A stop signal (SIGINT/SIGTERM, on rank 0) ends the wait: the step trains
+  Channel-A (`no_server`), then the loop saves and stops as after any step.
 - `continue_a_only`: the step trains Channel-A (`no_server`), with a warning line for every such B step.
 
 Which rollout servers can serve the learner's policy: a small pure class over probes it is given (rank 0
@@ -33,9 +34,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from stagectl import dist
+from stagectl import dist, stopping
 from stagectl.config.plan import ServerRollouts
 from stagectl.console import say
 from stagectl.inference.client import RolloutClient
@@ -98,6 +99,9 @@ class ServerHealth:
                 raise RolloutLossError(self.loss_message(roster, step), step)
             if not wants_b:
                 break
+            if roster.stop_requested:  # the loop saves and stops after this step, which trains Channel-A
+                say("train-ab", f"B step {step + 1}: a stop signal ends the wait for a rollout server")
+                break
             if wait_since is None:  # a wait of up to the timeout: the log says why the step is not moving
                 wait_since = time.monotonic()
                 say(
@@ -131,8 +135,9 @@ class ServerHealth:
 
     def _probe_and_resync(self, *, defer: bool) -> ServerRoster:
         probed = None
-        if self.world.is_main:
+        if self.world.is_main:  # rank 0's stop signal, as the loop's stop broadcast has it
             probed = self.watch.observe(time.monotonic(), self.weight_client.probe(), self.publisher.ver)
+            probed = replace(probed, stop_requested=stopping.stop_requested())
         roster = dist.broadcast_object(probed)
         assert roster is not None, "rank 0 probes"
         # the same decision on every rank: it rests on the broadcast roster and the rank-local count only
@@ -189,6 +194,7 @@ class ServerRoster:
     down: tuple[int, ...]  # no answer: no requests, no pushes
     outage_s: float  # how long no server has served (0 while one does)
     last_error: str  # the latest probe or push error ("" if none yet)
+    stop_requested: bool = False  # rank 0 got a stop signal (SIGINT/SIGTERM): a B step stops waiting
 
     @property
     def up(self) -> tuple[int, ...]:
