@@ -58,17 +58,19 @@ def reading(task: str, t: dict[str, Any]) -> list[str]:
             )
         )
         needed_no_idle = max(0.0, ratio_no_idle - 1) * n * late_slope
-        low = f1["delta_equal_steps"]["low"] if f1["delta_equal_steps"] else float("nan")
+        d = f1["delta_equal_steps"] or {"low": float("nan"), "high": float("nan")}
+        # a point estimate on one side of the bar whose interval reaches the other settles nothing
+        if d["low"] <= needed_no_idle < delta:
+            hedge = " on its point estimate (its interval reaches below that)."
+        elif delta <= needed_no_idle < d["high"]:
+            hedge = " on its point estimate (its interval reaches above that)."
+        else:
+            hedge = "."
         takes += (
             f" With no learner idle (wall ratio {ratio_no_idle:.2f}) the extra A-only steps would be worth "
             f"{needed_no_idle:+.3f} F1, so the same lead would be "
             + ("enough" if delta > needed_no_idle else "still not enough")
-            # a point estimate above the bar whose interval reaches below it settles nothing
-            + (
-                " on its point estimate (its interval reaches below that)."
-                if low <= needed_no_idle < delta
-                else "."
-            )
+            + hedge
         )
         a_read_s = eq.get("a_only_train_s") or []
         if ratio * n > f1["a_only_end_step"]:

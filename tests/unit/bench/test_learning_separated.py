@@ -185,6 +185,11 @@ def test_separated_section_reads_its_numbers() -> None:
         "worth +0.013 F1, so the same lead would be enough on its point estimate (its interval reaches"
         in text
     )
+    behind = _separated()
+    behind["tasks"]["sparse"]["f1"]["delta_equal_steps"] = {"value": 0.01, "low": -0.01, "high": 0.03}
+    assert "would be still not enough on its point estimate (its interval reaches above that)." in "\n".join(
+        separated_section({**r, "separated": behind})
+    )
     # from the checkpoint: AB 0.12 / 200 = +0.600 per 1,000 steps, A-only +0.500; AB needs 2.00x, had 1.20x
     assert "AB needs 2.00x A-only's gain per step, it had 1.20x." in text
     # no idle: (120 - 12) / 60
