@@ -264,7 +264,7 @@ _ASYNC = [
     _async("rollouts_trained_total", "sum", "", "async", "Rollouts trained so far."),
     _async("rollouts_dropped_total", "sum", "", "async", "Rollouts dropped so far (stale, too long, carry)."),
     _async("drop_rate", "derived", "", "async", "Dropped / requested rollouts."),
-    _async("rollouts_lost_total", "sum", "", "async", "Rollouts lost to failed calls so far."),
+    _async("rollouts_lost_total", "sum", "", "async", "Samples lost to failed bursts so far."),
     _async("bursts_cut_short_total", "sum", "", "async", "Bursts cut short by a waiting sync so far."),
     _async("b_ratio_realized", "none", "", "async", "B steps / steps so far."),
     _async("sync_total", "none", "", "async", "Weight syncs so far."),

@@ -25,8 +25,8 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
   saved with the rank's state, so a resumed run continues the sequence).
 - Errors: every failure is counted; `pacing.FailurePolicy` says when to retry (server trouble with
-  back-off, so the learner keeps training Channel-A meanwhile) and when to give up. Then the thread
-  stops and keeps the exception; the learner re-raises it (`raise_if_failed`). It never swallows one.
+  back-off, so the learner keeps training Channel-A meanwhile; the burst's samples are retried) and when
+  to give up. Then the thread stops and keeps the exception; the learner re-raises it (`raise_if_failed`).
 - Checkpoints (lossless resume): the thread publishes a *commit point* under `_lock` at the end of every
   burst; `snapshot` reads it, the carried segments and the queue under the same lock, so a checkpoint
   never sees half a burst; `restore` rebuilds the saved packs and leftovers (the layout and the
@@ -277,20 +277,25 @@ class Prefetcher:
                 self._pack(built, dropped, section.ver, num_packs)
         except SERVER_TROUBLE as exc:
             if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
-                self._commit_failed()
+                self._commit_failed(give_back=True)
                 self._on_failure(exc, transient=True)
             return
         except Exception as exc:
             if not self._stop.is_set():
-                self._commit_failed()
+                self._commit_failed(give_back=False)
                 self._on_failure(exc, transient=False)
             return
         self.counters.busy_s += time.perf_counter() - started
 
-    def _commit_failed(self) -> None:
-        """A burst failed: the samples it took are gone (counted); its leftovers stay carried."""
+    def _commit_failed(self, *, give_back: bool) -> None:
+        """A burst failed; its leftovers stay carried. Server trouble (`give_back`): its samples and seeds
+        are the retry's, as a resume's are (an outage burned the stream). Else they are gone (counted)."""
         with self._lock:
-            self.counters.lost_total += self.sampler.num_consumed - self._committed["stream_pos"]
+            if give_back:
+                self.sampler.num_consumed = int(self._committed["stream_pos"])
+                self.num_chunks = int(self._committed["num_chunks"])
+            else:
+                self.counters.lost_total += self.sampler.num_consumed - self._committed["stream_pos"]
             self._commit()
             self._bursts.end()  # a learner waiting for it goes on now, not after the back-off
 

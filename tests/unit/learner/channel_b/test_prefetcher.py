@@ -592,3 +592,26 @@ def test_no_first_burst_wait_for_an_idle_or_dead_thread() -> None:
     waiter.join(10.0)
     assert waited == [True] and time.monotonic() - started < 5.0 and dead.error() is not None
     assert dead.stop(1.0)
+
+
+def test_a_burst_that_server_trouble_failed_gives_its_samples_and_seeds_to_the_retry() -> None:
+    """A server outage: each failed burst took its samples from the B stream and lost them (480 samples in a
+    200 s outage of the example, 15 epochs of its 32). Now the retry after the back-off asks for the same
+    samples with the same seeds, as after a resume; a failure of another kind still loses them (counted)."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.fail_with = RolloutServerError("connection refused")
+    pf = make(source, queue, gas=2, target_packs=2, outage_timeout_s=60.0, max_consecutive_failures=9)
+    for _ in range(2):
+        pf._burst_in(2, False, time.perf_counter())
+    assert pf.counters.fail_total == 2 and pf.counters.lost_total == 0 and source.requests == [18, 18]
+    assert (pf.sampler.num_consumed, pf.num_chunks, pf.snapshot()["stream_pos"]) == (0, 0, 0)
+    source.fail_with = None  # the server is back
+    pf._burst(2)
+    rollouts = [r for _, pack in queue.state()[0] for r in pack.rollouts]
+    assert sorted(r.stream_pos for r in rollouts) == list(range(18)) and source.seeds == [
+        derive_seed(0, 0, 0)
+    ]
+    source.fail_with = KeyError("a sample that breaks the burst")
+    pf._burst_in(2, False, time.perf_counter())
+    assert pf.counters.lost_total == 18 and pf.snapshot()["stream_pos"] == 36
