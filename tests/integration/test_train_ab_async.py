@@ -83,6 +83,8 @@ def test_example_async_config_completes_with_delta_sync_behind_a_token(tmp_path:
         rec["step"] in b_rows and b_rows[rec["step"]]["time/b_gallery_s"] > 0 for rec in records
     )
     assert all((out / "b_gallery" / rec["image"]).is_file() and rec["tokens"] for rec in records)
+    # each names the policy version its rollout came from: the version of the packs its step trained
+    assert all(rec["gen_version"] == b_rows[rec["step"]]["stage2_ab/async/ver_trained"] for rec in records)
 
 
 def test_injected_prefetch_fault_ends_every_rank(tmp_path: Path) -> None:

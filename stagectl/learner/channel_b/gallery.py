@@ -10,15 +10,21 @@ Cost: the step only keeps a reference to its first rollout (`offer`: step mode, 
 generated; `offer_packs`: async mode, the first rollout record of the ready packs it trains); the record is
 built and written after the optimizer update (`flush`, on sampled steps only), re-running the pure
 parse/match/target build of that one rollout, by the same `build_record` in both modes. Sampled steps are the first B step at or after each of `gallery_steps` evenly spaced
-points of `training.max_steps`.
+points of `training.max_steps`. A record names the policy version whose weights generated its rollout
+(`gen_version`, as `samples.jsonl` does: the updates made so far in step mode, the pack's weight-sync version
+in async mode).
+
+On resume, the records of steps at or after the resume step (and their PNGs) are dropped, as
+`samples.jsonl`'s lines are, and the points an earlier record already covered are not recorded again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +71,7 @@ class BRecord:
     misses: list[dict[str, Any]]  # each GT object appended as a miss: {"gt": index, "desc": text}
     tokens: list[TargetToken]  # the assistant target (prompt left out)
     stop_reason: str = ""  # how the strict parse ended (`detection.parse`: closed, end of input, ...)
+    gen_version: int | None = None  # the policy version that generated the rollout (None: not known)
 
 
 def effective_match(
@@ -178,41 +185,51 @@ class BGallery:
         max_steps: int,
         num_records: int,
         build: Callable[[int, int, Generation], BRecord],
+        resume_step: int | None = None,
     ) -> None:
         self.out_dir = out_dir
         self.samples = samples
         self.build = build
         self._due = sampled_steps(max_steps, num_records)
-        self._pending: tuple[int, int, Any] | None = None
+        if resume_step is not None:
+            # the steps from `resume_step` on are trained again: their records go, and a point an earlier
+            # record covered is not recorded again (an uninterrupted run popped it at that record)
+            last = drop_records_from(out_dir, resume_step)
+            self._due = [p for p in self._due if last is None or p > last]
+        self._pending: tuple[int, int, Any, int | None] | None = None
         self.last_write_s = 0.0  # the last record's build + write time (logged as `time/b_gallery_s`)
 
     def wants(self, step: int) -> bool:
         return bool(self._due) and step >= self._due[0] and self._pending is None
 
-    def offer(self, step: int, indices: Sequence[int], generations: Sequence[Any]) -> None:
-        """Called with a B step's rollouts (any chunk); keeps a reference to the first when the step is due."""
+    def offer(
+        self, step: int, indices: Sequence[int], generations: Sequence[Any], gen_version: int | None = None
+    ) -> None:
+        """Called with a B step's rollouts (any chunk); keeps a reference to the first when the step is due.
+        `gen_version`: the policy version that generated them (default: step mode's, the `step` updates made)."""
         if generations and self.wants(step):
-            self._pending = (step, indices[0], generations[0])
+            self._pending = (step, indices[0], generations[0], step if gen_version is None else gen_version)
 
     def offer_packs(self, step: int, packs: Sequence[ReadyPack]) -> None:
         """Async mode: called with the ready packs a B step trains; keeps the first rollout they carry
         (a `records.Rollout`, turned back into its `Generation`) when the step is due."""
         if not self.wants(step):
             return
-        first = next((r for pack in packs for r in pack.rollouts), None)
+        first = next(((r, pack.ver) for pack in packs for r in pack.rollouts), None)
         if first is not None:
-            self.offer(step, [first.sample], [first.generation()])
+            rollout, ver = first
+            self.offer(step, [rollout.sample], [rollout.generation()], ver)
 
     def flush(self) -> Path | None:
         """Build and write the pending record (after the optimizer update); None when none is pending."""
         if self._pending is None:
             return None
         started = time.perf_counter()
-        step, index, generation = self._pending
+        step, index, generation, gen_version = self._pending
         self._pending = None
         while self._due and self._due[0] <= step:
             self._due.pop(0)
-        record = self.build(step, index, generation)
+        record = replace(self.build(step, index, generation), gen_version=gen_version)
         path = write_record(self.out_dir, record, self.samples[index])
         self.last_write_s = time.perf_counter() - started
         return path
@@ -251,6 +268,33 @@ def write_record(out_dir: Path, record: BRecord, sample: DetectionSample) -> Pat
     return out_dir / name
 
 
+def drop_records_from(out_dir: Path, step: int) -> int | None:
+    """Drop the records of steps >= `step` (and an unreadable line: a torn last line from a crash) from
+    `out_dir/records.jsonl`, and their PNGs; rewritten through a temp file and a rename. Returns the step
+    of the last record kept (None: none)."""
+    path = out_dir / RECORDS
+    if not path.is_file():
+        return None
+    kept, dropped, last = [], [], None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            row_step, image = int(row["step"]), str(row["image"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if row_step < step:
+            kept.append(line)
+            last = row_step if last is None else max(last, row_step)
+        else:
+            dropped.append(image)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    for image in dropped:
+        (out_dir / Path(image).name).unlink(missing_ok=True)
+    return last
+
+
 def make_b_gallery(state: LearnerState) -> BGallery | None:
     """The run's Channel-B gallery (rank 0; step and async mode), None when `channel_b.gallery_steps` is 0."""
     cb = state.plan.channel_b
@@ -267,4 +311,5 @@ def make_b_gallery(state: LearnerState) -> BGallery | None:
         max_steps=state.plan.training.max_steps,
         num_records=cb.gallery_steps,
         build=build,
+        resume_step=state.start_step if state.resumed_from is not None else None,
     )

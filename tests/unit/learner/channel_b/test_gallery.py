@@ -5,7 +5,8 @@ recorded; the record on disk, in step mode and from an async B step's ready pack
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any, cast
@@ -216,3 +217,64 @@ def test_an_async_b_step_records_a_rollout_of_the_packs_it_trained_after_its_upd
     assert spans(rec, "geo") == [*coords(201, 301, 259, 379, 12, 11, 50, 52, 100, 100, 150, 120)]
     assert spans(rec, "none") == ["green star"]
     assert written["tokens"] == [asdict(t) for t in record("clean_prefix").tokens]  # as step mode builds it
+
+
+def test_a_resumed_run_replaces_the_records_from_its_resume_step_and_records_each_point_once(
+    tmp_path: Path,
+) -> None:
+    """A resume from step 12 kept the record of step 11 and appended a second one for step 11's point (and
+    for step 12: the same PNG name, a different rollout): `records.jsonl` held two records of one step."""
+    image = tmp_path / "img.png"
+    Image.new("RGB", (100, 100), (255, 255, 255)).save(image)
+    samples = [DetectionSample([str(image)], 1000, 1000, [DetObject(d, b) for d, b in GT])]
+    out = tmp_path / "b_gallery"
+
+    def build(step: int, index: int, generation: Generation) -> BRecord:
+        return replace(record("clean_prefix", str(image)), step=step)
+
+    def run(steps: Sequence[int], resume_step: int | None) -> None:
+        gallery = BGallery(out, samples, max_steps=20, num_records=4, build=build, resume_step=resume_step)
+        for step in steps:  # B steps
+            gallery.offer(step, [0], [Generation(CHAR.encode(ROLLOUT), "length")])
+            gallery.flush()
+
+    def recorded() -> list[int]:
+        return [json.loads(line)["step"] for line in (out / RECORDS).read_text().splitlines()]
+
+    # points 0, 5, 10, 15; B steps 1, 6, 11, 12, 16
+    run([1, 6, 11, 12, 16], None)
+    assert recorded() == [1, 6, 11, 16]
+    run([11, 12, 16], 11)  # resumed from checkpoint-11: step 11 is trained again
+    assert recorded() == [1, 6, 11, 16]
+    run([13, 16], 13)  # from checkpoint-13: 16 is dropped and recorded again; 11 covered point 10
+    assert recorded() == [1, 6, 11, 16]
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        f"step{s:06d}_sample00000.png" for s in (1, 6, 11, 16)
+    ]
+    (out / RECORDS).write_text((out / RECORDS).read_text() + '{"step": 17, "ima')  # a crash's torn line
+    run([], 17)
+    assert recorded() == [1, 6, 11, 16]
+
+
+def test_a_record_names_the_policy_version_of_its_rollout(tmp_path: Path) -> None:
+    """Step mode: the updates made before the step; async mode: the version of the pack the rollout came in
+    (older than the learner's). A record said neither."""
+    image = tmp_path / "img.png"
+    Image.new("RGB", (100, 100), (255, 255, 255)).save(image)
+    samples = [DetectionSample([str(image)], 1000, 1000, [DetObject(d, b) for d, b in GT])]
+
+    def build(step: int, index: int, generation: Generation) -> BRecord:
+        return replace(record("clean_prefix", str(image)), step=step)
+
+    gallery = BGallery(tmp_path / "b", samples, max_steps=20, num_records=2, build=build)
+    gallery.offer(3, [0], [Generation(CHAR.encode(ROLLOUT), "length")])  # step mode
+    gallery.flush()
+    rollout = Rollout(sample=0, stream_pos=0, token_ids=CHAR.encode(ROLLOUT), finish_reason="length")
+    pack = ReadyPack(batch=None, num_segments=1, stats=RolloutStats(), ver=4, rollouts=[rollout])  # type: ignore[arg-type]
+    gallery.offer_packs(12, [pack])  # async mode
+    gallery.flush()
+    lines = (tmp_path / "b" / RECORDS).read_text().splitlines()
+    assert [(json.loads(line)["step"], json.loads(line)["gen_version"]) for line in lines] == [
+        (3, 3),
+        (12, 4),
+    ]
