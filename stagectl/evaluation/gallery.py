@@ -41,6 +41,7 @@ INDEX_HTML = "index.html"
 DEFAULT_GALLERY_IMAGES = 24  # `stagectl eval --gallery N`
 MAX_SIDE = 640  # display size: the longer side of a drawn image is at most this (px) ...
 MIN_SIDE = 320  # ... and at least this
+MAX_LISTED_BOXES = 100  # the pages list at most this many of an image's boxes as text (all: gallery.json)
 
 Verdict = Literal["matched", "missed", "false_positive", "duplicate"]
 Rgb = tuple[int, int, int]
@@ -259,7 +260,10 @@ def render_gallery_index(entries: Sequence[dict[str, Any]], num_images: int, num
     from stagectl.templating import render
 
     intro = gallery_intro(len(entries), num_images, num_imperfect)
-    return render("gallery_index.html.j2", entries=entries, intro=intro, legend=legend())
+    rows = [box_rows(e["boxes"]) for e in entries]
+    return render(
+        "gallery_index.html.j2", entries=list(zip(entries, rows, strict=True)), intro=intro, legend=legend()
+    )
 
 
 def legend() -> list[dict[str, str]]:
@@ -269,6 +273,27 @@ def legend() -> list[dict[str, str]]:
         line = "solid" if style.dash is None else ("dotted" if style.dash[0] <= 2 else "dashed")
         what = ("prediction " if is_pred else "ground truth ") + verdict.replace("_", " ")
         rows.append({"what": what, "colour": "#{:02x}{:02x}{:02x}".format(*style.colour), "line": line})
+    return rows
+
+
+def box_rows(boxes: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """A drawn image's boxes (`gallery.json`'s `boxes`) as text for the pages: what each is, its colour and its
+    caption. The PNG's captions are drawn with Pillow's built-in font, which has ASCII glyphs only; the page
+    shows every label as it is (any script, HTML-escaped)."""
+    rows = []
+    for box in boxes[:MAX_LISTED_BOXES]:
+        is_pred, verdict = bool(box.get("is_pred")), str(box.get("verdict", ""))
+        style = STYLES.get((is_pred, verdict))
+        rows.append(
+            {
+                "what": ("prediction " if is_pred else "ground truth ") + verdict.replace("_", " "),
+                "colour": "" if style is None else "#{:02x}{:02x}{:02x}".format(*style.colour),
+                "label": str(box.get("label", "")),
+            }
+        )
+    if len(boxes) > MAX_LISTED_BOXES:
+        more = len(boxes) - MAX_LISTED_BOXES
+        rows.append({"what": f"... {more} more", "colour": "", "label": "every box: gallery.json"})
     return rows
 
 

@@ -26,6 +26,9 @@ REPORT_HTML = "report.html"
 EVAL_GALLERY = Path("gallery") / "gallery.json"  # under a `stagectl eval` dir
 RUN_EVAL_DIR = "eval"  # `stagectl eval`'s default --out under a run dir
 B_RECORDS = Path("b_gallery") / "records.jsonl"
+# the page shows at most this many Channel-B records, evenly spaced over the run (the first and the last
+# among them): a record holds every target token, so a run with many would make a page of many megabytes
+MAX_B_RECORDS_SHOWN = 32
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class Figure:
     src: str  # relative to the page
     title: str
     caption: str = ""
+    # a gallery image's boxes as text ({what, colour, label}): the PNG's captions draw ASCII only
+    boxes: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Gallery:
     intro: str
     items: list[Figure]
     legend: list[dict[str, str]]
+    notes: list[str] = field(default_factory=list)  # what it left out (a listed image that is not there)
 
 
 @dataclass
@@ -90,7 +96,7 @@ def phase_grid(rows: Sequence[Row]) -> Grid | None:
 
 def eval_gallery(page_dir: Path, eval_dir: Path, title: str) -> Gallery | None:
     """The gallery `stagectl eval` wrote under `eval_dir`, its images linked relative to `page_dir`."""
-    from stagectl.evaluation.gallery import gallery_intro, legend
+    from stagectl.evaluation.gallery import box_rows, gallery_intro, legend
 
     listing = eval_dir / EVAL_GALLERY
     if not listing.is_file():
@@ -98,19 +104,22 @@ def eval_gallery(page_dir: Path, eval_dir: Path, title: str) -> Gallery | None:
     base = Path(os.path.relpath(listing.parent.resolve(), page_dir.resolve())).as_posix()
     try:
         saved = json.loads(listing.read_text(encoding="utf-8"))
+        entries = saved.get("images", [])
+        missing = [str(e["file"]) for e in entries if not (listing.parent / e["file"]).is_file()]
         items = [
             Figure(
                 f"{base}/{e['file']}",
                 e.get("title", f"image {e['index']}"),  # a gallery written before titles: its position
                 f"{e['num_missed']} missed, {e['num_fp']} false positive(s) of {e['num_gt']} GT / {e['num_pred']} predicted",
+                box_rows(e.get("boxes", [])),
             )
-            for e in saved.get("images", [])
-            if (listing.parent / e["file"]).is_file()
+            for e in entries
+            if str(e["file"]) not in missing
         ]
         intro = (
-            gallery_intro(len(items), saved["num_evaluated"], saved["num_imperfect"])
+            gallery_intro(len(entries), saved["num_evaluated"], saved["num_imperfect"])
             if "num_imperfect" in saved
-            else f"The {len(items)} worst images (most misses + false positives first)."
+            else f"The {len(entries)} worst images (most misses + false positives first)."
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
         raise ValueError(
@@ -118,31 +127,77 @@ def eval_gallery(page_dir: Path, eval_dir: Path, title: str) -> Gallery | None:
             f"again with `stagectl eval ... --overwrite`, or remove {listing.parent} to report without it"
         ) from None
     intro += f" The full gallery: {base}/index.html."
-    return Gallery(title, intro, items, legend() if items else [])
+    notes = [
+        f"{title}: {len(missing)} image(s) `{listing.name}` lists are not in {listing.parent} (not shown: "
+        f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); draw them again with `stagectl eval "
+        "... --overwrite`."
+    ]
+    return Gallery(title, intro, items, legend() if items else [], notes if missing else [])
 
 
-def b_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The Channel-B gallery records of a run (`b_gallery/records.jsonl`), ready for the template."""
+def b_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The Channel-B gallery records of a run (`b_gallery/records.jsonl`), ready for the template, and notes
+    on what was left out (an unreadable line, such as a crash's torn last line; a record whose PNG is not
+    there). ValueError naming the file and line for a record that is not one train-ab writes."""
+    from stagectl.report.jsonl import JsonlRows
+
     path = run_dir / B_RECORDS
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    out: list[dict[str, Any]] = []
+    missing: list[str] = []
+    unreadable: list[int] = []
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        record = json.loads(line)
-        if not (path.parent / record["image"]).is_file():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            unreadable.append(line_no)
             continue
-        record["src"] = f"{B_RECORDS.parent.as_posix()}/{record['image']}"
-        record.setdefault("stop_reason", "")
-        record["tokens"] = [
-            {**t, "cls": "geo" if t["geo"] else ("ce" if t["ce"] > 0 else "ce0")} for t in record["tokens"]
-        ]
-        for o in record["objects"]:
-            o["iou"] = "" if o["iou"] is None else f"{o['iou']:.3f}"
-        record["misses"] = [m["desc"] for m in record["misses"]]
+        try:
+            if not (path.parent / str(record["image"])).is_file():
+                missing.append(f"step {record['step']} ({record['image']})")
+                continue
+            record["src"] = f"{B_RECORDS.parent.as_posix()}/{record['image']}"
+            record.setdefault("stop_reason", "")
+            record.setdefault("gen_version", None)  # records written before it: not known
+            record["tokens"] = token_runs(record["tokens"])
+            for o in record["objects"]:
+                o["iou"] = "" if o["iou"] is None else f"{o['iou']:.3f}"
+            record["misses"] = [m["desc"] for m in record["misses"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{path}: line {line_no} is not a Channel-B gallery record as train-ab writes it "
+                f"({type(exc).__name__}: {exc}); remove {path.parent} to report without it"
+            ) from None
         out.append(record)
-    return out
+    notes = JsonlRows(path, bad_lines=unreadable, num_lines=len(lines)).notes()
+    if len(out) > MAX_B_RECORDS_SHOWN:
+        notes.append(
+            f"Channel-B gallery: the page shows {MAX_B_RECORDS_SHOWN} of the {len(out)} records, evenly spaced "
+            f"over the run (every record: `{B_RECORDS.as_posix()}`)."
+        )
+        last = len(out) - 1
+        out = [out[round(k * last / (MAX_B_RECORDS_SHOWN - 1))] for k in range(MAX_B_RECORDS_SHOWN)]
+    if missing:
+        notes.append(
+            f"Channel-B gallery: {len(missing)} record(s) of `{path.name}` without their image in "
+            f"{path.parent} (not shown): {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}."
+        )
+    return out, notes
+
+
+def token_runs(tokens: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A record's target tokens as runs of neighbours with the same loss (one `<span>` each on the page, not
+    one per token): `{text, ce, cls}` with `cls` geo (geometry loss), ce (CE only) or ce0 (no loss)."""
+    runs: list[dict[str, Any]] = []
+    for t in tokens:
+        cls = "geo" if t["geo"] else ("ce" if t["ce"] > 0 else "ce0")
+        if runs and runs[-1]["cls"] == cls and runs[-1]["ce"] == t["ce"]:
+            runs[-1]["text"] += t["text"]
+        else:
+            runs.append({"text": str(t["text"]), "ce": t["ce"], "cls": cls})
+    return runs
 
 
 def guidance_versions(mission_dir: Path, reflections: Sequence[Row]) -> list[dict[str, Any]]:
@@ -231,7 +286,9 @@ def train_ab_page(
     gallery = eval_gallery(run_dir, run_dir / RUN_EVAL_DIR, "Held-out eval gallery")
     if gallery is not None:
         page.galleries.append(gallery)
-    page.b_records = b_records(run_dir)
+        page.notes += gallery.notes
+    page.b_records, b_notes = b_records(run_dir)
+    page.notes += b_notes
     return page
 
 
@@ -252,6 +309,7 @@ def eval_page(
     gallery = eval_gallery(eval_dir, eval_dir, "Prediction gallery")
     if gallery is not None:
         page.galleries.append(gallery)
+        page.notes += gallery.notes
     return page
 
 
@@ -268,4 +326,5 @@ def comparison_page(
         gallery = eval_gallery(out_dir, run_dir / RUN_EVAL_DIR, f"Held-out eval gallery of {run_dir}")
         if gallery is not None:
             page.galleries.append(gallery)
+            page.notes += gallery.notes
     return page

@@ -101,3 +101,115 @@ def test_comparison_page_links_each_runs_gallery_relative_to_itself(tmp_path: Pa
         "../run/eval/gallery/000_scene.png",
         "../run/eval/gallery/001_scene.png",
     ]
+
+
+def test_a_gallery_image_that_is_not_there_is_named_in_a_note(tmp_path: Path) -> None:
+    """A listed eval-gallery PNG or a Channel-B record's PNG that was gone was left out without a word (and
+    the intro counted one image fewer as drawn)."""
+    run, ev, _ = write_report_dirs(tmp_path)
+    (ev / "gallery" / "001_scene.png").unlink()
+    (run / "b_gallery" / "step000003_sample00000.png").unlink()
+    (written,) = write_reports(run)
+    html = (written.html or Path("-")).read_text()
+    links_exist(run / "report.html")
+    assert "2 of 2 evaluated images have a miss or a false positive (all drawn" in html
+    gallery_note, b_note = [n for n in written.notes if "gallery" in n.lower()]
+    assert "001_scene.png" in gallery_note and str(ev / "gallery") in gallery_note
+    assert "step 3 (step000003_sample00000.png)" in b_note
+    assert "001_scene.png" in html and "step000003_sample00000.png" in html  # on the page too
+
+
+def test_a_torn_channel_b_record_is_skipped_and_noted_a_foreign_one_named(tmp_path: Path) -> None:
+    """A crash's torn last line of `b_gallery/records.jsonl` failed the whole report with a bare JSON error
+    (`Unterminated string ...`, no file named); a line that is not a record was a KeyError."""
+    run, _, _ = write_report_dirs(tmp_path)
+    records = run / "b_gallery" / "records.jsonl"
+    whole = records.read_text()
+    records.write_text(whole + whole[:40])
+    (written,) = write_reports(run)
+    assert "b_gallery/step000003_sample00000.png" in page_links((written.html or Path("-")).read_text())
+    assert any(
+        n.startswith("`records.jsonl`: skipped 1 unreadable line(s): 2 (a torn last line")
+        for n in written.notes
+    )
+    records.write_text(whole + '{"image": "step000003_sample00000.png"}\n')
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(records))}: line 2 is not a Channel-B gallery record"
+    ):
+        write_reports(run)
+
+
+def test_labels_are_escaped_shown_as_text_in_any_script_and_the_policy_version_is_named(
+    tmp_path: Path,
+) -> None:
+    """The PNG captions draw ASCII only (a non-ASCII desc was a row of boxes), and the eval gallery's page
+    listed no label; a Channel-B record did not say which policy version its rollout came from."""
+    from dataclasses import replace
+
+    from stagectl.data.sample import DetectionSample, DetObject
+    from stagectl.detection.stats import RolloutStats
+    from stagectl.evaluation.core import ImageOutcome
+    from stagectl.evaluation.gallery import write_gallery
+    from stagectl.learner.channel_b.gallery import BRecord, ObjectVerdict, write_record
+
+    run, ev, _ = write_report_dirs(tmp_path)
+    image = str(tmp_path / "scene.png")
+    tricky, cjk = "<b>&\"'", "Straßenbahn 電車"
+    sample = DetectionSample([image], 320, 240, [DetObject(tricky, (125, 125, 467, 543))])
+    parsed = [{"desc": cjk, "bbox_2d": [10, 700, 200, 950], "score": 0.4}]
+    write_gallery(
+        ev / "gallery",
+        [sample],
+        [ImageOutcome(0, RolloutStats(), [], 0, parsed)],
+        num_images=2,
+        duplicate_iou_threshold=0.7,
+    )
+    (run / "b_gallery" / "records.jsonl").unlink()
+    record = BRecord(
+        5,
+        0,
+        "clean_prefix",
+        "{",
+        [ObjectVerdict("object_1", cjk, "false_positive", None, [1, 2, 3, 4])],
+        [{"gt": 0, "desc": tricky}],
+        [],
+        gen_version=4,
+    )
+    write_record(run / "b_gallery", record, sample)
+    write_record(
+        run / "b_gallery", replace(record, step=6, gen_version=None), sample
+    )  # a record from before versions
+    for page in (write_reports(run)[0].html or Path("-"), ev / "gallery" / "index.html"):
+        html = page.read_text(encoding="utf-8")
+        assert tricky not in html and "<b>&" not in html
+        assert "GT &lt;b&gt;&amp;&#34;&#39;" in html  # the GT caption, escaped
+        assert f"{cjk} 0.40" in html  # the prediction's caption as text
+    html = (run / "report.html").read_text(encoding="utf-8")
+    assert "step 5, sample 0 (rollout of policy version 4; target clean_prefix" in html
+    assert "step 6, sample 0 (target clean_prefix" in html
+    assert f"<td>{cjk}</td>" in html and "Appended misses: &lt;b&gt;&amp;&#34;&#39;" in html
+
+
+def test_the_page_stays_small_with_many_channel_b_records_and_boxes(tmp_path: Path) -> None:
+    """Every record (each with every target token, one `<span>` per token) went on the page: 400 records of
+    2,000 tokens made a page of tens of megabytes. It shows 32 evenly spaced ones, one span per run of tokens
+    with the same loss, and lists at most 100 boxes of an image."""
+    import json
+
+    from stagectl.evaluation.gallery import MAX_LISTED_BOXES, box_rows
+
+    run, _, _ = write_report_dirs(tmp_path)
+    records = run / "b_gallery" / "records.jsonl"
+    record = json.loads(records.read_text())
+    record["tokens"] = [{"text": "ab", "ce": 1.0, "geo": False}] * 2000
+    records.write_text("".join(json.dumps({**record, "step": 10 * k}) + "\n" for k in range(400)))
+    (written,) = write_reports(run)
+    html = (written.html or Path("-")).read_text()
+    steps = [int(s) for s in re.findall(r"<h3>step (\d+), sample", html)]
+    assert len(steps) == 32 and steps[0] == 0 and steps[-1] == 3990 and steps == sorted(set(steps))
+    assert any("shows 32 of the 400 records" in n for n in written.notes)
+    assert html.count('<span class="ce" title="CE 1.0">' + "ab" * 2000 + "</span>") == 32
+    assert len(html) < 1_000_000
+    boxes = [{"is_pred": True, "verdict": "false_positive", "label": f"p{k}"} for k in range(250)]
+    rows = box_rows(boxes)
+    assert len(rows) == MAX_LISTED_BOXES + 1 and rows[-1]["what"] == "... 150 more"
