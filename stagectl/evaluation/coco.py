@@ -156,8 +156,24 @@ def _has_objects(gt: dict[str, Any]) -> bool:
     return any(not a["iscrowd"] for a in gt["annotations"])
 
 
-def _empty_value(gt: dict[str, Any]) -> float:
-    return 0.0 if _has_objects(gt) else -1.0  # nothing found / nothing to find
+# COCOeval's area ranges (its `params.areaRng`, bounds inclusive) of each summary number: "all" for the rest
+_ALL_AREAS = (0.0, 1e5**2)
+_AREA_OF_METRIC = {
+    **dict.fromkeys(("APs", "ARs"), (0.0, 32.0**2)),
+    **dict.fromkeys(("APm", "ARm"), (32.0**2, 96.0**2)),
+    **dict.fromkeys(("APl", "ARl"), (96.0**2, 1e5**2)),
+}
+
+
+def _empty_summary(gt: dict[str, Any]) -> dict[str, float]:
+    """The summary of no predictions, as COCOeval gives it: 0 (nothing found) where its area range has an
+    object to find, -1 where it has none (a size bucket without ground truth, or no ground truth at all)."""
+    areas = [a["area"] for a in gt["annotations"] if not a["iscrowd"]]
+    summary = {}
+    for name in COCO_METRICS:
+        low, high = _AREA_OF_METRIC.get(name, _ALL_AREAS)
+        summary[name] = 0.0 if any(low <= area <= high for area in areas) else -1.0
+    return summary
 
 
 def coco_summary(
@@ -166,7 +182,7 @@ def coco_summary(
     """The 12 COCO summary numbers (`COCO_METRICS`); `use_cats=False` is COCOeval's own class-agnostic
     mode (`params.useCats = 0`: every prediction may match every ground-truth box, labels ignored)."""
     if not results or not _has_objects(gt):  # COCO's loadRes refuses an empty list
-        return dict.fromkeys(COCO_METRICS, _empty_value(gt))
+        return _empty_summary(gt)
     stats = _evaluate(gt, results, use_cats=use_cats).stats
     return {name: float(v) for name, v in zip(COCO_METRICS, stats[: len(COCO_METRICS)], strict=True)}
 
@@ -178,7 +194,7 @@ def coco_metrics(gt: dict[str, Any], results: Sequence[dict[str, Any]]) -> CocoM
     if not results or not _has_objects(gt):  # COCO's loadRes refuses an empty list; nothing is found
         has_gt = {a["category_id"] for a in gt["annotations"] if not a["iscrowd"]}
         return CocoMetrics(
-            dict.fromkeys(COCO_METRICS, _empty_value(gt)),
+            _empty_summary(gt),
             {name: (0.0 if cid in has_gt else -1.0) for cid, name in names.items()},
             recall,
             [0.0] * len(recall),
