@@ -17,8 +17,9 @@ left unmatched to one of them as ignored, not as a false positive, and never cou
 find, as in the official evaluation. Data without them has no crowd.
 
 Class-agnostic metrics (`coco_summary(..., use_cats=False)`) are the evaluator's own `params.useCats = 0`:
-any prediction may match any ground-truth box, labels ignored; the same numbers as pycocotools' (tested
-on the written files, tests/unit/evaluation/test_core.py).
+any prediction may match any ground-truth box, labels ignored, a desc that is no category too
+(`agnostic_results`); the same numbers as pycocotools' (tested on the written files,
+tests/unit/evaluation/test_core.py).
 
 Metrics come from faster-coco-eval (`COCOeval_faster`): it gives the same numbers as pycocotools (the
 reference; bench/bench_coco_eval.py compares all 12 summary numbers) in less time (BENCHMARKS.md), which
@@ -185,6 +186,18 @@ def coco_summary(
         return _empty_summary(gt)
     stats = _evaluate(gt, results, use_cats=use_cats).stats
     return {name: float(v) for name, v in zip(COCO_METRICS, stats[: len(COCO_METRICS)], strict=True)}
+
+
+def agnostic_results(
+    gt: dict[str, Any], results: Sequence[dict[str, Any]], unknown: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What the class-agnostic evaluation scores: every valid prediction, also those whose desc is no
+    category of `gt` (`unknown`: COCO results rows without `category_id`). COCOeval's `useCats = 0` still
+    gathers the predictions of `gt`'s categories only, so they get one of them: which one does not count."""
+    if not unknown or not gt["categories"]:
+        return list(results)
+    any_category = gt["categories"][0]["id"]
+    return [*results, *({**row, "category_id": any_category} for row in unknown)]
 
 
 def coco_metrics(gt: dict[str, Any], results: Sequence[dict[str, Any]]) -> CocoMetrics:

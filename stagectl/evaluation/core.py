@@ -10,9 +10,11 @@ Per-image outcomes are plain data so ranks can evaluate shards and rank 0 can me
 the merged metrics are then those of one rank over all images.
 
 Predictions whose `desc` is no category of the ground truth (an open-vocabulary model naming something
-else) cannot be scored by COCO's closed-set evaluator: they are left out of `predictions.coco.json` and
-counted (`n_unknown_category`, `unknown_category_rate` of valid predictions). They still count as
-predictions for precision / recall / F1, whose matching is class-agnostic, as in training.
+else) cannot be scored by COCO's class-aware evaluator: they are left out of `predictions.coco.json`
+(`unknown_predictions`: `predictions.unknown_category.json`) and counted (`n_unknown_category`,
+`unknown_category_rate` of valid predictions). They count wherever labels do not: the class-agnostic AP
+(a box with a misnamed label is still a box found, or a false positive) and precision / recall / F1, whose
+matching is class-agnostic, as in training.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from stagectl.detection.scores import (
 )
 from stagectl.detection.stats import RolloutStats
 from stagectl.detection.vocab import TokenVocab
-from stagectl.evaluation.coco import COCO_METRICS, CocoIds, coco_metrics, coco_summary, ground_truth, xywh
+from stagectl.evaluation.coco import (
+    COCO_METRICS,
+    CocoIds,
+    agnostic_results,
+    coco_metrics,
+    coco_summary,
+    ground_truth,
+    xywh,
+)
 from stagectl.evaluation.labels import desc_histogram, label_metrics, matched_desc_count
 from stagectl.models.generate import Generation
 
@@ -58,6 +68,9 @@ class ImageOutcome:
     confidences: list[ObjectConfidence] = field(default_factory=list)  # one per row of `predictions`
     num_matched_desc: int = 0  # matched pairs (box-only matching) whose desc is the ground truth's
     pred_descs: list[str] = field(default_factory=list)  # every valid prediction's desc, in order
+    # the `num_unknown` predictions as COCO results rows without a category (image_id, bbox, score, desc):
+    # the class-agnostic AP scores them
+    unknown_predictions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def judge_image(
@@ -78,35 +91,34 @@ def judge_image(
         EVAL_MATCH,
         duplicate_iou_threshold=duplicate_iou_threshold,
     )
-    predictions, parsed, kept, num_unknown = [], [], [], 0
+    predictions, parsed, kept, unknown = [], [], [], []
     for obj, conf in zip(parse.valid_objects, object_confidences(parse, generation.logprobs), strict=True):
         by_kind = {kind: conf.score(kind) for kind in SCORE_KINDS}
         parsed.append(
             {"desc": obj.desc, "bbox_2d": list(obj.bbox_2d), "score": by_kind[score], "scores": by_kind}
         )
+        row = {
+            "image_id": ids.image_ids[index],
+            "bbox": xywh(obj.bbox_2d, sample.width, sample.height),
+            "score": by_kind[score],
+        }
         category = ids.category_of_desc.get(obj.desc)
         if category is None:
-            num_unknown += 1
+            unknown.append({**row, "desc": obj.desc})
             continue
-        predictions.append(
-            {
-                "image_id": ids.image_ids[index],
-                "category_id": category,
-                "bbox": xywh(obj.bbox_2d, sample.width, sample.height),
-                "score": by_kind[score],
-            }
-        )
+        predictions.append({"image_id": row["image_id"], "category_id": category, **row})
         kept.append(conf)
     return ImageOutcome(
         index,
         stats,
         predictions,
-        num_unknown,
+        len(unknown),
         parsed,
         list(generation.token_ids),
         confidences=kept,
         num_matched_desc=matched_desc_count(parse.valid_objects, sample.objects, match),
         pred_descs=[obj.desc for obj in parse.valid_objects],
+        unknown_predictions=unknown,
     )
 
 
@@ -116,6 +128,8 @@ class EvalReport:
     predictions: list[dict[str, Any]]  # COCO results, image order then object order
     ground_truth: dict[str, Any]  # the evaluated samples as a COCO instances dict
     per_image: list[list[int]]  # PER_IMAGE_FIELDS per image, image order
+    # the predictions whose desc is no category, without one (`ImageOutcome.unknown_predictions`), image order
+    unknown_predictions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summarize(
@@ -134,7 +148,8 @@ def summarize(
     predictions = [row for outcome in ordered for row in outcome.predictions]
     gt = ground_truth(samples, ids)
     coco = coco_metrics(gt, predictions)
-    agnostic = coco_summary(gt, predictions, use_cats=False)
+    unknown = [row for outcome in ordered for row in outcome.unknown_predictions]
+    agnostic = coco_summary(gt, agnostic_results(gt, predictions, unknown), use_cats=False)
     num_unknown = sum(o.num_unknown for o in ordered)
     num_matched_desc = sum(o.num_matched_desc for o in ordered)
     metrics: dict[str, Any] = {
@@ -159,7 +174,7 @@ def summarize(
         ]
         for o in ordered
     ]
-    return EvalReport(metrics, predictions, gt, per_image)
+    return EvalReport(metrics, predictions, gt, per_image, unknown)
 
 
 def score_metrics(

@@ -29,6 +29,9 @@ from stagectl.wire.protocol import RequestConfig
 
 METRICS_FILE = "metrics.json"
 PREDICTIONS_FILE = "predictions.coco.json"
+# the predictions whose desc is no category (COCO results rows without one, with their desc): scored by the
+# class-agnostic AP only
+UNKNOWN_PREDICTIONS_FILE = "predictions.unknown_category.json"
 GROUND_TRUTH_FILE = "ground_truth.coco.json"
 
 Generate = Callable[[Sequence[int], int], list[Generation]]  # (sample indices, base seed) -> generations
@@ -218,8 +221,8 @@ def judge_chunks(
 
 
 def write_report(out_dir: Path, report: EvalReport, extra: dict[str, Any]) -> list[Path]:
-    """`metrics.json`, `predictions.coco.json` and `ground_truth.coco.json` (each written whole: a file is
-    either complete or absent). The ground truth is the one the metrics were computed on, COCO ids or not:
+    """`metrics.json`, `predictions.coco.json`, `predictions.unknown_category.json` and `ground_truth.coco.json`
+    (each written whole: a file is either complete or absent). The ground truth is the one the metrics were computed on, COCO ids or not:
     the evaluated images only (`data.eval.max_samples`), boxes as the eval decodes them (from norm-1000 bins),
     crowd regions, COCO's `area` where the data kept it and else the box's. Scoring the predictions against
     COCO's own instances file instead gives other numbers (against all of val2017 when 64 images were
@@ -228,6 +231,7 @@ def write_report(out_dir: Path, report: EvalReport, extra: dict[str, Any]) -> li
     written = []
     files: list[tuple[str, Any]] = [
         (PREDICTIONS_FILE, report.predictions),
+        (UNKNOWN_PREDICTIONS_FILE, report.unknown_predictions),
         (GROUND_TRUTH_FILE, report.ground_truth),
     ]
     files.append((METRICS_FILE, {**report.metrics, **extra}))  # last: its presence means a complete eval

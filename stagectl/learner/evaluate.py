@@ -121,7 +121,15 @@ class Evaluator:
             atomic_write_text(self.gt_path, json.dumps(report.ground_truth))
         with self.predictions_path.open("a", encoding="utf-8") as handle:
             handle.write(
-                json.dumps({"step": step, "score": self.score, "predictions": report.predictions}) + "\n"
+                json.dumps(
+                    {
+                        "step": step,
+                        "score": self.score,
+                        "predictions": report.predictions,
+                        "unknown_category": report.unknown_predictions,  # the class-agnostic AP's too
+                    }
+                )
+                + "\n"
             )
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")

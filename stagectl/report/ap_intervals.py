@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from stagectl.evaluation.coco import agnostic_results
 from stagectl.report.intervals import NUM_RESAMPLES, Interval
 
 PREDICTIONS_FILE = "eval_predictions.jsonl"
@@ -96,7 +97,10 @@ def load_run_ap(run_dir: Path, step: int, *, use_cats: bool = True) -> RunAP:
         gt = json.loads(gt_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{gt_path}: not valid JSON ({exc})") from None
-    run = RunAP(gt, at[-1]["predictions"], use_cats=use_cats)
+    predictions_at = at[-1]["predictions"]
+    if not use_cats:  # the class-agnostic AP scores the predictions whose desc is no category too
+        predictions_at = agnostic_results(gt, predictions_at, at[-1].get("unknown_category", []))
+    run = RunAP(gt, predictions_at, use_cats=use_cats)
     run.notes = predictions.notes()
     return run
 

@@ -212,7 +212,15 @@ def test_metrics_recomputed_from_the_written_files_agree(
     ours = [metrics[name] for name in NAMES]
     assert _faster(gt, predictions) == pytest.approx(ours, abs=1e-12)
     assert _pycocotools(gt, predictions) == pytest.approx(ours, abs=1e-12)  # the reference agrees
-    agnostic = _pycocotools(gt, predictions, use_cats=0)  # boxes only: the reference's own useCats = 0
+    # boxes only: the reference's own useCats = 0, on the predictions of both files (the unicorn's box, whose
+    # desc is no category, given one: which one does not count)
+    unknown = json.loads((tmp_path / "predictions.unknown_category.json").read_text())
+    assert [r["desc"] for r in unknown] == ["unicorn"]
+    both = tmp_path / "both.json"
+    both.write_text(
+        json.dumps(json.loads(predictions.read_text()) + [{**r, "category_id": 1} for r in unknown])
+    )
+    agnostic = _pycocotools(gt, both, use_cats=0)
     assert [metrics[f"{k}_agnostic"] for k in ("AP", "AP50", "AP75")] == pytest.approx(
         agnostic[:3], abs=1e-12
     )

@@ -18,7 +18,12 @@ from stagectl.data.sample import DetectionSample, DetObject
 from stagectl.detection.scores import SCORE_KINDS
 from stagectl.evaluation.coco import assign_ids
 from stagectl.evaluation.core import PER_IMAGE_FIELDS, EvalReport, judge_image, summarize
-from stagectl.evaluation.run import GROUND_TRUTH_FILE, PREDICTIONS_FILE, write_report
+from stagectl.evaluation.run import (
+    GROUND_TRUTH_FILE,
+    PREDICTIONS_FILE,
+    UNKNOWN_PREDICTIONS_FILE,
+    write_report,
+)
 from stagectl.models.generate import Generation
 from tests.unit.helpers import CHAR
 
@@ -101,14 +106,20 @@ def _pycocotools(gt: Path, rows: list[dict[str, Any]], use_cats: int) -> list[fl
 
 
 def test_class_agnostic_ap_is_pycocotools_use_cats_0_on_the_written_files(tmp_path: Path) -> None:
+    """The class-agnostic AP scores the unicorn's box too (a right box with a label that is no category): as
+    docs/evaluation.md says, pycocotools on `predictions.coco.json` plus `predictions.unknown_category.json`
+    (each given any category id) gives it. Left out, image 3's cat was a box never found."""
     metrics, _ = _evaluate(tmp_path)
     gt = tmp_path / GROUND_TRUTH_FILE
     rows = json.loads((tmp_path / PREDICTIONS_FILE).read_text())
-    agnostic = _pycocotools(gt, rows, use_cats=0)
+    unknown = json.loads((tmp_path / UNKNOWN_PREDICTIONS_FILE).read_text())
+    assert [(r["image_id"], r["desc"]) for r in unknown] == [(3, "unicorn")]
+    agnostic = _pycocotools(gt, rows + [{**r, "category_id": 1} for r in unknown], use_cats=0)
     aware = _pycocotools(gt, rows, use_cats=1)
     assert [metrics[k] for k in ("AP_agnostic", "AP50_agnostic", "AP75_agnostic", "AR100_agnostic")] == (
         pytest.approx([agnostic[0], agnostic[1], agnostic[2], agnostic[8]], abs=1e-12)
     )
+    assert metrics["AR100_agnostic"] > _pycocotools(gt, rows, use_cats=0)[8]  # the unicorn's box is found
     assert [metrics[k] for k in ("AP", "AP50", "AP75", "AR100")] == pytest.approx(
         [aware[0], aware[1], aware[2], aware[8]], abs=1e-12
     )

@@ -126,3 +126,21 @@ def test_a_torn_last_predictions_line_is_skipped_and_noted(tmp_path: Path) -> No
     (tmp_path / "eval_gt.coco.json").write_text(json.dumps(gt)[:50])
     with pytest.raises(ValueError, match=r"eval_gt\.coco\.json: not valid JSON"):
         load_run_ap(tmp_path, 4)
+
+
+def test_the_class_agnostic_ap_of_a_run_scores_its_unknown_category_predictions(tmp_path: Path) -> None:
+    """train-ab writes the predictions whose desc is no category under `unknown_category`: the class-agnostic
+    AP of the eval row scores them (labels ignored), and so must its interval's observed value; the
+    class-aware one leaves them out."""
+    gt, preds = _scene(3)
+    known, unknown = preds[::2], [{k: v for k, v in r.items() if k != "category_id"} for r in preds[1::2]]
+    unknown = [{**r, "desc": "purple hexagon"} for r in unknown]
+    (tmp_path / "eval_gt.coco.json").write_text(json.dumps(gt))
+    row = {"step": 4, "predictions": known, "unknown_category": unknown}
+    (tmp_path / "eval_predictions.jsonl").write_text(json.dumps(row) + "\n")
+    everything = range(len(gt["images"]))
+    agnostic = load_run_ap(tmp_path, 4, use_cats=False).ap(everything)
+    assert agnostic == pytest.approx(coco_summary(gt, preds, use_cats=False)["AP"], abs=1e-9)
+    assert agnostic != pytest.approx(coco_summary(gt, known, use_cats=False)["AP"], abs=1e-3)  # they count
+    aware = load_run_ap(tmp_path, 4).ap(everything)
+    assert aware == pytest.approx(coco_summary(gt, known)["AP"], abs=1e-9)
