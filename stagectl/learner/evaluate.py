@@ -13,6 +13,7 @@ scored predictions) to `eval_predictions.jsonl` and the evaluated images as a CO
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from stagectl.config.plan import EvalPlan
 from stagectl.config.sampling import SamplingSpec
 from stagectl.config.training import TrainingConfig
+from stagectl.console import say
 from stagectl.detection.scores import DEFAULT_SCORE
 from stagectl.detection.serialize import object_record
 from stagectl.detection.vocab import TokenVocab
@@ -35,6 +37,8 @@ EVAL_FILE = "eval.jsonl"
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 EVAL_PREDICTIONS_FILE = "eval_predictions.jsonl"
 EVAL_GT_FILE = "eval_gt.coco.json"
+# = report.ap_intervals.GT_BEFORE: the evaluated images of the evals before `step`, when the set changed
+EVAL_GT_BEFORE = "eval_gt.before-step-{step}.coco.json"
 # also in metrics rows, as eval/<name> (box vs label: class-agnostic AP, desc accuracy, the desc-aware F1)
 EVAL_LOGGED = (
     "AP",
@@ -117,8 +121,7 @@ class Evaluator:
             "per_image_fields": list(PER_IMAGE_FIELDS),
             "per_image": report.per_image,  # for intervals: bootstrap over images (stagectl.report.intervals)
         }
-        if not self.gt_path.exists():
-            atomic_write_text(self.gt_path, json.dumps(report.ground_truth))
+        self._write_ground_truth(report.ground_truth, step)
         with self.predictions_path.open("a", encoding="utf-8") as handle:
             handle.write(
                 json.dumps(
@@ -137,6 +140,23 @@ class Evaluator:
         with self.samples_path.open("a", encoding="utf-8") as handle:
             handle.write("".join(line + "\n" for line in shown))
         return row
+
+    def _write_ground_truth(self, gt: dict[str, Any], step: int) -> None:
+        """`eval_gt.coco.json`: the images this eval scored. A run whose held-out set changed (a resume with
+        another `data.eval`) keeps the earlier evals' as `eval_gt.before-step-{step}.coco.json` and says so
+        (it kept the first set's, and their AP was re-scored against the wrong images)."""
+        text = json.dumps(gt)
+        if self.gt_path.is_file():
+            if self.gt_path.read_text(encoding="utf-8") == text:
+                return
+            kept = self.gt_path.with_name(EVAL_GT_BEFORE.format(step=step))
+            os.replace(self.gt_path, kept)
+            say(
+                "train-ab",
+                f"warning: the held-out set differs from the one the run's earlier evals scored ({kept.name} "
+                f"now); evals from step {step} on are on the new one: compare AP within one set",
+            )
+        atomic_write_text(self.gt_path, text)
 
     def _shown_row(self, step: int, outcome: ImageOutcome) -> dict[str, Any]:
         """One rollout as text next to its ground truth, for `eval_samples.jsonl`."""

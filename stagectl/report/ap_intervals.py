@@ -17,6 +17,7 @@ import contextlib
 import copy
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from stagectl.report.intervals import NUM_RESAMPLES, Interval
 
 PREDICTIONS_FILE = "eval_predictions.jsonl"
 GT_FILE = "eval_gt.coco.json"
+# the images of the evals before step N when a resume changed the held-out set (learner.evaluate)
+GT_BEFORE = re.compile(r"eval_gt\.before-step-(\d+)\.coco\.json")
 
 
 class RunAP:
@@ -84,7 +87,7 @@ def load_run_ap(run_dir: Path, step: int, *, use_cats: bool = True) -> RunAP:
     the result's `notes`, as `stagectl report` does with the other JSONL files."""
     from stagectl.report.jsonl import read_jsonl
 
-    gt_path, pred_path = run_dir / GT_FILE, run_dir / PREDICTIONS_FILE
+    gt_path, pred_path = ground_truth_of(run_dir, step), run_dir / PREDICTIONS_FILE
     for path in (gt_path, pred_path):
         if not path.is_file():
             raise ValueError(f"{path} is missing: AP intervals need train-ab's eval predictions")
@@ -103,6 +106,17 @@ def load_run_ap(run_dir: Path, step: int, *, use_cats: bool = True) -> RunAP:
     run = RunAP(gt, predictions_at, use_cats=use_cats)
     run.notes = predictions.notes()
     return run
+
+
+def ground_truth_of(run_dir: Path, step: int) -> Path:
+    """The ground truth the eval at `step` scored: `eval_gt.coco.json`, or for an eval before a resume that
+    changed the held-out set, the `eval_gt.before-step-N.coco.json` of the first such N above `step`."""
+    changes = sorted(
+        (int(match.group(1)), path)
+        for path in run_dir.glob("eval_gt.before-step-*.coco.json")
+        if (match := GT_BEFORE.fullmatch(path.name))
+    )
+    return next((path for first_new, path in changes if step < first_new), run_dir / GT_FILE)
 
 
 def image_draws(num_images: int, resamples: int, seed: int = 0) -> np.ndarray:
