@@ -41,7 +41,9 @@ def test_a_changed_held_out_set_keeps_the_earlier_one_and_each_eval_is_scored_on
     assert sorted(p.name for p in tmp_path.iterdir()) == [EVAL_GT_FILE]
     writer._write_ground_truth(second, 6)  # a resume from checkpoint-4 with another data.eval
     kept = tmp_path / EVAL_GT_BEFORE.format(step=6)
-    assert json.loads(kept.read_text()) == first and json.loads((tmp_path / EVAL_GT_FILE).read_text()) == second
+    assert (
+        json.loads(kept.read_text()) == first and json.loads((tmp_path / EVAL_GT_FILE).read_text()) == second
+    )
     assert GT_BEFORE.fullmatch(kept.name) and "held-out set differs" in capsys.readouterr().err
     # each eval's predictions: exact boxes of the set it ran on
     rows = [
