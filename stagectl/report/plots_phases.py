@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from stagectl.report.plotting import label_axes, new_figure, save
+from stagectl.report.plotting import bars, label_axes, new_figure, save
 from stagectl.report.sections import Plot, Skipped
 from stagectl.report.values import Row, number
 from stagectl.timing import PHASES, phase_key
@@ -39,19 +39,28 @@ def phase_plot(rows: Sequence[Row], out_dir: Path) -> Plot | Skipped:
         return Skipped(
             "learner phases per step", f"no `{phase_key('forward_backward')}` in metrics.jsonl (an older run)"
         )
-    steps = [number(r, "step") or 0.0 for r in timed]
+    per_bar = bars([number(r, "step") or 0.0 for r in timed])
     fig, (ax,) = new_figure(1, title="Where the learner's step time goes")
-    bottom = [0.0] * len(timed)
-    width = 0.85 if len(timed) < 200 else 1.0
+    bottom = [0.0] * len(per_bar.x)
     for phase in PHASES:
         values = [number(r, phase_key(phase)) or 0.0 for r in timed]
         if any(values):
-            ax.bar(steps, values, width, bottom=bottom, color=COLORS[phase], label=LABELS[phase])
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    other = [max(0.0, (number(r, "time/step_s") or 0.0) - b) for r, b in zip(timed, bottom, strict=True)]
-    ax.bar(steps, other, width, bottom=bottom, color="lightgray", label="other (gates, metrics, eval)")
+            heights = per_bar.means(values)
+            ax.bar(per_bar.x, heights, per_bar.width, bottom=bottom, color=COLORS[phase], label=LABELS[phase])
+            bottom = [b + v for b, v in zip(bottom, heights, strict=True)]
+    walls = per_bar.means([number(r, "time/step_s") or 0.0 for r in timed])
+    other = [max(0.0, wall - b) for wall, b in zip(walls, bottom, strict=True)]
+    ax.bar(
+        per_bar.x,
+        other,
+        per_bar.width,
+        bottom=bottom,
+        color="lightgray",
+        label="other (gates, metrics, eval)",
+    )
     ax.set_ylim(bottom=0)
-    label_axes(ax, "learner wall time per optimizer step, by phase (rank 0)", "optimizer step", "seconds")
+    title = "learner wall time per optimizer step, by phase (rank 0)" + per_bar.note("steps")
+    label_axes(ax, title, "optimizer step", "seconds")
     name = "phases.png"
     save(fig, out_dir / name)
     return Plot(

@@ -8,6 +8,7 @@ loads for any other command.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +23,7 @@ PANEL_HEIGHT_IN = 3.4
 B_COLOR = "tab:orange"
 SKIP_COLOR = "tab:red"
 MAX_FULL_MARKS = 40
+MAX_BARS = 200  # bars a panel draws at most (`bars`)
 
 
 def new_figure(num_panels: int, ncols: int = 1, title: str = "") -> tuple[Figure, list[Axes]]:
@@ -84,6 +86,37 @@ def mark_x(ax: Axes, xs: Sequence[float], label: str, color: str = SKIP_COLOR) -
             list(xs), 0, 0.05, transform=ax.get_xaxis_transform(), colors=color,
             linewidth=0.8, alpha=0.8, label=f"{label} (ticks at the bottom)",
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bars:
+    """Consecutive entries grouped so that a bar plot draws at most `MAX_BARS` bars (one a step over a run of
+    5,000 steps took minutes in matplotlib and drew bars thinner than a pixel): a bar is one group's mean."""
+
+    groups: list[range]  # positions into the values, consecutive
+    x: list[float]  # each bar's place: its group's mean x
+    width: float  # in x units
+
+    @property
+    def size(self) -> int:
+        return len(self.groups[0]) if self.groups else 1
+
+    def means(self, values: Sequence[float]) -> list[float]:
+        return [sum(values[i] for i in g) / len(g) for g in self.groups]
+
+    def note(self, unit: str) -> str:
+        """What one bar is, for a title: "" when each bar is one entry."""
+        return "" if self.size == 1 else f" (one bar: the mean of {self.size} {unit})"
+
+
+def bars(xs: Sequence[float], width: float = 0.85) -> Bars:
+    """`xs` (ascending) as `Bars`: one per entry up to `MAX_BARS`, else groups of as many entries as needed;
+    `width`: a bar's width for one entry of the typical spacing."""
+    size = max(1, -(-len(xs) // MAX_BARS))
+    groups = [range(k, min(k + size, len(xs))) for k in range(0, len(xs), size)]
+    spacing = (xs[-1] - xs[0]) / (len(xs) - 1) if len(xs) > 1 else 1.0
+    centres = [sum(xs[i] for i in g) / len(g) for g in groups]
+    return Bars(groups, centres, width if size == 1 else 0.9 * size * spacing)
 
 
 def point_size(num_points: int) -> float:
