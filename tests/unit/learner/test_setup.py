@@ -4,6 +4,7 @@ it before touching the run directory, the data or the process group."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,16 +38,21 @@ def test_a_multi_node_fsdp_output_dir_every_node_does_not_see_is_refused_at_star
     directory when the filesystem is shared, into a node-local one when it is not; rank 0 sees it or
     refuses the run naming rank 1, and no marker stays."""
     from stagectl import dist
+    from stagectl.learner import setup
     from stagectl.learner.setup import check_output_dir_shared
 
     out = tmp_path / "run"
     elsewhere = tmp_path / "node1-local"
     elsewhere.mkdir()
     monkeypatch.setattr(dist, "broadcast_object", lambda obj, src=0: obj)
+    # a token starting with 0, the one in 16 this test used to fail on (see `barrier`)
+    monkeypatch.setattr(setup.uuid, "uuid4", lambda: SimpleNamespace(hex="0e3f" + "a" * 28))
 
     def barrier() -> None:  # rank 1 touches its marker where its node sees `out`
         for mine in out.glob(".shared-check-*-0"):
-            ((out if shared else elsewhere) / mine.name.replace("-0", "-1")).touch()
+            # the rank is the name's last part: `replace("-0", "-1")` also rewrote a token starting with 0
+            # ("-check-0e3f...") so rank 1's marker had another name (1 run in 16 failed)
+            ((out if shared else elsewhere) / (mine.name.removesuffix("-0") + "-1")).touch()
 
     monkeypatch.setattr(dist, "barrier", barrier)
     world = World(rank=0, local_rank=0, world_size=2)
