@@ -45,7 +45,13 @@ from stagectl.inference.requests import (
     to_generation,
     with_seed_offset,
 )
-from stagectl.wire.errors import ClientClosedError, RolloutRequestError, RolloutServerError, WrongVersionError
+from stagectl.wire.errors import (
+    ClientClosedError,
+    RolloutRequestError,
+    RolloutRequestFailedError,
+    RolloutServerError,
+    WrongVersionError,
+)
 from stagectl.wire.http import raise_for_status, response_detail, server_version
 from stagectl.wire.protocol import (
     InferBody,
@@ -61,6 +67,7 @@ __all__ = [  # the request helpers are re-exported: callers need one import for 
     "ClientClosedError",
     "RolloutClient",
     "RolloutRequestError",
+    "RolloutRequestFailedError",
     "RolloutServerError",
     "WrongVersionError",
     "contiguous_parts",
@@ -75,11 +82,13 @@ _ITEMS = TypeAdapter(list[Any])  # each item read by `read_answer_item` (either 
 
 class _Retryable(Exception):
     """Internal: a failure worth a retry (connection trouble, timeout, 5xx). `gone`: the server is not
-    there (no connection, or the connection dropped), not just slow or failing."""
+    there (no connection, or the connection dropped), not just slow or failing. `status`: the HTTP status
+    the server answered with (None: no answer)."""
 
-    def __init__(self, message: str, *, gone: bool = False) -> None:
+    def __init__(self, message: str, *, gone: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.gone = gone
+        self.status = status
 
 
 class _ServerGone(Exception):
@@ -308,7 +317,9 @@ class RolloutClient:
                 raise _ServerGone(f"rollout {where}: server gone ({second})") from None
             if len(requests) == 1:
                 self._count("failed_calls")
-                raise RolloutServerError(f"rollout {where} failed twice: {second}") from None
+                # a server error answered to this one request (not a 503 of a stopping or busy server)
+                failed = RolloutRequestFailedError if second.status == 500 else RolloutServerError
+                raise failed(f"rollout {where} failed twice: {second}") from None
             self._count("splits")
             self._repeats.warn(
                 log, (k, "split"), f"rollout {where} failed again ({second}); splitting it in halves"
@@ -333,7 +344,9 @@ class RolloutClient:
         except httpx.HTTPError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}", gone=isinstance(exc, _GONE)) from exc
         if response.status_code >= 500 or response.status_code in (408, 429):
-            raise _Retryable(f"HTTP {response.status_code}: {response_detail(response)}")
+            raise _Retryable(
+                f"HTTP {response.status_code}: {response_detail(response)}", status=response.status_code
+            )
         if response.status_code == 409 and body.weight_version is not None:
             raise WrongVersionError(f"{url}: HTTP 409: {response_detail(response)}")
         raise_for_status(response, self.base_urls[k], "/infer/")

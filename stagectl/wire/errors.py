@@ -12,6 +12,11 @@ class RolloutServerError(RuntimeError):
     """A server failed a request even after the retry and the splits down to a single request."""
 
 
+class RolloutRequestFailedError(RolloutServerError):
+    """One request was answered HTTP 500 twice, after the client split its call down to it: the request
+    itself may be what fails (a sample the server cannot take), so a retry of it can fail the same way."""
+
+
 class ClientClosedError(RolloutServerError):
     """A call failed because its own client was closed meanwhile (the owner is shutting down): neither
     retried nor counted as a failure."""

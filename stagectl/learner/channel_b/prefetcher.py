@@ -25,7 +25,8 @@ that generated them, in the rank's bounded `ReadyPackQueue`.
 - Seeds: request `k` of the thread is seeded `derive_seed(training.seed, rank, k)` (`num_chunks` is
   saved with the rank's state, so a resumed run continues the sequence).
 - Errors: every failure is counted; `pacing.FailurePolicy` says when to retry (server trouble with
-  back-off, so the learner keeps training Channel-A meanwhile; the burst's samples are retried) and when
+  back-off, so the learner keeps training Channel-A meanwhile; the burst's samples are retried, unless a
+  server answered one request HTTP 500 twice: `RolloutRequestFailedError`, it may fail each time) and when
   to give up. Then the thread stops and keeps the exception; the learner re-raises it (`raise_if_failed`).
 - Checkpoints (lossless resume): the thread publishes a *commit point* under `_lock` at the end of every
   burst; `snapshot` reads it, the carried segments and the queue under the same lock, so a checkpoint
@@ -73,7 +74,7 @@ from stagectl.learner.channel_b.records import (
     snapshot_state,
 )
 from stagectl.seeds import derive_seed
-from stagectl.wire.errors import WrongVersionError
+from stagectl.wire.errors import RolloutRequestFailedError, WrongVersionError
 
 
 @dataclass
@@ -277,7 +278,7 @@ class Prefetcher:
                 self._pack(built, dropped, section.ver, num_packs)
         except SERVER_TROUBLE as exc:
             if not self._stop.is_set():  # a call ended by the shutdown closing the client is no failure
-                self._commit_failed(give_back=True)
+                self._commit_failed(give_back=not isinstance(exc, RolloutRequestFailedError))
                 self._on_failure(exc, transient=True)
             return
         except Exception as exc:
@@ -289,7 +290,8 @@ class Prefetcher:
 
     def _commit_failed(self, *, give_back: bool) -> None:
         """A burst failed; its leftovers stay carried. Server trouble (`give_back`): its samples and seeds
-        are the retry's, as a resume's are (an outage burned the stream). Else they are gone (counted)."""
+        are the retry's, as a resume's are (an outage burned the stream). Else they are gone (counted): a
+        request a server failed on its own may fail at every retry (the stream would never get past it)."""
         with self._lock:
             if give_back:
                 self.sampler.num_consumed = int(self._committed["stream_pos"])

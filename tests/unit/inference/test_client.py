@@ -229,3 +229,29 @@ def test_a_call_that_times_out_names_the_timeout_and_the_key_that_sets_it() -> N
     message = str(raised.value)
     assert "ReadTimeout: no answer within 0.2 s (runner.server.infer_timeout_s sets it)" in message
     assert url in message
+
+
+def test_a_request_a_live_server_fails_twice_is_told_from_a_server_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The prefetcher gives an outage's samples back to the retry but loses those of a request that failed
+    on its own (it may fail at every retry): the client's errors tell the two apart."""
+    from stagectl.wire.errors import RolloutRequestFailedError
+
+    request = detection_request(["a.png"], "Find objects.")
+    cases = [
+        (_Retryable("HTTP 500: bad sample", status=500), True),
+        (_Retryable("HTTP 503: stopping", status=503), False),  # a server stopping or busy: an outage
+        (_Retryable("ReadTimeout: no answer"), False),
+        (_Retryable("ConnectError: refused", gone=True), False),
+    ]
+    for failure, expected_failed_on_its_own in cases:
+        client = RolloutClient(["http://127.0.0.1:9"])
+
+        def post_failing(k: int, body: object, *, fresh: bool, failure: _Retryable = failure) -> None:
+            raise failure
+
+        monkeypatch.setattr(client, "_post_infer", post_failing)
+        with client, pytest.raises(RolloutServerError) as raised:
+            client.infer([request], RequestConfig(seed=1))
+        assert isinstance(raised.value, RolloutRequestFailedError) == expected_failed_on_its_own, raised.value

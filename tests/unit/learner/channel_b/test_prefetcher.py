@@ -24,7 +24,7 @@ from stagectl.learner.channel_b.queue import ReadyPackQueue
 from stagectl.learner.channel_b.records import PrefetchError, ReadyPack
 from stagectl.models.generate import Generation
 from stagectl.seeds import derive_seed
-from stagectl.wire.errors import RolloutServerError, WrongVersionError
+from stagectl.wire.errors import RolloutRequestFailedError, RolloutServerError, WrongVersionError
 
 SEGMENT_TOKENS = 10
 
@@ -615,3 +615,41 @@ def test_a_burst_that_server_trouble_failed_gives_its_samples_and_seeds_to_the_r
     source.fail_with = KeyError("a sample that breaks the burst")
     pf._burst_in(2, False, time.perf_counter())
     assert pf.counters.lost_total == 18 and pf.snapshot()["stream_pos"] == 36
+
+
+class PoisonSection(FakeSection):
+    """A server that is there but fails every request holding one sample (the stream's first)."""
+
+    def rollout(self, indices: Sequence[int], seed: int) -> list[Generation]:
+        source = self.source
+        if source.poison is None:
+            source.poison = indices[0]
+        if source.poison in indices:
+            source.requests.append(len(indices))
+            raise RolloutRequestFailedError(f"rollout [0, 1) seed={seed} failed twice: HTTP 500: bad sample")
+        return super().rollout(indices, seed)
+
+
+class PoisonSource(FakeSource):
+    poison: int | None = None
+
+    @contextmanager
+    def section(self) -> Iterator[FakeSection]:
+        self.sections += 1
+        yield PoisonSection(self)
+
+
+def test_a_request_a_server_fails_on_its_own_loses_the_burst_and_the_next_burst_goes_on() -> None:
+    """Not an outage: a server that answers fails a request of one sample every time (the client split the
+    call down to it). Given back, every retry asked for that sample again, the stream never got past it and
+    the thread gave up at outage_timeout_s ('rollout servers unreachable'); its burst is lost (counted)."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = PoisonSource()
+    pf = make(source, queue, gas=2, target_packs=2, outage_timeout_s=60.0, max_consecutive_failures=9)
+    pf._burst_in(2, False, time.perf_counter())
+    assert pf.counters.fail_total == 1 and pf.counters.lost_total == 18
+    assert pf.snapshot()["stream_pos"] == 18
+    pf._burst(2)  # the next samples: no poison among them
+    assert pf.counters.fail_total == 1 and pf.counters.success_total == 1
+    rollouts = [r for _, pack in queue.state()[0] for r in pack.rollouts]
+    assert sorted(r.stream_pos for r in rollouts) == list(range(18, 36))
