@@ -193,7 +193,8 @@ def agnostic_results(
 ) -> list[dict[str, Any]]:
     """What the class-agnostic evaluation scores: every valid prediction, also those whose desc is no
     category of `gt` (`unknown`: COCO results rows without `category_id`). COCOeval's `useCats = 0` still
-    gathers the predictions of `gt`'s categories only, so they get one of them: which one does not count."""
+    gathers the predictions of `gt`'s categories only, so they get its first one (the id can change the
+    order of exactly tied scores: COCOeval lists them category by category before its stable score sort)."""
     if not unknown or not gt["categories"]:
         return list(results)
     any_category = gt["categories"][0]["id"]

@@ -213,7 +213,7 @@ def test_metrics_recomputed_from_the_written_files_agree(
     assert _faster(gt, predictions) == pytest.approx(ours, abs=1e-12)
     assert _pycocotools(gt, predictions) == pytest.approx(ours, abs=1e-12)  # the reference agrees
     # boxes only: the reference's own useCats = 0, on the predictions of both files (the unicorn's box, whose
-    # desc is no category, given one: which one does not count)
+    # desc is no category, given the first category's id, as stagectl does)
     unknown = json.loads((tmp_path / "predictions.unknown_category.json").read_text())
     assert [r["desc"] for r in unknown] == ["unicorn"]
     both = tmp_path / "both.json"
