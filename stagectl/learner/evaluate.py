@@ -83,6 +83,7 @@ class Evaluator:
         self.samples_path = out / EVAL_SAMPLES_FILE
         self.predictions_path = out / EVAL_PREDICTIONS_FILE
         self.gt_path = out / EVAL_GT_FILE
+        self._gt_written: str | None = None  # what this process last wrote or found in `gt_path`
         if training.resume_from_checkpoint is None:
             # a fresh run starts fresh eval logs
             for path in (self.path, self.samples_path, self.predictions_path):
@@ -146,8 +147,11 @@ class Evaluator:
         another `data.eval`) keeps the earlier evals' as `eval_gt.before-step-{step}.coco.json` and says so
         (it kept the first set's, and their AP was re-scored against the wrong images)."""
         text = json.dumps(gt)
+        if text == self._gt_written:  # the set of this run's last eval: the file holds it
+            return
         if self.gt_path.is_file():
-            if self.gt_path.read_text(encoding="utf-8") == text:
+            if self.gt_path.read_text(encoding="utf-8") == text:  # read once a start: a resume's first eval
+                self._gt_written = text
                 return
             kept = self.gt_path.with_name(EVAL_GT_BEFORE.format(step=step))
             os.replace(self.gt_path, kept)
@@ -157,6 +161,7 @@ class Evaluator:
                 f"now); evals from step {step} on are on the new one: compare AP within one set",
             )
         atomic_write_text(self.gt_path, text)
+        self._gt_written = text
 
     def _shown_row(self, step: int, outcome: ImageOutcome) -> dict[str, Any]:
         """One rollout as text next to its ground truth, for `eval_samples.jsonl`."""

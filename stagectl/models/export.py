@@ -122,7 +122,8 @@ def _load_sharded_masters(model: Any, shards: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    stored = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    reader = dcp.FileSystemReader(str(shards))
+    stored = reader.read_metadata().state_dict_metadata
     weights = model.state_dict()  # views of the parameters: dcp.load fills them in place
     missing = [name for name in weights if f"model.{name}" not in stored]
     if missing:
@@ -133,9 +134,7 @@ def _load_sharded_masters(model: Any, shards: Path) -> None:
     with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": meant
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(
-            {"model": weights},
-            storage_reader=dcp.FileSystemReader(str(shards)),
-            planner=DefaultLoadPlanner(allow_partial_load=True),
+            {"model": weights}, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=True)
         )
 
 

@@ -72,7 +72,7 @@ def epochs_plot(
             per_bar.x,
             distinct,
             "o",
-            markersize=line_marker_size(len(mine)) or 2.0,
+            markersize=line_marker_size(len(per_bar.x)),
             color="black",
             label="distinct samples",
         )

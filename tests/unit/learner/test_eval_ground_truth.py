@@ -28,6 +28,7 @@ def _set(boxes: list[list[float]]) -> dict[str, Any]:
 def _writer(out: Path) -> Evaluator:
     evaluator: Evaluator = object.__new__(Evaluator)
     evaluator.gt_path = out / EVAL_GT_FILE
+    evaluator._gt_written = None
     return evaluator
 
 
@@ -39,7 +40,9 @@ def test_a_changed_held_out_set_keeps_the_earlier_one_and_each_eval_is_scored_on
     writer._write_ground_truth(first, 2)
     writer._write_ground_truth(first, 4)  # the same set: nothing kept aside, nothing said
     assert sorted(p.name for p in tmp_path.iterdir()) == [EVAL_GT_FILE]
-    writer._write_ground_truth(second, 6)  # a resume from checkpoint-4 with another data.eval
+    _writer(tmp_path)._write_ground_truth(first, 6)  # a resume with the same data.eval: nothing changes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [EVAL_GT_FILE]
+    _writer(tmp_path)._write_ground_truth(second, 6)  # a resume from checkpoint-4 with another data.eval
     kept = tmp_path / EVAL_GT_BEFORE.format(step=6)
     assert (
         json.loads(kept.read_text()) == first and json.loads((tmp_path / EVAL_GT_FILE).read_text()) == second

@@ -26,11 +26,15 @@ class TinySaver(torch.nn.Module):
         torch.save(self.state_dict(), path / "weights.pt")
 
 
-def save(
-    out: Path, step: int, total_limit: int | None = None, data_state: dict[str, Any] | None = None
+def _write(
+    out: Path,
+    step: int,
+    model: TinySaver,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data_state: dict[str, Any],
+    total_limit: int | None = None,
 ) -> Path:
-    model = TinySaver()
-    optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
     return ckpt.save_checkpoint(
         out,
         step,
@@ -39,11 +43,18 @@ def save(
         optimizer=optimizer,
         scheduler=scheduler,
         rng_states=[ckpt.rng_state()],
-        trainer_state=ckpt.TrainerState(
-            step, data_state or {"a_consumed": 3 * step, "b_consumed": step}, {"num_updates": step}
-        ),
+        trainer_state=ckpt.TrainerState(step, data_state, {"num_updates": step}),
         total_limit=total_limit,
     )
+
+
+def save(
+    out: Path, step: int, total_limit: int | None = None, data_state: dict[str, Any] | None = None
+) -> Path:
+    model = TinySaver()
+    optimizer, scheduler = build_optimizer(model, TrainingConfig(max_steps=10))
+    data_state = data_state or {"a_consumed": 3 * step, "b_consumed": step}
+    return _write(out, step, model, optimizer, scheduler, data_state, total_limit)
 
 
 def trained(out: Path, cfg: TrainingConfig, steps: int) -> tuple[TinySaver, torch.optim.Optimizer, Path]:
@@ -55,18 +66,7 @@ def trained(out: Path, cfg: TrainingConfig, steps: int) -> tuple[TinySaver, torc
         optimizer.step()
         optimizer.zero_grad()
         scheduler.step()
-    path = ckpt.save_checkpoint(
-        out,
-        steps,
-        model=model,
-        save_tokenizer=lambda path: (path / "tok.json").write_text("{}"),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rng_states=[ckpt.rng_state()],
-        trainer_state=ckpt.TrainerState(
-            steps, {"a_consumed": steps, "b_consumed": 0}, {"num_updates": steps}
-        ),
-    )
+    path = _write(out, steps, model, optimizer, scheduler, {"a_consumed": steps, "b_consumed": 0})
     return model, optimizer, path
 
 
