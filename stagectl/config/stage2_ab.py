@@ -96,8 +96,9 @@ class ChannelBConfig(StrictModel):
     misses, the target's CE and geometry tokens; `stagectl report` shows them); 0: none."""
     on_rollout_loss: Literal["stop", "continue_a_only"] = "stop"
     """What train-ab does when no rollout server can serve (down, or restarted and not yet re-synced) for
-    longer than `rollout_loss_timeout_s` (server rollouts: `rollout_backend: vllm`). `stop`: a B step waits
-    for a server (one that restarted is re-synced in full and used again), and past the timeout the run
+    longer than `rollout_loss_timeout_s` (server rollouts: `rollout_backend: vllm`). `stop`: a B step without
+    queued packs waits for a server (one that restarted is re-synced in full and used again; an async B
+    step trains the packs queued before the outage first), and past the timeout the run
     writes a checkpoint and exits non-zero naming the servers, the last error, the step and the checkpoint
     to resume from. `continue_a_only`: B steps without packs train as Channel-A meanwhile, each with a
     warning line, and the end-of-run summary counts them (`no_server`)."""

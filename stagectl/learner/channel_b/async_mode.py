@@ -7,7 +7,8 @@ sync; never a later burst begun at the current version); every rank reports its 
 rank's error ends every rank with that error); each rank holds up to GAS packs of every eligible version
 (held packs cannot be evicted by a push); the policy gate (schedule) and the feasibility gate (every rank
 holds >= GAS packs of one version: all-reduce MIN) let rank 0 decide `{kind, ver}` and broadcast it; each
-rank then takes exactly its held packs of that version (or releases them all for a Channel-A step). `run`
+rank then takes exactly its held packs of that version (or releases them all for a Channel-A step). With
+no server serving, a B step trains packs queued before the outage; without, `stop` waits (`health`). `run`
 trains one pack per micro-step. Every `sync_every_steps` updates `after_update` runs the weight sync
 (`WeightPublisher`) and advances `ver` on every rank.
 
@@ -160,28 +161,16 @@ class AsyncChannelB:
             if error is not None:  # every rank raises it; rank 0 reports it
                 raise dist.SharedError(f"Channel-B prefetcher on rank {rank} failed: {error}")
         resyncs = self.health.num_resyncs
-        plan = self.health.check(step, wants_b=policy_wants_b)
+        plan = self.health.check(step, wants_b=policy_wants_b, wait=False)  # queued packs train first
+        kind, ver, reason = self._gate(policy_wants_b, serving=bool(plan.serving))
+        if reason == "no_server" and self.health.waits_for_server(plan):  # `stop`, and no packs to train
+            self.queue.release_held()
+            plan = self.health.check(step, wants_b=True)  # waits for a server, or raises past the timeout
+            kind, ver, reason = self._gate(policy_wants_b, serving=bool(plan.serving))
         if self.health.num_resyncs != resyncs:  # a full push of the current weights went out
             self.weights_are_ver = True
-        versions, held = self.queue.hold(self.gas)
-        min_held = dist.all_reduce_ints(held, "min")
-        max_held = dist.all_reduce_ints(held, "max")
-        decision: tuple[Literal["A", "B"], int | None, SkipReason | None] | None = None
         if self.world.is_main:
-            kind, ver = decide_step(policy_wants_b, versions, min_held, self.gas)
-            stale = self.queue.counters().drop_stale_total
-            reason = None
-            if policy_wants_b and kind == "A":
-                reason = skip_reason(
-                    serving=bool(plan.serving),
-                    some_rank_held=max(max_held, default=0) >= self.gas,
-                    went_stale=stale > self._stale_seen,
-                )
-            self._stale_seen = stale
-            decision = (kind, ver, reason)
-        decided = dist.broadcast_object(decision)
-        assert decided is not None, "rank 0 decides"
-        kind, ver, reason = decided
+            self._stale_seen = self.queue.counters().drop_stale_total
         if reason == "no_server":  # decided, not guessed from the roster: queued packs train without a server
             self.health.warn_trains_a(step)
         if kind == "B":
@@ -203,14 +192,35 @@ class AsyncChannelB:
             "time/wait_s": time.perf_counter() - t0,
         }
 
+    def _gate(
+        self, policy_wants_b: bool, *, serving: bool
+    ) -> tuple[Literal["A", "B"], int | None, SkipReason | None]:
+        """The feasibility gate (collectives on every rank): each rank sets aside its packs (`queue.hold`);
+        rank 0 decides B at the oldest version every rank holds `gas` packs of, else A with its reason."""
+        versions, held = self.queue.hold(self.gas)
+        min_held = dist.all_reduce_ints(held, "min")
+        max_held = dist.all_reduce_ints(held, "max")
+        decision: tuple[Literal["A", "B"], int | None, SkipReason | None] | None = None
+        if self.world.is_main:
+            kind, ver = decide_step(policy_wants_b, versions, min_held, self.gas)
+            reason = None
+            if policy_wants_b and kind == "A":
+                reason = skip_reason(
+                    serving=serving,
+                    some_rank_held=max(max_held, default=0) >= self.gas,
+                    went_stale=self.queue.counters().drop_stale_total > self._stale_seen,
+                )
+            decision = (kind, ver, reason)
+        decided = dist.broadcast_object(decision)
+        assert decided is not None, "rank 0 decides"
+        return decided
+
     def _wait_for_first_burst(self) -> None:
         """A step that wants Channel-B while this rank holds fewer than GAS packs of every eligible version
         and its prefetcher has not finished a burst since it started (a run's or a resume's first B step):
         wait for that first burst (queued or failed; an idle, failed or stopped prefetcher: no wait), at
-        most the servers' `infer_timeout_s`. The thread starts with the step loop, and the first B step
-        came before its packs in 18 of 20 runs of the async example: without this wait every run began
-        one B step short of its schedule. Each rank waits for its own burst; the gates then decide
-        together, as at every step."""
+        most the servers' `infer_timeout_s` (without it, 18 of 20 runs of the async example began one B
+        step short). Each rank waits for its own burst; the gates then decide together."""
         if max(self.queue.eligible_counts()[1], default=0) < self.gas:
             self.prefetcher.wait_first_burst(self.fence_timeout_s)
 

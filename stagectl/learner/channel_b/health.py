@@ -10,7 +10,8 @@ re-sync waits for the next A step (at most `MAX_DEFER_STEPS` B steps in a row; t
 rollouts meanwhile).
 
 When no server can serve, `stage2_ab.channel_b.on_rollout_loss` decides:
-- `stop`: a step that wants Channel-B waits for a server (probing and re-syncing every `POLL_S`), and once
+- `stop`: a step that wants Channel-B and has no packs queued waits for a server (probing and re-syncing every
+  `POLL_S`; an async B step whose packs were queued before the outage trains them first), and once
   no server has served for `rollout_loss_timeout_s` (at any step) the run stops: `RolloutLossError`, which
   the learner loop turns into a checkpoint and the error naming the servers, the last error, the step and
   the checkpoint to resume from. A stop signal (SIGINT/SIGTERM, on rank 0) ends the wait: the step trains
@@ -87,17 +88,20 @@ class ServerHealth:
         self.roster = ServerRoster(tuple(range(len(self.weight_client.base_urls))), (), (), 0.0, "")
         self._deferred = 0  # B steps in a row whose re-sync waited (`check`)
 
-    def check(self, step: int, *, wants_b: bool, defer_resync: bool = True) -> ServerRoster:
+    def check(
+        self, step: int, *, wants_b: bool, defer_resync: bool = True, wait: bool = True
+    ) -> ServerRoster:
         """Every rank: probe, re-sync what needs it, route the rollouts; with policy `stop` a B step
         waits for a server (at most until the outage reaches the timeout). The roster after it.
         `defer_resync`: a B step while another server serves leaves the re-sync to the next A step (its new
-        version would make queued packs stale), at most `MAX_DEFER_STEPS` in a row."""
+        version would make queued packs stale), at most `MAX_DEFER_STEPS` in a row. `wait=False`: a B step
+        whose packs may already be queued does not wait yet (`waits_for_server` says when it must)."""
         roster = self._probe_and_resync(defer=defer_resync and wants_b)
         wait_since = None  # monotonic start of a B step's wait for a server
         while not roster.serving and self.on_loss == "stop":
             if roster.outage_s > self.timeout_s:
                 raise RolloutLossError(self.loss_message(roster, step), step)
-            if not wants_b:
+            if not (wants_b and wait):
                 break
             if roster.stop_requested:  # the loop saves and stops after this step, which trains Channel-A
                 say("train-ab", f"B step {step + 1}: a stop signal ends the wait for a rollout server")
@@ -115,6 +119,10 @@ class ServerHealth:
             waited_s = time.monotonic() - wait_since
             say("train-ab", f"B step {step + 1}: a rollout server serves again after {waited_s:.1f} s")
         return roster
+
+    def waits_for_server(self, roster: ServerRoster) -> bool:
+        """Policy `stop` and no server serves: a B step without queued packs waits (`check`)."""
+        return self.on_loss == "stop" and not roster.serving
 
     def warn_trains_a(self, step: int) -> None:
         """The B step `step` trains as Channel-A because no server can serve (`continue_a_only`): said

@@ -197,7 +197,9 @@ def _decider(fence_timeout_s: float = 30.0) -> Any:
     channel.fence_timeout_s = fence_timeout_s
     channel.runner = SimpleNamespace(timer=SimpleNamespace(time=lambda phase: nullcontext()))
     channel.health = SimpleNamespace(
-        num_resyncs=0, check=lambda step, wants_b: SimpleNamespace(serving=["http://127.0.0.1:1"])
+        num_resyncs=0,
+        check=lambda step, wants_b, wait=True: SimpleNamespace(serving=["http://127.0.0.1:1"]),
+        waits_for_server=lambda roster: False,
     )
     channel.world = SimpleNamespace(is_main=True)
     channel._stale_seen = 0
@@ -311,3 +313,32 @@ def test_continue_a_only_warns_only_for_a_b_step_that_trains_as_a(capsys: pytest
     assert (decision.kind, decision.reason) == ("A", "no_server")
     err = capsys.readouterr().err
     assert err.count("warning: B step 4 trains as Channel-A: no rollout server can serve") == 1
+
+
+def test_stop_trains_queued_packs_before_it_waits_for_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No server serves and the policy is `stop`: a B step whose packs were queued before the outage trains
+    them at once (it waited up to `rollout_loss_timeout_s` for a server first, then stopped the run with
+    the packs untrained); a B step without packs waits, and stops the run once the outage passes the
+    timeout."""
+    from stagectl.config.plan import ServerList, ServerRollouts
+    from stagectl.config.rollout import HttpSync
+    from stagectl.dist import World
+    from stagectl.learner.channel_b import health
+    from stagectl.learner.channel_b.health import RolloutLossError, ServerHealth
+
+    monkeypatch.setattr(health, "POLL_S", 0.01)
+    channel = _decider()
+    servers = _DownServers()
+    rollouts = ServerRollouts(
+        ServerList(tuple(servers.base_urls)), HttpSync(), "stop", rollout_loss_timeout_s=0.3
+    )
+    publisher = SimpleNamespace(client=servers, ver=0)
+    client = SimpleNamespace(use_servers=lambda servers: None)
+    channel.health = ServerHealth(rollouts, World(0, 0, 1), publisher, client, lambda outcome: None)
+    channel.prefetcher.burst(0, delay_s=None)
+    channel.prefetcher.queue_packs(0)  # a burst finished before the server went away
+    decision, extra = channel.decide(1, True)
+    assert (decision.kind, decision.ver) == ("B", 0) and extra["time/wait_s"] < 0.3
+    channel.queue.take_held(0)  # trained
+    with pytest.raises(RolloutLossError, match="stopped before step 4"):
+        channel.decide(3, True)
