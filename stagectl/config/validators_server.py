@@ -3,7 +3,14 @@ the server list (see `validators` for the convention: one rule each, `Problem`s 
 
 from __future__ import annotations
 
-from stagectl.config.root import LOOPBACK_HOSTS, Problem, StagectlConfig, is_train_ab, uses_server_rollouts
+from stagectl.config.root import (
+    LOOPBACK_HOSTS,
+    Problem,
+    StagectlConfig,
+    is_train_ab,
+    is_zero_ratio,
+    uses_server_rollouts,
+)
 
 
 def validate_server_security(cfg: StagectlConfig, world_size: int) -> list[Problem]:
@@ -146,6 +153,9 @@ def validate_server_list(cfg: StagectlConfig, world_size: int) -> list[Problem]:
         return []
     if cfg.custom.extra.rollout_matching.vllm.server.servers:
         return []
+    ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
+    if ratio is not None and is_zero_ratio(ratio):
+        return []  # an A-only run (the baseline of an AB config) never calls a rollout server
     return [
         Problem(
             "custom.extra.rollout_matching.vllm.server.servers",

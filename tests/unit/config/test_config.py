@@ -418,6 +418,18 @@ def test_server_rollouts_need_a_server(tmp_path: Path) -> None:
     )
 
 
+def test_an_a_only_run_of_a_server_config_needs_no_server(tmp_path: Path) -> None:
+    """`b_ratio: 0` (the A-only baseline of an AB config) never calls a rollout server: an empty server list
+    is accepted, and the same config with B steps still needs one."""
+    data = {**ASYNC, "stage2_ab": {"schedule": {"b_ratio": "0"}, "channel_b": {"mode": "async"}}}
+    key = "custom.extra.rollout_matching.vllm.server.servers"
+    load_config(write(tmp_path, data), [f"{key}=[]"])
+    assert (
+        "at least one server"
+        in problems_of(tmp_path, data, f"{key}=[]", "stage2_ab.schedule.b_ratio=0.25")[key]
+    )
+
+
 def test_yaml_syntax_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("training:\n  max_steps: [1,\n")
