@@ -3,7 +3,8 @@ TensorBoard and Weights & Biases sinks (`training.report_to`), and a rich progre
 
 Every sink gets every row. W&B logs the row at W&B step `row["step"]`, the run's resolved config as the
 run config, and keeps its run id in `{output_dir}/wandb_run_id` so a resumed run continues the same
-W&B run; `training.wandb.mode: offline` (or `WANDB_MODE=offline`) needs no network."""
+W&B run (its retrained steps stay as first logged there: W&B steps only go forward; the resume says so);
+`training.wandb.mode: offline` (or `WANDB_MODE=offline`) needs no network."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from stagectl.console import say
 from stagectl.files import atomic_write_lines
 from stagectl.rundir.policy import count_rows
 
@@ -122,6 +124,14 @@ class WandbSink:
         id_file = t.output_dir / WANDB_RUN_ID_FILE
         if resume_step and id_file.is_file():
             run_id = id_file.read_text().strip()  # a resumed run continues its W&B run
+            logged = [row["step"] for _, row in _json_lines(t.output_dir / METRICS_FILE) if _has_step(row)]
+            if logged and max(logged) >= resume_step:
+                say(
+                    "train-ab",
+                    f"warning: W&B run {run_id} keeps steps {resume_step}-{max(logged)} (metrics.jsonl's "
+                    "`step`) as the interrupted process logged them: a W&B run's steps only go forward, so "
+                    "the steps retrained from the checkpoint reach metrics.jsonl and TensorBoard, not W&B",
+                )
         else:
             run_id = uuid.uuid4().hex[:8]
             id_file.write_text(run_id + "\n")
@@ -144,6 +154,10 @@ class WandbSink:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _has_step(row: Any) -> bool:
+    return isinstance(row, dict) and isinstance(row.get("step"), int)
 
 
 def _finite(value: Any) -> Any:
