@@ -22,6 +22,7 @@ from stagectl.cli.common import fail
 
 if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
+    from stagectl.config.model_data import DataConfig
     from stagectl.config.plan_train import TrainPlan
 
 
@@ -105,6 +106,8 @@ def command(
         # every image again before the model loads: `learner.setup.load_train_samples`)
         if cfg.data is not None and cfg.data.train_jsonl is not None:
             load_jsonl_dataset(cfg.data.train_jsonl, cfg.data.image_root, box_format=cfg.data.box_format)
+        if cfg.data is not None:
+            _check_held_out(cfg.data)
         model_problem = model_problem_on_disk(cfg.model.name_or_path)  # e.g. a text-only model
         if model_problem is not None:
             raise ValueError(f"model.name_or_path: {model_problem}")
@@ -176,6 +179,24 @@ def _as_saved(cfg: StagectlConfig) -> dict[str, Any]:
     plain = dict(to_plain(cfg))
     plain["training"] = {**plain["training"], "overwrite_output_dir": False}
     return plain
+
+
+def _check_held_out(data: DataConfig) -> None:
+    """`data.eval.jsonl` read as rank 0's evaluator reads it (`learner.evaluate.Evaluator`: lines, images
+    opened, COCO ids), which it does only once the model has loaded; `ValueError` naming the key."""
+    from stagectl.data.jsonl import DataError, load_jsonl_dataset
+    from stagectl.evaluation.coco import assign_ids
+
+    held_out = data.eval
+    if held_out is None or held_out.jsonl is None:
+        return
+    try:
+        samples = load_jsonl_dataset(
+            held_out.jsonl, held_out.image_root, box_format=data.box_format, verify_images=True
+        )
+    except DataError as exc:
+        raise ValueError(f"data.eval.jsonl: {exc}") from None
+    assign_ids(samples[: held_out.max_samples], str(held_out.jsonl))  # ids on every line or on none
 
 
 def _plan_or_fail(cfg: StagectlConfig, world_size: int) -> TrainPlan:

@@ -44,7 +44,7 @@ from stagectl.learner.checkpoint_space import disk_full_reason, free_bytes, tree
 from stagectl.learner.optim import apply_schedule
 from stagectl.models.loading import DamagedWeightsError
 from stagectl.models.quiet import hf_progress_bars_off
-from stagectl.rundir.resume import train_set_refusal, world_size_refusal
+from stagectl.rundir.resume import resume_path_refusal, train_set_refusal, world_size_refusal
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -236,30 +236,10 @@ def resolve_resume(resume: Path | str | None, output_dir: Path) -> Path | None:
         found = list_checkpoints(output_dir)
         return found[-1] if found else None
     path = Path(resume)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"training.resume_from_checkpoint: {path} does not exist (give a checkpoint-N directory, or "
-            "latest for the newest one in training.output_dir)"
-        )
-    if not (path / TRAINER_STATE).is_file():
-        raise FileNotFoundError(
-            f"training.resume_from_checkpoint: {path} is not a complete checkpoint (no {TRAINER_STATE})"
-            f"{_resume_hint(path)}"
-        )
+    refused = resume_path_refusal(path)  # the launcher refuses it before a server or any rank starts
+    if refused is not None:
+        raise FileNotFoundError(refused)
     return path
-
-
-def _resume_hint(path: Path) -> str:
-    """The checkpoint meant when `path` is a checkpoint's `model/` or a run directory."""
-    if path.name == "model" and (path.parent / TRAINER_STATE).is_file():
-        return f"; it is the model/ of {path.parent}: give that checkpoint directory"
-    found = list_checkpoints(path)
-    if found:
-        return (
-            f"; it is a run directory: give its newest checkpoint {found[-1]}, or latest with "
-            f"training.output_dir: {path} (--resume)"
-        )
-    return ""
 
 
 def load_trainer_state(path: Path) -> TrainerState:

@@ -168,13 +168,43 @@ def nothing_left_note(out: Path, resume: Path | str | None, max_steps: int) -> s
     return f"{resume_note(checkpoint, step, max_steps)}; nothing was started"
 
 
+def resume_path_refusal(path: Path) -> str | None:
+    """Why `path` (a `training.resume_from_checkpoint` other than `latest`) cannot be resumed from, or None
+    when it is a complete checkpoint: missing, or without its trainer_state.json (a checkpoint's `model/`
+    or a run directory named instead of a checkpoint: the line says which checkpoint was meant)."""
+    if not path.exists():
+        return (
+            f"training.resume_from_checkpoint: {path} does not exist (give a checkpoint-N directory, or "
+            "latest for the newest one in training.output_dir)"
+        )
+    if (path / "trainer_state.json").is_file():
+        return None
+    hint = ""
+    newest = latest_complete_checkpoint(path)
+    if path.name == "model" and (path.parent / "trainer_state.json").is_file():
+        hint = f"; it is the model/ of {path.parent}: give that checkpoint directory"
+    elif newest is not None:
+        hint = (
+            f"; it is a run directory: give its newest checkpoint {newest}, or latest with "
+            f"training.output_dir: {path} (--resume)"
+        )
+    return (
+        f"training.resume_from_checkpoint: {path} is not a complete checkpoint (no trainer_state.json){hint}"
+    )
+
+
 def check_resume_world_size(out: Path, resume: Path | str | None, world_size: int) -> None:
-    """The launcher's early form of `learner.checkpoint.check_world_size` (before a server or any rank
-    starts): `ValueError` when the checkpoint a resume would continue from was written by another number
-    of ranks (its trainer_state.json says; older checkpoints are left to the ranks' check)."""
+    """The launcher's early form of the ranks' resume checks (before a server or any rank starts):
+    `ValueError` when a named checkpoint is missing or incomplete (`resume_path_refusal`), or when the
+    checkpoint a resume would continue from was written by another number of ranks (its
+    trainer_state.json says; older checkpoints are left to the ranks' check)."""
     checkpoint = resume_checkpoint(out, resume)
     if checkpoint is None:
         return
+    if str(resume) != "latest":
+        refused = resume_path_refusal(checkpoint)
+        if refused is not None:
+            raise ValueError(refused)
     try:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         written_by = state["data_state"]["world_size"]
