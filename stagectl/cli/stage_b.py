@@ -78,6 +78,7 @@ def command(
     restart = (config, bool(overrides) or gpus is not None or nproc is not None)
     from stagectl.config import ConfigError, effective_world_size, load_config
     from stagectl.config.plan_stage_b import stage_b_plan
+    from stagectl.files import check_output_dir
     from stagectl.launch import inside_torchrun
     from stagectl.rundir.liveness import still_running
     from stagectl.rundir.policy import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
@@ -130,6 +131,7 @@ def command(
                 key="output.root",
                 command="--set output.run_name=NEW_NAME",
             )
+            check_output_dir(run_dir, key="output.root")  # rank 0 first writes it after the model loads
         except ValueError as exc:
             fail(str(exc))
         if note is not None:

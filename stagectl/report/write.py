@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from stagectl.files import check_output_dir
 from stagectl.report import html
 from stagectl.report.detect import EVAL_METRICS, METRICS, Run, find_runs
 from stagectl.report.jsonl import read_jsonl
@@ -60,8 +61,13 @@ class Written:
 
 
 def write_reports(run_dir: Path) -> list[Written]:
-    """Write the report(s) for `run_dir`; ValueError (one line) when there is nothing to report."""
+    """Write the report(s) for `run_dir`; ValueError (one line) when there is nothing to report, or before
+    anything is drawn when a report could not be written whole (`check_report_paths`)."""
     runs = find_runs(run_dir)
+    for run in runs:
+        check_report_paths(run.path)
+    if len(runs) > 1 or runs[0].path != run_dir:  # a parent of Stage-B missions gets an index report.md
+        check_report_paths(run_dir)
     if runs[0].kind == "train_ab":
         return [write_train_ab_report(runs[0].path)]
     if runs[0].kind == "eval":
@@ -276,6 +282,20 @@ def _mission_line(mission_dir: Path) -> str:
         f"{s.num_tickets} tickets, accuracy {fmt(s.accuracy_first)} → {fmt(s.accuracy_last)}, "
         f"guidance step {fmt(s.guidance_step_first)} → {fmt(s.guidance_step_last)}"
     )
+
+
+def check_report_paths(report_dir: Path) -> None:
+    """`ValueError` naming the path when `report_dir`'s report cannot be written: `report/` (the plots) a
+    file, `report.md` or `report.html` a directory, or the directory not writable. Checked before the plots
+    are drawn (seconds to minutes on a long run), which would otherwise be left behind without a report."""
+    for name, is_dir in ((PLOT_DIR, True), (REPORT_MD, False), (html.REPORT_HTML, False)):
+        path = report_dir / name
+        if path.exists() and path.is_dir() != is_dir:
+            what = "a file, not the directory of the plots" if is_dir else "a directory, not a file"
+            raise ValueError(
+                f"cannot write the report: {path} is {what}; move it away and run the report again"
+            )
+    check_output_dir(report_dir / PLOT_DIR, key="report")
 
 
 def _fresh_plot_dir(run_dir: Path) -> Path:

@@ -285,3 +285,27 @@ def test_a_second_stage_b_in_a_live_runs_directory_is_refused(tmp_path: Path) ->
     assert result.exit_code == 1, result.output
     assert f"is in use: a stage-b run is running (pid {alive} on" in result.output
     assert sorted(p.name for p in run_dir.iterdir()) == ["running.json"]
+
+
+def test_a_run_directory_that_cannot_be_written_is_refused_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """output.root under a file: rank 0 found it only when it first wrote the run directory, after the
+    model (engine: model) had loaded; the launcher now refuses it, naming the key, and starts nothing."""
+    import stagectl.launch
+    import stagectl.stage_b.runner
+
+    def started(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("the run started; the launcher should have refused output.root")
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", started)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", started)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for nproc in ([], ["--nproc", "2"]):
+        result = CliRunner().invoke(app, ["stage-b", str(TINY), *nproc, *_set_args(_sets(blocker / "out"))])
+        assert result.exit_code == 1, result.output
+        assert (
+            f"error: output.root: cannot write to {blocker}/out/tiny/shapes_qc: {blocker} is a file, "
+            "not a directory"
+        ) in result.output

@@ -54,3 +54,29 @@ def test_what_the_report_skipped_is_said_on_the_console_too(tmp_path: Path) -> N
     result = CliRunner().invoke(app, ["report", str(run)])
     assert result.exit_code == 0, result.output
     assert "report: note: metrics.jsonl: skipped 1 unreadable line(s): 7 (a torn last line" in result.output
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_the_plots_are_drawn(tmp_path: Path) -> None:
+    """A file where the plot directory goes, or a directory where report.md / report.html goes, failed with a
+    traceback after the plots were drawn (report.md written without its page, PNGs left behind); the report
+    now refuses it first, naming the path, and draws nothing."""
+    from typer.testing import CliRunner
+
+    from stagectl.cli.app import app
+
+    run, _, _ = write_report_dirs(tmp_path)
+    before = sorted(p.name for p in run.iterdir())
+    for name, make, said in (
+        ("report", Path.touch, "is a file, not the directory of the plots"),
+        ("report.html", Path.mkdir, "is a directory, not a file"),
+        ("report.md", Path.mkdir, "is a directory, not a file"),
+    ):
+        make(run / name)
+        result = CliRunner().invoke(app, ["report", str(run)])
+        assert result.exit_code == 1, result.output
+        assert f"error: cannot write the report: {run / name} {said}" in result.output
+        assert sorted(p.name for p in run.iterdir()) == sorted([*before, name])  # nothing else written
+        if name == "report":
+            (run / name).unlink()
+        else:
+            (run / name).rmdir()
