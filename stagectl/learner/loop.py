@@ -93,6 +93,7 @@ class Trainer:
         self.samples = (
             SamplesWriter(training.output_dir, resume_step=resume_step) if self.world.is_main else None
         )
+        self._step_samples: tuple[int, list[list[SampleRecord]]] = (-1, [])  # rank 0: the last step's
         self.progress = ProgressBar(training.max_steps, st.start_step, enabled=self.world.is_main)
         self.evaluator = (
             Evaluator(plan.eval, training, st.bundle, st.encoder.vocab, resume_step=st.start_step)
@@ -122,12 +123,16 @@ class Trainer:
                     except (WeightPushError, RolloutServerError) as exc:  # step mode: lost inside a B step
                         raise dist.SharedError(mid_step_loss_note(step, exc, self.plan.output_dir)) from None
                     step += 1
-                    self.steps_done, self.b_steps_done = step, self.b_steps.as_dict()
                     if step == self.state.start_step + 1 and self.world.is_main:  # a resumed run goes on:
                         (self.plan.output_dir / FINAL_STATE).unlink(missing_ok=True)  # its old end is past
                     row.update(self._maybe_evaluate(step))  # eval/AP, eval/AP50, eval/f1, ... on eval steps
+                    # the step's row, then its samples' lines, then the count: a run killed or failed in the
+                    # eval has none of them (samples.jsonl had the step's lines, metrics.jsonl no row)
                     if self.metrics is not None:
                         self.metrics.write(row)
+                    if self.samples is not None:
+                        self.samples.write(*self._step_samples)
+                    self.steps_done, self.b_steps_done = step, self.b_steps.as_dict()
                     self.progress.update(
                         step - 1, row, log=step % cfg.logging_steps == 0, b_skipped=self._b_skipped
                     )
@@ -215,11 +220,12 @@ class Trainer:
             )
 
     def _log_samples(self, step: int, records: list[SampleRecord]) -> None:
-        """`samples.jsonl`: every rank's trained samples of the step, gathered to rank 0 and appended."""
+        """Every rank's trained samples of the step, gathered to rank 0; `run` appends them to
+        `samples.jsonl` right after the step's metrics row."""
         per_rank = dist.gather_objects(records)
         if self.samples is not None:
             assert per_rank is not None
-            self.samples.write(step, per_rank)
+            self._step_samples = (step, per_rank)
 
     def _optimizer_update(self) -> tuple[float, tuple[int, int]]:
         """Clip, step, schedule; returns the gradient norm (before clipping) and this rank's

@@ -7,9 +7,10 @@ and for Channel-B `gen_version` (the policy version whose weights generated the 
 mode and the number of optimizer updates in step mode (the rollouts come from the weights being trained).
 
 Every rank records its own samples during the step (`StepAccumulator.samples`); at the step boundary rank
-0 gathers them (one gather, inside the metrics phase) and appends the step's lines, flushed, in rank
-order. On resume the lines of steps at or after the checkpoint's step are dropped (they are about to be
-trained again); otherwise the file is only ever appended to.
+0 gathers them (one gather, inside the metrics phase) and, once the step's eval is done and its metrics row
+written, appends the step's lines, flushed, in rank order. On resume the lines of steps at or after the
+checkpoint's step are dropped (they are about to be trained again); otherwise the file is only ever
+appended to.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_a_resumed_run_drops_the_old_end_once_its_first_step_is_done(tmp_path: A
     )
     trainer.state = SimpleNamespace(start_step=8)
     trainer.world = SimpleNamespace(is_main=True)
-    trainer._stop, trainer._b_skipped, trainer.metrics = StopSignals(), None, None
+    trainer._stop, trainer._b_skipped, trainer.metrics, trainer.samples = StopSignals(), None, None, None
     trainer.b_steps = SimpleNamespace(as_dict=lambda: {})
     trainer.channel_b = SimpleNamespace(start=lambda: None)
     trainer.progress = SimpleNamespace(
@@ -229,3 +229,54 @@ def test_a_resumed_run_drops_the_old_end_once_its_first_step_is_done(tmp_path: A
         json.loads((tmp_path / "final_state.json").read_text()) == old_end
     )  # its end stays until a step is done
     assert trainer.steps_done == 10
+
+
+def test_a_step_whose_eval_fails_leaves_no_samples_lines_and_is_not_counted_done(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's samples.jsonl lines were appended inside the step, before its eval and metrics row: a run
+    killed (or failed) during an eval had the trained samples of a step metrics.jsonl has no row for, and
+    a failed run's final_state.json counted that step done. The lines follow the row now, and the count
+    follows both."""
+    import json
+
+    from stagectl.learner.loop import Trainer
+    from stagectl.learner.metrics import MetricsWriter
+    from stagectl.learner.samples import SamplesWriter, read_samples
+    from stagectl.stopping import StopSignals
+
+    monkeypatch.setattr(dist, "gather_objects", lambda local: [local])
+    trainer: Any = object.__new__(Trainer)  # only what `run` reads is set
+    trainer.plan = SimpleNamespace(
+        training=SimpleNamespace(max_steps=4, logging_steps=1, saves_checkpoint=lambda step: False),
+        output_dir=tmp_path,
+    )
+    trainer.state = SimpleNamespace(start_step=0)
+    trainer.world = SimpleNamespace(is_main=True)
+    trainer._stop, trainer._b_skipped = StopSignals(), None
+    trainer.metrics = MetricsWriter(tmp_path)
+    trainer.samples = SamplesWriter(tmp_path, resume_step=None)
+    trainer.steps_done, trainer.b_steps_done = 0, {}
+    trainer.b_steps = SimpleNamespace(as_dict=lambda: {})
+    trainer.channel_b = SimpleNamespace(start=lambda: None)
+    trainer.progress = SimpleNamespace(update=lambda *a, **k: None)
+    trainer.close = lambda finished: None
+
+    def train_step(step: int) -> dict[str, Any]:
+        trainer._log_samples(step, [("A", 10 + step, step, None, None)])  # the real gather of its samples
+        return {"step": step, "kind": "A"}
+
+    def evaluate(step: int) -> dict[str, float]:
+        if step == 2:  # the eval after the second update: the run is killed or fails here
+            raise RuntimeError("eval failed")
+        return {}
+
+    trainer.train_step, trainer._maybe_evaluate = train_step, evaluate
+    with pytest.raises(RuntimeError, match="eval failed"):
+        trainer.run()
+    trainer.metrics.close()
+    trainer.samples.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0]
+    assert [s["step"] for s in read_samples(tmp_path / "samples.jsonl")] == [0]
+    assert trainer.steps_done == 1  # final_state.json of the failed run: the steps with a row
