@@ -313,8 +313,7 @@ class AsyncChannelB:
         """`stage2_ab/async/*`: this rank's counters reduced over ranks, each by its declared reduction
         (`stagectl.metric_keys`: the queue depth is the sum of every rank's depth, the version and the sync
         counters rank 0's); the drop rate from the reduced counts."""
-        q = self.queue.counters()
-        c = self.prefetcher.counters
+        c, q = self.prefetcher.counters_now()  # one consistent reading of the thread's counters
         build_s, collate_s = c.build_s, c.collate_s  # rank 0's prefetcher, like the learner's phase timers
         last_build_s, last_collate_s = self._prefetch_seconds
         self._prefetch_seconds = (build_s, collate_s)

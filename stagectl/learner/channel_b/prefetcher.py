@@ -43,7 +43,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stagectl.data.sampler import ShardedSampler
@@ -59,7 +59,7 @@ from stagectl.learner.channel_b.pacing import (
     update_estimate,
 )
 from stagectl.learner.channel_b.packs import PackBuilder
-from stagectl.learner.channel_b.queue import ReadyPackQueue
+from stagectl.learner.channel_b.queue import QueueCounters, ReadyPackQueue
 from stagectl.learner.channel_b.records import (
     Built,
     PrefetchCounters,
@@ -141,6 +141,12 @@ class Prefetcher:
             versions, counts = self.queue.eligible_counts()
             self._bursts.add_coming(versions, counts)
             return versions, counts
+
+    def counters_now(self) -> tuple[PrefetchCounters, QueueCounters]:
+        """Copies of this thread's and the queue's counters, read under the lock a burst's packing holds: a
+        metrics row never counts a burst as succeeded whose packs are not yet counted as produced or queued."""
+        with self._lock:
+            return replace(self.counters), self.queue.counters()
 
     def burst_behind(self) -> bool:
         """A burst is in progress (its section started, its packs not yet queued) at a version older than

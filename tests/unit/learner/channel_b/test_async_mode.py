@@ -47,6 +47,8 @@ def _channel(scale: int) -> Any:
             collate_s=1.0 * scale,
         )
     )
+    # read together, as the prefetcher's lock has them
+    channel.prefetcher.counters_now = lambda: (channel.prefetcher.counters, channel.queue.counters())
     channel._prefetch_seconds = (1.0, 0.5)
     channel.clock = SimpleNamespace(ver=4 * scale)
     channel.client = SimpleNamespace(counters=lambda: {"retries": scale})  # this rank's, not reduced

@@ -653,3 +653,37 @@ def test_a_request_a_server_fails_on_its_own_loses_the_burst_and_the_next_burst_
     assert pf.counters.fail_total == 1 and pf.counters.success_total == 1
     rollouts = [r for _, pack in queue.state()[0] for r in pack.rollouts]
     assert sorted(r.stream_pos for r in rollouts) == list(range(18, 36))
+
+
+def test_counters_read_while_a_burst_packs_count_the_burst_and_its_packs_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The learner's metrics row read the thread's counters one by one while a burst was packing: the burst
+    was counted in `prefetch_success_total` and its packs not yet in `produced_packs_total` nor the queue (a
+    resumed async run logged 6 successful bursts and 5 packs in one row). `counters_now` reads them under
+    the lock the packing holds."""
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    pf = make(source, queue, gas=2, target_packs=4)
+    packing, resume = threading.Event(), threading.Event()
+    collate = FakePacks.collate
+
+    def slow_collate(self: FakePacks, segments: list[Segment]) -> Any:
+        packing.set()
+        assert resume.wait(10.0)
+        return collate(self, segments)
+
+    monkeypatch.setattr(FakePacks, "collate", slow_collate)
+    burst = threading.Thread(target=lambda: pf._burst(pf._packs_wanted()))
+    burst.start()
+    assert packing.wait(10.0)  # the burst has its rollouts and is making its first pack
+    read: list[Any] = []
+    reader = threading.Thread(target=lambda: read.append(pf.counters_now()))
+    reader.start()
+    reader.join(0.2)
+    resume.set()
+    reader.join(10.0)
+    burst.join(10.0)
+    ((counters, queued),) = read
+    assert (counters.success_total, counters.produced_packs) == (1, 4)
+    assert (queued.depth, queued.pushed_total) == (4, 4)
