@@ -260,10 +260,17 @@ _ASYNC = [
     _async("prefetch_success_total", "sum", "", "async", "Prefetch bursts that succeeded so far."),
     _async("prefetch_fail_total", "sum", "", "async", "Prefetch bursts that failed so far."),
     _async("produced_packs_total", "sum", "", "async", "Packs the prefetchers produced so far."),
-    _async("rollouts_requested_total", "sum", "", "async", "Rollouts requested so far."),
+    _async(
+        "rollouts_requested_total",
+        "sum",
+        "",
+        "async",
+        "Rollouts the servers answered so far (those of a failed request are asked again or counted in "
+        "`stage2_ab/async/rollouts_lost_total`).",
+    ),
     _async("rollouts_trained_total", "sum", "", "async", "Rollouts trained so far."),
     _async("rollouts_dropped_total", "sum", "", "async", "Rollouts dropped so far (stale, too long, carry)."),
-    _async("drop_rate", "derived", "", "async", "Dropped / requested rollouts."),
+    _async("drop_rate", "derived", "", "async", "Dropped / answered rollouts (`rollouts_requested_total`)."),
     _async("rollouts_lost_total", "sum", "", "async", "Samples lost to failed bursts so far."),
     _async("bursts_cut_short_total", "sum", "", "async", "Bursts cut short by a waiting sync so far."),
     _async("b_ratio_realized", "none", "", "async", "B steps / steps so far."),
@@ -271,7 +278,12 @@ _ASYNC = [
     _async("sync_fail_total", "none", "", "async", "Failed weight syncs so far."),
     _async("server_resync_total", "none", "", "async", "Re-syncs of a restarted server so far."),
     _async(
-        "rollout_requests_total", "sum", "", "async", "Rollout HTTP requests the prefetchers made so far."
+        "rollout_requests_total",
+        "sum",
+        "",
+        "async",
+        "Rollout HTTP requests of the prefetchers that the servers answered so far (a failed one counts in "
+        "`stage2_ab/async/prefetch_fail_total` and `rollout_client/failed_calls`).",
     ),
     _async("requests_refused_total", "sum", "", "async", "Rollout requests a server refused so far."),
     _async("prefetch_busy_s", "sum", "s", "async", "Prefetcher busy seconds so far."),

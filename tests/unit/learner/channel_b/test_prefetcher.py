@@ -687,3 +687,20 @@ def test_counters_read_while_a_burst_packs_count_the_burst_and_its_packs_togethe
     ((counters, queued),) = read
     assert (counters.success_total, counters.produced_packs) == (1, 4)
     assert (queued.depth, queued.pushed_total) == (4, 4)
+
+
+def test_a_failed_request_is_not_counted_as_requested_and_the_catalog_says_so() -> None:
+    """`stage2_ab/async/rollout_requests_total` and `rollouts_requested_total` count what the servers
+    answered: a run whose server was SIGKILLed made 4 more requests that failed and both stayed where they
+    were, while docs/reference/metrics.md called them the requests made and the rollouts requested."""
+    from stagectl import metric_keys
+
+    queue: ReadyPackQueue[ReadyPack] = ReadyPackQueue(queue_limit=50, version_window=1)
+    source = FakeSource()
+    source.fail_with = RolloutServerError("connection refused")
+    pf = make(source, queue, gas=2, target_packs=4)
+    pf._burst(pf._packs_wanted())  # server trouble: counted as a failed burst, then a back-off
+    assert source.requests == [36] and pf.counters.fail_total == 1  # sent, never answered
+    assert (pf.counters.requests_total, pf.counters.rollouts_total) == (0, 0)
+    for name in ("rollout_requests_total", "rollouts_requested_total"):
+        assert "answered" in metric_keys.METRICS[metric_keys.ASYNC_PREFIX + name].doc
