@@ -5,6 +5,9 @@ stagectl launcher runs it.
   rank's watchdog then ends the rank.
 - A run that fails ends with one line per failed rank (exit code or signal, and what it means)
   instead of torchrun's `ChildFailedError` traceback; the ranks have printed their own errors above.
+- torchrun's per-launch log directory (`--log-dir`, default a fresh `/tmp/torchelastic_*` that torch never
+  removes: one left behind per launch) is a temp directory of this process, removed when torchrun ends,
+  unless `--log-dir` names one.
 - A node that loses the rendezvous store (multi-node: the node that hosts it, the first to start at
   the endpoint, died or the network broke) says so in one line; torch's C++ warnings about the broken
   store socket (each with a 30-frame backtrace) are not printed by this process (`TORCH_CPP_LOG_LEVEL`
@@ -16,7 +19,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stagectl.launch import die_with_parent
@@ -82,12 +86,23 @@ def _import_torch_quietly() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
     _import_torch_quietly()
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.log_dir:
+        return _run(run, args)
+    # torchrun would make a /tmp/torchelastic_* of its own (the ranks' error files) and leave it behind
+    with tempfile.TemporaryDirectory(prefix="stagectl-torchelastic-", ignore_cleanup_errors=True) as log_dir:
+        args.log_dir = log_dir
+        return _run(run, args)
+
+
+def _run(run: Callable[[Any], object], args: Any) -> int:
+    """torchrun's `run(args)`, its failures as the one-line messages of the module docstring."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+
     try:
         run(args)
     except ChildFailedError as exc:

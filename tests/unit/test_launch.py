@@ -145,3 +145,39 @@ def test_a_dead_launchers_old_plan_dir_is_removed_and_nothing_else(tmp_path: Pat
     with plan_dir() as tmp:  # the launcher's own: named with its pid, gone after the block
         assert tmp.name.startswith(f"{PLAN_DIR_PREFIX}{os.getpid()}-") and tmp.is_dir()
     assert not tmp.exists()
+
+
+@pytest.mark.parametrize("user_log_dir", [False, True])
+def test_torchrun_leaves_no_log_dir_behind_unless_the_user_named_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, user_log_dir: bool
+) -> None:
+    """torchrun's default `--log-dir` is a fresh /tmp/torchelastic_* per launch that torch never removes (the
+    soak found 369 of them in /tmp); stagectl.torchrun's own is gone when torchrun ends, a user's stays."""
+    import tempfile
+
+    import torch.distributed.run
+
+    import stagectl.torchrun
+
+    roots: list[Path] = []
+
+    def launch(args: object) -> None:  # torchrun's own set-up (its log specs make the log dir), no workers
+        config, _, _ = torch.distributed.run.config_from_args(args)
+        assert config.logs_specs is not None
+        roots.append(Path(config.logs_specs.root_log_dir))
+
+    temp_root = tmp_path / "tmp"
+    temp_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp_root))
+    monkeypatch.setattr(stagectl.torchrun, "die_with_parent", lambda: None)
+    monkeypatch.setattr(torch.distributed.run, "run", launch)
+    user_args = [f"--log-dir={tmp_path / 'mine'}"] if user_log_dir else []
+    for _ in range(3):
+        assert stagectl.torchrun.main(["--nproc-per-node=1", *user_args, "x.py"]) == 0
+    assert len(roots) == 3
+    if user_log_dir:
+        assert roots == [tmp_path / "mine"] * 3 and roots[0].is_dir()
+        assert list(temp_root.iterdir()) == []
+    else:
+        assert all(root.parent == temp_root for root in roots)  # torchrun's log dir was the temp one ...
+        assert list(temp_root.iterdir()) == []  # ... and nothing of any launch is left
