@@ -244,7 +244,11 @@ _ASYNC = [
     _async("servers_serving", "none", "", "async", "Rollout servers serving the current version."),
     _async("policy_wants_b", "none", "", "async", "1 when the schedule asked for a B step."),
     _async(
-        "b_step_skipped_due_to_queue", "none", "", "async", "1 when a wanted B step trained A (no packs)."
+        "b_step_skipped_due_to_queue",
+        "none",
+        "",
+        "async",
+        "1 when a wanted B step trained A, for any reason (the ledger names it).",
     ),
     _async(
         "ver_lag", "none", "", "async B steps", "Policy versions between the trained packs and the learner."
