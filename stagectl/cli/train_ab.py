@@ -69,6 +69,7 @@ def command(
     from stagectl.config.fractions import as_fraction
     from stagectl.config.plan import server_rollouts
     from stagectl.config.rollout import DiskSync
+    from stagectl.config.root import uses_server_rollouts
     from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
@@ -77,7 +78,14 @@ def command(
     from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
     from stagectl.rundir.policy import prepare_train_dir
-    from stagectl.rundir.resume import check_resume_world_size, config_change_note, nothing_left_note
+    from stagectl.rundir.resume import (
+        check_resume_train_set,
+        check_resume_world_size,
+        config_change_note,
+        nothing_left_note,
+    )
+    from stagectl.wire.http import not_answering
+    from stagectl.wire.tls import check_client_credentials
 
     if resume and overwrite:
         fail("--resume and --overwrite contradict each other; give one of them")
@@ -101,11 +109,16 @@ def command(
         _train(_plan_or_fail(cfg, effective_world_size(cfg)))
         return
     t = cfg.training
+    ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
+    a_only = ratio is not None and as_fraction(ratio) == 0
     try:
         # the data's lines and image paths, before the run directory, a server or any rank (a rank opens
         # every image again before the model loads: `learner.setup.load_train_samples`)
+        num_samples = cfg.data.synthetic.num_samples if cfg.data and cfg.data.synthetic else None
         if cfg.data is not None and cfg.data.train_jsonl is not None:
-            load_jsonl_dataset(cfg.data.train_jsonl, cfg.data.image_root, box_format=cfg.data.box_format)
+            num_samples = len(
+                load_jsonl_dataset(cfg.data.train_jsonl, cfg.data.image_root, box_format=cfg.data.box_format)
+            )
         if cfg.data is not None:
             _check_held_out(cfg.data)
         model_problem = model_problem_on_disk(cfg.model.name_or_path)  # e.g. a text-only model
@@ -121,11 +134,24 @@ def command(
             if done is not None:
                 typer.echo(f"train-ab: {done}", err=True)
                 raise typer.Exit(0)
+            if num_samples is not None:  # the ranks check it after a server starts
+                check_resume_train_set(t.output_dir, t.resume_from_checkpoint, num_samples)
             changed = config_change_note(t.output_dir, _as_saved(cfg), t.resume_from_checkpoint)
             if changed is not None:
                 typer.echo(f"train-ab: {changed}", err=True)
         check_output_dir(t.output_dir)  # before a server or any rank starts
         check_devices(cfg.launch, cfg.rollout_server)
+        # the ranks build their rollout client (the token, the CA file) only after the model has loaded
+        if uses_server_rollouts(cfg) and not cfg.rollout_server.embedded and not a_only:
+            servers = server_rollouts(cfg).servers
+            check_client_credentials(servers)
+            down = not_answering(servers)  # a server still starting is waited for, by design: say so now
+            if down:
+                typer.echo(
+                    f"train-ab: note: not answering /health/ now: {', '.join(down)}; once the model has loaded "
+                    f"the ranks wait up to {servers.wait_healthy_s:g} s ({servers.wait_healthy_key}) for it",
+                    err=True,
+                )
         knobs = knobs_from_config(
             cfg.model, t, global_max_length=cfg.global_max_length, world_size=effective_world_size(cfg)
         )
@@ -135,8 +161,6 @@ def command(
     except ValueError as exc:
         fail(str(exc))
     server: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
-    ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
-    a_only = ratio is not None and as_fraction(ratio) == 0
     if cfg.rollout_server.embedded and a_only:  # no B step: no rollout, no weight push (channel_b.build)
         typer.echo("train-ab: b_ratio 0 (A-only): the embedded rollout server is not started", err=True)
     elif cfg.rollout_server.embedded:

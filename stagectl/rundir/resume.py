@@ -214,6 +214,21 @@ def check_resume_world_size(out: Path, resume: Path | str | None, world_size: in
         raise ValueError(world_size_refusal(checkpoint, written_by, world_size))
 
 
+def check_resume_train_set(out: Path, resume: Path | str | None, num_samples: int) -> None:
+    """The launcher's early form of `learner.checkpoint.check_train_set`: `ValueError` when the checkpoint a
+    resume would continue from was written on a training set of another size (its trainer_state.json says;
+    a checkpoint that does not is left to the ranks)."""
+    checkpoint = resume_checkpoint(out, resume)
+    if checkpoint is None:
+        return
+    try:
+        saved = json.loads((checkpoint / "trainer_state.json").read_text())["data_state"]["num_train_samples"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if isinstance(saved, int) and saved != num_samples:
+        raise ValueError(train_set_refusal(checkpoint, saved, num_samples))
+
+
 def read_yaml(path: Path) -> Any:
     """The YAML document at `path`, or None when it cannot be read or parsed."""
     try:

@@ -1,12 +1,19 @@
 """Reading a rollout server's HTTP answers, shared by the two clients that talk to it: the inference
-client (`inference.client`) and the weight sync (`weightsync`), so neither imports the other."""
+client (`inference.client`) and the weight sync (`weightsync`), so neither imports the other; and the
+launcher's one look at the servers' `/health/` (`not_answering`), before any model loads."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import httpx
 
 from stagectl.wire.errors import RolloutRequestError
 from stagectl.wire.protocol import VersionResponse
+from stagectl.wire.tls import client_context
+
+if TYPE_CHECKING:
+    from stagectl.config.plan import ServerList
 
 
 def server_version(http: httpx.Client, base_url: str) -> VersionResponse:
@@ -39,3 +46,22 @@ def raise_for_status(response: httpx.Response, base_url: str, path: str) -> None
         raise RolloutRequestError(
             f"{base_url}{path}: HTTP {response.status_code}: {response_detail(response)}"
         )
+
+
+def not_answering(servers: ServerList, timeout_s: float = 2.0) -> list[str]:
+    """`URL (why)` for each of `servers` that does not answer `/health/` with 200 now: one try each, no
+    wait (the ranks' `RolloutClient.wait_healthy` waits for a server still starting; this says early that it
+    will)."""
+    https = any(url.startswith("https://") for url in servers.base_urls)
+    verify = client_context(servers.tls_ca_file, skip_verify=servers.tls_skip_verify) if https else True
+    down: list[str] = []
+    with httpx.Client(timeout=timeout_s, verify=verify) as http:
+        for url in servers.base_urls:
+            try:
+                response = http.get(f"{url}/health/")
+            except httpx.HTTPError as exc:
+                down.append(f"{url} ({type(exc).__name__}: {exc})")
+                continue
+            if response.status_code != 200:
+                down.append(f"{url} (HTTP {response.status_code})")
+    return down

@@ -41,9 +41,19 @@ def test_a_text_only_model_is_refused_before_anything_is_written(
     assert not (tmp_path / "runs").exists()
 
 
-def _refused_before_the_run(monkeypatch: pytest.MonkeyPatch, sets: list[str]) -> str:
-    """train-ab's output for `sets` on the tiny example with an embedded rollout server, asserting that it
-    exits 1 before the server starts or a rank loads the model (both are replaced by a failure)."""
+SERVER_ROLLOUTS = [
+    "custom.extra.rollout_matching.rollout_backend=vllm",
+    "custom.extra.rollout_matching.vllm.mode=server",
+]
+EMBEDDED = ["rollout_server.embedded=true", *SERVER_ROLLOUTS]
+
+
+def _refused_before_the_run(
+    monkeypatch: pytest.MonkeyPatch, sets: list[str], server: list[str] = EMBEDDED
+) -> str:
+    """train-ab's output for `sets` on the tiny example with server rollouts (an embedded server unless
+    `server` says otherwise), asserting that it exits 1 before a server starts or a rank loads the model
+    (both are replaced by a failure)."""
     import stagectl.cli.train_ab
     import stagectl.launch
 
@@ -57,11 +67,6 @@ def _refused_before_the_run(monkeypatch: pytest.MonkeyPatch, sets: list[str]) ->
     monkeypatch.setattr(stagectl.launch, "embedded_rollout_server", started("the embedded rollout server"))
     for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    server = [
-        "rollout_server.embedded=true",
-        "custom.extra.rollout_matching.rollout_backend=vllm",
-        "custom.extra.rollout_matching.vllm.mode=server",
-    ]
     result = CliRunner().invoke(
         app, ["train-ab", str(TINY), *[a for s in [*server, *sets] for a in ("--set", s)]]
     )
@@ -111,3 +116,76 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_is_refused_before_the_serv
     )
     assert f"error: training.resume_from_checkpoint: {missing} is not a complete checkpoint" in output
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_token_or_ca_file_of_listed_servers_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollout client reads its token's variable and an https server's CA file when a rank builds it,
+    after the model has loaded; the launcher now reads both first."""
+    key = "custom.extra.rollout_matching.vllm.server"
+    monkeypatch.delenv("FAILLATE_UNSET_TOKEN", raising=False)
+    listed = [*SERVER_ROLLOUTS, f"{key}.servers=[{{base_url: 'https://127.0.0.1:1'}}]"]
+    sets = [f"training.output_dir={tmp_path / 'runs' / 'x'}"]
+    output = _refused_before_the_run(
+        monkeypatch, [*sets, f"{key}.auth_token_env=FAILLATE_UNSET_TOKEN"], listed
+    )
+    assert f"error: {key}.auth_token_env names $FAILLATE_UNSET_TOKEN, which is unset or empty" in output
+    missing = tmp_path / "ca.pem"
+    output = _refused_before_the_run(monkeypatch, [*sets, f"{key}.tls_ca_file={missing}"], listed)
+    assert f"error: {key}.tls_ca_file: cannot load {missing}" in output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_listed_server_that_does_not_answer_is_named_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks wait for a server still starting (by design), but they first said so after the model had
+    loaded; the launcher now names a server that does not answer /health/ and the wait ahead, and starts
+    the run as before."""
+    import socket
+
+    import stagectl.cli.train_ab
+
+    with socket.socket() as sock:  # a port nobody listens on: its connection is refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    started: list[object] = []
+    monkeypatch.setattr(stagectl.cli.train_ab, "_train", started.append)
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    key = "custom.extra.rollout_matching.vllm.server"
+    sets = [
+        *SERVER_ROLLOUTS,
+        f"{key}.servers=[{{base_url: '{url}'}}]",
+        f"training.output_dir={tmp_path / 'run'}",
+    ]
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    assert len(started) == 1  # a note, not a refusal: the server may still be starting
+    assert (
+        f"train-ab: note: not answering /health/ now: {url} (ConnectError: " in result.output
+        and f"once the model has loaded the ranks wait up to 120 s ({key}.timeout_s) for it" in result.output
+    )
+
+
+def test_a_resume_on_a_training_set_of_another_size_is_refused_before_the_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks refused it (their stream positions index the old set), but only after the embedded server
+    had loaded its model; the launcher now compares the set's size with the checkpoint's first."""
+    from tests.unit.rundir.runs import finished_run
+
+    out = tmp_path / "run"
+    finished_run(out, num_rows=2, checkpoints=(2,))
+    state = {"global_step": 2, "data_state": {"world_size": 1, "num_train_samples": 255}}
+    (out / "checkpoint-2" / "trainer_state.json").write_text(json.dumps(state))
+    before = sorted(p.name for p in out.iterdir())
+    output = _refused_before_the_run(
+        monkeypatch, [f"training.output_dir={out}", "training.resume_from_checkpoint=latest"]
+    )
+    assert (
+        "error: training.resume_from_checkpoint: checkpoint-2 was written on a training set of 255 samples "
+        "but the data (data.train_jsonl / data.synthetic) now has 256"
+    ) in output
+    assert sorted(p.name for p in out.iterdir()) == before
