@@ -1,6 +1,7 @@
-"""What train-ab needs of a checkpoint, read from its files without torch or transformers: a Qwen-VL
+"""What train-ab needs of a checkpoint, read from its files without torch or a model load: a Qwen-VL
 model (`config.json` names a Qwen-VL `model_type` and has a `vision_config`) that ships its image
-processor (`preprocessor_config.json`). Any other model loads, serves and judges text, but stagectl can
+processor (`preprocessor_config.json`) and whose chat template compiles (with transformers' own Jinja compiler,
+which needs no torch). Any other model loads, serves and judges text, but stagectl can
 put images into its prompts and pack its samples only for Qwen-VL (`stagectl.models.qwen_vl`).
 
 `detection_model_problem` is asked before any weight loads: by `stagectl doctor` (`model.load`), by
@@ -35,6 +36,35 @@ def detection_model_problem(checkpoint: Path) -> str | None:
         )
     if not (checkpoint / IMAGE_PROCESSOR_FILE).is_file():
         return f"{checkpoint} has no {IMAGE_PROCESSOR_FILE}: train-ab needs the checkpoint's image processor"
+    return chat_template_problem(checkpoint)
+
+
+def chat_template_problem(checkpoint: Path) -> str | None:
+    """Why the checkpoint's chat template (`chat_template.jinja`, else `tokenizer_config.json`'s
+    `chat_template` text) does not compile, as transformers compiles it when the first prompt is rendered
+    (after the model has loaded); None when it compiles or there is none to read here."""
+    from jinja2 import TemplateError, TemplateSyntaxError
+
+    try:  # transformers' own compiler (its chat-template module imports no torch); private, hence guarded
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return None
+    where = checkpoint / "chat_template.jinja"
+    try:
+        if where.is_file():
+            text: object = where.read_text(encoding="utf-8")
+        else:
+            where = checkpoint / "tokenizer_config.json"
+            text = json.loads(where.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None  # the tokenizer's own loading reports an unreadable file
+    if not isinstance(text, str):
+        return None
+    try:
+        _compile_jinja_template(text)
+    except TemplateError as exc:
+        line = f" (line {exc.lineno})" if isinstance(exc, TemplateSyntaxError) else ""
+        return f"{where}: the chat template does not compile{line}: {exc.message or exc}"
     return None
 
 

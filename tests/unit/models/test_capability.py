@@ -52,3 +52,24 @@ def test_the_builtin_models_are_told_apart(monkeypatch: pytest.MonkeyPatch, tmp_
     assert model_problem_on_disk("builtin:tiny-qwen2.5-vl") is None
     assert model_problem_on_disk("builtin:tiny-qwen3-vl") is None  # not built yet
     assert model_problem_on_disk(str(tmp_path / "nowhere")) is None  # the rank names the missing directory
+
+
+def test_a_chat_template_that_does_not_compile_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    """A checkpoint whose chat template has a Jinja syntax error failed at the first step, after the model
+    had loaded, with a traceback; it is refused from its files now, naming the file and the line. Templates
+    transformers compiles (its loop controls, its `generation` tag) pass."""
+    config = {"model_type": "qwen2_5_vl", "vision_config": {}}
+    jinja = _checkpoint(tmp_path / "jinja", config)
+    (jinja / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}\n{% if %}{% endfor %}")
+    assert detection_model_problem(jinja) == (
+        f"{jinja / 'chat_template.jinja'}: the chat template does not compile (line 2): "
+        "Expected an expression, got 'end of statement block'"
+    )
+    in_config = _checkpoint(tmp_path / "in-config", config)
+    (in_config / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0] "}))
+    problem = detection_model_problem(in_config)
+    assert problem is not None
+    assert problem.startswith(f"{in_config / 'tokenizer_config.json'}: the chat template does not compile")
+    valid = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% break %}{% endfor %}"
+    (jinja / "chat_template.jinja").write_text(valid)
+    assert detection_model_problem(jinja) is None
