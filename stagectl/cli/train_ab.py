@@ -286,6 +286,7 @@ def _train(plan: TrainPlan) -> None:
     from stagectl.console import error_text, plural, say
     from stagectl.dist import CollectiveError, SharedError
     from stagectl.launch import inside_torchrun
+    from stagectl.learner.channel_b.protocol import BStepLedger
     from stagectl.learner.checkpoint import CheckpointWriteError
     from stagectl.learner.loop import Trainer
     from stagectl.learner.metrics import rollout_f1_summary, run_rollout_f1s
@@ -326,6 +327,8 @@ def _train(plan: TrainPlan) -> None:
                 write_failed_state(
                     out, trainer.steps_done, plan.training.max_steps, error, trainer.b_steps_done
                 )
+                # what the finished steps trained, as a run that ends well or by a signal says it
+                say("train-ab", BStepLedger.from_dict(trainer.b_steps_done).summary_line())
             raise
         else:
             if rank == 0:

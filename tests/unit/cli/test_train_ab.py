@@ -244,7 +244,8 @@ def test_a_run_an_error_ended_records_why_in_final_state(
     tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch, error: Exception, recorded: str
 ) -> None:
     """A run that had begun (a metrics row written) and then failed says so in final_state.json: the steps it
-    completed, the error line (a bug's exception type too) and its ledger; `stagectl report` and a refused
+    completed, the error line (a bug's exception type too) and its ledger (the log prints the ledger's line);
+    `stagectl report` and a refused
     restart read "failed after step 6 of 24", not a run that might still be going. A start that failed
     before its first row leaves no trace (no final_state.json either)."""
     import json
@@ -256,7 +257,8 @@ def test_a_run_an_error_ended_records_why_in_final_state(
     def failed(self: _Trainer) -> int:
         out.mkdir(exist_ok=True)
         (out / "metrics.jsonl").write_text('{"step": 0}\n')
-        self.steps_done, self.b_steps_done = 6, {"num_steps": 6, "b_steps_wanted": 2, "b_steps_trained": 2}
+        ledger = {"num_steps": 6, "b_steps_wanted": 3, "b_steps_trained": 2, "b_steps_as_a": {"no_server": 1}}
+        self.steps_done, self.b_steps_done = 6, ledger
         raise error
 
     monkeypatch.setattr(_Trainer, "run", failed)
@@ -265,6 +267,8 @@ def test_a_run_an_error_ended_records_why_in_final_state(
     state = json.loads((out / "final_state.json").read_text())
     assert state["global_step"] == 6 and state["max_steps"] == 24 and state["error"].startswith(recorded)
     assert state["b_steps"]["b_steps_trained"] == 2
+    # the log says what the finished steps trained too, as a run that ends well or by a signal does
+    assert "train-ab: B steps: 3 wanted, 2 trained; 1 as Channel-A (no_server 1)" in result.output
     end = read_run_end(out)
     assert end is not None and not end.finished
     assert end.describe(why=False) == "failed after step 6 of 24"
