@@ -50,10 +50,15 @@ def command(
         raise typer.Exit(1) from None
 
     from stagectl.config.placement import CpuSides
+    from stagectl.models.capability import template_problem_on_disk
     from stagectl.placement import place_server
 
     try:
         place_server(cfg.rollout_server, CpuSides.of(cfg))  # before the engine (and CUDA) starts
+        # before the model loads: a template that does not compile failed every /infer/ with HTTP 500
+        problem = template_problem_on_disk(cfg.model.name_or_path)
+        if problem is not None:
+            raise ValueError(f"model.name_or_path: {problem}")
     except ValueError as exc:
         fail(str(exc))
 

@@ -79,3 +79,15 @@ def model_problem_on_disk(name_or_path: str) -> str | None:
     except ValueError:
         return None
     return detection_model_problem(checkpoint)
+
+
+def template_problem_on_disk(name_or_path: str) -> str | None:
+    """`chat_template_problem` of `model.name_or_path` when its files are on disk (any model: what a rollout
+    server serves); None when they are not (see `model_problem_on_disk`)."""
+    from stagectl.memory.from_config import checkpoint_dir
+
+    try:
+        checkpoint = checkpoint_dir(name_or_path)
+    except ValueError:
+        return None
+    return chat_template_problem(checkpoint)
