@@ -80,6 +80,7 @@ def command(
     from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.files import check_output_dir
     from stagectl.launch import inside_torchrun
+    from stagectl.models.capability import template_problem_on_disk
     from stagectl.rundir.liveness import still_running
     from stagectl.rundir.policy import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
     from stagectl.stage_b.progress import describe, read_progress
@@ -108,6 +109,10 @@ def command(
         fail(f"{config}: {exc}")
     if cfg.launch.nnodes != 1:
         fail("stage-b runs on one node; set launch.nnodes: 1")
+    if cfg.runner.engine == "model":  # each rank renders it only after loading the model
+        problem = template_problem_on_disk(cfg.model.name_or_path)
+        if problem is not None:
+            fail(f"model.name_or_path: {problem}")
     # once, before any rank starts (the ranks continue whatever guidance is there); a bad mission name was
     # refused by the config (and again by the runner, for a plan.json written by hand)
     if not inside_torchrun() and valid_mission(plan.mission):

@@ -309,3 +309,32 @@ def test_a_run_directory_that_cannot_be_written_is_refused_before_any_rank_start
             f"error: output.root: cannot write to {blocker}/out/tiny/shapes_qc: {blocker} is a file, "
             "not a directory"
         ) in result.output
+
+
+def test_a_model_whose_chat_template_does_not_compile_is_refused_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runner.engine: model rendered the template at the first rollout, after the model had loaded and the
+    run directory was written, and ended on a traceback; the launcher now refuses it, naming the file."""
+    import json
+
+    import stagectl.launch
+    import stagectl.stage_b.runner
+
+    def started(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("the run started; the launcher should have refused the chat template")
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", started)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", started)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {}}))
+    (model / "chat_template.jinja").write_text("{{ messages[0] ")
+    sets = [*_sets(tmp_path / "out"), "runner.engine=model", f"model.name_or_path={model}"]
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(sets)])
+    assert result.exit_code == 1, result.output
+    assert (
+        f"error: model.name_or_path: {model / 'chat_template.jinja'}: the chat template does not compile"
+        in (result.output)
+    )
+    assert not (tmp_path / "out").exists()
