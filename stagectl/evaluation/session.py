@@ -89,6 +89,7 @@ def _evaluate(
 ) -> EvalRun | None:
     from stagectl import dist
     from stagectl.detection.vocab import TokenVocab
+    from stagectl.models.capability import chat_template_problem
     from stagectl.models.loading import load_bundle, load_tokenizer, resolve_checkpoint
 
     plan = session.eval
@@ -118,6 +119,9 @@ def _evaluate(
         vocab = TokenVocab.from_tokenizer(tokenizer)
         generate = server_generate(client, samples, spec)
     else:
+        problem = chat_template_problem(picked)  # rendered by the first generate, after the model loads
+        if problem is not None:
+            raise ValueError(f"--model / model.name_or_path: {problem}")
         bundle = load_bundle(model_path, torch_dtype=session.model.torch_dtype, add_coord_tokens=True)
         vocab = TokenVocab.from_tokenizer(bundle.tokenizer)
         generate = in_process_generate(bundle, samples, vocab, spec)

@@ -104,3 +104,29 @@ def test_a_ctrl_c_during_the_eval_ends_with_that_line_and_130(
     result = CliRunner().invoke(app, ["eval", str(config), "--out", str(tmp_path / "eval")])
     assert result.exit_code == 130
     assert "eval: interrupted (SIGINT); nothing was written to" in result.output
+
+
+def test_a_chat_template_that_does_not_compile_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was rendered by the first generate, after the model had loaded, and the eval ended on a
+    traceback; it is named (file and line) before any weight loads now."""
+    import stagectl.models.loading
+
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model loaded; the eval should have refused its chat template first")
+
+    monkeypatch.setattr(stagectl.models.loading, "load_bundle", no_load)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {}}')
+    (model / "chat_template.jinja").write_text("{% if %}")
+    result = CliRunner().invoke(
+        app,
+        ["eval", str(LEARN_SHAPES), "--model", str(model), "--out", str(tmp_path / "out"), "--gallery", "0"],
+    )
+    assert result.exit_code == 1, result.output
+    assert (
+        f"error: --model / model.name_or_path: {model / 'chat_template.jinja'}: the chat template does not "
+        "compile (line 1)"
+    ) in result.output
