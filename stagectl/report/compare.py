@@ -331,7 +331,16 @@ def write_comparison(
     run_dirs: Sequence[Path], out_dir: Path, step: int | None = None
 ) -> tuple[Path, list[str], list[str]]:
     """`out_dir/comparison.md` (+ `comparison_f1.png`); returns the report path, its table lines and its notes
-    (lines skipped, runs that did not finish)."""
+    (lines skipped, runs that did not finish). `ValueError` naming the path, before any run is read, when
+    `out_dir` cannot hold them."""
+    from stagectl.files import check_output_dir
+
+    for name in ("comparison.md", "comparison.html", "comparison_f1.png"):
+        if (out_dir / name).is_dir():
+            raise ValueError(
+                f"--out: cannot write {out_dir / name}: it is a directory, not a file; move it away"
+            )
+    check_output_dir(out_dir, key="--out")
     runs = [load_run(p) for p in run_dirs]
     at, rows = compare(runs, step)
     table = render_table(rows)

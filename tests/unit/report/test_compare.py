@@ -146,3 +146,23 @@ def test_a_run_without_per_image_counters_is_named(tmp_path: Path) -> None:
     (b_dir / "eval.jsonl").write_text(json.dumps({"step": 10, "f1": 0.5}) + "\n")  # an old run's row
     with pytest.raises(ValueError, match=rf"^{b_dir / 'eval.jsonl'} step 10: eval row has no per_image"):
         compare([a, load_run(b_dir)])
+
+
+def test_an_out_dir_that_cannot_hold_the_comparison_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """`--out` under a file, or a directory where comparison.html goes: a traceback after comparison.md and
+    the plot were written; now one error naming the path, and nothing written."""
+    from stagectl.report.compare import write_comparison
+
+    base = {"synthetic": {"seed": 1, "num_samples": 4}, "max_samples": 64}
+    runs = [_ablation_run(tmp_path / "a", 0.0, base), _ablation_run(tmp_path / "b", 0.5, base)]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=f"--out: cannot write to {blocker}/cmp: {blocker} is a file"):
+        write_comparison(runs, blocker / "cmp")
+    out = tmp_path / "cmp"
+    (out / "comparison.html").mkdir(parents=True)
+    with pytest.raises(ValueError, match=f"--out: cannot write {out}/comparison.html: it is a directory"):
+        write_comparison(runs, out)
+    assert [p.name for p in out.iterdir()] == ["comparison.html"]
