@@ -128,7 +128,8 @@ class AsyncChannelB:
             watchdog_step_s=state.plan.watchdog.step_s if self.world.world_size > 1 else None,
         )
         self._held: list[ReadyPack] = []
-        self._stale_seen = 0  # the queue's drop_stale_total at the last decision
+        self._stale_seen = 0  # the queue's drop_stale_total at the last decision (rank 0)
+        self._stale_at_gate = 0  # ... as the last gate read it
         self.num_b_steps = 0
         self.num_steps = 0
         self.num_skipped = 0
@@ -169,8 +170,7 @@ class AsyncChannelB:
             kind, ver, reason = self._gate(policy_wants_b, serving=bool(plan.serving))
         if self.health.num_resyncs != resyncs:  # a full push of the current weights went out
             self.weights_are_ver = True
-        if self.world.is_main:
-            self._stale_seen = self.queue.counters().drop_stale_total
+        self._stale_seen = self._stale_at_gate  # a drop since the gate read it is the next step's reason
         if reason == "no_server":  # decided, not guessed from the roster: queued packs train without a server
             self.health.warn_trains_a(step)
         if kind == "B":
@@ -204,11 +204,12 @@ class AsyncChannelB:
         if self.world.is_main:
             kind, ver = decide_step(policy_wants_b, versions, min_held, self.gas)
             reason = None
+            self._stale_at_gate = self.queue.counters().drop_stale_total  # read once (the prefetcher drops)
             if policy_wants_b and kind == "A":
                 reason = skip_reason(
                     serving=serving,
                     some_rank_held=max(max_held, default=0) >= self.gas,
-                    went_stale=self.queue.counters().drop_stale_total > self._stale_seen,
+                    went_stale=self._stale_at_gate > self._stale_seen,
                 )
             decision = (kind, ver, reason)
         decided = dist.broadcast_object(decision)

@@ -344,3 +344,28 @@ def test_stop_trains_queued_packs_before_it_waits_for_a_server(monkeypatch: pyte
     channel.queue.take_held(0)  # trained
     with pytest.raises(RolloutLossError, match="stopped before step 4"):
         channel.decide(3, True)
+
+
+def test_a_pack_gone_stale_during_the_gate_is_the_next_steps_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefetcher drops a stale pack while rank 0 broadcasts a step's decision: the next B step that
+    trains as A says `stale_packs` (the count was read again after the decision, so that drop was never
+    anyone's reason: `queue_empty`)."""
+    from stagectl.learner.channel_b import async_mode
+
+    channel = _decider(fence_timeout_s=0.01)  # no burst is coming: no wait for one
+    real = dist.broadcast_object
+    pushed: list[bool] = []
+
+    def broadcast(obj: Any) -> Any:
+        if isinstance(obj, tuple) and not pushed:  # the gate's decision: a burst of an old version lands
+            pushed.append(channel.queue.push(object(), -2))
+        return real(obj)
+
+    monkeypatch.setattr(async_mode.dist, "broadcast_object", broadcast)
+    decision, _ = channel.decide(1, True)
+    assert (decision.kind, decision.reason) == ("A", "queue_empty") and pushed == [False]
+    assert channel.queue.counters().drop_stale_total == 1
+    decision, _ = channel.decide(2, True)
+    assert (decision.kind, decision.reason) == ("A", "stale_packs")
+    decision, _ = channel.decide(3, True)  # counted once
+    assert (decision.kind, decision.reason) == ("A", "queue_empty")
