@@ -189,3 +189,24 @@ def test_a_resume_on_a_training_set_of_another_size_is_refused_before_the_server
         "but the data (data.train_jsonl / data.synthetic) now has 256"
     ) in output
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_held_out_jsonl_beside_a_synthetic_split_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.eval with both `synthetic` and `jsonl`: the evaluator reads the synthetic split and never the
+    jsonl, so a jsonl path that is not there (a cluster path in a shared config) does not stop the run."""
+    import stagectl.cli.train_ab
+
+    trained: list[Any] = []
+    monkeypatch.setattr(stagectl.cli.train_ab, "_train", trained.append)
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    sets = [
+        f"data.eval.jsonl={tmp_path / 'missing.jsonl'}",
+        "data.eval.synthetic={num_samples: 4, seed: 1, image_size: 112}",
+        f"training.output_dir={tmp_path / 'runs' / 'x'}",
+    ]
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    assert "missing.jsonl" not in result.output and len(trained) == 1
