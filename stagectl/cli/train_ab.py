@@ -212,8 +212,8 @@ def _check_held_out(data: DataConfig) -> None:
     from stagectl.evaluation.coco import assign_ids
 
     held_out = data.eval
-    if held_out is None or held_out.jsonl is None or held_out.synthetic is not None:
-        return  # a synthetic split is what the evaluator reads (`load_eval_samples`): the jsonl goes unread
+    if held_out is None or held_out.jsonl is None:
+        return
     try:
         samples = load_jsonl_dataset(
             held_out.jsonl, held_out.image_root, box_format=data.box_format, verify_images=True

@@ -151,6 +151,12 @@ class EvalDataConfig(StrictModel):
     score 1 (`AP_by_score`, `AP_constant_score`); docs/evaluation.md gives the measurement behind the
     default (`coord_desc`: +0.022 AP over `coord` on the learn-shapes Stage-1 checkpoint)."""
 
+    @model_validator(mode="after")
+    def _one_split(self) -> EvalDataConfig:
+        if self.jsonl is not None and self.synthetic is not None:  # one would be ignored without a word
+            raise ValueError("set one of data.eval.jsonl or data.eval.synthetic, not both")
+        return self
+
 
 class DataConfig(StrictModel):
     train_jsonl: UserPath | None = None
