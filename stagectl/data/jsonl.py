@@ -131,6 +131,7 @@ class BoxReading:
     undecided: str | None = None  # why `auto` cannot tell, when it cannot
     # every coordinate an integer up to 1000 and some 1000: pixels, or a 0..1000 normalised scale (not bins)
     scale_1000: bool = False
+    num_boxes: int = 0  # objects and crowd regions of the lines that parse; 0: nothing to read
 
 
 def read_box_format(
@@ -156,9 +157,11 @@ def read_box_format(
         not _fits_bins(box) and not _fits_pixels(box, raw.width, raw.height) for box, raw in boxes
     )
     try:
-        return BoxReading(_detect_box_format(raws), num_fit_neither)
+        return BoxReading(_detect_box_format(raws), num_fit_neither, num_boxes=len(boxes))
     except LineError as exc:
-        return BoxReading(None, num_fit_neither, undecided=str(exc), scale_1000=_scale_1000(boxes))
+        return BoxReading(
+            None, num_fit_neither, undecided=str(exc), scale_1000=_scale_1000(boxes), num_boxes=len(boxes)
+        )
 
 
 def _scale_1000(boxes: list[tuple[tuple[float, float, float, float], RawSample]]) -> bool:

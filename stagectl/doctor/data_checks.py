@@ -34,6 +34,8 @@ def missing_file_fix(key: str, path: Path) -> str:
 def _bad_lines(name: str, exc: DataError, key: str, path: Path) -> Check:
     """The first bad lines of a data file (`file:line: what`), and how many more there are; a file that is
     not there gets the fix that makes one."""
+    if path.is_dir():
+        return fail(name, f"{path}: is a directory, not a JSONL file", f"point {key} at the JSONL file in it")
     if not path.is_file():
         return fail(name, f"{path}: no such file", missing_file_fix(key, path))
     shown = exc.errors[:NUM_SHOWN_ERRORS]
@@ -98,6 +100,12 @@ def check_box_format(data: DataConfig) -> list[Check]:
                 f"{reading.num_fit_neither} box(es) fit neither reading (not norm-1000 integers in 0..999, not "
                 "inside their image in pixels): no box_format loads them",
                 "fix or remove those lines (data.file names them), then check data.box_format again",
+            )
+        ]
+    if not reading.num_boxes:  # `auto` would say norm1000, and "set box_format: norm1000" be wrong advice
+        return [
+            skip(
+                name, f"{data.train_jsonl} has no box to read (no objects, or no line parses: see data.file)"
             )
         ]
     if detected is None and reading.scale_1000:  # integers up to 1000: pixels, or a 0..1000 scale
