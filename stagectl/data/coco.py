@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS
-from stagectl.files import atomic_write_lines
+from stagectl.files import atomic_write_lines, check_output_dir
 
 Box = tuple[float, float, float, float]
 PROGRESS_EVERY = 1000  # annotations between two progress callbacks
@@ -387,6 +387,23 @@ def read_instances(path: Path) -> Any:
         raise CocoError([f"{path}: not valid JSON: {str(exc) or type(exc).__name__}"]) from None
 
 
+def check_out(out: Path, instances_json: Path) -> None:
+    """`CocoError` when `out` cannot be written as the JSONL: a directory, under a file, or the instances file
+    itself (it would be replaced)."""
+    if out.is_dir():
+        raise CocoError(
+            [f"--out {out}: cannot write: it is a directory; give the path of the JSONL file to write"]
+        )
+    if out.exists() and instances_json.exists() and os.path.samefile(out, instances_json):
+        raise CocoError(
+            [f"--out {out}: is the instances file itself, which it would replace; choose another path"]
+        )
+    try:
+        check_output_dir(out.parent, key="--out")
+    except ValueError as exc:
+        raise CocoError([str(exc)]) from None
+
+
 def convert_coco_file(
     instances_json: Path,
     image_dir: Path,
@@ -400,6 +417,7 @@ def convert_coco_file(
     and write nothing."""
     if check_images and not image_dir.is_dir():
         raise CocoError([f"--images {image_dir}: no such directory"])
+    check_out(out, instances_json)  # before the read: an LVIS train file takes minutes to parse
     instances = read_instances(instances_json)
     out_dir = Path(os.path.abspath(out)).parent
     lines, stats = convert_instances(

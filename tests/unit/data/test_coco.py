@@ -391,5 +391,7 @@ def test_cli_out_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
         app, ["convert", "coco", str(path), "--images", str(tmp_path / "images"), "--out", str(out)]
     )
     assert result.exit_code == 1
-    assert result.stderr.strip().splitlines() == [f"error: --out {out}: cannot write: Is a directory"]
+    assert result.stderr.strip().splitlines() == [
+        f"error: --out {out}: cannot write: it is a directory; give the path of the JSONL file to write"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "instances.json", "taken.jsonl"]
