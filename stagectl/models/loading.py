@@ -185,10 +185,24 @@ def model_class_for(config: PretrainedConfig) -> Any:
 def load_tokenizer(name_or_path: str, *, add_coord_tokens: bool = True) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer; with `add_coord_tokens` the 1000 coordinate tokens are added if missing."""
     path = resolve_model_path(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = _read_tokenizer(path)
     if add_coord_tokens:
         add_coord_tokens_to(tokenizer)
     return tokenizer
+
+
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
+def _read_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """`path`'s tokenizer; `ValueError` when it has no vocabulary file (transformers then builds a tokenizer of
+    one token without a word, and the first missing special token is reported as the model's fault)."""
+    if not any((path / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+        raise ValueError(
+            f"{path} has no tokenizer: none of {', '.join(TOKENIZER_VOCAB_FILES)} is there; copy the tokenizer "
+            "files from the checkpoint it was trained from"
+        )
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 def checkpoint_stop_ids(path: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, list[int]]:
@@ -254,7 +268,7 @@ def load_bundle(
         raise ValueError(f"torch_dtype {torch_dtype!r} is not one of {', '.join(_DTYPES)}")
     path = resolve_model_path(name_or_path)
     config = load_model_config(path)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = _read_tokenizer(path)
     end_of_turn, stops = checkpoint_stop_ids(path, tokenizer)
     num_added = add_coord_tokens_to(tokenizer) if add_coord_tokens else 0
     if on_meta:

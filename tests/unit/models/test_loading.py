@@ -95,3 +95,27 @@ def test_a_cut_off_weight_file_is_one_error_naming_the_model_directory(tmp_path:
         f"{model}: its weights cannot be loaded (SafetensorError: Error while deserializing header: invalid "
         "header length); a weight file is damaged or incomplete"
     )
+
+
+def test_a_model_dir_without_tokenizer_files_is_refused_naming_them(tmp_path: Path) -> None:
+    """transformers built a one-token tokenizer from a directory without tokenizer.json: doctor said model.load
+    OK, and doctor and train-ab then failed on "vocabulary has no single token '<|im_end|>'", blaming the model."""
+    import shutil
+
+    from stagectl.models.loading import load_bundle, load_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path("builtin:tiny-qwen2.5-vl"), model)
+    assert len(load_tokenizer(str(model), add_coord_tokens=False)) > 1000  # whole, it loads
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink()
+    message = (
+        f"{model} has no tokenizer: none of tokenizer.json, vocab.json, tokenizer.model, vocab.txt is there; "
+        "copy the tokenizer files from the checkpoint it was trained from"
+    )
+    with pytest.raises(ValueError) as info:
+        load_tokenizer(str(model), add_coord_tokens=False)
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+        load_bundle(str(model))
+    assert str(info.value) == message
