@@ -107,14 +107,22 @@ def _validate_schema(raw: dict[str, Any]) -> tuple[StagectlConfig | None, list[P
     still run on the rest and every problem is reported in one go."""
     problems: list[Problem] = []
     attempt = copy.deepcopy(raw)
+    dropped: set[tuple[int | str, ...]] = set()  # a required key dropped here is not also "required; set it"
     for _ in range(4):
         try:
             return StagectlConfig.model_validate(attempt), problems
         except ValidationError as exc:
-            new = schema_problems(exc)
+            errors = exc.errors()
+            new = [
+                problem
+                for problem, err in zip(schema_problems(exc), errors, strict=True)
+                if not (err["type"] == "missing" and tuple(err["loc"]) in dropped)
+            ]
             problems += [p for p in new if p not in problems]
-            if not any(_delete_path(attempt, err["loc"]) for err in exc.errors()):
+            deleted = next((tuple(err["loc"]) for err in errors if _delete_path(attempt, err["loc"])), None)
+            if deleted is None:
                 break
+            dropped.add(deleted)
     return None, problems
 
 

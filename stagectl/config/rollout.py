@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
@@ -27,9 +28,29 @@ class DecodingConfig(StrictModel):
         return 0 if value == -1 else value
 
 
+def check_server_url(url: str) -> str:
+    """`url` when it can name a rollout server (`http(s)://host[:port]`); a `ValueError` saying why not, so a
+    URL no request can reach fails at load, not after a start-up wait for its `/health/`."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc}); write http://HOST:PORT") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host; write http://HOST:PORT")
+    if port == 0:
+        raise ValueError(f"{url!r}: port 0 is no server's port; write http://HOST:PORT")
+    return url
+
+
 class ServerEndpoint(StrictModel):
     base_url: str
     """e.g. `http://127.0.0.1:8000`."""
+
+    @field_validator("base_url")
+    @classmethod
+    def validate_base_url(cls, value: str) -> str:
+        return check_server_url(value)
 
 
 class VllmServerConfig(StrictModel):

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from stagectl.config.base import StrictModel
+from stagectl.config.rollout import check_server_url
 from stagectl.config.user_path import UserPath
 
 # a mission becomes a directory under output.root/output.run_name: a plain name, no separators or `..`.
@@ -63,6 +64,11 @@ class StageBServerConfig(StrictModel):
     """Longest wait for one `/infer/` call."""
     wait_healthy_s: float = Field(120.0, gt=0)
     """How long to wait at start for every server to answer `/health/`."""
+
+    @field_validator("base_urls")
+    @classmethod
+    def validate_base_urls(cls, value: list[str]) -> list[str]:
+        return [check_server_url(url) for url in value]
 
 
 class RunnerConfig(StrictModel):
