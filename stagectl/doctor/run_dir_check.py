@@ -1,11 +1,13 @@
 """The run-directory check (`training.output_dir`): what train-ab will do with the directory, by train-ab's
 own rule (`rundir.policy.train_dir_verdict`), acting on nothing: start a new run there, continue the run it holds
-(`--resume`), move that run aside (`--overwrite`), or refuse to start."""
+(`--resume`), move that run aside (`--overwrite`), or refuse to start; and whether the directory can be written
+(`files.check_output_dir`, train-ab's own probe, which leaves the disk as it found it)."""
 
 from __future__ import annotations
 
 from stagectl.config.training import TrainingConfig
 from stagectl.doctor.report import Check, fail, ok
+from stagectl.files import check_output_dir
 from stagectl.rundir.policy import TRAIN_DIR_HINT, train_dir_verdict
 
 
@@ -28,6 +30,12 @@ def check_run_dir(training: TrainingConfig, resume: bool) -> Check:
         else:
             fix = f"--overwrite moves it aside, or start the new run elsewhere: {TRAIN_DIR_HINT}"
         return fail(name, f"train-ab will refuse to start: {exc}", fix)
+    try:
+        check_output_dir(out)
+    except ValueError as exc:
+        return fail(
+            name, f"train-ab will refuse to start: {exc}", f"start the run elsewhere: {TRAIN_DIR_HINT}"
+        )
     if found is None:
         return ok(name, f"{out} holds no run: train-ab starts a new one there")
     if resume_from is not None:
