@@ -194,6 +194,10 @@ def shape_from_checkpoint(checkpoint: Path) -> ModelShape:
     config_path = checkpoint / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{checkpoint}: no config.json")
-    shape = shape_from_hf_config(json.loads(config_path.read_text(encoding="utf-8")))
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # a ValueError that names no file
+        raise ValueError(f"{config_path}: not valid JSON ({exc})") from None
+    shape = shape_from_hf_config(config)
     counts = counts_from_safetensors(checkpoint)
     return shape if counts is None else replace(shape, counts=counts)
