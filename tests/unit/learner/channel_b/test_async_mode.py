@@ -290,10 +290,9 @@ class _DownServers:
         pass
 
 
-def test_continue_a_only_warns_only_for_a_b_step_that_trains_as_a(capsys: pytest.CaptureFixture[str]) -> None:
-    """No server serves and the policy is `continue_a_only`: a B step whose packs are queued still trains
-    B and says nothing; one without packs trains A (`no_server`) with the warning. The warning came
-    from the server probe, before the gate: 'B step 2 trains as Channel-A' and then 'step 2/.. B'."""
+def _packs_queued_then_servers_down(on_rollout_loss: Any, rollout_loss_timeout_s: float = 300.0) -> Any:
+    """A decider whose first burst queued one B step's packs (version 0) before its only server went away,
+    with the real `ServerHealth` under `on_rollout_loss`."""
     from stagectl.config.plan import ServerList, ServerRollouts
     from stagectl.config.rollout import HttpSync
     from stagectl.dist import World
@@ -301,12 +300,22 @@ def test_continue_a_only_warns_only_for_a_b_step_that_trains_as_a(capsys: pytest
 
     channel = _decider()
     servers = _DownServers()
-    rollouts = ServerRollouts(ServerList(tuple(servers.base_urls)), HttpSync(), "continue_a_only")
+    rollouts = ServerRollouts(
+        ServerList(tuple(servers.base_urls)), HttpSync(), on_rollout_loss, rollout_loss_timeout_s
+    )
     publisher = SimpleNamespace(client=servers, ver=0)
     client = SimpleNamespace(use_servers=lambda servers: None)
     channel.health = ServerHealth(rollouts, World(0, 0, 1), publisher, client, lambda outcome: None)
     channel.prefetcher.burst(0, delay_s=None)
     channel.prefetcher.queue_packs(0)  # a burst finished before the server went away
+    return channel
+
+
+def test_continue_a_only_warns_only_for_a_b_step_that_trains_as_a(capsys: pytest.CaptureFixture[str]) -> None:
+    """No server serves and the policy is `continue_a_only`: a B step whose packs are queued still trains
+    B and says nothing; one without packs trains A (`no_server`) with the warning. The warning came
+    from the server probe, before the gate: 'B step 2 trains as Channel-A' and then 'step 2/.. B'."""
+    channel = _packs_queued_then_servers_down("continue_a_only")
     decision, extra = channel.decide(1, True)
     assert (decision.kind, decision.ver) == ("B", 0) and extra["stage2_ab/async/servers_serving"] == 0
     channel.queue.take_held(0)  # trained
@@ -322,23 +331,11 @@ def test_stop_trains_queued_packs_before_it_waits_for_a_server(monkeypatch: pyte
     them at once (it waited up to `rollout_loss_timeout_s` for a server first, then stopped the run with
     the packs untrained); a B step without packs waits, and stops the run once the outage passes the
     timeout."""
-    from stagectl.config.plan import ServerList, ServerRollouts
-    from stagectl.config.rollout import HttpSync
-    from stagectl.dist import World
     from stagectl.learner.channel_b import health
-    from stagectl.learner.channel_b.health import RolloutLossError, ServerHealth
+    from stagectl.learner.channel_b.health import RolloutLossError
 
     monkeypatch.setattr(health, "POLL_S", 0.01)
-    channel = _decider()
-    servers = _DownServers()
-    rollouts = ServerRollouts(
-        ServerList(tuple(servers.base_urls)), HttpSync(), "stop", rollout_loss_timeout_s=0.3
-    )
-    publisher = SimpleNamespace(client=servers, ver=0)
-    client = SimpleNamespace(use_servers=lambda servers: None)
-    channel.health = ServerHealth(rollouts, World(0, 0, 1), publisher, client, lambda outcome: None)
-    channel.prefetcher.burst(0, delay_s=None)
-    channel.prefetcher.queue_packs(0)  # a burst finished before the server went away
+    channel = _packs_queued_then_servers_down("stop", rollout_loss_timeout_s=0.3)
     decision, extra = channel.decide(1, True)
     assert (decision.kind, decision.ver) == ("B", 0) and extra["time/wait_s"] < 0.3
     channel.queue.take_held(0)  # trained
