@@ -197,18 +197,12 @@ def test_a_held_out_split_that_sets_both_jsonl_and_synthetic_is_refused_at_load(
     """data.eval with both `synthetic` and `jsonl`: the evaluator would read the synthetic split and ignore
     the jsonl without a word (the launcher then refused the run over a jsonl nobody reads). One of them is
     asked for, as data.train_jsonl / data.synthetic are, before anything starts or is written."""
-    import stagectl.cli.train_ab
-
-    trained: list[Any] = []
-    monkeypatch.setattr(stagectl.cli.train_ab, "_train", trained.append)
-    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
     out = tmp_path / "runs" / "x"
     sets = [
         f"data.eval.jsonl={tmp_path / 'missing.jsonl'}",
         "data.eval.synthetic={num_samples: 4, seed: 1, image_size: 112}",
         f"training.output_dir={out}",
     ]
-    result = CliRunner().invoke(app, ["train-ab", str(TINY), *[a for s in sets for a in ("--set", s)]])
-    assert result.exit_code != 0 and not trained and not out.exists()
-    assert "data.eval: set one of data.eval.jsonl or data.eval.synthetic, not both" in result.output
+    output = _refused_before_the_run(monkeypatch, sets)
+    assert "data.eval: set one of data.eval.jsonl or data.eval.synthetic, not both" in output
+    assert not out.exists()
