@@ -132,7 +132,7 @@ class Watchdog:
     def _gone_parent(self) -> str | None:
         if os.getppid() != self._parent_pid:
             return f"its parent process (pid {self._parent_pid}, torchrun) is gone"
-        if self._launcher_pid is not None and not _alive(self._launcher_pid):
+        if self._launcher_pid is not None and not pid_alive(self._launcher_pid):
             return f"the stagectl launcher (pid {self._launcher_pid}) is gone"
         return None
 
@@ -164,7 +164,8 @@ def _int_env(name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -35,6 +35,7 @@ from stagectl.cache import cache_root
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
 from stagectl.files import atomic_write_text
+from stagectl.watchdog import pid_alive
 
 Split = Literal["train", "eval"]
 
@@ -216,20 +217,33 @@ def generate_synthetic(
     if jsonl_path.is_file() and previous == params:
         return load_jsonl_dataset(jsonl_path, box_format="norm1000")
 
+    stale = jsonl_path.exists() or previous is not None  # another data set's files, read at the start
     (out / "images").mkdir(parents=True, exist_ok=True)
+    _remove_orphans(out / "images", split)
     samples: list[DetectionSample] = []
     lines: list[str] = []
-    for index in range(num_samples):
-        image, objects = synthetic_scene(
-            seed, split, index, image_size, max_objects, side_fraction, min_objects
-        )
-        relative = f"images/{split}_{index:06d}.png"
-        _atomic_save_png(image, out / relative)
-        sample = DetectionSample(
-            images=[str(out / relative)], width=image_size, height=image_size, objects=objects
-        )
-        samples.append(sample)
-        lines.append(json.dumps({**sample.to_json_dict(), "images": [relative]}))
+    staged: list[tuple[Path, Path]] = []  # (temp file, image path): drawn whole before any image is replaced
+    try:
+        for index in range(num_samples):
+            image, objects = synthetic_scene(
+                seed, split, index, image_size, max_objects, side_fraction, min_objects
+            )
+            relative = f"images/{split}_{index:06d}.png"
+            staged.append((_staged_png(image, out / relative), out / relative))
+            sample = DetectionSample(
+                images=[str(out / relative)], width=image_size, height=image_size, objects=objects
+            )
+            samples.append(sample)
+            lines.append(json.dumps({**sample.to_json_dict(), "images": [relative]}))
+        if stale:  # the old JSONL would name the new images from here on: gone until the new one is in
+            manifest_path.unlink(missing_ok=True)
+            jsonl_path.unlink(missing_ok=True)
+        while staged:
+            os.replace(*staged[-1])
+            staged.pop()
+    finally:  # an error (or Ctrl-C) while drawing: the earlier data set is left as it was
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
     atomic_write_text(jsonl_path, "".join(line + "\n" for line in lines))
     atomic_write_text(manifest_path, json.dumps(params, sort_keys=True, indent=2) + "\n")
     if previous is not None:  # a larger split drawn here before: its images past this one's are stale
@@ -270,7 +284,21 @@ def _temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def _atomic_save_png(image: Image.Image, path: Path) -> None:
+def _remove_orphans(images: Path, split: Split) -> None:
+    """The temp images of a draw that was killed (its process gone); a live one's (another rank drawing the
+    same cached split) are left to it."""
+    for tmp in images.glob(f".{split}_*.png.*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _staged_png(image: Image.Image, path: Path) -> Path:
+    """`image` saved whole to a temp file next to `path`, for the caller to rename over it."""
     tmp = _temporary_name(path)
-    image.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    try:
+        image.save(tmp, format="PNG")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp

@@ -72,6 +72,73 @@ def test_second_call_reuses_the_files_and_changed_params_redraw(tmp_path: Path) 
     assert load_jsonl_dataset(tmp_path / "train.jsonl") == changed
 
 
+class _Interrupted(BaseException):
+    """Stands for a Ctrl-C or a kill midway through a redraw."""
+
+
+@pytest.mark.parametrize("stop_at", ["drawing", "renaming"])
+def test_a_redraw_stopped_midway_leaves_no_data_set_whose_images_are_not_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at: str
+) -> None:
+    """A redraw into the same dir (another seed) stopped after its first image: the earlier JSONL never names
+    the new images. It was: image 0 replaced, the seed-0 JSONL and manifest kept, and the next seed-0 call
+    reused them, boxes of one picture over another."""
+    import stagectl.data.synthetic as synthetic
+
+    generate_synthetic(4, seed=0, out_dir=tmp_path)
+    before = _files(tmp_path)
+    calls = itertools.count()
+    if stop_at == "drawing":
+        real_scene = synthetic.synthetic_scene
+
+        def scene(*args: object) -> object:
+            if next(calls) == 1:
+                raise _Interrupted
+            return real_scene(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(synthetic, "synthetic_scene", scene)
+    else:
+        real_replace = synthetic.os.replace
+
+        def replace(src: object, dst: object) -> None:
+            if str(dst).endswith(".png") and next(calls) == 1:
+                raise _Interrupted
+            real_replace(src, dst)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(synthetic.os, "replace", replace)
+    with pytest.raises(_Interrupted):
+        generate_synthetic(4, seed=1, out_dir=tmp_path)
+    monkeypatch.undo()
+    left = _files(tmp_path)
+    assert not [name for name in left if name.endswith(".tmp")]
+    if stop_at == "drawing":  # nothing was replaced yet: the earlier data set is whole
+        assert left == before
+    else:  # images were being replaced: the earlier JSONL and manifest are gone, not wrong
+        assert "train.jsonl" not in left and "train.manifest.json" not in left
+    again = generate_synthetic(4, seed=0, out_dir=tmp_path)
+    assert _files(tmp_path) == before
+    assert again == load_jsonl_dataset(tmp_path / "train.jsonl", box_format="norm1000")
+
+
+def test_a_draw_removes_the_temp_images_a_killed_one_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL between saving an image to its temp file and renaming it leaves the temp file: the next draw
+    removes a dead process's, never a live one's (another rank drawing the same cached split)."""
+    import stagectl.data.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "pid_alive", lambda pid: pid == 222)
+    images = tmp_path / "images"
+    images.mkdir()
+    orphan = images / ".train_000001.png.111.tmp"
+    live = images / ".train_000001.png.222.tmp"
+    for path in (orphan, live):
+        path.write_bytes(b"half a png")
+    generate_synthetic(2, seed=0, out_dir=tmp_path)
+    assert not orphan.exists()
+    assert live.read_bytes() == b"half a png"
+
+
 def test_default_directory_is_under_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STAGECTL_CACHE_DIR", str(tmp_path))
     samples = generate_synthetic(3, seed=5, image_size=56)
