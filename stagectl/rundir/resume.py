@@ -152,10 +152,10 @@ def train_set_refusal(checkpoint: Path, written_with: int, num_samples: int) -> 
     )
 
 
-def nothing_left_note(out: Path, resume: Path | str | None, max_steps: int) -> str | None:
-    """The launcher's line when the checkpoint a resume would continue from is already at `max_steps` (a
-    job script that always passes --resume, run again after its run finished): no server or rank need
-    start. None when there are steps left, or the checkpoint cannot tell (the ranks judge it)."""
+def no_step_left(out: Path, resume: Path | str | None, max_steps: int) -> str | None:
+    """Why a resume would train no step: the checkpoint it continues from is already at `max_steps` (the
+    resume line saying so); None when there are steps left, or the checkpoint cannot tell (the ranks judge
+    it). The launcher's refusal to start (`nothing_left_note`) and doctor's run-directory line share it."""
     checkpoint = resume_checkpoint(out, resume)
     if checkpoint is None:
         return None
@@ -165,7 +165,15 @@ def nothing_left_note(out: Path, resume: Path | str | None, max_steps: int) -> s
         return None
     if not isinstance(step, int) or step < max_steps:
         return None
-    return f"{resume_note(checkpoint, step, max_steps)}; nothing was started"
+    return resume_note(checkpoint, step, max_steps)
+
+
+def nothing_left_note(out: Path, resume: Path | str | None, max_steps: int) -> str | None:
+    """The launcher's line when the checkpoint a resume would continue from is already at `max_steps` (a
+    job script that always passes --resume, run again after its run finished): no server or rank need
+    start. None when there are steps left, or the checkpoint cannot tell (the ranks judge it)."""
+    note = no_step_left(out, resume, max_steps)
+    return None if note is None else f"{note}; nothing was started"
 
 
 def resume_path_refusal(path: Path) -> str | None:
