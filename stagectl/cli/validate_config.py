@@ -1,4 +1,4 @@
-"""`stagectl validate-config CONFIG [--for COMMAND] [--nproc N | --world-size N] [--set k=v]... [--gpu-memory-gb G]
+"""`stagectl validate-config CONFIG [--for COMMAND] [--nproc N] [--world-size N] [--set k=v]... [--gpu-memory-gb G]
 [--schema]`: the schema and cross-section rules, then what COMMAND (train-ab by default) resolves the config
 into before it starts (its plan), so a config this command passes is one that command accepts. The files it
 names are not opened here: `stagectl doctor` checks a train-ab config's data, model and servers; Stage-B's
@@ -34,10 +34,15 @@ def command(
         None,
         "--nproc",
         min=1,
-        help="Processes per node, as for train-ab and stage-b (sets launch.nproc_per_node and the world size).",
+        help="Processes per node, as for train-ab and stage-b (sets launch.nproc_per_node; the world size is "
+        "N x launch.nnodes).",
     ),
     world_size: int | None = typer.Option(
-        None, "--world-size", min=1, help="World size to validate against (default: $WORLD_SIZE or launch)."
+        None,
+        "--world-size",
+        min=1,
+        help="World size to validate against (default: --nproc x launch.nnodes, else $WORLD_SIZE, else "
+        "launch); given with --nproc, it must be that same number.",
     ),
     overrides: list[str] = typer.Option(
         [], "--set", help="Override a key: --set training.learning_rate=1e-5"
@@ -68,7 +73,7 @@ def command(
     sets = list(overrides)
     if nproc is not None:  # as train-ab and stage-b read it
         sets.append(f"launch.nproc_per_node={nproc}")
-        world_size = nproc if world_size is None else world_size
+        world_size = _world_of_nproc(config, sets, nproc, world_size)
     try:
         # as eval loads it: its ranks only shard images, so the training-world rules do not apply
         cfg = load_config(config, sets, world_size=world_size, trains=for_command != "eval")
@@ -86,6 +91,26 @@ def command(
 
 
 _OTHER_COMMANDS = "a config for another command: --for eval, stage-b or rollout-server"
+
+
+def _world_of_nproc(config: Path, sets: list[str], nproc: int, world_size: int | None) -> int:
+    """The world size `--nproc` makes, `nproc x launch.nnodes` (as doctor reads it); `--world-size` given too
+    must be that same world, else a usage error naming both (validating either one silently would check a
+    run the user did not describe). A config that does not load is left to the full load to report."""
+    from stagectl.config import ConfigError, load_config
+
+    try:
+        nnodes = load_config(config, sets, trains=False).launch.nnodes
+    except ConfigError:
+        return nproc if world_size is None else world_size
+    if world_size is not None and world_size != nproc * nnodes:
+        nodes = f"{nnodes} node{'s' if nnodes != 1 else ''}"
+        fail(
+            f"--nproc {nproc} and --world-size {world_size} disagree: --nproc {nproc} on {nodes} "
+            f"(launch.nnodes) is world size {nproc * nnodes}; give one of them",
+            code=2,
+        )
+    return nproc * nnodes
 
 
 def _resolve_for(name: str, cfg: StagectlConfig, world_size: int) -> None:

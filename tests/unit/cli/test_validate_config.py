@@ -77,3 +77,28 @@ def test_eval_is_checked_as_eval_loads_its_config() -> None:
 def test_an_unknown_command_is_a_usage_error() -> None:
     code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--for", "train")
     assert code == 2 and "--for must be one of train-ab, eval, stage-b, rollout-server, got 'train'" in output
+
+
+def test_nproc_and_world_size_that_disagree_are_a_usage_error_naming_both() -> None:
+    # was: the config was validated for --world-size 3 while launch.nproc_per_node became 2, without a word
+    code, output = validate(str(EXAMPLES / "train_ab_async.yaml"), "--nproc", "2", "--world-size", "3")
+    assert code == 2
+    assert (
+        "--nproc 2 and --world-size 3 disagree: --nproc 2 on 1 node (launch.nnodes) is world size 2" in output
+    )
+    code, output = validate(str(EXAMPLES / "train_ab_async.yaml"), "--nproc", "2", "--world-size", "2")
+    assert code == 0, output
+
+
+def test_nproc_on_several_nodes_is_that_many_ranks_per_node() -> None:
+    # two nodes of --nproc 2: world size 4 (step-mode Channel-B names the world size it refuses)
+    nodes = ("--set", "launch.nnodes=2", "--set", "launch.rdzv_endpoint=node0:29400")
+    args = (str(EXAMPLES / "train_ab.yaml"), *nodes, "--nproc", "2")
+    code, output = validate(*args)
+    assert code == 1 and "but the world size is 4" in output
+    code, output = validate(
+        str(EXAMPLES / "train_ab_async.yaml"), *nodes, "--nproc", "2", "--world-size", "4"
+    )
+    assert code == 0, output
+    code, output = validate(*args, "--world-size", "2")
+    assert code == 2 and "--nproc 2 on 2 nodes (launch.nnodes) is world size 4; give one of them" in output
