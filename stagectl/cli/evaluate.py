@@ -31,7 +31,8 @@ def command(
     server: str | None = typer.Option(
         None,
         "--server",
-        help="Evaluate a running rollout server instead (its token: rollout_matching.vllm.server.auth_token_env); "
+        help="Evaluate a running rollout server at http(s)://HOST:PORT instead (its token: "
+        "rollout_matching.vllm.server.auth_token_env); "
         "the model's tokenizer (--model / model.name_or_path) parses its answers.",
     ),
     data: Path | None = typer.Option(None, "--data", help="JSONL to evaluate on (data.eval.jsonl)."),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from stagectl.config.model_data import ModelConfig
 from stagectl.config.plan import EvalPlan, ServerList, eval_plan
+from stagectl.config.rollout import check_server_url
 from stagectl.config.root import StagectlConfig
 
 
@@ -23,7 +24,15 @@ class EvalSession:
 
 
 def eval_session(cfg: StagectlConfig, server_url: str | None = None) -> EvalSession:
-    """Resolve a validated config for `stagectl eval` (`ValueError` when it has no `data.eval`)."""
+    """Resolve a validated config for `stagectl eval` (`ValueError` when it has no `data.eval`, or when
+    `server_url`, `--server`, cannot name a rollout server)."""
+    if (
+        server_url is not None
+    ):  # before anything else: a URL no request can reach waited timeout_s for /health/
+        try:
+            check_server_url(server_url)
+        except ValueError as exc:
+            raise ValueError(f"--server: {exc}") from None
     plan = eval_plan(cfg)
     if plan is None:
         raise ValueError("nothing to evaluate (no data.eval): give --data JSONL or set data.eval")

@@ -29,8 +29,9 @@ class DecodingConfig(StrictModel):
 
 
 def check_server_url(url: str) -> str:
-    """`url` when it can name a rollout server (`http(s)://host[:port]`); a `ValueError` saying why not, so a
-    URL no request can reach fails at load, not after a start-up wait for its `/health/`."""
+    """`url` when it can name a rollout server (`http(s)://host[:port]`, a trailing `/` allowed); a `ValueError`
+    saying why not, so a URL no request can reach fails at load (or at `stagectl eval --server`), not after a
+    start-up wait for its `/health/`."""
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError when out of range or not a number
@@ -40,12 +41,20 @@ def check_server_url(url: str) -> str:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host; write http://HOST:PORT")
     if port == 0:
         raise ValueError(f"{url!r}: port 0 is no server's port; write http://HOST:PORT")
+    # the client appends `/health/`, `/infer/`, ... to the URL as written: anything after the host would sit
+    # before them (a pasted `.../infer/` asks for `/infer//health/`, a `?query` swallows the path)
+    junk = url[len(f"{parts.scheme}://{parts.netloc}") :]
+    if junk not in ("", "/"):
+        raise ValueError(
+            f"{url!r} has {junk!r} after the host; a rollout server answers at its root: write http://HOST:PORT"
+        )
     return url
 
 
 class ServerEndpoint(StrictModel):
     base_url: str
-    """e.g. `http://127.0.0.1:8000`."""
+    """`http(s)://HOST[:PORT]`, e.g. `http://127.0.0.1:8000`; nothing after the host (the server answers at its
+    root)."""
 
     @field_validator("base_url")
     @classmethod

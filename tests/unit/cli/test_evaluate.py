@@ -130,3 +130,31 @@ def test_a_chat_template_that_does_not_compile_is_refused_before_the_model_loads
         f"error: --model / model.name_or_path: {model / 'chat_template.jinja'}: the chat template does not "
         "compile (line 1)"
     ) in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("notaurl", "is not an http:// or https:// URL with a host"),
+        ("ftp://h:8000", "is not an http:// or https:// URL with a host"),
+        ("http://h:99999", "is not a URL (Port out of range 0-65535)"),
+        ("http://h:8000/infer/", "has '/infer/' after the host; a rollout server answers at its root"),
+    ],
+)
+def test_a_server_url_no_request_can_reach_is_refused_before_any_model_or_data_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, why: str
+) -> None:
+    """`--server notaurl` (or ftp://, a port out of range, a pasted endpoint) loaded the tokenizer and the data,
+    then waited `vllm.server.timeout_s` (120 s) for its `/health/`; `http://[::1` was a traceback. The check
+    the config's server keys get (`check_server_url`) now refuses it first, naming the flag."""
+    import stagectl.evaluation.session
+
+    def no_eval(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the eval started; --server should have been refused first")
+
+    monkeypatch.setattr(stagectl.evaluation.session, "run_eval", no_eval)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", str(LEARN_SHAPES), "--server", url, "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert f"error: --server: {url!r} {why}" in result.output
+    assert not out.exists()

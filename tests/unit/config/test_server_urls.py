@@ -52,6 +52,16 @@ BAD = [
     ("http://", "'http://' is not an http:// or https:// URL with a host; write http://HOST:PORT"),
     ("ftp://h", "'ftp://h' is not an http:// or https:// URL with a host; write http://HOST:PORT"),
     ("http://h:0", "'http://h:0': port 0 is no server's port; write http://HOST:PORT"),
+    (
+        "http://h:8000/infer/",
+        "'http://h:8000/infer/' has '/infer/' after the host; a rollout server answers at its root: "
+        "write http://HOST:PORT",
+    ),
+    (
+        "http://h:8000/?x=1",
+        "'http://h:8000/?x=1' has '/?x=1' after the host; a rollout server answers at its root: "
+        "write http://HOST:PORT",
+    ),
 ]
 
 
