@@ -32,7 +32,8 @@ def coco(
 ) -> None:
     """Write the detection JSONL of a COCO instances file: pixel xyxy boxes (train with data.box_format:
     pixel), category names as desc, COCO image and category ids kept; crowd regions (iscrowd: 1) kept apart
-    as eval-only ignore regions, never trained on; zero-area and out-of-image boxes left out and counted."""
+    as eval-only ignore regions, never trained on; zero-area boxes (in pixels or on the norm-1000 grid the
+    loader bins them to) and out-of-image boxes left out and counted."""
     from stagectl.data.coco import CocoError, convert_coco_file
 
     try:

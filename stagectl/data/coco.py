@@ -15,9 +15,9 @@ What goes where:
 - `iscrowd: 1` annotations (a missing `iscrowd`, as in LVIS, means 0) go to the line's `crowd` list, not
   its objects, written like an object and counted: never trained on, they are the eval's crowd regions,
   where COCOeval ignores predictions instead of counting false positives (as the official evaluation does).
-- left out and counted: boxes of zero width or height and boxes wholly outside their image (crowd regions
-  too); a box partly outside is clamped to `[0, W] x [0, H]` (COCO's right edge `x + w == W` is the
-  loader's accepted `x2 == width`) and counted.
+- left out and counted: boxes of zero width or height, in pixels or once on the loader's norm-1000 grid
+  (`coco_boxes`), and boxes wholly outside their image (crowd regions too); a box partly outside is clamped
+  to `[0, W] x [0, H]` (COCO's right edge `x + w == W` is the loader's accepted `x2 == width`) and counted.
 - images left with no object are kept as empty samples (negatives), or left out with `drop_empty`.
 
 Problems of the file (a missing image file, a duplicate image or category id, an annotation naming an
@@ -32,16 +32,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stagectl.data.coco_boxes import CocoStats, clip_box, tidy
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS
 from stagectl.files import atomic_write_lines, check_output_dir
 
-Box = tuple[float, float, float, float]
 PROGRESS_EVERY = 1000  # annotations between two progress callbacks
 
 
@@ -60,60 +59,6 @@ class CocoError(ValueError):
 
 class _EntryError(Exception):
     """A problem with one entry of the file; collected by the converter."""
-
-
-@dataclass
-class CocoStats:
-    """What a conversion wrote and what it left out."""
-
-    num_images: int = 0  # JSONL lines written
-    num_empty: int = 0  # of those, lines with no object
-    num_objects: int = 0
-    num_categories: int = 0
-    num_dropped_empty: int = 0  # images left out by `drop_empty`
-    num_crowd: int = 0  # `iscrowd: 1` annotations kept as crowd regions (eval only, never trained on)
-    num_zero_area: int = 0  # boxes of zero (or negative) width or height left out
-    num_outside: int = 0  # boxes wholly outside their image left out
-    num_clamped: int = (
-        0  # objects partly outside their image, clamped and kept (crowd regions: clamped alike)
-    )
-    class_counts: Counter[str] = field(default_factory=Counter)
-
-    def summary(self, out: Path, top: int = 10) -> str:
-        """The one summary line `stagectl convert coco` prints."""
-        classes = ", ".join(f"{name} {count}" for name, count in self.class_counts.most_common(top))
-        skipped = f"{self.num_zero_area} zero-area, {self.num_outside} outside the image"
-        if self.num_dropped_empty:
-            skipped += f", {self.num_dropped_empty} images without objects (--drop-empty)"
-        return (
-            f"wrote {self.num_images} images ({self.num_empty} without objects), {self.num_objects} objects "
-            f"of {self.num_categories} categories to {out}; top classes: {classes or 'none'}; "
-            f"crowd regions (iscrowd: 1, eval only, not trained on): {self.num_crowd}; "
-            f"skipped: {skipped}; clamped to the image: {self.num_clamped}; "
-            "boxes are pixel xyxy: train with data.box_format: pixel"
-        )
-
-
-def clip_box(xywh: Box, width: int, height: int) -> tuple[Box | None, str]:
-    """COCO `[x, y, w, h]` -> pixel corners clamped to `[0, W] x [0, H]`, and what happened:
-    `kept`, `clamped`, or (box None) `zero_area` / `outside`."""
-    x, y, w, h = xywh
-    if w <= 0 or h <= 0:
-        return None, "zero_area"
-    x2, y2 = x + w, y + h
-    right, bottom = float(width), float(height)
-    cx1, cx2 = min(max(x, 0.0), right), min(max(x2, 0.0), right)
-    cy1, cy2 = min(max(y, 0.0), bottom), min(max(y2, 0.0), bottom)
-    if cx2 <= cx1 or cy2 <= cy1:
-        return None, "outside"
-    box = (_tidy(cx1), _tidy(cy1), _tidy(cx2), _tidy(cy2))
-    return box, "kept" if (cx1, cy1, cx2, cy2) == (x, y, x2, y2) else "clamped"
-
-
-def _tidy(value: float) -> float:
-    """Round away the float noise of `x + w` (1e-6 px); integral values are written as integers."""
-    rounded = round(value, 6)
-    return int(rounded) if rounded.is_integer() else rounded
 
 
 @dataclass(frozen=True)
@@ -331,12 +276,14 @@ def _annotation(
     if box is None:
         if outcome == "zero_area":
             stats.num_zero_area += 1
+        elif outcome == "zero_on_grid":
+            stats.num_zero_on_grid += 1
         else:
             stats.num_outside += 1
         return
     record: dict[str, Any] = {"desc": categories[cat_id], "bbox_2d": list(box), "category_id": cat_id}
     if area is not None:
-        record["area"] = _tidy(float(area))
+        record["area"] = tidy(float(area))
     if crowd:
         stats.num_crowd += 1
         crowds[image_id].append(record)

@@ -14,13 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from stagectl.cli.app import app
-from stagectl.data.coco import (
-    CocoError,
-    CocoStats,
-    clip_box,
-    convert_coco_file,
-    convert_instances,
-)
+from stagectl.data.coco import CocoError, convert_coco_file, convert_instances
+from stagectl.data.coco_boxes import CocoStats, clip_box
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS, load_jsonl_dataset
 from stagectl.data.sample import DetObject, pixel_box_to_bins
 from stagectl.files import atomic_write_lines
@@ -85,6 +80,46 @@ def _write_images(root: Path, instances: dict[str, Any]) -> Path:
 )
 def test_clip_box(xywh: tuple[float, float, float, float], expected: tuple[Any, str]) -> None:
     assert clip_box(xywh, 200, 100) == expected
+
+
+@pytest.mark.parametrize(
+    ("xywh", "expected"),
+    [
+        ((99.0, 50.0, 0.9, 40.0), (None, "zero_on_grid")),  # one bin is 1919 / 999 = 1.92 px wide here
+        ((300.0, 99.0, 40.0, 0.5), (None, "zero_on_grid")),
+        ((1919.5, 50.0, 5.0, 40.0), (None, "zero_on_grid")),  # clamped to 0.5 px at the right edge
+        ((99.0, 50.0, 1.9, 40.0), ((99, 50, 100.9, 90), "kept")),  # 51.54 -> 52, 52.53 -> 53: one bin
+    ],
+)
+def test_a_box_with_no_width_or_height_on_the_norm_1000_grid_is_left_out(
+    xywh: tuple[float, float, float, float], expected: tuple[Any, str]
+) -> None:
+    """The loader stores pixel boxes as norm-1000 bins: a 0.9 px wide box on a 1920 px image had both x
+    edges in bin 52 there, a zero-width target; it is left out as a `w: 0` box is."""
+    assert clip_box(xywh, 1920, 1080) == expected
+    if expected[0] is not None:
+        x1, y1, x2, y2 = pixel_box_to_bins(expected[0], 1920, 1080)
+        assert x2 > x1 and y2 > y1
+
+
+def test_a_box_zero_area_on_the_grid_is_counted_in_the_summary_and_never_loaded(tmp_path: Path) -> None:
+    instances = _instances()
+    instances["images"][0].update(width=1920, height=1080)
+    instances["annotations"] = [
+        {"id": 1, "image_id": 7, "category_id": 1, "bbox": [99.0, 50.0, 0.9, 40.0]},
+        {"id": 2, "image_id": 7, "category_id": 1, "bbox": [99.0, 50.0, 0.9, 40.0], "iscrowd": 1},
+        {"id": 3, "image_id": 7, "category_id": 3, "bbox": [300, 300, 100, 100]},
+    ]
+    path = _write_images(tmp_path, instances)
+    out = tmp_path / "out.jsonl"
+    stats = convert_coco_file(path, tmp_path / "images", out)
+    assert (stats.num_zero_on_grid, stats.num_objects, stats.num_crowd, stats.num_zero_area) == (2, 1, 0, 0)
+    assert "skipped: 0 zero-area, 2 zero-area on the norm-1000 grid, 0 outside the image" in stats.summary(
+        out
+    )
+    samples = load_jsonl_dataset(out, box_format="pixel")
+    boxes = [obj.bbox_2d for sample in samples for obj in (*sample.objects, *sample.crowd)]
+    assert boxes == [pixel_box_to_bins((300, 300, 400, 400), 1920, 1080)]
 
 
 def test_lines_keep_coco_ids_names_pixel_boxes_and_crowd_regions_apart() -> None:
@@ -188,8 +223,8 @@ def test_summary_names_top_classes_and_what_was_skipped() -> None:
     top = ", ".join(f"class{i} {i + 1}" for i in range(11, 1, -1))  # ten, most frequent first
     assert f"top classes: {top};" in summary
     assert (
-        "crowd regions (iscrowd: 1, eval only, not trained on): 0; skipped: 0 zero-area, 0 outside the image; "
-        "clamped to the image: 0" in summary
+        "crowd regions (iscrowd: 1, eval only, not trained on): 0; skipped: 0 zero-area, 0 zero-area on the "
+        "norm-1000 grid, 0 outside the image; clamped to the image: 0" in summary
     )
     assert summary.endswith("train with data.box_format: pixel")
 
