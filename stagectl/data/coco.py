@@ -20,8 +20,8 @@ What goes where:
   to `[0, W] x [0, H]` (COCO's right edge `x + w == W` is the loader's accepted `x2 == width`) and counted.
 - images left with no object are kept as empty samples (negatives), or left out with `drop_empty`.
 
-Problems of the file (a missing image file, a duplicate image or category id, an annotation naming an
-unknown image or category, a malformed entry) are collected over the whole file, one per entry, and raised
+Problems of the file (a missing image file, a duplicate image or category id, one image file under two
+image ids, an annotation naming an unknown image or category, a malformed entry) are collected over the whole file, one per entry, and raised
 together as one `CocoError` (an annotation of an image or category whose own entry is bad is not reported
 again); nothing is written then. `convert_instances` is the pure core (the image
 check is passed in); `convert_coco_file` reads, converts and writes atomically.
@@ -103,15 +103,23 @@ def convert_instances(
         names[name] = cat_id
 
     images: dict[int, _Image] = {}
+    id_of_path: dict[str, int] = {}  # an image file is one image: two ids for it is a broken export
     missing: list[str] = []
     for index, item in enumerate(images_raw):
         try:
             image_id, image = _image(item, index, images, image_dir, out_dir, image_exists, missing)
+            if image.path in id_of_path:
+                raise _EntryError(
+                    f"{_Where('images', index, item)}: file_name {item.get('file_name', image.path)!r} is also "
+                    f"image id {id_of_path[image.path]}'s; one image file must be one image (COCO tools "
+                    "would score its two ids as two images)"
+                )
         except _EntryError as exc:
             errors.append(f"{source}: {exc}")
             bad_ids.add(("image", _entry_id(item)))
             continue
         images[image_id] = image
+        id_of_path[image.path] = image_id
     if image_exists is not None and len(missing) > 1 and len(missing) == len(images_raw):
         errors.insert(0, f"{source}: none of the {len(missing)} image files is under --images {image_dir}")
 

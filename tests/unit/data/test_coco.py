@@ -122,6 +122,22 @@ def test_a_box_zero_area_on_the_grid_is_counted_in_the_summary_and_never_loaded(
     assert boxes == [pixel_box_to_bins((300, 300, 400, 400), 1920, 1080)]
 
 
+@pytest.mark.parametrize("checked", [True, False])
+def test_one_image_file_under_two_image_ids_is_refused_naming_both(checked: bool) -> None:
+    """It was written as two JSONL lines of one image (pycocotools scores two ids as two images: a broken
+    export); refused with the other problems of the file, as a duplicate id is."""
+    instances = _instances()
+    instances["images"].append({"id": 30, "file_name": "./sub/b.jpg", "width": 200, "height": 100})
+    instances["annotations"].append({"id": 40, "image_id": 30, "category_id": 1, "bbox": [1, 1, 2, 2]})
+    exists = (lambda path: True) if checked else None
+    with pytest.raises(CocoError) as caught:
+        _convert(instances, image_exists=exists)
+    assert caught.value.errors == [
+        "inst.json: images[3] (id 30): file_name './sub/b.jpg' is also image id 9's; one image file must be "
+        "one image (COCO tools would score its two ids as two images)"
+    ]
+
+
 def test_lines_keep_coco_ids_names_pixel_boxes_and_crowd_regions_apart() -> None:
     """The crowd box (annotation 3) is no object to train on, but the eval needs it (COCOeval ignores
     predictions on a crowd region): it goes to the line's `crowd` list."""
