@@ -21,19 +21,34 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_lines(path, [text])
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`atomic_write_text` for bytes (a plot rendered into memory)."""
+    _replace(path, data)
+
+
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
     """Stream `lines` (each with its newline) into a temp file next to `path` and rename it over `path`:
     whole or absent, also when producing a line fails midway. The file gets the mode a plain `open`
     would give it (0666 less the umask), not the temp file's 0600: data files are read by others."""
+    _replace(path, lines)
+
+
+def _replace(path: Path, content: bytes | Iterable[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(tmp_name)
     done = False
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
-            handle.flush()
-            os.fsync(handle.fileno())
+        if isinstance(content, bytes):
+            with os.fdopen(fd, "wb") as binary:
+                binary.write(content)
+                binary.flush()
+                os.fsync(binary.fileno())
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.writelines(content)
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
         done = True

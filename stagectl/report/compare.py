@@ -8,6 +8,7 @@ run reached (or the one asked for). Differences are against the A-only variant w
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from stagectl.files import atomic_write_bytes, atomic_write_text
 from stagectl.report.intervals import (
     Interval,
     counts_from_row,
@@ -321,9 +323,10 @@ def plot_f1_curves(
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=100, format="png")
     plt.close(fig)
+    atomic_write_bytes(path, image.getvalue())  # an earlier comparison's plot stays whole until this one is
     return path
 
 
@@ -362,7 +365,7 @@ def write_comparison(
         *(["## Notes", "", *(f"- {note}" for note in notes), ""] if notes else []),
     ]
     report = out_dir / "comparison.md"
-    report.write_text("\n".join(lines))
+    atomic_write_text(report, "\n".join(lines))
     from stagectl.report.html import comparison_page, write_html
 
     write_html(out_dir, comparison_page(out_dir, lines[2], table, plot, run_dirs), "comparison.html")

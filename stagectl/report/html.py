@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stagectl.files import atomic_write_text
 from stagectl.report.sections import Figures
 from stagectl.report.values import Row, number
 from stagectl.templating import render
@@ -238,7 +239,7 @@ def write_html(page_dir: Path, page: Page, name: str = REPORT_HTML) -> Path:
     if missing:
         raise ValueError(f"report.html would link missing files under {page_dir}: {', '.join(missing[:5])}")
     path = page_dir / name
-    path.write_text(text, encoding="utf-8")
+    atomic_write_text(path, text)  # an earlier page stays whole until this one is
     return path
 
 

@@ -166,3 +166,31 @@ def test_an_out_dir_that_cannot_hold_the_comparison_is_refused_before_anything_i
     with pytest.raises(ValueError, match=f"--out: cannot write {out}/comparison.html: it is a directory"):
         write_comparison(runs, out)
     assert [p.name for p in out.iterdir()] == ["comparison.html"]
+
+
+def test_a_comparison_stopped_while_drawing_leaves_the_earlier_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plot was drawn straight into `comparison_f1.png`: a comparison stopped (Ctrl-C, SIGKILL, a full
+    disk) while matplotlib wrote it left a truncated PNG that the earlier comparison.md showed."""
+    from matplotlib.figure import Figure
+
+    from stagectl.report.compare import write_comparison
+
+    base = {"synthetic": {"seed": 1, "num_samples": 4}, "max_samples": 64}
+    runs = [_ablation_run(tmp_path / "a", 0.0, base), _ablation_run(tmp_path / "b", 0.5, base)]
+    out = tmp_path / "cmp"
+    write_comparison(runs, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def half_written(self: Figure, target: object, **kwargs: object) -> None:
+        if isinstance(target, (str, Path)):
+            Path(target).write_bytes(b"\x89PNG half")
+        else:
+            target.write(b"\x89PNG half")  # type: ignore[attr-defined]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    with pytest.raises(KeyboardInterrupt):
+        write_comparison(runs, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

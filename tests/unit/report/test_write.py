@@ -6,7 +6,10 @@ draws its plots (seconds)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from stagectl.report.write import write_reports
 from tests.helpers import write_report_dirs
@@ -80,3 +83,46 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_plots_are_drawn(t
             (run / name).unlink()
         else:
             (run / name).rmdir()
+
+
+class _Stopped(BaseException):
+    """Stands for a Ctrl-C (or an error) while a report draws its plots."""
+
+
+def test_a_report_stopped_midway_leaves_the_earlier_report_and_its_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second report that fails (or is stopped) while it draws: report.md and report.html are the earlier
+    ones and every plot they link is still there, unchanged. It deleted the earlier PNGs first, so the
+    earlier page linked plots that were gone. A report that ends drops the plots it no longer draws, and
+    what a killed report left half drawn."""
+    import stagectl.report.plots_train_ab as plots
+    import stagectl.report.write as write
+
+    run, _, _ = write_report_dirs(tmp_path)
+    write_reports(run)
+    before = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    linked = re.findall(r"\((report/[^)]+\.png)\)", (run / "report.md").read_text())
+    assert len(linked) >= 3 and set(linked) <= set(before)
+
+    def stop(*args: object) -> object:
+        raise _Stopped  # after the loss plot was drawn, before the others
+
+    monkeypatch.setattr(plots, "rollout_plot", stop)
+    with pytest.raises(_Stopped):
+        write_reports(run)
+    monkeypatch.undo()
+    after = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    assert after == before
+    assert [p.name for p in (run / "report").iterdir() if p.is_dir()] == []  # no drawing dir left
+
+    (run / "report" / "old.png").write_bytes(b"a plot an earlier report drew")
+    killed, live = run / "report" / ".drawing-111-x", run / "report" / ".drawing-222-y"  # SIGKILL: no cleanup
+    for left in (killed, live):
+        left.mkdir()
+        (left / "loss.png").write_bytes(b"half a plot")
+    monkeypatch.setattr(write, "pid_alive", lambda pid: pid == 222)
+    write_reports(run)
+    assert not (run / "report" / "old.png").exists()
+    assert all((run / link).is_file() for link in linked)
+    assert not killed.exists() and (live / "loss.png").is_file()
