@@ -70,8 +70,8 @@ def test_coco_converts_and_trains_with_the_example_config(tmp_path: Path) -> Non
         f"wrote 5 images (1 without objects), {NUM_KEPT} objects of 3 categories to {out}"
     )
     assert (
-        "crowd regions (iscrowd: 1, eval only, not trained on): 1; skipped: 1 zero-area, 0 outside the image; "
-        "clamped to the image: 1" in summary
+        "crowd regions (iscrowd: 1, eval only, not trained on): 1; skipped: 1 zero-area, 0 zero-area on the "
+        "norm-1000 grid, 0 outside the image; clamped to the image: 1" in summary
     )
     assert "data.box_format: pixel" in summary
 
