@@ -57,10 +57,16 @@ from typing import Literal
 from stagectl.data.jsonl_line import ImageCheck, LineError, RawObject, RawSample, decode_line, parse_line
 from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
 from stagectl.detection.coords import MAX_BIN
+from stagectl.files import cwd_note
 
 BoxFormat = Literal["pixel", "norm1000", "auto"]
 
 MAX_REPORTED_ERRORS = 20
+# how a detection JSONL that is not there is made (the loader's error and doctor's fix say it alike)
+WRITE_JSONL_HINT = (
+    "write it with `stagectl convert coco INSTANCES.json --images DIR --out {out}` (or `stagectl demo-data DIR` "
+    "for the synthetic set)"
+)
 
 
 class DataError(ValueError):
@@ -85,8 +91,10 @@ def load_jsonl_dataset(
 ) -> list[DetectionSample]:
     """Read and validate a detection JSONL file; boxes come back in norm-1000 bins."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError([f"{path}: is a directory, not a JSONL file; name the file in it"])
     if not path.is_file():
-        raise DataError([f"{path}: no such file"])
+        raise DataError([f"{path}: no such file{cwd_note(path)}; {WRITE_JSONL_HINT.format(out=path)}"])
     root = Path(image_root) if image_root is not None else path.parent
     root = Path(os.path.abspath(root))
     errors: list[tuple[int, str]] = []  # (line number, full message); 0 for file-level problems

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stagectl.config.model_data import DataConfig
-from stagectl.data.jsonl import DataError, load_jsonl_dataset, read_box_format
+from stagectl.data.jsonl import WRITE_JSONL_HINT, DataError, load_jsonl_dataset, read_box_format
 from stagectl.data.sample import DetectionSample
 from stagectl.doctor.report import Check, fail, ok, skip, warn
 from stagectl.files import cwd_note
@@ -25,10 +25,7 @@ NUM_SHOWN_ERRORS = 3  # bad lines named in a data line; the rest are counted
 
 def missing_file_fix(key: str, path: Path) -> str:
     """The fix for a data file that is not there: how one is made, and where a relative path was looked for."""
-    return (
-        f"point {key} at the file{cwd_note(path)}, or write it: `stagectl convert coco INSTANCES.json --images DIR "
-        f"--out {path}` (or `stagectl demo-data DIR` for the synthetic set)"
-    )
+    return f"point {key} at the file{cwd_note(path)}, or {WRITE_JSONL_HINT.format(out=path)}"
 
 
 def _bad_lines(name: str, exc: DataError, key: str, path: Path) -> Check:

@@ -335,6 +335,28 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
         load_jsonl_dataset(empty)
 
 
+def test_a_missing_file_says_where_it_was_looked_for_and_how_to_write_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train-ab` / `eval` on a config whose JSONL is not there (examples/coco/train_ab.yaml before `convert
+    coco`) said only `data/coco/train2017.jsonl: no such file`; doctor said where a relative path is read
+    from and how to write the file. The loader's error, which train-ab and eval print, says it now too."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as missing:
+        load_jsonl_dataset("data/coco/train2017.jsonl")
+    (message,) = missing.value.errors
+    assert message.startswith("data/coco/train2017.jsonl: no such file")
+    assert f"relative paths are read from the working directory, {tmp_path}" in message
+    assert "stagectl convert coco INSTANCES.json --images DIR --out data/coco/train2017.jsonl" in message
+    absolute = tmp_path / "absent.jsonl"
+    with pytest.raises(DataError) as missing:
+        load_jsonl_dataset(absolute)
+    assert "working directory" not in str(missing.value) and "--out " + str(absolute) in str(missing.value)
+    (tmp_path / "a_dir").mkdir()
+    with pytest.raises(DataError, match="a_dir: is a directory, not a JSONL file"):
+        load_jsonl_dataset(tmp_path / "a_dir")
+
+
 def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path: Path) -> None:
     """A file saved by a Windows editor: BOM + CRLF (the BOM was `malformed JSON: Unexpected UTF-8 BOM
     (decode using utf-8-sig)` at line 1); a BOM anywhere else is still a line error."""

@@ -155,7 +155,7 @@ def test_a_data_file_that_is_not_there_gets_the_fix_that_makes_one(tmp_path: Pat
     samples, (line,) = load_samples(_data_cfg(tmp_path, missing).data)  # type: ignore[arg-type]
     assert samples is None and line.status == "fail" and line.name == "data.file"
     assert line.message == f"{missing}: no such file"
-    assert line.fix.startswith("point data.train_jsonl at the file, or write it: `stagectl convert coco")
+    assert line.fix.startswith("point data.train_jsonl at the file, or write it with `stagectl convert coco")
     assert f"--out {missing}`" in line.fix and "lines named" not in line.fix
 
 
