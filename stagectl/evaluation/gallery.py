@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -186,7 +187,8 @@ def write_gallery(
     duplicate_iou_threshold: float,
 ) -> list[Path]:
     """The `num_images` worst images of an eval drawn into `out_dir` (PNGs, gallery.json, index.html), only
-    images with a miss or a false positive; nothing when `num_images` is 0. Returns the files written."""
+    images with a miss or a false positive; nothing when `num_images` is 0. Returns the files written. A
+    gallery stopped midway is removed whole."""
     if num_images < 0:
         raise ValueError(f"--gallery must be >= 0 images, got {num_images}")
     if num_images == 0:
@@ -199,33 +201,37 @@ def write_gallery(
         (item for item in judged if item[1].badness), key=lambda item: (-item[1].badness, item[0].index)
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*.png"):
-        old.unlink()
-    entries: list[dict[str, Any]] = []
-    for rank, (outcome, verdicts) in enumerate(imperfect[:num_images]):
-        sample = samples[outcome.index]
-        name = f"{rank:03d}_{file_label(sample)}.png"
-        draw(sample.images[0], sample.width, sample.height, verdicts.boxes).save(out_dir / name)
-        entries.append(
-            {
-                "file": name,
-                "title": image_title(sample),
-                "index": outcome.index,
-                "image_id": sample.image_id,
-                "image": sample.images[0],
-                "num_missed": verdicts.num_missed,
-                "num_fp": verdicts.num_fp,
-                "num_gt": len(sample.objects),
-                "num_pred": len(outcome.parsed),
-                "boxes": [asdict(box) for box in verdicts.boxes],
-            }
-        )
-    listing = out_dir / GALLERY_JSON
-    summary = {"num_evaluated": len(outcomes), "num_imperfect": len(imperfect)}
-    listing.write_text(json.dumps({**summary, "images": entries}, indent=1) + "\n", encoding="utf-8")
-    index = out_dir / INDEX_HTML
-    index.write_text(render_gallery_index(entries, len(outcomes), len(imperfect)), encoding="utf-8")
-    return [listing, index]
+    try:
+        for old in out_dir.glob("*.png"):
+            old.unlink()
+        entries: list[dict[str, Any]] = []
+        for rank, (outcome, verdicts) in enumerate(imperfect[:num_images]):
+            sample = samples[outcome.index]
+            name = f"{rank:03d}_{file_label(sample)}.png"
+            draw(sample.images[0], sample.width, sample.height, verdicts.boxes).save(out_dir / name)
+            entries.append(
+                {
+                    "file": name,
+                    "title": image_title(sample),
+                    "index": outcome.index,
+                    "image_id": sample.image_id,
+                    "image": sample.images[0],
+                    "num_missed": verdicts.num_missed,
+                    "num_fp": verdicts.num_fp,
+                    "num_gt": len(sample.objects),
+                    "num_pred": len(outcome.parsed),
+                    "boxes": [asdict(box) for box in verdicts.boxes],
+                }
+            )
+        listing = out_dir / GALLERY_JSON
+        summary = {"num_evaluated": len(outcomes), "num_imperfect": len(imperfect)}
+        listing.write_text(json.dumps({**summary, "images": entries}, indent=1) + "\n", encoding="utf-8")
+        index = out_dir / INDEX_HTML
+        index.write_text(render_gallery_index(entries, len(outcomes), len(imperfect)), encoding="utf-8")
+        return [listing, index]
+    except BaseException:  # stopped or failed midway: no half gallery (the eval writes metrics.json after it)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def image_title(sample: DetectionSample) -> str:

@@ -171,12 +171,12 @@ def _evaluate(
         "sampling": {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k},
         "evaluator": "faster-coco-eval",
     }
-    written = write_report(out_dir, report, extra)
-    written += write_gallery(
+    gallery = write_gallery(  # before write_report's metrics.json, whose presence says the eval is whole
         out_dir / GALLERY_DIR,
         samples,
         merged,
         num_images=plan.data.gallery_images,
         duplicate_iou_threshold=plan.duplicate_iou_threshold,
     )
+    written = write_report(out_dir, report, extra) + gallery
     return EvalRun(report, written, images_per_s, num_available)

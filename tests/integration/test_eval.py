@@ -296,6 +296,28 @@ def test_bad_input_is_one_error_and_writes_nothing(served: Served, tmp_path: Pat
         assert not out.exists(), (args, sorted(out.iterdir()))  # not even an empty directory
 
 
+def test_an_eval_stopped_while_drawing_its_gallery_has_no_metrics_json(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gallery was drawn after metrics.json: an eval stopped (Ctrl-C, SIGKILL, a full disk) while it drew
+    left a directory that reads as a finished eval (metrics.json; its Ctrl-C line: "after its results were
+    written") with half a gallery. metrics.json is written last, so it says the eval is whole."""
+    import stagectl.evaluation.gallery as gallery
+    from stagectl.cli.evaluate import interrupted_line
+
+    class HalfSaved:
+        def save(self, path: Path) -> None:
+            path.write_bytes(b"\x89PNG half")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(gallery, "draw", lambda *args: HalfSaved())
+    with pytest.raises(KeyboardInterrupt):
+        _evaluate(served, tmp_path, monkeypatch)
+    assert not (tmp_path / "metrics.json").exists()
+    assert not (tmp_path / "gallery").exists()  # no half gallery either
+    assert "nothing was written" in interrupted_line(tmp_path)
+
+
 def test_two_ranks_give_one_ranks_metrics(
     served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
