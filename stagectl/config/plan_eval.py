@@ -35,7 +35,10 @@ def eval_session(cfg: StagectlConfig, server_url: str | None = None) -> EvalSess
             raise ValueError(f"--server: {exc}") from None
     plan = eval_plan(cfg)
     if plan is None:
-        raise ValueError("nothing to evaluate (no data.eval): give --data JSONL or set data.eval")
+        raise ValueError(  # eval and validate-config --for eval both take --set; only eval has --data
+            "nothing to evaluate (no data.eval): set data.eval (stagectl eval --data JSONL, or --set "
+            "data.eval.jsonl=JSONL)"
+        )
     server = None
     if server_url is not None:
         rm = cfg.custom.extra.rollout_matching

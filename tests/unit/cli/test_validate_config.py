@@ -58,6 +58,17 @@ def test_a_config_for_another_command_is_refused_with_that_commands_words(
     assert code == 1 and message in output
 
 
+def test_the_fix_for_a_config_with_nothing_to_evaluate_is_one_validate_config_takes() -> None:
+    """`validate-config train_ab.yaml --for eval` said "give --data JSONL or set data.eval"; validate-config has
+    no --data (No such option). The advice names the --set both commands take, and following it passes."""
+    code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--for", "eval")
+    assert code == 1 and "--set data.eval.jsonl=JSONL" in output
+    code, output = validate(
+        str(EXAMPLES / "train_ab.yaml"), "--for", "eval", "--set", "data.eval.jsonl=x.jsonl"
+    )
+    assert code == 0, output
+
+
 def test_nproc_reads_as_train_abs() -> None:
     code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--nproc", "2")
     assert code == 1  # train-ab --nproc 2 refuses step-mode Channel-B on 2 ranks

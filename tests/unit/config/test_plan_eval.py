@@ -69,7 +69,7 @@ def test_server_is_a_server_list_with_the_rollout_servers_token_tls_and_timeouts
 
 def test_a_config_without_data_eval_has_nothing_to_evaluate() -> None:
     cfg = load_config(None, [])
-    with pytest.raises(ValueError, match=r"nothing to evaluate \(no data.eval\): give --data JSONL"):
+    with pytest.raises(ValueError, match=r"nothing to evaluate \(no data.eval\): set data.eval"):
         eval_session(cfg)
 
 
