@@ -20,7 +20,7 @@ def command(
     out: Path = typer.Option(
         Path("comparison"),
         "--out",
-        help="Where a comparison of several runs writes comparison.md and its plot.",
+        help="Where a comparison of several runs writes comparison.md, comparison.html and comparison_f1.png.",
     ),
     step: int | None = typer.Option(
         None, "--step", help="Compare at this eval step (default: the largest eval step every run reached)."
