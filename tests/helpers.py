@@ -1,13 +1,19 @@
 """Builders shared by test tiers (never import one test module from another): the three image segments
 of different grids that the packed-vs-unpacked checks pack, one segment's logits on its own, and the
-example count of the property tests, greedy ids through the `hf` engine, and the hand-built run dirs the
-report page tests render."""
+example count of the property tests, greedy ids through the `hf` engine, the hand-built run dirs the
+report page tests render, and a peer that trickles its answer (`trickle_server`, `returns_within`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -238,3 +244,65 @@ def write_report_dirs(root: Path) -> tuple[Path, Path, Path]:
     (mission / "guidance.json").write_text(json.dumps(guidance))
     (mission / "snapshots" / "guidance-20260101-step000001.json").write_text(json.dumps(guidance))
     return run, ev, mission
+
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def trickle_server(every_s: float = 0.2, head: bytes = b"HTTP/1.1 200 OK\r\n") -> Iterator[str]:
+    """A peer on 127.0.0.1 that accepts every connection, answers `head`, then sends one more byte every
+    `every_s` until the block ends: any per-read timeout above `every_s` never fires. Yields its base URL;
+    every connection is closed on exit (so a call it hung ends then)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    peers: list[socket.socket] = []
+
+    def trickle(peer: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            peer.settimeout(0.5)
+            with contextlib.suppress(TimeoutError):
+                peer.recv(1 << 20)  # the request head (a long body stays unread: the peer never answers it)
+            peer.sendall(head)
+            while not stop.wait(every_s):
+                peer.sendall(b"x")
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                peer, _ = listener.accept()
+                peers.append(peer)
+                threading.Thread(target=trickle, args=(peer,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        for peer in peers:
+            with contextlib.suppress(OSError):
+                peer.shutdown(socket.SHUT_RDWR)
+            peer.close()
+
+
+def returns_within(limit_s: float, call: Callable[[], T]) -> tuple[T, float]:
+    """`call()`'s result and its seconds, failing the test (instead of hanging it) when it has not returned
+    within `limit_s`; an exception it raises is raised here."""
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # handed to the test thread, which re-raises it
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    seconds = time.monotonic() - started
+    assert not thread.is_alive(), f"still waiting after {limit_s:g} s: it hangs"
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"], seconds  # type: ignore[return-value]

@@ -4,7 +4,8 @@ stagectl version, the configured engine and the dtype weight syncs will carry, a
 is reachable (the weight-stream port, or the learner's weight-group address). `--push` then runs one
 real weight push of the loaded model to every server (`check_push`).
 
-The probes are plain HTTP/TCP with short timeouts: a preflight must answer in seconds, so nothing here
+The probes are plain HTTP/TCP, each whole within `PROBE_TIMEOUT_S` (`wire.deadline`: a server that
+trickles its answer fails, it does not hang the doctor): a preflight must answer in seconds, so nothing here
 retries (`RolloutClient` does, during training)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from stagectl.config.plan import SERVERS_KEY, ServerRollouts
 from stagectl.config.plan_server import LearnerServers
 from stagectl.config.rollout import DiskSync
 from stagectl.doctor.report import Check, fail, ok, skip, warn
+from stagectl.wire.deadline import DeadlineClient
 from stagectl.wire.protocol import VersionResponse, read_token
 
 if TYPE_CHECKING:
@@ -64,7 +66,8 @@ def check_servers(servers: LearnerServers) -> list[Check]:
             ]
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     checks: list[Check] = []
-    with httpx.Client(timeout=PROBE_TIMEOUT_S, verify=tls or True) as http:
+    # each probe whole within PROBE_TIMEOUT_S: a server that trickles its answer fails the check, not hangs it
+    with DeadlineClient(total_s=PROBE_TIMEOUT_S, timeout=PROBE_TIMEOUT_S, verify=tls or True) as http:
         for k, url in enumerate(listed.base_urls):
             checks += check_server(servers, http, k, url, headers, token is not None)
     return checks

@@ -16,6 +16,7 @@ import yaml
 import stagectl
 from stagectl.config import load_config
 from stagectl.config.plan_server import LearnerServers, learner_servers
+from stagectl.doctor import server_checks
 from stagectl.doctor.report import Check
 from stagectl.doctor.server_checks import _version, _weight_transport, check_push, check_servers
 from stagectl.engines.fake import FakeEngine
@@ -24,6 +25,7 @@ from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer
 from stagectl.wire.protocol import VersionResponse
+from tests.helpers import returns_within, trickle_server
 
 TINY = "builtin:tiny-qwen2.5-vl"
 TOKEN_ENV = "DOCTOR_TEST_TOKEN"
@@ -100,6 +102,22 @@ def test_no_server_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     (line,) = check_servers(_servers(tmp_path, url))
     assert line.name == "server[0].reachable" and line.status == "fail"
     assert line.message.startswith(f"{url}: ConnectError") and "stagectl rollout-server" in line.fix
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"])
+def test_a_server_that_trickles_its_answer_fails_within_the_probe_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head: bytes
+) -> None:
+    """A server trickling a byte every 0.2 s (its headers, or its body) never trips a 1 s read timeout:
+    the probe's whole-call deadline ends it (it hung `stagectl doctor` forever)."""
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    monkeypatch.setattr(server_checks, "PROBE_TIMEOUT_S", 1.0)
+    with trickle_server(every_s=0.2, head=head) as url:
+        servers = _servers(tmp_path, url)
+        (line,), seconds = returns_within(4.0, lambda: check_servers(servers))
+    assert line.name == "server[0].reachable" and line.status == "fail", line
+    assert "no whole answer within 1 s" in line.message and "stagectl rollout-server" in line.fix
+    assert seconds < 3.0
 
 
 def test_a_wrong_or_missing_token(

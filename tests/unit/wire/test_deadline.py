@@ -1,0 +1,92 @@
+"""The whole-call deadline (`wire.deadline`): a peer trickling a byte every 0.1 s never trips a per-read
+timeout, so only a bound on the whole call ends it; nested deadlines keep the earlier; a socket read by
+code that is not ours (`http.client`) is cut at the deadline too."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from stagectl.wire.deadline import CallDeadlineError, DeadlineClient, bound, socket_deadline, within
+from tests.helpers import returns_within, trickle_server
+
+
+def _get_within(client: httpx.Client, url: str, total_s: float) -> httpx.Response:
+    with within(total_s):  # a deadline is the calling thread's: set where the call runs
+        return client.get(url)
+
+
+HEADS = [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"]  # in the headers, the body
+
+
+def test_nested_deadlines_keep_the_earlier_and_none_adds_none() -> None:
+    assert bound(7.0) == 7.0 and bound(None) is None  # no deadline: the timeout as given
+    with within(10.0):
+        assert bound(None) is not None and 9.0 < bound(None) <= 10.0  # type: ignore[operator]
+        with within(0.5):
+            assert bound(7.0) <= 0.5  # type: ignore[operator]
+            with within(30.0), within(None):
+                assert bound(7.0) <= 0.5  # type: ignore[operator]
+        assert bound(7.0) == 7.0
+    with within(0.0), pytest.raises(TimeoutError, match="no whole answer within 0 s"):
+        time.sleep(0.01)
+        bound(1.0)
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_a_trickled_answer_ends_at_the_clients_deadline(head: bytes) -> None:
+    with trickle_server(every_s=0.1, head=head) as url, DeadlineClient(total_s=0.5, timeout=2.0) as client:
+        with pytest.raises(
+            CallDeadlineError, match=r"GET .*/health/: no whole answer within 0\.5 s"
+        ) as raised:
+            returns_within(2.0, lambda: client.get(f"{url}/health/"))
+        assert isinstance(raised.value, httpx.TimeoutException)  # every `except httpx.HTTPError` still holds
+        with pytest.raises(CallDeadlineError, match=r"within 0\.3 s"):  # an enclosing one, earlier
+            returns_within(2.0, lambda: _get_within(client, f"{url}/health/", 0.3))
+
+
+def test_a_client_without_a_total_still_ends_inside_within() -> None:
+    with (
+        trickle_server(every_s=0.1) as url,
+        DeadlineClient(total_s=None, timeout=2.0) as client,
+        pytest.raises(CallDeadlineError, match=r"within 0\.4 s"),
+    ):
+        returns_within(2.0, lambda: _get_within(client, f"{url}/version/", 0.4))
+
+
+def test_an_answer_in_time_is_read_whole() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    with trickle_server(every_s=0.1, head=head) as url, DeadlineClient(total_s=1.0, timeout=2.0) as client:
+        response, _ = returns_within(2.0, lambda: client.get(f"{url}/health/"))
+    assert response.status_code == 200 and response.text == "ok"
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_a_socket_read_by_http_client_is_cut_at_the_deadline(head: bytes) -> None:
+    with trickle_server(every_s=0.1, head=head) as url:
+        parts = urlsplit(url)
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=2.0)
+
+        def exchange() -> bytes:
+            with within(0.5):
+                connection.connect()
+                assert connection.sock is not None
+                with socket_deadline(connection.sock):
+                    connection.request("GET", "/")
+                    return connection.getresponse().read()
+
+        with pytest.raises(TimeoutError, match=r"no whole answer within 0\.5 s"):
+            returns_within(2.0, exchange)
+        connection.close()
+
+
+def test_socket_deadline_without_a_deadline_changes_nothing() -> None:
+    left, right = socket.socketpair()
+    with left, right, socket_deadline(left):
+        right.sendall(b"x")
+        assert left.recv(1) == b"x"
