@@ -141,6 +141,14 @@ def command(
             fail(str(exc))
         if note is not None:
             typer.echo(note, err=True)
+        if resume and progress is not None and progress.epoch >= plan.runner.epochs:
+            # the runner's own verdict, before a model loads or a rank starts (train-ab's `nothing_left_note`)
+            typer.echo(
+                f"stage-b: {run_dir} has judged all {plan.runner.epochs} epoch(s) (runner.epochs): nothing left "
+                "to judge (raise runner.epochs to go on); nothing was started",
+                err=True,
+            )
+            raise typer.Exit(0)
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
     if effective_world_size(cfg) > 1 and not inside_torchrun():

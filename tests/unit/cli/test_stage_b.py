@@ -338,3 +338,40 @@ def test_a_model_whose_chat_template_does_not_compile_is_refused_before_any_rank
         in (result.output)
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]])
+def test_a_resume_of_a_finished_run_starts_no_rank_and_loads_no_model(
+    nproc: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--resume` of a run that judged every epoch said "nothing left to judge" only after rank 0 had read the
+    tickets and every rank had loaded its model (minutes for a 7B; torchrun's ranks under --nproc), and rewrote
+    config.yaml and plan.json; train-ab's finished-run resume starts nothing. The launcher now says it first."""
+    import stagectl.launch
+    import stagectl.stage_b.runner
+    from stagectl.stage_b.progress import Progress, write_progress
+
+    def no_rank(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("a resume with nothing left to judge started the loop")
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", no_rank)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", no_rank)
+    run_dir = tmp_path / "out" / "tiny" / "shapes_qc"
+    run_dir.mkdir(parents=True)
+    (run_dir / "guidance.json").write_text("{}")  # a run is there
+    write_progress(run_dir, Progress("digest", epoch=2, batch_index=8, status="finished"))
+    before = sorted(p.name for p in run_dir.iterdir())
+    sets = _set_args(_sets(tmp_path / "out"))  # runner.epochs=2: both judged
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), "--resume", *nproc, *sets])
+    assert result.exit_code == 0, result.output
+    assert (
+        f"stage-b: {run_dir} has judged all 2 epoch(s) (runner.epochs): nothing left to judge (raise "
+        "runner.epochs to go on); nothing was started"
+    ) in result.output
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no config.yaml / plan.json rewritten
+    # a raised runner.epochs goes on
+    ran: list[StageBPlan] = []
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", lambda plan, stop=None: ran.append(plan))
+    more = CliRunner().invoke(app, ["stage-b", str(TINY), "--resume", *sets, "--set", "runner.epochs=3"])
+    assert more.exit_code == 0, more.output
+    assert len(ran) == 1 and ran[0].runner.epochs == 3
