@@ -79,6 +79,14 @@ def write_train_ab_plots(
         figures.add(eval_plot(eval_rows, out_dir))
         last = eval_rows[-1]
         figures.add(pr_curve_plot(last, f"Last held-out eval (step {last.get('step')})", out_dir))
+    else:  # listed with its reason like every plot that does not apply
+        figures.add(
+            Skipped(
+                "held-out eval and its precision-recall curve",
+                "no eval.jsonl rows: the run had no held-out eval (set data.eval; `stagectl eval` scores a "
+                "checkpoint afterwards)",
+            )
+        )
     figures.add(b_ratio_plot(rows, target, skips, out_dir))
     figures.add(queue_plot(rows, out_dir))
     figures.add(drops_plot(rows, skips, out_dir))

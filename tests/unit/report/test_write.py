@@ -126,3 +126,24 @@ def test_a_report_stopped_midway_leaves_the_earlier_report_and_its_plots(
     assert not (run / "report" / "old.png").exists()
     assert all((run / link).is_file() for link in linked)
     assert not killed.exists() and (live / "loss.png").is_file()
+
+
+def test_a_run_without_held_out_evals_says_why_the_eval_plots_are_missing(tmp_path: Path) -> None:
+    """The report of a run without `data.eval` (the tiny example's) drew no eval plot and no precision-recall
+    curve and did not say so, while "Not plotted" and the console listed every other plot that does not
+    apply, with the reason (docs/reports.md)."""
+    from typer.testing import CliRunner
+
+    from stagectl.cli.app import app
+
+    run, _, _ = write_report_dirs(tmp_path)
+    (run / "eval.jsonl").unlink()
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "held-out eval and its precision-recall curve" in result.output  # the console's not-plotted list
+    text = (run / "report.md").read_text()
+    assert (
+        "- held-out eval and its precision-recall curve: no eval.jsonl rows: the run had no held-out eval "
+        "(set data.eval; `stagectl eval` scores a checkpoint afterwards)."
+    ) in text.split("## Not plotted", 1)[1]
+    assert not (run / "report" / "eval.png").exists() and not (run / "report" / "pr_curve.png").exists()
