@@ -5,6 +5,8 @@ Nothing heavy is imported at module level: `stagectl --help` must answer without
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from stagectl.cli import (
@@ -70,4 +72,23 @@ app.command("eval")(evaluate.command)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code == 130 and _ctrl_c(exc):
+            typer.echo(interrupted_line(sys.argv), err=True)
+        raise
+
+
+def _ctrl_c(exc: SystemExit) -> bool:
+    """Whether Typer ended the command on a KeyboardInterrupt the command did not handle (it turns one into
+    `Exit(130)` without a word); eval, train-ab and stage-b catch theirs and say what they left."""
+    context = exc.__context__
+    return isinstance(context, typer.Exit) and isinstance(context.__cause__, KeyboardInterrupt)
+
+
+def interrupted_line(argv: list[str]) -> str:
+    """The line a command stopped by Ctrl-C ends with. Every command that writes files writes each whole (a temp
+    file renamed into place, a model built in a staging directory), so none is left half-written."""
+    command = next((arg for arg in argv[1:] if not arg.startswith("-")), "stagectl")
+    return f"{command}: interrupted (SIGINT); no file was left half-written"
