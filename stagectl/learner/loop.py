@@ -20,6 +20,7 @@ from stagectl import dist
 from stagectl import metric_keys as mk
 from stagectl.config.plan_train import TrainPlan
 from stagectl.console import say
+from stagectl.files import atomic_write_text
 from stagectl.learner import checkpoint as ckpt
 from stagectl.learner import saving, sharding
 from stagectl.learner.channel_a import ChannelA
@@ -389,7 +390,7 @@ class Trainer:
                 "rank_weight_digests": digests,
                 "b_steps": self.b_steps.as_dict(),
             }
-            (self.plan.output_dir / FINAL_STATE).write_text(json.dumps(summary, indent=2))
+            atomic_write_text(self.plan.output_dir / FINAL_STATE, json.dumps(summary, indent=2))
 
     def close(self, *, finished: bool) -> None:
         """The orderly end of the run on this rank: stop and join the prefetcher (its HTTP sessions

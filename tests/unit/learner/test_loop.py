@@ -147,6 +147,38 @@ def test_final_state_says_how_the_run_ended(
     assert (written["global_step"], written["max_steps"], written["stopped_by_signal"]) == (step, 24, stopped)
 
 
+def test_final_state_that_the_disk_cannot_hold_is_not_left_half_written(tmp_path: Any) -> None:
+    """A full disk while final_state.json is written (RLIMIT_FSIZE stands for it: writes past 64 bytes fail)
+    left the first 64 bytes of it: JSON that reads as no end at all. It is replaced whole or not at all."""
+    import json
+    import resource
+    import signal
+
+    import torch
+
+    from stagectl.learner.channel_b.protocol import BStepLedger
+    from stagectl.learner.loop import Trainer
+    from stagectl.stopping import StopSignals
+
+    trainer: Any = object.__new__(Trainer)
+    trainer.state = SimpleNamespace(bundle=SimpleNamespace(model=torch.nn.Linear(2, 2)))
+    trainer.plan = SimpleNamespace(training=SimpleNamespace(max_steps=24), output_dir=tmp_path)
+    trainer.world = SimpleNamespace(is_main=True)
+    trainer.num_updates, trainer.b_steps, trainer._stop = 24, BStepLedger(), StopSignals()
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), no signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, limits[1]))
+    try:
+        with pytest.raises(OSError):
+            trainer._write_final_state(24)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert [p.name for p in tmp_path.iterdir()] == []
+    trainer._write_final_state(24)
+    assert json.loads((tmp_path / "final_state.json").read_text())["global_step"] == 24
+
+
 def test_servers_lost_inside_a_step_mode_b_step_end_the_run_naming_the_checkpoint_to_resume_from(
     tmp_path: Any,
 ) -> None:
