@@ -4,13 +4,17 @@ anything starts, and the resolved config (`config.yaml` in the run directory, fo
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from stagectl.watchdog import pid_alive
 
 RESOLVED_CONFIG = "config.yaml"
 
@@ -100,6 +104,17 @@ def make_output_dir(parent: Path, prefix: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     os.chmod(path, 0o777 & ~_umask())
     return path
+
+
+def make_staging_dir(parent: Path, prefix: str) -> Path:
+    """`make_output_dir(parent, "<prefix><pid>-")` for a directory built whole and renamed into place, after
+    removing those a killed process left with `prefix` (SIGKILL skips the clean-up; an export's holds a whole
+    model's weights). A live process's are its own and stay."""
+    for left in parent.glob(f"{glob.escape(prefix)}*-*"):
+        pid = left.name[len(prefix) :].split("-")[0]
+        if pid.isdigit() and not pid_alive(int(pid)) and left.is_dir():
+            shutil.rmtree(left, ignore_errors=True)
+    return make_output_dir(parent, f"{prefix}{os.getpid()}-")
 
 
 def follow_umask(root: Path) -> None:

@@ -28,7 +28,7 @@ def command(
     """Build the tiny random-weight model (tokenizer, image processor, chat template) for offline runs."""
     if arch not in ARCH_CHOICES:
         fail(f"--arch {arch!r} is not one of {', '.join(ARCH_CHOICES)}")
-    from stagectl.files import check_new_output_dir, follow_umask, make_output_dir
+    from stagectl.files import check_new_output_dir, follow_umask, make_staging_dir
 
     try:
         check_new_output_dir(out, "OUT")  # a parent that is a file, or not writable: named before torch loads
@@ -37,7 +37,7 @@ def command(
     from stagectl.models.tiny import TinyArch, build_tiny_model  # heavy: torch + transformers
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = make_output_dir(out.parent, prefix=f".{out.name}.")
+    staging = make_staging_dir(out.parent, f".{out.name}.")
     try:
         build_tiny_model(cast(TinyArch, arch), staging)  # arch checked against ARCH_CHOICES above
         follow_umask(staging)  # save_pretrained leaves model.safetensors 0600

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from stagectl.detection.coords import NUM_BINS, coord_token
-from stagectl.files import check_new_output_dir, follow_umask, make_output_dir
+from stagectl.files import check_new_output_dir, follow_umask, make_staging_dir
 from stagectl.models.loading import TRAINER_STATE, TorchDtype, load_bundle, resolve_checkpoint
 from stagectl.models.quiet import hf_progress_bars_off
 
@@ -82,7 +82,7 @@ def export_model(
             _load_sharded_masters(bundle.model, shards)
         bundle.model.to(getattr(torch, dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = make_output_dir(out.parent, prefix=f".{out.name}.")  # the umask's mode, not mkdtemp's 0700
+    staging = make_staging_dir(out.parent, f".{out.name}.")  # the umask's mode, not mkdtemp's 0700
     try:
         bundle.model.config.use_cache = True  # a learner checkpoint may have saved it off
         _save_quietly(bundle.model, staging)

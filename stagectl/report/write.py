@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from stagectl.files import atomic_write_text, check_output_dir, make_output_dir
+from stagectl.files import atomic_write_text, check_output_dir, make_staging_dir
 from stagectl.report import html
 from stagectl.report.detect import EVAL_METRICS, METRICS, Run, find_runs
 from stagectl.report.jsonl import read_jsonl
@@ -49,7 +49,6 @@ from stagectl.report.train_ab import (
 from stagectl.rundir.ending import FINAL_STATE, RunEnd, continue_command, run_end
 from stagectl.rundir.liveness import running_process
 from stagectl.rundir.resume import latest_complete_checkpoint
-from stagectl.watchdog import pid_alive
 
 REPORT_MD = "report.md"
 SAMPLES = "samples.jsonl"
@@ -314,13 +313,7 @@ def _staged_plot_dir(run_dir: Path) -> Iterator[Path]:
     stopped (Ctrl-C) midway leaves the earlier report and every plot it links as they were."""
     out = run_dir / PLOT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    for left in out.glob(
-        ".drawing-*-*"
-    ):  # a killed report's (SIGKILL: no `finally`); a live one's is its own
-        pid = left.name.split("-")[1]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    staging = make_output_dir(out, f".drawing-{os.getpid()}-")
+    staging = make_staging_dir(out, ".drawing-")  # and a killed report's removed (SIGKILL: no `finally`)
     try:
         yield staging
     finally:

@@ -62,3 +62,23 @@ def test_the_model_files_get_the_umasks_mode(tmp_path: Path, monkeypatch: pytest
         os.umask(old)
     assert code == 0, output
     assert (tmp_path / "tiny" / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_build_removes_the_staging_directory_a_killed_one_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL skips the clean-up: the half-built model stayed next to OUT as a hidden staging directory,
+    one more on every killed try (for `export`, a whole model's weights each). The next build removes a dead
+    process's, never a live one's (another build of the same OUT)."""
+    import stagectl.files as files
+    import stagectl.models.tiny as tiny
+
+    monkeypatch.setattr(files, "pid_alive", lambda pid: pid == 222)
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda arch, out_dir: Path(out_dir))
+    killed, live = tmp_path / ".tiny.111-abc", tmp_path / ".tiny.222-xyz"
+    for left in (killed, live):
+        left.mkdir()
+        (left / "model.safetensors").write_bytes(b"half the weights")
+    code, output, _ = tiny_model(tmp_path / "tiny")
+    assert code == 0, output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny.222-xyz", "tiny"]

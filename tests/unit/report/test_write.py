@@ -96,8 +96,8 @@ def test_a_report_stopped_midway_leaves_the_earlier_report_and_its_plots(
     ones and every plot they link is still there, unchanged. It deleted the earlier PNGs first, so the
     earlier page linked plots that were gone. A report that ends drops the plots it no longer draws, and
     what a killed report left half drawn."""
+    import stagectl.files as files
     import stagectl.report.plots_train_ab as plots
-    import stagectl.report.write as write
 
     run, _, _ = write_report_dirs(tmp_path)
     write_reports(run)
@@ -121,7 +121,7 @@ def test_a_report_stopped_midway_leaves_the_earlier_report_and_its_plots(
     for left in (killed, live):
         left.mkdir()
         (left / "loss.png").write_bytes(b"half a plot")
-    monkeypatch.setattr(write, "pid_alive", lambda pid: pid == 222)
+    monkeypatch.setattr(files, "pid_alive", lambda pid: pid == 222)
     write_reports(run)
     assert not (run / "report" / "old.png").exists()
     assert all((run / link).is_file() for link in linked)
