@@ -28,10 +28,14 @@ class DecodingConfig(StrictModel):
         return 0 if value == -1 else value
 
 
+# the first path segment of every rollout-server endpoint (stagectl/server/app.py and the weight-sync routes)
+SERVER_ENDPOINTS = frozenset({"health", "infer", "version", "stats", "get_world_size", "update_weights"})
+
+
 def check_server_url(url: str) -> str:
-    """`url` when it can name a rollout server (`http(s)://host[:port]`, a trailing `/` allowed); a `ValueError`
-    saying why not, so a URL no request can reach fails at load (or at `stagectl eval --server`), not after a
-    start-up wait for its `/health/`."""
+    """`url` when it can name a rollout server (`http(s)://host[:port]`, a trailing `/` or a reverse proxy's
+    path prefix allowed); a `ValueError` saying why not, so a URL no request can reach fails at load (or at
+    `stagectl eval --server`), not after a start-up wait for its `/health/`."""
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError when out of range or not a number
@@ -41,20 +45,26 @@ def check_server_url(url: str) -> str:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host; write http://HOST:PORT")
     if port == 0:
         raise ValueError(f"{url!r}: port 0 is no server's port; write http://HOST:PORT")
-    # the client appends `/health/`, `/infer/`, ... to the URL as written: anything after the host would sit
-    # before them (a pasted `.../infer/` asks for `/infer//health/`, a `?query` swallows the path)
-    junk = url[len(f"{parts.scheme}://{parts.netloc}") :]
-    if junk not in ("", "/"):
+    # the client appends `/health/`, `/infer/`, ... to the URL as written: a path before them is a reverse
+    # proxy's prefix and stays allowed, but a pasted endpoint asks for `/infer//health/` and a `?query` or
+    # `#fragment` swallows every path appended after it
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        tail = url[len(f"{parts.scheme}://{parts.netloc}{parts.path}") :]
         raise ValueError(
-            f"{url!r} has {junk!r} after the host; a rollout server answers at its root: write http://HOST:PORT"
+            f"{url!r} has {tail!r} after the path; write http://HOST:PORT (a path prefix allowed)"
+        )
+    if set(parts.path.split("/")) & SERVER_ENDPOINTS:
+        raise ValueError(
+            f"{url!r} names an endpoint ({parts.path!r}); the client adds the endpoints itself: write "
+            "http://HOST:PORT, the server's root"
         )
     return url
 
 
 class ServerEndpoint(StrictModel):
     base_url: str
-    """`http(s)://HOST[:PORT]`, e.g. `http://127.0.0.1:8000`; nothing after the host (the server answers at its
-    root)."""
+    """`http(s)://HOST[:PORT]`, e.g. `http://127.0.0.1:8000` (a reverse proxy's path prefix allowed; no endpoint
+    such as `/infer/`, no `?query`: the client adds the endpoints)."""
 
     @field_validator("base_url")
     @classmethod

@@ -138,7 +138,7 @@ def test_a_chat_template_that_does_not_compile_is_refused_before_the_model_loads
         ("notaurl", "is not an http:// or https:// URL with a host"),
         ("ftp://h:8000", "is not an http:// or https:// URL with a host"),
         ("http://h:99999", "is not a URL (Port out of range 0-65535)"),
-        ("http://h:8000/infer/", "has '/infer/' after the host; a rollout server answers at its root"),
+        ("http://h:8000/infer/", "names an endpoint ('/infer/'); the client adds the endpoints itself"),
     ],
 )
 def test_a_server_url_no_request_can_reach_is_refused_before_any_model_or_data_work(

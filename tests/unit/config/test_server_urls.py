@@ -54,13 +54,12 @@ BAD = [
     ("http://h:0", "'http://h:0': port 0 is no server's port; write http://HOST:PORT"),
     (
         "http://h:8000/infer/",
-        "'http://h:8000/infer/' has '/infer/' after the host; a rollout server answers at its root: "
-        "write http://HOST:PORT",
+        "'http://h:8000/infer/' names an endpoint ('/infer/'); the client adds the endpoints itself: "
+        "write http://HOST:PORT, the server's root",
     ),
     (
         "http://h:8000/?x=1",
-        "'http://h:8000/?x=1' has '/?x=1' after the host; a rollout server answers at its root: "
-        "write http://HOST:PORT",
+        "'http://h:8000/?x=1' has '?x=1' after the path; write http://HOST:PORT (a path prefix allowed)",
     ),
 ]
 
@@ -74,7 +73,14 @@ def test_a_server_url_no_request_can_reach_is_one_problem_at_its_key(
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:8000", "https://h.example/", "http://[::1]:8000", "http://h"]
+    "url",
+    [
+        "http://127.0.0.1:8000",
+        "https://h.example/",
+        "http://[::1]:8000",
+        "http://h",
+        "https://gw.example/rollout-0/",
+    ],
 )
 def test_server_urls_that_name_a_host_load(tmp_path: Path, url: str) -> None:
     path = tmp_path / "c.yaml"
