@@ -46,9 +46,8 @@ from stagectl.report.train_ab import (
     summarize_train_ab,
     target_b_ratio,
 )
-from stagectl.rundir.ending import FINAL_STATE, RunEnd, continue_command, run_end
+from stagectl.rundir.ending import FINAL_STATE, RunEnd, go_on_note, run_end
 from stagectl.rundir.liveness import running_process
-from stagectl.rundir.resume import latest_complete_checkpoint
 
 REPORT_MD = "report.md"
 SAMPLES = "samples.jsonl"
@@ -104,16 +103,8 @@ def write_train_ab_report(run_dir: Path) -> Written:
     final_state, final_notes = _read_json(run_dir / FINAL_STATE)
     notes += final_notes
     end = _run_end(final_state, max_steps)
-    if end is not None and end.error is not None:  # an error ended it (its error line, kept)
-        latest = latest_complete_checkpoint(run_dir)
-        resume = (
-            f"; continue it from {latest} with `{continue_command(run_dir)}`" if latest is not None else ""
-        )
-        notes.append(f"the run did not finish: {end.describe()}{resume}.")
-    elif end is not None and not end.finished:  # stopped by a signal (or before a raised max_steps)
-        notes.append(
-            f"the run did not finish: {end.describe()}; continue it with `{continue_command(run_dir)}`."
-        )
+    if end is not None and not end.finished:  # an error or a signal ended it (or max_steps was raised since)
+        notes.append(f"the run did not finish: {end.describe()}; {go_on_note(run_dir)}.")
     elif isinstance(max_steps, int) and summary.last_step + 1 < max_steps:
         notes.append(
             f"partial run: the last logged step is {summary.last_step} of `training.max_steps` = {max_steps}."
@@ -124,8 +115,7 @@ def write_train_ab_report(run_dir: Path) -> Written:
             notes.append(f"no `{FINAL_STATE}`: the run did not finish (or is still running).")
         elif proc.alive is False:
             notes.append(
-                f"no `{FINAL_STATE}`: the run did not finish; {proc.describe()}. Continue it with "
-                f"`{continue_command(run_dir)}`."
+                f"no `{FINAL_STATE}`: the run did not finish; {proc.describe()}; {go_on_note(run_dir)}."
             )
         else:
             notes.append(f"no `{FINAL_STATE}` yet: {'the run is ' if proc.alive else ''}{proc.describe()}.")

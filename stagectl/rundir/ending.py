@@ -31,6 +31,19 @@ def continue_command(out: Path) -> str:
     return f"stagectl train-ab {out / RESOLVED_CONFIG} --resume"
 
 
+def go_on_note(out: Path) -> str:
+    """How to go on from the run in `out`, which did not finish: continue it from its newest complete
+    checkpoint (`--resume`), or, when it saved none (it ended before its first save, or a second signal
+    stopped it at once), start it again (`--overwrite`): train-ab refuses to resume a run without one."""
+    latest = latest_complete_checkpoint(out)
+    if latest is None:
+        return (
+            "it saved no checkpoint, which --resume needs: start it again with "
+            f"`stagectl train-ab {out / RESOLVED_CONFIG} --overwrite`"
+        )
+    return f"continue it from {latest} with `{continue_command(out)}`"
+
+
 def stop_note(signum: int, step: int, max_steps: int, out: Path) -> str:
     """The end line of a run stopped by a signal: where its checkpoint is and how to continue it."""
     return (

@@ -19,12 +19,50 @@ def test_a_stopped_run_is_reported_as_not_finished(tmp_path: Path) -> None:
     run, _, _ = write_report_dirs(tmp_path)  # 6 rows, training.max_steps 6 in config.yaml
     end = {"global_step": 4, "max_steps": 6, "stopped_by_signal": 2}
     (run / "final_state.json").write_text(json.dumps(end))
+    (run / "checkpoint-4").mkdir()  # what the stop saved
+    (run / "checkpoint-4" / "trainer_state.json").write_text("{}")
     write_reports(run)
     text = (run / "report.md").read_text()
     assert (
-        "the run did not finish: stopped at step 4 of 6 (SIGINT); continue it with "
-        f"`stagectl train-ab {run / 'config.yaml'} --resume`." in text
+        f"the run did not finish: stopped at step 4 of 6 (SIGINT); continue it from {run / 'checkpoint-4'} "
+        f"with `stagectl train-ab {run / 'config.yaml'} --resume`." in text
     )
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        {"global_step": 3, "max_steps": 6, "stopped_by_signal": 2},  # a second Ctrl-C: no checkpoint
+        {"global_step": 3, "max_steps": 6, "stopped_by_signal": None, "error": "rollout servers gone"},
+        None,  # killed: running.json names a process that is gone
+    ],
+)
+def test_a_run_with_no_checkpoint_is_not_told_to_resume(
+    tmp_path: Path, end: dict[str, object] | None
+) -> None:
+    """A run that ended before its first save: the report said `continue it with ... --resume` (killed,
+    stopped) or nothing (failed); train-ab refuses that resume ("no complete checkpoint to continue from;
+    pass --overwrite"). The report now gives the command train-ab takes."""
+    import socket
+
+    from stagectl.rundir.policy import prepare_train_dir
+
+    run, _, _ = write_report_dirs(tmp_path)
+    if end is None:
+        (run / "final_state.json").unlink()
+        pid = {"pid": 2**22 + 17, "host": socket.gethostname(), "started": 1}
+        (run / "running.json").write_text(json.dumps(pid))
+    else:
+        (run / "final_state.json").write_text(json.dumps(end))
+    write_reports(run)
+    text = (run / "report.md").read_text()
+    assert (
+        "it saved no checkpoint, which --resume needs: start it again with "
+        f"`stagectl train-ab {run / 'config.yaml'} --overwrite`." in text
+    )
+    assert "--resume`" not in text
+    with pytest.raises(ValueError, match="no complete checkpoint to continue from"):
+        prepare_train_dir(run, "latest", False)  # what train-ab --resume would say
 
 
 def test_a_failed_run_is_reported_with_its_error_and_where_to_continue(tmp_path: Path) -> None:

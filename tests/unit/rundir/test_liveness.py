@@ -86,6 +86,8 @@ def test_the_report_of_a_killed_run_says_so_and_how_to_continue(tmp_path: Path) 
     run, _, _ = write_report_dirs(tmp_path)
     (run / "final_state.json").unlink(missing_ok=True)
     (run / RUNNING).write_text(json.dumps({"pid": 2**22 + 17, "host": socket.gethostname(), "started": 1}))
+    (run / "checkpoint-2").mkdir()  # a save before the kill: --resume continues from it
+    (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
     (written,) = write_reports(run)
     text = written.report.read_text()
     assert "no `final_state.json`: the run did not finish; its process (pid 4194321 on" in text
