@@ -65,7 +65,7 @@ class ServerList:
     auth_token_env: str | None = None
     tls_ca_file: Path | None = None
     tls_skip_verify: bool = False
-    infer_timeout_s: float | None = 600.0  # None: no read timeout
+    infer_timeout_s: float | None = 600.0  # each call whole within it; None: no limit
     wait_healthy_s: float = 120.0
     wait_healthy_key: str = f"{SERVERS_KEY}.timeout_s"  # the config key of `wait_healthy_s` (for messages)
 

@@ -78,7 +78,8 @@ class VllmServerConfig(StrictModel):
     timeout_s: float = Field(120.0, gt=0)
     """How long to wait for `/health/` at start."""
     infer_timeout_s: float | None = 600.0
-    """Read timeout of one `/infer/` call; null or <= 0 means no read timeout."""
+    """Longest wait for one `/infer/` call (and each weight-sync request), from the connection to the last byte
+    of the answer, so a server that trickles its answer cannot hold it; null or <= 0 means no limit."""
     auth_token_env: str | None = None
     """Environment variable holding the servers' bearer token (sent on every request but `/health/`)."""
     tls_ca_file: UserPath | None = None

@@ -61,7 +61,8 @@ class StageBServerConfig(StrictModel):
     tls_skip_verify: bool = False
     """Talk TLS to `https://` servers without verifying their certificate. Excludes `tls_ca_file`."""
     infer_timeout_s: float = Field(600.0, gt=0)
-    """Longest wait for one `/infer/` call."""
+    """Longest wait for one `/infer/` call, from the connection to the last byte of the answer (a server that
+    trickles its answer cannot hold it)."""
     wait_healthy_s: float = Field(120.0, gt=0)
     """How long to wait at start for every server to answer `/health/`."""
 

@@ -45,6 +45,7 @@ from stagectl.inference.requests import (
     to_generation,
     with_seed_offset,
 )
+from stagectl.wire.deadline import CallDeadlineError, DeadlineClient, within
 from stagectl.wire.errors import (
     ClientClosedError,
     RolloutRequestError,
@@ -122,6 +123,7 @@ class RolloutClient:
         self.timeout_s = timeout_s
         read_timeout = infer_timeout_s if infer_timeout_s is not None and infer_timeout_s > 0 else None
         self._timeout = httpx.Timeout(connect_timeout_s, read=read_timeout, write=read_timeout, pool=None)
+        self._total_s = read_timeout  # every call whole within it (a trickled answer too); None: no limit
         self._infer_timeout_key = infer_timeout_key
         self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self._clients = [self._new_http() for _ in self.base_urls]
@@ -149,7 +151,9 @@ class RolloutClient:
         )
 
     def _new_http(self) -> httpx.Client:
-        return httpx.Client(timeout=self._timeout, headers=self._headers, verify=self._tls or True)
+        return DeadlineClient(
+            total_s=self._total_s, timeout=self._timeout, headers=self._headers, verify=self._tls or True
+        )
 
     # --- counters --------------------------------------------------------------------------------
 
@@ -183,7 +187,8 @@ class RolloutClient:
         while pending:
             for k in sorted(pending):
                 try:
-                    response = self._clients[k].get(f"{self.base_urls[k]}/health/", timeout=5.0)
+                    with within(min(5.0, max(deadline - time.monotonic(), 0.5))):  # each probe whole
+                        response = self._clients[k].get(f"{self.base_urls[k]}/health/", timeout=5.0)
                 except httpx.HTTPError as exc:
                     last_error[k] = f"{type(exc).__name__}: {exc}"
                     continue
@@ -363,6 +368,8 @@ class RolloutClient:
     def _timed_out(self, exc: httpx.TimeoutException) -> str:
         """What timed out, after how long, and the key that sets it (httpx says only "timed out")."""
         name = type(exc).__name__
+        if isinstance(exc, CallDeadlineError):
+            return f"{name}: {exc} ({self._infer_timeout_key} sets it)"
         if isinstance(exc, httpx.ConnectTimeout):
             return f"{name}: no connection within {self._timeout.connect} s"
         return f"{name}: no answer within {self._timeout.read} s ({self._infer_timeout_key} sets it)"

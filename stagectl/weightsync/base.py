@@ -21,6 +21,7 @@ import httpx
 from stagectl.weightsync.errors import DeltaRefused, NotInGroup, WeightPushError
 from stagectl.weightsync.protocol import SyncResponse
 from stagectl.weightsync.wire import TensorStream, WeightState
+from stagectl.wire.deadline import DeadlineClient
 from stagectl.wire.http import response_detail
 
 Transport = Literal["http", "collective", "disk"]
@@ -92,7 +93,10 @@ class Servers:
         )
 
     def new_http(self) -> httpx.Client:
-        return httpx.Client(timeout=self.timeout, headers=self.headers, verify=self.tls or True)
+        # every call whole within the read timeout: a server trickling its answer cannot hold a sync
+        return DeadlineClient(
+            total_s=self.timeout.read, timeout=self.timeout, headers=self.headers, verify=self.tls or True
+        )
 
     def __len__(self) -> int:
         return len(self.base_urls)

@@ -41,6 +41,7 @@ from stagectl.weightsync.protocol import WEIGHT_CHUNK_PATH, SyncResponse
 from stagectl.weightsync.receiver import WeightSync
 from stagectl.weightsync.staging import ChunkReceiver
 from stagectl.weightsync.wire import TensorStream, WeightChunk, WeightState, encode_chunks, encode_pieces
+from stagectl.wire.deadline import socket_deadline, within
 from stagectl.wire.protocol import VersionResponse
 
 log = logging.getLogger("stagectl.weightsync.http")
@@ -186,24 +187,12 @@ class ChunkSender:
             key, origin, parts.hostname or "", parts.port or (443 if https else 80), https
         )
         try:
-            connection.putrequest("POST", target, skip_accept_encoding=True)
-            for name, value in self.headers.items():
-                connection.putheader(name, value)
-            connection.putheader("Content-Type", "application/octet-stream")
-            connection.putheader("Content-Length", str(chunk.num_bytes))
-            connection.endheaders()
-            sock = connection.sock
-            assert sock is not None
-            try:
-                sock.sendall(chunk.header)
-                for view in chunk.views:
-                    sock.sendall(view)
-            except OSError:
-                # the server may have refused the chunk before reading its body (413, 401) and closed
-                # the connection: its answer is still there to read, and it says more than a broken pipe
-                pass
-            response = connection.getresponse()
-            body = response.read()
+            with within(self.timeout_s):  # the whole upload and its answer: a trickling peer cannot hold it
+                if connection.sock is None:
+                    connection.connect()
+                assert connection.sock is not None
+                with socket_deadline(connection.sock):
+                    body, response = self._exchange(connection, target, chunk)
             if response.will_close:
                 self._drop(key, origin)
         except (OSError, http.client.HTTPException) as exc:
@@ -220,6 +209,29 @@ class ChunkSender:
             return json.loads(body)
         except ValueError:
             raise WeightPushError(f"{url}: answered a body that is not JSON: {body[:200]!r}") from None
+
+    def _exchange(
+        self, connection: http.client.HTTPConnection, target: str, chunk: WeightChunk
+    ) -> tuple[bytes, http.client.HTTPResponse]:
+        """Send one chunk on `connection` and read the whole answer."""
+        connection.putrequest("POST", target, skip_accept_encoding=True)
+        for name, value in self.headers.items():
+            connection.putheader(name, value)
+        connection.putheader("Content-Type", "application/octet-stream")
+        connection.putheader("Content-Length", str(chunk.num_bytes))
+        connection.endheaders()
+        sock = connection.sock
+        assert sock is not None
+        try:
+            sock.sendall(chunk.header)
+            for view in chunk.views:
+                sock.sendall(view)
+        except OSError:
+            # the server may have refused the chunk before reading its body (413, 401) and closed
+            # the connection: its answer is still there to read, and it says more than a broken pipe
+            pass
+        response = connection.getresponse()
+        return response.read(), response
 
     def _connection(
         self, key: int, origin: str, host: str, port: int, https: bool

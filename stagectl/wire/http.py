@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from stagectl.wire.deadline import DeadlineClient
 from stagectl.wire.errors import RolloutRequestError
 from stagectl.wire.protocol import VersionResponse
 from stagectl.wire.tls import client_context
@@ -55,7 +56,7 @@ def not_answering(servers: ServerList, timeout_s: float = 2.0) -> list[str]:
     https = any(url.startswith("https://") for url in servers.base_urls)
     verify = client_context(servers.tls_ca_file, skip_verify=servers.tls_skip_verify) if https else True
     down: list[str] = []
-    with httpx.Client(timeout=timeout_s, verify=verify) as http:
+    with DeadlineClient(total_s=timeout_s, timeout=timeout_s, verify=verify) as http:  # a trickle fails too
         for url in servers.base_urls:
             try:
                 response = http.get(f"{url}/health/")

@@ -22,6 +22,7 @@ from stagectl.inference.requests import (
 from stagectl.weightsync.client import WeightSyncClient
 from stagectl.weightsync.disk import DiskSender
 from stagectl.wire.protocol import InferResponse, RequestConfig
+from tests.helpers import returns_within, trickle_server
 
 
 @pytest.mark.parametrize(
@@ -227,8 +228,29 @@ def test_a_call_that_times_out_names_the_timeout_and_the_key_that_sets_it() -> N
         with client, pytest.raises(RolloutServerError) as raised:
             client.infer([detection_request(["a.png"], "Find objects.")], RequestConfig(seed=1))
     message = str(raised.value)
-    assert "ReadTimeout: no answer within 0.2 s (runner.server.infer_timeout_s sets it)" in message
+    assert "no whole answer within 0.2 s (runner.server.infer_timeout_s sets it)" in message
     assert url in message
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"])
+def test_a_server_that_trickles_its_answers_holds_no_call_past_its_timeout(head: bytes) -> None:
+    """A byte every 0.1 s (of the headers, or of the body) never trips a per-read timeout: `/infer/`,
+    `/version/` and the wait for `/health/` each end at their whole-call bound (all three hung forever)."""
+    from stagectl.wire.deadline import CallDeadlineError
+
+    request = detection_request(["a.png"], "Find objects.")
+    with trickle_server(every_s=0.1, head=head) as url:
+        client = RolloutClient(
+            [url], timeout_s=0.8, infer_timeout_s=0.5, infer_timeout_key="k.infer_timeout_s"
+        )
+        infer = r"no whole answer within 0\.5 s \(k\.infer_timeout_s"
+        with pytest.raises(RolloutServerError, match=infer):  # after a try and a retry
+            returns_within(3.0, lambda: client.infer([request], RequestConfig(seed=1)))
+        with pytest.raises(CallDeadlineError, match=r"/version/: no whole answer within 0\.5 s"):
+            returns_within(2.0, client.versions)
+        with pytest.raises(TimeoutError, match=r"not healthy after 0\.8 s: .*CallDeadlineError"):
+            returns_within(3.0, client.wait_healthy)
+    client.close()  # after the server is gone: a call it still held has ended
 
 
 def test_a_request_a_live_server_fails_twice_is_told_from_a_server_gone(

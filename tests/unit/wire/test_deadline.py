@@ -12,7 +12,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from stagectl.config.plan import ServerList
 from stagectl.wire.deadline import CallDeadlineError, DeadlineClient, bound, socket_deadline, within
+from stagectl.wire.http import not_answering
 from tests.helpers import returns_within, trickle_server
 
 
@@ -90,3 +92,13 @@ def test_socket_deadline_without_a_deadline_changes_nothing() -> None:
     with left, right, socket_deadline(left):
         right.sendall(b"x")
         assert left.recv(1) == b"x"
+
+
+def test_train_abs_look_at_the_servers_health_ends_on_a_trickling_server() -> None:
+    """train-ab's one `/health/` look before the model loads (`not_answering`) hung on such a server."""
+    with trickle_server(every_s=0.1) as url:
+        (down,), seconds = returns_within(
+            2.0, lambda: not_answering(ServerList(base_urls=(url,)), timeout_s=0.5)
+        )
+    assert down.startswith(f"{url} (CallDeadlineError: ") and "no whole answer within 0.5 s" in down
+    assert seconds < 1.5
