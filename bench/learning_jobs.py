@@ -74,7 +74,8 @@ def train_argv(config: Path, out: Path, overrides: list[str]) -> list[str]:
 
 def run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
     """Run `jobs`, `workers` at a time, one torch thread each, each once the job it needs has finished
-    (in list order otherwise); returns each job's wall seconds."""
+    (in list order otherwise), a run left unfinished by an earlier check started again (`--overwrite`: train-ab
+    moves it aside); returns each job's wall seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     pending = list(jobs)
     names = {job.name for job in jobs}  # a job needed but not in the list (a reused Stage-1) is done
@@ -88,11 +89,17 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
             job = ready[0]
             pending.remove(job)
             log = log_dir / f"{job.name}.log"
+            # a run an earlier check left unfinished (killed with it): train-ab moves it aside and starts again
+            stopped = job.out.exists() and not (job.out / "final_state.json").is_file()
+            argv = [*job.argv, "--overwrite"] if stopped else job.argv
             # the log goes to a file, not a pipe: a run's progress lines must never block on a full pipe
             with log.open("w") as handle:
-                proc = subprocess.Popen(job.argv, cwd=ROOT, env=env, stdout=handle, stderr=handle)
+                proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=handle)
             running[job.name] = (proc, time.perf_counter(), log)
-            print(f"   started {job.name}", flush=True)
+            print(
+                f"   started {job.name}" + (" (its unfinished run moved aside)" if stopped else ""),
+                flush=True,
+            )
         for name, (proc, started, log) in list(running.items()):
             if proc.poll() is None:
                 continue

@@ -25,3 +25,19 @@ def test_reused_prerequisite_does_not_block_and_order_is_kept(tmp_path: Path) ->
     assert set(walls) == {"screen-a", "stage1", "phase2"}
     order = (tmp_path / "order.txt").read_text().split()
     assert order.index("stage1") < order.index("phase2")
+
+
+def test_a_run_an_earlier_check_left_unfinished_is_started_with_overwrite(tmp_path: Path) -> None:
+    """A check stopped midway and re-run on the same --out goes on where it stopped: a run dir without
+    final_state.json (killed with the check) is moved aside by train-ab's --overwrite, not refused; a
+    fresh one gets no flag."""
+    code = "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))"
+    jobs = [
+        Job(name, [sys.executable, "-c", code, str(tmp_path / f"{name}.argv")], tmp_path / name)
+        for name in ("killed", "fresh")
+    ]
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / "metrics.jsonl").write_text("{}\n")
+    run_jobs(jobs, 1, tmp_path)
+    assert (tmp_path / "killed.argv").read_text() == "--overwrite"
+    assert (tmp_path / "fresh.argv").read_text() == ""
