@@ -127,6 +127,9 @@ class RolloutClient:
         self._infer_timeout_key = infer_timeout_key
         self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self._clients = [self._new_http() for _ in self.base_urls]
+        self._fresh: set[DeadlineClient] = (
+            set()
+        )  # the retries' own clients while they run (`close` aborts them)
         self.active: list[int] = list(
             range(len(self.base_urls))
         )  # the servers requests go to (`use_servers`)
@@ -150,7 +153,7 @@ class RolloutClient:
             infer_timeout_key=f"{servers.key}.infer_timeout_s",
         )
 
-    def _new_http(self) -> httpx.Client:
+    def _new_http(self) -> DeadlineClient:
         return DeadlineClient(
             total_s=self._total_s, timeout=self._timeout, headers=self._headers, verify=self._tls or True
         )
@@ -318,6 +321,8 @@ class RolloutClient:
         try:
             return self._post_infer(k, body, fresh=True)
         except _Retryable as second:
+            if self._closed.is_set():
+                raise ClientClosedError(f"rollout {where}: the client was closed ({second})") from None
             if second.gone:
                 raise _ServerGone(f"rollout {where}: server gone ({second})") from None
             if len(requests) == 1:
@@ -340,8 +345,15 @@ class RolloutClient:
         self._count("infer_calls")
         try:
             if fresh:
-                with self._new_http() as http:
-                    response = http.post(url, json=payload)
+                http = self._new_http()
+                with self._lock:
+                    self._fresh.add(http)
+                try:
+                    with http:
+                        response = http.post(url, json=payload)
+                finally:
+                    with self._lock:
+                        self._fresh.discard(http)
             else:
                 response = self._clients[k].post(url, json=payload)
         except httpx.TimeoutException as exc:
@@ -376,6 +388,10 @@ class RolloutClient:
 
     def close(self) -> None:
         self._closed.set()
+        with self._lock:
+            in_flight = [*self._clients, *self._fresh]
+        for http in in_flight:  # a call still waiting on a server ends now: closing does not wait it out
+            http.abort()
         self._pool.shutdown(wait=True)
         for http in self._clients:
             http.close()

@@ -20,6 +20,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -100,8 +101,9 @@ def socket_deadline(sock: socket.socket) -> Iterator[None]:
 
 
 class _Stream(httpcore.NetworkStream):
-    def __init__(self, stream: httpcore.NetworkStream) -> None:
+    def __init__(self, stream: httpcore.NetworkStream, backend: _Backend) -> None:
         self._stream = stream
+        self._backend = backend  # a TLS stream made from this one is registered there too
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         try:
@@ -118,11 +120,18 @@ class _Stream(httpcore.NetworkStream):
     def close(self) -> None:
         self._stream.close()
 
+    def shut(self) -> None:
+        """End a read or write blocked on this connection in another thread now (it raises there)."""
+        sock = self._stream.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
     def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
     ) -> httpcore.NetworkStream:
         try:
-            return _Stream(self._stream.start_tls(ssl_context, server_hostname, bound(timeout)))
+            return self._backend.opened(self._stream.start_tls(ssl_context, server_hostname, bound(timeout)))
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(str(exc)) from None
 
@@ -133,6 +142,20 @@ class _Stream(httpcore.NetworkStream):
 class _Backend(httpcore.NetworkBackend):
     def __init__(self) -> None:
         self._backend = httpcore.SyncBackend()
+        self._lock = threading.Lock()
+        self._streams: weakref.WeakSet[_Stream] = weakref.WeakSet()  # every connection it opened, while alive
+
+    def opened(self, stream: httpcore.NetworkStream) -> _Stream:
+        opened = _Stream(stream, self)
+        with self._lock:
+            self._streams.add(opened)
+        return opened
+
+    def shut_all(self) -> None:
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.shut()
 
     def connect_tcp(
         self,
@@ -143,7 +166,7 @@ class _Backend(httpcore.NetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         try:
-            return _Stream(
+            return self.opened(
                 self._backend.connect_tcp(host, port, bound(timeout), local_address, socket_options)
             )
         except TimeoutError as exc:
@@ -153,7 +176,7 @@ class _Backend(httpcore.NetworkBackend):
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.NetworkStream:
         try:
-            return _Stream(self._backend.connect_unix_socket(path, bound(timeout), socket_options))
+            return self.opened(self._backend.connect_unix_socket(path, bound(timeout), socket_options))
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(str(exc)) from None
 
@@ -168,7 +191,8 @@ class _Transport(httpx.HTTPTransport):
     def __init__(self, verify: ssl.SSLContext | bool) -> None:
         context = httpx.create_ssl_context(verify=verify)
         super().__init__(verify=context)
-        self._pool = httpcore.ConnectionPool(ssl_context=context, network_backend=_Backend())
+        self.backend = _Backend()
+        self._pool = httpcore.ConnectionPool(ssl_context=context, network_backend=self.backend)
 
 
 class DeadlineClient(httpx.Client):
@@ -177,8 +201,15 @@ class DeadlineClient(httpx.Client):
     rollout servers are reached directly."""
 
     def __init__(self, *, total_s: float | None, verify: ssl.SSLContext | bool = True, **kwargs: Any) -> None:
-        super().__init__(transport=_Transport(verify), **kwargs)
+        self._deadline_transport = _Transport(verify)
+        super().__init__(transport=self._deadline_transport, **kwargs)
         self.total_s = total_s
+
+    def abort(self) -> None:
+        """End every call in flight now, from any thread: their connections are shut down, so a read
+        blocked on a slow or trickling server returns at once and its call raises (an owner that is
+        stopping, after a Ctrl-C, then does not wait out the deadline)."""
+        self._deadline_transport.backend.shut_all()
 
     def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         with within(self.total_s):

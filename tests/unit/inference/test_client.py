@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,32 @@ def test_a_server_that_trickles_its_answers_holds_no_call_past_its_timeout(head:
         with pytest.raises(TimeoutError, match=r"not healthy after 0\.8 s: .*CallDeadlineError"):
             returns_within(3.0, client.wait_healthy)
     client.close()  # after the server is gone: a call it still held has ended
+
+
+def test_close_ends_the_calls_still_waiting_on_trickling_servers() -> None:
+    """Two servers trickling their answers, each share of a call in a pool thread: `close` (what a second
+    Ctrl-C runs on its way out) ends both calls at once instead of waiting out `infer_timeout_s` (30 s here;
+    a stopped stage-b or train-ab waited up to 600 s), and the call raises `ClientClosedError`."""
+    import threading
+
+    requests = [detection_request(["a.png"], "Find objects.")] * 2
+    with trickle_server(every_s=0.1) as first, trickle_server(every_s=0.1) as second:
+        client = RolloutClient([first, second], infer_timeout_s=30.0)
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.infer(requests, RequestConfig(seed=1))
+            except BaseException as exc:  # handed to the test thread
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        time.sleep(0.5)  # both shares are in flight, reading a byte every 0.1 s
+        _, seconds = returns_within(3.0, client.close)
+        caller.join(3.0)
+    assert seconds < 2.0
+    assert len(outcome) == 1 and isinstance(outcome[0], ClientClosedError), outcome
 
 
 def test_a_request_a_live_server_fails_twice_is_told_from_a_server_gone(
