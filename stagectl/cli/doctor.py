@@ -17,7 +17,11 @@ def command(
         None, "--nproc", min=1, help="Learner processes per node, as for train-ab (overrides launch)."
     ),
     world_size: int | None = typer.Option(
-        None, "--world-size", min=1, help="World size the run will have (default: $WORLD_SIZE or launch)."
+        None,
+        "--world-size",
+        min=1,
+        help="World size the run will have (default: --nproc x launch.nnodes, else $WORLD_SIZE, else launch); "
+        "given with --nproc, it must be that same number.",
     ),
     resume: bool = typer.Option(
         False,
@@ -34,14 +38,17 @@ def command(
 ) -> None:
     """Check a config before a run: config, data, model, packed forward, rollout servers, resources.
     One line per check (OK / WARN / FAIL / SKIP, and the fix); exit 1 when any check fails."""
-    from stagectl.cli.common import fail
+    from stagectl.cli.common import fail, world_of_nproc
     from stagectl.doctor.report import exit_code, summary, to_json
     from stagectl.doctor.run import DoctorOptions, run_doctor
 
     if resume and overwrite:
         fail("--resume and --overwrite contradict each other; give one of them")
     started = time.perf_counter()
-    sets = [*overrides, f"launch.nproc_per_node={nproc}"] if nproc is not None else list(overrides)
+    sets = list(overrides)
+    if nproc is not None:  # as train-ab and validate-config read it
+        sets.append(f"launch.nproc_per_node={nproc}")
+        world_size = world_of_nproc(config, sets, nproc, world_size)
     if overwrite:  # as train-ab reads it
         sets.append("training.overwrite_output_dir=true")
     options = DoctorOptions(config=config, overrides=sets, world_size=world_size, push=push, resume=resume)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from stagectl.cli.common import fail
+from stagectl.cli.common import fail, world_of_nproc
 
 if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
@@ -36,7 +36,11 @@ def early_stop(signum: int = signal.SIGINT) -> str:
 def command(
     config: Path = typer.Argument(..., help="YAML config."),
     nproc: int | None = typer.Option(
-        None, "--nproc", min=1, help="Learner processes; > 1 re-launches under torchrun (overrides launch)."
+        None,
+        "--nproc",
+        min=1,
+        help="Learner processes per node (sets launch.nproc_per_node; the world size is N x launch.nnodes); "
+        "a world size > 1 re-launches under torchrun.",
     ),
     resume: bool = typer.Option(
         False,
@@ -94,7 +98,8 @@ def command(
         sets.append(f"launch.nproc_per_node={nproc}")
     if overwrite:
         sets.append("training.overwrite_output_dir=true")
-    world_size = None if inside_torchrun() else nproc
+    # the world the launcher validates and plans for: --nproc on every node (torchrun's ranks: $WORLD_SIZE)
+    world_size = None if inside_torchrun() or nproc is None else world_of_nproc(config, sets, nproc)
     try:
         cfg: StagectlConfig = load_config(config, sets, world_size=world_size)
         if resume and cfg.training.resume_from_checkpoint is None:
@@ -108,6 +113,7 @@ def command(
     if inside_torchrun():  # torchrun started by hand: each rank resolves the plan from the YAML
         _train(_plan_or_fail(cfg, effective_world_size(cfg)))
         return
+    world_size = effective_world_size(cfg, world_size)  # the world the config was validated for: the plan's
     t = cfg.training
     ratio = cfg.stage2_ab.schedule.b_ratio if cfg.stage2_ab is not None else None
     a_only = ratio is not None and as_fraction(ratio) == 0
@@ -129,7 +135,7 @@ def command(
             if note is not None:
                 typer.echo(note, err=True)
             # before a server starts: a checkpoint of another world size cannot resume (the ranks check again)
-            check_resume_world_size(t.output_dir, t.resume_from_checkpoint, effective_world_size(cfg))
+            check_resume_world_size(t.output_dir, t.resume_from_checkpoint, world_size)
             done = nothing_left_note(t.output_dir, t.resume_from_checkpoint, t.max_steps)
             if done is not None:
                 typer.echo(f"train-ab: {done}", err=True)
@@ -153,7 +159,7 @@ def command(
                     err=True,
                 )
         knobs = knobs_from_config(
-            cfg.model, t, global_max_length=cfg.global_max_length, world_size=effective_world_size(cfg)
+            cfg.model, t, global_max_length=cfg.global_max_length, world_size=world_size
         )
         too_big = disk_warning(cfg.model, t, knobs)  # doctor's checkpoint-size estimate
         if too_big is not None:
@@ -178,8 +184,7 @@ def command(
                 "rollout_server.embedded=false",
                 f"custom.extra.rollout_matching.vllm.server.servers=[{{base_url: '{url}'}}]",
             ]
-            cfg = load_config(config, sets, world_size=nproc)
-        world_size = effective_world_size(cfg)
+            cfg = load_config(config, sets, world_size=world_size)
         plan = _plan_or_fail(cfg, world_size)  # every node's launcher resolves its own
         # config.yaml holds the user's config (an embedded server stays embedded: resuming from it starts
         # one again); plan.json records the address this run used

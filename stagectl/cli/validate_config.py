@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import typer
 
-from stagectl.cli.common import fail
+from stagectl.cli.common import fail, world_of_nproc
 
 if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
@@ -73,7 +73,7 @@ def command(
     sets = list(overrides)
     if nproc is not None:  # as train-ab and stage-b read it
         sets.append(f"launch.nproc_per_node={nproc}")
-        world_size = _world_of_nproc(config, sets, nproc, world_size)
+        world_size = world_of_nproc(config, sets, nproc, world_size)
     try:
         # as eval loads it: its ranks only shard images, so the training-world rules do not apply
         cfg = load_config(config, sets, world_size=world_size, trains=for_command != "eval")
@@ -91,26 +91,6 @@ def command(
 
 
 _OTHER_COMMANDS = "a config for another command: --for eval, stage-b or rollout-server"
-
-
-def _world_of_nproc(config: Path, sets: list[str], nproc: int, world_size: int | None) -> int:
-    """The world size `--nproc` makes, `nproc x launch.nnodes` (as doctor reads it); `--world-size` given too
-    must be that same world, else a usage error naming both (validating either one silently would check a
-    run the user did not describe). A config that does not load is left to the full load to report."""
-    from stagectl.config import ConfigError, load_config
-
-    try:
-        nnodes = load_config(config, sets, trains=False).launch.nnodes
-    except ConfigError:
-        return nproc if world_size is None else world_size
-    if world_size is not None and world_size != nproc * nnodes:
-        nodes = f"{nnodes} node{'s' if nnodes != 1 else ''}"
-        fail(
-            f"--nproc {nproc} and --world-size {world_size} disagree: --nproc {nproc} on {nodes} "
-            f"(launch.nnodes) is world size {nproc * nnodes}; give one of them",
-            code=2,
-        )
-    return nproc * nnodes
 
 
 def _resolve_for(name: str, cfg: StagectlConfig, world_size: int) -> None:

@@ -3,9 +3,11 @@
 from stagectl.config.loader import (
     REMOVED_KEYS,
     ConfigError,
+    WorldSizeConflict,
     apply_override,
     effective_world_size,
     load_config,
+    nproc_world_size,
     to_plain,
 )
 from stagectl.config.root import Problem, Resolved, StagectlConfig, resolve_config, uses_server_rollouts
@@ -16,9 +18,11 @@ __all__ = [
     "Problem",
     "Resolved",
     "StagectlConfig",
+    "WorldSizeConflict",
     "apply_override",
     "effective_world_size",
     "load_config",
+    "nproc_world_size",
     "resolve_config",
     "to_plain",
     "uses_server_rollouts",

@@ -151,6 +151,31 @@ def effective_world_size(cfg: StagectlConfig, world_size: int | None = None) -> 
     return _world_size(cfg, world_size, [])
 
 
+class WorldSizeConflict(ValueError):
+    """`--nproc` and `--world-size` given together name two different worlds (a usage error)."""
+
+
+def nproc_world_size(
+    path: str | os.PathLike[str], overrides: Iterable[str], nproc: int, world_size: int | None = None
+) -> int:
+    """The world size `--nproc N` makes, as train-ab launches it: N ranks on each of `launch.nnodes` nodes
+    (read from `path` with `overrides`, as the command applies them). A `world_size` given too (`--world-size`)
+    must be that same world, else `WorldSizeConflict` naming both: validating either one silently would check
+    a run the user did not describe. A config that does not load gives N (or `world_size`): the command's
+    own load reports its problems."""
+    try:
+        nnodes = load_config(path, overrides, trains=False).launch.nnodes
+    except ConfigError:
+        return nproc if world_size is None else world_size
+    if world_size is not None and world_size != nproc * nnodes:
+        nodes = f"{nnodes} node{'s' if nnodes != 1 else ''}"
+        raise WorldSizeConflict(
+            f"--nproc {nproc} and --world-size {world_size} disagree: --nproc {nproc} on {nodes} "
+            f"(launch.nnodes) is world size {nproc * nnodes}; give one of them"
+        )
+    return nproc * nnodes
+
+
 def _world_size(cfg: StagectlConfig, explicit: int | None, problems: list[Problem]) -> int:
     if explicit is not None:
         return explicit

@@ -14,6 +14,7 @@ from stagectl.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples/tiny/train_ab.yaml"
+ASYNC = ROOT / "examples/tiny/train_ab_async.yaml"
 
 
 def test_a_text_only_model_is_refused_before_anything_is_written(
@@ -206,3 +207,50 @@ def test_a_held_out_split_that_sets_both_jsonl_and_synthetic_is_refused_at_load(
     output = _refused_before_the_run(monkeypatch, sets)
     assert "data.eval: set one of data.eval.jsonl or data.eval.synthetic, not both" in output
     assert not out.exists()
+
+
+def test_nproc_on_several_nodes_is_validated_for_the_ranks_the_plan_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train-ab --nproc 2 on a two-node config (launch.nnodes: 2) validated the config for world size 2 while
+    it resolved its plan, and torchrun started, for 4 ranks: effective_batch_size 2 passed and the run
+    trained 4 rows a step. The launcher now validates for the world size its plan has, and a $WORLD_SIZE in
+    its own environment changes neither."""
+    import stagectl.launch
+    from stagectl.config.plan_train import TrainPlan, read_train_plan
+
+    launched: list[TrainPlan] = []
+
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
+        launched.append(read_train_plan(Path(args[args.index("--plan") + 1])))
+        return 0
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    sets = [
+        "launch.nnodes=2",
+        "launch.rdzv_endpoint=node0:29400",
+        "training.gradient_accumulation_steps=null",
+        f"training.output_dir={tmp_path / 'run'}",
+        "rollout_server.embedded=false",
+        "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://127.0.0.1:9'}]",
+    ]
+
+    def train_ab(effective_batch_size: int) -> Any:
+        batch = [f"training.effective_batch_size={effective_batch_size}"]
+        args = [a for s in [*sets, *batch] for a in ("--set", s)]
+        return CliRunner().invoke(app, ["train-ab", str(ASYNC), "--nproc", "2", *args])
+
+    refused = train_ab(2)
+    assert refused.exit_code == 1, refused.output
+    assert (
+        "training.effective_batch_size: 2 is not a multiple of per_device_train_batch_size x world_size "
+        "(1 x 4 = 4)"
+    ) in refused.output
+    assert launched == []
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a stale one in the launcher's environment: --nproc says the run
+    started = train_ab(4)
+    assert started.exit_code == 0, started.output
+    (plan,) = launched
+    assert plan.resolved.world_size == 4 and plan.resolved.gradient_accumulation_steps == 1
