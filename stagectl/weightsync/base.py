@@ -85,6 +85,7 @@ class Servers:
         self.tls = tls
         self.timeout_s = timeout_s  # connecting a weight group, waiting for its members
         self.clients = [self.new_http() for _ in self.base_urls]
+        self.closed = False  # set by `close`
         # the servers a push goes to (`WeightSyncClient.use_servers`: a down one is left out until it is back)
         self.active: list[int] = list(range(len(self.base_urls)))
         # one thread per server + one for reading ahead the next chunk, twice over for the group's join
@@ -92,7 +93,7 @@ class Servers:
             max_workers=2 * len(self.base_urls) + 1, thread_name_prefix="weight-sync"
         )
 
-    def new_http(self) -> httpx.Client:
+    def new_http(self) -> DeadlineClient:
         # every call whole within the read timeout: a server trickling its answer cannot hold a sync
         return DeadlineClient(
             total_s=self.timeout.read, timeout=self.timeout, headers=self.headers, verify=self.tls or True
@@ -103,6 +104,8 @@ class Servers:
 
     def on_every(self, call: Callable[[int], T]) -> list[T]:
         """`call(k)` for every active server `k`, at once; the results in the order of `active`."""
+        if self.closed:  # the owner closed the client during a push: no new call starts
+            raise WeightPushError("the weight-sync client was closed during the push")
         futures = [self.pool.submit(call, k) for k in self.active]
         return [future.result() for future in futures]
 
@@ -133,6 +136,9 @@ class Servers:
             log.warning("could not abort weight sync %s on %s: %s", sync_id, self.base_urls[k], exc)
 
     def close(self) -> None:
+        self.closed = True
+        for http in self.clients:  # a call still waiting on a server ends now: closing does not wait it out
+            http.abort()
         self.pool.shutdown(wait=True)
         for http in self.clients:
             http.close()

@@ -20,6 +20,7 @@ each view with no copy in Python (the side-by-side figures: CHANGELOG.md, the we
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -262,6 +263,9 @@ class ChunkSender:
         with self._lock:
             connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
+            if connection.sock is not None:  # an upload still waiting on its server (another thread) ends now
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(connection.sock, socket.SHUT_RDWR)
             connection.close()
 
 
