@@ -79,11 +79,16 @@ def socket_deadline(sock: socket.socket) -> Iterator[None]:
         yield
         return
     passed = threading.Event()
+    over = False  # the block has ended: `sock` may already serve the next call (a kept connection)
+    lock = threading.Lock()  # a timer that fires as the block ends cuts before `over`, or not at all
 
     def cut() -> None:
-        passed.set()
-        with contextlib.suppress(OSError):  # already closed
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the TCP socket under a TLS one too
+        with lock:
+            if over:  # `cancel` came after the timer's wait: too late to stop its thread, not to stop it here
+                return
+            passed.set()
+            with contextlib.suppress(OSError):  # already closed
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the TCP socket under a TLS one too
 
     timer = threading.Timer(max(current[0] - time.monotonic(), 0.0), cut)
     timer.daemon = True
@@ -95,6 +100,8 @@ def socket_deadline(sock: socket.socket) -> Iterator[None]:
             raise TimeoutError(f"no whole answer within {round(current[1], 2):g} s") from exc
         raise
     finally:
+        with lock:
+            over = True
         timer.cancel()
     if passed.is_set():
         raise TimeoutError(f"no whole answer within {round(current[1], 2):g} s")

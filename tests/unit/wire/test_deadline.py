@@ -7,12 +7,15 @@ from __future__ import annotations
 import http.client
 import socket
 import time
+from collections.abc import Callable
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from stagectl.config.plan import ServerList
+from stagectl.wire import deadline
 from stagectl.wire.deadline import CallDeadlineError, DeadlineClient, bound, socket_deadline, within
 from stagectl.wire.http import not_answering
 from tests.helpers import returns_within, trickle_server
@@ -102,3 +105,39 @@ def test_train_abs_look_at_the_servers_health_ends_on_a_trickling_server() -> No
         )
     assert down.startswith(f"{url} (CallDeadlineError: ") and "no whole answer within 0.5 s" in down
     assert seconds < 1.5
+
+
+class _LateTimer:
+    """A `threading.Timer` whose thread had passed its wait when the block ended: `cancel` comes too late
+    to stop it, and it runs after `socket_deadline` has checked whether it fired."""
+
+    made: ClassVar[list[_LateTimer]] = []
+
+    def __init__(self, interval: float, function: Callable[[], None]) -> None:
+        self.function = function
+        self.daemon = False
+        _LateTimer.made.append(self)
+
+    def start(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_deadline_reached_as_the_block_ends_leaves_the_socket_to_its_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block that ended in time keeps its socket: the weight stream reuses it for the next chunk, which
+    failed (`unreachable`) when the timer, firing just as the block ended, shut it down afterwards."""
+    _LateTimer.made.clear()
+    monkeypatch.setattr(deadline.threading, "Timer", _LateTimer)
+    left, right = socket.socketpair()
+    with left, right:
+        with within(5.0), socket_deadline(left):
+            right.sendall(b"x")
+            assert left.recv(1) == b"x"
+        (late,) = _LateTimer.made
+        late.function()  # the timer's thread goes on now
+        left.sendall(b"y")  # the next call on the reused connection
+        assert right.recv(1) == b"y"
