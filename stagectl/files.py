@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -107,14 +109,21 @@ def make_output_dir(parent: Path, prefix: str) -> Path:
 
 
 def make_staging_dir(parent: Path, prefix: str) -> Path:
-    """`make_output_dir(parent, "<prefix><pid>-")` for a directory built whole and renamed into place, after
-    removing those a killed process left with `prefix` (SIGKILL skips the clean-up; an export's holds a whole
-    model's weights). A live process's are its own and stay."""
+    """`make_output_dir(parent, "<prefix><pid>-<host>-")` for a directory built whole and renamed into place,
+    after removing those a killed process of this host left with `prefix` (SIGKILL skips the clean-up; an
+    export's holds a whole model's weights). A live process's are its own and stay, and so are another
+    host's (a shared filesystem: its pid says nothing here)."""
+    host = _host_tag()
     for left in parent.glob(f"{glob.escape(prefix)}*-*"):
-        pid = left.name[len(prefix) :].split("-")[0]
-        if pid.isdigit() and not pid_alive(int(pid)) and left.is_dir():
+        pid, _, rest = left.name[len(prefix) :].partition("-")
+        if pid.isdigit() and rest.startswith(f"{host}-") and not pid_alive(int(pid)) and left.is_dir():
             shutil.rmtree(left, ignore_errors=True)
-    return make_output_dir(parent, f"{prefix}{os.getpid()}-")
+    return make_output_dir(parent, f"{prefix}{os.getpid()}-{host}-")
+
+
+def _host_tag() -> str:
+    """This host in a staging directory's name: its hostname hashed (no '-', the name's separator)."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def follow_umask(root: Path) -> None:

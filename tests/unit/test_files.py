@@ -6,6 +6,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from stagectl.files import atomic_write_text, check_output_dir, follow_umask, write_resolved_config
 
 
@@ -43,3 +45,25 @@ def test_follow_umask_opens_up_a_library_written_tree(tmp_path: Path) -> None:
         os.umask(umask)
     assert {stat.S_IMODE(p.stat().st_mode) for p in (model, model / "sub")} == {0o755}
     assert {stat.S_IMODE(p.stat().st_mode) for p in model.rglob("*") if p.is_file()} == {0o644}
+
+
+def test_a_staging_directory_of_another_host_sharing_the_filesystem_is_left_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export (or report) on another machine writing beside OUT on a shared filesystem (NFS) has a pid
+    that means nothing here: its staging directory was removed under it while it wrote its weights."""
+    import socket
+
+    import stagectl.files as files
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b.cluster")
+    theirs = files.make_staging_dir(tmp_path, ".model.")
+    (theirs / "model.safetensors").write_bytes(b"weights being written")
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-a.cluster")
+    monkeypatch.setattr(files, "pid_alive", lambda pid: False)  # their pid is no process on this host
+    ours = files.make_staging_dir(tmp_path, ".model.")
+    assert (theirs / "model.safetensors").is_file()
+    killed = ours.with_name(ours.name.replace(f".model.{os.getpid()}-", ".model.111-", 1))
+    ours.rename(killed)  # this host's, its process gone: removed by the next
+    files.make_staging_dir(tmp_path, ".model.")
+    assert not killed.exists() and theirs.is_dir()

@@ -75,10 +75,11 @@ def test_a_build_removes_the_staging_directory_a_killed_one_left(
 
     monkeypatch.setattr(files, "pid_alive", lambda pid: pid == 222)
     monkeypatch.setattr(tiny, "build_tiny_model", lambda arch, out_dir: Path(out_dir))
-    killed, live = tmp_path / ".tiny.111-abc", tmp_path / ".tiny.222-xyz"
+    host = files._host_tag()  # this host's: another's are left to it (a shared filesystem)
+    killed, live = tmp_path / f".tiny.111-{host}-abc", tmp_path / f".tiny.222-{host}-xyz"
     for left in (killed, live):
         left.mkdir()
         (left / "model.safetensors").write_bytes(b"half the weights")
     code, output, _ = tiny_model(tmp_path / "tiny")
     assert code == 0, output
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny.222-xyz", "tiny"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "tiny"]
