@@ -113,7 +113,7 @@ def make_staging_dir(parent: Path, prefix: str) -> Path:
     after removing those a killed process of this host left with `prefix` (SIGKILL skips the clean-up; an
     export's holds a whole model's weights). A live process's are its own and stay, and so are another
     host's (a shared filesystem: its pid says nothing here)."""
-    host = _host_tag()
+    host = host_tag()
     for left in parent.glob(f"{glob.escape(prefix)}*-*"):
         pid, _, rest = left.name[len(prefix) :].partition("-")
         if pid.isdigit() and rest.startswith(f"{host}-") and not pid_alive(int(pid)) and left.is_dir():
@@ -121,7 +121,7 @@ def make_staging_dir(parent: Path, prefix: str) -> Path:
     return make_output_dir(parent, f"{prefix}{os.getpid()}-{host}-")
 
 
-def _host_tag() -> str:
+def host_tag() -> str:
     """This host in a staging directory's name: its hostname hashed (no '-', the name's separator)."""
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 

@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 from stagectl.cache import cache_root
 from stagectl.data.jsonl import load_jsonl_dataset
 from stagectl.data.sample import DetectionSample, DetObject, pixel_box_to_bins
-from stagectl.files import atomic_write_text
+from stagectl.files import atomic_write_text, host_tag
 from stagectl.watchdog import pid_alive
 
 Split = Literal["train", "eval"]
@@ -281,15 +281,17 @@ def _read_manifest(path: Path) -> dict[str, Any] | None:
 
 
 def _temporary_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`.NAME.<pid>-<host>.tmp`: the host too, as the cache may be one filesystem shared by several nodes."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{host_tag()}.tmp")
 
 
 def _remove_orphans(images: Path, split: Split) -> None:
     """The temp images of a draw that was killed (its process gone); a live one's (another rank drawing the
     same cached split) are left to it."""
+    host = host_tag()  # another host's draw (a shared cache) has a pid that says nothing here: left to it
     for tmp in images.glob(f".{split}_*.png.*.tmp"):
-        pid = tmp.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        pid, _, tag = tmp.name.rsplit(".", 2)[-2].partition("-")
+        if pid.isdigit() and tag == host and not pid_alive(int(pid)):
             tmp.unlink(missing_ok=True)
 
 

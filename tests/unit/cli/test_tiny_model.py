@@ -75,7 +75,7 @@ def test_a_build_removes_the_staging_directory_a_killed_one_left(
 
     monkeypatch.setattr(files, "pid_alive", lambda pid: pid == 222)
     monkeypatch.setattr(tiny, "build_tiny_model", lambda arch, out_dir: Path(out_dir))
-    host = files._host_tag()  # this host's: another's are left to it (a shared filesystem)
+    host = files.host_tag()  # this host's: another's are left to it (a shared filesystem)
     killed, live = tmp_path / f".tiny.111-{host}-abc", tmp_path / f".tiny.222-{host}-xyz"
     for left in (killed, live):
         left.mkdir()

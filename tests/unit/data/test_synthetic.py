@@ -19,6 +19,7 @@ from stagectl.data.synthetic import (
     generate_synthetic,
     synthetic_params,
 )
+from stagectl.files import host_tag
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -130,13 +131,34 @@ def test_a_draw_removes_the_temp_images_a_killed_one_left(
     monkeypatch.setattr(synthetic, "pid_alive", lambda pid: pid == 222)
     images = tmp_path / "images"
     images.mkdir()
-    orphan = images / ".train_000001.png.111.tmp"
-    live = images / ".train_000001.png.222.tmp"
+    host = host_tag()  # this host's: another's are left to it (a shared cache)
+    orphan = images / f".train_000001.png.111-{host}.tmp"
+    live = images / f".train_000001.png.222-{host}.tmp"
     for path in (orphan, live):
         path.write_bytes(b"half a png")
     generate_synthetic(2, seed=0, out_dir=tmp_path)
     assert not orphan.exists()
     assert live.read_bytes() == b"half a png"
+
+
+def test_a_draw_leaves_the_temp_images_of_another_host_drawing_the_same_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multi-node run's ranks draw the same cached split, and ~/.cache is often one shared filesystem: a
+    rank on node A removed node B's temp images (B's pid is no process on A), and B's rename then failed."""
+    import socket
+
+    import stagectl.data.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "pid_alive", lambda pid: False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b.cluster")
+    images = tmp_path / "images"
+    images.mkdir()
+    theirs = synthetic._temporary_name(images / "train_000001.png")  # node B's draw, under way
+    theirs.write_bytes(b"half a png")
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-a.cluster")
+    generate_synthetic(2, seed=0, out_dir=tmp_path)
+    assert theirs.read_bytes() == b"half a png"
 
 
 def test_default_directory_is_under_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

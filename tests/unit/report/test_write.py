@@ -155,7 +155,7 @@ def test_a_report_stopped_midway_leaves_the_earlier_report_and_its_plots(
     assert [p.name for p in (run / "report").iterdir() if p.is_dir()] == []  # no drawing dir left
 
     (run / "report" / "old.png").write_bytes(b"a plot an earlier report drew")
-    host = files._host_tag()  # this host's: another's are left to it (a shared filesystem)
+    host = files.host_tag()  # this host's: another's are left to it (a shared filesystem)
     killed, live = run / "report" / f".drawing-111-{host}-x", run / "report" / f".drawing-222-{host}-y"
     for left in (killed, live):
         left.mkdir()
