@@ -10,7 +10,9 @@ point (after a step or a global batch, where it saves and ends); a second signal
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -24,13 +26,34 @@ def stop_requested() -> bool:
     return any(stop.requested for stop in _active)
 
 
+def say_now(line: str) -> None:
+    """`line` on stderr from inside a signal handler (`os.write`: a buffered stream the interrupted code may
+    be writing to would raise a reentrant-call error)."""
+    os.write(2, f"{line}\n".encode())
+
+
+def noticed(received: list[int], notice: str) -> Callable[[int], None]:
+    """A launcher's `on_signal`: each signal is added to `received`; the first also prints `notice` (what
+    the stop waits for, and that a second signal stops at once), so the wait for a safe point, up to a
+    rollout call's timeout, is not silence."""
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            say_now(notice)
+
+    return on_signal
+
+
 class StopSignals:
     """`ignore_after_stop`: once a signal came, leaving the block ignores further ones instead of restoring
     the previous handlers (for a process that ends right after: a Ctrl-C during its exit, torch's and
-    gloo's clean-up, would otherwise end it by SIGINT with a traceback, and torchrun would call it failed)."""
+    gloo's clean-up, would otherwise end it by SIGINT with a traceback, and torchrun would call it failed).
+    `notice`: printed at the first signal (by the process the user started, not by every rank)."""
 
-    def __init__(self, *, ignore_after_stop: bool = False) -> None:
+    def __init__(self, *, ignore_after_stop: bool = False, notice: str | None = None) -> None:
         self.ignore_after_stop = ignore_after_stop
+        self.notice = notice
         self.signum: int | None = None  # the first signal received
         self.aborted_by: int | None = None  # a second one (the loop was interrupted where it stood)
         self._previous: dict[int, Any] = {}
@@ -59,6 +82,8 @@ class StopSignals:
             self.aborted_by = signum
             raise KeyboardInterrupt  # second signal: stop now
         self.signum = signum
+        if self.notice is not None:
+            say_now(self.notice)
 
 
 def exit_code(signum: int) -> int:

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from stagectl.config.plan_stage_b import StageBPlan
     from stagectl.config.training import LaunchConfig
 
+# the line at the first Ctrl-C / SIGTERM: the ranks finish their global batch (its rollout calls included)
+STOP_NOTICE = (
+    "stage-b: stopping after the current batch, whose results are then saved (Ctrl-C again: stop now; "
+    "--resume drops the cut-off batch)"
+)
+
 
 def parse_gpus(text: str) -> list[str]:
     """`0,1,3` -> ["0", "1", "3"]; `ValueError` for anything but distinct non-negative integers."""
@@ -163,13 +169,13 @@ def _relaunch(plan: StageBPlan, launch: LaunchConfig, restart: tuple[Path, bool]
     from stagectl.config.plan_stage_b import write_stage_b_plan
     from stagectl.launch import plan_dir, relaunch_under_torchrun
     from stagectl.stage_b.progress import read_progress
-    from stagectl.stopping import exit_code
+    from stagectl.stopping import exit_code, noticed
 
     received: list[int] = []
     with plan_dir() as tmp:
         path = write_stage_b_plan(tmp / PLAN_FILE, plan)
         args = ["stage-b", str(restart[0]), "--plan", str(path)]
-        code = relaunch_under_torchrun(args, launch, on_signal=received.append)
+        code = relaunch_under_torchrun(args, launch, on_signal=noticed(received, STOP_NOTICE))
     try:
         progress = read_progress(plan.run_dir)
     except ValueError:
@@ -249,7 +255,8 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None, rerun: tuple[Path,
     from stagectl.wire.errors import RolloutServerError
 
     rank = os.environ.get("RANK", "0")
-    stop = StopSignals(ignore_after_stop=True)  # the process ends right after a stop
+    # the process ends right after a stop; one the user started says what the stop waits for
+    stop = StopSignals(ignore_after_stop=True, notice=STOP_NOTICE if restart is not None else None)
     try:
         with stop:
             summary = run_all(plan, stop)

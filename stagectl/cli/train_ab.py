@@ -20,6 +20,13 @@ import typer
 
 from stagectl.cli.common import fail, world_of_nproc
 
+# the launcher's line at the first Ctrl-C / SIGTERM: the ranks finish their step (a B step may wait for a
+# rollout call, up to its timeout), save and end
+STOP_NOTICE = (
+    "train-ab: stopping after the current step, which is then saved (Ctrl-C again: stop now, keeping only the "
+    "last checkpoint)"
+)
+
 if TYPE_CHECKING:
     from stagectl.config import StagectlConfig
     from stagectl.config.model_data import DataConfig
@@ -259,12 +266,14 @@ def _relaunch(config: Path, plan: TrainPlan) -> tuple[int, list[int]]:
     from stagectl.config.plan import PLAN_FILE
     from stagectl.config.plan_train import write_train_plan
     from stagectl.launch import plan_dir, relaunch_under_torchrun
+    from stagectl.stopping import noticed
 
     signals: list[int] = []
+    on_signal = noticed(signals, STOP_NOTICE)
     with plan_dir() as tmp:
         path = write_train_plan(tmp / PLAN_FILE, plan)
         code = relaunch_under_torchrun(
-            ["train-ab", str(config), "--plan", str(path)], plan.launch, on_signal=signals.append
+            ["train-ab", str(config), "--plan", str(path)], plan.launch, on_signal=on_signal
         )
     return code, signals
 
@@ -315,7 +324,8 @@ def _train(plan: TrainPlan) -> None:
             prefetcher_cpus = place_learner_rank(
                 plan.launch, plan.cpus, int(os.environ.get("LOCAL_RANK", "0"))
             )
-            trainer = Trainer(plan, prefetcher_cpus=prefetcher_cpus)
+            notice = None if inside_torchrun() else STOP_NOTICE  # a rank: its launcher says it
+            trainer = Trainer(plan, prefetcher_cpus=prefetcher_cpus, stop_notice=notice)
             step = trainer.run()
         except BaseException as exc:
             if rank == 0:

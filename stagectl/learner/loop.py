@@ -44,9 +44,15 @@ from stagectl.wire.errors import RolloutServerError
 
 
 class Trainer:
-    def __init__(self, plan: TrainPlan, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        plan: TrainPlan,
+        *,
+        prefetcher_cpus: tuple[int, ...] | None = None,
+        stop_notice: str | None = None,
+    ) -> None:
         """`plan`: the run, resolved once by the launcher; `prefetcher_cpus`: the CPUs the async prefetcher
-        thread runs on (None: the rank's own)."""
+        thread runs on (None: the rank's own); `stop_notice`: the line a first stop signal prints."""
         self.plan = plan
         self.world = dist.read_world()
         self.state: LearnerState = build_learner(plan, self.world)
@@ -101,7 +107,7 @@ class Trainer:
             if self.world.is_main
             else None
         )
-        self._stop = StopSignals()  # SIGTERM/SIGINT: save after the step and end; a second: stop at once
+        self._stop = StopSignals(notice=stop_notice)  # SIGTERM/SIGINT: save after the step; a second: at once
         # why the last step trained as Channel-A where the schedule wanted B (its console line says so)
         self._b_skipped: SkipReason | None = None
 

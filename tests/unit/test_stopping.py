@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from stagectl.stopping import StopSignals, exit_code, stop_requested
+from stagectl.stopping import StopSignals, exit_code, noticed, stop_requested
 
 
 def test_stop_signals_set_a_flag_then_interrupt() -> None:
@@ -53,3 +53,24 @@ def test_stop_requested_is_true_inside_a_signalled_block_only() -> None:
             assert stop_requested()
         assert not stop_requested()  # the signalled block has ended
     assert not stop_requested()
+
+
+def test_the_first_signal_says_what_the_stop_waits_for_once(capfd: pytest.CaptureFixture[str]) -> None:
+    """A stop waits for a safe point (a B step's rollout call may take minutes): the first signal says so at
+    once, in the process the user started, and a second one adds no line."""
+    received: list[int] = []
+    on_signal = noticed(received, "x: stopping after the current step (Ctrl-C again: stop now)")
+    on_signal(signal.SIGINT)
+    on_signal(signal.SIGINT)
+    assert received == [signal.SIGINT, signal.SIGINT]
+    assert capfd.readouterr().err == "x: stopping after the current step (Ctrl-C again: stop now)\n"
+
+    with StopSignals(notice="y: stopping after the batch") as stop:
+        signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert stop.aborted_by == signal.SIGINT
+    assert capfd.readouterr().err == "y: stopping after the batch\n"
+    with StopSignals():  # a rank: no notice
+        signal.raise_signal(signal.SIGTERM)
+    assert capfd.readouterr().err == ""

@@ -193,19 +193,26 @@ def _stopped_progress(run_dir: Path, signum: int) -> None:
 
 
 def test_a_stopped_one_process_run_prints_how_to_continue_and_exits_128_plus_the_signal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """The Ctrl-C says at once what the stop waits for (the batch in flight), then the stop line."""
     import signal
 
     import stagectl.stage_b.runner
     from stagectl.stage_b.runner import RunSummary
 
     def run_all(plan: StageBPlan, stop: Any = None) -> RunSummary:
+        signal.raise_signal(signal.SIGINT)  # the user's Ctrl-C, during the batch
         _stopped_progress(plan.run_dir, signal.SIGINT)
         return RunSummary(plan.run_dir, 16, 5, 10, 0.5, 1, 1, signal.SIGINT, 0, [])
 
     monkeypatch.setattr(stagectl.stage_b.runner, "run_all", run_all)
-    result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(_sets(tmp_path / "out"))])
+    try:
+        result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(_sets(tmp_path / "out"))])
+    finally:  # the command ignores further signals once stopped (it ends right after)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert capfd.readouterr().err.count("stage-b: stopping after the current batch") == 1
     assert result.exit_code == 130, result.output
     run_dir = tmp_path / "out" / "tiny" / "shapes_qc"
     assert result.output.strip().splitlines()[-1] == (
@@ -216,7 +223,7 @@ def test_a_stopped_one_process_run_prints_how_to_continue_and_exits_128_plus_the
 
 
 def test_the_launcher_reports_a_stop_its_ranks_made_with_the_signal_it_got(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Ranks stopped by a forwarded Ctrl-C exit 0 (torchrun has no failure to report); the launcher prints the
     stop line and exits 130."""
@@ -240,6 +247,7 @@ def test_the_launcher_reports_a_stop_its_ranks_made_with_the_signal_it_got(
         .splitlines()[-1]
         .startswith("stage-b: stopped by SIGINT before global batch 5 (epoch 1); progress saved in ")
     )
+    assert capfd.readouterr().err.count("stage-b: stopping after the current batch") == 1
 
 
 def test_a_run_whose_rollout_server_is_gone_says_what_is_saved_and_how_to_continue(

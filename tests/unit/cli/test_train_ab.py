@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stagectl.cli.app import app
+from stagectl.cli.train_ab import STOP_NOTICE
 from stagectl.config import load_config, to_plain
 from stagectl.config.plan_train import TrainPlan, read_train_plan, train_plan, write_train_plan
 
@@ -43,9 +44,17 @@ class _Trainer:
     """Takes the plan the rank would train and stops at once."""
 
     seen: ClassVar[list[TrainPlan]] = []
+    notices: ClassVar[list[str | None]] = []  # the line each one's first stop signal would print
 
-    def __init__(self, plan: TrainPlan, *, prefetcher_cpus: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        plan: TrainPlan,
+        *,
+        prefetcher_cpus: tuple[int, ...] | None = None,
+        stop_notice: str | None = None,
+    ) -> None:
         self.seen.append(plan)
+        self.notices.append(stop_notice)
         self.stopped_by_signal: int | None = None
         self.aborted_by_signal: int | None = None
         self.b_steps: Any = SimpleNamespace(
@@ -63,7 +72,7 @@ def trainer(monkeypatch: pytest.MonkeyPatch) -> list[TrainPlan]:
     import stagectl.learner.loop
     import stagectl.placement
 
-    _Trainer.seen = []
+    _Trainer.seen, _Trainer.notices = [], []
     monkeypatch.setattr(stagectl.learner.loop, "Trainer", _Trainer)
     monkeypatch.setattr(stagectl.placement, "place_learner_rank", lambda launch, sides, local_rank: None)
     for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
@@ -95,6 +104,7 @@ def test_a_rank_started_with_a_plan_file_trains_that_plan_without_parsing_the_ya
     result = CliRunner().invoke(app, ["train-ab", str(tmp_path / "gone.yaml"), "--plan", str(path)])
     assert result.exit_code == 0, result.output
     assert rank == [plan]
+    assert _Trainer.notices == [None]  # its launcher says what a stop waits for, not every rank
 
 
 def test_a_rank_with_a_missing_or_corrupt_plan_file_fails_in_one_line(
@@ -152,6 +162,7 @@ def test_one_rank_trains_the_plan_it_resolved_in_process(
     assert result.exit_code == 0, result.output
     assert trainer == [train_plan(load_config(TINY, sets, world_size=1), world_size=1)]
     assert trainer[0].training.learning_rate == 0.00123
+    assert _Trainer.notices == [STOP_NOTICE]  # the process the user started: a first Ctrl-C says so at once
 
 
 @pytest.mark.parametrize("signum", [None, 15])
@@ -292,10 +303,12 @@ def test_the_launcher_exits_128_plus_the_signal_that_stopped_its_ranks(
     signals: list[int],
     torchrun_code: int,
     code: int,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """The ranks exit 0 after a clean stop (torchrun would call any other code a failure); the launcher,
     which got the signal, exits 128 + it, so `train-ab && next` does not go on after a Ctrl-C. Ranks that
-    were still starting (torchrun exits non-zero) said nothing: the launcher's last line says it."""
+    were still starting (torchrun exits non-zero) said nothing: the launcher's last line says it. The first
+    signal says at once what the stop waits for (once, however many signals came)."""
     import stagectl.launch
 
     def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
@@ -308,6 +321,8 @@ def test_the_launcher_exits_128_plus_the_signal_that_stopped_its_ranks(
     assert result.exit_code == code, result.output
     early = "train-ab: interrupted (SIGTERM) before its first step; nothing new was saved"
     assert (early in result.output.splitlines()[-1:]) == (torchrun_code != 0)
+    notice = "train-ab: stopping after the current step, which is then saved (Ctrl-C again: stop now"
+    assert capfd.readouterr().err.count(notice) == (1 if signals else 0)
 
 
 def test_an_embedded_run_writes_the_users_config_and_runs_against_the_servers_address(
@@ -433,7 +448,7 @@ def test_a_resume_with_a_changed_config_warns_and_keeps_the_old_config(
 def test_ctrl_c_before_the_first_step_says_nothing_was_saved(
     tmp_path: Path, trainer: list[TrainPlan], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(self: _Trainer, plan: TrainPlan, *, prefetcher_cpus: Any = None) -> None:
+    def interrupted(self: _Trainer, plan: TrainPlan, **kwargs: Any) -> None:
         raise KeyboardInterrupt  # Ctrl-C while the model loads
 
     monkeypatch.setattr(_Trainer, "__init__", interrupted)
