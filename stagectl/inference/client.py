@@ -346,8 +346,12 @@ class RolloutClient:
         try:
             if fresh:
                 http = self._new_http()
-                with self._lock:
-                    self._fresh.add(http)
+                with self._lock:  # `close` sets `_closed`, then aborts those registered: this one, or none
+                    if not (closed := self._closed.is_set()):
+                        self._fresh.add(http)
+                if closed:
+                    http.close()
+                    raise _Retryable("the client was closed")
                 try:
                     with http:
                         response = http.post(url, json=payload)

@@ -151,15 +151,22 @@ class _Backend(httpcore.NetworkBackend):
         self._backend = httpcore.SyncBackend()
         self._lock = threading.Lock()
         self._streams: weakref.WeakSet[_Stream] = weakref.WeakSet()  # every connection it opened, while alive
+        self._aborted = False  # `shut_all` ran: a connection opened afterwards is closed at once
 
     def opened(self, stream: httpcore.NetworkStream) -> _Stream:
         opened = _Stream(stream, self)
         with self._lock:
-            self._streams.add(opened)
+            aborted = self._aborted
+            if not aborted:
+                self._streams.add(opened)
+        if aborted:
+            stream.close()
+            raise httpcore.ConnectError("the client was aborted: it opens no new connection")
         return opened
 
     def shut_all(self) -> None:
         with self._lock:
+            self._aborted = True
             streams = list(self._streams)
         for stream in streams:
             stream.shut()
@@ -215,7 +222,8 @@ class DeadlineClient(httpx.Client):
     def abort(self) -> None:
         """End every call in flight now, from any thread: their connections are shut down, so a read
         blocked on a slow or trickling server returns at once and its call raises (an owner that is
-        stopping, after a Ctrl-C, then does not wait out the deadline)."""
+        stopping, after a Ctrl-C, then does not wait out the deadline). A call made afterwards fails at once
+        too (no new connection is opened): the client is done."""
         self._deadline_transport.backend.shut_all()
 
     def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:

@@ -280,6 +280,50 @@ def test_close_ends_the_calls_still_waiting_on_trickling_servers() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], ClientClosedError), outcome
 
 
+def test_close_ends_a_retry_whose_fresh_connection_was_made_as_it_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call whose first try failed builds a fresh client for its retry; `close` coming while it was being
+    built aborted the clients registered so far, not that one: its retry on a trickling server held the close
+    for the whole `infer_timeout_s` (600 s by default)."""
+    import threading
+
+    import httpx
+
+    request = detection_request(["a.png"], "Find objects.")
+    closing: list[float] = []
+    with trickle_server(every_s=0.1) as url:
+        client = RolloutClient([url], infer_timeout_s=5.0)
+
+        def reset(*args: object, **kwargs: object) -> httpx.Response:
+            raise httpx.ReadError("connection reset")  # the first try, on the kept connection
+
+        monkeypatch.setattr(client._clients[0], "post", reset)
+        build = client._new_http
+
+        def built_as_it_closes() -> object:
+            http = build()
+
+            def close() -> None:
+                start = time.monotonic()
+                client.close()
+                closing.append(time.monotonic() - start)
+
+            threading.Thread(target=close, daemon=True).start()
+            while not client._closed.is_set():
+                time.sleep(0.01)
+            time.sleep(0.2)  # `close` has aborted what was registered and waits for the pool's threads
+            return http
+
+        monkeypatch.setattr(client, "_new_http", built_as_it_closes)
+        with pytest.raises(ClientClosedError):
+            returns_within(4.0, lambda: client.infer([request], RequestConfig(seed=1)))
+        deadline = time.monotonic() + 4.0
+        while not closing and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert closing and closing[0] < 2.0, closing
+
+
 def test_a_request_a_live_server_fails_twice_is_told_from_a_server_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -141,3 +141,13 @@ def test_a_deadline_reached_as_the_block_ends_leaves_the_socket_to_its_next_call
         late.function()  # the timer's thread goes on now
         left.sendall(b"y")  # the next call on the reused connection
         assert right.recv(1) == b"y"
+
+
+def test_a_call_an_aborted_client_starts_afterwards_ends_at_once() -> None:
+    """`abort` (a `RolloutClient` closing) shut only the connections open then: a call that opened a new one
+    afterwards (the split of a chunk that failed twice) waited out the whole deadline on a trickling server,
+    and the owner's close waited with it."""
+    with trickle_server(every_s=0.1) as url, DeadlineClient(total_s=3.0, timeout=1.0) as client:
+        client.abort()
+        with pytest.raises(httpx.TransportError, match="aborted"):
+            returns_within(1.0, lambda: client.get(url))
