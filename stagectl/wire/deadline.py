@@ -198,15 +198,26 @@ class _Backend(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
+# httpx's defaults (an idle connection closed after 5 s: one a load balancer or NAT dropped meanwhile
+# without a word is not written into)
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
+
+
 class _Transport(httpx.HTTPTransport):
     """httpx's own transport over a connection pool whose sockets honour the deadline (httpx has no
     setting for the network backend, so the pool it built is replaced by the same pool with ours)."""
 
     def __init__(self, verify: ssl.SSLContext | bool) -> None:
         context = httpx.create_ssl_context(verify=verify)
-        super().__init__(verify=context)
+        super().__init__(verify=context, limits=_LIMITS)
         self.backend = _Backend()
-        self._pool = httpcore.ConnectionPool(ssl_context=context, network_backend=self.backend)
+        self._pool = httpcore.ConnectionPool(  # httpx's limits: httpcore's own keep idle connections forever
+            ssl_context=context,
+            max_connections=_LIMITS.max_connections,
+            max_keepalive_connections=_LIMITS.max_keepalive_connections,
+            keepalive_expiry=_LIMITS.keepalive_expiry,
+            network_backend=self.backend,
+        )
 
 
 class DeadlineClient(httpx.Client):

@@ -4,10 +4,12 @@ code that is not ours (`http.client`) is cut at the deadline too."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -151,3 +153,58 @@ def test_a_call_an_aborted_client_starts_afterwards_ends_at_once() -> None:
         client.abort()
         with pytest.raises(httpx.TransportError, match="aborted"):
             returns_within(1.0, lambda: client.get(url))
+
+
+@contextlib.contextmanager
+def _silent_after_one_answer() -> Iterator[str]:
+    """A peer that answers the first request of each connection, then reads on without a word: a kept
+    connection a load balancer or NAT dropped while idle (no FIN reaches the client)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    peers: list[socket.socket] = []
+
+    def serve(peer: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            peer.recv(1 << 16)
+            peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            while peer.recv(1 << 16):
+                pass
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = listener.accept()
+                peers.append(peer)
+                threading.Thread(target=serve, args=(peer,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for peer in peers:
+            with contextlib.suppress(OSError):
+                peer.shutdown(socket.SHUT_RDWR)
+            peer.close()
+
+
+def test_a_connection_idle_past_httpxs_keepalive_expiry_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx's own pool drops a connection idle for 5 s and opens a new one; the pool DeadlineClient put in
+    its place (httpcore's defaults) kept them forever, so after a long idle the next call (an `/infer/`
+    between training steps) went into a connection a middlebox had dropped and waited out its deadline."""
+    import httpcore._sync.http11 as http11
+
+    skew = [0.0]
+
+    class _Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + skew[0]
+
+    monkeypatch.setattr(http11, "time", _Clock)
+    with _silent_after_one_answer() as url, DeadlineClient(total_s=1.5, timeout=5.0) as client:
+        assert client.get(url).text == "ok"
+        skew[0] = 10.0  # idle for 10 s
+        response, _ = returns_within(3.0, lambda: client.get(url))
+    assert response.text == "ok"
