@@ -26,6 +26,8 @@ DROP_REASONS = (
     "missing_desc",
     "desc_not_string",
     "empty_desc",  # empty or whitespace only
+    "special_token_in_desc",  # the desc spells a special token (`<|coord_5|>`, `<|im_end|>`): written again as
+    # text (a clean-prefix target, a reordered answer) it would encode as that token, not as a label
     "missing_bbox",
     "bbox_not_list",
     "bbox_arity",  # not exactly 4 values
@@ -34,6 +36,8 @@ DROP_REASONS = (
 )
 
 _OBJECT_KEY = re.compile(r"object_([1-9][0-9]*)")
+# the spelling of a special token (Qwen's `<|coord_N|>`, `<|im_end|>`, `<|vision_start|>`, ...)
+_SPECIAL_TOKEN_TEXT = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
 
 @dataclass(slots=True)
@@ -86,6 +90,8 @@ def judge_entry(buf: bytes, key: StrNode, value: Node, seen_keys: set[str], regi
     desc_text = decode_string(buf, desc.start, desc.end)
     if not desc_text.strip():
         return drop("empty_desc")
+    if _SPECIAL_TOKEN_TEXT.search(desc_text):
+        return drop("special_token_in_desc")
     bbox = fields.get("bbox_2d")
     if bbox is None:
         return drop("missing_bbox")
@@ -132,7 +138,7 @@ def fast_entry(
         desc = decode_string(buf, desc_start, desc_end)
     except UnicodeDecodeError:
         return None
-    if not desc.strip():
+    if not desc.strip() or _SPECIAL_TOKEN_TEXT.search(desc):
         return None
     seen_keys.add(key_text)
     return Entry(

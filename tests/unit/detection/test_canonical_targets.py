@@ -287,3 +287,25 @@ def test_fused_tokenizer_clean_prefix_matches_char_tokenizer_text() -> None:
     assert fused.text(a.input_ids[:-1]) == CHAR.text(b.input_ids[:-1])
     # the CE mass on desc text is the same: desc tokens are whole in both tokenizers
     assert sum(w == 0.5 for w in a.ce_weights) == len("black box")
+
+
+@pytest.mark.parametrize("desc", ["<|coord_5|>", "red <|coord_5|> square"])
+def test_a_rollout_whose_desc_spells_a_coordinate_token_still_gives_a_clean_prefix_target(desc: str) -> None:
+    """A clean-prefix B step writes the kept predictions again as text: a desc that spells a coordinate
+    token encoded as one more coordinate and the B step failed (`encode() produced 5 coordinate tokens for 1
+    objects`, a learning-check run at step 56). The strict parse drops such an entry instead; the target is
+    then the GT answer for what it missed."""
+    rollout = "{" + entry(1, desc, (10, 10, 50, 50)) + "}" + EOT
+    parse = parse_rollout(CHAR.encode(rollout), CHAR.vocab)
+    assert parse.valid_objects == [] and parse.dropped_by_reason == {"special_token_in_desc": 1}
+    gt = GT[:1]
+    match = hungarian_match([], [g.bbox_2d for g in gt])
+    segment = build_channel_b_clean_segment(
+        parse.valid_objects,
+        match,
+        gt,
+        encode=CHAR.encode,
+        vocab=CHAR.vocab,
+        target=TargetPlan(shape=CleanPrefix(insertion_order="tail_append")),
+    )
+    assert segment.coord_groups == [CoordGroup(coord_positions(segment.input_ids, 0)[0], (12, 11, 50, 52))]

@@ -122,8 +122,7 @@ def test_three_coordinate_box_is_dropped_not_repaired() -> None:
         '\\"}]}',
         "tab\tnew\nline",
         "红色 圆形",
-        "<|coord_5|> text",
-    ],
+    ],  # a desc spelling a coordinate token (`<|coord_5|> text`) is dropped: BAD_VALUES
 )
 def test_escaped_braces_and_quotes_inside_desc_do_not_confuse_the_scanner(desc: str) -> None:
     objects = [Obj(desc, (1, 2, 3, 4)), Obj("plain", (5, 6, 7, 8))]
@@ -201,6 +200,10 @@ BAD_VALUES = [
     ('{"desc": ["a"], "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "desc_not_string"),
     ('{"desc": "", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "empty_desc"),
     ('{"desc": "  ", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "empty_desc"),
+    # a desc spelling a special token: re-encoded as text (a clean-prefix target) it is that token
+    ('{"desc": "<|coord_5|>", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
+    ('{"desc": "red <|coord_5|> square", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
+    ('{"desc": "a<|im_start|>b", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
     ('{"desc": "a"}', "missing_bbox"),
     ('{"desc": "a", "bbox_2d": "<|coord_1|>"}', "bbox_not_list"),
     ('{"desc": "a", "bbox_2d": [1, 2, 3, 4]}', "non_coord_value"),
