@@ -61,6 +61,7 @@ from bench.learning_jobs import (
     Job,
     Sizes,
     phase2_overrides,
+    run_finished,
     run_jobs,
     slug,
     train_argv,
@@ -198,7 +199,7 @@ def confirm_jobs(
     for seed in range(sizes.seeds):
         for variant in best:
             jobs += [_job(task, variant, b, seed, config, checkpoint, sizes, out) for b in ratios]
-    return [job for job in jobs if not (job.out / "final_state.json").is_file()]
+    return [job for job in jobs if not run_finished(job.out)]
 
 
 def screen_ap(out: Path, task: str, sizes: Sizes) -> dict[str, float]:
@@ -390,16 +391,12 @@ def _interleave(per_task: list[list[Job]]) -> list[Job]:
 
 def _unfinished(jobs: list[Job]) -> list[Job]:
     """Jobs whose run has not finished (a check re-run on the same `--out` goes on where it stopped)."""
-    return [job for job in jobs if not (job.out / "final_state.json").is_file()]
+    return [job for job in jobs if not run_finished(job.out)]
 
 
 def _stage1_done(run_dir: Path, checkpoint: Path) -> bool:
     """A finished Stage-1 run: its final state, checkpoint and held-out eval are all there."""
-    return (
-        (run_dir / "final_state.json").is_file()
-        and checkpoint.is_dir()
-        and (run_dir / "eval.jsonl").is_file()
-    )
+    return run_finished(run_dir) and checkpoint.is_dir() and (run_dir / "eval.jsonl").is_file()
 
 
 def _result(

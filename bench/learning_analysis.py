@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.learning_jobs import AB_VARIANTS, slug
+from bench.learning_jobs import AB_VARIANTS, run_finished, slug
 from stagectl.report.ap_intervals import image_draws, interval, load_run_ap, resampled_ap, seed_means
 from stagectl.report.compare import RunEval, load_run
 from stagectl.report.intervals import Interval, counts_from_row, difference_intervals, variant_intervals
@@ -55,7 +55,7 @@ def finished_runs(out: Path, task: str) -> list[Run]:
     runs = []
     for path in sorted(out.glob(f"{task}-*-seed*")):
         parsed = parse_name(task, path.name)
-        if parsed is None or not (path / "final_state.json").is_file():
+        if parsed is None or not run_finished(path):
             continue
         runs.append(Run(path.name, *parsed, load_run(path)))
     return runs

@@ -4,6 +4,7 @@ first one calls: a leaf, so the two never import each other."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +66,21 @@ class Job:
     after: str | None = None  # the job whose output this one needs (phase 2 after its task's Stage-1)
 
 
+def run_finished(run_dir: Path) -> bool:
+    """A run that trained every step it was asked for. A run an error ended or a signal stopped writes
+    final_state.json too (with `error` / `stopped_by_signal`): it is no result, and a check re-run on the same
+    --out runs it again."""
+    path = run_dir / "final_state.json"
+    if not path.is_file():
+        return False
+    state = json.loads(path.read_text())
+    return (
+        not state.get("error")
+        and state.get("stopped_by_signal") is None
+        and state.get("global_step", -1) >= state.get("max_steps", 0)
+    )
+
+
 def train_argv(config: Path, out: Path, overrides: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "stagectl", "train-ab", str(config), "--set", f"training.output_dir={out}"]
     for item in overrides:
@@ -89,8 +105,8 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: Path) -> dict[str, float]:
             job = ready[0]
             pending.remove(job)
             log = log_dir / f"{job.name}.log"
-            # a run an earlier check left unfinished (killed with it): train-ab moves it aside and starts again
-            stopped = job.out.exists() and not (job.out / "final_state.json").is_file()
+            # a run an earlier check left unfinished (killed, failed or stopped): train-ab moves it aside, starts again
+            stopped = job.out.exists() and not run_finished(job.out)
             argv = [*job.argv, "--overwrite"] if stopped else job.argv
             # the log goes to a file, not a pipe: a run's progress lines must never block on a full pipe
             with log.open("w") as handle:

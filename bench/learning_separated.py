@@ -32,7 +32,16 @@ from typing import Any
 import yaml
 
 from bench import document
-from bench.learning_jobs import A_ONLY_FACTOR, AB_VARIANTS, Job, Sizes, phase2_overrides, run_jobs, train_argv
+from bench.learning_jobs import (
+    A_ONLY_FACTOR,
+    AB_VARIANTS,
+    Job,
+    Sizes,
+    phase2_overrides,
+    run_finished,
+    run_jobs,
+    train_argv,
+)
 
 AB = "AB async separated"
 A2 = "A-only 2 cores"
@@ -107,9 +116,7 @@ def refuse_existing(out: Path, sizes: Sizes) -> None:
     them one by one, after Stage-1 and whatever ran before)."""
     variants = (AB, A2)
     names = [run_name(t, v, s) for t in sizes.tasks for s in range(sizes.seeds) for v in variants]
-    there = [
-        name for name in names if (out / name).exists() and not (out / name / "final_state.json").is_file()
-    ]
+    there = [name for name in names if (out / name).exists() and not run_finished(out / name)]
     if there:
         raise ValueError(
             f"learning check: {out} already holds unfinished separated runs ({', '.join(there)}); move them away or "
@@ -156,7 +163,7 @@ def run_phase(
         job
         for task in tasks
         for job in separated_jobs(task, configs[task], checkpoints[task], sizes, out, cores, arm)
-        if not (job.out / "final_state.json").is_file()
+        if not run_finished(job.out)
     ]
     walls = run_jobs(jobs, 1, log_dir)
     return {
@@ -254,7 +261,7 @@ def analyse_task(task: str, out: Path, sizes: Sizes) -> dict[str, Any]:
     for variant in (AB, A2):
         for seed in range(sizes.seeds):
             path = out / run_name(task, variant, seed)
-            if (path / "final_state.json").is_file():
+            if run_finished(path):
                 run = load_run(path)
                 run.variant = variant  # both would read as their 1-core labels otherwise
                 runs.append(run)

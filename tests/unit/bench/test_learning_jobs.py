@@ -3,10 +3,13 @@ list (a Stage-1 reused from an earlier check) counts as done instead of blocking
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
-from bench.learning_jobs import Job, run_jobs
+import pytest
+
+from bench.learning_jobs import Job, run_finished, run_jobs
 
 
 def _job(name: str, out: Path, after: str | None = None) -> Job:
@@ -41,3 +44,35 @@ def test_a_run_an_earlier_check_left_unfinished_is_started_with_overwrite(tmp_pa
     run_jobs(jobs, 1, tmp_path)
     assert (tmp_path / "killed.argv").read_text() == "--overwrite"
     assert (tmp_path / "fresh.argv").read_text() == ""
+
+
+FINISHED = {"global_step": 200, "max_steps": 200, "stopped_by_signal": None}
+
+
+@pytest.mark.parametrize(
+    ("state", "finished"),
+    [
+        (FINISHED, True),
+        # the learning check's run that a rollout's desc killed at step 55: final_state.json, with the error
+        (
+            {**FINISHED, "global_step": 55, "error": "encode() produced 5 coordinate tokens for 1 objects"},
+            False,
+        ),
+        ({**FINISHED, "global_step": 6, "stopped_by_signal": 2}, False),
+        ({**FINISHED, "global_step": 199}, False),
+        (None, False),
+    ],
+)
+def test_a_run_is_a_result_only_when_it_trained_every_step(
+    tmp_path: Path, state: dict[str, object] | None, finished: bool
+) -> None:
+    """final_state.json is written by a failed or stopped run too: the check must not analyse it as a
+    result, and a re-run on the same --out trains it again (its directory moved aside)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if state is not None:
+        (run / "final_state.json").write_text(json.dumps(state))
+    assert run_finished(run) is finished
+    code = "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))"
+    run_jobs([Job("run", [sys.executable, "-c", code, str(tmp_path / "argv")], run)], 1, tmp_path)
+    assert (tmp_path / "argv").read_text() == ("" if finished else "--overwrite")

@@ -4,6 +4,7 @@ results, and the BENCHMARKS.md sub-section from a fabricated result."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,8 @@ def test_separated_phase_runs_one_job_at_a_time_on_the_first_two_cores(
         ValueError, match="already holds unfinished separated runs \\(sep-dense-A-only_2_cores-seed1\\)"
     ):
         learning_separated.refuse_existing(tmp_path, sizes)
-    (tmp_path / "sep-dense-A-only_2_cores-seed1" / "final_state.json").write_text("{}")
+    finished = {"global_step": 200, "max_steps": 200, "stopped_by_signal": None}
+    (tmp_path / "sep-dense-A-only_2_cores-seed1" / "final_state.json").write_text(json.dumps(finished))
     learning_separated.refuse_existing(tmp_path, sizes)  # a finished run is kept, not run again
     learning_separated.refuse_existing(tmp_path / "elsewhere", sizes)
 
