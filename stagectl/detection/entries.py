@@ -28,6 +28,8 @@ DROP_REASONS = (
     "empty_desc",  # empty or whitespace only
     "special_token_in_desc",  # the desc spells a special token (`<|coord_5|>`, `<|im_end|>`): written again as
     # text (a clean-prefix target, a reordered answer) it would encode as that token, not as a label
+    "surrogate_in_desc",  # the desc escapes half a UTF-16 surrogate pair (`\ud83d` alone): valid JSON, but the
+    # text has no UTF-8 form, so writing it again (a clean-prefix target) cannot encode it
     "missing_bbox",
     "bbox_not_list",
     "bbox_arity",  # not exactly 4 values
@@ -38,6 +40,19 @@ DROP_REASONS = (
 _OBJECT_KEY = re.compile(r"object_([1-9][0-9]*)")
 # the spelling of a special token (Qwen's `<|coord_N|>`, `<|im_end|>`, `<|vision_start|>`, ...)
 _SPECIAL_TOKEN_TEXT = re.compile(r"<\|[A-Za-z0-9_]+\|>")
+# a lone surrogate, what a `\udXXX` escape without its pair decodes to (a pair decodes to one character)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def desc_drop_reason(desc: str) -> str | None:
+    """Why a string desc is dropped (`empty_desc`, `special_token_in_desc`, `surrogate_in_desc`), or None."""
+    if not desc.strip():
+        return "empty_desc"
+    if _SPECIAL_TOKEN_TEXT.search(desc):
+        return "special_token_in_desc"
+    if _SURROGATE.search(desc):
+        return "surrogate_in_desc"
+    return None
 
 
 @dataclass(slots=True)
@@ -88,10 +103,9 @@ def judge_entry(buf: bytes, key: StrNode, value: Node, seen_keys: set[str], regi
     if not isinstance(desc, StrNode):
         return drop("desc_not_string")
     desc_text = decode_string(buf, desc.start, desc.end)
-    if not desc_text.strip():
-        return drop("empty_desc")
-    if _SPECIAL_TOKEN_TEXT.search(desc_text):
-        return drop("special_token_in_desc")
+    desc_problem = desc_drop_reason(desc_text)
+    if desc_problem is not None:
+        return drop(desc_problem)
     bbox = fields.get("bbox_2d")
     if bbox is None:
         return drop("missing_bbox")
@@ -138,7 +152,7 @@ def fast_entry(
         desc = decode_string(buf, desc_start, desc_end)
     except UnicodeDecodeError:
         return None
-    if not desc.strip() or _SPECIAL_TOKEN_TEXT.search(desc):
+    if desc_drop_reason(desc) is not None:
         return None
     seen_keys.add(key_text)
     return Entry(

@@ -11,7 +11,7 @@ Rules (docs/design.md#strict-parse):
 - The top level is a JSON object. Each complete entry is judged on its own: it is kept when the key
   is `object_N` (N >= 1, no leading zeros, not seen before) and the value is exactly
   `{"desc": non-blank string, "bbox_2d": [4 coordinate strings]}` (either key order) with
-  x1 <= x2 and y1 <= y2, and a desc that spells no special token (`<|coord_5|>`). A coordinate string is `"` + ONE coordinate token + `"`: the same text spelled
+  x1 <= x2 and y1 <= y2, and a desc that spells no special token (`<|coord_5|>`) and holds no lone surrogate. A coordinate string is `"` + ONE coordinate token + `"`: the same text spelled
   with ordinary tokens, or a number, is not a coordinate. Anything else is dropped with one reason
   (`entries.DROP_REASONS`, checked in that order), never repaired. Kept objects keep appearance order.
 - Scanning stops at the top-level `}` ("closed"), at the end of the tokens ("end_of_input", which

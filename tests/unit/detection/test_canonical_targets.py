@@ -309,3 +309,18 @@ def test_a_rollout_whose_desc_spells_a_coordinate_token_still_gives_a_clean_pref
         target=TargetPlan(shape=CleanPrefix(insertion_order="tail_append")),
     )
     assert segment.coord_groups == [CoordGroup(coord_positions(segment.input_ids, 0)[0], (12, 11, 50, 52))]
+
+
+@pytest.mark.parametrize("target", ["raw_prefix", "clean_prefix", "reordered_gt"])
+def test_a_rollout_whose_desc_escapes_half_a_surrogate_pair_still_gives_a_b_target(target: str) -> None:
+    """`"\\ud83d"` alone is valid JSON and decodes to a lone surrogate, which has no UTF-8 form: a clean-prefix
+    B step that wrote the matched prediction again failed on it (`UnicodeEncodeError: ... surrogates not
+    allowed`, found by test_b_targets_fuzz). The strict parse drops it (`surrogate_in_desc`); a whole pair
+    is one character and stays."""
+    lone = "{" + entry(1, "\\ud83d", (12, 11, 50, 52)) + "}" + EOT  # on GT's red square
+    pair = "{" + entry(1, "\\ud83d\\udc31", (12, 11, 50, 52)) + "}" + EOT
+    (ids, _, slots), _ = b_step_targets(target, [lone, pair])
+    assert len(slots) == 4 * len(GT)  # the dropped entry leaves every GT object missed
+    assert ids[-1] == CHAR.vocab.end_of_turn_id
+    assert parse_rollout(CHAR.encode(lone), CHAR.vocab).dropped_by_reason == {"surrogate_in_desc": 1}
+    assert [o.desc for o in parse_rollout(CHAR.encode(pair), CHAR.vocab).valid_objects] == ["\U0001f431"]

@@ -204,6 +204,11 @@ BAD_VALUES = [
     ('{"desc": "<|coord_5|>", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
     ('{"desc": "red <|coord_5|> square", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
     ('{"desc": "a<|im_start|>b", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
+    # ... also when spelled with JSON escapes: the rule reads the decoded text
+    ('{"desc": "\\u003c|coord_5|\\u003e", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "special_token_in_desc"),
+    # half a surrogate pair: valid JSON, but no UTF-8 text to write again (a clean-prefix target)
+    ('{"desc": "\\ud83d", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "surrogate_in_desc"),
+    ('{"desc": "cat \\udc31", "bbox_2d": [' + coords(1, 2, 3, 4) + "]}", "surrogate_in_desc"),
     ('{"desc": "a"}', "missing_bbox"),
     ('{"desc": "a", "bbox_2d": "<|coord_1|>"}', "bbox_not_list"),
     ('{"desc": "a", "bbox_2d": [1, 2, 3, 4]}', "non_coord_value"),
