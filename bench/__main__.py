@@ -13,7 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from bench.document import MODULES, RESULTS, write_markdown
+from bench.common import code_version
+from bench.document import MODULES, RESULTS, ROOT, write_markdown
 
 
 def main() -> None:
@@ -55,6 +56,7 @@ def main() -> None:
     for name in names:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
+        code = code_version(ROOT)
         module = importlib.import_module(MODULES[name])
         if name == "learning" and args.analyse_only:
             if args.out is None:
@@ -67,6 +69,9 @@ def main() -> None:
         if result is None:  # nothing measured here (gpu without CUDA): keep the last results
             continue
         result_meta = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - started}
+        if not args.analyse_only:  # the code that measured it (re-reading old runs measures nothing)
+            now = code_version(ROOT)
+            result_meta["code"] = code if now == code else f"{code}, then {now} (changed during the run)"
         (RESULTS / f"{name}.json").write_text(json.dumps({"meta": result_meta, "result": result}, indent=2))
         print(f"   done in {result_meta['seconds']:.0f} s", flush=True)
         measured.append(name)

@@ -73,14 +73,16 @@ def write_markdown() -> None:
         else:
             saved: dict[str, Any] = json.loads(path.read_text())
             total = saved["result"].get("total_s") if isinstance(saved["result"], dict) else None
+            code = f", code {saved['meta']['code']}" if saved["meta"].get("code") else ""
             if name == "learning" and total:  # --analyse-only re-reads runs: report the check's own wall time
                 lines.append(
-                    f"_Ran {saved['meta']['ran_at']}, {total:.0f} s (from the first config to the last run): "
+                    f"_Ran {saved['meta']['ran_at']}{code}, {total:.0f} s (from the first config to the last run): "
                     f"`python -m bench {name}`._"
                 )
             else:
                 lines.append(
-                    f"_Ran {saved['meta']['ran_at']}, {saved['meta']['seconds']:.0f} s: `python -m bench {name}`._"
+                    f"_Ran {saved['meta']['ran_at']}{code}, {saved['meta']['seconds']:.0f} s: "
+                    f"`python -m bench {name}`._"
                 )
             lines.append("")
             lines += FORMATTERS[name](saved["result"])
