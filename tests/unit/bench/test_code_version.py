@@ -18,7 +18,7 @@ def _git(root: Path, *args: str) -> str:
 
 def test_the_commit_measured_and_uncommitted_code_are_told_apart(tmp_path: Path) -> None:
     _git(tmp_path, "init", "-q")
-    for path in ("stagectl/x.py", "bench/results/learning.json", "BENCHMARKS.md"):
+    for path in ("code/x.py", "bench/results/learning.json", "BENCHMARKS.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("a\n")
     _git(tmp_path, "add", ".")
@@ -30,7 +30,7 @@ def test_the_commit_measured_and_uncommitted_code_are_told_apart(tmp_path: Path)
     (tmp_path / "BENCHMARKS.md").write_text("b\n")
     (tmp_path / "scratch.txt").write_text("untracked\n")
     assert code_version(tmp_path) == sha
-    (tmp_path / "stagectl/x.py").write_text("b\n")  # the measured code, changed and not committed
+    (tmp_path / "code/x.py").write_text("b\n")  # the measured code, changed and not committed
     assert code_version(tmp_path) == f"{sha}+uncommitted"
     assert code_version(tmp_path / "nowhere") == "unknown"
 
