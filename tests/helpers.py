@@ -250,13 +250,36 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def trickle_server(every_s: float = 0.2, head: bytes = b"HTTP/1.1 200 OK\r\n") -> Iterator[str]:
-    """A peer on 127.0.0.1 that accepts every connection, answers `head`, then sends one more byte every
-    `every_s` until the block ends: any per-read timeout above `every_s` never fires. Yields its base URL;
-    every connection is closed on exit (so a call it hung ends then)."""
+def loopback_peer(serve: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A peer on 127.0.0.1 that runs `serve(connection)` on a thread for each connection it accepts. Yields
+    its base URL; on exit it stops accepting and shuts every connection down (so a call it held ends then,
+    and `serve`'s reads and writes fail)."""
     listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
     peers: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                peer, _ = listener.accept()
+                peers.append(peer)
+                threading.Thread(target=serve, args=(peer,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for peer in peers:
+            with contextlib.suppress(OSError):
+                peer.shutdown(socket.SHUT_RDWR)
+            peer.close()
+
+
+@contextlib.contextmanager
+def trickle_server(every_s: float = 0.2, head: bytes = b"HTTP/1.1 200 OK\r\n") -> Iterator[str]:
+    """A peer that answers `head` to every connection, then sends one more byte every `every_s` until the
+    block ends: any per-read timeout above `every_s` never fires. Yields its base URL."""
+    stop = threading.Event()
 
     def trickle(peer: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -267,23 +290,11 @@ def trickle_server(every_s: float = 0.2, head: bytes = b"HTTP/1.1 200 OK\r\n") -
             while not stop.wait(every_s):
                 peer.sendall(b"x")
 
-    def accept() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                peer, _ = listener.accept()
-                peers.append(peer)
-                threading.Thread(target=trickle, args=(peer,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with loopback_peer(trickle) as url:
+            yield url
     finally:
         stop.set()
-        listener.close()
-        for peer in peers:
-            with contextlib.suppress(OSError):
-                peer.shutdown(socket.SHUT_RDWR)
-            peer.close()
 
 
 def returns_within(limit_s: float, call: Callable[[], T]) -> tuple[T, float]:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -20,7 +19,7 @@ from stagectl.config.plan import ServerList
 from stagectl.wire import deadline
 from stagectl.wire.deadline import CallDeadlineError, DeadlineClient, bound, socket_deadline, within
 from stagectl.wire.http import not_answering
-from tests.helpers import returns_within, trickle_server
+from tests.helpers import loopback_peer, returns_within, trickle_server
 
 
 def _get_within(client: httpx.Client, url: str, total_s: float) -> httpx.Response:
@@ -155,36 +154,14 @@ def test_a_call_an_aborted_client_starts_afterwards_ends_at_once() -> None:
             returns_within(1.0, lambda: client.get(url))
 
 
-@contextlib.contextmanager
-def _silent_after_one_answer() -> Iterator[str]:
-    """A peer that answers the first request of each connection, then reads on without a word: a kept
-    connection a load balancer or NAT dropped while idle (no FIN reaches the client)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    peers: list[socket.socket] = []
-
-    def serve(peer: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            peer.recv(1 << 16)
-            peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            while peer.recv(1 << 16):
-                pass
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                peer, _ = listener.accept()
-                peers.append(peer)
-                threading.Thread(target=serve, args=(peer,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
-        for peer in peers:
-            with contextlib.suppress(OSError):
-                peer.shutdown(socket.SHUT_RDWR)
-            peer.close()
+def _answer_once_then_listen(peer: socket.socket) -> None:
+    """Answer the connection's first request, then read on without a word: a kept connection a load
+    balancer or NAT dropped while idle (no FIN reaches the client)."""
+    with contextlib.suppress(OSError):
+        peer.recv(1 << 16)
+        peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        while peer.recv(1 << 16):
+            pass
 
 
 def test_a_connection_idle_past_httpxs_keepalive_expiry_is_not_reused(
@@ -203,7 +180,7 @@ def test_a_connection_idle_past_httpxs_keepalive_expiry_is_not_reused(
             return time.monotonic() + skew[0]
 
     monkeypatch.setattr(http11, "time", _Clock)
-    with _silent_after_one_answer() as url, DeadlineClient(total_s=1.5, timeout=5.0) as client:
+    with loopback_peer(_answer_once_then_listen) as url, DeadlineClient(total_s=1.5, timeout=5.0) as client:
         assert client.get(url).text == "ok"
         skew[0] = 10.0  # idle for 10 s
         response, _ = returns_within(3.0, lambda: client.get(url))
