@@ -11,6 +11,8 @@ import pytest
 
 from bench.learning_jobs import Job, run_finished, run_jobs
 
+FINISHED = {"global_step": 200, "max_steps": 200, "stopped_by_signal": None}
+
 
 def _job(name: str, out: Path, after: str | None = None) -> Job:
     marker = out / "order.txt"
@@ -32,21 +34,23 @@ def test_reused_prerequisite_does_not_block_and_order_is_kept(tmp_path: Path) ->
 
 def test_a_run_an_earlier_check_left_unfinished_is_started_with_overwrite(tmp_path: Path) -> None:
     """A check stopped midway and re-run on the same --out goes on where it stopped: a run dir without
-    final_state.json (killed with the check) is moved aside by train-ab's --overwrite, not refused; a
-    fresh one gets no flag."""
+    final_state.json (killed with the check) or with one an error wrote is moved aside by train-ab's
+    --overwrite, not refused; a fresh one gets no flag."""
     code = "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))"
     jobs = [
         Job(name, [sys.executable, "-c", code, str(tmp_path / f"{name}.argv")], tmp_path / name)
-        for name in ("killed", "fresh")
+        for name in ("killed", "failed", "fresh")
     ]
     (tmp_path / "killed").mkdir()
     (tmp_path / "killed" / "metrics.jsonl").write_text("{}\n")
-    run_jobs(jobs, 1, tmp_path)
+    (tmp_path / "failed").mkdir()  # ended by an error: final_state.json, but no result (run_finished)
+    (tmp_path / "failed" / "final_state.json").write_text(
+        json.dumps({**FINISHED, "global_step": 55, "error": "x"})
+    )
+    run_jobs(jobs, 2, tmp_path)
     assert (tmp_path / "killed.argv").read_text() == "--overwrite"
+    assert (tmp_path / "failed.argv").read_text() == "--overwrite"
     assert (tmp_path / "fresh.argv").read_text() == ""
-
-
-FINISHED = {"global_step": 200, "max_steps": 200, "stopped_by_signal": None}
 
 
 @pytest.mark.parametrize(
@@ -67,12 +71,9 @@ def test_a_run_is_a_result_only_when_it_trained_every_step(
     tmp_path: Path, state: dict[str, object] | None, finished: bool
 ) -> None:
     """final_state.json is written by a failed or stopped run too: the check must not analyse it as a
-    result, and a re-run on the same --out trains it again (its directory moved aside)."""
+    result (a re-run on the same --out trains it again: the test above)."""
     run = tmp_path / "run"
     run.mkdir()
     if state is not None:
         (run / "final_state.json").write_text(json.dumps(state))
     assert run_finished(run) is finished
-    code = "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))"
-    run_jobs([Job("run", [sys.executable, "-c", code, str(tmp_path / "argv")], run)], 1, tmp_path)
-    assert (tmp_path / "argv").read_text() == ("" if finished else "--overwrite")
