@@ -22,7 +22,8 @@ What upstream's writers add besides (CoordExp's `summary` and `metadata`, its CO
 `category_name`, `coco_ann_id`, `object_id`) is checked and not used (`stagectl.data.jsonl_line`); its `poly`
 objects are a line error (boxes only). Blank lines are skipped, and so is a UTF-8 byte-order mark at the start
 of the file; no other field is allowed.
-Text that is not UTF-8, JSON nested too deeply and lone-surrogate escapes are line errors too.
+Text that is not UTF-8, JSON nested too deeply, lone-surrogate escapes and a `desc` spelling a special token
+(`<|im_end|>`, which a target would encode as that token) are line errors too.
 
 `bbox_2d` is written as four numbers or, as CoordExp's converter writes it (`*.coord.jsonl`), as four
 pre-tokenized strings `"<|coord_k|>"` with k in 0..999. A token box is a norm-1000 box by definition: it

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.detection.coords import MAX_BIN
+from stagectl.detection.entries import desc_drop_reason
 
 SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
@@ -211,6 +212,11 @@ def _parse_object(item: Any, index: int, kind: str = "objects") -> RawObject:
     desc = item["desc"]
     if not isinstance(desc, str) or not desc.strip():
         raise LineError(f"{where}desc must be a non-empty string, got {desc!r}")
+    if desc_drop_reason(desc) == "special_token_in_desc":  # the rule the strict parse applies to a rollout
+        raise LineError(
+            f"{where}desc {desc!r} spells a special token (<|...|>): in a target it would encode as that token, "
+            "not as a label; rename the category"
+        )
     box = item["bbox_2d"]
     x1, y1, x2, y2 = values = _box_values(box, where)
     from_tokens = isinstance(box[0], str)  # `_box_values` allows one form per box

@@ -249,6 +249,7 @@ def test_every_problem_of_the_file_in_one_error() -> None:
     instances = _instances()
     instances["categories"].append({"id": 3, "name": "truck"})  # duplicate id
     instances["categories"].append({"id": 4, "name": "person"})  # duplicate name
+    instances["categories"].append({"id": 5, "name": "<|im_end|>"})  # would encode as end of turn
     instances["images"].append({"id": 9, "file_name": "d.jpg", "width": 200, "height": 100})  # duplicate id
     instances["images"].append({"id": 13, "file_name": "missing.jpg", "width": 200, "height": 100})
     instances["images"].append({"id": 14, "file_name": "e.jpg", "width": 0, "height": 100})
@@ -265,6 +266,7 @@ def test_every_problem_of_the_file_in_one_error() -> None:
     assert caught.value.errors == [
         "inst.json: categories[3] (id 3): duplicate category id 3 (also 'car')",
         "inst.json: categories[4] (id 4): name 'person' is also category id 1's; a desc must name one category",
+        "inst.json: categories[5] (id 5): name '<|im_end|>' spells a special token (<|...|>), which cannot be a desc",
         "inst.json: images[3] (id 9): duplicate image id 9",
         "inst.json: images[4] (id 13): image file not found: /data/coco/val/missing.jpg",
         "inst.json: images[5] (id 14): width must be a positive integer, got 0",

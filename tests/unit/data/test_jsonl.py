@@ -278,6 +278,16 @@ BAD_LINES: list[tuple[str, Any, str]] = [
         _record(objects=[{"desc": 3, "bbox_2d": [1, 2, 3, 4]}]),
         "desc must be a non-empty",
     ),
+    (
+        "desc spells a coordinate token",
+        _record(objects=[{"desc": "<|coord_5|>", "bbox_2d": [1, 2, 3, 4]}]),
+        "objects[0]: desc '<|coord_5|>' spells a special token",
+    ),
+    (
+        "desc spells end of turn",
+        _record(objects=[{"desc": "cat<|im_end|>", "bbox_2d": [1, 2, 3, 4]}]),
+        "would encode as that token, not as a label",
+    ),
     ("missing image", _record(images=["img/nope.png"]), "image not found: "),
     ("no images", _record(images=[]), "images must be a non-empty list"),
     ("zero width", _record(width=0), "width must be a positive integer"),
