@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from stagectl.cli.common import fail, world_of_nproc
+from stagectl.cli.common import fail
 
 # the launcher's line at the first Ctrl-C / SIGTERM: the ranks finish their step (a B step may wait for a
 # rollout call, up to its timeout), save and end
@@ -76,7 +76,7 @@ def command(
             )
         _rank_from_plan(plan_file)
         return
-    from stagectl.config import ConfigError, effective_world_size, load_config, to_plain
+    from stagectl.config import ConfigError, effective_world_size, launch_world_size, load_config, to_plain
     from stagectl.config.fractions import as_fraction
     from stagectl.config.plan import server_rollouts
     from stagectl.config.rollout import DiskSync
@@ -105,8 +105,9 @@ def command(
         sets.append(f"launch.nproc_per_node={nproc}")
     if overwrite:
         sets.append("training.overwrite_output_dir=true")
-    # the world the launcher validates and plans for: --nproc on every node (torchrun's ranks: $WORLD_SIZE)
-    world_size = None if inside_torchrun() or nproc is None else world_of_nproc(config, sets, nproc)
+    # the world the launcher validates and plans for: launch.nproc_per_node (--nproc) on every node, never a
+    # $WORLD_SIZE left in its environment (torchrun's ranks: theirs)
+    world_size = None if inside_torchrun() else launch_world_size(config, sets)
     try:
         cfg: StagectlConfig = load_config(config, sets, world_size=world_size)
         if resume and cfg.training.resume_from_checkpoint is None:

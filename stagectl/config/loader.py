@@ -176,6 +176,18 @@ def nproc_world_size(
     return nproc * nnodes
 
 
+def launch_world_size(path: str | os.PathLike[str], overrides: Iterable[str]) -> int | None:
+    """The world a launcher starts: `launch.nproc_per_node` ranks on each of `launch.nnodes` nodes (read from
+    `path` with `overrides`), whatever `$WORLD_SIZE` its own environment holds (a stale one from another job
+    would validate and plan a world torchrun does not start). None when the config does not load: the
+    command's own load reports its problems."""
+    try:
+        launch = load_config(path, overrides, trains=False).launch
+    except ConfigError:
+        return None
+    return launch.nproc_per_node * launch.nnodes
+
+
 def _world_size(cfg: StagectlConfig, explicit: int | None, problems: list[Problem]) -> int:
     if explicit is not None:
         return explicit

@@ -215,7 +215,7 @@ def test_nproc_on_several_nodes_is_validated_for_the_ranks_the_plan_has(
     """train-ab --nproc 2 on a two-node config (launch.nnodes: 2) validated the config for world size 2 while
     it resolved its plan, and torchrun started, for 4 ranks: effective_batch_size 2 passed and the run
     trained 4 rows a step. The launcher now validates for the world size its plan has, and a $WORLD_SIZE in
-    its own environment changes neither."""
+    its own environment changes neither, with --nproc or without (launch.nproc_per_node)."""
     import stagectl.launch
     from stagectl.config.plan_train import TrainPlan, read_train_plan
 
@@ -237,10 +237,10 @@ def test_nproc_on_several_nodes_is_validated_for_the_ranks_the_plan_has(
         "custom.extra.rollout_matching.vllm.server.servers=[{base_url: 'http://127.0.0.1:9'}]",
     ]
 
-    def train_ab(effective_batch_size: int) -> Any:
+    def train_ab(effective_batch_size: int, nproc: tuple[str, ...] = ("--nproc", "2")) -> Any:
         batch = [f"training.effective_batch_size={effective_batch_size}"]
         args = [a for s in [*sets, *batch] for a in ("--set", s)]
-        return CliRunner().invoke(app, ["train-ab", str(ASYNC), "--nproc", "2", *args])
+        return CliRunner().invoke(app, ["train-ab", str(ASYNC), *nproc, *args])
 
     refused = train_ab(2)
     assert refused.exit_code == 1, refused.output
@@ -251,6 +251,13 @@ def test_nproc_on_several_nodes_is_validated_for_the_ranks_the_plan_has(
     assert launched == []
     monkeypatch.setenv("WORLD_SIZE", "2")  # a stale one in the launcher's environment: --nproc says the run
     started = train_ab(4)
+    assert started.exit_code == 0, started.output
+    (plan,) = launched
+    assert plan.resolved.world_size == 4 and plan.resolved.gradient_accumulation_steps == 1
+    # without --nproc the launch section says the run (2 x 2), not a stale $WORLD_SIZE of 3
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    launched.clear()
+    started = train_ab(4, nproc=("--set", "launch.nproc_per_node=2"))
     assert started.exit_code == 0, started.output
     (plan,) = launched
     assert plan.resolved.world_size == 4 and plan.resolved.gradient_accumulation_steps == 1
