@@ -11,8 +11,8 @@ Tasks (`examples/tiny/learn_shapes.yaml`, the tiny Qwen3-VL; `TASKS`):
   learns on 2 cores: 1-4 shapes of 25-35% left held-out F1 at 0.09 after 2,500 Stage-1 steps (it learnt
   colours and counts, not positions), 1-6 of 20-30% at 0.05-0.08 after 800; 1-4 of 30-40% reached 0.49 at
   1,000 steps and 1-3 of 30-40% 0.76 at 1,500 (probe runs, 128 eval images);
-- crowded: 4-8 shapes of 20-30% of the side of a 168 px image, where Stage-1 misses objects (in the
-  recorded check its Stage-1 checkpoint did not localise them and phase 2 was not run on it).
+- crowded: 4-8 shapes of 20-30% of the side of a 168 px image, where Stage-1 misses objects (its Stage-1
+  checkpoint does not localise them: recall 0.16 in the 2026-11-29 check; phase 2 runs on it all the same).
 
 Stage-1 runs 2,500 steps (1,500 on crowded; cosine from lr 1e-3 to 1e-4), phase 2 200 steps at a constant
 1e-4, Stage-1's final LR (A-only to 400 for the equal-wall-time point); one A-only run at the old phase-2 LR
