@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from stagectl.config.root import Problem, StagectlConfig
 from stagectl.config.schema_problems import model_types, schema_problems
+from stagectl.config.training import LaunchConfig
 from stagectl.config.validators import run_validators
 
 # Keys that existed once and were removed or renamed: their presence fails with migration guidance
@@ -163,10 +164,10 @@ def nproc_world_size(
     must be that same world, else `WorldSizeConflict` naming both: validating either one silently would check
     a run the user did not describe. A config that does not load gives N (or `world_size`): the command's
     own load reports its problems."""
-    try:
-        nnodes = load_config(path, overrides, trains=False).launch.nnodes
-    except ConfigError:
+    launch = _launch(path, overrides)
+    if launch is None:
         return nproc if world_size is None else world_size
+    nnodes = launch.nnodes
     if world_size is not None and world_size != nproc * nnodes:
         nodes = f"{nnodes} node{'s' if nnodes != 1 else ''}"
         raise WorldSizeConflict(
@@ -181,11 +182,16 @@ def launch_world_size(path: str | os.PathLike[str], overrides: Iterable[str]) ->
     `path` with `overrides`), whatever `$WORLD_SIZE` its own environment holds (a stale one from another job
     would validate and plan a world torchrun does not start). None when the config does not load: the
     command's own load reports its problems."""
+    launch = _launch(path, overrides)
+    return None if launch is None else launch.nproc_per_node * launch.nnodes
+
+
+def _launch(path: str | os.PathLike[str], overrides: Iterable[str]) -> LaunchConfig | None:
+    """The launch section of `path` with `overrides`, or None when the config does not load."""
     try:
-        launch = load_config(path, overrides, trains=False).launch
+        return load_config(path, overrides, trains=False).launch
     except ConfigError:
         return None
-    return launch.nproc_per_node * launch.nnodes
 
 
 def _world_size(cfg: StagectlConfig, explicit: int | None, problems: list[Problem]) -> int:

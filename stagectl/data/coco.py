@@ -39,7 +39,7 @@ from typing import Any
 
 from stagectl.data.coco_boxes import CocoStats, clip_box, tidy
 from stagectl.data.jsonl import MAX_REPORTED_ERRORS
-from stagectl.detection.entries import desc_drop_reason
+from stagectl.detection.entries import spells_special_token
 from stagectl.files import atomic_write_lines, check_output_dir
 
 PROGRESS_EVERY = 1000  # annotations between two progress callbacks
@@ -209,7 +209,7 @@ def _category(item: Any, index: int, seen: dict[int, str], names: dict[str, int]
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
         raise _EntryError(f"{where}: name must be a non-empty string, got {name!r}")
-    if desc_drop_reason(name) == "special_token_in_desc":
+    if spells_special_token(name):
         raise _EntryError(f"{where}: name {name!r} spells a special token (<|...|>), which cannot be a desc")
     if cat_id in seen:
         raise _EntryError(f"{where}: duplicate category id {cat_id} (also {seen[cat_id]!r})")

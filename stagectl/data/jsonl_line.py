@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stagectl.detection.coords import MAX_BIN
-from stagectl.detection.entries import desc_drop_reason
+from stagectl.detection.entries import spells_special_token
 
 SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
@@ -212,7 +212,7 @@ def _parse_object(item: Any, index: int, kind: str = "objects") -> RawObject:
     desc = item["desc"]
     if not isinstance(desc, str) or not desc.strip():
         raise LineError(f"{where}desc must be a non-empty string, got {desc!r}")
-    if desc_drop_reason(desc) == "special_token_in_desc":  # the rule the strict parse applies to a rollout
+    if spells_special_token(desc):  # the rule the strict parse applies to a rollout
         raise LineError(
             f"{where}desc {desc!r} spells a special token (<|...|>): in a target it would encode as that token, "
             "not as a label; rename the category"

@@ -44,11 +44,17 @@ _SPECIAL_TOKEN_TEXT = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def spells_special_token(text: str) -> bool:
+    """Whether `text` spells a special token (`<|coord_5|>`, `<|im_end|>`): written into a target it would
+    encode as that token, not as text. The rule for a rollout's desc here and for a label in the data."""
+    return _SPECIAL_TOKEN_TEXT.search(text) is not None
+
+
 def desc_drop_reason(desc: str) -> str | None:
     """Why a string desc is dropped (`empty_desc`, `special_token_in_desc`, `surrogate_in_desc`), or None."""
     if not desc.strip():
         return "empty_desc"
-    if _SPECIAL_TOKEN_TEXT.search(desc):
+    if spells_special_token(desc):
         return "special_token_in_desc"
     if _SURROGATE.search(desc):
         return "surrogate_in_desc"
