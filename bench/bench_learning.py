@@ -68,7 +68,6 @@ from bench.learning_jobs import (
 )
 
 CONFIG = ROOT / "examples" / "tiny" / "learn_shapes.yaml"
-PLOTS = Path(__file__).parent / "plots"
 
 TASKS: dict[str, dict[str, Any]] = {
     "sparse": {"image_size": 112, "max_objects": 2, "side_fraction": [0.3, 0.5], "max_new_tokens": 128},
