@@ -7,9 +7,11 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
 
 from stagectl.config.plan_stage_b import ReflectionPlan, RunnerPlan, SamplerPlan
 from stagectl.console import say
@@ -18,6 +20,7 @@ from stagectl.stage_b.engine import Backend, candidate_seed
 from stagectl.stage_b.guidance import Guidance, parse_guidance
 from stagectl.stage_b.guidance_store import GuidanceStore, utc_now
 from stagectl.stage_b.metrics import MetricsWindow
+from stagectl.stage_b.progress import validation_problems
 from stagectl.stage_b.prompts import ReflectionRecord
 from stagectl.stage_b.reflection import reflect, reflection_row
 from stagectl.stage_b.rows import Candidate, ticket_rows
@@ -164,21 +167,17 @@ class Consumer:
         }
 
     def restore(self, state: Mapping[str, Any], tickets: Mapping[str, Ticket]) -> None:
-        """Continue from `state()` (`tickets`: the run's tickets by key)."""
-        self.guidance = parse_guidance(state["guidance"])
-        self.num_reflections = int(state["num_reflections"])
-        self.num_judged = int(state["num_judged"])
-        self.num_correct = int(state["num_correct"])
-        self.num_windows = int(state["num_windows"])
-        self.window = MetricsWindow(**state["window"])
-        self.window_batches = int(state["window_batches"])
-        self.window_start = time.perf_counter() - float(state["window_elapsed_s"])
-        self.queue = [
-            ReflectionRecord(
-                tickets[r["ticket"]], r["verdict"], r["num_pass"], r["num_fail"], tuple(r["reasons"])
-            )
-            for r in state["queue"]
-        ]
+        """Continue from `state()` (`tickets`: the run's tickets by key; checked by `read_state`)."""
+        saved = read_state(state, tickets)
+        self.guidance = saved.guidance
+        self.num_reflections = saved.num_reflections
+        self.num_judged = saved.num_judged
+        self.num_correct = saved.num_correct
+        self.num_windows = saved.num_windows
+        self.window = saved.window
+        self.window_batches = saved.window_batches
+        self.window_start = time.perf_counter() - saved.window_elapsed_s
+        self.queue = list(saved.queue)
 
     def finish(self, epoch: int, batch_index: int) -> None:
         if self.window_batches:
@@ -186,3 +185,83 @@ class Consumer:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class _SavedRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ticket: str
+    verdict: Literal["pass", "fail"] | None
+    num_pass: NonNegativeInt
+    num_fail: NonNegativeInt
+    reasons: list[str]
+
+
+class _Saved(BaseModel):
+    """`Consumer.state()` as `progress.json` holds it: a key missing or of another type is an error naming it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    guidance: dict[str, Any]
+    num_reflections: NonNegativeInt
+    num_judged: NonNegativeInt
+    num_correct: NonNegativeInt
+    num_windows: NonNegativeInt
+    window: dict[str, NonNegativeInt]  # `MetricsWindow`'s counters
+    window_batches: NonNegativeInt
+    window_elapsed_s: float
+    queue: list[_SavedRecord]
+
+
+@dataclass(frozen=True)
+class SavedState:
+    guidance: Guidance
+    num_reflections: int
+    num_judged: int
+    num_correct: int
+    num_windows: int
+    window: MetricsWindow
+    window_batches: int
+    window_elapsed_s: float
+    queue: tuple[ReflectionRecord, ...]
+
+
+def read_state(state: Mapping[str, Any], tickets: Mapping[str, Ticket]) -> SavedState:
+    """A saved `Consumer.state()`; `ValueError` naming the key that is missing, unknown or of another type (what
+    a resume read, or a `progress.json` of another stagectl or edited by hand, would otherwise end on with a
+    traceback)."""
+    try:
+        saved = _Saved.model_validate(state)
+    except ValidationError as exc:
+        raise ValueError(validation_problems(exc, prefix="consumer.")) from None
+    unknown = sorted(set(saved.window) - {f.name for f in fields(MetricsWindow)})
+    if unknown:
+        raise ValueError(f"consumer.window: unknown counter(s) {', '.join(unknown)}")
+    try:
+        guidance = parse_guidance(saved.guidance)
+    except ValueError as exc:
+        raise ValueError(f"consumer.guidance: {exc}") from None
+    queue = []
+    for i, record in enumerate(saved.queue):
+        if record.ticket not in tickets:
+            raise ValueError(f"consumer.queue.{i}.ticket: {record.ticket!r} is not a ticket of this run")
+        queue.append(
+            ReflectionRecord(
+                tickets[record.ticket],
+                record.verdict,
+                record.num_pass,
+                record.num_fail,
+                tuple(record.reasons),
+            )
+        )
+    return SavedState(
+        guidance=guidance,
+        num_reflections=saved.num_reflections,
+        num_judged=saved.num_judged,
+        num_correct=saved.num_correct,
+        num_windows=saved.num_windows,
+        window=MetricsWindow(**saved.window),
+        window_batches=saved.window_batches,
+        window_elapsed_s=saved.window_elapsed_s,
+        queue=tuple(queue),
+    )

@@ -34,6 +34,16 @@ def read_guidance_file(path: Path, mission: str | None = None) -> Guidance:
         raise ValueError(f"cannot read guidance {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    try:  # a \ud83d escape without its pair: valid JSON, but not text (the prompt's tokenizer refuses it mid-run)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{path}: a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text"
+        ) from None
     if mission is not None and _is_mission_keyed(data):
         if mission not in data:
             missions = ", ".join(map(str, data))

@@ -18,26 +18,36 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from stagectl.files import atomic_write_text
+from stagectl.stage_b.artifacts import ALL_FILES
 
 PROGRESS_FILE = "progress.json"
 Status = Literal["running", "stopped", "finished", "failed"]
 NUM_LISTED_BAD_LINES = 5
 
 
+Count = Annotated[int, Field(ge=0)]
+
+
 @dataclass
 class Progress:
+    # read back through `_READER` (`read_progress`): an unknown key or a value of another type is an error
+    # naming the key, not a traceback later in the resume
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
     tickets_digest: str  # `tickets_digest` of the run's tickets and shuffle seed: resume needs the same
-    epoch: int = 0  # epoch of the next global batch
-    epoch_offset: int = 0  # tickets of that epoch's order already judged
-    batch_index: int = 0  # index of the next global batch over the whole run
+    epoch: Count = 0  # epoch of the next global batch
+    epoch_offset: Count = 0  # tickets of that epoch's order already judged
+    batch_index: Count = 0  # index of the next global batch over the whole run
     status: Status = "running"
     stopped_by_signal: int | None = None
     consumer: dict[str, Any] = field(default_factory=dict)  # `Consumer.state()`; empty before batch 0
-    artifact_bytes: dict[str, int] = field(default_factory=dict)
-    num_bad_ticket_lines: int = 0
+    artifact_bytes: dict[str, Count] = field(default_factory=dict)  # a name of `ALL_FILES` -> its length
+    num_bad_ticket_lines: Count = 0
     bad_ticket_lines: list[str] = field(default_factory=list)  # the first NUM_LISTED_BAD_LINES
     error: str | None = None  # status `failed`: what ended the run
 
@@ -60,10 +70,28 @@ def read_progress(run_dir: Path) -> Progress | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return Progress(**data)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
-        raise ValueError(f"{path}: not a Stage-B progress file ({exc}); the run cannot be resumed") from None
+        progress = _READER.validate_python(json.loads(path.read_text(encoding="utf-8")))
+        unknown = sorted(set(progress.artifact_bytes) - set(ALL_FILES))
+        if unknown:  # `--resume` truncates each named file: only the run's own artifacts
+            raise ValueError(
+                f"artifact_bytes names {', '.join(map(repr, unknown))}, not an artifact of a run"
+            )
+    except (OSError, ValueError, RecursionError) as exc:  # json's errors and pydantic's `ValidationError`
+        why = validation_problems(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise ValueError(f"{path}: not a Stage-B progress file ({why}); the run cannot be resumed") from None
+    return progress
+
+
+_READER = TypeAdapter(Progress)
+
+
+def validation_problems(exc: ValidationError, prefix: str = "") -> str:
+    """`field: message` for each problem pydantic found (the first five), joined."""
+    problems = [
+        f"{prefix}{'.'.join(map(str, err['loc'])) or '<file>'}: {err['msg']}" for err in exc.errors()[:5]
+    ]
+    more = exc.error_count() - len(problems)
+    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
 
 
 def check_artifacts(run_dir: Path, lengths: dict[str, int]) -> None:

@@ -38,9 +38,9 @@ from stagectl.files import RESOLVED_CONFIG, write_resolved_config
 from stagectl.rundir.liveness import clear_running, mark_running
 from stagectl.rundir.resume import config_changes, read_yaml
 from stagectl.stage_b import progress as prog
-from stagectl.stage_b.consumer import Consumer
+from stagectl.stage_b.consumer import Consumer, SavedState, read_state
 from stagectl.stage_b.engine import Backend
-from stagectl.stage_b.guidance import Guidance, parse_guidance
+from stagectl.stage_b.guidance import Guidance
 from stagectl.stage_b.guidance_store import GuidanceStore, read_guidance_file
 from stagectl.stage_b.judge import judge_shard
 from stagectl.stage_b.progress import Progress
@@ -179,7 +179,9 @@ def _prepare(plan: StageBPlan) -> Prepared:
             progress = Progress(digest)
         else:
             progress = _resume_point(plan, digest)
-            guidance = parse_guidance(progress.consumer["guidance"]) if progress.consumer else existing
+            guidance = existing
+            if progress.consumer:  # checked here, before anything is written
+                guidance = _saved_state(plan.run_dir, progress, ticket_set.tickets).guidance
         progress.num_bad_ticket_lines = len(ticket_set.problems)
         progress.bad_ticket_lines = ticket_set.problems[: prog.NUM_LISTED_BAD_LINES]
     except (ValueError, OSError) as exc:
@@ -221,6 +223,16 @@ def _resume_point(plan: StageBPlan, digest: str) -> Progress:
         )
     prog.check_artifacts(run_dir, progress.artifact_bytes)
     return progress
+
+
+def _saved_state(run_dir: Path, progress: Progress, tickets: list[Ticket]) -> SavedState:
+    """The consumer's state in the run's `progress.json`; `ValueError` naming the file and the key."""
+    try:
+        return read_state(progress.consumer, {t.key: t for t in tickets})
+    except ValueError as exc:
+        raise ValueError(
+            f"{run_dir / prog.PROGRESS_FILE}: not a Stage-B progress file ({exc}); the run cannot be resumed"
+        ) from None
 
 
 def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:

@@ -119,7 +119,7 @@ def parse_ticket_lines(
             problems.append(f"{where}: not UTF-8 text (byte {byte} of the line)")
             continue
         try:
-            ticket = parse_ticket(json.loads(line, object_pairs_hook=_no_repeated_keys))
+            ticket = parse_ticket(_decode_line(line))
         except json.JSONDecodeError as exc:
             problems.append(f"{where}: not valid JSON ({exc.msg})")
             continue
@@ -138,6 +138,21 @@ def parse_ticket_lines(
         seen[ticket.key] = where
         tickets.append(ticket)
     return TicketSet(tickets, problems, other, both)
+
+
+def _decode_line(line: str) -> Any:
+    """One line's JSON; `ValueError` for JSON nested too deeply for the reader (a `RecursionError` otherwise
+    ends the run with a traceback) and for a string holding a lone surrogate escape (`\\ud83d` without its
+    pair: valid JSON, but not text; the prompt's tokenizer and the UTF-8 artifacts refuse it mid-run)."""
+    try:
+        data = json.loads(line, object_pairs_hook=_no_repeated_keys)
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text") from None
+    return data
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -255,6 +255,21 @@ def test_read_guidance_file_names_the_file(tmp_path: Path) -> None:
         read_guidance_file(tmp_path / "missing.json")
 
 
+def test_a_guidance_file_with_a_lone_surrogate_or_nested_too_deeply_is_an_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A rule holding `\\ud83d` alone loaded and ended the run at its first prompt (the model engine's tokenizer,
+    a TypeError traceback) or at the first save (`utf-8 codec can't encode`, naming no file); JSON nested too
+    deeply ended the start with a RecursionError traceback."""
+    bad = tmp_path / "g.json"
+    bad.write_text('{"step": 0, "updated_at": "t", "experiences": {"G0": "focus \\ud83d"}}')
+    with pytest.raises(ValueError, match=r"g\.json: a string holds a lone surrogate escape"):
+        read_guidance_file(bad)
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"g\.json: not valid JSON \(nested too deeply\)"):
+        read_guidance_file(bad)
+
+
 def test_a_relative_guidance_path_not_found_names_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

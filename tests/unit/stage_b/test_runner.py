@@ -128,6 +128,50 @@ def test_a_second_signal_abandons_the_batch_and_resume_removes_what_it_wrote(
     assert rows(plan.run_dir) == unstopped  # no row twice, none missing
 
 
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda p: p["consumer"].pop("queue"), "consumer.queue: Field required"),
+        (
+            lambda p: p["consumer"].update(num_judged=None),
+            "consumer.num_judged: Input should be a valid integer",
+        ),
+        (
+            lambda p: p["consumer"]["window"].update(num_seen=1),
+            "consumer.window: unknown counter(s) num_seen",
+        ),
+        (lambda p: p.update(epoch="one"), "epoch: Input should be a valid integer"),
+        (
+            lambda p: p["artifact_bytes"].update({"../outside.txt": 0}),
+            "artifact_bytes names '../outside.txt'",
+        ),
+    ],
+)
+def test_a_progress_file_that_is_not_one_is_an_error_naming_the_file_and_the_key(
+    tmp_path: Path, edit: Any, named: str
+) -> None:
+    """A `progress.json` of another stagectl, or edited by hand: a key missing or of another type ended the
+    resume with a KeyError / TypeError traceback (some only after the artifacts were cut back and config.yaml
+    rewritten), and a file named in `artifact_bytes` outside the run directory was truncated."""
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    run_all(plan, stop, engine=Interrupting(stop, at_batch=3))
+    path = plan.run_dir / "progress.json"
+    progress = json.loads(path.read_text())
+    edit(progress)
+    path.write_text(json.dumps(progress))
+    outside = plan.run_dir.parent / "outside.txt"
+    outside.write_text("kept\n")
+    before = {f: f.read_bytes() for f in plan.run_dir.rglob("*") if f.is_file()}
+
+    with pytest.raises(ValueError) as info:
+        run_all(plan)
+    assert str(info.value).startswith(f"{path}: not a Stage-B progress file (")
+    assert named in str(info.value)
+    assert {f: f.read_bytes() for f in plan.run_dir.rglob("*") if f.is_file()} == before  # nothing written
+    assert outside.read_text() == "kept\n"
+
+
 def test_resume_refuses_other_tickets(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
     stop = StopSignals()

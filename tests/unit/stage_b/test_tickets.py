@@ -168,6 +168,24 @@ def test_a_line_that_is_not_utf8_is_named_with_its_file_and_line(tmp_path: Path)
     assert [t.key for t in result.tickets] == ["g1::fail"]
 
 
+def test_a_lone_surrogate_or_json_nested_too_deeply_is_a_bad_line_named_with_its_file_and_line(
+    tmp_path: Path,
+) -> None:
+    """`"\\ud83d"` without its pair (half an emoji, cut by a UTF-16 writer) is valid JSON but not text: the
+    line loaded, and the model engine's tokenizer ended the run mid-batch with a TypeError traceback. A line
+    nested deeper than the JSON reader recurses ended the start with a RecursionError traceback."""
+    path = tmp_path / "t.jsonl"
+    half_emoji = json.dumps({**GOOD, "group_id": "g2", "per_image": {"image_1": "red \ud83d"}})
+    assert "\\ud83d" in half_emoji  # as the file holds it: an escape, the line itself is ASCII
+    path.write_text("\n".join([json.dumps(GOOD), half_emoji, "[" * 100_000 + "]" * 100_000]) + "\n")
+    with pytest.raises(ValueError) as info:
+        load_tickets([path], "m")
+    assert f"{path}:2: a string holds a lone surrogate escape" in str(info.value)
+    assert f"{path}:3: not valid JSON (nested too deeply)" in str(info.value)
+    result = load_tickets([path], "m", skip_bad=True)
+    assert [t.key for t in result.tickets] == ["g1::fail"] and len(result.problems) == 2
+
+
 def test_a_key_written_twice_is_a_bad_line_not_the_last_value(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     twice = json.dumps(GOOD)[:-1] + ', "label": "pass"}'
