@@ -70,10 +70,15 @@ def load_image(ref: str, roots: Sequence[Path]) -> Image.Image:
     if ref.startswith("data:"):
         return decode_data_url(ref)
     path = resolve_under_roots(ref, roots, what="image", roots_key="rollout_server.image_roots")
-    if not path.is_file():
-        raise PathRefused(f"image {ref!r}: no such file")
-    with path.open("rb") as handle:
-        return _decode(handle, f"image {ref!r}")
+    try:
+        if not path.is_file():
+            raise PathRefused(f"image {ref!r}: no such file")
+        with path.open("rb") as handle:
+            return _decode(handle, f"image {ref!r}")
+    except PathRefused:
+        raise
+    except OSError as exc:  # a name too long, no permission, an I/O error: a 500 and a traceback before
+        raise PathRefused(f"image {ref[:200]!r}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _decode(handle: BinaryIO, what: str) -> Image.Image:

@@ -66,6 +66,14 @@ def test_missing_file_and_non_image(tree: Path) -> None:
         load_image(str(tree / "root" / "text.png"), [tree / "root"])
 
 
+def test_an_image_the_system_cannot_open_is_refused_not_an_error(tree: Path) -> None:
+    """A file name longer than the file system takes (ENAMETOOLONG from the `is_file` check; a permission or
+    I/O error the same way) escaped as OSError: the call was a 500 with a traceback in the server's log."""
+    name = str(tree / "root" / ("a" * 5000 + ".png"))
+    with pytest.raises(PathRefused, match=r"cannot be read \(File name too long\)"):
+        load_image(name, [tree / "root"])
+
+
 def test_an_image_past_the_qwen_vl_aspect_ratio_is_refused_before_any_batch(tree: Path) -> None:
     """vLLM's processor refused a 2000x4 image inside its batched generate, failing every call in the batch
     (each answered 400 naming that image); the server now refuses that one request up front."""

@@ -4,6 +4,7 @@ of the call reaches a generate batch it would share with other callers."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -29,6 +30,45 @@ def test_unservable_sampling_values_are_refused_naming_the_field(config: dict, f
     with pytest.raises(ValidationError) as raised:
         InferBody.model_validate(json.loads(body))  # as FastAPI reads a body (Python's JSON reader)
     assert [".".join(map(str, e["loc"])) for e in raised.value.errors()] == [field]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        ({"messages": [{"role": "user", "content": "red \ud83d"}]}, "infer_requests.0.messages.0.content"),
+        (
+            {"messages": [{"role": "system", "content": "\udc80"}, {"role": "user", "content": "hi"}]},
+            "infer_requests.0.messages.0.content",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+            "infer_requests.0.messages.0.content.list[ContentItem].0.text",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "<image>"}], "images": ["a.png", "b\ud800.png"]},
+            "infer_requests.0.images",
+        ),
+    ],
+)
+def test_a_lone_surrogate_in_any_request_string_is_refused_naming_the_field(
+    request_: dict[str, Any], field: str
+) -> None:
+    """`\\ud83d` without its pair is valid JSON but not text. pydantic's `str` let it through (a field without a
+    length bound), and the hf engine's tokenizer then failed the call with a 500 and a traceback."""
+    body = json.dumps({"infer_requests": [request_]})  # the surrogate as the escape a client sends
+    assert "\\ud" in body
+    with pytest.raises(ValidationError) as raised:
+        InferBody.model_validate(json.loads(body))  # as FastAPI reads a body (Python's JSON reader)
+    errors = {".".join(map(str, e["loc"])): e["msg"] for e in raised.value.errors()}
+    assert "holds a lone surrogate escape" in errors[field]
+
+
+def test_a_surrogate_pair_is_one_character_and_served() -> None:
+    body = json.dumps({"infer_requests": [{"messages": [{"role": "user", "content": "red \U0001f600"}]}]})
+    assert "\\ud83d\\ude00" in body  # the pair, as an ASCII-only JSON writer sends it
+    assert (
+        InferBody.model_validate(json.loads(body)).infer_requests[0].messages[0].content == "red \U0001f600"
+    )
 
 
 def test_the_largest_seed_and_real_stop_strings_are_served_as_sent() -> None:
