@@ -10,8 +10,9 @@ Accepted shapes (one JSON object each, from `{"operations": [...]}` or a bare li
 An optional `"reason"` string is kept for the log. An operation is dropped (with its reason) when it is
 malformed, touches G0 or an S* rule, names a rule that does not exist, cites evidence that is not a
 ticket of the reflection batch, conflicts with an earlier operation of the same answer, or exceeds
-`max_operations`, or whose text carries a third-state marker (`verdict.THIRD_STATE_MARKERS`: a rule such
-as `需复核时通过。` would ask every later rollout for an answer the verdict parser rejects). A merge that
+`max_operations`, whose text or reason holds a lone surrogate escape (`\\ud83d` without its pair: a rule that
+could be neither saved nor prompted), or whose text carries a third-state marker
+(`verdict.THIRD_STATE_MARKERS`: a rule such as `需复核时通过。` would ask every later rollout for an answer the verdict parser rejects). A merge that
 names a rule that does not exist is dropped whole (upstream merges the rules that exist; a merged text
 written for rules that are gone is not trusted). An `add` whose text equals an existing rule merges into it (no new rule). A set that
 would remove every learnable rule is rejected as a whole: reflection may prune rules, never wipe them.
@@ -20,6 +21,7 @@ would remove every learnable rule is rejected as a whole: reflection may prune r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,6 +40,9 @@ from stagectl.stage_b.verdict import THIRD_STATE_MARKERS
 
 OpKind = Literal["add", "update", "delete", "merge"]
 MAX_RULE_CHARS = 500
+# what a `\ud83d` escape without its pair decodes to: such a rule could be neither saved (UTF-8) nor prompted
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_TEXT = "holds a lone surrogate escape (\\ud800-\\udfff): not text"
 _FIELDS: dict[str, frozenset[str]] = {
     "add": frozenset({"op", "text", "evidence", "reason"}),
     "update": frozenset({"op", "key", "text", "evidence", "reason"}),
@@ -146,6 +151,8 @@ def _check(
     reason = item.get("reason", "")
     if not isinstance(reason, str):
         return "reason must be a string"
+    if _SURROGATE.search(reason):
+        return f"reason {_NOT_TEXT}"
     evidence = _evidence(item.get("evidence"), allowed)
     if isinstance(evidence, str):
         return evidence
@@ -195,6 +202,8 @@ def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         return "!text must be a non-empty string"
     text = normalize_text(value)
+    if _SURROGATE.search(text):
+        return f"!text {_NOT_TEXT}"
     if len(text) > MAX_RULE_CHARS:
         return f"!text is longer than {MAX_RULE_CHARS} characters"
     folded = text.casefold()

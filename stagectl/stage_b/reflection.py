@@ -40,6 +40,8 @@ def decode_answer(text: str) -> tuple[Any, str | None]:
         return None, f"not JSON: {exc.msg} at character {exc.pos}"
     except RecursionError:
         return None, "not JSON: nested too deeply"
+    except ValueError as exc:  # an integer of more than 4300 digits (a model repeating a digit)
+        return None, f"not JSON: {exc}"
 
 
 def reflect(

@@ -89,6 +89,10 @@ def test_reflect_with_the_rules_engine_adds_a_rule_and_drops_the_unsafe_op() -> 
         ('Sure! {"operations": []}', False),
         ("", False),
         ("[" * 100000, False),
+        (
+            '{"operations": [' + "1" * 5000 + "]}",
+            False,
+        ),  # a model repeating a digit: a ValueError ended the run
     ],
 )
 def test_decode_answer_is_strict_json(text: str, ok: bool) -> None:

@@ -106,6 +106,17 @@ def test_merge_keeps_the_lowest_key() -> None:
         ({"op": "add", "text": "x"}, "evidence"),
         ({"op": "add", "text": "  ", "evidence": EVIDENCE}, "text"),
         ({"op": "add", "text": "x" * 501, "evidence": EVIDENCE}, "longer"),
+        # a `\ud83d` escape without its pair in the model's answer: the rule was accepted, and saving it (UTF-8)
+        # ended the run, again at every resume (the same seed gives the same answer)
+        ({"op": "add", "text": "red \ud83d means fail", "evidence": EVIDENCE}, "text holds a lone surrogate"),
+        (
+            {"op": "update", "key": "G1", "text": "\udc80", "evidence": EVIDENCE},
+            "text holds a lone surrogate",
+        ),
+        (
+            {"op": "add", "text": "x", "reason": "\ud800", "evidence": EVIDENCE},
+            "reason holds a lone surrogate",
+        ),
         ({"op": "add", "text": "x", "evidence": EVIDENCE, "key": "G4"}, "unknown field"),
         ({"op": "rename", "key": "G1", "evidence": EVIDENCE}, "op must be"),
         ({"op": "merge", "keys": ["G1"], "text": "x", "evidence": EVIDENCE}, "at least two"),
