@@ -20,8 +20,9 @@ def command(
         None,
         "--world-size",
         min=1,
-        help="World size the run will have (default: --nproc x launch.nnodes, else $WORLD_SIZE, else launch); "
-        "given with --nproc, it must be that same number.",
+        help="World size the run will have (default: as train-ab launches it, --nproc x launch.nnodes, else "
+        "launch.nproc_per_node x launch.nnodes; a $WORLD_SIZE in the environment is not read); given with "
+        "--nproc, it must be that same number.",
     ),
     resume: bool = typer.Option(
         False,
@@ -39,6 +40,7 @@ def command(
     """Check a config before a run: config, data, model, packed forward, rollout servers, resources.
     One line per check (OK / WARN / FAIL / SKIP, and the fix); exit 1 when any check fails."""
     from stagectl.cli.common import fail, world_of_nproc
+    from stagectl.config import launch_world_size
     from stagectl.doctor.report import exit_code, summary, to_json
     from stagectl.doctor.run import DoctorOptions, run_doctor
 
@@ -49,6 +51,9 @@ def command(
     if nproc is not None:  # as train-ab and validate-config read it
         sets.append(f"launch.nproc_per_node={nproc}")
         world_size = world_of_nproc(config, sets, nproc, world_size)
+    elif world_size is None:
+        # the world train-ab's launcher starts, never a $WORLD_SIZE left in the environment
+        world_size = launch_world_size(config, sets)
     if overwrite:  # as train-ab reads it
         sets.append("training.overwrite_output_dir=true")
     options = DoctorOptions(config=config, overrides=sets, world_size=world_size, push=push, resume=resume)

@@ -60,3 +60,23 @@ def test_nproc_on_several_nodes_is_that_many_ranks_per_node(
     monkeypatch.setenv("WORLD_SIZE", "1")  # --nproc describes the run, as validate-config reads it
     code, output = _doctor(str(path), "--nproc", "1", "--json")
     assert code == 1 and "the world size is 2" in output
+
+
+def test_a_stale_world_size_in_the_environment_is_not_the_run_doctor_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train-ab's launcher starts launch.nproc_per_node x launch.nnodes ranks whatever `$WORLD_SIZE` its
+    environment holds (one left from another job); doctor checked the config for that `$WORLD_SIZE`, so a
+    one-rank step-mode config that train-ab runs failed doctor's `config` check ("the world size is 2")."""
+    path = _step_mode_config(tmp_path, nnodes=1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    # a model that is not there fails fast after the config check (no weights loaded, no packed forward)
+    code, output = _doctor(str(path), "--set", f"model.name_or_path={tmp_path / 'no-model'}")
+    assert "OK    config:" in output and "is valid for world size 1" in output, output
+    assert "the world size is 2" not in output
+    assert code == 1 and "FAIL  model.load" in output  # the missing model, nothing about the world
+    # --world-size still names the world to check, as validate-config reads it
+    code, output = _doctor(
+        str(path), "--world-size", "2", "--set", f"model.name_or_path={tmp_path / 'no-model'}"
+    )
+    assert code == 1 and "the world size is 2" in output
