@@ -37,8 +37,9 @@ def validate_precision(cfg: StagectlConfig, world_size: int) -> list[Problem]:
                 f"model.torch_dtype: {dtype} is the storage dtype; train with training.mixed_precision: {short} "
                 "(float32 master weights and optimizer state, compute in "
                 f"{dtype}: what HF Trainer bf16=True, DeepSpeed and FSDP do). Training the {dtype} parameters "
-                "directly rounds most AdamW updates away at fine-tuning learning rates (94% of elements "
-                "unchanged per step at lr 1e-5); if that is what you want, set "
+                "directly rounds most AdamW updates away at fine-tuning learning rates (bfloat16 parameters of the "
+                "tiny Qwen2.5-VL at lr 1e-5: 10% of elements change per step, 71% with float32 masters; "
+                "docs/precision_and_sharding.md); if that is what you want, set "
                 "training.allow_low_precision_params: true",
             )
         ]
