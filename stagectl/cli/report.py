@@ -14,8 +14,8 @@ from stagectl.cli.common import fail
 def command(
     run_dirs: list[Path] = typer.Argument(
         ...,
-        help="A train-ab output_dir, a Stage-B mission dir, or a parent of Stage-B mission dirs; several "
-        "train-ab output_dirs (e.g. A-only and AB, a few seeds each) are compared.",
+        help="A train-ab output_dir, a stagectl eval output dir, a Stage-B mission dir, or a parent of Stage-B "
+        "mission dirs; several train-ab output_dirs (e.g. A-only and AB, a few seeds each) are compared.",
     ),
     out: Path = typer.Option(
         Path("comparison"),
