@@ -36,6 +36,21 @@ def inside_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get(LAUNCHED_ENV) == "1"
 
 
+# torchrun's per-rank variables: a rank reads its world from them (`stagectl.dist.read_world`)
+RANK_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def as_the_only_rank() -> None:
+    """The launcher runs a one-rank world in its own process: torchrun's rank variables left in its
+    environment by another job (an exported `WORLD_SIZE=2`) describe no world of this run, and the rank would
+    read them (a plan for 1 rank refused as "this run has 2", or a process-group rendezvous without a
+    `RANK`). They are removed; a rank torchrun started keeps its own."""
+    if inside_torchrun():
+        return
+    for name in RANK_ENV:
+        os.environ.pop(name, None)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free right now on `host` (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -66,7 +66,7 @@ def command(
     DIR/gallery/. A DIR that holds an earlier eval is refused unless --overwrite."""
     from stagectl.config import ConfigError, load_config
     from stagectl.config.plan_eval import eval_session
-    from stagectl.launch import inside_torchrun, relaunch_under_torchrun
+    from stagectl.launch import as_the_only_rank, inside_torchrun, relaunch_under_torchrun
     from stagectl.rundir.policy import EVAL_MARKERS, RunDirPolicy, apply_policy, files_summary
 
     sets = list(overrides)
@@ -112,6 +112,7 @@ def command(
         if code:
             raise typer.Exit(code)
         return
+    as_the_only_rank()  # one process (or a rank torchrun started): a stale $WORLD_SIZE is not its world
     try:
         _evaluate(session, out_dir, cfg.launch.watchdog)
     except KeyboardInterrupt:

@@ -84,7 +84,7 @@ def command(
     from stagectl.data.jsonl import load_jsonl_dataset
     from stagectl.doctor.resource_checks import disk_warning
     from stagectl.files import check_output_dir
-    from stagectl.launch import embedded_rollout_server, inside_torchrun
+    from stagectl.launch import as_the_only_rank, embedded_rollout_server, inside_torchrun
     from stagectl.memory.from_config import knobs_from_config
     from stagectl.models.capability import model_problem_on_disk
     from stagectl.placement import check_devices
@@ -206,6 +206,7 @@ def command(
             if code:
                 raise typer.Exit(code)
         else:
+            as_the_only_rank()  # a $WORLD_SIZE left in the environment is not this run's world
             _train(plan)
 
 

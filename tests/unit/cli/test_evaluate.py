@@ -158,3 +158,23 @@ def test_a_server_url_no_request_can_reach_is_refused_before_any_model_or_data_w
     assert result.exit_code == 1, result.output
     assert f"error: --server: {url!r} {why}" in result.output
     assert not out.exists()
+
+
+def test_one_process_is_the_only_rank_whatever_world_size_its_environment_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eval on one process read its world from a `$WORLD_SIZE` left in the environment by another job and
+    failed in torch.distributed's rendezvous ("environment variable RANK expected, but not set")."""
+    import stagectl.cli.evaluate
+    from stagectl import dist
+
+    seen: list[dist.World] = []
+    monkeypatch.setattr(stagectl.cli.evaluate, "_evaluate", lambda *_: seen.append(dist.read_world()))
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = CliRunner().invoke(
+        app, ["eval", str(LEARN_SHAPES), "--out", str(tmp_path / "out"), "--gallery", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen == [dist.World(rank=0, local_rank=0, world_size=1)]

@@ -261,3 +261,30 @@ def test_nproc_on_several_nodes_is_validated_for_the_ranks_the_plan_has(
     assert started.exit_code == 0, started.output
     (plan,) = launched
     assert plan.resolved.world_size == 4 and plan.resolved.gradient_accumulation_steps == 1
+
+
+def test_a_one_rank_run_is_one_rank_whatever_world_size_its_environment_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher plans a one-rank config for one rank and trains it in its own process; that process read
+    its world from a `$WORLD_SIZE` / `$RANK` left in the environment by another job, so the run failed at
+    start ("the plan was resolved for 1 learner rank(s) but this run has 2"). The rank is the only one."""
+    import stagectl.cli.train_ab
+    from stagectl import dist
+
+    seen: list[dist.World] = []
+
+    def train(plan: Any) -> None:
+        assert plan.resolved.world_size == 1
+        seen.append(dist.read_world())
+
+    monkeypatch.setattr(stagectl.cli.train_ab, "_train", train)
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train-ab", str(TINY), "--set", f"training.output_dir={out}"])
+    assert result.exit_code == 0, result.output
+    assert seen == [dist.World(rank=0, local_rank=0, world_size=1)]
