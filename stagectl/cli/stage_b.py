@@ -82,10 +82,10 @@ def command(
         _rank_from_plan(plan_file, config)
         return
     restart = (config, bool(overrides) or gpus is not None or nproc is not None)
-    from stagectl.config import ConfigError, effective_world_size, load_config
+    from stagectl.config import ConfigError, effective_world_size, launch_world_size, load_config
     from stagectl.config.plan_stage_b import stage_b_plan
     from stagectl.files import check_output_dir
-    from stagectl.launch import inside_torchrun
+    from stagectl.launch import as_the_only_rank, inside_torchrun
     from stagectl.models.capability import template_problem_on_disk
     from stagectl.rundir.liveness import still_running
     from stagectl.rundir.policy import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
@@ -104,8 +104,11 @@ def command(
     sets = list(overrides)
     if num_procs is not None:
         sets.append(f"launch.nproc_per_node={num_procs}")
+    # the processes the launcher starts: --nproc / --gpus, else launch.nproc_per_node, never a $WORLD_SIZE left
+    # in its environment (a torchrun started by hand: its own)
+    world_size = None if inside_torchrun() else launch_world_size(config, sets)
     try:
-        cfg = load_config(config, sets, world_size=None if inside_torchrun() else num_procs)
+        cfg = load_config(config, sets, world_size=world_size)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
@@ -157,8 +160,9 @@ def command(
             raise typer.Exit(0)
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # before anything initialises CUDA
-    if effective_world_size(cfg) > 1 and not inside_torchrun():
+    if effective_world_size(cfg, world_size) > 1 and not inside_torchrun():
         raise typer.Exit(_relaunch(plan, cfg.launch, restart))
+    as_the_only_rank()  # one process: a stale $WORLD_SIZE / $RANK is not its world
     _run(plan, restart)
 
 

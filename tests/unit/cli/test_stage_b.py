@@ -183,6 +183,39 @@ def test_one_process_runs_the_plan_it_resolved_in_process(
     assert ran == [stage_b_plan(load_config(TINY, sets))]
 
 
+def test_the_processes_are_the_configs_whatever_world_size_the_environment_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher read `$WORLD_SIZE` from its own environment (left there by another job): `WORLD_SIZE=1` ran
+    a `launch.nproc_per_node: 2` config as one process, and `WORLD_SIZE=2` started torchrun for a one-process
+    run. It starts what the config (or --nproc / --gpus) says, as train-ab does, and the one process it runs
+    itself reads a world of one."""
+    import stagectl.launch
+    import stagectl.stage_b.runner
+    from stagectl import dist
+
+    started: list[str] = []
+
+    def torchrun(args: list[str], launch: Any, on_signal: Any = None) -> int:
+        started.append(f"torchrun x{launch.nproc_per_node}")
+        return 0
+
+    def run_all(plan: StageBPlan, stop: Any = None) -> None:
+        started.append(f"in process, world {dist.read_world().world_size}")
+
+    monkeypatch.setattr(stagectl.launch, "relaunch_under_torchrun", torchrun)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", run_all)
+    for name in ("STAGECTL_LAUNCHED", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for env, nproc, expected in [("1", 2, "torchrun x2"), ("2", 1, "in process, world 1")]:
+        monkeypatch.setenv("WORLD_SIZE", env)
+        started.clear()
+        sets = [*_sets(tmp_path / f"out{env}"), f"launch.nproc_per_node={nproc}"]
+        result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(sets)])
+        assert result.exit_code == 0, result.output
+        assert started == [expected], (env, nproc)
+
+
 def _stopped_progress(run_dir: Path, signum: int) -> None:
     from stagectl.stage_b.progress import Progress, write_progress
 
