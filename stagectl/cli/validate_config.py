@@ -41,8 +41,9 @@ def command(
         None,
         "--world-size",
         min=1,
-        help="World size to validate against (default: --nproc x launch.nnodes, else $WORLD_SIZE, else "
-        "launch); given with --nproc, it must be that same number.",
+        help="World size to validate against (default: as train-ab launches it, --nproc x launch.nnodes, else "
+        "launch.nproc_per_node x launch.nnodes; a $WORLD_SIZE in the environment is not read); given with "
+        "--nproc, it must be that same number.",
     ),
     overrides: list[str] = typer.Option(
         [], "--set", help="Override a key: --set training.learning_rate=1e-5"
@@ -58,7 +59,7 @@ def command(
     ),
 ) -> None:
     """Validate a config; print the resolved config (exit 0) or every problem (exit 1)."""
-    from stagectl.config import ConfigError, effective_world_size, load_config, to_plain
+    from stagectl.config import ConfigError, effective_world_size, launch_world_size, load_config, to_plain
     from stagectl.config import StagectlConfig as ConfigModel
     from stagectl.config.root import is_train_ab
 
@@ -74,6 +75,9 @@ def command(
     if nproc is not None:  # as train-ab and stage-b read it
         sets.append(f"launch.nproc_per_node={nproc}")
         world_size = world_of_nproc(config, sets, nproc, world_size)
+    elif world_size is None:
+        # the world train-ab's launcher starts, never a $WORLD_SIZE left in the environment
+        world_size = launch_world_size(config, sets)
     try:
         # as eval loads it: its ranks only shard images, so the training-world rules do not apply
         cfg = load_config(config, sets, world_size=world_size, trains=for_command != "eval")

@@ -78,6 +78,19 @@ def test_nproc_reads_as_train_abs() -> None:
     assert json.loads(output)["launch"]["nproc_per_node"] == 3
 
 
+def test_a_stale_world_size_in_the_environment_is_not_the_world_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """train-ab's launcher starts launch.nproc_per_node x launch.nnodes ranks whatever `$WORLD_SIZE` its
+    environment holds (one left from another job); validate-config checked the config for that `$WORLD_SIZE`,
+    so the one-rank step-mode example that train-ab runs was refused ("the world size is 2")."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, output = validate(str(EXAMPLES / "train_ab.yaml"))
+    assert code == 0, output
+    code, output = validate(str(EXAMPLES / "train_ab.yaml"), "--world-size", "2")  # still names the world
+    assert code == 1 and "but the world size is 2" in output
+
+
 def test_eval_is_checked_as_eval_loads_its_config() -> None:
     code, output = validate(str(EXAMPLES / "learn_shapes.yaml"), "--nproc", "2")
     assert code == 1 and "but the world size is 2" in output  # train-ab's rule for 2 learner ranks

@@ -57,7 +57,7 @@ def test_nproc_on_several_nodes_is_that_many_ranks_per_node(
     path = _step_mode_config(tmp_path, nnodes=2)
     code, output = _doctor(str(path), "--nproc", "1", "--world-size", "1")
     assert code == 2 and "--nproc 1 on 2 nodes (launch.nnodes) is world size 2; give one of them" in output
-    monkeypatch.setenv("WORLD_SIZE", "1")  # --nproc describes the run, as validate-config reads it
+    monkeypatch.setenv("WORLD_SIZE", "1")  # --nproc describes the run, not a $WORLD_SIZE
     code, output = _doctor(str(path), "--nproc", "1", "--json")
     assert code == 1 and "the world size is 2" in output
 
@@ -75,7 +75,7 @@ def test_a_stale_world_size_in_the_environment_is_not_the_run_doctor_checks(
     assert "OK    config:" in output and "is valid for world size 1" in output, output
     assert "the world size is 2" not in output
     assert code == 1 and "FAIL  model.load" in output  # the missing model, nothing about the world
-    # --world-size still names the world to check, as validate-config reads it
+    # --world-size still names the world to check
     code, output = _doctor(
         str(path), "--world-size", "2", "--set", f"model.name_or_path={tmp_path / 'no-model'}"
     )
