@@ -7,6 +7,7 @@ alone; this says how far that holds on the machine. Run: `python -m bench.cross_
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -48,9 +49,12 @@ def train_forever() -> None:
         model(input_ids=ids, labels=ids).loss.backward()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.cross_core", description=__doc__)
+    parser.add_argument("--train", action="store_true", help=argparse.SUPPRESS)  # the load it starts itself
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if sys.argv[1:] == ["--train"]:
+    if args.train:
         train_forever()
     for label in ("alone", "beside training", "alone", "beside training"):
         trainer = None
