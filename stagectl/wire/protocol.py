@@ -137,6 +137,11 @@ class InferRequest(_SwiftRequest):
 
 
 MAX_SEED = 2**64 - 1  # request i samples with seed + i: torch's generators take seeds below 2**64
+# The hf engine builds transformers' stop-string matcher for every call, in time proportional to the stop strings'
+# total length over the vocabulary (about 0.4 ms a character on a CPU with Qwen's): one 1 MB stop string held the
+# engine, and so every other caller, for over five minutes. At most 16 x 256 characters: about 2 s.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 class RequestConfig(_SwiftRequest):
@@ -156,9 +161,12 @@ class RequestConfig(_SwiftRequest):
     """Base seed: request i of the call samples with seed + i, which must stay below 2**64 (what torch's
     generators take: a larger seed failed the whole generate batch it was in, other callers' requests
     included)."""
-    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    stop: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_STOP_STRINGS
+    )
     """Stop strings; the text is cut before the first one, token ids end with the token completing it. An
-    empty string is refused (it would end every generation after one token)."""
+    empty string is refused (it would end every generation after one token), and so are more than
+    `MAX_STOP_STRINGS` or one longer than `MAX_STOP_CHARS` characters (see there)."""
     return_details: bool = False
     """Return `prompt_token_ids` and `choices[0].token_ids` (the learner always asks for them)."""
     logprobs: bool = False

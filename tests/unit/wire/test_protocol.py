@@ -20,6 +20,10 @@ ONE_REQUEST = [{"messages": [{"role": "user", "content": "hi"}]}]
         ({"seed": 2**70}, "request_config.seed"),  # torch's generator raised inside the shared batch
         ({"seed": MAX_SEED + 1}, "request_config.seed"),
         ({"stop": ["</s>", ""]}, "request_config.stop.1"),  # "" ended every generation after one token
+        # the hf engine builds its stop-string matcher per call in time ~ their total length: one 1 MB stop
+        # string (or 100,000 short ones) held the engine, and every other caller, for minutes
+        ({"stop": [f"s{i}" for i in range(17)]}, "request_config.stop"),  # at most 16
+        ({"stop": ["</s>", "x" * 257]}, "request_config.stop.1"),  # at most 256 characters
         ({"temperature": float("inf")}, "request_config.temperature"),
         ({"repetition_penalty": float("inf")}, "request_config.repetition_penalty"),
         ({"top_p": float("nan")}, "request_config.top_p"),
@@ -74,6 +78,8 @@ def test_a_surrogate_pair_is_one_character_and_served() -> None:
 def test_the_largest_seed_and_real_stop_strings_are_served_as_sent() -> None:
     config = RequestConfig.model_validate({"seed": MAX_SEED, "stop": ["</s>", "\n\n"], "temperature": 0})
     assert config.seed == MAX_SEED and config.sampling().stop == ("</s>", "\n\n")
+    most = ["x" * 256] * 16  # MAX_STOP_CHARS, MAX_STOP_STRINGS
+    assert RequestConfig.model_validate({"stop": most}).sampling().stop == tuple(most)
 
 
 def test_seeds_up_to_the_generators_limit_are_served_and_the_last_request_must_fit() -> None:
