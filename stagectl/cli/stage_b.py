@@ -254,7 +254,7 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None, rerun: tuple[Path,
     import signal
 
     from stagectl.dist import CollectiveError
-    from stagectl.stage_b.runner import run_all
+    from stagectl.stage_b.runner import StartUpError, run_all
     from stagectl.stopping import StopSignals
     from stagectl.wire.errors import RolloutServerError
 
@@ -270,12 +270,15 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None, rerun: tuple[Path,
     except CollectiveError as exc:
         fail(str(exc))
     except RolloutServerError as exc:  # runner.engine: server and no server left to answer
-        if rank != "0":
-            raise typer.Exit(1) from None  # rank 0 reports it
+        if rank != "0":  # its own chunk's: rank 0 ends on the gather this rank leaves, not on this error
+            typer.echo(f"error: rank {rank}: {exc}", err=True)
+            raise typer.Exit(1) from None
         fail(server_lost_line(exc, plan.run_dir, restart or rerun))
     except (ValueError, FileNotFoundError) as exc:  # a bad config, model path, ticket or guidance file
         if rank != "0":
-            raise typer.Exit(1) from None  # rank 0 reports the same error
+            if not isinstance(exc, StartUpError):  # e.g. a ticket of this rank's shard: only this rank has it
+                typer.echo(f"error: rank {rank}: {exc}", err=True)
+            raise typer.Exit(1) from None  # rank 0 reports a start-up error, the same on every rank
         fail(str(exc))
     if summary is None:  # a non-zero rank
         if stop.signum is not None:

@@ -105,9 +105,9 @@ class FakeEngine:
         return self._version
 
     def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        for request in requests:
+        for i, request in enumerate(requests):
             check_context(
-                len(_render(request).encode("utf-8")), request.params.max_new_tokens, self.max_model_len
+                len(_render(request).encode("utf-8")), request.params.max_new_tokens, self.max_model_len, i
             )
         return self._worker.run(requests)
 

@@ -95,8 +95,8 @@ class HFEngine:
             )
             for r in requests
         ]
-        for job in jobs:
-            check_context(len(job.prompt.input_ids), job.request.params.max_new_tokens, self.max_model_len)
+        for i, job in enumerate(jobs):
+            check_context(len(job.prompt.input_ids), job.request.params.max_new_tokens, self.max_model_len, i)
         return self._worker.run(jobs)
 
     def _run_batch(self, jobs: list[_Job]) -> list[EngineResult]:

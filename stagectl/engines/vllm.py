@@ -183,9 +183,9 @@ class VllmEngine:
         return self._version
 
     def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        return self._worker.run([self._encode(r) for r in requests])
+        return self._worker.run([self._encode(r, i) for i, r in enumerate(requests)])
 
-    def _encode(self, request: EngineRequest) -> _Job:
+    def _encode(self, request: EngineRequest, index: int) -> _Job:
         """Template ids of one request; `ValueError` for inputs this model cannot take (the server's 400)."""
         if request.images and not self.vision_language:
             raise ValueError(f"the model is text-only and cannot take images ({len(request.images)} given)")
@@ -199,7 +199,7 @@ class VllmEngine:
                     f"the chat template produced {num_placeholders} image placeholders "
                     f"for {len(request.images)} images"
                 )
-        check_context(len(ids), request.params.max_new_tokens, self.max_model_len)
+        check_context(len(ids), request.params.max_new_tokens, self.max_model_len, index)
         return _Job(request, ids, self._checked_sampling_params(request))
 
     def _checked_sampling_params(self, request: EngineRequest) -> Any:

@@ -98,8 +98,10 @@ class RolloutService:
         try:
             with self.sync.gate.admit(body.weight_version):  # one version for the whole call
                 results = self.engine.generate(requests)
-        except TooManyTokens:  # a prompt + max_tokens beyond the context: its own message names both
-            raise
+        except TooManyTokens as exc:  # a prompt + max_tokens beyond the context: its own message names both
+            if exc.index is None:
+                raise
+            raise TooManyTokens(f"infer_requests[{exc.index}]: {exc}", exc.index) from None
         except ValueError as exc:  # raised while encoding this call's inputs (e.g. an extreme aspect ratio)
             raise BadRequest(f"cannot encode the request: {exc}") from None
         with self._count_lock:

@@ -17,6 +17,7 @@ from stagectl.dist import World
 from stagectl.engines.interface import Engine, EngineRequest
 from stagectl.stage_b.engine import JudgeRequest, ReflectRequest, rank_device
 from stagectl.stage_b.prompts import Message
+from stagectl.wire.guards import TooManyTokens
 
 
 class ModelBackend:
@@ -24,10 +25,26 @@ class ModelBackend:
         self.engine = engine
 
     def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
-        return self._generate([r.messages for r in requests], spec, seed)
+        try:
+            return self._generate([r.messages for r in requests], spec, seed)
+        except TooManyTokens as exc:  # one ticket's prompt: name it, as a bad ticket line is named
+            if exc.index is None:
+                raise
+            raise ValueError(
+                f"ticket {requests[exc.index].ticket.key}: its rollout prompt (the guidance and its summaries) "
+                f"does not fit the model: {exc}. Shorten its summaries (or lower the sampler's max_new_tokens), "
+                "then continue with --resume"
+            ) from None
 
     def reflect(self, request: ReflectRequest, spec: SamplingSpec, seed: int) -> str:
-        return self._generate([request.messages], spec, seed)[0]
+        try:
+            return self._generate([request.messages], spec, seed)[0]
+        except TooManyTokens as exc:
+            keys = ", ".join(r.ticket.key for r in request.records)
+            raise ValueError(
+                f"the reflection prompt over tickets {keys} does not fit the model: {exc}. Lower "
+                "reflection.batch_size or reflection.max_new_tokens, then continue with --resume"
+            ) from None
 
     def close(self) -> None:
         """Ends the engine's batching thread (after the generate it is running)."""

@@ -56,6 +56,12 @@ MAX_REPORTED_LINES = 20
 T = TypeVar("T")
 
 
+class StartUpError(ValueError):
+    """An error of the start-up that every rank raises alike (rank 0's broadcast tickets or guidance error, the
+    model or servers every rank loads): rank 0 reports it. Any other error a rank ends on is its own (a ticket
+    of its shard, its server chunk) and that rank reports it."""
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What rank 0 broadcasts before the loop: the tickets and the starting guidance, or an error."""
@@ -101,9 +107,12 @@ def run_all(
         with dist.phase("start-up: tickets, guidance and model load", "startup_s"):
             prepared = from_main(_prepare(plan) if world.is_main else None)
             if prepared.error is not None:
-                raise ValueError(prepared.error)
+                raise StartUpError(prepared.error)
             if engine is None:
-                engine = own = build_backend(plan, world)
+                try:
+                    engine = own = build_backend(plan, world)
+                except (ValueError, FileNotFoundError) as exc:  # the same model or servers on every rank
+                    raise StartUpError(str(exc)) from None
             dist.barrier()  # every rank holds its engine: only now does the run directory get written
         if world.is_main:
             _start_run_dir(plan, prepared)

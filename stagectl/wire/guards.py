@@ -20,7 +20,12 @@ class TooManyRequests(ValueError):
 
 
 class TooManyTokens(ValueError):
-    """`max_tokens` above the server's cap, or prompt + `max_tokens` beyond the engine's context (HTTP 400)."""
+    """`max_tokens` above the server's cap, or prompt + `max_tokens` beyond the engine's context (HTTP 400).
+    `index`: the request of the engine call whose prompt does not fit (None: the call as a whole)."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class Unauthorized(ValueError):
@@ -142,11 +147,15 @@ def check_call(num_requests: int, max_tokens: int, limits: CallLimits, max_model
         )
 
 
-def check_context(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+def check_context(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, index: int | None = None
+) -> None:
     """`TooManyTokens` unless prompt + `max_tokens` fits the engine's context (called once the prompt is
-    encoded, so the count is the engine's own)."""
+    encoded, so the count is the engine's own). `index`: the request's place in the engine call, carried by
+    the error so that its caller can name the request (`infer_requests[i]`, a Stage-B ticket)."""
     if num_prompt_tokens + max_tokens > max_model_len:
         raise TooManyTokens(
             f"a prompt of {num_prompt_tokens} tokens + request_config.max_tokens {max_tokens} = "
-            f"{num_prompt_tokens + max_tokens} exceeds the engine's max_model_len of {max_model_len} tokens"
+            f"{num_prompt_tokens + max_tokens} exceeds the engine's max_model_len of {max_model_len} tokens",
+            index,
         )

@@ -309,6 +309,32 @@ def test_a_run_whose_rollout_server_is_gone_says_what_is_saved_and_how_to_contin
     assert "Traceback" not in result.output
 
 
+@pytest.mark.usefixtures("rank")
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_rank_other_than_0_reports_an_error_of_its_own_shard_and_not_a_shared_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """An error of rank 1's own shard (its ticket too long for the model, its server chunk refused) was never
+    printed: rank 1 exited 1 silently as if rank 0 reported the same error, and rank 0 ended on a gloo
+    `Connection closed by peer ... Check the logs of the remote worker`. A start-up error every rank raises
+    alike is still reported by rank 0 only."""
+    import stagectl.stage_b.runner
+
+    error = stagectl.stage_b.runner.StartUpError if shared else ValueError
+
+    def run_all(plan: StageBPlan, stop: Any = None) -> NoReturn:
+        raise error("ticket g6::fail: its rollout prompt does not fit the model")
+
+    plan = stage_b_plan(load_config(TINY, [*_sets(tmp_path / "out"), "launch.nproc_per_node=2"]))
+    path = write_stage_b_plan(tmp_path / "plan.json", plan)
+    monkeypatch.setattr(stagectl.stage_b.runner, "run_all", run_all)
+    monkeypatch.setenv("RANK", "1")
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), "--plan", str(path)])
+    assert result.exit_code == 1
+    expected = "" if shared else "error: rank 1: ticket g6::fail: its rollout prompt does not fit the model\n"
+    assert result.output == expected
+
+
 def test_a_second_stage_b_in_a_live_runs_directory_is_refused(tmp_path: Path) -> None:
     """A job started twice: the first run's rank 0 is alive (`running.json`), so `--resume` is refused, not
     run next to it over the same artifacts."""

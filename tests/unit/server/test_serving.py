@@ -245,3 +245,17 @@ def test_image_roots_and_weight_dirs_that_are_not_directories_are_named_at_start
         f"rollout-server: warning: --weights-dir '{tmp_path / 'weights'}' is not a directory: requests naming "
         "files under it will be refused",
     ]
+
+
+def test_a_prompt_beyond_the_context_names_its_request() -> None:
+    """The 400 of a prompt + max_tokens beyond the engine's context named the lengths, not which request of
+    the call it was."""
+    service = RolloutService(FakeEngine(batch_wait_ms=0, max_model_len=64), ServerSettings())
+    try:
+        short = InferRequest(messages=[Message(role="user", content="hi")])
+        long = InferRequest(messages=[Message(role="user", content="x" * 100)])
+        body = InferBody(infer_requests=[short, long], request_config=RequestConfig(max_tokens=8))
+        with pytest.raises(TooManyTokens, match=r"^infer_requests\[1\]: a prompt of \d+ tokens \+ "):
+            service.infer(body)
+    finally:
+        service.close()

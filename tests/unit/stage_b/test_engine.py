@@ -133,3 +133,32 @@ def test_stage_a_review_markers_do_not_reach_the_prompts() -> None:
     assert json.loads(reflection.splitlines()[-1])["summaries"]["image_1"] == "备注: 螺丝缺失"
     for text in (rollout, reflection):
         assert not [m for m in THIRD_STATE_MARKERS if m in text.casefold()]
+
+
+def test_a_ticket_whose_prompt_does_not_fit_the_model_is_named() -> None:
+    """The model engine's context check named a prompt's length, not its ticket: a run ended mid-way on
+    `a prompt of 6210 tokens ... exceeds the engine's max_model_len`, and nothing said which ticket to shorten."""
+    from stagectl.engines.fake import FakeEngine
+    from stagectl.stage_b.engine import ReflectRequest
+    from stagectl.stage_b.engine_model import ModelBackend
+
+    long_one = Ticket("m", "g9", "pass", (("image_1", "red circle " * 300),))
+    tickets = [RED, long_one, BLUE]
+    requests = [JudgeRequest(t, G, rollout_messages(G, t, "m"), 0) for t in tickets]
+    backend = ModelBackend(FakeEngine(batch_wait_ms=0, max_model_len=2000))  # prompt bytes count as tokens
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"^ticket g9::pass: its rollout prompt .* does not fit the model: a "
+            r"prompt of \d+ tokens .* Shorten its summaries",
+        ):
+            backend.judge(requests, SPEC, seed=0)
+        assert len(backend.judge([requests[0], requests[2]], SPEC, seed=0)) == 2
+        records = [ReflectionRecord(t, "fail", 0, 1, ("why",)) for t in tickets]
+        request = ReflectRequest(G, records, reflection_messages(G, records, "m", 3))
+        with pytest.raises(
+            ValueError, match=r"^the reflection prompt over tickets g1::fail, g9::pass, g2::pass "
+        ):
+            backend.reflect(request, SPEC, seed=0)
+    finally:
+        backend.close()
