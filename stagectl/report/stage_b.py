@@ -193,9 +193,12 @@ def progress_notes(progress: dict[str, Any] | None, mission_dir: str) -> list[st
             notes.append(f"the run did not finish {where}: {proc.describe()}; `--resume` continues it.")
         else:
             notes.append(f"no end recorded yet ({where}): {proc.describe()}.")
-    num_bad = int(progress.get("num_bad_ticket_lines") or 0)
-    if num_bad:
-        first = "; ".join(str(line) for line in progress.get("bad_ticket_lines") or [])
+    num_bad = progress.get("num_bad_ticket_lines")
+    if (
+        isinstance(num_bad, int) and num_bad > 0
+    ):  # a hand-edited file's "many" was a ValueError ending the report
+        lines = progress.get("bad_ticket_lines")
+        first = "; ".join(str(line) for line in lines) if isinstance(lines, list) else ""
         notes.append(
             f"{num_bad} bad ticket line(s) skipped (`runner.bad_ticket_lines: skip`): the numbers cover the "
             f"other tickets only. First: {first}"

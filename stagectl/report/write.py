@@ -220,7 +220,7 @@ def write_stage_b_report(mission_dir: Path) -> Written:
     guidance, guidance_notes = _read_json(mission_dir / "guidance.json")
     notes += guidance_notes
     progress, progress_read = _read_json(mission_dir / "progress.json")  # stage_b.progress's file
-    notes += progress_read + progress_notes(progress, str(mission_dir))
+    notes += progress_read or progress_notes(progress, str(mission_dir))  # unreadable: that note, not "none"
     for name, what in (
         ("need_review_queue.jsonl", "tickets queued for manual review"),
         ("failure_malformed.jsonl", "malformed candidates logged"),
@@ -346,4 +346,8 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
         loaded = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         return None, [f"`{path.name}` is not valid JSON ({exc.msg}, line {exc.lineno})."]
-    return (loaded if isinstance(loaded, dict) else None), []
+    except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, unreadable, nested too deeply
+        return None, [f"`{path.name}` cannot be read ({str(exc) or type(exc).__name__})."]
+    if not isinstance(loaded, dict):
+        return None, [f"`{path.name}` is not a JSON object (it holds a {type(loaded).__name__})."]
+    return loaded, []

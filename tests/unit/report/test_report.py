@@ -443,6 +443,29 @@ def test_stage_b_progress_notes_say_a_run_did_not_finish_and_what_it_skipped() -
     assert "unknown" in progress_notes(None, "RUN")[0]
 
 
+@pytest.mark.parametrize(
+    ("progress", "note"),
+    [
+        ("[1, 2]", "`progress.json` is not a JSON object (it holds a list)."),
+        ('{"status": "finished", "num_bad_ticket_lines": "many"}', None),
+    ],
+)
+def test_a_stage_b_progress_file_that_is_not_one_is_noted_not_fatal(
+    tmp_path: Path, progress: str, note: str | None
+) -> None:
+    """A progress.json holding a list was reported as `no progress.json` (a run of an older stagectl); one whose
+    `num_bad_ticket_lines` was not a number ended `stagectl report` with `invalid literal for int()`."""
+    from stagectl.report.write import write_stage_b_report
+    from tests.helpers import write_report_dirs
+
+    _, _, mission = write_report_dirs(tmp_path)
+    (mission / "progress.json").write_text(progress)
+    written = write_stage_b_report(mission)
+    assert not any("no `progress.json`" in line for line in written.notes)
+    if note is not None:
+        assert note in written.notes
+
+
 def test_stage_b_progress_notes_tell_a_killed_run_from_a_running_one(tmp_path: Path) -> None:
     import json
     import os
