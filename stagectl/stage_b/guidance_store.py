@@ -92,16 +92,25 @@ class GuidanceStore:
         self._prune()
         return snapshot
 
-    def restore(self, guidance: Guidance) -> None:
+    def restore(self, guidance: Guidance) -> Path | None:
         """A resume: `guidance` (the one at the run's last batch boundary) becomes `guidance.json` again, and
-        the snapshots of later steps (made in a batch that was cut off) go; its own snapshot stays."""
-        for snapshot in self.snapshots():
-            if int(snapshot.stem.rsplit("-step", 1)[1]) > guidance.step:
-                snapshot.unlink()
+        the snapshots of later steps (made in a batch that was cut off) go; its own snapshot stays. A
+        `guidance.json` that is neither `guidance` nor what the cut-off batch saved (a hand edit after the run
+        stopped) is kept as `guidance.edited-<time>.json` first, whose path is returned (None: nothing kept)."""
+        later = [s for s in self.snapshots() if int(s.stem.rsplit("-step", 1)[1]) > guidance.step]
         current = self.load()
-        if current is None or current.to_json() != guidance.to_json():
+        changed = current is None or current.to_json() != guidance.to_json()
+        kept = None
+        if current is not None and changed and current.to_json() not in [_saved(s) for s in later]:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            kept = self.directory / f"guidance.edited-{stamp}.json"
+            atomic_write_text(kept, self.path.read_text(encoding="utf-8"))
+        for snapshot in later:
+            snapshot.unlink()
+        if changed:
             text = json.dumps(guidance.to_json(), ensure_ascii=False, indent=2) + "\n"
             atomic_write_text(self.path, text)
+        return kept
 
     def snapshots(self) -> list[Path]:
         """Oldest first (the names start with the UTC time)."""
@@ -112,3 +121,11 @@ class GuidanceStore:
     def _prune(self) -> None:
         for old in self.snapshots()[: -self.retention]:
             old.unlink(missing_ok=True)
+
+
+def _saved(snapshot: Path) -> dict[str, object] | None:
+    """A snapshot's guidance as JSON data (None when it cannot be read: it then matches nothing)."""
+    try:
+        return read_guidance_file(snapshot).to_json()
+    except ValueError:
+        return None

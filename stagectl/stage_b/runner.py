@@ -256,7 +256,15 @@ def _start_run_dir(plan: StageBPlan, prepared: Prepared) -> None:
             store.save(prepared.guidance)
         else:  # back to the last batch boundary: what a batch that was cut off wrote goes
             removed = prog.cut_artifacts(run_dir, prepared.progress.artifact_bytes)
-            store.restore(prepared.guidance)
+            edited = store.restore(prepared.guidance)
+            if edited is not None:
+                say(
+                    "stage-b",
+                    f"warning: {run_dir / 'guidance.json'} was changed after the run stopped; --resume continues "
+                    f"with the guidance it had then (step {prepared.guidance.step}, in progress.json). The changed "
+                    f"file is kept as {edited}: to judge with it, start a new run: --set output.run_name=NEW_NAME "
+                    f"--set guidance.path={edited}",
+                )
             if removed:
                 files = ", ".join(f"{name} ({size} bytes)" for name, size in removed.items())
                 say(

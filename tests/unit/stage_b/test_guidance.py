@@ -416,3 +416,21 @@ def test_restore_puts_back_the_boundary_guidance_and_drops_later_snapshots(tmp_p
     store.restore(start)
     assert store.load() == start
     assert [p.name.endswith("-step000000.json") for p in store.snapshots()] == [True]
+
+
+def test_restore_keeps_a_guidance_json_changed_by_hand_after_the_stop(tmp_path: Path) -> None:
+    """A rule fixed by hand in the run's guidance.json between a stop and `--resume` was overwritten with the
+    boundary guidance without a word; what a cut-off batch saved is still reverted silently."""
+    store = GuidanceStore(tmp_path, retention=5)
+    start = Guidance(0, "t0", {"G0": "focus", "G1": "red means fail"})
+    store.save(start)
+    edited = store.path.read_text().replace("red means fail", "red means pass")
+    store.path.write_text(edited)
+
+    kept = store.restore(start)
+    assert kept is not None and kept.parent == tmp_path and kept.name.startswith("guidance.edited-")
+    assert kept.read_text() == edited and store.load() == start
+
+    store.save(Guidance(1, "t1", {"G0": "focus", "G1": "blue means fail"}))  # a batch then cut off
+    assert store.restore(start) is None and store.load() == start
+    assert store.restore(start) is None  # guidance.json already the boundary's
