@@ -42,6 +42,9 @@ def sample_tokens(
     `candidates`: how many of each row's best tokens the nucleus is looked for among before a full sort
     (any value gives the same tokens, up to rounding; it only moves the cost)."""
     logits = scores.float() / temperature  # (B, V)
+    # a row past float32's range (+inf, or NaN once the temperature itself rounds to 0): its limit, no host sync
+    overflowed = (torch.isposinf(logits) | torch.isnan(logits)).any(dim=-1, keepdim=True)  # (B, 1)
+    logits = torch.where(overflowed, _limit_logits(scores.float()), logits)
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -64,6 +67,16 @@ def sample_tokens(
     # u * total can round up to the total: stay on the last kept column (argmax: the first at the maximum)
     pick = torch.minimum(pick, cdf.argmax(-1, keepdim=True))  # (B, 1)
     return (pick if order is None else order.gather(-1, pick)).squeeze(-1)
+
+
+def _limit_logits(rows: torch.Tensor) -> torch.Tensor:
+    """Logits of rows where `scores / temperature` reached +inf (or NaN): a temperature or a `repetition_penalty` (which
+    divides a positive score by it) so small that a logit passes float32's range. softmax made such a row NaN
+    and it drew token 0 whatever the scores (`!` for Qwen's tokenizer, every token of the answer). The row
+    tends to its best tokens (the temperature is then far below any gap between scores): they stay at 0, the
+    others go to -inf, so it draws its greedy token (ties shared evenly)."""
+    best = rows.max(dim=-1, keepdim=True).values  # (R, 1)
+    return torch.where(rows == best, 0.0, float("-inf"))
 
 
 class PerRowSampler(LogitsProcessor):

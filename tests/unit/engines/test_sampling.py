@@ -91,3 +91,23 @@ def test_a_row_draws_the_same_alone_or_batched(top_p: float) -> None:
 def test_sampler_refuses_greedy() -> None:
     with pytest.raises(ValueError, match="temperature > 0"):
         PerRowSampler([1], 0.0, 1.0, 0)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])
+@pytest.mark.parametrize(("top_p", "top_k"), [(1.0, 0), (0.9, 0), (1.0, 2)])
+def test_a_temperature_so_small_that_logits_overflow_draws_the_greedy_token(
+    temperature: float, top_p: float, top_k: int
+) -> None:
+    """`scores / temperature` past float32's range (+inf; NaN once the temperature rounds to 0) made softmax NaN,
+    and every row drew token 0 whatever its scores: a 200 answering `!!!!` (Qwen's token 0) to every request
+    with such a temperature."""
+    scores = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, -2.0, -0.5, -1.0]])
+    for u in (0.0, 0.5, 0.99):
+        assert sample_tokens(scores, torch.tensor([u, u]), temperature, top_p, top_k).tolist() == [1, 0]
+
+
+def test_an_infinite_score_is_drawn_not_token_0() -> None:
+    """A tiny `repetition_penalty` divides a positive score past float32's range before the sampler sees it."""
+    scores = torch.tensor([[1.0, float("inf"), 2.0, -1.0], [0.5, -2.0, float("inf"), float("inf")]])
+    for u, second in ((0.1, 2), (0.9, 3)):  # two infinite scores share the row evenly
+        assert sample_tokens(scores, torch.tensor([u, u]), 1.0, 1.0, 0).tolist() == [1, second]
