@@ -290,6 +290,13 @@ def _run(plan: StageBPlan, restart: tuple[Path, bool] | None, rerun: tuple[Path,
             f"(runner.bad_ticket_lines: skip), first: {summary.bad_ticket_lines[0]}",
             err=True,
         )
+    if summary.num_no_verdict:  # a degraded run: its accuracy counts answers it could not read as wrong
+        typer.echo(
+            f"stage-b: warning: {summary.num_no_verdict} of {plural(summary.num_judged, 'ticket')} got no verdict: "
+            "no candidate answered in the `Verdict: pass|fail` / `Reason: ...` format (failure_malformed.jsonl; "
+            "the tickets are in need_review_queue.jsonl and count as wrong in the accuracy)",
+            err=True,
+        )
     if summary.stopped_by_signal is not None:
         _stopped(summary.stopped_by_signal, plan, restart, rank)
         return

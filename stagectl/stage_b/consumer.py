@@ -55,6 +55,7 @@ class Consumer:
         self.num_reflections = 0
         self.num_judged = 0
         self.num_correct = 0
+        self.num_no_verdict = 0  # tickets without one well-formed candidate: judged wrong, queued for review
         self.window = MetricsWindow()
         self.window_batches = 0
         self.window_start = time.perf_counter()
@@ -87,6 +88,7 @@ class Consumer:
             self.window.add(selection)
             self.num_judged += 1
             self.num_correct += selection.label_match
+            self.num_no_verdict += selection.verdict is None
             if rows.queued_for_reflection:
                 self.queue.append(
                     ReflectionRecord(
@@ -133,10 +135,15 @@ class Consumer:
         }
         self.writer.write(art.METRICS, row)
         accuracy = row["accuracy"]
+        no_verdict = row[
+            "num_no_verdict"
+        ]  # judged wrong for want of a well-formed answer, not for a wrong one
         say(
             "stage-b",
             f"batch {batch_index}: {row['num_tickets']} tickets, accuracy "
-            f"{'n/a' if accuracy is None else f'{accuracy:.3f}'}, guidance step {self.guidance.step}",
+            f"{'n/a' if accuracy is None else f'{accuracy:.3f}'}"
+            + (f" ({no_verdict} without a verdict: malformed answers)" if no_verdict else "")
+            + f", guidance step {self.guidance.step}",
         )
         self.num_windows += 1
         self.window = MetricsWindow()
@@ -150,6 +157,7 @@ class Consumer:
             "num_reflections": self.num_reflections,
             "num_judged": self.num_judged,
             "num_correct": self.num_correct,
+            "num_no_verdict": self.num_no_verdict,
             "num_windows": self.num_windows,
             "window": asdict(self.window),
             "window_batches": self.window_batches,
@@ -173,6 +181,7 @@ class Consumer:
         self.num_reflections = saved.num_reflections
         self.num_judged = saved.num_judged
         self.num_correct = saved.num_correct
+        self.num_no_verdict = saved.num_no_verdict
         self.num_windows = saved.num_windows
         self.window = saved.window
         self.window_batches = saved.window_batches
@@ -206,6 +215,7 @@ class _Saved(BaseModel):
     num_reflections: NonNegativeInt
     num_judged: NonNegativeInt
     num_correct: NonNegativeInt
+    num_no_verdict: NonNegativeInt = 0  # absent from a progress.json written before it was counted
     num_windows: NonNegativeInt
     window: dict[str, NonNegativeInt]  # `MetricsWindow`'s counters
     window_batches: NonNegativeInt
@@ -219,6 +229,7 @@ class SavedState:
     num_reflections: int
     num_judged: int
     num_correct: int
+    num_no_verdict: int
     num_windows: int
     window: MetricsWindow
     window_batches: int
@@ -259,6 +270,7 @@ def read_state(state: Mapping[str, Any], tickets: Mapping[str, Ticket]) -> Saved
         num_reflections=saved.num_reflections,
         num_judged=saved.num_judged,
         num_correct=saved.num_correct,
+        num_no_verdict=saved.num_no_verdict,
         num_windows=saved.num_windows,
         window=MetricsWindow(**saved.window),
         window_batches=saved.window_batches,

@@ -85,6 +85,7 @@ class RunSummary:
     stopped_by_signal: int | None  # None: every epoch ran
     num_bad_ticket_lines: int  # skipped (`runner.bad_ticket_lines: skip`)
     bad_ticket_lines: list[str]  # the first few, `file:line: what`
+    num_no_verdict: int = 0  # tickets without one well-formed candidate (counted wrong in `accuracy`)
 
 
 def valid_mission(name: str) -> bool:
@@ -368,6 +369,7 @@ class Loop:
             num_batches=self.progress.batch_index,
             num_judged=c.num_judged,
             accuracy=c.num_correct / c.num_judged if c.num_judged else None,
+            num_no_verdict=c.num_no_verdict,
             guidance_step=c.guidance.step,
             num_reflections=c.num_reflections,
             stopped_by_signal=stopped,

@@ -255,6 +255,25 @@ def test_a_stopped_one_process_run_prints_how_to_continue_and_exits_128_plus_the
     assert "done," not in result.output
 
 
+def test_a_run_whose_answers_are_all_malformed_says_so_in_its_log_and_end_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that never answers in the `Verdict:` / `Reason:` format (the random tiny model) ran to `done, ...
+    accuracy 0.000` with every batch line `accuracy 0.000`, as if it had judged every ticket wrong."""
+    from stagectl.stage_b.engine_rules import RulesBackend
+
+    monkeypatch.setattr(
+        RulesBackend, "judge", lambda self, requests, spec, seed: ["<|coord_5|>"] * len(requests)
+    )
+    result = CliRunner().invoke(app, ["stage-b", str(TINY), *_set_args(_sets(tmp_path / "out"))])
+    assert result.exit_code == 0, result.output
+    assert (
+        "stage-b: batch 0: 4 tickets, accuracy 0.000 (4 without a verdict: malformed answers), "
+        in result.output
+    )
+    assert "stage-b: warning: 32 of 32 tickets got no verdict: no candidate answered in the " in result.output
+
+
 def test_the_launcher_reports_a_stop_its_ranks_made_with_the_signal_it_got(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

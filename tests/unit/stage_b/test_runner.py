@@ -172,6 +172,23 @@ def test_a_progress_file_that_is_not_one_is_an_error_naming_the_file_and_the_key
     assert outside.read_text() == "kept\n"
 
 
+class Mumbling(Interrupting):
+    """Answers nothing in the verdict format (a random model), and stops where `Interrupting` does."""
+
+    def judge(self, requests: Sequence[JudgeRequest], spec: SamplingSpec, seed: int) -> list[str]:
+        super().judge(requests, spec, seed)
+        return ["no idea"] * len(requests)
+
+
+def test_tickets_without_a_verdict_are_counted_through_a_resume(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path)
+    stop = StopSignals()
+    stopped = run_all(plan, stop, engine=Mumbling(stop, at_batch=3))
+    assert stopped is not None and (stopped.num_judged, stopped.num_no_verdict) == (8, 8)
+    resumed = run_all(plan, engine=Mumbling(StopSignals()))
+    assert resumed is not None and (resumed.num_judged, resumed.num_no_verdict) == (32, 32)
+
+
 def test_resume_refuses_other_tickets(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
     stop = StopSignals()
