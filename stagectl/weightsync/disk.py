@@ -110,8 +110,8 @@ class DiskReceiver:
         with sync.lock:
             try:
                 sync.check_above_serving(version)
-                if path.suffix != ".safetensors" or not path.is_file():
-                    raise WeightSyncError(f"weights {raw_path!r}: not an existing .safetensors file")
+                if path.suffix != ".safetensors" or not _is_file(path):
+                    raise WeightSyncError(f"weights {raw_path[:200]!r}: not an existing .safetensors file")
                 try:
                     tensors = load_file(str(path))
                 except (SafetensorError, OSError) as exc:
@@ -121,3 +121,12 @@ class DiskReceiver:
                 sync.num_failed_syncs += 1
                 raise WeightSyncError(f"{exc}; still serving version {sync.engine.version}") from None
             return sync.apply_snapshot(tensors, version, num_bytes)
+
+
+def _is_file(path: Path) -> bool:
+    """`path.is_file()`, False where the system cannot even look (a name too long, no permission): that
+    OSError escaped as a 500 with a traceback."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False

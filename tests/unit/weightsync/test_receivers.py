@@ -66,6 +66,14 @@ def test_http_and_disk_share_one_staging_and_version(tmp_path: Path) -> None:
     assert engine.version == 4 and http.sync.num_syncs == 2
 
 
+def test_a_disk_sync_of_a_path_the_system_cannot_look_at_is_refused_not_an_error(tmp_path: Path) -> None:
+    """A name longer than the file system takes raised OSError (ENAMETOOLONG) from the `is_file` check: a 500."""
+    _, disk, engine = _receivers(tmp_path)
+    with pytest.raises(WeightSyncError, match=r"not an existing \.safetensors file; still serving version 0"):
+        disk.load_from_disk(str(tmp_path / ("w" * 5000 + ".safetensors")), 1)
+    assert engine.version == 0
+
+
 def test_a_server_builds_only_its_transports_receivers() -> None:
     engine = FakeEngine(_state(0.0))
     only_disk = RolloutService(engine, ServerSettings(weight_transports=frozenset({"disk"})))
