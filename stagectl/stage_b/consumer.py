@@ -197,7 +197,7 @@ class Consumer:
 
 
 class _SavedRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     ticket: str
     verdict: Literal["pass", "fail"] | None
@@ -207,9 +207,10 @@ class _SavedRecord(BaseModel):
 
 
 class _Saved(BaseModel):
-    """`Consumer.state()` as `progress.json` holds it: a key missing or of another type is an error naming it."""
+    """`Consumer.state()` as `progress.json` holds it: a key missing or of another type is an error naming it; a
+    key this stagectl does not read is ignored, as `restore` always ignored it (another version's state)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     guidance: dict[str, Any]
     num_reflections: NonNegativeInt
@@ -238,9 +239,9 @@ class SavedState:
 
 
 def read_state(state: Mapping[str, Any], tickets: Mapping[str, Ticket]) -> SavedState:
-    """A saved `Consumer.state()`; `ValueError` naming the key that is missing, unknown or of another type (what
-    a resume read, or a `progress.json` of another stagectl or edited by hand, would otherwise end on with a
-    traceback)."""
+    """A saved `Consumer.state()`; `ValueError` naming the key that is missing or of another type, or a window
+    counter this stagectl does not count (what a `progress.json` of another stagectl, or edited by hand, ended
+    the resume on with a traceback)."""
     try:
         saved = _Saved.model_validate(state)
     except ValidationError as exc:
