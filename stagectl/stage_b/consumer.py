@@ -135,9 +135,8 @@ class Consumer:
         }
         self.writer.write(art.METRICS, row)
         accuracy = row["accuracy"]
-        no_verdict = row[
-            "num_no_verdict"
-        ]  # judged wrong for want of a well-formed answer, not for a wrong one
+        # judged wrong for want of a well-formed answer, not for a wrong one
+        no_verdict = row["num_no_verdict"]
         say(
             "stage-b",
             f"batch {batch_index}: {row['num_tickets']} tickets, accuracy "
