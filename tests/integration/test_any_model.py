@@ -25,7 +25,7 @@ from stagectl.models.loading import load_bundle
 from stagectl.server.app import build_app
 from stagectl.server.service import RolloutService, ServerSettings
 from stagectl.server.serving import ThreadedServer, build_engine
-from stagectl.stage_b.runner import run_all
+from stagectl.stage_b.runner import StartUpError, run_all
 from tests.integration.any_model import (
     ARCHS,
     END_OF_TURN,
@@ -169,7 +169,8 @@ def test_stage_b_judges_a_batch_and_reflects(arch: str, tmp_path: Path) -> None:
 
 def test_stage_b_that_cannot_load_its_model_writes_nothing(tmp_path: Path) -> None:
     cfg = _stage_b_config(tmp_path, str(tmp_path / "no-such-model"))
-    with pytest.raises(FileNotFoundError, match="model directory not found"):
+    # every rank fails to load it alike: a start-up error, which rank 0 alone reports
+    with pytest.raises(StartUpError, match="model directory not found"):
         run_all(stage_b_plan(cfg))
     assert not (tmp_path / "out").exists()
     # The CLI says the same in one line and exits 1, still without artifacts.
