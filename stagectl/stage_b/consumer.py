@@ -173,9 +173,8 @@ class Consumer:
             ],
         }
 
-    def restore(self, state: Mapping[str, Any], tickets: Mapping[str, Ticket]) -> None:
-        """Continue from `state()` (`tickets`: the run's tickets by key; checked by `read_state`)."""
-        saved = read_state(state, tickets)
+    def restore(self, saved: SavedState) -> None:
+        """Continue from a saved `state()` (as `read_state` read and checked it)."""
         self.guidance = saved.guidance
         self.num_reflections = saved.num_reflections
         self.num_judged = saved.num_judged

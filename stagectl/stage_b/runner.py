@@ -71,6 +71,7 @@ class Prepared:
     fresh: bool  # the run directory had no guidance (artifacts are truncated)
     progress: Progress | None  # where the loop starts (fresh: batch 0)
     error: str | None = None
+    saved: SavedState | None = None  # a resume's consumer state, read and checked once (`read_state`)
 
 
 @dataclass(frozen=True)
@@ -184,14 +185,15 @@ def _prepare(plan: StageBPlan) -> Prepared:
         store = GuidanceStore(plan.run_dir, plan.guidance.retention)
         existing = store.load()  # the CLI refused a run directory holding a run unless --resume
         digest = prog.tickets_digest([t.key for t in ticket_set.tickets], plan.runner.seed)
+        saved = None
         if existing is None:
             guidance = read_guidance_file(plan.guidance.path, plan.mission)
             progress = Progress(digest)
         else:
             progress = _resume_point(plan, digest)
-            guidance = existing
             if progress.consumer:  # checked here, before anything is written
-                guidance = _saved_state(plan.run_dir, progress, ticket_set.tickets).guidance
+                saved = _saved_state(plan.run_dir, progress, ticket_set.tickets)
+            guidance = existing if saved is None else saved.guidance
         progress.num_bad_ticket_lines = len(ticket_set.problems)
         progress.bad_ticket_lines = ticket_set.problems[: prog.NUM_LISTED_BAD_LINES]
     except (ValueError, OSError) as exc:
@@ -213,7 +215,7 @@ def _prepare(plan: StageBPlan) -> Prepared:
             f"{count}; resuming at global batch {progress.batch_index} (epoch {progress.epoch}, "
             f"{progress.epoch_offset} of its tickets judged) with guidance step {guidance.step}",
         )
-    return Prepared(ticket_set.tickets, guidance, fresh=existing is None, progress=progress)
+    return Prepared(ticket_set.tickets, guidance, fresh=existing is None, progress=progress, saved=saved)
 
 
 def _resume_point(plan: StageBPlan, digest: str) -> Progress:
@@ -328,8 +330,8 @@ class Loop:
                 guidance_retention=plan.guidance.retention,
                 min_vote_strength=plan.min_vote_strength,
             )
-            if self.progress.consumer:
-                self.consumer.restore(self.progress.consumer, {t.key: t for t in self.tickets})
+            if prepared.saved is not None:
+                self.consumer.restore(prepared.saved)
             self._record("running")
 
     def run(self, stop: StopSignals) -> RunSummary | None:
