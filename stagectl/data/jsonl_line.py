@@ -20,6 +20,7 @@ from typing import Any
 
 from stagectl.detection.coords import MAX_BIN
 from stagectl.detection.entries import spells_special_token
+from stagectl.wire.text import NOT_TEXT, holds_lone_surrogate
 
 SAMPLE_FIELDS = ("images", "width", "height", "objects")
 OBJECT_FIELDS = ("desc", "bbox_2d")
@@ -85,10 +86,8 @@ def parse_line(
             "it with `stagectl convert coco FILE --images IMAGE_DIR --out OUT.jsonl`, then use OUT.jsonl "
             "with data.box_format: pixel"
         )
-    try:
-        json.dumps(record, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise LineError("a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text") from None
+    if holds_lone_surrogate(record):
+        raise LineError(NOT_TEXT)
     _check_fields(record, SAMPLE_FIELDS, where="", optional=SAMPLE_OPTIONAL)
     if not isinstance(record.get("summary", ""), str):
         raise LineError(f"summary must be a string, got {type(record['summary']).__name__}")

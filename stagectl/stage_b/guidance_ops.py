@@ -21,7 +21,6 @@ would remove every learnable rule is rejected as a whole: reflection may prune r
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,11 +36,10 @@ from stagectl.stage_b.guidance import (
     ordered,
 )
 from stagectl.stage_b.verdict import THIRD_STATE_MARKERS
+from stagectl.wire.text import LONE_SURROGATE
 
 OpKind = Literal["add", "update", "delete", "merge"]
 MAX_RULE_CHARS = 500
-# what a `\ud83d` escape without its pair decodes to: such a rule could be neither saved (UTF-8) nor prompted
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _NOT_TEXT = "holds a lone surrogate escape (\\ud800-\\udfff): not text"
 _FIELDS: dict[str, frozenset[str]] = {
     "add": frozenset({"op", "text", "evidence", "reason"}),
@@ -151,7 +149,7 @@ def _check(
     reason = item.get("reason", "")
     if not isinstance(reason, str):
         return "reason must be a string"
-    if _SURROGATE.search(reason):
+    if LONE_SURROGATE.search(reason):
         return f"reason {_NOT_TEXT}"
     evidence = _evidence(item.get("evidence"), allowed)
     if isinstance(evidence, str):
@@ -202,7 +200,7 @@ def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         return "!text must be a non-empty string"
     text = normalize_text(value)
-    if _SURROGATE.search(text):
+    if LONE_SURROGATE.search(text):
         return f"!text {_NOT_TEXT}"
     if len(text) > MAX_RULE_CHARS:
         return f"!text is longer than {MAX_RULE_CHARS} characters"

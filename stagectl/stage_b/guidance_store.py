@@ -13,6 +13,7 @@ from pathlib import Path
 
 from stagectl.files import atomic_write_text, cwd_note
 from stagectl.stage_b.guidance import Guidance, parse_guidance
+from stagectl.wire.text import NOT_TEXT, holds_lone_surrogate
 
 GUIDANCE_FILE = "guidance.json"
 SNAPSHOT_DIR = "snapshots"
@@ -38,12 +39,8 @@ def read_guidance_file(path: Path, mission: str | None = None) -> Guidance:
         raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    try:  # a \ud83d escape without its pair: valid JSON, but not text (the prompt's tokenizer refuses it mid-run)
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(
-            f"{path}: a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text"
-        ) from None
+    if holds_lone_surrogate(data):  # valid JSON, but not text: the prompt's tokenizer refuses it mid-run
+        raise ValueError(f"{path}: {NOT_TEXT}")
     if mission is not None and _is_mission_keyed(data):
         if mission not in data:
             missions = ", ".join(map(str, data))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stagectl.files import cwd_note
+from stagectl.wire.text import NOT_TEXT, holds_lone_surrogate
 
 Label = Literal["pass", "fail"]
 LABELS: tuple[Label, ...] = ("pass", "fail")
@@ -148,10 +149,8 @@ def _decode_line(line: str) -> Any:
         data = json.loads(line, object_pairs_hook=_no_repeated_keys)
     except RecursionError:
         raise ValueError("not valid JSON (nested too deeply)") from None
-    try:
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff); not valid text") from None
+    if holds_lone_surrogate(data):
+        raise ValueError(NOT_TEXT)
     return data
 
 

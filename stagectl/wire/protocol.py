@@ -24,43 +24,19 @@ leaves, never the reverse: `TensorSpec` (a weight tensor's shape and dtype) and 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stagectl.config.sampling import SamplingSpec
+from stagectl.wire.text import lone_surrogate_at
 
 if TYPE_CHECKING:
     import torch
 
 IMAGE_TAG = "<image>"
 LISTENING_PREFIX = "rollout-server: listening on "  # + base URL, printed once the socket listens
-
-
-# a lone UTF-16 surrogate: what a `\ud83d` escape without its pair decodes to (a pair decodes to one character)
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _lone_surrogate(value: Any, where: str = "") -> str | None:
-    """Where a string in `value` (a str, or one inside its lists and dicts) holds a lone surrogate; None if none."""
-    if isinstance(value, str):
-        match = _SURROGATE.search(value)
-        return None if match is None else f"{where}character {match.start()}".lstrip()
-    if isinstance(value, list | tuple):
-        items = [(f"[{i}]", item) for i, item in enumerate(value)]
-    elif isinstance(value, dict):
-        items = [(f"key {key!r}", key) for key in value] + [
-            (f"[{key!r}]", item) for key, item in value.items()
-        ]
-    else:  # a nested model checked its own fields; numbers, None
-        return None
-    for label, item in items:
-        found = _lone_surrogate(item, f"{where}{label} ")
-        if found is not None:
-            return found
-    return None
 
 
 # A request body: an unknown key is a 422 naming it, and so is a string that is not Unicode text.
@@ -72,7 +48,7 @@ class WireRequest(BaseModel):
     def _unicode_text(cls, value: Any) -> Any:
         """A `\\ud83d` escape without its pair is valid JSON but not text: pydantic's `str` lets it through (unless
         the field has a length bound), and the tokenizer then failed the call with a 500 and a traceback."""
-        found = _lone_surrogate(value)
+        found = lone_surrogate_at(value)
         if found is not None:
             raise ValueError(
                 f"holds a lone surrogate escape (\\ud800-\\udfff) at {found}: not Unicode text (half of a "
