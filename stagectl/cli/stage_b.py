@@ -90,7 +90,7 @@ def command(
     from stagectl.rundir.liveness import still_running
     from stagectl.rundir.policy import STAGE_B_MARKERS, RunDirPolicy, apply_policy, files_summary
     from stagectl.stage_b.progress import describe, read_progress
-    from stagectl.stage_b.runner import valid_mission
+    from stagectl.stage_b.start import valid_mission
 
     devices: list[str] = []
     if gpus is not None:
