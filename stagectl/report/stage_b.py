@@ -194,9 +194,8 @@ def progress_notes(progress: dict[str, Any] | None, mission_dir: str) -> list[st
         else:
             notes.append(f"no end recorded yet ({where}): {proc.describe()}.")
     num_bad = progress.get("num_bad_ticket_lines")
-    if (
-        isinstance(num_bad, int) and num_bad > 0
-    ):  # a hand-edited file's "many" was a ValueError ending the report
+    # not a number (a hand-edited file's "many"): no note, where int() ended the report with a ValueError
+    if isinstance(num_bad, int) and num_bad > 0:
         lines = progress.get("bad_ticket_lines")
         first = "; ".join(str(line) for line in lines) if isinstance(lines, list) else ""
         notes.append(
